@@ -1,0 +1,148 @@
+"""Ray 2.60 ``ray.util.tpu`` pure helpers, with the same names, signatures and results.
+
+Built on :mod:`tpuslice.topology`. Where Ray accepts nonsense (an invalid topology,
+``num_slices=0``) or crashes (``ZeroDivisionError``), these raise a clear ``ValueError``
+subclass instead; tests/test_compat.py lists every such case against Ray itself.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from tpuslice import topology as topo
+from tpuslice.errors import InvalidArgumentError, InvalidResourceError
+
+DEFAULT_MEGASCALE_PORT = "8081"
+DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S: float = 100.0
+VALID_TPU_TYPES = tuple(topo.GENERATIONS)
+RAY_TPU_RESOURCE_PER_CHIP_ENV_VAR = "RAY_TPU_RESOURCE_PER_CHIP"
+
+
+def get_tpu_resource_per_chip() -> int:
+    """Logical Ray ``TPU`` resources per physical chip: ``RAY_TPU_RESOURCE_PER_CHIP`` or 1."""
+    value = os.environ.get(RAY_TPU_RESOURCE_PER_CHIP_ENV_VAR)
+    if value is None:
+        return 1
+    if not value.isdecimal() or int(value) < 1:
+        raise InvalidArgumentError(
+            f"{RAY_TPU_RESOURCE_PER_CHIP_ENV_VAR} must be a positive integer, got {value!r}"
+        )
+    return int(value)
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """Raise :class:`InvalidArgumentError` unless ``value`` is an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def resolve_resource_per_chip(tpu_resource_per_chip: int | None) -> int:
+    if tpu_resource_per_chip is None:
+        return get_tpu_resource_per_chip()
+    return check_positive_int("tpu_resource_per_chip", tpu_resource_per_chip)
+
+
+def get_tpu_version_from_type(accelerator_type: str) -> str:
+    """``"TPU-V6E"`` -> ``"v6e"``; also accepts ``v5e``, ``tpu7x``, ``trillium``."""
+    return topo.generation(accelerator_type).name
+
+
+def get_num_chips_from_topology(topology: str) -> int:
+    """``"2x2x2"`` -> 8."""
+    return topo.chips_in(topology)
+
+
+def get_chips_per_host(topology: str, accelerator_version: str) -> int:
+    """Default chips per VM: the whole slice for v5e/v6e shapes of up to 8 chips, else 4."""
+    return topo.slice_shape(topology, accelerator_version).chips_per_host
+
+
+def infer_tpu_pod_type_from_topology(topology: str, accelerator_type: str) -> str | None:
+    """``("4x4", "TPU-V6E")`` -> ``"v6e-16"``; ``None`` if either argument is empty."""
+    if not topology or not accelerator_type:
+        return None
+    return topo.slice_shape(topology, accelerator_type).pod_type
+
+
+def get_tpu_worker_resources(
+    topology: str,
+    accelerator_type: str,
+    resources_per_worker: dict[str, float] | None = None,
+    num_slices: int = 1,
+    chips_per_vm: int | None = None,
+    tpu_resource_per_chip: int | None = None,
+    *,
+    resources_per_unit: dict[str, float] | None = None,
+) -> tuple[int, dict[str, float]]:
+    """Number of workers and each worker's resources for ``num_slices`` slices.
+
+    By default a worker is one host (``TPU`` = chips per VM x resource per chip,
+    ``CPU`` = 1). ``resources_per_unit`` is the older name of ``resources_per_worker``.
+    """
+    if resources_per_unit is not None:
+        if resources_per_worker is not None:
+            raise InvalidArgumentError(
+                "pass resources_per_worker or its older name resources_per_unit, not both"
+            )
+        resources_per_worker = resources_per_unit
+    per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
+    check_positive_int("num_slices", num_slices)
+    shape = topo.slice_shape(topology, accelerator_type, chips_per_vm)
+    per_slice = shape.chips * per_chip
+    resources = dict(resources_per_worker or {})
+    resources.setdefault("CPU", 1)
+    resources.setdefault("TPU", shape.chips_per_host * per_chip)
+    tpu = resources["TPU"]
+    if not isinstance(tpu, (int, float)) or tpu <= 0:
+        raise InvalidResourceError(
+            f"TPU per worker must be a positive number, got {tpu!r}; for {shape.pod_type} "
+            f"use a divisor of {per_slice}, such as {shape.chips_per_host * per_chip} (one host)"
+        )
+    if per_slice % tpu:
+        divisors = [d for d in range(1, per_slice + 1) if per_slice % d == 0]
+        raise InvalidResourceError(
+            f"TPU per worker {tpu} does not divide the {per_slice} TPU of one "
+            f"{shape.pod_type} slice evenly; valid: {', '.join(map(str, divisors))}"
+        )
+    return int(per_slice * num_slices // tpu), resources
+
+
+def get_tpu_num_slices_for_workers(
+    topology: str,
+    accelerator_type: str,
+    num_workers: int,
+    resources_per_worker: dict[str, float] | None = None,
+    tpu_resource_per_chip: int | None = None,
+) -> int:
+    """Slices needed to hold ``num_workers`` workers; 1 when the inputs are incomplete or
+    invalid (as in Ray, which uses this to size a request before validating it)."""
+    if not topology or not accelerator_type:
+        return 1
+    try:
+        per_slice, _ = get_tpu_worker_resources(
+            topology,
+            accelerator_type,
+            resources_per_worker=resources_per_worker,
+            num_slices=1,
+            tpu_resource_per_chip=tpu_resource_per_chip,
+        )
+    except ValueError:
+        return 1
+    return max(1, math.ceil(num_workers / per_slice))
+
+
+def get_tpu_coordinator_env_vars(
+    coordinator_address: str,
+    num_slices: int,
+    slice_id: int,
+    coordinator_port: str = DEFAULT_MEGASCALE_PORT,
+) -> dict[str, str]:
+    """The four ``MEGASCALE_*`` variables multi-slice JAX needs on every host."""
+    return {
+        "MEGASCALE_COORDINATOR_ADDRESS": coordinator_address,
+        "MEGASCALE_PORT": str(coordinator_port),
+        "MEGASCALE_NUM_SLICES": str(num_slices),
+        "MEGASCALE_SLICE_ID": str(slice_id),
+    }

@@ -1,0 +1,104 @@
+"""One exception hierarchy for tpuslice.
+
+Every error subclasses both :class:`TPUSliceError` and the builtin that Ray 2.60's
+``ray.util.tpu`` raises in the same situation, so code written against Ray keeps
+catching what it caught (``ValueError``, ``TimeoutError``, ``RuntimeError``).
+Messages say what was asked, what was found or is valid, and what to do.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+class TPUSliceError(Exception):
+    """Base class of every error tpuslice raises on purpose."""
+
+
+# --- bad input (ValueError, as in Ray) ------------------------------------------------------
+
+
+class InvalidArgumentError(TPUSliceError, ValueError):
+    """An argument is out of range or of the wrong form (num_slices=0, slice_index=7, ...)."""
+
+
+class InvalidAcceleratorError(InvalidArgumentError):
+    """The accelerator version or type names no TPU generation we know."""
+
+
+class InvalidTopologyError(InvalidArgumentError):
+    """The topology is malformed or not offered for that generation."""
+
+
+class AmbiguousPodTypeError(InvalidTopologyError):
+    """A pod type such as ``v4-32`` fits more than one topology."""
+
+
+class InvalidResourceError(InvalidArgumentError):
+    """A resource request (chips per VM, TPU per bundle, label selectors) cannot be met."""
+
+
+# --- reservation (TimeoutError, as in Ray) ------------------------------------------------
+
+
+class ReservationTimeoutError(TPUSliceError, TimeoutError):
+    """No idle whole slice could be reserved within the timeout."""
+
+
+class InsufficientSlicesError(ReservationTimeoutError):
+    """The cluster does not have (and cannot grow to have) the slices asked for.
+
+    Raised at once instead of after the timeout. Subclasses TimeoutError because
+    Ray 2.60 reports the same situation as a timeout.
+    """
+
+
+# --- runs (RuntimeError) ------------------------------------------------------------------
+
+
+class SliceShutdownError(TPUSliceError, RuntimeError):
+    """The slice was shut down (or is being shut down) while work was placed on it."""
+
+
+class HostLostError(TPUSliceError, RuntimeError):
+    """A host of a slice died or became unreachable while it ran our work."""
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt of a resilient run: where it ran, how it ended, how long it took."""
+
+    attempt: int
+    slice_names: tuple[str, ...]
+    num_hosts: int
+    outcome: str
+    cause: str
+    duration_s: float
+
+
+class RetriesExhaustedError(TPUSliceError, RuntimeError):
+    """A resilient run used up a retry budget; ``history`` holds every attempt."""
+
+    def __init__(self, message: str, history: Sequence[AttemptRecord]) -> None:
+        super().__init__(message)
+        self.history: tuple[AttemptRecord, ...] = tuple(history)
+
+
+# --- message helpers ----------------------------------------------------------------------
+
+
+def did_you_mean(value: str, candidates: Iterable[str]) -> str:
+    """Return ``"; did you mean 'x'?"`` for the closest candidate, or ``""`` if none is close."""
+    matches = difflib.get_close_matches(value, list(candidates), n=1, cutoff=0.5)
+    return f"; did you mean '{matches[0]}'?" if matches else ""
+
+
+def listing(values: Iterable[str], limit: int = 12) -> str:
+    """Join values for a message, eliding the middle of long lists."""
+    items = list(values)
+    if len(items) <= limit:
+        return ", ".join(items)
+    head = ", ".join(items[: limit - 2])
+    return f"{head}, ... ({len(items) - limit + 1} more), {items[-1]}"

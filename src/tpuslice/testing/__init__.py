@@ -1,0 +1,1 @@
+"""Test support shipped with tpuslice: a simulated TPU cluster and pytest fixtures."""

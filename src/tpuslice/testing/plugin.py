@@ -1,0 +1,1 @@
+"""pytest plugin: fixtures giving a session-scoped SimulatedCluster."""

@@ -1,0 +1,382 @@
+"""TPU generations, slice topologies and the shape of a slice. Pure: no Ray, no I/O.
+
+A *topology* is the chip grid of a slice (``4x4``, ``2x2x2``); a *pod type* names the
+generation and its size (``v6e-16``: 16 chips; ``v4-16``: 16 TensorCores = 8 chips).
+A *host* is one TPU VM, which Ray sees as one node. :func:`slice_shape` turns a
+request into a :class:`SliceShape` with everything the rest of tpuslice needs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import product
+
+from tpuslice.errors import (
+    AmbiguousPodTypeError,
+    InvalidAcceleratorError,
+    InvalidResourceError,
+    InvalidTopologyError,
+    did_you_mean,
+    listing,
+)
+
+VALID_CHIPS_PER_VM = (1, 2, 4, 8)
+"""Chips one TPU VM may hold (and the chip counts one task may ask for)."""
+
+DEFAULT_CHIPS_PER_MULTI_HOST_VM = 4
+
+
+def _cube_steps(max_x: int, max_y: int, max_z: int, step: int = 4) -> frozenset[str]:
+    """Every ``XxYxZ`` with each side a multiple of ``step`` up to the given maxima."""
+    return frozenset(
+        f"{x}x{y}x{z}"
+        for x in range(step, max_x + 1, step)
+        for y in range(step, max_y + 1, step)
+        for z in range(step, max_z + 1, step)
+    )
+
+
+_SMALL_3D = frozenset({"2x2x1", "2x2x2", "2x2x4", "2x4x4"})
+_LITE_2D = frozenset({"1x1", "2x2", "2x4", "2x8", "4x4", "4x8", "8x8", "8x16", "16x16"})
+
+# Valid slice topologies per generation.
+# Base: Ray 2.60 `ray._private.accelerators.tpu.VALID_TPU_TOPOLOGY` (every shape Ray
+# accepts is here; tests/test_topology.py checks this against the installed Ray).
+# Added from Google Cloud TPU docs (cloud.google.com/tpu/docs/v2, v3, v4, v5p, tpu7x):
+#   v2/v3: "2x2" (v2-8 / v3-8, one VM) which Ray omits;
+#   v4: the full pod, 16x16x16 (v4-8192);
+#   v7x: shapes beyond 8x16x16 (16x16x16, 16x16x24, 16x16x32) which Ray omits.
+_TOPOLOGIES: dict[str, frozenset[str]] = {
+    "v2": frozenset({"2x2", "4x4", "4x8", "8x8", "8x16", "16x16"}),
+    "v3": frozenset({"2x2", "4x4", "4x8", "8x8", "8x16", "16x16", "16x32", "32x32"}),
+    "v4": _SMALL_3D | _cube_steps(12, 12, 16) | {"16x16x16"},
+    "v5p": _SMALL_3D | _cube_steps(16, 16, 24),
+    "v5litepod": _LITE_2D,
+    "v6e": _LITE_2D,
+    "v7x": _SMALL_3D
+    | frozenset(
+        {
+            "4x4x4",
+            "4x4x8",
+            "4x8x8",
+            "8x8x8",
+            "8x8x16",
+            "8x16x16",
+            "16x16x16",
+            "16x16x24",
+            "16x16x32",
+        }
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One TPU generation and the facts about it that shape a slice.
+
+    Source: Google Cloud TPU system architecture docs; Ray 2.60 agrees on every field.
+    """
+
+    name: str
+    """Canonical spelling used in pod types and Ray labels (``v5litepod``, ``v7x``)."""
+    aliases: tuple[str, ...]
+    cores_per_chip: int
+    dims: int
+    max_chips_single_vm: int
+    """Largest slice that Google offers as one VM (8 on v5e/v6e, 4 elsewhere)."""
+    topologies: frozenset[str]
+
+    @property
+    def pod_type_counts(self) -> str:
+        """What the number in a pod type counts: ``"cores"`` or ``"chips"``."""
+        return "chips" if self.cores_per_chip == 1 else "cores"
+
+    @property
+    def accelerator_type(self) -> str:
+        """Ray's accelerator type string (``TPU-V6E``)."""
+        return f"TPU-{self.name.upper()}"
+
+    def sorted_topologies(self) -> list[str]:
+        """Topologies ordered by chip count, then by their sides."""
+        return sorted(self.topologies, key=lambda t: (chips_in(t), parse_dims(t)))
+
+
+GENERATIONS: dict[str, Generation] = {
+    g.name: g
+    for g in (
+        Generation("v2", (), 2, 2, 4, _TOPOLOGIES["v2"]),
+        Generation("v3", (), 2, 2, 4, _TOPOLOGIES["v3"]),
+        Generation("v4", (), 2, 3, 4, _TOPOLOGIES["v4"]),
+        Generation("v5p", (), 2, 3, 4, _TOPOLOGIES["v5p"]),
+        Generation("v5litepod", ("v5e", "v5lite"), 1, 2, 8, _TOPOLOGIES["v5litepod"]),
+        Generation("v6e", ("trillium",), 1, 2, 8, _TOPOLOGIES["v6e"]),
+        Generation("v7x", ("tpu7x", "ironwood"), 2, 3, 4, _TOPOLOGIES["v7x"]),
+    )
+}
+
+_ALIASES: dict[str, str] = {
+    spelling: g.name for g in GENERATIONS.values() for spelling in (g.name, *g.aliases)
+}
+
+_TOPOLOGY_RE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*){1,2}$")
+
+
+def normalize_generation_name(accelerator: str) -> str:
+    """Lower-case, strip, and drop a ``TPU-``/``TPU`` prefix: ``" TPU-V6E"`` -> ``"v6e"``."""
+    name = accelerator.strip().lower().replace(" ", "")
+    if name.startswith("tpu-"):
+        name = name[4:]
+    if name.startswith("tpu") and name not in _ALIASES:
+        name = "v" + name[3:]  # "tpu7x" style: Ray normalises it to "v7x"
+    return name
+
+
+def generation(accelerator: str) -> Generation:
+    """Resolve any accepted spelling (``TPU-V6E``, ``v5e``, ``tpu7x``, ``Trillium``)."""
+    if not isinstance(accelerator, str):
+        raise InvalidAcceleratorError(
+            f"accelerator version must be a string such as 'v6e', got {accelerator!r}"
+        )
+    name = normalize_generation_name(accelerator)
+    if name in _ALIASES:
+        return GENERATIONS[_ALIASES[name]]
+    pod = re.match(r"^(.*)-\d+$", name)
+    hint = (
+        f"; '{accelerator}' looks like a pod type: pass the generation ('{pod.group(1)}') "
+        "and a topology instead"
+        if pod and pod.group(1) in _ALIASES
+        else did_you_mean(name, _ALIASES)
+    )
+    raise InvalidAcceleratorError(
+        f"unknown TPU accelerator version {accelerator!r}; valid: "
+        f"{', '.join(GENERATIONS)} (also {', '.join(a for a in _ALIASES if a not in GENERATIONS)},"
+        f" and 'TPU-' prefixed forms){hint}"
+    )
+
+
+def parse_dims(topology: str) -> tuple[int, ...]:
+    """``"4x4"`` -> ``(4, 4)``. Raises :class:`InvalidTopologyError` on a malformed string."""
+    text = normalize_topology(topology)
+    if not _TOPOLOGY_RE.match(text):
+        raise InvalidTopologyError(
+            f"topology {topology!r} is malformed; expected sides joined by 'x', "
+            "such as '4x4' or '2x2x2'"
+        )
+    return tuple(int(side) for side in text.split("x"))
+
+
+def normalize_topology(topology: str) -> str:
+    """``" 4X4 "`` -> ``"4x4"``."""
+    if not isinstance(topology, str):
+        raise InvalidTopologyError(f"topology must be a string such as '4x4', got {topology!r}")
+    return topology.strip().lower().replace(" ", "")
+
+
+def chips_in(topology: str) -> int:
+    """Chips in a topology: the product of its sides."""
+    return math.prod(parse_dims(topology))
+
+
+def nearest_topology(gen: Generation, topology: str) -> str | None:
+    """The smallest valid topology holding at least as many chips, closest in its sides."""
+    try:
+        dims = parse_dims(topology)
+    except InvalidTopologyError:
+        return None
+    if len(dims) != gen.dims:
+        return None
+    wanted = math.prod(dims)
+    bigger = [t for t in gen.topologies if chips_in(t) >= wanted] or list(gen.topologies)
+    fewest = min(chips_in(t) for t in bigger)
+
+    def distance(candidate: str) -> int:
+        return sum(abs(a - b) for a, b in zip(parse_dims(candidate), dims))
+
+    return min((t for t in bigger if chips_in(t) == fewest), key=lambda t: (distance(t), t))
+
+
+def validate_topology(gen: Generation, topology: str) -> str:
+    """Return the normalised topology, or raise with the valid ones and the nearest."""
+    dims = parse_dims(topology)
+    text = "x".join(str(d) for d in dims)
+    if text in gen.topologies:
+        return text
+    shape = "2D (AxB)" if gen.dims == 2 else "3D (AxBxC)"
+    nearest = nearest_topology(gen, text)
+    hint = f"; did you mean '{nearest}'?" if nearest else ""
+    raise InvalidTopologyError(
+        f"topology '{text}' is not valid for {gen.name}; {gen.name} slices are {shape}, "
+        f"valid: {listing(gen.sorted_topologies())}{hint}"
+    )
+
+
+def default_chips_per_vm(gen: Generation, topology: str) -> int:
+    """Chips on each VM when the user does not say: the whole slice if Google offers it
+    as one VM (v5e/v6e up to 8 chips), else 4. Same rule as Ray 2.60."""
+    chips = chips_in(topology)
+    return chips if chips <= gen.max_chips_single_vm else DEFAULT_CHIPS_PER_MULTI_HOST_VM
+
+
+def validate_chips_per_vm(chips_per_vm: object, chips: int, topology: str) -> int:
+    """``chips_per_vm`` must be 1, 2, 4 or 8 and divide the slice's chips."""
+    valid = [c for c in VALID_CHIPS_PER_VM if chips % c == 0]
+    if isinstance(chips_per_vm, bool) or not isinstance(chips_per_vm, int):
+        raise InvalidResourceError(
+            f"chips_per_vm must be an integer, got {chips_per_vm!r}; valid for "
+            f"'{topology}': {', '.join(map(str, valid))}"
+        )
+    if chips_per_vm not in valid:
+        nearest = min(valid, key=lambda c: (abs(c - chips_per_vm), -c))
+        raise InvalidResourceError(
+            f"chips_per_vm={chips_per_vm} is not valid for topology '{topology}' "
+            f"({chips} chips): it must be one of 1, 2, 4, 8 and divide the chips; "
+            f"valid here: {', '.join(map(str, valid))}; did you mean {nearest}?"
+        )
+    return chips_per_vm
+
+
+_HOST_BLOCKS: dict[int, dict[int, tuple[int, ...]]] = {
+    # Chips one VM covers in the chip grid, per chips_per_vm (Google: a multi-host VM
+    # owns a 2x2 block; in 3D the block is 2x2x1; Ray 2.60 uses the same layout).
+    2: {1: (1, 1), 2: (1, 2), 4: (2, 2), 8: (2, 4)},
+    3: {1: (1, 1, 1), 2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 4, 1)},
+}
+
+
+def worker_grid_for(dims: tuple[int, ...], chips_per_vm: int) -> tuple[int, ...]:
+    """Hosts along each side of the chip grid; a flat row if the block does not tile."""
+    block = _HOST_BLOCKS[len(dims)][chips_per_vm]
+    if all(d % b == 0 for d, b in zip(dims, block)):
+        return tuple(d // b for d, b in zip(dims, block))
+    return (math.prod(dims) // chips_per_vm,)
+
+
+@dataclass(frozen=True)
+class SliceShape:
+    """A slice of one generation and topology, split into VMs of ``chips_per_host`` chips."""
+
+    generation: Generation
+    topology: str
+    chips_per_host: int
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return parse_dims(self.topology)
+
+    @property
+    def chips(self) -> int:
+        return math.prod(self.dims)
+
+    @property
+    def cores(self) -> int:
+        return self.chips * self.generation.cores_per_chip
+
+    @property
+    def num_hosts(self) -> int:
+        return self.chips // self.chips_per_host
+
+    @property
+    def is_single_host(self) -> bool:
+        return self.num_hosts == 1
+
+    @property
+    def pod_type(self) -> str:
+        """``v6e-16``: generation and chips (v5e/v6e) or TensorCores (others)."""
+        return f"{self.generation.name}-{self.cores}"
+
+    @property
+    def head_resource(self) -> str:
+        """The resource Ray puts on worker 0 only: ``TPU-v6e-16-head``."""
+        return f"TPU-{self.pod_type}-head"
+
+    @property
+    def accelerator_type(self) -> str:
+        return self.generation.accelerator_type
+
+    @property
+    def worker_grid(self) -> tuple[int, ...]:
+        """Hosts along each side, in the topology's own order (``4x4`` -> ``(2, 2)``)."""
+        return worker_grid_for(self.dims, self.chips_per_host)
+
+    def worker_coords(self, worker_id: int) -> tuple[int, ...]:
+        """Grid position of a TPU worker id; ids run row-major over :attr:`worker_grid`."""
+        if not 0 <= worker_id < self.num_hosts:
+            raise InvalidTopologyError(
+                f"worker id {worker_id} is outside slice {self.pod_type} "
+                f"({self.num_hosts} hosts: 0..{self.num_hosts - 1})"
+            )
+        coords: list[int] = []
+        for side in reversed(self.worker_grid):
+            coords.append(worker_id % side)
+            worker_id //= side
+        return tuple(reversed(coords))
+
+    def iter_workers(self) -> Iterator[tuple[int, tuple[int, ...]]]:
+        """Every ``(worker_id, coords)`` in worker-id order."""
+        for worker_id, coords in enumerate(product(*(range(s) for s in self.worker_grid))):
+            yield worker_id, coords
+
+
+def slice_shape(
+    topology: str, accelerator_version: str, chips_per_vm: int | None = None
+) -> SliceShape:
+    """Validate a request and return its :class:`SliceShape`.
+
+    Raises :class:`InvalidAcceleratorError`, :class:`InvalidTopologyError` or
+    :class:`InvalidResourceError` (all ``ValueError``) naming what is valid.
+    """
+    gen = generation(accelerator_version)
+    topo = validate_topology(gen, topology)
+    chips = chips_in(topo)
+    per_vm = (
+        default_chips_per_vm(gen, topo)
+        if chips_per_vm is None
+        else validate_chips_per_vm(chips_per_vm, chips, topo)
+    )
+    return SliceShape(gen, topo, per_vm)
+
+
+def parse_pod_type(pod_type: str, chips_per_vm: int | None = None) -> SliceShape:
+    """``"v4-32"`` -> the shape of a v4 2x2x4 slice; ambiguous sizes list the candidates."""
+    text = normalize_generation_name(pod_type)
+    match = re.match(r"^(.+)-(\d+)$", text)
+    if not match:
+        raise InvalidTopologyError(
+            f"pod type {pod_type!r} is malformed; expected generation-size such as 'v6e-16'"
+        )
+    gen = generation(match.group(1))
+    size = int(match.group(2))
+    if size % gen.cores_per_chip:
+        raise InvalidTopologyError(
+            f"pod type '{pod_type}': {gen.name} counts {gen.pod_type_counts} and has "
+            f"{gen.cores_per_chip} per chip, so the size must be a multiple of {gen.cores_per_chip}"
+        )
+    chips = size // gen.cores_per_chip
+    candidates = [t for t in gen.sorted_topologies() if chips_in(t) == chips]
+    if len(candidates) == 1:
+        return slice_shape(candidates[0], gen.name, chips_per_vm)
+    if not candidates:
+        sizes = sorted({chips_in(t) * gen.cores_per_chip for t in gen.topologies})
+        valid = [f"{gen.name}-{s}" for s in sizes]
+        raise InvalidTopologyError(
+            f"pod type '{pod_type}' does not exist: {gen.name} has no slice of {chips} chips; "
+            f"valid: {listing(valid)}{did_you_mean(text, valid)}"
+        )
+    raise AmbiguousPodTypeError(
+        f"pod type '{pod_type}' is ambiguous: {chips} chips of {gen.name} can be "
+        f"{' or '.join(candidates)}; pass the topology explicitly"
+    )
+
+
+def all_shapes() -> Iterator[SliceShape]:
+    """Every valid (generation, topology, chips_per_vm) shape, default chips_per_vm first."""
+    for gen in GENERATIONS.values():
+        for topo in gen.sorted_topologies():
+            default = default_chips_per_vm(gen, topo)
+            yield SliceShape(gen, topo, default)
+            for per_vm in VALID_CHIPS_PER_VM:
+                if per_vm != default and chips_in(topo) % per_vm == 0:
+                    yield SliceShape(gen, topo, per_vm)

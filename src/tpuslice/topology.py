@@ -45,14 +45,18 @@ _LITE_2D = frozenset({"1x1", "2x2", "2x4", "2x8", "4x4", "4x8", "8x8", "8x16", "
 # Valid slice topologies per generation.
 # Base: Ray 2.60 `ray._private.accelerators.tpu.VALID_TPU_TOPOLOGY` (every shape Ray
 # accepts is here; tests/test_topology.py checks this against the installed Ray).
-# Added from Google Cloud TPU docs (cloud.google.com/tpu/docs/v2, v3, v4, v5p, tpu7x):
-#   v2/v3: "2x2" (v2-8 / v3-8, one VM) which Ray omits;
-#   v4: the full pod, 16x16x16 (v4-8192);
-#   v7x: shapes beyond 8x16x16 (16x16x16, 16x16x24, 16x16x32) which Ray omits.
+# Added, each with where it is documented:
+#   v2/v3 "2x2": v2-8 / v3-8, the single-VM types (8 TensorCores = 4 chips) listed on
+#     cloud.google.com/tpu/docs/v2 and /v3; Ray omits it.
+#   v4 "4x16x16", "8x16x16", "12x12x24": named as v4 slice shapes on
+#     cloud.google.com/tpu/docs/types-topologies (and 12x12x24 on /tpu/docs/v4).
+#   v7x "16x16x16", "16x16x24", "16x16x32": not found in the Cloud TPU docs pages we
+#     could search; listed for tpu7x-standard-4t in Google's XPK
+#     (github.com/AI-Hypercomputer/xpk, src/xpk/core/system_characteristics.py).
 _TOPOLOGIES: dict[str, frozenset[str]] = {
     "v2": frozenset({"2x2", "4x4", "4x8", "8x8", "8x16", "16x16"}),
     "v3": frozenset({"2x2", "4x4", "4x8", "8x8", "8x16", "16x16", "16x32", "32x32"}),
-    "v4": _SMALL_3D | _cube_steps(12, 12, 16) | {"16x16x16"},
+    "v4": _SMALL_3D | _cube_steps(12, 12, 16) | {"4x16x16", "8x16x16", "12x12x24"},
     "v5p": _SMALL_3D | _cube_steps(16, 16, 24),
     "v5litepod": _LITE_2D,
     "v6e": _LITE_2D,

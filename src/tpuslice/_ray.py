@@ -1,0 +1,98 @@
+"""The only module that touches Ray's private names (``ray._private``, ``ray._raylet``).
+
+Each function says which public API we would use if Ray had one. Keep this file small:
+everything else in tpuslice talks to Ray through its public API.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+
+
+def raylet_label_constants() -> dict[str, str]:
+    """Ray's own spellings of the TPU label keys (for the test that pins ours)."""
+    raylet = ray._raylet
+    return {
+        "slice": raylet.RAY_NODE_TPU_SLICE_NAME_KEY,
+        "worker": raylet.RAY_NODE_TPU_WORKER_ID_KEY,
+        "pod_type": raylet.RAY_NODE_TPU_POD_TYPE_KEY,
+        "topology": raylet.RAY_NODE_TPU_TOPOLOGY_KEY,
+    }
+
+
+def available_resources_per_node() -> dict[str, dict[str, float]]:
+    """Available resources of every alive node, in one GCS read.
+
+    Public alternative: none; ``ray.available_resources()`` only gives cluster totals.
+    Note: a resource fully in use is *absent* from a node's map, not zero.
+    """
+    from ray._private.state import available_resources_per_node as read
+
+    result: dict[str, dict[str, float]] = read()
+    return result
+
+
+def cluster_can_grow() -> bool:
+    """Whether an autoscaler has published a cluster config (KubeRay, cluster launcher).
+
+    Public alternative: none. ``TPUSLICE_CLUSTER_CAN_GROW=0/1`` overrides the check.
+    """
+    override = os.environ.get("TPUSLICE_CLUSTER_CAN_GROW")
+    if override is not None:
+        return override.strip().lower() in ("1", "true", "yes")
+    from ray._private.state import state
+
+    return state.get_cluster_config() is not None
+
+
+def node_process_pids(node: Any) -> list[int]:
+    """Pids of the Ray processes a ``ray.cluster_utils`` node started (raylet, GCS, ...).
+
+    Public alternative: none; ``Cluster`` keeps them on the private ``Node.all_processes``.
+    """
+    pids: list[int] = []
+    for infos in getattr(node, "all_processes", {}).values():
+        pids.extend(info.process.pid for info in infos if info.process is not None)
+    return pids
+
+
+def node_logs_dir(node: Any) -> str | None:
+    """The logs directory of a ``ray.cluster_utils`` node (for startup-failure messages)."""
+    getter = getattr(node, "get_logs_dir_path", None)
+    return str(getter()) if getter else None
+
+
+def kv_put(key: str, value: bytes, namespace: str | None) -> None:
+    """Write Ray's internal key-value store. Public alternative: none."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(key, value, namespace=namespace)
+
+
+def kv_get(key: str, namespace: str | None) -> bytes | None:
+    from ray.experimental import internal_kv
+
+    value: bytes | None = internal_kv._internal_kv_get(key, namespace=namespace)
+    return value
+
+
+def kv_delete(key: str, namespace: str | None) -> None:
+    from ray.experimental import internal_kv
+
+    if internal_kv._internal_kv_initialized():
+        internal_kv._internal_kv_del(key, namespace=namespace)
+
+
+def dashboard_kv_namespace() -> str:
+    """Namespace the Ray dashboard reads (JAX profiler ports live there)."""
+    from ray._private import ray_constants
+
+    return str(ray_constants.KV_NAMESPACE_DASHBOARD)
+
+
+def current_node_id() -> str:
+    """Hex id of the node this process runs on (driver or worker)."""
+    return str(ray.get_runtime_context().get_node_id())

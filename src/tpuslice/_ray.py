@@ -96,3 +96,16 @@ def dashboard_kv_namespace() -> str:
 def current_node_id() -> str:
     """Hex id of the node this process runs on (driver or worker)."""
     return str(ray.get_runtime_context().get_node_id())
+
+
+def remote_function_parts(fn: Any) -> tuple[Any, dict[str, Any]]:
+    """The Python function behind a ``@ray.remote`` function, and its decorator options.
+
+    Public alternative: none; ``RemoteFunction`` keeps both on private attributes.
+    """
+    function = getattr(fn, "_function", None)
+    if function is None:
+        raise TypeError(
+            f"expected a @ray.remote function, got {type(fn).__name__!r} (no Python function)"
+        )
+    return function, dict(getattr(fn, "_default_options", {}) or {})

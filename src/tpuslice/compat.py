@@ -116,8 +116,11 @@ def get_tpu_num_slices_for_workers(
     resources_per_worker: dict[str, float] | None = None,
     tpu_resource_per_chip: int | None = None,
 ) -> int:
-    """Slices needed to hold ``num_workers`` workers; 1 when the inputs are incomplete or
-    invalid (as in Ray, which uses this to size a request before validating it)."""
+    """Slices needed to hold ``num_workers`` workers; 1 when the slice inputs are incomplete
+    or invalid (as in Ray, which uses this to size a request before validating it).
+    A ``num_workers`` that is not a number raises (Ray returns 1)."""
+    if not isinstance(num_workers, (int, float)):
+        raise InvalidArgumentError(f"num_workers must be a number, got {num_workers!r}")
     if not topology or not accelerator_type:
         return 1
     try:

@@ -95,6 +95,7 @@ class MetadataClient:
         return self._answers[key]
 
     def _fetch(self, key: str) -> str | None:
+        """One GET in a daemon thread, waited on for what is left of the budget."""
         now = self._clock()
         if self._deadline is None:
             self._deadline = now + self.timeout_s

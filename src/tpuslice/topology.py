@@ -197,7 +197,7 @@ def nearest_topology(gen: Generation, topology: str) -> str | None:
     fewest = min(chips_in(t) for t in bigger)
 
     def distance(candidate: str) -> int:
-        return sum(abs(a - b) for a, b in zip(parse_dims(candidate), dims))
+        return sum(abs(a - b) for a, b in zip(parse_dims(candidate), dims, strict=True))
 
     return min((t for t in bigger if chips_in(t) == fewest), key=lambda t: (distance(t), t))
 
@@ -253,8 +253,8 @@ _HOST_BLOCKS: dict[int, dict[int, tuple[int, ...]]] = {
 def worker_grid_for(dims: tuple[int, ...], chips_per_vm: int) -> tuple[int, ...]:
     """Hosts along each side of the chip grid; a flat row if the block does not tile."""
     block = _HOST_BLOCKS[len(dims)][chips_per_vm]
-    if all(d % b == 0 for d, b in zip(dims, block)):
-        return tuple(d // b for d, b in zip(dims, block))
+    if all(d % b == 0 for d, b in zip(dims, block, strict=True)):
+        return tuple(d // b for d, b in zip(dims, block, strict=True))
     return (math.prod(dims) // chips_per_vm,)
 
 
@@ -320,8 +320,7 @@ class SliceShape:
 
     def iter_workers(self) -> Iterator[tuple[int, tuple[int, ...]]]:
         """Every ``(worker_id, coords)`` in worker-id order."""
-        for worker_id, coords in enumerate(product(*(range(s) for s in self.worker_grid))):
-            yield worker_id, coords
+        yield from enumerate(product(*(range(side) for side in self.worker_grid)))
 
 
 def slice_shape(

@@ -1,0 +1,247 @@
+"""Pure planning for a slice reservation: validate the request, pick slices, build bundles.
+
+Nothing here talks to Ray. :func:`plan_reservation` turns the arguments of
+``SlicePlacementGroup`` into a :class:`ReservationPlan`; :func:`pick_slices` chooses
+idle whole slices from a :class:`~tpuslice.cluster.ClusterSnapshot`;
+:meth:`ReservationPlan.worker_selectors` pins bundle *i* to TPU worker *i*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tpuslice.cluster import ClusterSnapshot, SliceInfo, SliceState
+from tpuslice.compat import (
+    check_positive_int,
+    get_tpu_worker_resources,
+    resolve_resource_per_chip,
+)
+from tpuslice.errors import InvalidArgumentError, InvalidResourceError
+from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
+from tpuslice.topology import SliceShape, slice_shape
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+NODE_ID_LABEL = "ray.io/node-id"
+
+
+@dataclass(frozen=True)
+class ReservationPlan:
+    """Everything about a reservation that does not depend on the cluster."""
+
+    shape: SliceShape
+    num_slices: int
+    tpu_resource_per_chip: int
+    bundle_resources: Mapping[str, float]
+    bundles_per_host: int
+    user_selectors: tuple[Mapping[str, str], ...]
+    strategy: str
+    name: str
+    lifetime: str | None
+    pg_per_slice: bool
+
+    @property
+    def devices_per_host(self) -> int:
+        return self.shape.chips_per_host * self.tpu_resource_per_chip
+
+    @property
+    def bundles_per_slice(self) -> int:
+        return self.shape.num_hosts * self.bundles_per_host
+
+    @property
+    def num_bundles(self) -> int:
+        return self.bundles_per_slice * self.num_slices
+
+    @property
+    def needs_head_claim(self) -> bool:
+        """Multi-host slices are claimed through worker 0's head resource, as in Ray."""
+        return not self.shape.is_single_host
+
+    def user_selector(self, bundle_index: int) -> Mapping[str, str]:
+        if bundle_index < len(self.user_selectors):
+            return self.user_selectors[bundle_index] or {}
+        return {}
+
+    def pinned_slice_name(self, slice_index: int) -> str | None:
+        """The slice name the user's label selectors fix for this slice index, if any."""
+        first = slice_index * self.bundles_per_slice
+        for bundle in range(first, first + self.bundles_per_slice):
+            name = self.user_selector(bundle).get(SLICE_NAME_LABEL)
+            if name:
+                return name
+        return None
+
+    def worker_selectors(self, slice_index: int, target: SliceInfo) -> list[dict[str, str]]:
+        """Label selectors for one slice's bundles: bundle ``k`` of the slice lands on TPU
+        worker ``k // bundles_per_host``. Our pins win over the user's labels, as in Ray."""
+        first = slice_index * self.bundles_per_slice
+        selectors = []
+        for k in range(self.bundles_per_slice):
+            worker = k // self.bundles_per_host
+            pin = _pin(target, worker)
+            selectors.append({**self.user_selector(first + k), **pin})
+        return selectors
+
+    def describe(self) -> str:
+        count = f"{self.num_slices} " if self.num_slices > 1 else ""
+        plural = "s" if self.num_slices > 1 else ""
+        return (
+            f"{count}idle {self.shape.generation.name} {self.shape.topology} slice{plural} "
+            f"({self.shape.pod_type}, {self.shape.num_hosts} host(s) each)"
+        )
+
+
+def _pin(target: SliceInfo, worker: int) -> dict[str, str]:
+    """Labels that select exactly one host of the target slice."""
+    host = target.hosts[worker]
+    if target.name == host.node_id:  # a single-host VM without a slice-name label
+        return {NODE_ID_LABEL: host.node_id}
+    return {SLICE_NAME_LABEL: target.name, WORKER_ID_LABEL: str(worker)}
+
+
+def plan_reservation(
+    topology: str,
+    accelerator_version: str,
+    resources_per_bundle: Mapping[str, float] | None = None,
+    strategy: str = "SPREAD",
+    name: str = "",
+    lifetime: str | None = None,
+    num_slices: int = 1,
+    chips_per_vm: int | None = None,
+    bundle_label_selector: Sequence[Mapping[str, str]] | None = None,
+    pg_per_slice: bool = False,
+    tpu_resource_per_chip: int | None = None,
+) -> ReservationPlan:
+    """Validate a ``SlicePlacementGroup`` request. Raises ``ValueError`` subclasses that
+    say what was asked and what is valid, where Ray 2.60 crashes or hangs."""
+    check_positive_int("num_slices", num_slices)
+    per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
+    shape = slice_shape(topology, accelerator_version, chips_per_vm)
+    num_bundles, resources = get_tpu_worker_resources(
+        shape.topology,
+        shape.generation.name,
+        dict(resources_per_bundle) if resources_per_bundle else None,
+        num_slices,
+        shape.chips_per_host,
+        per_chip,
+    )
+    bundles_per_host = _bundles_per_host(shape, per_chip, resources["TPU"])
+    selectors = tuple(bundle_label_selector or ())
+    if selectors and len(selectors) != num_bundles:
+        raise InvalidArgumentError(
+            f"bundle_label_selector has {len(selectors)} entries but the reservation has "
+            f"{num_bundles} bundles ({num_slices} slice(s) x {shape.num_hosts} host(s) x "
+            f"{bundles_per_host} bundle(s) per host); give one selector per bundle"
+        )
+    _check_strategy(strategy, shape, bundles_per_host)
+    if lifetime not in (None, "detached"):
+        raise InvalidArgumentError(f"lifetime must be None or 'detached', got {lifetime!r}")
+    return ReservationPlan(
+        shape=shape,
+        num_slices=num_slices,
+        tpu_resource_per_chip=per_chip,
+        bundle_resources=resources,
+        bundles_per_host=bundles_per_host,
+        user_selectors=selectors,
+        strategy=strategy,
+        name=name,
+        lifetime=lifetime,
+        pg_per_slice=pg_per_slice,
+    )
+
+
+def _bundles_per_host(shape: SliceShape, per_chip: int, tpu_per_bundle: float) -> int:
+    """Bundles must tile a host exactly, or some would straddle hosts and never place."""
+    per_host = shape.chips_per_host * per_chip
+    if tpu_per_bundle > per_host or per_host % tpu_per_bundle:
+        valid = [d for d in range(1, per_host + 1) if per_host % d == 0]
+        raise InvalidResourceError(
+            f"TPU per bundle {tpu_per_bundle:g} does not fit the {per_host} TPU of one "
+            f"{shape.pod_type} host; a bundle must hold a divisor of {per_host}: "
+            f"{', '.join(map(str, valid))}"
+        )
+    return int(per_host // tpu_per_bundle)
+
+
+def _check_strategy(strategy: str, shape: SliceShape, bundles_per_host: int) -> None:
+    if strategy not in STRATEGIES:
+        raise InvalidArgumentError(
+            f"strategy {strategy!r} is not valid; valid: {', '.join(STRATEGIES)}"
+        )
+    if strategy == "STRICT_PACK" and shape.num_hosts > 1:
+        raise InvalidArgumentError(
+            f"strategy 'STRICT_PACK' puts every bundle on one node, but a {shape.pod_type} "
+            f"slice has {shape.num_hosts} hosts; use 'SPREAD' (the default)"
+        )
+    if strategy == "STRICT_SPREAD" and bundles_per_host > 1:
+        raise InvalidArgumentError(
+            f"strategy 'STRICT_SPREAD' puts each bundle on its own node, but "
+            f"{bundles_per_host} bundles share each host here; use 'SPREAD' (the default)"
+        )
+
+
+def pick_slices(
+    snapshot: ClusterSnapshot, plan: ReservationPlan, taken: Mapping[int, str]
+) -> dict[int, SliceInfo]:
+    """Choose an idle whole slice for every slice index not in ``taken``.
+
+    Honours slice names pinned by the user's selectors; never picks a slice that is
+    busy, broken, of another shape, or already taken. Pure.
+    """
+    ready = {s.name: s for s in snapshot.ready(plan.shape, plan.tpu_resource_per_chip)}
+    used = set(taken.values())
+    chosen: dict[int, SliceInfo] = {}
+    open_indices = [i for i in range(plan.num_slices) if i not in taken]
+    for index in open_indices:  # pinned first, so free picks do not steal them
+        pinned = plan.pinned_slice_name(index)
+        if pinned and pinned in ready and pinned not in used:
+            chosen[index] = ready[pinned]
+            used.add(pinned)
+    free = [s for name, s in ready.items() if name not in used]
+    for index in open_indices:
+        if index not in chosen and not plan.pinned_slice_name(index) and free:
+            chosen[index] = free.pop(0)
+    return chosen
+
+
+def shortage(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str | None:
+    """Why the request can never be met by this cluster as it is, or ``None`` if it can
+    (slices exist, perhaps busy). Pure."""
+    whole = snapshot.whole(plan.shape, plan.tpu_resource_per_chip)
+    names = {s.name for s in whole}
+    missing = [
+        pin
+        for i in range(plan.num_slices)
+        if (pin := plan.pinned_slice_name(i)) and pin not in names
+    ]
+    if missing:
+        return f"slice(s) {', '.join(missing)} named in bundle_label_selector do not exist"
+    if len(whole) < plan.num_slices:
+        return f"asked for {plan.num_slices}, the cluster has {len(whole)} whole"
+    return None
+
+
+def explain(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str:
+    """What the cluster has for this request: ``2 whole slices, both busy (...); 1 broken
+    (...)``; or the shapes it does have when none match. Pure."""
+    matching = snapshot.matching(plan.shape, plan.tpu_resource_per_chip)
+    if not matching:
+        shapes = sorted({f"{s.pod_type} {s.topology}" for s in snapshot.slices.values()})
+        have = ", ".join(shapes) if shapes else "no TPU slices at all"
+        return (
+            f"the cluster has no {plan.shape.pod_type} {plan.shape.topology} slice (it has: {have})"
+        )
+    groups: dict[SliceState, list[SliceInfo]] = {state: [] for state in SliceState}
+    for s in matching:
+        groups[s.state].append(s)
+    whole = groups[SliceState.READY] + groups[SliceState.BUSY]
+    parts = [f"{len(whole)} whole slice(s)"]
+    if groups[SliceState.BUSY]:
+        busy = "; ".join(s.describe() for s in groups[SliceState.BUSY])
+        parts[0] += f", {len(groups[SliceState.BUSY])} busy ({busy})"
+    if groups[SliceState.READY]:
+        parts[0] += f", {len(groups[SliceState.READY])} idle"
+    if groups[SliceState.BROKEN]:
+        broken = "; ".join(s.describe() for s in groups[SliceState.BROKEN])
+        parts.append(f"{len(groups[SliceState.BROKEN])} broken ({broken})")
+    return "; ".join(parts)

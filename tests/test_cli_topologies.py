@@ -1,0 +1,110 @@
+"""The ``tpuslice topologies`` command and ``--version``, driven through click's CliRunner."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner, Result
+
+import tpuslice
+from tpuslice import topology as topo
+from tpuslice.cli import main
+
+
+def invoke(*args: str, columns: int = 200) -> Result:
+    """Run the CLI as if in a terminal ``columns`` wide (rich reads COLUMNS)."""
+    return CliRunner(env={"COLUMNS": str(columns)}).invoke(main, list(args))
+
+
+def table_rows(output: str) -> list[list[str]]:
+    """The body rows of every rich table in the output, as lists of stripped cells."""
+    return [
+        [cell.strip() for cell in line.strip().strip("│").split("│")]
+        for line in output.splitlines()
+        if line.startswith("│")
+    ]
+
+
+def expected_rows(gen: topo.Generation) -> list[list[str]]:
+    rows = []
+    for name in gen.sorted_topologies():
+        shape = topo.slice_shape(name, gen.name)
+        rows.append(
+            [
+                name,
+                str(shape.chips),
+                str(shape.num_hosts),
+                str(shape.chips_per_host),
+                shape.pod_type,
+                shape.head_resource,
+            ]
+        )
+    return rows
+
+
+def test_topologies_v6e_prints_pod_types_and_head_resources() -> None:
+    result = invoke("topologies", "v6e")
+    assert result.exit_code == 0, result.output
+    assert "v6e: 1 TensorCore(s)/chip, pod type counts chips, 2D" in result.output
+    for header in ("topology", "chips", "hosts", "chips/host", "pod type", "head resource"):
+        assert header in result.output
+    assert table_rows(result.output) == expected_rows(topo.GENERATIONS["v6e"])
+    assert ["4x4", "16", "4", "4", "v6e-16", "TPU-v6e-16-head"] in table_rows(result.output)
+    assert ["2x4", "8", "1", "8", "v6e-8", "TPU-v6e-8-head"] in table_rows(result.output)
+
+
+@pytest.mark.parametrize(
+    ("spelling", "name"),
+    [("TPU-V6E", "v6e"), ("v5e", "v5litepod"), ("tpu7x", "v7x"), ("trillium", "v6e")],
+)
+def test_topologies_accepts_any_generation_spelling(spelling: str, name: str) -> None:
+    result = invoke("topologies", spelling)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"{name}:")
+    assert table_rows(result.output) == expected_rows(topo.GENERATIONS[name])
+
+
+def test_topologies_without_argument_prints_every_generation() -> None:
+    result = invoke("topologies")
+    assert result.exit_code == 0, result.output
+    titles = [line.split(":")[0] for line in result.output.splitlines() if "TensorCore" in line]
+    assert titles == list(topo.GENERATIONS)
+    expected = [row for gen in topo.GENERATIONS.values() for row in expected_rows(gen)]
+    assert table_rows(result.output) == expected
+    assert ["2x2x2", "8", "2", "4", "v4-16", "TPU-v4-16-head"] in expected
+
+
+@pytest.mark.parametrize("bad", ["v9", "gpu", "v6e-16", "4x4"])
+def test_bad_generation_exits_2_with_one_clear_message(bad: str) -> None:
+    result = invoke("topologies", bad)
+    assert result.exit_code == 2
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, result.output
+    assert f"unknown TPU accelerator version '{bad}'" in errors[0]
+    assert "valid: v2, v3, v4, v5p, v5litepod, v6e, v7x" in errors[0]
+    assert result.output.count("unknown TPU accelerator version") == 1
+    assert "Traceback" not in result.output
+    assert table_rows(result.output) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cli.py lets rich elide cells at 80 columns (the width used when piped): "
+    "'TPU-v5litepod-16-he…'. Fix in cli.py (overflow='fold' or a wider console).",
+)
+def test_tables_are_not_truncated_at_80_columns() -> None:
+    result = invoke("topologies", "v5litepod", columns=80)
+    assert result.exit_code == 0
+    assert "…" not in result.output
+    assert table_rows(result.output) == expected_rows(topo.GENERATIONS["v5litepod"])
+
+
+def test_version_prints_the_package_version() -> None:
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert result.output == f"tpuslice, version {tpuslice.__version__}\n"
+
+
+def test_help_lists_the_topologies_command() -> None:
+    result = invoke("--help")
+    assert result.exit_code == 0
+    assert "topologies" in result.output

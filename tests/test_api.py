@@ -10,32 +10,13 @@ import tpuslice
 
 # Public names of Ray 2.60's ray.util.tpu that tpuslice will offer once their issue lands.
 # Remove a name from here when it is added to tpuslice.__all__ (a test checks this).
-LATER_ISSUES: frozenset[str] = frozenset(
-    {
-        # reserving slices
-        "SlicePlacementGroup",
-        "slice_placement_group",
-        "reserve_tpu_slice",
-        "SubslicePlacementGroup",
-        "subslice_placement_group",
-        "TPU_SUBSLICE_LABEL_PREFIX",
-        # running on a slice
-        "run_on_slice",
-        "init_jax_profiler",
-        # reading the cluster and the current host
-        "get_current_pod_name",
-        "get_current_pod_worker_count",
-        "get_num_tpu_chips_on_node",
-        "get_num_ready_tpu_slices",
-        "get_num_tpu_slices",
-        "get_tpu_nodes_for_slice",
-        "get_tpu_slice_name_from_node",
-    }
-)
+LATER_ISSUES: frozenset[str] = frozenset()
 
 # Public names of ray.util.tpu that tpuslice does not mean to offer, with the reason.
 NOT_OFFERED: dict[str, str] = {
-    "dispatch": "deprecated in Ray 2.60 in favour of run_on_slice",
+    "SubslicePlacementGroup": "subslicing is not in tpuslice's scope yet (no issue asks for it)",
+    "subslice_placement_group": "subslicing is not in tpuslice's scope yet",
+    "TPU_SUBSLICE_LABEL_PREFIX": "subslicing is not in tpuslice's scope yet",
 }
 
 

@@ -1,12 +1,25 @@
 """tpuslice: run SPMD work on whole Google Cloud TPU slices with Ray.
 
 Layers, bottom up: ``topology`` (pure shapes) -> ``cluster`` (read-only view of slices)
--> ``reserve`` (whole-slice placement groups) -> ``run`` (one task per host, ordered).
+-> ``reserve`` (whole-slice placement groups) -> ``run`` (one task per host, in rank order).
 ``testing.SimulatedCluster`` stands in for real TPU VMs; ``cli`` is a thin shell over it all.
 """
 
 from __future__ import annotations
 
+from tpuslice.actors import SliceActorGroup
+from tpuslice.cluster import (
+    ClusterSnapshot,
+    HostInfo,
+    HostState,
+    SliceInfo,
+    SliceState,
+    get_num_ready_tpu_slices,
+    get_num_tpu_slices,
+    get_tpu_nodes_for_slice,
+    get_tpu_slice_name_from_node,
+    read_snapshot,
+)
 from tpuslice.compat import (
     DEFAULT_MEGASCALE_PORT,
     DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
@@ -33,6 +46,14 @@ from tpuslice.errors import (
     SliceShutdownError,
     TPUSliceError,
 )
+from tpuslice.jax import init_jax_profiler
+from tpuslice.node import (
+    get_current_pod_name,
+    get_current_pod_worker_count,
+    get_num_tpu_chips_on_node,
+)
+from tpuslice.reserve import SlicePlacementGroup, reserve_tpu_slice, slice_placement_group
+from tpuslice.run import HostContext, current_host, dispatch, run_on_slice
 from tpuslice.topology import GENERATIONS, Generation, SliceShape, parse_pod_type, slice_shape
 
 __version__ = "0.1.0"
@@ -43,8 +64,12 @@ __all__ = [
     "GENERATIONS",
     "VALID_TPU_TYPES",
     "AmbiguousPodTypeError",
+    "ClusterSnapshot",
     "Generation",
+    "HostContext",
+    "HostInfo",
     "HostLostError",
+    "HostState",
     "InsufficientSlicesError",
     "InvalidAcceleratorError",
     "InvalidArgumentError",
@@ -52,18 +77,36 @@ __all__ = [
     "InvalidTopologyError",
     "ReservationTimeoutError",
     "RetriesExhaustedError",
+    "SliceActorGroup",
+    "SliceInfo",
+    "SlicePlacementGroup",
     "SliceShape",
     "SliceShutdownError",
+    "SliceState",
     "TPUSliceError",
     "__version__",
+    "current_host",
+    "dispatch",
     "get_chips_per_host",
+    "get_current_pod_name",
+    "get_current_pod_worker_count",
     "get_num_chips_from_topology",
+    "get_num_ready_tpu_slices",
+    "get_num_tpu_chips_on_node",
+    "get_num_tpu_slices",
     "get_tpu_coordinator_env_vars",
+    "get_tpu_nodes_for_slice",
     "get_tpu_num_slices_for_workers",
     "get_tpu_resource_per_chip",
+    "get_tpu_slice_name_from_node",
     "get_tpu_version_from_type",
     "get_tpu_worker_resources",
     "infer_tpu_pod_type_from_topology",
+    "init_jax_profiler",
     "parse_pod_type",
+    "read_snapshot",
+    "reserve_tpu_slice",
+    "run_on_slice",
+    "slice_placement_group",
     "slice_shape",
 ]

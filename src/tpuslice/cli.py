@@ -48,15 +48,18 @@ def topologies(generation: str | None) -> None:
             f"pod type counts {gen.pod_type_counts}, {gen.dims}D",
             title_justify="left",
         )
-        for column in ("topology", "chips", "hosts", "chips/host", "pod type", "head resource"):
-            table.add_column(column, justify="right" if column in ("chips", "hosts") else "left")
+        for column in ("topology", "chips", "hosts", "pod type", "head resource"):
+            table.add_column(
+                column,
+                justify="right" if column in ("chips", "hosts") else "left",
+                overflow="fold",
+            )
         for name in gen.sorted_topologies():
             shape = topo.slice_shape(name, gen.name)
             table.add_row(
                 name,
                 str(shape.chips),
                 str(shape.num_hosts),
-                str(shape.chips_per_host),
                 shape.pod_type,
                 shape.head_resource,
             )

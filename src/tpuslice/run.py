@@ -198,7 +198,6 @@ def launch(
     remote = _context_remote(fn)
     tpu = spg.bundle_resources.get("TPU", spg.devices_per_host)
     refs = []
-    per_slice = spg.plan.bundles_per_slice
     for context, (pg, bundle) in zip(host_contexts(spg), spg.worker_groups(), strict=True):
         if slice_index is not None and context.slice_index != slice_index:
             continue
@@ -207,10 +206,7 @@ def launch(
             "resources": {"TPU": tpu},
             "max_retries": 0,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=pg,
-                placement_group_bundle_index=bundle % per_slice
-                if spg.plan.pg_per_slice
-                else bundle,
+                placement_group=pg, placement_group_bundle_index=bundle
             ),
         }
         refs.append(remote.options(**options).remote(context.env(), *args, **kwargs))

@@ -1,1 +1,25 @@
-"""Test support shipped with tpuslice: a simulated TPU cluster and pytest fixtures."""
+"""Test support shipped with tpuslice: a simulated TPU cluster and pytest fixtures.
+
+``SimulatedCluster`` starts a real local Ray cluster whose nodes look like TPU VMs; the
+pytest plugin (loaded automatically) offers ``simulated_cluster`` and ``tpu_cluster``.
+"""
+
+from tpuslice.testing.simulated import (
+    SimulatedCluster,
+    SimulatedHost,
+    SimulatedSlice,
+    SimulatorError,
+    SliceSpec,
+    assert_no_placement_groups,
+    live_placement_groups,
+)
+
+__all__ = [
+    "SimulatedCluster",
+    "SimulatedHost",
+    "SimulatedSlice",
+    "SimulatorError",
+    "SliceSpec",
+    "assert_no_placement_groups",
+    "live_placement_groups",
+]

@@ -1,1 +1,48 @@
-"""pytest plugin: fixtures giving a session-scoped SimulatedCluster."""
+"""pytest plugin (auto-loaded via the ``pytest11`` entry point): simulated TPU clusters.
+
+Fixtures:
+- ``simulated_cluster`` (session): one :class:`SimulatedCluster`, connected, shared by
+  every test of the session. Its slices come from the ini option ``tpuslice_slices``
+  (lines like ``v6e:4x4:2``; default one v6e 4x4 slice x2).
+- ``tpu_cluster`` (function): the same cluster, and after the test an
+  :func:`assert_no_placement_groups` check, so a test that leaks a reservation fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tpuslice.testing.simulated import SimulatedCluster, assert_no_placement_groups
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "tpuslice_slices",
+        "Slices of the session's simulated TPU cluster, one GENERATION:TOPOLOGY[:COUNT"
+        "[:CHIPS_PER_VM]] per line",
+        type="linelist",
+        default=["v6e:4x4:2"],
+    )
+    parser.addini(
+        "tpuslice_cpus_per_host",
+        "Logical CPUs of each simulated TPU host",
+        default="8",
+    )
+
+
+@pytest.fixture(scope="session")
+def simulated_cluster(request: pytest.FixtureRequest) -> Iterator[SimulatedCluster]:
+    """A connected SimulatedCluster shared by the whole test session."""
+    specs = request.config.getini("tpuslice_slices")
+    cpus = int(request.config.getini("tpuslice_cpus_per_host"))
+    with SimulatedCluster(specs, cpus_per_host=cpus, connect=True) as sim:
+        yield sim
+
+
+@pytest.fixture
+def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluster]:
+    """The session's cluster; fails the test if it leaves a placement group behind."""
+    yield simulated_cluster
+    assert_no_placement_groups()

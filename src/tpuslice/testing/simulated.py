@@ -105,6 +105,7 @@ class SimulatedHost:
 class SimulatedSlice:
     name: str
     shape: SliceShape
+    tpu_resource_per_chip: int = 1
     hosts: list[SimulatedHost] = field(default_factory=list)
 
 
@@ -235,7 +236,7 @@ class SimulatedCluster:
         sim_slice = self._slice(slice_name)
         for host in sim_slice.hosts:
             if not host.alive:
-                host.node = self._start_host(sim_slice.shape, slice_name, host.worker_id)
+                host.node = self._start_host(sim_slice, host.worker_id)
         self._wait_for_alive_nodes()
 
     def remove_slice(self, slice_name: str) -> None:
@@ -265,24 +266,27 @@ class SimulatedCluster:
             head_args["_system_config"] = dict(FAST_FAILURE_DETECTION)
         self._cluster = Cluster(initialize_head=True, head_node_args=head_args)
 
-    def _add_slice_nodes(self, shape: SliceShape, name: str | None) -> str:
+    def _add_slice_nodes(
+        self, shape: SliceShape, name: str | None, per_chip: int | None = None
+    ) -> str:
         name = name or self._next_name(shape)
-        sim_slice = SimulatedSlice(name, shape)
+        sim_slice = SimulatedSlice(name, shape, per_chip or self.tpu_resource_per_chip)
         self.slices[name] = sim_slice
         for worker_id in range(shape.num_hosts):
-            node = self._start_host(shape, name, worker_id)
+            node = self._start_host(sim_slice, worker_id)
             sim_slice.hosts.append(SimulatedHost(name, worker_id, node))
         return name
 
-    def _start_host(self, shape: SliceShape, name: str, worker_id: int) -> Any:
+    def _start_host(self, sim_slice: SimulatedSlice, worker_id: int) -> Any:
         assert self._cluster is not None
+        shape, name = sim_slice.shape, sim_slice.name
         self._progress(f"starting {name} host {worker_id + 1}/{shape.num_hosts}")
         try:
             return self._cluster.add_node(
                 wait=False,
                 num_cpus=self.cpus_per_host,
                 object_store_memory=self.object_store_bytes,
-                resources=host_resources(shape, name, worker_id, self.tpu_resource_per_chip),
+                resources=host_resources(shape, name, worker_id, sim_slice.tpu_resource_per_chip),
                 labels=host_labels(shape, name, worker_id),
                 env_vars=host_env(shape, name, worker_id),
             )
@@ -392,3 +396,30 @@ def descendants(pids: Iterable[int]) -> set[int]:
             found.add(pid)
             todo.extend(children.get(pid, []))
     return found
+
+
+def live_placement_groups() -> list[dict[str, Any]]:
+    """Placement groups of the connected cluster that are not removed."""
+    table = ray.util.placement_group_table()
+    return [pg for pg in table.values() if pg.get("state") != "REMOVED"]
+
+
+def assert_no_placement_groups(timeout: float = 10.0) -> None:
+    """Fail if any placement group is still alive after a bounded wait; removes the
+    leftovers first so one leaky test does not fail the ones after it."""
+    deadline = time.monotonic() + timeout
+    while (live := live_placement_groups()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not live:
+        return
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    for pg in live:
+        remove_placement_group(
+            PlacementGroup(ray.PlacementGroupID.from_hex(pg["placement_group_id"]))
+        )
+    described = "; ".join(
+        f"{pg['placement_group_id'][:12]} {pg['state']} bundles={list(pg['bundles'].values())}"
+        for pg in live
+    )
+    raise AssertionError(f"{len(live)} placement group(s) left behind: {described}")

@@ -1,0 +1,100 @@
+"""JAX helpers for code running inside a tpuslice task. JAX is imported lazily, here only.
+
+- :func:`init_jax_profiler`: start JAX's profiler server in this worker and register its
+  port where the Ray dashboard looks (``jax_profiler_port:<node_id>:<pid>``).
+- :func:`distributed_args` / :func:`initialize`: ``jax.distributed.initialize`` arguments
+  from the slice context that :func:`tpuslice.run_on_slice` sets, so users compute none.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from tpuslice import _ray
+from tpuslice.errors import InvalidArgumentError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PROFILER_PORT = 9999
+DEFAULT_COORDINATOR_PORT = 8476
+"""Port of the ``jax.distributed`` coordinator on rank 0 (JAX's own default)."""
+
+
+def profiler_key(node_id: str, pid: int) -> str:
+    return f"jax_profiler_port:{node_id}:{pid}"
+
+
+def _profiler_port(port: int | None) -> int:
+    if port is not None:
+        return port
+    raw = os.environ.get("JAX_PROFILER_PORT", str(DEFAULT_PROFILER_PORT))
+    if not raw.isdigit():
+        raise InvalidArgumentError(f"JAX_PROFILER_PORT must be a port number, got {raw!r}")
+    return int(raw)
+
+
+def init_jax_profiler(port: int | None = None) -> None:
+    """Start JAX's profiler server on ``port`` (else ``JAX_PROFILER_PORT``, else 9999) and
+    register it for the Ray dashboard; the key is removed when this process exits.
+
+    Without JAX it logs a warning and returns; a port in use is logged as an error and
+    not raised, so profiling never breaks the user's program.
+    """
+    try:
+        import jax
+    except ImportError:
+        logger.warning("JAX is not installed; the JAX profiler was not started")
+        return
+    chosen = _profiler_port(port)
+    try:
+        jax.profiler.start_server(chosen)
+    except (RuntimeError, ValueError, OSError) as exc:  # jaxlib reports a busy port so
+        logger.error("could not start the JAX profiler on port %d: %s", chosen, exc)
+        return
+    logger.info("JAX profiler server listening on port %d", chosen)
+    register_profiler_port(chosen)
+
+
+def register_profiler_port(port: int) -> str | None:
+    """Put ``jax_profiler_port:<node>:<pid>`` -> port in Ray's KV (dashboard namespace)
+    and remove it at exit. Returns the key, or ``None`` if Ray is not connected."""
+    import ray
+
+    if not ray.is_initialized():
+        logger.warning("Ray is not initialised; the profiler port was not registered")
+        return None
+    key = profiler_key(_ray.current_node_id(), os.getpid())
+    namespace = _ray.dashboard_kv_namespace()
+    _ray.kv_put(key, str(port).encode(), namespace)
+    atexit.register(_ray.kv_delete, key, namespace)
+    return key
+
+
+def distributed_args(
+    environ: Mapping[str, str] | None = None, port: int = DEFAULT_COORDINATOR_PORT
+) -> dict[str, Any]:
+    """``coordinator_address``, ``num_processes`` and ``process_id`` for
+    ``jax.distributed.initialize``, from the slice context of the running task."""
+    from tpuslice.run import current_host
+
+    host = current_host(environ)
+    return {
+        "coordinator_address": f"{host.coordinator_address}:{port}",
+        "num_processes": host.world_size,
+        "process_id": host.rank,
+    }
+
+
+def initialize(port: int = DEFAULT_COORDINATOR_PORT, **kwargs: Any) -> None:
+    """``jax.distributed.initialize`` with this task's coordinator, process count and id.
+
+    Call it once inside a function started by :func:`tpuslice.run_on_slice`; ``kwargs``
+    go to JAX (for example ``local_device_ids``).
+    """
+    import jax
+
+    jax.distributed.initialize(**distributed_args(port=port), **kwargs)

@@ -11,10 +11,11 @@ means 0 free, not "all free" (Ray 2.60's ``get_num_ready_tpu_slices`` gets this 
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import ray
 
@@ -28,7 +29,7 @@ from tpuslice.labels import (
     TPU_RESOURCE,
     WORKER_ID_LABEL,
 )
-from tpuslice.topology import SliceShape, normalize_generation_name, parse_pod_type, slice_shape
+from tpuslice.topology import SliceShape, parse_pod_type, slice_shape
 
 NodeRecord = Mapping[str, Any]
 Available = Mapping[str, Mapping[str, float]]
@@ -49,9 +50,12 @@ class SliceState(str, enum.Enum):
     """A host missing or dead, no worker 0, or labels that do not add up."""
 
 
-@dataclass(frozen=True)
-class HostInfo:
-    """One Ray node that carries TPU labels or resources."""
+class HostInfo(NamedTuple):
+    """One Ray node that carries TPU labels or resources.
+
+    A named tuple, not a frozen dataclass: a snapshot of a large cluster makes one per
+    TPU VM, and a named tuple is built in under half the time (benchmarks/).
+    """
 
     node_id: str
     address: str
@@ -114,13 +118,12 @@ class SliceInfo:
         return head.node_id if head else None
 
     def matches(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> bool:
-        """Same pod type, topology and TPU per host as ``shape``."""
+        """Same generation, topology and chips per VM as ``shape`` (so the 1-VM and 2-VM
+        forms of a v6e 2x4 differ), and every live host with that VM's ``TPU``. Dead
+        hosts are not compared: ``ray.nodes()`` reports no resources for a dead node."""
         per_host = shape.chips_per_host * tpu_resource_per_chip
-        return (
-            self.shape is not None
-            and self.pod_type == shape.pod_type
-            and self.topology == shape.topology
-            and all(h.tpu_total == per_host for h in self.hosts.values())
+        return self.shape == shape and all(
+            h.tpu_total == per_host for h in self.hosts.values() if h.alive
         )
 
     def describe(self) -> str:
@@ -188,64 +191,91 @@ def _labels(node: NodeRecord) -> Mapping[str, str]:
     return labels
 
 
+def _resources(node: NodeRecord) -> Mapping[str, float]:
+    resources: Mapping[str, float] = node.get("Resources") or {}
+    return resources
+
+
 def _slice_key(node: NodeRecord) -> str | None:
     """The slice a node belongs to: its slice-name label, else (a single-host TPU VM
     without one) its node id. ``None`` for nodes that are not TPU hosts."""
     labels = _labels(node)
     if labels.get(SLICE_NAME_LABEL):
         return labels[SLICE_NAME_LABEL]
-    if labels.get(POD_TYPE_LABEL) and (node.get("Resources") or {}).get(TPU_RESOURCE):
+    if labels.get(POD_TYPE_LABEL) and _resources(node).get(TPU_RESOURCE):
         return str(node.get("NodeID"))
     return None
 
 
 def _host(node: NodeRecord, name: str, available: Available, head: str | None) -> HostInfo:
-    node_id = str(node.get("NodeID", ""))
-    total = float((node.get("Resources") or {}).get(TPU_RESOURCE, 0.0))
+    node_id: str = node.get("NodeID", "")
+    resources = _resources(node)
+    alive: bool = node.get("Alive", False)
+    total = float(resources.get(TPU_RESOURCE, 0.0))
     reported = available.get(node_id)
     # Absent node entry: registered but not yet reported, so nothing can be using it.
     # Absent TPU key in a reported entry: every TPU is in use.
     free = total if reported is None else float(reported.get(TPU_RESOURCE, 0.0))
     head_free = None
-    if head and head in (node.get("Resources") or {}):
+    if head is not None and head in resources:
         head_free = reported is None or reported.get(head, 0.0) >= 1.0
-    raw_worker = _labels(node).get(WORKER_ID_LABEL)
     return HostInfo(
         node_id=node_id,
-        address=str(node.get("NodeManagerAddress", "")),
+        address=node.get("NodeManagerAddress", ""),
         slice_name=name,
-        worker_id=int(raw_worker) if raw_worker and raw_worker.isdigit() else None,
-        alive=bool(node.get("Alive")),
+        worker_id=_worker_id(_labels(node).get(WORKER_ID_LABEL)),
+        alive=alive,
         tpu_total=total,
-        tpu_available=free if node.get("Alive") else 0.0,
+        tpu_available=free if alive else 0.0,
         head_free=head_free,
     )
 
 
-def _shape_of(labels: Mapping[str, str], chips_per_host: int | None) -> SliceShape | None:
-    """The slice shape the labels claim, or ``None`` if they do not name a valid one."""
-    pod_type, topology = labels.get(POD_TYPE_LABEL), labels.get(TOPOLOGY_LABEL)
+def _worker_id(raw: str | None) -> int | None:
+    """The worker-id label as an int; ``None`` if absent or not a plain number.
+
+    ``isdecimal``, not ``isdigit``: ``"²".isdigit()`` is true but ``int("²")`` fails.
+    """
+    return int(raw) if raw and raw.isdecimal() else None
+
+
+class _Claimed(NamedTuple):
+    """A valid slice shape named by labels, with the facts classification needs
+    computed once (``SliceShape`` derives them from the topology string on each access)."""
+
+    shape: SliceShape
+    num_hosts: int
+    pod_type: str
+    head_resource: str
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_of(
+    pod_type: str | None, topology: str | None, chips_per_host: int | None
+) -> _Claimed | None:
+    """The slice shape the labels claim, or ``None`` if they do not name a valid one.
+
+    Cached: a cluster has a handful of shapes, and parsing them for every slice was
+    most of :func:`build_snapshot`'s time on large clusters.
+    """
     if not pod_type:
         return None
+    prefix, _, size = pod_type.rpartition("-")
     try:
-        if not topology:
-            return parse_pod_type(pod_type, chips_per_host)
-        shape = slice_shape(topology, pod_type.rsplit("-", 1)[0], chips_per_host)
+        if topology:
+            shape = slice_shape(topology, prefix, chips_per_host)
+        else:
+            shape = parse_pod_type(pod_type, chips_per_host)
     except InvalidArgumentError:
         return None
-    return shape if shape.pod_type == parse_pod_type_name(pod_type) else None
+    if size != str(shape.cores):
+        return None  # topology and pod type disagree (``v6e-8`` labelled ``4x4``)
+    return _Claimed(shape, shape.num_hosts, shape.pod_type, shape.head_resource)
 
 
-def parse_pod_type_name(pod_type: str) -> str:
-    """``"tpu7x-16"`` -> ``"v7x-16"``: the pod type as Ray normalises it."""
-    prefix, _, size = pod_type.rpartition("-")
-    return f"{normalize_generation_name(prefix)}-{size}"
-
-
-def _chips_per_host(members: list[NodeRecord], per_chip: int) -> int | None:
-    """Chips per VM as the nodes report them, if that is a whole number of chips."""
-    per_host = max(float((n.get("Resources") or {}).get(TPU_RESOURCE, 0.0)) for n in members)
-    chips = per_host / per_chip
+def _chips_per_host(node: NodeRecord, per_chip: int) -> int | None:
+    """Chips per VM as this node reports them, if that is a whole number of chips."""
+    chips = float(_resources(node).get(TPU_RESOURCE, 0.0)) / per_chip
     return int(chips) if chips.is_integer() and chips > 0 else None
 
 
@@ -253,28 +283,30 @@ def _classify(
     name: str, members: list[NodeRecord], available: Available, per_chip: int
 ) -> SliceInfo:
     """Pick the live node per worker id, then decide READY / BUSY / BROKEN and why."""
-    labels = _labels(next((n for n in members if n.get("Alive")), members[0]))
-    shape = _shape_of(labels, _chips_per_host(members, per_chip))
-    head = shape.head_resource if shape else None
-    hosts: dict[int, HostInfo] = {}
-    unlabelled = 0
-    for node in members:
-        host = _host(node, name, available, head)
-        worker = host.worker_id
-        if worker is None and len(members) == 1 and shape and shape.is_single_host:
-            worker = 0  # a single-host VM with no worker-id label is its own worker 0
-        if worker is None:
-            unlabelled += host.alive
-            continue
-        if worker not in hosts or (host.alive and not hosts[worker].alive):
-            hosts[worker] = host if host.worker_id == worker else _with_worker(host, worker)
-    expected = shape.num_hosts if shape else len(hosts)
-    state, reason = _state(shape, labels, hosts, expected, unlabelled)
+    # The first live node speaks for the slice (a dead one may be a replaced VM).
+    reference = next((n for n in members if n.get("Alive")), members[0])
+    labels = _labels(reference)
+    pod_type, topology = labels.get(POD_TYPE_LABEL), labels.get(TOPOLOGY_LABEL)
+    claimed = _shape_of(pod_type, topology, _chips_per_host(reference, per_chip))
+    head = claimed.head_resource if claimed else None
+    # A single-host VM with no worker-id label is its own worker 0.
+    default_worker = 0 if claimed and claimed.num_hosts == 1 else None
+    found = [_host(n, name, available, head) for n in members]
+    hosts, problems = _pick_hosts(found, default_worker)
+    if claimed is None:
+        problems.insert(
+            0, f"labels do not name a valid slice (pod type {pod_type!r}, topology {topology!r})"
+        )
+    if not reference.get("Alive"):
+        # Dead nodes report no resources, so the shape is a guess: say what is known.
+        problems.insert(0, f"every host dead ({len(members)} known)")
+    expected = claimed.num_hosts if claimed else len(hosts)
+    state, reason = _state(hosts, expected, problems)
     return SliceInfo(
         name=name,
-        pod_type=labels.get(POD_TYPE_LABEL, ""),
-        topology=shape.topology if shape else labels.get(TOPOLOGY_LABEL, ""),
-        shape=shape,
+        pod_type=claimed.pod_type if claimed else pod_type or "",
+        topology=claimed.shape.topology if claimed else topology or "",
+        shape=claimed.shape if claimed else None,
         hosts=dict(sorted(hosts.items())),
         state=state,
         reason=reason,
@@ -282,36 +314,61 @@ def _classify(
     )
 
 
-def _with_worker(host: HostInfo, worker: int) -> HostInfo:
-    return replace(host, worker_id=worker)
+def _pick_hosts(
+    found: list[HostInfo], default_worker: int | None
+) -> tuple[dict[int, HostInfo], list[str]]:
+    """One host per worker id, preferring a live node over a dead one it replaced.
+
+    Returns the hosts and what does not add up: live hosts without a worker-id label,
+    and worker ids claimed by more than one live host.
+    """
+    hosts: dict[int, HostInfo] = {}
+    unlabelled = 0
+    doubled: set[int] = set()
+    for host in found:
+        worker = host.worker_id if host.worker_id is not None else default_worker
+        if worker is None:
+            unlabelled += host.alive
+            continue
+        if host.worker_id is None:
+            host = host._replace(worker_id=worker)
+        held = hosts.get(worker)
+        if held is None or (host.alive and not held.alive):
+            hosts[worker] = host
+        elif host.alive:
+            doubled.add(worker)
+    problems = [f"{unlabelled} live host(s) without a worker-id label"] if unlabelled else []
+    if doubled:
+        problems.append(f"worker id(s) {sorted(doubled)} on more than one live host")
+    return hosts, problems
 
 
 def _state(
-    shape: SliceShape | None,
-    labels: Mapping[str, str],
-    hosts: Mapping[int, HostInfo],
-    expected: int,
-    unlabelled: int,
+    hosts: Mapping[int, HostInfo], expected: int, problems: list[str]
 ) -> tuple[SliceState, str]:
-    if shape is None:
-        got = f"pod type {labels.get(POD_TYPE_LABEL)!r}, topology {labels.get(TOPOLOGY_LABEL)!r}"
-        return SliceState.BROKEN, f"labels do not name a valid slice ({got})"
-    if unlabelled:
-        return SliceState.BROKEN, f"{unlabelled} host(s) without a worker-id label"
-    extra = sorted(w for w in hosts if w >= expected)
+    """BROKEN (with the first thing wrong), else BUSY if any host is in use, else READY."""
+    if problems:
+        return SliceState.BROKEN, problems[0]
+    extra, dead, busy = [], [], 0
+    for worker, host in hosts.items():  # one pass: this runs once per slice
+        if worker >= expected:
+            extra.append(worker)
+        elif not host.alive:
+            dead.append(worker)
+        elif host.state is HostState.BUSY:
+            busy += 1
     if extra:
-        return SliceState.BROKEN, f"worker id(s) {extra} outside 0..{expected - 1}"
-    missing = [w for w in range(expected) if w not in hosts]
-    dead = [w for w, h in hosts.items() if not h.alive]
+        return SliceState.BROKEN, f"worker id(s) {sorted(extra)} outside 0..{expected - 1}"
+    # Every key is now in 0..expected-1, so a full count means nothing is missing.
+    missing = [] if len(hosts) == expected else [w for w in range(expected) if w not in hosts]
     if 0 in missing or 0 in dead:
         return SliceState.BROKEN, "no live worker 0"
     if missing or dead:
-        parts = [f"host {_join(dead)} dead"] if dead else []
+        parts = [f"host {_join(sorted(dead))} dead"] if dead else []
         parts += [f"host {_join(missing)} missing"] if missing else []
         return SliceState.BROKEN, ", ".join(parts)
-    busy = [w for w, h in hosts.items() if h.state is HostState.BUSY]
     if busy:
-        return SliceState.BUSY, f"{len(busy)}/{expected} hosts in use"
+        return SliceState.BUSY, f"{busy}/{expected} hosts in use"
     return SliceState.READY, ""
 
 

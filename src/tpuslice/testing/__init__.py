@@ -12,6 +12,7 @@ from tpuslice.testing.simulated import (
     SliceSpec,
     assert_no_placement_groups,
     live_placement_groups,
+    remove_placement_groups,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "SliceSpec",
     "assert_no_placement_groups",
     "live_placement_groups",
+    "remove_placement_groups",
 ]

@@ -209,9 +209,20 @@ class SimulatedCluster:
 
     # --- faults and growth -------------------------------------------------------------
 
-    def add_slice(self, accelerator: str, topology: str, chips_per_vm: int | None = None) -> str:
-        """A slice arriving later, as from an autoscaler. Returns its name."""
-        name = self._add_slice_nodes(slice_shape(topology, accelerator, chips_per_vm), None)
+    def add_slice(
+        self,
+        accelerator: str,
+        topology: str,
+        chips_per_vm: int | None = None,
+        tpu_resource_per_chip: int | None = None,
+    ) -> str:
+        """A slice arriving later, as from an autoscaler. Returns its name.
+
+        ``tpu_resource_per_chip`` overrides the cluster's for this slice's hosts (as
+        ``RAY_TPU_RESOURCE_PER_CHIP`` would on those VMs).
+        """
+        shape = slice_shape(topology, accelerator, chips_per_vm)
+        name = self._add_slice_nodes(shape, None, tpu_resource_per_chip)
         self._wait_for_alive_nodes()
         return name
 
@@ -423,3 +434,16 @@ def assert_no_placement_groups(timeout: float = 10.0) -> None:
         for pg in live
     )
     raise AssertionError(f"{len(live)} placement group(s) left behind: {described}")
+
+
+def remove_placement_groups(groups: Iterable[dict[str, Any]] | None = None) -> int:
+    """Remove the given placement-group table rows (default: every live one); return how
+    many. For cleaning up after code that leaks, such as Ray 2.60's one-shot run_on_slice."""
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    rows = list(live_placement_groups() if groups is None else groups)
+    for row in rows:
+        remove_placement_group(
+            PlacementGroup(ray.PlacementGroupID.from_hex(row["placement_group_id"]))
+        )
+    return len(rows)

@@ -1,0 +1,225 @@
+"""What ``tpuslice status`` shows: a :class:`ClusterSnapshot` as rich renderables or JSON.
+
+Pure: no Ray, no I/O. The table lists every slice; below it, each slice's hosts are drawn
+on its worker grid (``SliceShape.worker_grid``; 3D grids flattened to rows of the last
+side), one coloured cell per host. Everything fits the width it is given, folding text
+rather than eliding it, so a script or an 80-column terminal sees every word.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from tpuslice.cluster import ClusterSnapshot, HostInfo, SliceInfo, SliceState
+
+STATE_STYLES = {
+    SliceState.READY: "bold green",
+    SliceState.BUSY: "bold yellow",
+    SliceState.BROKEN: "bold red",
+}
+HOST_STYLES = {
+    "free": "black on green",
+    "busy": "black on yellow",
+    "dead": "white on red",
+    "missing": "dim",
+}
+COMPACT_GLYPHS = {"free": "o", "busy": "*", "dead": "x", "missing": "?"}
+"""Cells for grids too wide to number: the glyph keeps the state readable without colour."""
+
+GRID_INDENT = 2
+MAX_GRID_LINES = 32
+"""Taller grids (slices of more than ~1,000 hosts) are summarised, not drawn."""
+
+
+def _num(value: float) -> str:
+    """``16.0`` -> ``"16"``; fractional TPU amounts keep their decimals."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _sorted_slices(snapshot: ClusterSnapshot) -> list[SliceInfo]:
+    return [info for _, info in sorted(snapshot.slices.items())]
+
+
+def state_counts(snapshot: ClusterSnapshot) -> dict[str, int]:
+    """Slices per state, every state present: ``{"ready": 2, "busy": 1, "broken": 0}``."""
+    counts = {state.value: 0 for state in SliceState}
+    for info in snapshot.slices.values():
+        counts[info.state.value] += 1
+    return counts
+
+
+def summary_line(snapshot: ClusterSnapshot) -> str:
+    """``4 TPU slice(s): 2 ready, 1 busy, 1 broken``."""
+    parts = ", ".join(f"{n} {state}" for state, n in state_counts(snapshot).items())
+    return f"{len(snapshot.slices)} TPU slice(s): {parts}"
+
+
+def shape_label(info: SliceInfo) -> str:
+    """``v6e 4x4``; the raw labels (or ``?``) when they name no valid shape."""
+    if info.shape is not None:
+        return f"{info.shape.generation.name} {info.topology}"
+    return f"{info.pod_type or '?'} {info.topology or '?'}"
+
+
+def slice_table(snapshot: ClusterSnapshot) -> Table:
+    """One row per slice: name, shape, state, reason, hosts alive/expected, TPU free/total."""
+    table = Table(title=summary_line(snapshot), title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("slice", "shape", "state", "reason", "hosts", "TPU free"):
+        right = column in ("hosts", "TPU free")
+        table.add_column(column, justify="right" if right else "left", overflow="fold")
+    for info in _sorted_slices(snapshot):
+        table.add_row(
+            info.name,
+            shape_label(info),
+            Text(info.state.value, style=STATE_STYLES[info.state]),
+            info.reason,
+            f"{info.alive_hosts}/{info.expected_hosts}",
+            f"{_num(info.chips_free)}/{_num(info.chips_total)}",
+        )
+    return table
+
+
+def host_state(host: HostInfo | None) -> str:
+    """``free``, ``busy``, ``dead``, or ``missing`` when no node has that worker id."""
+    return "missing" if host is None else host.state.value
+
+
+def grid_rows(info: SliceInfo) -> list[list[int]]:
+    """Worker ids laid out by their coordinates: rows are the leading grid sides
+    flattened, columns the last side. A slice with no usable shape is one row."""
+    shape = info.shape
+    if shape is None or any(w >= shape.num_hosts for w in info.hosts):
+        return [sorted(set(range(info.expected_hosts)) | set(info.hosts))]
+    cols = shape.worker_grid[-1]
+    rows: list[list[int]] = [[] for _ in range(shape.num_hosts // cols)]
+    for worker in range(shape.num_hosts):
+        coords = shape.worker_coords(worker)
+        row = 0
+        for side, coord in zip(shape.worker_grid[:-1], coords[:-1], strict=True):
+            row = row * side + coord
+        rows[row].append(worker)
+    return rows
+
+
+def _cells(info: SliceInfo, workers: list[int], compact: bool, digits: int) -> Iterator[Text]:
+    for worker in workers:
+        state = host_state(info.hosts.get(worker))
+        text = COMPACT_GLYPHS[state] if compact else f" {worker:>{digits}} "
+        yield Text(text, style=HOST_STYLES[state])
+
+
+def host_grid(info: SliceInfo, width: int) -> Text:
+    """The slice's hosts as coloured cells on its worker grid, numbered by worker id
+    when that fits in ``width`` columns, else one glyph per host; rows wrap if needed.
+    A grid taller than :data:`MAX_GRID_LINES` becomes a one-line tally instead."""
+    rows = grid_rows(info)
+    digits = len(str(max((w for row in rows for w in row), default=0)))
+    room = max(1, width - GRID_INDENT)
+    widest = max((len(row) for row in rows), default=0)
+    compact = widest * (digits + 3) - 1 > room
+    per_line = max(1, (room + 1) // (2 if compact else digits + 3))
+    if sum(math.ceil(len(row) / per_line) for row in rows) > MAX_GRID_LINES:
+        return Text(" " * GRID_INDENT + f"{_tally(info, rows)} (too many hosts to draw)")
+    lines: list[Text] = []
+    for row in rows:
+        for start in range(0, len(row), per_line):
+            line = Text(" " * GRID_INDENT)
+            line.append(
+                Text(" ").join(_cells(info, row[start : start + per_line], compact, digits))
+            )
+            lines.append(line)
+    return Text("\n").join(lines)
+
+
+def _tally(info: SliceInfo, rows: list[list[int]]) -> str:
+    """``1436 free, 100 busy``: hosts per state, in legend order."""
+    counts = {state: 0 for state in HOST_STYLES}
+    for row in rows:
+        for worker in row:
+            counts[host_state(info.hosts.get(worker))] += 1
+    return ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+
+
+def slice_heading(info: SliceInfo) -> Text:
+    """``v6e-16-a  v6e 4x4, 4 hosts (2x2)  busy``: the line above a slice's grid."""
+    heading = Text(info.name, style="bold")
+    grid = ""
+    if info.shape is not None and info.shape.num_hosts > 1:
+        grid = f" ({'x'.join(map(str, info.shape.worker_grid))})"
+    heading.append(f"  {shape_label(info)}, {info.expected_hosts} host(s){grid}  ")
+    heading.append(info.state.value, style=STATE_STYLES[info.state])
+    return heading
+
+
+def legend() -> Text:
+    """Which colour (and, in compact grids, which glyph) means which host state."""
+    text = Text("hosts:")
+    for state, style in HOST_STYLES.items():
+        text.append(" ")
+        text.append(f" {COMPACT_GLYPHS[state]} ", style=style)
+        text.append(f" {state}")
+    return text
+
+
+def render_status(snapshot: ClusterSnapshot, width: int = 80) -> RenderableType:
+    """The whole ``tpuslice status`` screen for a console ``width`` columns wide."""
+    if not snapshot.slices:
+        return Text("No TPU slices in this cluster (no node has TPU labels or resources).")
+    parts: list[RenderableType] = [slice_table(snapshot)]
+    for info in _sorted_slices(snapshot):
+        parts += [slice_heading(info), host_grid(info, width)]
+    parts.append(legend())
+    return Group(*parts)
+
+
+# --- JSON --------------------------------------------------------------------------------
+
+
+def host_dict(host: HostInfo) -> dict[str, Any]:
+    return {
+        "worker_id": host.worker_id,
+        "node_id": host.node_id,
+        "address": host.address,
+        "alive": host.alive,
+        "state": host.state.value,
+        "tpu_total": host.tpu_total,
+        "tpu_available": host.tpu_available,
+        "head_free": host.head_free,
+    }
+
+
+def slice_dict(info: SliceInfo) -> dict[str, Any]:
+    shape = info.shape
+    return {
+        "name": info.name,
+        "state": info.state.value,
+        "reason": info.reason,
+        "generation": info.generation,
+        "pod_type": info.pod_type,
+        "topology": info.topology,
+        "chips_per_host": shape.chips_per_host if shape else None,
+        "worker_grid": list(shape.worker_grid) if shape else None,
+        "expected_hosts": info.expected_hosts,
+        "alive_hosts": info.alive_hosts,
+        "busy_hosts": info.busy_hosts,
+        "missing_workers": info.missing_workers,
+        "tpu_total": info.chips_total,
+        "tpu_available": info.chips_free,
+        "hosts": [host_dict(h) for h in info.hosts.values()],
+    }
+
+
+def status_dict(snapshot: ClusterSnapshot) -> dict[str, Any]:
+    """Everything the screen shows, as JSON-able data for scripts (``--json``)."""
+    return {
+        "taken_at": snapshot.taken_at,
+        "counts": state_counts(snapshot),
+        "slices": [slice_dict(info) for info in _sorted_slices(snapshot)],
+    }

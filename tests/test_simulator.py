@@ -1,0 +1,222 @@
+"""SimulatedCluster: hosts look like real TPU VMs to Ray (and to Ray's own TPU code);
+faults are real; shutdown leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import ray
+import ray.util.tpu as ray_tpu
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from clusterutil import wait_for, where_am_i
+from tpuslice.cluster import SliceState, read_snapshot
+from tpuslice.testing import (
+    SimulatedCluster,
+    SimulatorError,
+    SliceSpec,
+    remove_placement_groups,
+)
+
+pytestmark = pytest.mark.cluster
+
+
+def test_slice_spec_parses_cli_forms() -> None:
+    assert SliceSpec.parse("v6e:4x4") == SliceSpec("v6e", "4x4", 1)
+    assert SliceSpec.parse("v6e:2x4:1:4") == SliceSpec("v6e", "2x4", 1, 4)
+    with pytest.raises(ValueError, match="GENERATION:TOPOLOGY"):
+        SliceSpec.parse("v6e")
+    with pytest.raises(ValueError, match="integers"):
+        SliceSpec.parse("v6e:4x4:two")
+
+
+def test_bad_slices_fail_before_anything_starts() -> None:
+    with pytest.raises(ValueError, match="did you mean '4x4'"):
+        SimulatedCluster([("v6e", "3x3", 1)])
+
+
+def test_driver_tpu_env_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TPU_NAME", "leaky")
+    with pytest.raises(SimulatorError, match="TPU_NAME"):
+        SimulatedCluster([("v4", "2x2x1", 1)]).start()
+
+
+def test_every_host_has_labels_resources_and_env(tpu_cluster: SimulatedCluster) -> None:
+    nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+    for name, sim_slice in tpu_cluster.slices.items():
+        shape = sim_slice.shape
+        for host in sim_slice.hosts:
+            node_id = host.node.node_id
+            seen = ray.get(
+                where_am_i.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+                ).remote()
+            )
+            assert seen["TPU_NAME"] == name
+            assert seen["TPU_WORKER_ID"] == str(host.worker_id)
+            assert seen["TPU_ACCELERATOR_TYPE"] == shape.pod_type
+            assert seen["TPU_TOPOLOGY"] == shape.topology
+            labels = nodes[node_id]["Labels"]
+            assert labels["ray.io/tpu-slice-name"] == name
+            assert labels["ray.io/tpu-worker-id"] == str(host.worker_id)
+            assert labels["ray.io/tpu-pod-type"] == shape.pod_type
+            assert labels["ray.io/tpu-topology"] == shape.topology
+            assert labels["ray.io/accelerator-type"] == shape.accelerator_type
+            resources = nodes[node_id]["Resources"]
+            assert resources["TPU"] == shape.chips_per_host
+            assert resources[name] == 1
+            assert (shape.head_resource in resources) == (host.worker_id == 0)
+
+
+def test_driver_env_stays_clean(tpu_cluster: SimulatedCluster) -> None:
+    assert not [k for k in os.environ if k.startswith("TPU_")]
+
+
+def test_head_node_has_no_tpu(tpu_cluster: SimulatedCluster) -> None:
+    heads = [n for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"]]
+    assert len(heads) == 1
+    assert "TPU" not in heads[0]["Resources"]
+    assert not any(k.startswith("ray.io/tpu") for k in heads[0]["Labels"])
+
+
+def test_slice_names_are_unique_and_readable(tpu_cluster: SimulatedCluster) -> None:
+    assert {"v4-16-a", "v4-16-b", "v4-16-c", "v4-16-d", "v6e-16-a", "v6e-8-a", "v6e-8-b"} == set(
+        tpu_cluster.slices
+    )
+
+
+def test_rays_own_run_on_slice_works_on_the_simulator(tpu_cluster: SimulatedCluster) -> None:
+    """Fidelity: Ray 2.60's own TPU utilities find and use our simulated slices."""
+    results = ray.get(ray_tpu.run_on_slice(where_am_i, topology="4x4", accelerator_version="v6e"))
+    assert sorted(int(r["TPU_WORKER_ID"]) for r in results) == [0, 1, 2, 3]
+    assert {r["TPU_NAME"] for r in results} == {"v6e-16-a"}
+    # Ray's one-shot run_on_slice keeps its slice until the driver exits: clean up here.
+    assert remove_placement_groups() >= 1
+
+
+def test_rays_own_slice_placement_group_works(tpu_cluster: SimulatedCluster) -> None:
+    spg = ray_tpu.SlicePlacementGroup(topology="2x2x2", accelerator_version="v4")
+    try:
+        ray.get(spg.placement_group.ready(), timeout=30)
+        assert spg.num_hosts == 2
+        assert ray_tpu.get_num_tpu_slices("2x2x2", "TPU-V4") == 4
+    finally:
+        spg.shutdown()
+
+
+def test_kill_host_fails_its_tasks_with_node_died(
+    tpu_cluster: SimulatedCluster, tmp_path: Path
+) -> None:
+    victim = tpu_cluster.slices["v4-16-d"].hosts[1]
+    started = tmp_path / "started"
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def block(marker: str) -> None:
+        import pathlib
+        import time
+
+        pathlib.Path(marker).touch()
+        time.sleep(300)
+
+    ref = block.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(victim.node.node_id, soft=False)
+    ).remote(str(started))
+    wait_for(started.exists, timeout=60, what="the task to start")
+    try:
+        tpu_cluster.kill_host("v4-16-d", 1)
+        with pytest.raises(ray.exceptions.RayError) as info:
+            ray.get(ref, timeout=60)
+        assert isinstance(
+            info.value, (ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError)
+        )
+        tpu_cluster.wait_until_dead("v4-16-d", 1)
+        snapshot = read_snapshot()
+        assert snapshot.slices["v4-16-d"].state is SliceState.BROKEN
+        assert "host 1 dead" in snapshot.slices["v4-16-d"].reason
+    finally:
+        tpu_cluster.restore_slice("v4-16-d")
+    assert wait_for(lambda: read_snapshot().slices["v4-16-d"].state is SliceState.READY)
+
+
+def test_preempt_slice_kills_every_host_and_restore_brings_it_back(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    tpu_cluster.preempt_slice("v4-16-c")
+    try:
+        for worker in (0, 1):
+            tpu_cluster.wait_until_dead("v4-16-c", worker)
+        info = read_snapshot().slices["v4-16-c"]
+        assert info.state is SliceState.BROKEN
+        assert info.alive_hosts == 0
+    finally:
+        tpu_cluster.restore_slice("v4-16-c")
+    info = wait_for(
+        lambda: (s := read_snapshot().slices["v4-16-c"]).state is SliceState.READY and s
+    )
+    assert info.alive_hosts == 2
+
+
+def test_add_slice_arrives_like_an_autoscaled_one(tpu_cluster: SimulatedCluster) -> None:
+    name = tpu_cluster.add_slice("v7x", "2x2x1", tpu_resource_per_chip=2)
+    try:
+        assert name == "v7x-8-a"
+        node = next(
+            n
+            for n in ray.nodes()
+            if n["Alive"] and n["Labels"].get("ray.io/tpu-slice-name") == name
+        )
+        assert node["Resources"]["TPU"] == 8  # 4 chips x 2 logical devices
+        assert node["Labels"]["ray.io/tpu-pod-type"] == "v7x-8"
+        assert read_snapshot(tpu_resource_per_chip=2).slices[name].state is SliceState.READY
+    finally:
+        tpu_cluster.remove_slice(name)
+    tpu_cluster.wait_until_dead(name, 0)
+
+
+def test_fault_injection_rejects_unknown_hosts(tpu_cluster: SimulatedCluster) -> None:
+    with pytest.raises(SimulatorError, match="no simulated slice 'nope'"):
+        tpu_cluster.kill_host("nope", 0)
+    with pytest.raises(SimulatorError, match=r"workers 0\.\.1"):
+        tpu_cluster.kill_host("v4-16-a", 5)
+
+
+LIFECYCLE = textwrap.dedent(
+    """
+    import json, sys
+    from tpuslice.testing import SimulatedCluster
+    sim = SimulatedCluster([("v4", "2x2x1", 1)], cpus_per_host=1, head_cpus=1)
+    sim.start()
+    pids = sorted(sim.pids())
+    sim.shutdown()
+    print(json.dumps({"pids": pids, "left": sorted(sim.leftover_pids()),
+                      "startup_s": sim.startup_seconds}))
+    """
+)
+
+
+def test_shutdown_leaves_no_process_behind() -> None:
+    """A tiny separate cluster in a child process: every pid it had is gone after."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(
+        [sys.executable, "-c", LIFECYCLE], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(report["pids"]) >= 3  # GCS, raylets, ...
+    assert report["left"] == []
+    still = [pid for pid in report["pids"] if _alive(pid)]
+    assert still == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -6,11 +6,21 @@ Errors from the library become one red line and an exit code: 2 for bad input
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 import click
+import ray
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
 import tpuslice
+from tpuslice import cluster, status
 from tpuslice import topology as topo
 from tpuslice.errors import InvalidArgumentError, TPUSliceError
 
@@ -69,3 +79,126 @@ def topologies(generation: str | None) -> None:
 def run_cli_errors(exc: TPUSliceError) -> click.ClickException:
     """Map a library error that is not bad input to a one-line exit-code-1 error."""
     return click.ClickException(str(exc))
+
+
+# --- connecting to a running cluster ------------------------------------------------------
+
+NO_CLUSTER_HINT = "start one with `tpuslice simulate`, or pass --address HOST:PORT"
+
+
+class NoClusterError(click.ClickException):
+    """There is no running Ray cluster to connect to (exit code 1)."""
+
+
+def connect(address: str | None) -> bool:
+    """Join a running Ray cluster: ``address``, else ``RAY_ADDRESS``, else one running on
+    this machine. Never starts one. Returns whether this call connected, in which case
+    the caller owns the ``ray.shutdown()`` (see :func:`connected`)."""
+    if ray.is_initialized():
+        return False
+    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    if target == "local":
+        raise UsageError(
+            "address 'local' would start a new Ray cluster; pass HOST:PORT of a running one, "
+            "or leave --address out to find the one on this machine"
+        )
+    try:
+        # "auto" (not None): with no cluster found, None would start a new local one.
+        ray.init(address=address or "auto", log_to_driver=False, logging_level=logging.WARNING)
+    except ConnectionError as exc:  # Ray's "no running instance" / "failed to connect"
+        where = "on this machine" if target == "auto" else f"at {target}"
+        raise NoClusterError(f"no running Ray cluster {where}; {NO_CLUSTER_HINT}") from exc
+    except ValueError as exc:  # a malformed address: the only argument the user gave
+        raise UsageError(f"Ray address {target!r} is not valid: {exc}") from exc
+    return True
+
+
+@contextmanager
+def connected(address: str | None) -> Iterator[None]:
+    """Be connected for the block; disconnect afterwards only if we connected."""
+    ours = connect(address)
+    try:
+        yield
+    finally:
+        if ours:
+            ray.shutdown()
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+def pause(seconds: float) -> None:
+    """The wait between ``--watch`` refreshes (a seam for tests)."""
+    time.sleep(seconds)
+
+
+def watch(show: Callable[[], None], interval: float) -> None:
+    """Call ``show`` now and then every ``interval`` seconds, until Ctrl-C."""
+    while True:
+        show()
+        pause(interval)
+
+
+@main.command(name="status")
+@click.option(
+    "--address",
+    default=None,
+    help="Ray cluster address (default: RAY_ADDRESS, else the cluster running on this machine).",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON for scripts (one object per line with --watch).",
+)
+@click.option(
+    "--watch",
+    "interval",
+    type=click.FloatRange(min=0.1),
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    metavar="[SECONDS]",
+    help="Refresh every SECONDS (default 2) until Ctrl-C.",
+)
+@click.option(
+    "--tpu-resource-per-chip",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Ray TPU resource units per chip (default: RAY_TPU_RESOURCE_PER_CHIP or 1).",
+)
+def status_command(
+    address: str | None, as_json: bool, interval: float | None, tpu_resource_per_chip: int | None
+) -> None:
+    """Show every TPU slice: state, hosts and free TPUs, and each slice's host grid."""
+    with connected(address):
+
+        def read() -> cluster.ClusterSnapshot:
+            return cluster.read_snapshot(tpu_resource_per_chip)
+
+        if interval is None:
+            _print_status(read(), as_json)
+            return
+        try:
+            if as_json:
+                watch(lambda: click.echo(json.dumps(status.status_dict(read()))), interval)
+            else:
+                _watch_live(read, interval)
+        except KeyboardInterrupt:
+            pass  # Ctrl-C is how a watch ends
+
+
+def _print_status(snapshot: cluster.ClusterSnapshot, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(status.status_dict(snapshot), indent=2))
+    else:
+        console.print(status.render_status(snapshot, console.width))
+
+
+def _watch_live(read: Callable[[], cluster.ClusterSnapshot], interval: float) -> None:
+    """Redraw the status screen in place (rich Live) every ``interval`` seconds."""
+    with Live(console=console, auto_refresh=False) as live:
+        watch(
+            lambda: live.update(status.render_status(read(), console.width), refresh=True),
+            interval,
+        )

@@ -1,0 +1,323 @@
+"""SlicePlacementGroup on the simulator: whole idle slices only, N at once, bundle i is
+worker i, clean timeouts and failures, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+import tpuslice
+from clusterutil import hold_host, wait_for, where_am_i
+from tpuslice.testing import SimulatedCluster, live_placement_groups
+
+pytestmark = pytest.mark.cluster
+
+V4 = {"topology": "2x2x2", "accelerator_version": "v4"}
+V4_SLICES = ["v4-16-a", "v4-16-b", "v4-16-c", "v4-16-d"]
+
+
+def run_everywhere(spg: tpuslice.SlicePlacementGroup) -> list[dict[str, object]]:
+    """One raw task per bundle, in bundle order (not through run_on_slice)."""
+    tpu = spg.bundle_resources["TPU"]
+    refs = [
+        where_am_i.options(
+            resources={"TPU": tpu},
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, bundle),
+        ).remote()
+        for pg, bundle in spg.worker_groups()
+    ]
+    return ray.get(refs, timeout=60)
+
+
+def test_reserve_ready_shutdown(tpu_cluster: SimulatedCluster) -> None:
+    spg = tpuslice.SlicePlacementGroup(**V4)
+    try:
+        assert spg.slice_names[0] in V4_SLICES
+        assert spg.num_hosts == 2 and spg.num_bundles == 2 and spg.chips_per_host == 4
+        assert spg.wait_ready(timeout=10)
+        assert len(spg.head_placement_groups) == 1
+        assert spg.bundle_resources == {"CPU": 1, "TPU": 4}
+        info = tpuslice.read_snapshot().slices[spg.slice_names[0]]
+        assert info.state is tpuslice.SliceState.BUSY
+    finally:
+        spg.shutdown()
+    spg.shutdown()  # idempotent
+    assert spg.is_shut_down
+    with pytest.raises(tpuslice.SliceShutdownError):
+        spg.worker_groups()
+
+
+def test_context_manager_gives_the_slice_back(tpu_cluster: SimulatedCluster) -> None:
+    with tpuslice.slice_placement_group("4x4", "v6e") as spg:
+        assert spg.slice_names == ["v6e-16-a"]
+        assert len(live_placement_groups()) == 2  # head + workers
+    wait_for(lambda: not live_placement_groups(), what="groups removed")
+
+
+def test_bundle_i_is_tpu_worker_i(tpu_cluster: SimulatedCluster) -> None:
+    with tpuslice.SlicePlacementGroup("4x4", "v6e") as spg:
+        seen = run_everywhere(spg)
+    assert [s["TPU_WORKER_ID"] for s in seen] == ["0", "1", "2", "3"]
+    assert {s["TPU_NAME"] for s in seen} == {"v6e-16-a"}
+
+
+def test_split_hosts_keep_consecutive_bundles_on_one_host(tpu_cluster: SimulatedCluster) -> None:
+    with tpuslice.SlicePlacementGroup(**V4, resources_per_bundle={"TPU": 2}) as spg:
+        assert spg.num_bundles == 4
+        seen = run_everywhere(spg)
+    assert [s["TPU_WORKER_ID"] for s in seen] == ["0", "0", "1", "1"]
+
+
+def test_busy_slice_is_never_chosen(tpu_cluster: SimulatedCluster) -> None:
+    """Three of four v4 slices have one busy host (not worker 0): always the idle one."""
+    busy = ["v4-16-a", "v4-16-b", "v4-16-d"]
+    with hold_host(busy[0], 1), hold_host(busy[1], 1), hold_host(busy[2], 1):
+        wait_for(lambda: tpuslice.get_num_ready_tpu_slices("2x2x2", "v4") == 1)
+        for _ in range(6):
+            with tpuslice.SlicePlacementGroup(**V4, head_reservation_timeout_s=20) as spg:
+                assert spg.slice_names == ["v4-16-c"]
+            wait_for(lambda: tpuslice.get_num_ready_tpu_slices("2x2x2", "v4") == 1)
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_n_slices_at_once(tpu_cluster: SimulatedCluster, count: int) -> None:
+    with tpuslice.SlicePlacementGroup(**V4, num_slices=count) as spg:
+        assert len(set(spg.slice_names)) == count
+        assert spg.num_hosts == 2 * count
+        seen = run_everywhere(spg)
+    names = [s["TPU_NAME"] for s in seen]
+    expected = [name for name in spg_names_of(names) for _ in range(2)]
+    assert names == expected  # slice-major
+    assert [s["TPU_WORKER_ID"] for s in seen] == ["0", "1"] * count
+
+
+def spg_names_of(names: list[object]) -> list[object]:
+    return list(dict.fromkeys(names))
+
+
+def test_pg_per_slice(tpu_cluster: SimulatedCluster) -> None:
+    with tpuslice.SlicePlacementGroup(**V4, num_slices=2, pg_per_slice=True) as spg:
+        assert len(spg.slice_placement_groups) == 2
+        with pytest.raises(ValueError, match="slice_placement_groups"):
+            _ = spg.slice_placement_group
+        seen = run_everywhere(spg)
+        spg.release_head_pgs(slice_index=0)
+        assert len(spg.head_placement_groups) == 1
+        spg.release_head_pgs()
+        spg.release_head_pgs()
+        assert spg.head_placement_groups == []
+        with pytest.raises(ValueError, match="Invalid slice_index"):
+            spg.release_head_pgs(slice_index=2)
+    assert [s["TPU_WORKER_ID"] for s in seen] == ["0", "1", "0", "1"]
+
+
+def test_chips_per_vm_picks_the_two_vm_form(tpu_cluster: SimulatedCluster) -> None:
+    with tpuslice.SlicePlacementGroup("2x4", "v6e", chips_per_vm=4) as spg:
+        assert spg.num_hosts == 2
+        seen = run_everywhere(spg)
+    assert [(s["TPU_NAME"], s["TPU_WORKER_ID"]) for s in seen] == [
+        ("v6e-8-b", "0"),
+        ("v6e-8-b", "1"),
+    ]
+    with tpuslice.SlicePlacementGroup("2x4", "v6e") as spg:
+        assert spg.slice_names == ["v6e-8-a"]  # the single 8-chip VM, no head claim
+        assert spg.head_placement_groups == []
+        assert spg.bundle_resources["TPU"] == 8
+
+
+def test_tpu_resource_per_chip(tpu_cluster: SimulatedCluster) -> None:
+    name = tpu_cluster.add_slice("v7x", "2x2x1", tpu_resource_per_chip=2)
+    try:
+        with tpuslice.SlicePlacementGroup("2x2x1", "v7x", tpu_resource_per_chip=2) as spg:
+            assert spg.slice_names == [name]
+            assert spg.devices_per_host == 8 and spg.chips_per_host == 4
+            assert spg.bundle_resources["TPU"] == 8
+    finally:
+        tpu_cluster.remove_slice(name)
+
+
+def test_user_label_selectors_merge_and_pin(tpu_cluster: SimulatedCluster) -> None:
+    selectors = [
+        {"ray.io/tpu-slice-name": "v4-16-b", "ray.io/accelerator-type": "TPU-V4"},
+        {"ray.io/accelerator-type": "TPU-V4"},
+    ]
+    with tpuslice.SlicePlacementGroup(**V4, bundle_label_selector=selectors) as spg:
+        assert spg.slice_names == ["v4-16-b"]
+        assert spg.bundle_label_selector[1] == {
+            "ray.io/accelerator-type": "TPU-V4",
+            "ray.io/tpu-slice-name": "v4-16-b",
+            "ray.io/tpu-worker-id": "1",
+        }
+    with pytest.raises(ValueError, match="one selector per bundle"):
+        tpuslice.SlicePlacementGroup(**V4, bundle_label_selector=selectors[:1])
+
+
+def test_all_busy_times_out_cleanly_with_an_explanation(tpu_cluster: SimulatedCluster) -> None:
+    with hold_host("v6e-16-a", 2, tpu=4):
+        start = time.monotonic()
+        with pytest.raises(TimeoutError) as info:
+            tpuslice.SlicePlacementGroup("4x4", "v6e", head_reservation_timeout_s=1.5)
+        elapsed = time.monotonic() - start
+    assert isinstance(info.value, tpuslice.ReservationTimeoutError)
+    assert 1.5 <= elapsed < 2.5
+    message = str(info.value)
+    assert "no idle v6e 4x4 slice" in message
+    assert "v6e-16-a: 1/4 hosts in use" in message
+
+
+def test_impossible_request_fails_at_once(tpu_cluster: SimulatedCluster) -> None:
+    start = time.monotonic()
+    with pytest.raises(tpuslice.InsufficientSlicesError, match="no v6e-32 4x8 slice"):
+        tpuslice.SlicePlacementGroup("4x8", "v6e")
+    with pytest.raises(tpuslice.InsufficientSlicesError, match="asked for 5, the cluster has 4"):
+        tpuslice.SlicePlacementGroup(**V4, num_slices=5)
+    assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_slices": 0}, "num_slices must be a positive integer"),
+        ({"num_slices": -1}, "num_slices must be a positive integer"),
+        ({"topology": "3x3"}, "did you mean '4x4'"),
+        ({"resources_per_bundle": {"TPU": 8}}, "does not fit the 4 TPU"),
+        ({"strategy": "STRICT_PACK"}, "STRICT_PACK"),
+        ({"strategy": "BOGUS"}, "valid: PACK, SPREAD"),
+        ({"lifetime": "forever"}, "lifetime"),
+        ({"chips_per_vm": 3}, "chips_per_vm=3"),
+    ],
+)
+def test_bad_input_is_a_clear_value_error(kwargs: dict[str, object], match: str) -> None:
+    args: dict[str, object] = {"topology": "4x4", "accelerator_version": "v6e", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        tpuslice.SlicePlacementGroup(**args)  # type: ignore[arg-type]
+
+
+def test_ctrl_c_while_waiting_removes_everything(tpu_cluster: SimulatedCluster) -> None:
+    """Two slices asked, one idle: we hold one head while waiting; SIGINT cleans it up."""
+    with hold_host("v4-16-a", 1), hold_host("v4-16-b", 1), hold_host("v4-16-c", 1):
+        before = {pg["placement_group_id"] for pg in live_placement_groups()}
+
+        def interrupt_once_claimed() -> None:
+            wait_for(lambda: len(live_placement_groups()) > len(before), what="a head claim")
+            os.kill(os.getpid(), signal.SIGINT)
+
+        thread = threading.Thread(target=interrupt_once_claimed)
+        thread.start()
+        with pytest.raises(KeyboardInterrupt):
+            tpuslice.SlicePlacementGroup(**V4, num_slices=2, head_reservation_timeout_s=60)
+        thread.join()
+        after = {pg["placement_group_id"] for pg in live_placement_groups()}
+        assert after == before
+
+
+def test_host_killed_while_waiting(tpu_cluster: SimulatedCluster) -> None:
+    """We hold v4-16-d's head while waiting for a second slice; d loses a host: the claim
+    is given back and the timeout message reports the broken slice."""
+    try:
+        with hold_host("v4-16-a", 1), hold_host("v4-16-b", 1), hold_host("v4-16-c", 1):
+            holding = threading.Event()
+
+            def kill_once_claimed() -> None:
+                wait_for(lambda: len(live_placement_groups()) > 3, what="a head claim")
+                holding.set()
+                tpu_cluster.kill_host("v4-16-d", 1)
+
+            thread = threading.Thread(target=kill_once_claimed)
+            thread.start()
+            with pytest.raises(tpuslice.ReservationTimeoutError) as info:
+                tpuslice.SlicePlacementGroup(**V4, num_slices=2, head_reservation_timeout_s=6)
+            thread.join()
+        assert holding.is_set()
+        assert "v4-16-d: host 1 dead" in str(info.value)
+        assert "holding 0 of 2" in str(info.value)
+    finally:
+        tpu_cluster.restore_slice("v4-16-d")
+    wait_for(lambda: tpuslice.get_num_ready_tpu_slices("2x2x2", "v4") == 4, timeout=30)
+
+
+def test_threads_racing_for_fewer_slices(tpu_cluster: SimulatedCluster) -> None:
+    """Six threads, four slices: nobody shares a slice, everybody gets one in the end."""
+    held: dict[str, int] = {}
+    lock = threading.Lock()
+    overlaps: list[str] = []
+    got: list[str] = []
+
+    def worker() -> None:
+        with tpuslice.SlicePlacementGroup(**V4, head_reservation_timeout_s=60) as spg:
+            name = spg.slice_names[0]
+            with lock:
+                held[name] = held.get(name, 0) + 1
+                if held[name] > 1:
+                    overlaps.append(name)
+                got.append(name)
+            time.sleep(0.3)  # hold the slice for a while (work, not synchronisation)
+            with lock:
+                held[name] -= 1
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    assert overlaps == []
+    assert len(got) == 6
+    assert set(got) <= set(V4_SLICES)
+
+
+RACER = textwrap.dedent(
+    """
+    import json, sys, time, ray, tpuslice
+    ray.init(address=sys.argv[1], log_to_driver=False)
+    with tpuslice.SlicePlacementGroup("2x2x2", "v4", head_reservation_timeout_s=90) as spg:
+        name, start = spg.slice_names[0], time.time()
+        time.sleep(0.5)
+        end = time.time()
+    print(json.dumps({"slice": name, "start": start, "end": end}))
+    """
+)
+
+
+def test_processes_racing_for_fewer_slices(tpu_cluster: SimulatedCluster) -> None:
+    """Three driver processes race for the two idle v4 slices: every one succeeds, and no
+    two hold the same slice at the same time."""
+    import json
+
+    with hold_host("v4-16-a", 1), hold_host("v4-16-b", 1):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", RACER, tpu_cluster.address],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(3)
+        ]
+        results = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err[-2000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    assert {r["slice"] for r in results} <= {"v4-16-c", "v4-16-d"}
+    for a in results:
+        for b in results:
+            if a is not b and a["slice"] == b["slice"]:
+                assert a["end"] <= b["start"] or b["end"] <= a["start"]
+
+
+def test_reserve_tpu_slice_claims_an_idle_head(tpu_cluster: SimulatedCluster) -> None:
+    with hold_host("v4-16-a", 1):
+        name, head = tpuslice.reserve_tpu_slice("2x2x2", "TPU-V4", timeout_s=10)
+        try:
+            assert name in V4_SLICES and name != "v4-16-a"
+        finally:
+            ray.util.remove_placement_group(head)

@@ -559,7 +559,9 @@ def test_slice_states_agree_with_their_hosts(
     for info in snapshot.slices.values():
         expected = range(info.expected_hosts)
         whole = all(w in info.hosts and info.hosts[w].alive for w in expected)
-        idle_hosts = all(w in info.hosts and info.hosts[w].state is HostState.FREE for w in expected)
+        idle_hosts = all(
+            w in info.hosts and info.hosts[w].state is HostState.FREE for w in expected
+        )
         assert (info.state is SliceState.BROKEN) == (not whole)
         assert (info.state is SliceState.READY) == idle_hosts
         if info.alive_hosts:

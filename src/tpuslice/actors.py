@@ -98,9 +98,10 @@ class SliceActorGroup:
                 results.append(ray.get(ref, timeout=timeout))
             except ray.exceptions.RayActorError as exc:
                 context = self.contexts[rank]
+                cause = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 raise HostLostError(
                     f"host {context.worker_id} of slice {context.slice_name} (rank {rank}) "
-                    f"died: {type(exc).__name__}"
+                    f"lost its actor ({type(exc).__name__}): {cause[:300]}"
                 ) from exc
         return results
 

@@ -51,11 +51,8 @@ class SliceState(str, enum.Enum):
 
 
 class HostInfo(NamedTuple):
-    """One Ray node that carries TPU labels or resources.
-
-    A named tuple, not a frozen dataclass: a snapshot of a large cluster makes one per
-    TPU VM, and a named tuple is built in under half the time (benchmarks/).
-    """
+    """One Ray node that carries TPU labels or resources. A named tuple, not a frozen
+    dataclass: there is one per TPU VM, and it is built in half the time (benchmarks/)."""
 
     node_id: str
     address: str
@@ -142,9 +139,8 @@ class ClusterSnapshot:
 
     def matching(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
         """Slices of exactly this shape, in name order."""
-        return [
-            s for _, s in sorted(self.slices.items()) if s.matches(shape, tpu_resource_per_chip)
-        ]
+        found = [s for s in self.slices.values() if s.matches(shape, tpu_resource_per_chip)]
+        return sorted(found, key=lambda s: s.name)
 
     def ready(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
         return [
@@ -153,11 +149,8 @@ class ClusterSnapshot:
 
     def whole(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
         """Slices of this shape that are not broken (ready or busy)."""
-        return [
-            s
-            for s in self.matching(shape, tpu_resource_per_chip)
-            if s.state is not SliceState.BROKEN
-        ]
+        matching = self.matching(shape, tpu_resource_per_chip)
+        return [s for s in matching if s.state is not SliceState.BROKEN]
 
 
 # --- pure core ------------------------------------------------------------------------
@@ -207,35 +200,32 @@ def _slice_key(node: NodeRecord) -> str | None:
     return None
 
 
-def _host(node: NodeRecord, name: str, available: Available, head: str | None) -> HostInfo:
+def _host(node: NodeRecord, slice_name: str, available: Available, head: str | None) -> HostInfo:
+    """One node as a :class:`HostInfo`; ``head`` is the slice's head resource, if known."""
     node_id: str = node.get("NodeID", "")
-    resources = _resources(node)
+    address: str = node.get("NodeManagerAddress", "")
+    resources: Mapping[str, float] = node.get("Resources") or {}
     alive: bool = node.get("Alive", False)
-    total = float(resources.get(TPU_RESOURCE, 0.0))
+    tpu_total = float(resources.get(TPU_RESOURCE, 0.0))
     reported = available.get(node_id)
     # Absent node entry: registered but not yet reported, so nothing can be using it.
     # Absent TPU key in a reported entry: every TPU is in use.
-    free = total if reported is None else float(reported.get(TPU_RESOURCE, 0.0))
+    free = tpu_total if reported is None else float(reported.get(TPU_RESOURCE, 0.0))
+    tpu_available = free if alive else 0.0
     head_free = None
     if head is not None and head in resources:
         head_free = reported is None or reported.get(head, 0.0) >= 1.0
+    worker_id = _worker_id((node.get("Labels") or {}).get(WORKER_ID_LABEL))
+    # Positional on purpose (same names, same order as the fields): keyword arguments
+    # make a named tuple three times slower to build, and there is one per TPU VM.
     return HostInfo(
-        node_id=node_id,
-        address=node.get("NodeManagerAddress", ""),
-        slice_name=name,
-        worker_id=_worker_id(_labels(node).get(WORKER_ID_LABEL)),
-        alive=alive,
-        tpu_total=total,
-        tpu_available=free if alive else 0.0,
-        head_free=head_free,
+        node_id, address, slice_name, worker_id, alive, tpu_total, tpu_available, head_free
     )
 
 
 def _worker_id(raw: str | None) -> int | None:
-    """The worker-id label as an int; ``None`` if absent or not a plain number.
-
-    ``isdecimal``, not ``isdigit``: ``"²".isdigit()`` is true but ``int("²")`` fails.
-    """
+    """The worker-id label as an int; ``None`` if absent or not a plain number
+    (``isdecimal``, not ``isdigit``: ``"²".isdigit()`` is true but ``int("²")`` fails)."""
     return int(raw) if raw and raw.isdecimal() else None
 
 
@@ -254,10 +244,7 @@ def _shape_of(
     pod_type: str | None, topology: str | None, chips_per_host: int | None
 ) -> _Claimed | None:
     """The slice shape the labels claim, or ``None`` if they do not name a valid one.
-
-    Cached: a cluster has a handful of shapes, and parsing them for every slice was
-    most of :func:`build_snapshot`'s time on large clusters.
-    """
+    Cached: a cluster has a few shapes, and parsing them per slice was most of the time."""
     if not pod_type:
         return None
     prefix, _, size = pod_type.rpartition("-")
@@ -279,12 +266,20 @@ def _chips_per_host(node: NodeRecord, per_chip: int) -> int | None:
     return int(chips) if chips.is_integer() and chips > 0 else None
 
 
+def _first_alive(members: list[NodeRecord]) -> NodeRecord:
+    """The node that speaks for the slice: the first live one (a dead one may be a VM
+    that was since replaced), else the first."""
+    for node in members:
+        if node.get("Alive"):
+            return node
+    return members[0]
+
+
 def _classify(
     name: str, members: list[NodeRecord], available: Available, per_chip: int
 ) -> SliceInfo:
     """Pick the live node per worker id, then decide READY / BUSY / BROKEN and why."""
-    # The first live node speaks for the slice (a dead one may be a replaced VM).
-    reference = next((n for n in members if n.get("Alive")), members[0])
+    reference = _first_alive(members)
     labels = _labels(reference)
     pod_type, topology = labels.get(POD_TYPE_LABEL), labels.get(TOPOLOGY_LABEL)
     claimed = _shape_of(pod_type, topology, _chips_per_host(reference, per_chip))
@@ -364,16 +359,12 @@ def _state(
     if 0 in missing or 0 in dead:
         return SliceState.BROKEN, "no live worker 0"
     if missing or dead:
-        parts = [f"host {_join(sorted(dead))} dead"] if dead else []
-        parts += [f"host {_join(missing)} missing"] if missing else []
+        parts = [f"host {', '.join(map(str, sorted(dead)))} dead"] if dead else []
+        parts += [f"host {', '.join(map(str, missing))} missing"] if missing else []
         return SliceState.BROKEN, ", ".join(parts)
     if busy:
         return SliceState.BUSY, f"{busy}/{expected} hosts in use"
     return SliceState.READY, ""
-
-
-def _join(workers: list[int]) -> str:
-    return ", ".join(map(str, workers))
 
 
 # --- the one Ray read -------------------------------------------------------------------

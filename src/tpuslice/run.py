@@ -252,7 +252,7 @@ def run_on_slice(
         RELEASER.release_when_done(refs, spg)
         return refs
     if tpu_slice.is_shut_down:
-        raise SliceShutdownError(
+        raise InvalidArgumentError(
             "The provided tpu_slice has already been shut down. Create a new "
             "SlicePlacementGroup or pass tpu_slice=None to reserve one automatically."
         )
@@ -328,14 +328,19 @@ class Releaser:
 
 
 def _failed(ref: ray.ObjectRef) -> bool:
-    """Whether a finished task raised (the value itself is small or already local)."""
+    """Whether a finished task raised. ``ray.wait`` said it is done, so this returns
+    quickly (an error, or a value the caller is about to fetch anyway)."""
     try:
-        ray.get(ref, timeout=0)
+        ray.get(ref, timeout=FETCH_BOUND_S)
+    except ray.exceptions.GetTimeoutError:
+        logger.warning("could not fetch a finished result within %ss", FETCH_BOUND_S)
+        return False
     except ray.exceptions.RayError:
         return True
-    except TimeoutError:
-        return False
     return False
+
+
+FETCH_BOUND_S = 10.0
 
 
 RELEASER = Releaser()

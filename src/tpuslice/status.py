@@ -32,6 +32,9 @@ HOST_STYLES = {
 }
 COMPACT_GLYPHS = {"free": "o", "busy": "*", "dead": "x", "missing": "?"}
 """Cells for grids too wide to number: the glyph keeps the state readable without colour."""
+MARKS = {**COMPACT_GLYPHS, "free": " "}
+"""What follows the worker id in a numbered cell (``12*`` busy, ``3x`` dead), for the same
+reason; a free host's cell is just its number."""
 
 GRID_INDENT = 2
 MAX_GRID_LINES = 32
@@ -111,7 +114,7 @@ def grid_rows(info: SliceInfo) -> list[list[int]]:
 def _cells(info: SliceInfo, workers: list[int], compact: bool, digits: int) -> Iterator[Text]:
     for worker in workers:
         state = host_state(info.hosts.get(worker))
-        text = COMPACT_GLYPHS[state] if compact else f" {worker:>{digits}} "
+        text = COMPACT_GLYPHS[state] if compact else f" {worker:>{digits}}{MARKS[state]}"
         yield Text(text, style=HOST_STYLES[state])
 
 

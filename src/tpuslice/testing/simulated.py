@@ -13,8 +13,10 @@ idle-worker soft limit kills warm workers), and node-death detection is tightene
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import string
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -227,12 +229,16 @@ class SimulatedCluster:
         return name
 
     def kill_host(self, slice_name: str, worker_id: int) -> None:
-        """SIGKILL one host, like a VM dying; its tasks fail with Ray's node-died errors."""
+        """SIGKILL one host and every process on it, like a VM dying: its tasks and actors
+        fail with Ray's node-died / actor-died errors."""
         host = self._host(slice_name, worker_id)
         if not host.alive:
             raise SimulatorError(f"host {worker_id} of {slice_name} is already dead")
         assert self._cluster is not None
-        self._known_pids |= descendants(_ray.node_process_pids(host.node))
+        doomed = descendants(_ray.node_process_pids(host.node))
+        self._known_pids |= doomed
+        for pid in doomed:  # workers first: a VM's processes all die at once
+            _sigkill(pid)
         self._cluster.remove_node(host.node, allow_graceful=False)
         host.node = None
 
@@ -376,6 +382,11 @@ def _check_driver_env(env: Sequence[str] = HOST_ENV_VARS) -> None:
             f"{', '.join(leaked)} set in this process; simulated hosts would inherit it. "
             "Unset it before starting a SimulatedCluster."
         )
+
+
+def _sigkill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _pid_alive(pid: int) -> bool:

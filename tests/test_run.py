@@ -1,0 +1,243 @@
+"""run_on_slice and SliceActorGroup on the simulator: rank order, per-host env, one-shot
+release, errors."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+import tpuslice
+from clusterutil import wait_for, where_am_i
+from tpuslice.testing import SimulatedCluster, live_placement_groups
+
+pytestmark = pytest.mark.cluster
+
+V4 = {"topology": "2x2x2", "accelerator_version": "v4"}
+
+
+@ray.remote
+def context() -> dict[str, object]:
+    host = tpuslice.current_host()
+    return {
+        "host": host,
+        "TPU_NAME": os.environ["TPU_NAME"],
+        "TPU_WORKER_ID": os.environ["TPU_WORKER_ID"],
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("TPUSLICE_", "MEGASCALE_"))},
+        "pid": os.getpid(),
+    }
+
+
+def test_refs_are_in_rank_order_checked_inside_tasks(tpu_cluster: SimulatedCluster) -> None:
+    results = ray.get(tpuslice.run_on_slice(context, topology="4x4", accelerator_version="v6e"))
+    assert [r["host"].rank for r in results] == [0, 1, 2, 3]
+    assert [r["TPU_WORKER_ID"] for r in results] == ["0", "1", "2", "3"]
+    assert [r["host"].worker_id for r in results] == [0, 1, 2, 3]
+    assert {r["host"].world_size for r in results} == {4}
+    assert {r["TPU_NAME"] for r in results} == {"v6e-16-a"}
+    single = results[0]["env"]
+    assert not any(k.startswith("MEGASCALE_") for k in single)  # one slice: none set
+
+
+def test_two_slices_get_megascale_env_and_slice_major_ranks(tpu_cluster: SimulatedCluster) -> None:
+    results = ray.get(tpuslice.run_on_slice(context, **V4, num_slices=2))
+    hosts = [r["host"] for r in results]
+    assert [h.rank for h in hosts] == [0, 1, 2, 3]
+    assert [(h.slice_index, h.worker_id) for h in hosts] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [r["TPU_WORKER_ID"] for r in results] == ["0", "1", "0", "1"]
+    assert [r["TPU_NAME"] for r in results] == [h.slice_name for h in hosts]
+    coordinator = hosts[0].coordinator_address
+    for result, host in zip(results, hosts, strict=True):
+        assert result["env"]["MEGASCALE_COORDINATOR_ADDRESS"] == coordinator
+        assert result["env"]["MEGASCALE_PORT"] == "8081"
+        assert result["env"]["MEGASCALE_NUM_SLICES"] == "2"
+        assert result["env"]["MEGASCALE_SLICE_ID"] == str(host.slice_index)
+
+
+@ray.remote(num_cpus=0)
+def plant_stale_env() -> int:
+    os.environ["MEGASCALE_SLICE_ID"] = "99"
+    os.environ["MEGASCALE_NUM_SLICES"] = "7"
+    return os.getpid()
+
+
+def test_stale_megascale_values_never_leak(tpu_cluster: SimulatedCluster) -> None:
+    """A warm worker left with stale MEGASCALE_* values (as hand-written code leaves them):
+    our tasks overwrite them for 2 slices and remove them for 1."""
+    with tpuslice.SlicePlacementGroup(**V4, num_slices=2) as spg:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        stale_pids = set(
+            ray.get(
+                [
+                    plant_stale_env.options(
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, bundle)
+                    ).remote()
+                    for pg, bundle in spg.worker_groups()
+                ]
+            )
+        )
+        results = ray.get(tpuslice.run_on_slice(context, tpu_slice=spg))
+    reused = [r for r in results if r["pid"] in stale_pids]
+    assert reused, "expected at least one warm worker to be reused"
+    assert [r["env"]["MEGASCALE_SLICE_ID"] for r in results] == ["0", "0", "1", "1"]
+    assert {r["env"]["MEGASCALE_NUM_SLICES"] for r in results} == {"2"}
+
+
+def test_env_is_restored_after_the_task(tpu_cluster: SimulatedCluster) -> None:
+    with tpuslice.SlicePlacementGroup(**V4) as spg:
+        first = ray.get(tpuslice.run_on_slice(context, tpu_slice=spg))
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        after = ray.get(
+            [
+                where_am_i.options(
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, bundle)
+                ).remote()
+                for pg, bundle in spg.worker_groups()
+            ]
+        )
+    assert {r["pid"] for r in after} & {r["pid"] for r in first}, "same warm workers"
+    assert all(not r["env"] for r in after)
+
+
+def test_ten_one_shot_calls_in_a_row_on_one_slice(tpu_cluster: SimulatedCluster) -> None:
+    """The cluster has exactly one v6e 4x4: each call must give it back for the next."""
+    pids: set[int] = set()
+    for i in range(10):
+        refs = tpuslice.run_on_slice(
+            context, topology="4x4", accelerator_version="v6e", head_reservation_timeout_s=30
+        )
+        results = ray.get(refs)
+        assert [r["host"].rank for r in results] == [0, 1, 2, 3], f"call {i}"
+        pids |= {r["pid"] for r in results}
+    wait_for(lambda: not live_placement_groups(), timeout=5, what="the last slice released")
+    assert len(pids) <= 8, "warm workers are reused, not one fresh process per call"
+
+
+@ray.remote
+def fail_on_rank_one() -> int:
+    if tpuslice.current_host().rank == 1:
+        raise ValueError("boom on rank 1")
+    time.sleep(60)
+    return 0
+
+
+def test_one_shot_failure_releases_the_slice_and_fails_the_rest(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    start = time.monotonic()
+    refs = tpuslice.run_on_slice(fail_on_rank_one, **V4)
+    with pytest.raises(ray.exceptions.RayTaskError, match="boom on rank 1"):
+        ray.get(refs[1], timeout=30)
+    wait_for(lambda: not live_placement_groups(), timeout=10, what="slice released")
+    with pytest.raises(ray.exceptions.RayError) as info:
+        ray.get(refs[0], timeout=30)
+    assert not isinstance(info.value, ray.exceptions.GetTimeoutError)
+    assert time.monotonic() - start < 30
+    wait_for(lambda: not live_placement_groups(), timeout=5, what="slice released")
+
+
+@ray.remote
+def sleeper(marker: str) -> None:
+    Path(f"{marker}.{tpuslice.current_host().rank}").touch()
+    time.sleep(120)
+
+
+def test_shutdown_while_running_resolves_refs_promptly(
+    tpu_cluster: SimulatedCluster, tmp_path: Path
+) -> None:
+    spg = tpuslice.SlicePlacementGroup(**V4)
+    refs = tpuslice.run_on_slice(sleeper, str(tmp_path / "started"), tpu_slice=spg)
+    wait_for(lambda: len(list(tmp_path.iterdir())) == 2, timeout=60, what="tasks started")
+    start = time.monotonic()
+    spg.shutdown()
+    for ref in refs:
+        with pytest.raises(ray.exceptions.RayError):
+            ray.get(ref, timeout=20)
+    assert time.monotonic() - start < 20
+
+
+def test_callers_slice_is_never_shut_down(tpu_cluster: SimulatedCluster) -> None:
+    with tpuslice.SlicePlacementGroup(**V4) as spg:
+        for _ in range(2):
+            ray.get(tpuslice.run_on_slice(context, tpu_slice=spg))
+        assert not spg.is_shut_down
+        assert len(live_placement_groups()) == 2
+
+
+def test_slice_index_runs_on_one_slice(tpu_cluster: SimulatedCluster) -> None:
+    with tpuslice.SlicePlacementGroup(**V4, num_slices=2, pg_per_slice=True) as spg:
+        results = ray.get(tpuslice.run_on_slice(context, tpu_slice=spg, slice_index=1))
+        assert [r["TPU_NAME"] for r in results] == [spg.slice_names[1]] * 2
+        with pytest.raises(ValueError, match="Invalid slice_index 2"):
+            tpuslice.run_on_slice(context, tpu_slice=spg, slice_index=2)
+
+
+def test_errors_match_ray(tpu_cluster: SimulatedCluster) -> None:
+    with pytest.raises(TypeError, match=r"@ray\.remote"):
+        tpuslice.run_on_slice(lambda: 1, **V4)
+    with pytest.raises(ValueError, match="topology and accelerator_version are required"):
+        tpuslice.run_on_slice(context)
+    with pytest.raises(ValueError, match="slice_index can only be used"):
+        tpuslice.run_on_slice(context, **V4, slice_index=0)
+    spg = tpuslice.SlicePlacementGroup(**V4)
+    spg.shutdown()
+    with pytest.raises(ValueError, match="already been shut down") as info:
+        tpuslice.run_on_slice(context, tpu_slice=spg)
+    assert isinstance(info.value, tpuslice.TPUSliceError)
+    assert tpuslice.dispatch is tpuslice.run_on_slice
+
+
+def test_current_host_outside_a_task_says_so() -> None:
+    with pytest.raises(tpuslice.SliceShutdownError, match="inside a task"):
+        tpuslice.current_host({})
+
+
+def counter_class() -> type:
+    """Defined in a function so Ray pickles it by value (workers cannot import tests)."""
+
+    class Counter:
+        def __init__(self, start: int) -> None:
+            self.value = start
+
+        def step(self, by: int) -> tuple[int, str, str]:
+            self.value += by
+            return self.value, os.environ["TPUSLICE_RANK"], os.environ["TPU_WORKER_ID"]
+
+        def megascale(self) -> str:
+            return os.environ.get("MEGASCALE_SLICE_ID", "")
+
+    return Counter
+
+
+def test_actor_group_is_ordered_and_stateful(tpu_cluster: SimulatedCluster) -> None:
+    with tpuslice.SliceActorGroup.create(counter_class(), 10, **V4, num_slices=2) as group:
+        assert len(group) == 4
+        group.get(group.call("step", 1))
+        results = group.get(group.call("step", 5))
+        assert [r[0] for r in results] == [16] * 4
+        assert [r[1] for r in results] == ["0", "1", "2", "3"]
+        assert [r[2] for r in results] == ["0", "1", "0", "1"]
+        assert group.get(group.call("megascale")) == ["0", "0", "1", "1"]
+        with pytest.raises(ValueError, match="no method 'nope'"):
+            group.call("nope")
+    wait_for(lambda: not live_placement_groups(), timeout=5, what="group released")
+
+
+def test_actor_group_names_a_dead_host(tpu_cluster: SimulatedCluster) -> None:
+    spg = tpuslice.SlicePlacementGroup(**V4, head_reservation_timeout_s=30)
+    name = spg.slice_names[0]
+    try:
+        with tpuslice.SliceActorGroup(counter_class(), spg, 0) as group:
+            group.get(group.call("step", 1))
+            tpu_cluster.kill_host(name, 1)
+            with pytest.raises(tpuslice.HostLostError, match=f"host 1 of slice {name}"):
+                group.get(group.call("step", 1), timeout=60)
+    finally:
+        spg.shutdown()
+        tpu_cluster.restore_slice(name)
+    wait_for(lambda: tpuslice.get_num_ready_tpu_slices("2x2x2", "v4") == 4, timeout=30)

@@ -1,0 +1,412 @@
+"""``tpuslice status``: the pure renderers (``tpuslice.status``) on synthetic snapshots, and
+the command through CliRunner with Ray's connection and reads replaced. No cluster runs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import ray
+from click.testing import CliRunner, Result
+from rich.console import Console
+from rich.text import Text
+
+from test_cluster_view import cpu_node, idle, killed, take, tpu_node, tpu_slice
+from tpuslice import cli, cluster, status
+from tpuslice.cluster import ClusterSnapshot, SliceState, build_snapshot
+from tpuslice.topology import slice_shape
+
+LONG_NAME = "tpu-v6e-128-training-pool-europe-west4-a-0001"
+
+
+def mixed_snapshot() -> ClusterSnapshot:
+    """Ready, busy, broken (dead + missing), invalid labels, single-host, and a long name."""
+    ready = tpu_slice("v6e-16-a", "v6e-16", "4x4", 4, 4)
+    busy = tpu_slice("v6e-16-b", "v6e-16", "4x4", 4, 4)
+    broken = tpu_slice("v5p-32-a", "v5p-32", "2x2x4", 4, 4)
+    broken[2] = killed(broken[2])
+    del broken[3]
+    odd = [tpu_node("v6e-17", "4x4", w, 4, slice_name="odd-labels") for w in range(2)]
+    single = tpu_slice("v6e-8-a", "v6e-8", "2x4", 1, 8)
+    big = tpu_slice(LONG_NAME, "v6e-128", "8x16", 32, 4)
+    big[9] = killed(big[9])
+    nodes = [cpu_node(), *ready, *busy, *broken, *odd, *single, *big]
+    available = idle(nodes)
+    take(available, busy[1], tpu=4)
+    take(available, big[5], tpu=2)
+    return build_snapshot(nodes, available, taken_at=1000.0)
+
+
+def render(renderable: Any, width: int = 80) -> str:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def cell_styles(text: Text) -> dict[int, str]:
+    """Worker id -> style of its cell in a numbered host grid."""
+    return {int(text.plain[s.start : s.end].rstrip("*x? ")): str(s.style) for s in text.spans}
+
+
+# --- table -------------------------------------------------------------------------------
+
+
+def test_table_has_one_row_per_slice_with_state_hosts_and_tpu() -> None:
+    snapshot = mixed_snapshot()
+    out = render(status.slice_table(snapshot), width=200)
+    rows = {line.split()[0]: " ".join(line.split()) for line in out.splitlines() if line.strip()}
+    assert rows["v6e-16-a"] == "v6e-16-a v6e 4x4 ready 4/4 16/16"
+    assert rows["v6e-16-b"] == "v6e-16-b v6e 4x4 busy 1/4 hosts in use 4/4 12/16"
+    assert rows["v5p-32-a"] == "v5p-32-a v5p 2x2x4 broken host 2 dead, host 3 missing 2/4 8/8"
+    assert rows["odd-labels"].startswith("odd-labels v6e-17 4x4 broken labels do not name")
+    assert rows["v6e-8-a"] == "v6e-8-a v6e 2x4 ready 1/1 8/8"
+    assert "6 TPU slice(s): 2 ready, 1 busy, 3 broken" in out
+
+
+def test_state_column_is_coloured_by_state() -> None:
+    table = status.slice_table(mixed_snapshot())
+    states = [cell for cell in table.columns[2].cells if isinstance(cell, Text)]
+    styles = {cell.plain: str(cell.style) for cell in states}
+    assert styles == {"ready": "bold green", "busy": "bold yellow", "broken": "bold red"}
+
+
+# --- host grid ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "topology", "rows"),
+    [
+        ("v6e", "4x4", [[0, 1], [2, 3]]),
+        ("v5p", "2x2x4", [[0, 1, 2, 3]]),
+        ("v4", "2x2x2", [[0, 1]]),
+        ("v5p", "4x4x4", [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]),
+        ("v6e", "8x16", [list(range(r * 8, r * 8 + 8)) for r in range(4)]),
+    ],
+)
+def test_grid_rows_follow_worker_coordinates(
+    accelerator: str, topology: str, rows: list[list[int]]
+) -> None:
+    shape = slice_shape(topology, accelerator)
+    nodes = tpu_slice("s", shape.pod_type, topology, shape.num_hosts, shape.chips_per_host)
+    info = build_snapshot(nodes, idle(nodes)).slices["s"]
+    assert status.grid_rows(info) == rows
+    leading = shape.worker_grid[:-1]
+    for r, row in enumerate(rows):
+        for c, worker in enumerate(row):
+            coords = shape.worker_coords(worker)
+            flat = 0
+            for side, coord in zip(leading, coords[:-1], strict=True):
+                flat = flat * side + coord
+            assert (flat, coords[-1]) == (r, c)
+
+
+def test_slice_without_a_shape_is_one_row_of_its_workers() -> None:
+    info = mixed_snapshot().slices["odd-labels"]
+    assert status.grid_rows(info) == [[0, 1]]
+
+
+def test_host_cells_are_coloured_by_host_state() -> None:
+    nodes = tpu_slice("s", "v6e-16", "4x4", 4, 4)
+    nodes[2] = killed(nodes[2])
+    del nodes[3]
+    available = idle(nodes)
+    take(available, nodes[1], tpu=1)
+    info = build_snapshot(nodes, available).slices["s"]
+    grid = status.host_grid(info, 80)
+    assert grid.plain.splitlines() == ["   0   1*", "   2x  3?"]  # readable without colour
+    assert cell_styles(grid) == {
+        0: status.HOST_STYLES["free"],
+        1: status.HOST_STYLES["busy"],
+        2: status.HOST_STYLES["dead"],
+        3: status.HOST_STYLES["missing"],
+    }
+
+
+def test_wide_grid_uses_one_glyph_per_host() -> None:
+    shape = slice_shape("8x8x16", "v7x")  # 256 hosts, 16 per row: too wide when numbered
+    nodes = tpu_slice("wide", shape.pod_type, "8x8x16", shape.num_hosts, 4)
+    nodes[3] = killed(nodes[3])
+    info = build_snapshot(nodes, idle(nodes)).slices["wide"]
+    lines = status.host_grid(info, 80).plain.splitlines()
+    assert len(lines) == 16
+    assert lines[0] == "  o o o x " + " ".join("o" * 12)
+    assert all(len(line) <= 80 for line in lines)
+
+
+def test_huge_grid_becomes_a_tally() -> None:
+    shape = slice_shape("16x16x24", "v5p")
+    nodes = tpu_slice("huge", shape.pod_type, "16x16x24", shape.num_hosts, 4)
+    available = idle(nodes)
+    for node in nodes[:100]:
+        take(available, node, tpu=1)
+    info = build_snapshot(nodes, available).slices["huge"]
+    assert status.host_grid(info, 80).plain == "  1436 free, 100 busy (too many hosts to draw)"
+
+
+def test_whole_screen_fits_80_columns_without_eliding() -> None:
+    snapshot = mixed_snapshot()
+    out = render(status.render_status(snapshot, 80), width=80)
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in out
+    assert LONG_NAME in out  # whole on its grid heading
+    for word in ("ready", "busy", "broken", "dead", "missing", "hosts:", "free"):
+        assert word in out
+    for name in snapshot.slices:
+        assert any(line.startswith(name) for line in lines), name
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_grids_fit_any_reasonable_width(width: int) -> None:
+    out = render(status.render_status(mixed_snapshot(), width), width=width)
+    assert max(len(line) for line in out.splitlines()) <= width
+    assert "…" not in out
+
+
+def test_empty_cluster_says_so() -> None:
+    out = render(status.render_status(build_snapshot([cpu_node()], {})))
+    assert out.strip() == "No TPU slices in this cluster (no node has TPU labels or resources)."
+
+
+# --- JSON ----------------------------------------------------------------------------------
+
+
+def test_json_has_every_slice_state_reason_and_host() -> None:
+    snapshot = mixed_snapshot()
+    data = status.status_dict(snapshot)
+    assert json.loads(json.dumps(data)) == data
+    assert data["taken_at"] == 1000.0
+    assert data["counts"] == {"ready": 2, "busy": 1, "broken": 3}
+    names = [s["name"] for s in data["slices"]]
+    assert names == sorted(snapshot.slices)
+    broken = next(s for s in data["slices"] if s["name"] == "v5p-32-a")
+    assert broken["state"] == "broken"
+    assert broken["reason"] == "host 2 dead, host 3 missing"
+    assert broken["missing_workers"] == [3]
+    assert (broken["expected_hosts"], broken["alive_hosts"]) == (4, 2)
+    assert (broken["generation"], broken["pod_type"], broken["topology"]) == (
+        "v5p",
+        "v5p-32",
+        "2x2x4",
+    )
+    assert (broken["chips_per_host"], broken["worker_grid"]) == (4, [1, 1, 4])
+    info = snapshot.slices["v5p-32-a"]
+    assert broken["hosts"][0] == {
+        "worker_id": 0,
+        "node_id": info.hosts[0].node_id,
+        "address": info.hosts[0].address,
+        "alive": True,
+        "state": "free",
+        "tpu_total": 4.0,
+        "tpu_available": 4.0,
+        "head_free": True,
+    }
+    assert [h["state"] for h in broken["hosts"]] == ["free", "free", "dead"]
+    odd = next(s for s in data["slices"] if s["name"] == "odd-labels")
+    assert (odd["generation"], odd["chips_per_host"], odd["worker_grid"]) == (None, None, None)
+
+
+# --- the command ---------------------------------------------------------------------------
+
+
+class FakeRay:
+    """Stands in for ``ray.init`` / ``ray.shutdown`` / ``ray.is_initialized``."""
+
+    def __init__(self, error: Exception | None = None, initialized: bool = False) -> None:
+        self.error = error
+        self.initialized = initialized
+        self.init_calls: list[dict[str, Any]] = []
+        self.shutdowns = 0
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeRay:
+        monkeypatch.setattr(ray, "init", self.init)
+        monkeypatch.setattr(ray, "shutdown", self.shutdown)
+        monkeypatch.setattr(ray, "is_initialized", lambda: self.initialized)
+        return self
+
+    def init(self, **kwargs: Any) -> None:
+        self.init_calls.append(kwargs)
+        if self.error is not None:
+            raise self.error
+        self.initialized = True
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+        self.initialized = False
+
+
+@pytest.fixture
+def snapshot(monkeypatch: pytest.MonkeyPatch) -> ClusterSnapshot:
+    """The mixed snapshot, served by a fake ``read_snapshot``; no connection made."""
+    snap = mixed_snapshot()
+    monkeypatch.setattr(cluster, "read_snapshot", lambda per_chip=None: snap)
+    monkeypatch.setattr(cli, "connect", lambda address: False)
+    return snap
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner(env={"COLUMNS": "80", **(env or {})}).invoke(cli.main, ["status", *args])
+
+
+def test_status_prints_the_screen(snapshot: ClusterSnapshot) -> None:
+    result = invoke()
+    assert result.exit_code == 0, result.output
+    assert "6 TPU slice(s): 2 ready, 1 busy, 3 broken" in result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+    for name in snapshot.slices:
+        assert name in result.output
+
+
+def test_status_json(snapshot: ClusterSnapshot) -> None:
+    result = invoke("--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == status.status_dict(snapshot)
+
+
+def test_status_passes_tpu_resource_per_chip(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[int | None] = []
+
+    def read(per_chip: int | None = None) -> ClusterSnapshot:
+        asked.append(per_chip)
+        return build_snapshot([], {})
+
+    monkeypatch.setattr(cluster, "read_snapshot", read)
+    monkeypatch.setattr(cli, "connect", lambda address: False)
+    assert invoke("--tpu-resource-per-chip", "2").exit_code == 0
+    assert invoke().exit_code == 0
+    assert asked == [2, None]
+
+
+def test_watch_refreshes_until_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[int] = []
+    pauses: list[float] = []
+
+    def read(per_chip: int | None = None) -> ClusterSnapshot:
+        reads.append(1)
+        return mixed_snapshot()
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 3:
+            raise KeyboardInterrupt
+
+    fake = FakeRay().install(monkeypatch)
+    monkeypatch.setattr(cluster, "read_snapshot", read)
+    monkeypatch.setattr(cli, "pause", pause)
+    result = invoke("--watch", "0.5")
+    assert result.exit_code == 0, result.output
+    assert (len(reads), pauses) == (3, [0.5, 0.5, 0.5])
+    assert "6 TPU slice(s)" in result.output
+    assert fake.shutdowns == 1
+
+
+def test_watch_json_prints_one_object_per_refresh(
+    snapshot: ClusterSnapshot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "pause", pause)
+    result = invoke("--json", "--watch")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert [json.loads(line) for line in lines] == [status.status_dict(snapshot)] * 2
+    assert pauses == [2.0, 2.0]
+
+
+NO_CLUSTER = ConnectionError(
+    "Could not find any running Ray instance. Please specify the one to connect to by "
+    "setting `--address` flag or `RAY_ADDRESS` environment variable."
+)
+
+
+def test_no_cluster_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    fake = FakeRay(error=NO_CLUSTER).install(monkeypatch)
+    result = invoke()
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "Error: no running Ray cluster on this machine; start one with `tpuslice simulate`, "
+        "or pass --address HOST:PORT"
+    ]
+    assert "Traceback" not in result.output
+    assert fake.init_calls == [{"address": "auto", "log_to_driver": False, "logging_level": 30}]
+    assert fake.shutdowns == 0
+
+
+def test_unreachable_address_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeRay(error=ConnectionError("Failed to connect to Ray cluster")).install(monkeypatch)
+    result = invoke("--address", "10.1.2.3:6379")
+    assert result.exit_code == 1
+    assert "no running Ray cluster at 10.1.2.3:6379; start one with" in result.output
+    assert fake.init_calls[0]["address"] == "10.1.2.3:6379"
+
+
+def test_ray_address_env_is_left_to_ray_and_named_on_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeRay(error=NO_CLUSTER).install(monkeypatch)
+    result = invoke(env={"RAY_ADDRESS": "10.9.9.9:6379"})
+    assert result.exit_code == 1
+    assert "no running Ray cluster at 10.9.9.9:6379" in result.output
+    assert fake.init_calls[0]["address"] == "auto"  # Ray itself reads RAY_ADDRESS
+
+
+@pytest.mark.parametrize("args", [["--address", "local"], []])
+def test_address_local_is_refused_before_ray_starts_anything(
+    args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeRay().install(monkeypatch)
+    result = invoke(*args, env={"RAY_ADDRESS": "local"})
+    assert result.exit_code == 2
+    assert "would start a new Ray cluster" in result.output
+    assert fake.init_calls == []
+
+
+def test_malformed_address_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeRay(error=ValueError("Invalid address format: nope")).install(monkeypatch)
+    result = invoke("--address", "nope")
+    assert result.exit_code == 2
+    assert "Ray address 'nope' is not valid: Invalid address format: nope" in result.output
+
+
+def test_disconnects_after_connecting_even_on_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeRay().install(monkeypatch)
+
+    def broken_read(per_chip: int | None = None) -> ClusterSnapshot:
+        raise RuntimeError("GCS went away")
+
+    monkeypatch.setattr(cluster, "read_snapshot", broken_read)
+    result = invoke()
+    assert isinstance(result.exception, RuntimeError)
+    assert fake.shutdowns == 1
+    monkeypatch.setattr(cluster, "read_snapshot", lambda per_chip=None: mixed_snapshot())
+    assert invoke().exit_code == 0
+    assert fake.shutdowns == 2
+
+
+def test_already_connected_process_is_left_connected(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeRay(initialized=True).install(monkeypatch)
+    assert cli.connect(None) is False
+    with cli.connected("10.0.0.1:6379"):
+        pass
+    assert fake.init_calls == []
+    assert fake.shutdowns == 0
+
+
+def test_connect_returns_true_when_it_connected(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeRay().install(monkeypatch)
+    assert cli.connect("10.0.0.1:6379") is True
+    assert fake.init_calls == [
+        {"address": "10.0.0.1:6379", "log_to_driver": False, "logging_level": 30}
+    ]
+
+
+def test_states_in_json_are_the_enum_values() -> None:
+    data = status.status_dict(mixed_snapshot())
+    assert {s["state"] for s in data["slices"]} == {s.value for s in SliceState}

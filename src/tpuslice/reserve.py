@@ -274,6 +274,7 @@ class SlicePlacementGroup:
         _clock: Clock | None = None,
     ) -> None:
         self._reservation = Reservation()
+        self._launched: list[ray.ObjectRef] = []
         self._plan = plan_reservation(
             topology,
             accelerator_version,
@@ -417,8 +418,29 @@ class SlicePlacementGroup:
             _remove(claim.head_pg)
             claim.head_pg = None
 
+    def track(self, refs: Sequence[ray.ObjectRef]) -> None:
+        """Remember tasks started on this slice, so :meth:`shutdown` can stop them."""
+        if self._launched:
+            _, self._launched = ray.wait(
+                self._launched, num_returns=len(self._launched), timeout=0, fetch_local=False
+            )
+        self._launched.extend(refs)
+
+    def _cancel_launched(self) -> None:
+        """Cancel tasks still running or queued here. Ray does not fail them when their
+        group goes away (queued ones would wait forever); cancelled, their refs resolve
+        at once with ``TaskCancelledError``."""
+        launched, self._launched = self._launched, []
+        if not launched or not ray.is_initialized():
+            return
+        _, running = ray.wait(launched, num_returns=len(launched), timeout=0, fetch_local=False)
+        for ref in running:
+            ray.cancel(ref, force=True)
+
     def shutdown(self) -> None:
-        """Remove every worker and head group of this reservation. Idempotent."""
+        """Stop tasks started here by tpuslice, then remove every worker and head group.
+        Idempotent."""
+        self._cancel_launched()
         reservation, self._reservation = self._reservation, Reservation()
         _remove(reservation.combined_pg)
         for claim in reservation.claims:

@@ -210,6 +210,7 @@ def launch(
             ),
         }
         refs.append(remote.options(**options).remote(context.env(), *args, **kwargs))
+    spg.track(refs)
     return refs
 
 

@@ -53,6 +53,7 @@ from tpuslice.node import (
     get_num_tpu_chips_on_node,
 )
 from tpuslice.reserve import SlicePlacementGroup, reserve_tpu_slice, slice_placement_group
+from tpuslice.resilient import AttemptEvent, Outcome, classify, run_resilient
 from tpuslice.run import HostContext, current_host, dispatch, run_on_slice
 from tpuslice.topology import GENERATIONS, Generation, SliceShape, parse_pod_type, slice_shape
 
@@ -64,6 +65,7 @@ __all__ = [
     "GENERATIONS",
     "VALID_TPU_TYPES",
     "AmbiguousPodTypeError",
+    "AttemptEvent",
     "ClusterSnapshot",
     "Generation",
     "HostContext",
@@ -75,6 +77,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidResourceError",
     "InvalidTopologyError",
+    "Outcome",
     "ReservationTimeoutError",
     "RetriesExhaustedError",
     "SliceActorGroup",
@@ -85,6 +88,7 @@ __all__ = [
     "SliceState",
     "TPUSliceError",
     "__version__",
+    "classify",
     "current_host",
     "dispatch",
     "get_chips_per_host",
@@ -107,6 +111,7 @@ __all__ = [
     "read_snapshot",
     "reserve_tpu_slice",
     "run_on_slice",
+    "run_resilient",
     "slice_placement_group",
     "slice_shape",
 ]

@@ -113,6 +113,17 @@ def connect(address: str | None) -> bool:
     return True
 
 
+def connect_or_none(address: str | None) -> bool | None:
+    """Like :func:`connect`, but ``None`` (not an error) when no cluster is running and
+    no address was given. An address that does not answer is still an error."""
+    try:
+        return connect(address)
+    except NoClusterError:
+        if address or os.environ.get("RAY_ADDRESS"):
+            raise
+        return None
+
+
 @contextmanager
 def connected(address: str | None) -> Iterator[None]:
     """Be connected for the block; disconnect afterwards only if we connected."""
@@ -202,3 +213,13 @@ def _watch_live(read: Callable[[], cluster.ClusterSnapshot], interval: float) ->
             lambda: live.update(status.render_status(read(), console.width), refresh=True),
             interval,
         )
+
+
+def _register_job_commands() -> None:
+    """``simulate``, ``run`` and ``demo`` live in :mod:`tpuslice.cli_jobs`."""
+    from tpuslice.cli_jobs import register
+
+    register(main)
+
+
+_register_job_commands()

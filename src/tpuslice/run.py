@@ -187,17 +187,13 @@ def _check_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
         )
 
 
-def launch(
-    fn: Any,
-    spg: SlicePlacementGroup,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-    slice_index: int | None = None,
-) -> list[ray.ObjectRef]:
-    """Start ``fn`` on every bundle of ``spg`` (or one slice of it), in rank order."""
-    remote = _context_remote(fn)
+def placements(
+    spg: SlicePlacementGroup, slice_index: int | None = None
+) -> list[tuple[HostContext, dict[str, Any]]]:
+    """``(context, task options)`` per rank: the bundle's TPU, no CPU, pinned to its
+    bundle, never retried (a retried host task would run outside its gang)."""
     tpu = spg.bundle_resources.get("TPU", spg.devices_per_host)
-    refs = []
+    result = []
     for context, (pg, bundle) in zip(host_contexts(spg), spg.worker_groups(), strict=True):
         if slice_index is not None and context.slice_index != slice_index:
             continue
@@ -209,7 +205,23 @@ def launch(
                 placement_group=pg, placement_group_bundle_index=bundle
             ),
         }
-        refs.append(remote.options(**options).remote(context.env(), *args, **kwargs))
+        result.append((context, options))
+    return result
+
+
+def launch(
+    fn: Any,
+    spg: SlicePlacementGroup,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    slice_index: int | None = None,
+) -> list[ray.ObjectRef]:
+    """Start ``fn`` on every bundle of ``spg`` (or one slice of it), in rank order."""
+    remote = _context_remote(fn)
+    refs = [
+        remote.options(**options).remote(context.env(), *args, **kwargs)
+        for context, options in placements(spg, slice_index)
+    ]
     spg.track(refs)
     return refs
 

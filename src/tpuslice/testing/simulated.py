@@ -183,7 +183,12 @@ class SimulatedCluster:
 
     def connect(self, namespace: str | None = None) -> None:
         """``ray.init`` this process to the simulated cluster."""
-        ray.init(address=self.address, namespace=namespace, log_to_driver=False)
+        ray.init(
+            address=self.address,
+            namespace=namespace,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
         self._connected = True
 
     def shutdown(self) -> None:

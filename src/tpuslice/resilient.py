@@ -1,0 +1,373 @@
+"""Resilient runs: when a host is lost, give the slices back and rerun the gang from the start.
+
+An SPMD gang cannot go on with a missing host, so every attempt reserves whole idle slices,
+runs ``fn`` on every host, and either returns all results or ends at the first failed task.
+One loop (:func:`run_resilient`), one policy (:class:`RetryPolicy`, two budgets), one
+boundary that maps exceptions to outcomes (:func:`classify`, by type, never message text).
+Each attempt's reservation is shut down (the rest of its gang cancelled) before the next.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import ray
+from ray.exceptions import (
+    LocalRayletDiedError,
+    NodeDiedError,
+    ObjectFreedError,
+    ObjectLostError,
+    RayActorError,
+    RayError,
+    RayTaskError,
+    ReferenceCountingAssertionError,
+    TaskCancelledError,
+    WorkerCrashedError,
+)
+
+from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
+from tpuslice.errors import (
+    AttemptRecord,
+    HostLostError,
+    InvalidArgumentError,
+    ReservationTimeoutError,
+    RetriesExhaustedError,
+)
+from tpuslice.reserve import Clock, SlicePlacementGroup
+from tpuslice.run import _check_args, host_contexts, run_on_slice
+
+logger = logging.getLogger(__name__)
+
+READY_BOUND_S = 30.0
+"""How long a fresh reservation may take to report ready before we call its host lost."""
+WAIT_SLICE_S = 1.0
+"""Longest single ``ray.wait``, so Ctrl-C is seen promptly while the gang runs."""
+
+
+class Outcome(str, enum.Enum):
+    """How a failed attempt ended; it decides which retry budget the attempt uses."""
+
+    PREEMPTION = "preemption"
+    """A host was lost: VM died or was preempted, a worker or actor crashed."""
+    FAILURE = "failure"
+    """The user's code raised, or something we do not recognise went wrong."""
+
+
+HOST_LOSS: tuple[type[BaseException], ...] = (
+    NodeDiedError,
+    LocalRayletDiedError,
+    WorkerCrashedError,
+    RayActorError,  # ActorDiedError, ActorUnavailableError
+    ObjectLostError,  # OwnerDiedError, ObjectFetchTimedOutError, ...
+    TaskCancelledError,  # we cancel the rest of a gang once it broke
+    HostLostError,
+)
+"""Exception types that mean "a host of the gang is gone"."""
+NOT_HOST_LOSS: tuple[type[BaseException], ...] = (ObjectFreedError, ReferenceCountingAssertionError)
+"""Subclasses of :data:`HOST_LOSS` types that a program (or a Ray bug) causes, not a host."""
+
+
+def classify(exc: BaseException) -> Outcome:
+    """The outcome of a task's exception, by type only. A ``RayTaskError`` (user code
+    raised) is judged by its ``cause``, which may itself be a host loss seen by user code
+    (a nested ``ray.get``); an actor whose ``__init__`` raised is a user failure."""
+    if isinstance(exc, RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException) and cause is not exc:
+            return classify(cause)
+        return Outcome.FAILURE
+    if isinstance(exc, RayActorError) and exc.actor_init_failed:
+        return Outcome.FAILURE
+    if isinstance(exc, HOST_LOSS) and not isinstance(exc, NOT_HOST_LOSS):
+        return Outcome.PREEMPTION
+    return Outcome.FAILURE
+
+
+def summarize(exc: BaseException) -> str:
+    """``ValueError: first line``: the innermost cause's type and message's first line
+    (a ``RayTaskError``'s own text is a traceback, so it is unwrapped)."""
+    seen: set[int] = set()
+    while isinstance(exc, RayTaskError) and id(exc) not in seen:
+        seen.add(id(exc))
+        cause = getattr(exc, "cause", None)
+        if not isinstance(cause, BaseException):
+            break
+        exc = cause
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+# --- the policy ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after a failed attempt, and why (for logs, events and errors)."""
+
+    retry: bool
+    delay_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Two budgets, counted separately: host loss and user failure. Pure.
+
+    ``backoff_s`` is the pause before the first retry and its cap; it doubles per retry.
+    """
+
+    max_retries_failure: int = 0
+    max_retries_preemption: int = 3
+    backoff_s: tuple[float, float] = (0.2, 5.0)
+
+    def __post_init__(self) -> None:
+        for name in ("max_retries_failure", "max_retries_preemption"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
+        first, cap = self.backoff_s
+        if not 0 <= first <= cap:
+            raise InvalidArgumentError(
+                f"backoff_s must be (first, cap) with 0 <= first <= cap, got {self.backoff_s!r}"
+            )
+
+    def budget(self, outcome: Outcome) -> int:
+        if outcome is Outcome.PREEMPTION:
+            return self.max_retries_preemption
+        return self.max_retries_failure
+
+    def decide(self, outcome: Outcome, failures: Mapping[Outcome, int]) -> Decision:
+        """After a failed attempt; ``failures`` counts failed attempts by outcome,
+        this one included. Retry while that outcome's count is within its budget."""
+        used, budget = failures.get(outcome, 0), self.budget(outcome)
+        if used > budget:
+            plural = "retry" if budget == 1 else "retries"
+            return Decision(False, 0.0, f"{outcome.value} budget of {budget} {plural} used up")
+        retries = sum(failures.values())
+        first, cap = self.backoff_s
+        delay = min(first * 2 ** (retries - 1), cap)
+        return Decision(True, delay, f"{outcome.value} retry {used} of {budget}")
+
+
+# --- events -------------------------------------------------------------------------------
+
+EventKind = Literal["started", "failed", "succeeded", "giving_up"]
+
+
+@dataclass(frozen=True)
+class AttemptEvent:
+    """One step of a resilient run, passed to ``on_event`` as it happens."""
+
+    kind: EventKind
+    attempt: int
+    slice_names: tuple[str, ...] = ()
+    outcome: Outcome | None = None
+    cause: str = ""
+    next_action: str = ""
+    duration_s: float = 0.0
+
+    def describe(self) -> str:
+        """One log line: ``attempt 2 on v4-16-b: failed after 3.1 s: preemption (...); ...``."""
+        where = f" on {', '.join(self.slice_names)}" if self.slice_names else ""
+        text = f"attempt {self.attempt}{where}: {self.kind.replace('_', ' ')}"
+        if self.kind in ("failed", "succeeded"):
+            text += f" after {self.duration_s:.1f} s"
+        if self.outcome is not None and self.kind == "failed":
+            text += f": {self.outcome.value} ({self.cause}); next: {self.next_action}"
+        elif self.cause:
+            text += f": {self.cause}"
+        return text
+
+
+EventCallback = Callable[[AttemptEvent], None]
+
+
+# --- the loop -----------------------------------------------------------------------------
+
+
+class GangBrokenError(Exception):
+    """Internal: a task of the gang failed; carries the outcome and a one-line cause."""
+
+    def __init__(self, outcome: Outcome, cause: str) -> None:
+        super().__init__(cause)
+        self.outcome = outcome
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class SliceRequest:
+    """What each attempt reserves."""
+
+    topology: str
+    accelerator_version: str
+    num_slices: int
+    chips_per_vm: int | None
+    head_reservation_timeout_s: float | None
+
+    def reserve(self) -> SlicePlacementGroup:
+        return SlicePlacementGroup(
+            self.topology,
+            self.accelerator_version,
+            num_slices=self.num_slices,
+            chips_per_vm=self.chips_per_vm,
+            head_reservation_timeout_s=self.head_reservation_timeout_s,
+        )
+
+
+@dataclass
+class ResilientRun:
+    """State of one :func:`run_resilient` call: the request, the policy, the history."""
+
+    fn: Any
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any]
+    request: SliceRequest
+    policy: RetryPolicy
+    on_event: EventCallback | None = None
+    clock: Clock = field(default_factory=Clock)
+    history: list[AttemptRecord] = field(default_factory=list)
+    last_error: BaseException | None = None
+    """The exception that ended the latest failed attempt (chained to the final error)."""
+
+    def until_done(self) -> list[Any]:
+        """The one retry loop: attempt, and on failure ask the policy whether to go on."""
+        failures: Counter[Outcome] = Counter()
+        while True:
+            attempt = len(self.history) + 1
+            try:
+                result = self.attempt(attempt)
+            except ReservationTimeoutError as exc:
+                self.give_up(attempt, f"could not reserve: {summarize(exc)}", None)
+                raise
+            if not isinstance(result, AttemptRecord):
+                return result
+            self.history.append(result)
+            outcome = Outcome(result.outcome)
+            failures[outcome] += 1
+            decision = self.policy.decide(outcome, failures)
+            self.report_failure(result, outcome, decision)
+            if not decision.retry:
+                message = self.give_up(attempt, decision.reason, outcome)
+                raise RetriesExhaustedError(message, self.history) from self.last_error
+            self.clock.sleep(decision.delay_s)
+
+    def attempt(self, number: int) -> list[Any] | AttemptRecord:
+        """Reserve, run on every host, wait. The results in rank order, or the record of
+        a failed attempt once its slices are given back (leaving the ``with``)."""
+        started = self.clock.now()
+        with self.request.reserve() as spg:
+            names = tuple(spg.slice_names)
+            self.emit(AttemptEvent("started", number, names))
+            try:
+                results = self.run_gang(spg)
+            except GangBrokenError as broken:
+                failed, self.last_error = broken, broken.__cause__
+            else:
+                elapsed = self.clock.now() - started
+                self.emit(AttemptEvent("succeeded", number, names, duration_s=elapsed))
+                return results
+        elapsed = self.clock.now() - started
+        return AttemptRecord(number, names, spg.num_hosts, failed.outcome, failed.cause, elapsed)
+
+    def run_gang(self, spg: SlicePlacementGroup) -> list[Any]:
+        """Start ``fn`` on every host and collect results as tasks finish; raise
+        :class:`GangBrokenError` at the first task that fails."""
+        try:
+            refs = run_on_slice(
+                self.fn, *self.args, tpu_slice=spg, pg_ready_timeout_s=READY_BOUND_S, **self.kwargs
+            )
+        except ReservationTimeoutError as exc:  # a host died between reserving and starting
+            lost = HostLostError(f"a host of {', '.join(spg.slice_names)} died before the start")
+            raise GangBrokenError(Outcome.PREEMPTION, summarize(lost)) from exc
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=WAIT_SLICE_S)
+            for ref in ready:
+                try:
+                    results[rank_of[ref]] = ray.get(ref)
+                except RayError as exc:
+                    raise GangBrokenError(classify(exc), where(spg, rank_of[ref], exc)) from exc
+        return [results[rank] for rank in range(len(refs))]
+
+    def report_failure(self, record: AttemptRecord, outcome: Outcome, decision: Decision) -> None:
+        action = (
+            f"retry in {decision.delay_s:.1f} s on whole idle slices ({decision.reason})"
+            if decision.retry
+            else f"give up ({decision.reason})"
+        )
+        self.emit(
+            AttemptEvent(
+                "failed",
+                record.attempt,
+                record.slice_names,
+                outcome,
+                record.cause,
+                action,
+                record.duration_s,
+            )
+        )
+
+    def give_up(self, attempt: int, reason: str, outcome: Outcome | None) -> str:
+        """Emit the final event; return the error message naming every attempt."""
+        self.emit(AttemptEvent("giving_up", attempt, (), outcome, reason, "raise"))
+        attempts = "; ".join(
+            f"#{r.attempt} on {', '.join(r.slice_names)}: {Outcome(r.outcome).value} after "
+            f"{r.duration_s:.1f} s ({r.cause})"
+            for r in self.history
+        )
+        return (
+            f"gave up after {len(self.history)} failed attempt(s): {reason}"
+            + (f". Attempts: {attempts}" if attempts else "")
+            + ". Raise max_retries_failure / max_retries_preemption to retry more"
+        )
+
+    def emit(self, event: AttemptEvent) -> None:
+        """Log the event at INFO and pass it on to ``on_event``."""
+        logger.info("%s", event.describe())
+        if self.on_event is not None:
+            self.on_event(event)
+
+
+def where(spg: SlicePlacementGroup, rank: int, exc: BaseException) -> str:
+    """``rank 1 (v4-16-a host 1): ValueError: boom``: which task failed, and how."""
+    host = host_contexts(spg)[rank]
+    return f"rank {rank} ({host.slice_name} host {host.worker_id}): {summarize(exc)}"
+
+
+def run_resilient(
+    fn: Any,
+    *args: Any,
+    topology: str,
+    accelerator_version: str,
+    num_slices: int = 1,
+    chips_per_vm: int | None = None,
+    max_retries_failure: int = 0,
+    max_retries_preemption: int = 3,
+    head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
+    backoff_s: tuple[float, float] = (0.2, 5.0),
+    on_event: EventCallback | None = None,
+    _clock: Clock | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Run ``fn`` (``@ray.remote``) on every host of ``num_slices`` whole slices and
+    return its results in rank order, rerunning the whole gang from the start on fresh
+    slices when a host is lost (up to ``max_retries_preemption`` times) or the code
+    raises (up to ``max_retries_failure`` times).
+
+    Raises :class:`~tpuslice.RetriesExhaustedError` (``history`` lists every attempt)
+    when a budget runs out; a reservation that times out ends the run with its error.
+    """
+    _check_args(fn, None, None)
+    policy = RetryPolicy(max_retries_failure, max_retries_preemption, backoff_s)
+    request = SliceRequest(
+        topology, accelerator_version, num_slices, chips_per_vm, head_reservation_timeout_s
+    )
+    run = ResilientRun(fn, args, kwargs, request, policy, on_event, _clock or Clock())
+    return run.until_done()

@@ -1,0 +1,127 @@
+"""Run a shell command on every host of a reserved slice, like ``gcloud ... ssh
+--worker=all``: output streamed back line by line, exit codes collected per host.
+
+Each host runs the command in its own process group with the slice context in its
+environment (``TPUSLICE_*``, ``MEGASCALE_*``); cancelling the task kills the group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from tpuslice.reserve import SlicePlacementGroup
+from tpuslice.run import MEGASCALE_VARS, HostContext, placements
+
+KILLED = 128 + signal.SIGKILL
+
+
+@dataclass(frozen=True)
+class HostResult:
+    """How the command ended on one host."""
+
+    context: HostContext
+    exit_code: int
+    seconds: float
+    error: str = ""
+
+
+def command_on_host(env: dict[str, str], command: str) -> Iterator[tuple[str, str | int]]:
+    """Yield ``("line", text)`` for each output line, then ``("exit", code)``."""
+    child_env = {k: v for k, v in os.environ.items() if k not in MEGASCALE_VARS}
+    child_env.update(env)
+    proc = subprocess.Popen(
+        command,
+        shell=True,
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        start_new_session=True,  # its own process group, killed as one below
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            yield ("line", line.rstrip("\n"))
+        code = proc.wait()
+        yield ("exit", 128 - code if code < 0 else code)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+_command_on_host = ray.remote(num_returns="streaming")(command_on_host)
+
+
+Printer = Callable[[HostContext, str], None]
+
+
+def run_command(spg: SlicePlacementGroup, command: str, on_line: Printer) -> list[HostResult]:
+    """Run the shell command line ``command`` on every host of ``spg`` and wait;
+    ``on_line`` gets each output line as it arrives. On Ctrl-C the commands are
+    cancelled (their process groups killed) before ``KeyboardInterrupt`` propagates.
+    Results are in rank order."""
+    started = time.monotonic()
+    streams = [
+        (context, _command_on_host.options(**options).remote(context.env(), command))
+        for context, options in placements(spg)
+    ]
+    results: list[HostResult | None] = [None] * len(streams)
+    threads = [
+        threading.Thread(
+            target=_follow,
+            args=(rank, context, stream, on_line, results, started),
+            name=f"tpuslice-run-{rank}",
+            daemon=True,
+        )
+        for rank, (context, stream) in enumerate(streams)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(timeout=0.1)
+    except KeyboardInterrupt:
+        for _, stream in streams:
+            ray.cancel(stream, force=False)
+        raise
+    return [r for r in results if r is not None]
+
+
+def _follow(
+    rank: int,
+    context: HostContext,
+    stream: Any,
+    on_line: Printer,
+    results: list[HostResult | None],
+    started: float,
+) -> None:
+    """Drain one host's stream into ``on_line``; record its exit code (or its error)."""
+    code, error = KILLED, ""
+    try:
+        for ref in stream:
+            kind, payload = ray.get(ref)
+            if kind == "line":
+                on_line(context, str(payload))
+            else:
+                code = int(payload)
+    except ray.exceptions.RayError as exc:
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+    results[rank] = HostResult(context, code, time.monotonic() - started, error)
+
+
+def worst_exit_code(results: Sequence[HostResult]) -> int:
+    """The exit code a ``--worker=all`` run reports: the largest, 0 only if all are 0."""
+    return max((r.exit_code for r in results), default=0)

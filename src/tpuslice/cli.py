@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -102,9 +103,11 @@ def connect(address: str | None) -> bool:
             "address 'local' would start a new Ray cluster; pass HOST:PORT of a running one, "
             "or leave --address out to find the one on this machine"
         )
+    if target != "auto":
+        _probe(target)
     try:
         # "auto" (not None): with no cluster found, None would start a new local one.
-        ray.init(address=address or "auto", log_to_driver=False, logging_level=logging.WARNING)
+        ray.init(address=target, log_to_driver=False, logging_level=logging.WARNING)
     except ConnectionError as exc:  # Ray's "no running instance" / "failed to connect"
         where = "on this machine" if target == "auto" else f"at {target}"
         raise NoClusterError(f"no running Ray cluster {where}; {NO_CLUSTER_HINT}") from exc
@@ -122,6 +125,19 @@ def connect_or_none(address: str | None) -> bool | None:
         if address or os.environ.get("RAY_ADDRESS"):
             raise
         return None
+
+
+def _probe(target: str, timeout: float = 3.0) -> None:
+    """Fail fast when nothing listens at ``target`` (Ray itself retries for minutes)."""
+    host, _, port = target.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"Ray address {target!r} is not valid: expected HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise NoClusterError(
+            f"no running Ray cluster at {target} ({exc}); {NO_CLUSTER_HINT}"
+        ) from exc
 
 
 @contextmanager
@@ -223,3 +239,7 @@ def _register_job_commands() -> None:
 
 
 _register_job_commands()
+
+
+if __name__ == "__main__":
+    main()

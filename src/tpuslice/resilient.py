@@ -5,11 +5,14 @@ runs ``fn`` on every host, and either returns all results or ends at the first f
 One loop (:func:`run_resilient`), one policy (:class:`RetryPolicy`, two budgets), one
 boundary that maps exceptions to outcomes (:func:`classify`, by type, never message text).
 Each attempt's reservation is shut down (the rest of its gang cancelled) before the next.
+Other runners (the CLI's shell commands) reuse the same loop with their own attempt body:
+``ResilientRun(body, SliceRequest(...), RetryPolicy(...)).until_done()``.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -191,12 +194,25 @@ EventCallback = Callable[[AttemptEvent], None]
 
 
 class GangBrokenError(Exception):
-    """Internal: a task of the gang failed; carries the outcome and a one-line cause."""
+    """Raised by an attempt body when the gang failed: the outcome and a one-line cause.
+    Chain the task's exception (``raise ... from exc``); the final error keeps it."""
 
     def __init__(self, outcome: Outcome, cause: str) -> None:
         super().__init__(cause)
         self.outcome = outcome
         self.cause = cause
+
+    @classmethod
+    def from_task(cls, spg: SlicePlacementGroup, rank: int, exc: BaseException) -> GangBrokenError:
+        """For the task of ``rank`` that raised ``exc``: classified, and named by host."""
+        host = host_contexts(spg)[rank]
+        where = f"rank {rank} ({host.slice_name} host {host.worker_id})"
+        return cls(classify(exc), f"{where}: {summarize(exc)}")
+
+
+AttemptBody = Callable[[SlicePlacementGroup], list[Any]]
+"""One attempt on a held reservation: the results in rank order, or
+:class:`GangBrokenError` at the first failed task. :func:`run_function` is the usual one."""
 
 
 @dataclass(frozen=True)
@@ -221,11 +237,9 @@ class SliceRequest:
 
 @dataclass
 class ResilientRun:
-    """State of one :func:`run_resilient` call: the request, the policy, the history."""
+    """One resilient run: an attempt body retried under a policy, with its history."""
 
-    fn: Any
-    args: Sequence[Any]
-    kwargs: Mapping[str, Any]
+    body: AttemptBody
     request: SliceRequest
     policy: RetryPolicy
     on_event: EventCallback | None = None
@@ -264,7 +278,7 @@ class ResilientRun:
             names = tuple(spg.slice_names)
             self.emit(AttemptEvent("started", number, names))
             try:
-                results = self.run_gang(spg)
+                results = self.body(spg)
             except GangBrokenError as broken:
                 failed, self.last_error = broken, broken.__cause__
             else:
@@ -273,28 +287,6 @@ class ResilientRun:
                 return results
         elapsed = self.clock.now() - started
         return AttemptRecord(number, names, spg.num_hosts, failed.outcome, failed.cause, elapsed)
-
-    def run_gang(self, spg: SlicePlacementGroup) -> list[Any]:
-        """Start ``fn`` on every host and collect results as tasks finish; raise
-        :class:`GangBrokenError` at the first task that fails."""
-        try:
-            refs = run_on_slice(
-                self.fn, *self.args, tpu_slice=spg, pg_ready_timeout_s=READY_BOUND_S, **self.kwargs
-            )
-        except ReservationTimeoutError as exc:  # a host died between reserving and starting
-            lost = HostLostError(f"a host of {', '.join(spg.slice_names)} died before the start")
-            raise GangBrokenError(Outcome.PREEMPTION, summarize(lost)) from exc
-        rank_of = {ref: rank for rank, ref in enumerate(refs)}
-        results: dict[int, Any] = {}
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=WAIT_SLICE_S)
-            for ref in ready:
-                try:
-                    results[rank_of[ref]] = ray.get(ref)
-                except RayError as exc:
-                    raise GangBrokenError(classify(exc), where(spg, rank_of[ref], exc)) from exc
-        return [results[rank] for rank in range(len(refs))]
 
     def report_failure(self, record: AttemptRecord, outcome: Outcome, decision: Decision) -> None:
         action = (
@@ -335,10 +327,27 @@ class ResilientRun:
             self.on_event(event)
 
 
-def where(spg: SlicePlacementGroup, rank: int, exc: BaseException) -> str:
-    """``rank 1 (v4-16-a host 1): ValueError: boom``: which task failed, and how."""
-    host = host_contexts(spg)[rank]
-    return f"rank {rank} ({host.slice_name} host {host.worker_id}): {summarize(exc)}"
+def run_function(
+    fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any], spg: SlicePlacementGroup
+) -> list[Any]:
+    """The attempt body of :func:`run_resilient`: start ``fn`` on every host, collect
+    results as tasks finish, raise :class:`GangBrokenError` at the first that fails."""
+    try:
+        refs = run_on_slice(fn, *args, tpu_slice=spg, pg_ready_timeout_s=READY_BOUND_S, **kwargs)
+    except ReservationTimeoutError as exc:  # a host died between reserving and starting
+        lost = HostLostError(f"a host of {', '.join(spg.slice_names)} died before the start")
+        raise GangBrokenError(Outcome.PREEMPTION, summarize(lost)) from exc
+    rank_of = {ref: rank for rank, ref in enumerate(refs)}
+    results: dict[int, Any] = {}
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=WAIT_SLICE_S)
+        for ref in ready:
+            try:
+                results[rank_of[ref]] = ray.get(ref)
+            except RayError as exc:
+                raise GangBrokenError.from_task(spg, rank_of[ref], exc) from exc
+    return [results[rank] for rank in range(len(refs))]
 
 
 def run_resilient(
@@ -369,5 +378,5 @@ def run_resilient(
     request = SliceRequest(
         topology, accelerator_version, num_slices, chips_per_vm, head_reservation_timeout_s
     )
-    run = ResilientRun(fn, args, kwargs, request, policy, on_event, _clock or Clock())
-    return run.until_done()
+    body = functools.partial(run_function, fn, args, kwargs)
+    return ResilientRun(body, request, policy, on_event, _clock or Clock()).until_done()

@@ -1,0 +1,124 @@
+"""`tpuslice run` and `tpuslice status` against the session's simulated cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from clusterutil import wait_for
+from tpuslice.cli import main
+from tpuslice.cli_jobs import _offer_simulator
+from tpuslice.testing import SimulatedCluster, SliceSpec, live_placement_groups
+
+pytestmark = pytest.mark.cluster
+
+
+def invoke(*args: str) -> click.testing.Result:
+    return CliRunner().invoke(main, list(args), env={"COLUMNS": "100"})
+
+
+def test_run_prefixes_lines_and_exits_with_the_worst_code(tpu_cluster: SimulatedCluster) -> None:
+    script = 'echo "rank=$TPUSLICE_RANK of $TPUSLICE_WORLD_SIZE"; exit $((TPUSLICE_RANK * 2))'
+    result = invoke(
+        "run", "--topology", "2x2x2", "--accelerator", "v4", "--slices", "2", "--", script
+    )
+    assert result.exit_code == 6, result.output
+    lines = [line for line in result.output.splitlines() if "rank=" in line]
+    assert len(lines) == 4
+    for line in lines:
+        prefix, _, text = line.partition(" ")
+        assert re.fullmatch(r"\[v4-16-[a-d]/[01]\]", prefix)
+        assert text.endswith("of 4")
+    assert "exit codes" in result.output
+    wait_for(lambda: not live_placement_groups(), timeout=5, what="slices released")
+
+
+def test_run_with_argv_words_quotes_them(tpu_cluster: SimulatedCluster) -> None:
+    result = invoke("run", "--topology", "2x2x2", "--accelerator", "v4", "--", "echo", "a b;c")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("a b;c") == 2
+
+
+def test_run_bad_topology_is_a_usage_error(tpu_cluster: SimulatedCluster) -> None:
+    result = invoke("run", "--topology", "3x3", "--accelerator", "v6e", "--", "true")
+    assert result.exit_code == 2
+    assert "did you mean '4x4'" in result.output
+
+
+def test_run_impossible_request_exits_1_with_the_reason(tpu_cluster: SimulatedCluster) -> None:
+    result = invoke("run", "--topology", "4x8", "--accelerator", "v6e", "--", "true")
+    assert result.exit_code == 1
+    assert "no v6e-32 4x8 slice" in result.output
+
+
+def test_without_a_cluster_and_no_tty_it_says_how_to_get_one() -> None:
+    with pytest.raises(click.ClickException, match="--simulate"):
+        _offer_simulator(SliceSpec("v6e", "4x4"), simulate=False)
+
+
+def test_status_json_on_the_live_cluster(tpu_cluster: SimulatedCluster) -> None:
+    result = invoke("status", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    names = {s["name"] for s in data["slices"]}
+    assert {"v4-16-a", "v6e-16-a", "v6e-8-a"} <= names
+
+
+def test_ctrl_c_cancels_the_commands_and_frees_the_slices(
+    tpu_cluster: SimulatedCluster, tmp_path: Path
+) -> None:
+    script = f"touch {tmp_path}/$TPUSLICE_RANK; exec sleep 6173"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tpuslice.cli",
+            "run",
+            "--address",
+            tpu_cluster.address,
+            "--topology",
+            "2x2x2",
+            "--accelerator",
+            "v4",
+            "--",
+            script,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: len(list(tmp_path.iterdir())) == 2, timeout=90, what="commands running")
+        assert _sleepers(), "the commands should be running"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    wait_for(lambda: not _sleepers(), timeout=20, what="the commands killed")
+    wait_for(lambda: not live_placement_groups(), timeout=10, what="slices released")
+
+
+def _sleepers() -> list[int]:
+    """Pids whose command line is our marker `sleep 6173` (read-only check)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmdline == b"sleep\x006173\x00":
+                found.append(int(entry))
+    return found

@@ -1,0 +1,331 @@
+"""classify, summarize, RetryPolicy and AttemptEvent without a Ray cluster: Ray's exception
+objects are built directly, as Ray builds them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from ray import exceptions as rex
+
+import tpuslice
+from tpuslice.errors import (
+    HostLostError,
+    InvalidArgumentError,
+    ReservationTimeoutError,
+    RetriesExhaustedError,
+    SliceShutdownError,
+)
+from tpuslice.reserve import Clock
+from tpuslice.resilient import (
+    AttemptEvent,
+    Decision,
+    GangBrokenError,
+    Outcome,
+    ResilientRun,
+    RetryPolicy,
+    classify,
+    summarize,
+)
+
+PREEMPTION, FAILURE = Outcome.PREEMPTION, Outcome.FAILURE
+
+
+def task_error(cause: BaseException) -> rex.RayTaskError:
+    """A RayTaskError as a worker makes it (ip/pid/proctitle given, so no Ray needed)."""
+    return rex.RayTaskError(
+        "train", "Traceback (most recent call last):\n  ...", cause, "ray::train", 1, "10.0.0.1"
+    )
+
+
+HOST_LOSS = {
+    "NodeDiedError": rex.NodeDiedError("node 1a2b died"),
+    "LocalRayletDiedError": rex.LocalRayletDiedError(),
+    "WorkerCrashedError": rex.WorkerCrashedError(),
+    "RayActorError": rex.RayActorError(),
+    "ActorDiedError": rex.ActorDiedError(),
+    "ActorUnavailableError": rex.ActorUnavailableError("connection lost", None),
+    "ObjectLostError": rex.ObjectLostError("ab" * 14, None, ""),
+    "OwnerDiedError": rex.OwnerDiedError("ab" * 14, None, ""),
+    "ObjectFetchTimedOutError": rex.ObjectFetchTimedOutError("ab" * 14, None, ""),
+    "TaskCancelledError": rex.TaskCancelledError(),
+    "HostLostError": HostLostError("host 1 of slice v4-16-a died"),
+}
+
+USER_FAILURE = {
+    "user ValueError": task_error(ValueError("boom")),
+    "user ValueError as Ray raises it": task_error(ValueError("boom")).as_instanceof_cause(),
+    "user KeyError": task_error(KeyError("k")).as_instanceof_cause(),
+    "actor __init__ raised": rex.ActorDiedError(task_error(RuntimeError("bad config"))),
+    "freed object": rex.ObjectFreedError("ab" * 14, None, ""),
+    "ref counting bug": rex.ReferenceCountingAssertionError("ab" * 14, None, ""),
+    "placement group removed": rex.TaskPlacementGroupRemoved(),
+    "unschedulable": rex.TaskUnschedulableError("no node"),
+    "system error": rex.RaySystemError("gcs"),
+    "plain RayError": rex.RayError(),
+    "our own error": SliceShutdownError("shut down"),
+    "unknown": RuntimeError("who knows"),
+    "interrupt": KeyboardInterrupt(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOST_LOSS))
+def test_host_loss_is_preemption(name: str) -> None:
+    assert classify(HOST_LOSS[name]) is PREEMPTION
+
+
+@pytest.mark.parametrize("name", sorted(USER_FAILURE))
+def test_user_and_unknown_errors_are_failures(name: str) -> None:
+    assert classify(USER_FAILURE[name]) is FAILURE
+
+
+@pytest.mark.parametrize("name", sorted(HOST_LOSS))
+def test_host_loss_seen_by_user_code_is_still_preemption(name: str) -> None:
+    """User code that ray.get()s a lost object re-raises a system error: Ray wraps it in a
+    RayTaskError, whose cause decides; twice wrapped (nested tasks) as well."""
+    wrapped = task_error(HOST_LOSS[name])
+    assert classify(wrapped) is PREEMPTION
+    assert classify(task_error(wrapped)) is PREEMPTION
+
+
+def test_nested_user_error_stays_a_failure() -> None:
+    assert classify(task_error(task_error(ValueError("deep")))) is FAILURE
+
+
+def test_classify_ignores_message_text() -> None:
+    """Text that a text-searching classifier would call a preemption is not one."""
+    assert classify(task_error(RuntimeError("NodeDiedError: node preempted"))) is FAILURE
+    assert classify(rex.NodeDiedError("user error")) is PREEMPTION
+
+
+def test_summarize_unwraps_task_errors_to_type_and_first_line() -> None:
+    error = task_error(ValueError("boom on rank 1\nmore detail")).as_instanceof_cause()
+    assert summarize(error) == "ValueError: boom on rank 1"
+    assert summarize(task_error(task_error(KeyError("k")))) == "KeyError: 'k'"
+    assert summarize(rex.NodeDiedError("\n  node 1a2b died\nsecond")) == (
+        "NodeDiedError: node 1a2b died"
+    )
+    assert summarize(rex.TaskCancelledError()) == "TaskCancelledError"
+
+
+# --- the retry policy ---------------------------------------------------------------------
+
+
+def test_each_outcome_uses_its_own_budget() -> None:
+    policy = RetryPolicy(max_retries_failure=2, max_retries_preemption=1)
+    assert policy.decide(FAILURE, {FAILURE: 1}).retry
+    assert policy.decide(FAILURE, {FAILURE: 2}).retry
+    assert not policy.decide(FAILURE, {FAILURE: 3}).retry
+    assert policy.decide(PREEMPTION, {PREEMPTION: 1, FAILURE: 2}).retry
+    assert not policy.decide(PREEMPTION, {PREEMPTION: 2, FAILURE: 1}).retry
+
+
+def test_default_policy_retries_host_loss_three_times_and_user_errors_never() -> None:
+    policy = RetryPolicy()
+    assert [policy.decide(PREEMPTION, {PREEMPTION: n}).retry for n in (1, 2, 3, 4)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    decision = policy.decide(FAILURE, {FAILURE: 1})
+    assert decision == Decision(False, 0.0, "failure budget of 0 retries used up")
+
+
+def test_reasons_say_which_budget() -> None:
+    policy = RetryPolicy(max_retries_failure=0, max_retries_preemption=1)
+    assert policy.decide(PREEMPTION, {PREEMPTION: 1}).reason == "preemption retry 1 of 1"
+    assert policy.decide(PREEMPTION, {PREEMPTION: 2}).reason == (
+        "preemption budget of 1 retry used up"
+    )
+
+
+def test_backoff_doubles_from_first_to_cap_over_all_retries() -> None:
+    policy = RetryPolicy(max_retries_failure=10, max_retries_preemption=10, backoff_s=(0.2, 1.0))
+    delays = [policy.decide(FAILURE, {FAILURE: n}).delay_s for n in range(1, 6)]
+    assert delays == pytest.approx([0.2, 0.4, 0.8, 1.0, 1.0])
+    mixed = policy.decide(PREEMPTION, {PREEMPTION: 1, FAILURE: 2})
+    assert mixed.delay_s == pytest.approx(0.8)  # third retry overall
+    assert RetryPolicy(backoff_s=(0.0, 0.0)).decide(PREEMPTION, {PREEMPTION: 1}).delay_s == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_retries_failure": -1},
+        {"max_retries_preemption": -2},
+        {"max_retries_failure": 1.5},
+        {"max_retries_preemption": True},
+        {"backoff_s": (2.0, 1.0)},
+        {"backoff_s": (-0.1, 1.0)},
+    ],
+)
+def test_bad_budgets_are_rejected_as_value_errors(kwargs: dict[str, object]) -> None:
+    with pytest.raises(InvalidArgumentError, match="must be") as info:
+        RetryPolicy(**kwargs)  # type: ignore[arg-type]
+    assert isinstance(info.value, ValueError)
+
+
+# --- events -------------------------------------------------------------------------------
+
+
+def test_events_are_frozen_and_describe_themselves() -> None:
+    failed = AttemptEvent(
+        "failed",
+        2,
+        ("v4-16-b",),
+        PREEMPTION,
+        "rank 1 (v4-16-b host 1): NodeDiedError: gone",
+        "retry in 0.4 s on whole idle slices (preemption retry 2 of 3)",
+        3.14,
+    )
+    assert failed.describe() == (
+        "attempt 2 on v4-16-b: failed after 3.1 s: preemption "
+        "(rank 1 (v4-16-b host 1): NodeDiedError: gone); "
+        "next: retry in 0.4 s on whole idle slices (preemption retry 2 of 3)"
+    )
+    assert AttemptEvent("started", 1, ("a", "b")).describe() == "attempt 1 on a, b: started"
+    giving_up = AttemptEvent("giving_up", 3, (), FAILURE, "failure budget of 2 retries used up")
+    assert giving_up.describe() == "attempt 3: giving up: failure budget of 2 retries used up"
+    with pytest.raises(AttributeError):
+        failed.attempt = 3  # type: ignore[misc]
+
+
+def test_public_names() -> None:
+    assert tpuslice.classify is classify
+    assert tpuslice.Outcome is Outcome
+    assert tpuslice.AttemptEvent is AttemptEvent
+    assert callable(tpuslice.run_resilient)
+    assert Outcome.PREEMPTION == "preemption"
+
+
+# --- bad input fails before anything is reserved (no Ray needed) --------------------------
+
+
+def test_run_resilient_checks_its_input_before_reserving() -> None:
+    import ray
+
+    @ray.remote
+    def work() -> int:
+        return 1
+
+    events: list[AttemptEvent] = []
+    with pytest.raises(TypeError, match=r"@ray\.remote"):
+        tpuslice.run_resilient(lambda: 1, topology="2x2x2", accelerator_version="v4")
+    with pytest.raises(InvalidArgumentError, match="max_retries_failure must be"):
+        tpuslice.run_resilient(
+            work, topology="2x2x2", accelerator_version="v4", max_retries_failure=-1
+        )
+    with pytest.raises(tpuslice.InvalidTopologyError):
+        tpuslice.run_resilient(
+            work, topology="3x3", accelerator_version="v6e", on_event=events.append
+        )
+    assert events == []
+
+
+# --- the loop, with a fake reservation (no Ray) -------------------------------------------
+
+
+class FakeSlices:
+    """Stands in for a SlicePlacementGroup: records when it is held and given back."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.slice_names, self.num_hosts, self.log = [name], 2, log
+
+    def __enter__(self) -> FakeSlices:
+        self.log.append(f"hold {self.slice_names[0]}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.log.append(f"release {self.slice_names[0]}")
+
+
+class FakeRequest:
+    def __init__(self, log: list[str], fail_on: int | None = None) -> None:
+        self.log, self.fail_on, self.count = log, fail_on, 0
+
+    def reserve(self) -> FakeSlices:
+        self.count += 1
+        if self.count == self.fail_on:
+            raise ReservationTimeoutError("no v4-16 within 5 s")
+        return FakeSlices(f"s{self.count}", self.log)
+
+
+def scripted_body(
+    outcomes: list[Exception | None], log: list[str]
+) -> Callable[[FakeSlices], list[str]]:
+    """An attempt body that fails with each exception in turn (None: succeeds)."""
+    script = iter(outcomes)
+
+    def body(spg: FakeSlices) -> list[str]:
+        log.append(f"run {spg.slice_names[0]}")
+        error = next(script)
+        if error is None:
+            return ["r0", "r1"]
+        raise GangBrokenError(classify(error), summarize(error)) from error
+
+    return body
+
+
+def test_loop_retries_per_budget_and_releases_before_each_retry() -> None:
+    log: list[str] = []
+    events: list[AttemptEvent] = []
+    errors = [rex.NodeDiedError("gone"), task_error(ValueError("bad")), None]
+    run = ResilientRun(
+        scripted_body(errors, log),
+        FakeRequest(log),  # type: ignore[arg-type]
+        RetryPolicy(max_retries_failure=1, max_retries_preemption=1),
+        events.append,
+        Clock(sleep=lambda s: log.append(f"sleep {s}")),
+    )
+    assert run.until_done() == ["r0", "r1"]
+    assert log == [
+        "hold s1", "run s1", "release s1", "sleep 0.2",
+        "hold s2", "run s2", "release s2", "sleep 0.4",
+        "hold s3", "run s3", "release s3",
+    ]  # fmt: skip
+    assert [(e.kind, e.outcome) for e in events] == [
+        ("started", None),
+        ("failed", PREEMPTION),
+        ("started", None),
+        ("failed", FAILURE),
+        ("started", None),
+        ("succeeded", None),
+    ]
+    assert [r.cause for r in run.history] == ["NodeDiedError: gone", "ValueError: bad"]
+
+
+def test_loop_gives_up_with_history_and_the_last_task_error_chained() -> None:
+    log: list[str] = []
+    last = task_error(KeyError("k"))
+    run = ResilientRun(
+        scripted_body([rex.WorkerCrashedError(), last], log),
+        FakeRequest(log),  # type: ignore[arg-type]
+        RetryPolicy(max_retries_failure=0, max_retries_preemption=5),
+        clock=Clock(sleep=lambda s: None),
+    )
+    with pytest.raises(RetriesExhaustedError, match="failure budget of 0 retries") as info:
+        run.until_done()
+    assert [(r.attempt, r.outcome, r.slice_names) for r in info.value.history] == [
+        (1, PREEMPTION, ("s1",)),
+        (2, FAILURE, ("s2",)),
+    ]
+    assert info.value.__cause__ is last
+    assert log[-1] == "release s2"
+
+
+def test_a_reservation_that_times_out_ends_the_run_with_its_own_error() -> None:
+    log: list[str] = []
+    events: list[AttemptEvent] = []
+    run = ResilientRun(
+        scripted_body([rex.NodeDiedError("gone")], log),
+        FakeRequest(log, fail_on=2),  # type: ignore[arg-type]
+        RetryPolicy(),
+        events.append,
+        Clock(sleep=lambda s: None),
+    )
+    with pytest.raises(ReservationTimeoutError, match="no v4-16"):
+        run.until_done()
+    assert events[-1].kind == "giving_up"
+    assert events[-1].cause == "could not reserve: ReservationTimeoutError: no v4-16 within 5 s"
+    assert len(run.history) == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,6 +51,10 @@ def init_jax_profiler(port: int | None = None) -> None:
         logger.warning("JAX is not installed; the JAX profiler was not started")
         return
     chosen = _profiler_port(port)
+    busy = port_in_use(chosen)
+    if busy:
+        logger.error("could not start the JAX profiler on port %d: %s", chosen, busy)
+        return
     try:
         jax.profiler.start_server(chosen)
     except (RuntimeError, ValueError, OSError) as exc:  # jaxlib reports a busy port so
@@ -57,6 +62,18 @@ def init_jax_profiler(port: int | None = None) -> None:
         return
     logger.info("JAX profiler server listening on port %d", chosen)
     register_profiler_port(chosen)
+
+
+def port_in_use(port: int) -> str | None:
+    """Why ``port`` cannot be bound, or ``None`` if it can. jaxlib only logs a busy port
+    (and then listens nowhere), so we check first, binding as gRPC does (all addresses)."""
+    family, host = (socket.AF_INET6, "::") if socket.has_ipv6 else (socket.AF_INET, "")
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, port))
+    except OSError as exc:
+        return str(exc)
+    return None
 
 
 def register_profiler_port(port: int) -> str | None:

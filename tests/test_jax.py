@@ -1,0 +1,141 @@
+"""JAX helpers with real JAX (on CPU): lazy import, distributed init from the slice
+context, the profiler registration the Ray dashboard reads."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+
+import pytest
+import ray
+
+import tpuslice
+import tpuslice.jax as tjax
+from clusterutil import wait_for
+from tpuslice import _ray
+from tpuslice.run import HostContext
+from tpuslice.testing import SimulatedCluster
+
+jax = pytest.importorskip("jax")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_import_tpuslice_does_not_import_jax() -> None:
+    code = "import sys, tpuslice, tpuslice.jax; print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_distributed_args_come_from_the_slice_context() -> None:
+    context = HostContext(
+        rank=3,
+        world_size=4,
+        slice_index=1,
+        num_slices=2,
+        slice_name="v4-16-b",
+        worker_id=1,
+        hosts_per_slice=2,
+        coordinator_address="10.0.0.7",
+    )
+    assert tjax.distributed_args(context.env(), port=1234) == {
+        "coordinator_address": "10.0.0.7:1234",
+        "num_processes": 4,
+        "process_id": 3,
+    }
+
+
+def test_coordinator_env_vars_match_ray() -> None:
+    assert tpuslice.get_tpu_coordinator_env_vars("10.0.0.7", 2, 1) == {
+        "MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.7",
+        "MEGASCALE_PORT": "8081",
+        "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_SLICE_ID": "1",
+    }
+
+
+def test_profiler_without_jax_warns_and_returns(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "jax", None)  # makes `import jax` raise ImportError
+    with caplog.at_level(logging.WARNING, logger="tpuslice.jax"):
+        tpuslice.init_jax_profiler(9999)
+    assert "JAX is not installed" in caplog.text
+
+
+def test_profiler_port_in_use_is_logged_not_raised(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    registered: list[int] = []
+    monkeypatch.setattr(tjax, "register_profiler_port", registered.append)
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with caplog.at_level(logging.ERROR, logger="tpuslice.jax"):
+            tpuslice.init_jax_profiler(port)
+    assert f"could not start the JAX profiler on port {port}" in caplog.text
+    assert registered == []
+
+
+def spmd_allgather(port: int) -> tuple[int, int, float]:
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    tjax.initialize(port=port)
+    try:
+        import jax.numpy as jnp
+        from jax.experimental import multihost_utils
+
+        host = tpuslice.current_host()
+        total = multihost_utils.process_allgather(jnp.array([float(host.rank + 1)])).sum()
+        return host.rank, jax.process_count(), float(total)
+    finally:
+        jax.distributed.shutdown()
+
+
+@pytest.mark.cluster
+def test_multi_host_jax_run_on_the_simulator(tpu_cluster: SimulatedCluster) -> None:
+    """Every host joins one jax.distributed job from the slice context; all agree."""
+    step = ray.remote(spmd_allgather)
+    results = ray.get(
+        tpuslice.run_on_slice(step, free_port(), topology="2x2x2", accelerator_version="v4"),
+        timeout=180,
+    )
+    assert results == [(0, 2, 3.0), (1, 2, 3.0)]
+
+
+def profiled_host_class() -> type:
+    """Defined in a function so Ray pickles it by value (workers cannot import tests)."""
+
+    class ProfiledHost:
+        def start(self, port: int) -> tuple[str, int]:
+            import os
+
+            tpuslice.init_jax_profiler(port)
+            return _ray.current_node_id(), os.getpid()
+
+        def leave(self) -> None:
+            ray.actor.exit_actor()
+
+    return ProfiledHost
+
+
+@pytest.mark.cluster
+def test_profiler_key_is_registered_and_removed_at_exit(tpu_cluster: SimulatedCluster) -> None:
+    namespace = _ray.dashboard_kv_namespace()
+    actor = ray.remote(num_cpus=0)(profiled_host_class()).remote()
+    port = free_port()
+    node_id, pid = ray.get(actor.start.remote(port), timeout=120)
+    key = tjax.profiler_key(node_id, pid)
+    assert _ray.kv_get(key, namespace) == str(port).encode()
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(actor.leave.remote(), timeout=60)
+    wait_for(lambda: _ray.kv_get(key, namespace) is None, timeout=30, what="key removed")

@@ -28,7 +28,8 @@ from tpuslice.errors import InvalidArgumentError, TPUSliceError
 from tpuslice.reserve import SlicePlacementGroup
 from tpuslice.run import HostContext, current_host, run_on_slice
 from tpuslice.shell import HostResult, run_command, worst_exit_code
-from tpuslice.testing.simulated import SimulatedCluster, SliceSpec, live_placement_groups
+from tpuslice.testing.checks import live_placement_groups
+from tpuslice.testing.simulated import SimulatedCluster, SliceSpec
 
 console = Console()
 err_console = Console(stderr=True)

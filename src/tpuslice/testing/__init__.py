@@ -4,15 +4,17 @@
 pytest plugin (loaded automatically) offers ``simulated_cluster`` and ``tpu_cluster``.
 """
 
+from tpuslice.testing.checks import (
+    assert_no_placement_groups,
+    live_placement_groups,
+    remove_placement_groups,
+)
 from tpuslice.testing.simulated import (
     SimulatedCluster,
     SimulatedHost,
     SimulatedSlice,
     SimulatorError,
     SliceSpec,
-    assert_no_placement_groups,
-    live_placement_groups,
-    remove_placement_groups,
 )
 
 __all__ = [

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tpuslice.testing.simulated import SimulatedCluster, assert_no_placement_groups
+from tpuslice.testing.checks import assert_no_placement_groups
+from tpuslice.testing.simulated import SimulatedCluster
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

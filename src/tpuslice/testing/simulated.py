@@ -13,10 +13,8 @@ idle-worker soft limit kills warm workers), and node-death detection is tightene
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import string
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -30,6 +28,7 @@ from ray.cluster_utils import Cluster
 from tpuslice import _ray
 from tpuslice.errors import InvalidArgumentError, TPUSliceError
 from tpuslice.labels import HOST_ENV_VARS, host_env, host_labels, host_resources
+from tpuslice.testing.procs import descendants, pid_alive, sigkill
 from tpuslice.topology import SliceShape, slice_shape
 
 logger = logging.getLogger(__name__)
@@ -212,7 +211,7 @@ class SimulatedCluster:
 
     def leftover_pids(self) -> set[int]:
         """Pids this cluster ever had that are still alive (empty after a clean shutdown)."""
-        return {pid for pid in self._known_pids | self.pids() if _pid_alive(pid)}
+        return {pid for pid in self._known_pids | self.pids() if pid_alive(pid)}
 
     # --- faults and growth -------------------------------------------------------------
 
@@ -243,7 +242,7 @@ class SimulatedCluster:
         doomed = descendants(_ray.node_process_pids(host.node))
         self._known_pids |= doomed
         for pid in doomed:  # workers first: a VM's processes all die at once
-            _sigkill(pid)
+            sigkill(pid)
         self._cluster.remove_node(host.node, allow_graceful=False)
         host.node = None
 
@@ -387,79 +386,3 @@ def _check_driver_env(env: Sequence[str] = HOST_ENV_VARS) -> None:
             f"{', '.join(leaked)} set in this process; simulated hosts would inherit it. "
             "Unset it before starting a SimulatedCluster."
         )
-
-
-def _sigkill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def descendants(pids: Iterable[int]) -> set[int]:
-    """The given pids and every live process below them (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    found: set[int] = set()
-    todo = list(pids)
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, []))
-    return found
-
-
-def live_placement_groups() -> list[dict[str, Any]]:
-    """Placement groups of the connected cluster that are not removed."""
-    table = ray.util.placement_group_table()
-    return [pg for pg in table.values() if pg.get("state") != "REMOVED"]
-
-
-def assert_no_placement_groups(timeout: float = 10.0) -> None:
-    """Fail if any placement group is still alive after a bounded wait; removes the
-    leftovers first so one leaky test does not fail the ones after it."""
-    deadline = time.monotonic() + timeout
-    while (live := live_placement_groups()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if not live:
-        return
-    from ray.util.placement_group import PlacementGroup, remove_placement_group
-
-    for pg in live:
-        remove_placement_group(
-            PlacementGroup(ray.PlacementGroupID.from_hex(pg["placement_group_id"]))
-        )
-    described = "; ".join(
-        f"{pg['placement_group_id'][:12]} {pg['state']} bundles={list(pg['bundles'].values())}"
-        for pg in live
-    )
-    raise AssertionError(f"{len(live)} placement group(s) left behind: {described}")
-
-
-def remove_placement_groups(groups: Iterable[dict[str, Any]] | None = None) -> int:
-    """Remove the given placement-group table rows (default: every live one); return how
-    many. For cleaning up after code that leaks, such as Ray 2.60's one-shot run_on_slice."""
-    from ray.util.placement_group import PlacementGroup, remove_placement_group
-
-    rows = list(live_placement_groups() if groups is None else groups)
-    for row in rows:
-        remove_placement_group(
-            PlacementGroup(ray.PlacementGroupID.from_hex(row["placement_group_id"]))
-        )
-    return len(rows)

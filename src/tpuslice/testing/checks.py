@@ -1,0 +1,49 @@
+"""Checks for tests that use a (simulated) cluster: no placement group left behind."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import ray
+
+
+def live_placement_groups() -> list[dict[str, Any]]:
+    """Placement groups of the connected cluster that are not removed."""
+    table = ray.util.placement_group_table()
+    return [pg for pg in table.values() if pg.get("state") != "REMOVED"]
+
+
+def assert_no_placement_groups(timeout: float = 10.0) -> None:
+    """Fail if any placement group is still alive after a bounded wait; removes the
+    leftovers first so one leaky test does not fail the ones after it."""
+    deadline = time.monotonic() + timeout
+    while (live := live_placement_groups()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not live:
+        return
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    for pg in live:
+        remove_placement_group(
+            PlacementGroup(ray.PlacementGroupID.from_hex(pg["placement_group_id"]))
+        )
+    described = "; ".join(
+        f"{pg['placement_group_id'][:12]} {pg['state']} bundles={list(pg['bundles'].values())}"
+        for pg in live
+    )
+    raise AssertionError(f"{len(live)} placement group(s) left behind: {described}")
+
+
+def remove_placement_groups(groups: Iterable[dict[str, Any]] | None = None) -> int:
+    """Remove the given placement-group table rows (default: every live one); return how
+    many. For cleaning up after code that leaks, such as Ray 2.60's one-shot run_on_slice."""
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    rows = list(live_placement_groups() if groups is None else groups)
+    for row in rows:
+        remove_placement_group(
+            PlacementGroup(ray.PlacementGroupID.from_hex(row["placement_group_id"]))
+        )
+    return len(rows)

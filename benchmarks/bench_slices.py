@@ -89,6 +89,13 @@ def whoami() -> HostResult:
     return os.environ.get("TPU_NAME", ""), int(os.environ.get("TPU_WORKER_ID", "-1")), os.getpid()
 
 
+@ray.remote
+def ping() -> int:
+    """Starts a worker process on a host; a different function from the timed one, so
+    every path's timed call ships and loads its function the same way."""
+    return os.getpid()
+
+
 class BenchError(RuntimeError):
     """The benchmark could not run as designed."""
 
@@ -292,9 +299,11 @@ def fresh_driver(setup: Setup, path: str) -> Sample:
         "--slice-name",
         setup.names[0],
     ]
+    started = now()
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False
     )
+    SETTLING.child_walls.append(now() - started)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = "\n".join(done.stderr.splitlines()[-15:])
@@ -328,7 +337,7 @@ def warm_hosts(times: int) -> None:
     ]
     for _ in range(times):
         affinity = [NodeAffinitySchedulingStrategy(node, soft=False) for node in nodes]
-        ray.get([whoami.options(num_cpus=0, scheduling_strategy=s).remote() for s in affinity])
+        ray.get([ping.options(num_cpus=0, scheduling_strategy=s).remote() for s in affinity])
 
 
 def warm_paths(setup: Setup) -> None:
@@ -361,6 +370,8 @@ class Settling:
 
     waits: list[float] = field(default_factory=list)
     cleanups: list[str] = field(default_factory=list)
+    child_walls: list[float] = field(default_factory=list)
+    """Whole life of each fresh driver process (start, connect, warm, call, exit)."""
 
 
 SETTLING = Settling()
@@ -406,7 +417,7 @@ def operations(setup: Setup) -> list[Operation]:
     ops = [
         Operation(
             f"reserve-{n}",
-            f"reserve {n} slice{'s' if n > 1 else ''} (ready)",
+            f"reserve {n} slice{'s' if n > 1 else ''}",
             {
                 "floor": lambda n=n: floor_reserve(setup, n),
                 "ray": lambda n=n: ray_reserve(setup, n),
@@ -420,12 +431,12 @@ def operations(setup: Setup) -> list[Operation]:
     ops += [
         Operation(
             "one-shot",
-            "one-shot run, this driver",
+            "one-shot, this driver",
             {path: lambda path=path: ONE_SHOT_HERE[path](setup) for path in PATHS},
         ),
         Operation(
             "one-shot-fresh",
-            "one-shot run, fresh driver",
+            "one-shot, fresh driver",
             {path: lambda path=path: fresh_driver(setup, path) for path in PATHS},
             cold=False,
         ),
@@ -640,6 +651,20 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+COLUMNS = (
+    "operation",
+    "path",
+    "cold",
+    "min",
+    "median",
+    "max",
+    "x floor",
+    "x Ray",
+    "pids/host",
+    "in order",
+)
+
+
 def render(table: Sequence[Row], found: Sequence[Target], info: dict[str, Any]) -> Table:
     out = Table(
         title=(
@@ -648,10 +673,8 @@ def render(table: Sequence[Row], found: Sequence[Target], info: dict[str, Any]) 
         ),
         title_justify="left",
     )
-    for column in ("operation", "path", "cold", "min", "median", "max", "x floor", "x Ray"):
+    for column in COLUMNS:
         out.add_column(column, justify="left" if column in ("operation", "path") else "right")
-    out.add_column("pids/host", justify="right")
-    out.add_column("in order", justify="right")
     previous = ""
     for row in table:
         pids = f"{row.pids_per_host}/{row.calls_per_host}" if row.pids_per_host else "-"
@@ -710,6 +733,9 @@ def report_json(
         "samples_ms": samples,
         "settle_ms_median": round(statistics.median(SETTLING.waits) * 1000, 1),
         "cleanups": SETTLING.cleanups,
+        "fresh_driver_wall_s_median": (
+            round(statistics.median(SETTLING.child_walls), 2) if SETTLING.child_walls else None
+        ),
         "notes": list(NOTES),
     }
 
@@ -767,7 +793,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(report_json(records, table, found, info), indent=2))
         return
-    console = Console()
+    console = Console(width=max(Console().width, 124))
     console.print(render(table, found, info))
     for line in (*verdicts(found), *NOTES):
         console.print(line, highlight=False)

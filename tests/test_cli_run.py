@@ -122,3 +122,26 @@ def _sleepers() -> list[int]:
             if cmdline == b"sleep\x006173\x00":
                 found.append(int(entry))
     return found
+
+
+def test_run_retries_a_failed_gang_until_it_succeeds(
+    tpu_cluster: SimulatedCluster, tmp_path: Path
+) -> None:
+    script = (
+        f"if [ -e {tmp_path}/tried.$TPUSLICE_RANK ]; then echo second-try; "
+        f"else touch {tmp_path}/tried.$TPUSLICE_RANK; exit 5; fi"
+    )
+    result = invoke(
+        "run", "--topology", "2x2x2", "--accelerator", "v4", "--retries", "1", "--", script
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.count("second-try") == 2
+    assert "exit code 5" in result.output  # the failed attempt, as the event reported it
+
+
+def test_run_retries_exhausted_reports_the_attempts(tpu_cluster: SimulatedCluster) -> None:
+    result = invoke(
+        "run", "--topology", "2x2x2", "--accelerator", "v4", "--retries", "1", "--", "exit 4"
+    )
+    assert result.exit_code == 4
+    assert "gave up after 2 failed attempt(s)" in result.output

@@ -24,8 +24,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from tpuslice import cluster, status
-from tpuslice.errors import InvalidArgumentError, TPUSliceError
+from tpuslice.errors import InvalidArgumentError, RetriesExhaustedError, TPUSliceError
 from tpuslice.reserve import SlicePlacementGroup
+from tpuslice.resilient import (
+    AttemptEvent,
+    GangBrokenError,
+    Outcome,
+    ResilientRun,
+    RetryPolicy,
+    SliceRequest,
+)
 from tpuslice.run import HostContext, current_host, run_on_slice
 from tpuslice.shell import HostResult, run_command, worst_exit_code
 from tpuslice.testing.checks import live_placement_groups
@@ -131,6 +139,13 @@ def _status_line_until_interrupted(interval: float = 1.0) -> None:
 @click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
 @click.option("--simulate", is_flag=True, help="Without a cluster, start a simulated one.")
 @click.option("--timeout", default=100.0, type=float, show_default=True, help="Reservation s.")
+@click.option(
+    "--retries",
+    default=0,
+    type=click.IntRange(min=0),
+    show_default=True,
+    help="Rerun the whole gang on fresh slices up to N times after a host loss or a failure.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
     topology: str,
@@ -139,6 +154,7 @@ def run(
     address: str | None,
     simulate: bool,
     timeout: float,
+    retries: int,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND on every host of NUM slices; exit with the worst exit code.
@@ -159,7 +175,8 @@ def run(
             if ours is None:
                 sim = _offer_simulator(shape_spec, simulate)
                 sim.connect()
-            code = _run_everywhere(topology, accelerator, num_slices, timeout, command)
+            request = SliceRequest(topology, accelerator, num_slices, None, timeout)
+            code = _run_everywhere(request, command, retries)
         except KeyboardInterrupt:
             err_console.print("[yellow]interrupted[/yellow]: commands cancelled, slices freed")
             code = 130
@@ -183,21 +200,44 @@ def _offer_simulator(spec: SliceSpec, simulate: bool) -> SimulatedCluster:
     return start_simulator([spec])
 
 
-def _run_everywhere(
-    topology: str, accelerator: str, num_slices: int, timeout: float, command: tuple[str, ...]
-) -> int:
+def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: int) -> int:
+    """Run the command through the resilient-run loop (``retries`` = 0: one attempt);
+    print the last attempt's exit codes; return the worst."""
+    # One argument is a shell command line (as with gcloud --command); several are argv.
+    text = command[0] if len(command) == 1 else shlex.join(command)
+    last: list[HostResult] = []
+
+    def attempt(spg: SlicePlacementGroup) -> list[HostResult]:
+        last[:] = run_command(spg, text, _print_line())
+        raise_if_broken(spg, last)
+        return last
+
+    policy = RetryPolicy(max_retries_failure=retries, max_retries_preemption=retries)
+    on_event = _show_event if retries else None
     try:
-        spg = SlicePlacementGroup(
-            topology, accelerator, num_slices=num_slices, head_reservation_timeout_s=timeout
-        )
+        ResilientRun(attempt, request, policy, on_event).until_done()
+    except RetriesExhaustedError as exc:
+        if retries:
+            err_console.print(f"[red]{escape(str(exc))}[/red]")
     except TPUSliceError as exc:
         raise click.ClickException(str(exc)) from exc
-    with spg:
-        # One argument is a shell command line (as with gcloud --command); several are argv.
-        text = command[0] if len(command) == 1 else shlex.join(command)
-        results = run_command(spg, text, _print_line())
-    console.print(_summary(results))
-    return worst_exit_code(results)
+    console.print(_summary(last))
+    return worst_exit_code(last)
+
+
+def raise_if_broken(spg: SlicePlacementGroup, results: list[HostResult]) -> None:
+    """Turn a lost host or a non-zero exit code into the resilient loop's signal."""
+    for result in results:
+        if result.exception is not None:
+            raise GangBrokenError.from_task(spg, result.context.rank, result.exception)
+    worst = worst_exit_code(results)
+    if worst:
+        ranks = [r.context.rank for r in results if r.exit_code]
+        raise GangBrokenError(Outcome.FAILURE, f"exit code {worst} (ranks {ranks})")
+
+
+def _show_event(event: AttemptEvent) -> None:
+    err_console.print(f"[yellow]{escape(event.describe())}[/yellow]")
 
 
 def _print_line() -> Callable[[HostContext, str], None]:

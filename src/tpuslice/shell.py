@@ -32,6 +32,8 @@ class HostResult:
     exit_code: int
     seconds: float
     error: str = ""
+    exception: BaseException | None = None
+    """The Ray error that ended the host's task (host lost, cancelled), if any."""
 
 
 def command_on_host(env: dict[str, str], command: str) -> Iterator[tuple[str, str | int]]:
@@ -69,19 +71,25 @@ Printer = Callable[[HostContext, str], None]
 
 def run_command(spg: SlicePlacementGroup, command: str, on_line: Printer) -> list[HostResult]:
     """Run the shell command line ``command`` on every host of ``spg`` and wait;
-    ``on_line`` gets each output line as it arrives. On Ctrl-C the commands are
-    cancelled (their process groups killed) before ``KeyboardInterrupt`` propagates.
+    ``on_line`` gets each output line as it arrives. If a host is lost, the other hosts'
+    commands are cancelled (an SPMD gang cannot go on without it). On Ctrl-C all are
+    cancelled (process groups killed) before ``KeyboardInterrupt`` propagates.
     Results are in rank order."""
     started = time.monotonic()
     streams = [
         (context, _command_on_host.options(**options).remote(context.env(), command))
         for context, options in placements(spg)
     ]
+
+    def cancel_all() -> None:
+        for _, stream in streams:
+            ray.cancel(stream, force=False)
+
     results: list[HostResult | None] = [None] * len(streams)
     threads = [
         threading.Thread(
             target=_follow,
-            args=(rank, context, stream, on_line, results, started),
+            args=(rank, context, stream, on_line, results, started, cancel_all),
             name=f"tpuslice-run-{rank}",
             daemon=True,
         )
@@ -94,8 +102,7 @@ def run_command(spg: SlicePlacementGroup, command: str, on_line: Printer) -> lis
             while thread.is_alive():
                 thread.join(timeout=0.1)
     except KeyboardInterrupt:
-        for _, stream in streams:
-            ray.cancel(stream, force=False)
+        cancel_all()
         raise
     return [r for r in results if r is not None]
 
@@ -107,9 +114,11 @@ def _follow(
     on_line: Printer,
     results: list[HostResult | None],
     started: float,
+    on_lost: Callable[[], None],
 ) -> None:
-    """Drain one host's stream into ``on_line``; record its exit code (or its error)."""
-    code, error = KILLED, ""
+    """Drain one host's stream into ``on_line``; record its exit code, or the error that
+    ended it (then ``on_lost`` stops the rest of the gang)."""
+    code, error, lost = KILLED, "", None
     try:
         for ref in stream:
             kind, payload = ray.get(ref)
@@ -118,8 +127,11 @@ def _follow(
             else:
                 code = int(payload)
     except ray.exceptions.RayError as exc:
+        lost = exc
         error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
-    results[rank] = HostResult(context, code, time.monotonic() - started, error)
+    results[rank] = HostResult(context, code, time.monotonic() - started, error, lost)
+    if lost is not None and not isinstance(lost, ray.exceptions.TaskCancelledError):
+        on_lost()
 
 
 def worst_exit_code(results: Sequence[HostResult]) -> int:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import itertools
 import json
 import logging
 import os
@@ -411,6 +412,8 @@ class Operation:
     """Entered around a round's calls (the held slices); else each call settles alone."""
     cold: bool = True
     """Whether the cold round runs it (a fresh driver's every call is its first)."""
+    passes: int = 2
+    """Samples per path per round (all paths, interleaved); more where a call is cheap."""
 
 
 def operations(setup: Setup) -> list[Operation]:
@@ -439,8 +442,9 @@ def operations(setup: Setup) -> list[Operation]:
             "one-shot, fresh driver",
             {path: lambda path=path: fresh_driver(setup, path) for path in PATHS},
             cold=False,
+            passes=1,
         ),
-        Operation("held", "call on a held slice", held.calls(), hold=held, cold=False),
+        Operation("held", "call on a held slice", held.calls(), hold=held, cold=False, passes=5),
     ]
     return ops
 
@@ -464,9 +468,11 @@ class Record:
 Records = dict[tuple[str, str], Record]
 
 
-def run_round(setup: Setup, op: Operation, order: Sequence[str], keep: Callable[..., None]) -> None:
+def run_round(
+    setup: Setup, op: Operation, order: Sequence[str], keep: Callable[..., None], passes: int
+) -> None:
     with op.hold if op.hold is not None else nullcontext():
-        for path in order:
+        for _, path in itertools.product(range(passes), order):
             gc.collect()
             sample = op.calls[path]()
             keep(op.key, path, sample)
@@ -495,14 +501,14 @@ def run_all(setup: Setup, rounds: int, progress: Callable[[str], None]) -> Recor
     progress("cold round: the first call of each path in this driver")
     for op in ops:
         if op.cold:
-            run_round(setup, op, PATHS, keep_cold)
+            run_round(setup, op, PATHS, keep_cold, passes=1)
     progress("warming every path on every host")
     warm_paths(setup)
     for r in range(rounds):
         progress(f"round {r + 1}/{rounds}")
         order = PATHS[r % len(PATHS) :] + PATHS[: r % len(PATHS)]
         for op in ops:
-            run_round(setup, op, order, keep)
+            run_round(setup, op, order, keep, op.passes)
     return records
 
 
@@ -514,7 +520,7 @@ class Row:
     op: str
     title: str
     path: str
-    rounds: int
+    samples: int
     cold_ms: float | None
     min_ms: float
     median_ms: float
@@ -561,7 +567,7 @@ def rows(records: Records) -> list[Row]:
                 op=op,
                 title=record.title,
                 path=path,
-                rounds=len(ms),
+                samples=len(ms),
                 cold_ms=record.cold.seconds * 1000 if record.cold else None,
                 min_ms=min(ms),
                 median_ms=statistics.median(ms),
@@ -654,6 +660,7 @@ def _ms(value: float | None) -> str:
 COLUMNS = (
     "operation",
     "path",
+    "n",
     "cold",
     "min",
     "median",
@@ -669,7 +676,8 @@ def render(table: Sequence[Row], found: Sequence[Target], info: dict[str, Any]) 
     out = Table(
         title=(
             f"{info['slices']} x {info['generation']} {info['topology']} slices "
-            f"({info['hosts']} simulated hosts), median of {table[0].rounds} rounds; ms"
+            f"({info['hosts']} simulated hosts), {info['rounds']} interleaved rounds; "
+            "n samples per path; ms"
         ),
         title_justify="left",
     )
@@ -681,6 +689,7 @@ def render(table: Sequence[Row], found: Sequence[Target], info: dict[str, Any]) 
         out.add_row(
             row.title if row.title != previous else "",
             row.path,
+            str(row.samples),
             _ms(row.cold_ms),
             _ms(row.min_ms),
             _ms(row.median_ms),
@@ -699,7 +708,10 @@ NOTES = (
     "x floor: median / the floor's median for the same operation; x Ray: ours / Ray's.",
     "cold: the first call of each path in this driver (worker processes already started).",
     "pids/host: most distinct worker pids one host showed / calls per host (1 = one warm "
-    "process reused; fresh drivers excluded).",
+    "process reused; fresh drivers excluded). in order: calls whose results came back in "
+    "TPU worker order.",
+    "n: samples per path, from every round (2 per round; 5 for held-slice calls, 1 for fresh "
+    "drivers).",
     "Ray's one-shot run_on_slice keeps its slice until the driver exits: in this driver the "
     "benchmark removes the leaked group after each call (untimed); 'fresh driver' runs every "
     "call of every path in a new driver process (it first runs a plain task per host so its "

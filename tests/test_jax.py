@@ -7,6 +7,7 @@ import logging
 import socket
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import ray
@@ -84,27 +85,32 @@ def test_profiler_port_in_use_is_logged_not_raised(
     assert registered == []
 
 
-def spmd_allgather(port: int) -> tuple[int, int, float]:
-    import jax
+def spmd_allgather_function() -> Any:
+    """Made in a function so Ray pickles it by value (workers cannot import tests)."""
 
-    jax.config.update("jax_platforms", "cpu")
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    tjax.initialize(port=port)
-    try:
-        import jax.numpy as jnp
-        from jax.experimental import multihost_utils
+    def spmd_allgather(port: int) -> tuple[int, int, float]:
+        import jax
 
-        host = tpuslice.current_host()
-        total = multihost_utils.process_allgather(jnp.array([float(host.rank + 1)])).sum()
-        return host.rank, jax.process_count(), float(total)
-    finally:
-        jax.distributed.shutdown()
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        tjax.initialize(port=port)
+        try:
+            import jax.numpy as jnp
+            from jax.experimental import multihost_utils
+
+            host = tpuslice.current_host()
+            total = multihost_utils.process_allgather(jnp.array([float(host.rank + 1)])).sum()
+            return host.rank, jax.process_count(), float(total)
+        finally:
+            jax.distributed.shutdown()
+
+    return spmd_allgather
 
 
 @pytest.mark.cluster
 def test_multi_host_jax_run_on_the_simulator(tpu_cluster: SimulatedCluster) -> None:
     """Every host joins one jax.distributed job from the slice context; all agree."""
-    step = ray.remote(spmd_allgather)
+    step = ray.remote(spmd_allgather_function())
     results = ray.get(
         tpuslice.run_on_slice(step, free_port(), topology="2x2x2", accelerator_version="v4"),
         timeout=180,

@@ -86,33 +86,28 @@ def current_host(environ: Mapping[str, str] | None = None) -> HostContext:
     return HostContext(**values)
 
 
-def apply_env(env: Mapping[str, str]) -> dict[str, str | None]:
-    """Set ``env`` (dropping stale ``MEGASCALE_*`` it does not set); return what to restore."""
-    keys = set(env) | set(MEGASCALE_VARS)
-    saved = {k: os.environ.get(k) for k in keys}
-    for key in MEGASCALE_VARS:
-        os.environ.pop(key, None)
-    os.environ.update(env)
-    return saved
-
-
-def restore_env(saved: Mapping[str, str | None]) -> None:
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
 def _with_context(function: Callable[..., Any]) -> Callable[..., Any]:
-    """The user's function, called with the slice context in ``os.environ``."""
+    """The user's function, called with the slice context in ``os.environ`` (stale
+    ``MEGASCALE_*`` the context does not set are dropped; all is restored after).
+
+    The wrapper refers to no tpuslice function, only ``os`` and a tuple, so Ray ships it
+    by value and a host's worker runs it without importing tpuslice: on the first call of
+    a job that import took 50-110 ms per worker process (benchmarks/RESULTS.md).
+    """
 
     def run_in_context(__tpuslice_env: dict[str, str], *args: Any, **kwargs: Any) -> Any:
-        saved = apply_env(__tpuslice_env)
+        saved = {key: os.environ.get(key) for key in {*__tpuslice_env, *MEGASCALE_VARS}}
+        for key in MEGASCALE_VARS:
+            os.environ.pop(key, None)
+        os.environ.update(__tpuslice_env)
         try:
             return function(*args, **kwargs)
         finally:
-            restore_env(saved)
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     # Keep the user's name for Ray's task listings; no __wrapped__, so Ray checks the
     # arguments against this signature (context first), not the user's.

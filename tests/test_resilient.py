@@ -18,7 +18,7 @@ import ray
 import tpuslice
 from clusterutil import hold_host, wait_for
 from tpuslice import AttemptEvent, Outcome
-from tpuslice.reserve import Clock
+from tpuslice.claim import Clock
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
 pytestmark = pytest.mark.cluster

@@ -9,6 +9,7 @@ import pytest
 from ray import exceptions as rex
 
 import tpuslice
+from tpuslice.claim import Clock
 from tpuslice.errors import (
     HostLostError,
     InvalidArgumentError,
@@ -16,7 +17,6 @@ from tpuslice.errors import (
     RetriesExhaustedError,
     SliceShutdownError,
 )
-from tpuslice.reserve import Clock
 from tpuslice.resilient import (
     AttemptEvent,
     Decision,

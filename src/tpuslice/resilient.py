@@ -33,6 +33,7 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
+from tpuslice.claim import Clock
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import (
     AttemptRecord,
@@ -41,8 +42,8 @@ from tpuslice.errors import (
     ReservationTimeoutError,
     RetriesExhaustedError,
 )
-from tpuslice.reserve import Clock, SlicePlacementGroup
-from tpuslice.run import _check_args, host_contexts, run_on_slice
+from tpuslice.reserve import SlicePlacementGroup
+from tpuslice.run import check_run_args, host_contexts, run_on_slice
 
 logger = logging.getLogger(__name__)
 
@@ -373,7 +374,7 @@ def run_resilient(
     Raises :class:`~tpuslice.RetriesExhaustedError` (``history`` lists every attempt)
     when a budget runs out; a reservation that times out ends the run with its error.
     """
-    _check_args(fn, None, None)
+    check_run_args(fn, None, None)
     policy = RetryPolicy(max_retries_failure, max_retries_preemption, backoff_s)
     request = SliceRequest(
         topology, accelerator_version, num_slices, chips_per_vm, head_reservation_timeout_s

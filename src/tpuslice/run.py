@@ -160,7 +160,7 @@ def host_contexts(spg: SlicePlacementGroup) -> list[HostContext]:
     return contexts
 
 
-def _check_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
+def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
     if not hasattr(fn, "options") or not hasattr(fn, "remote"):
         raise TypeError(
             f"fn must be a @ray.remote-decorated function, but got {type(fn).__name__!r} "
@@ -239,7 +239,7 @@ def run_on_slice(
     With ``tpu_slice`` the caller's reservation is used and never shut down. Without it,
     a slice is reserved and given back as soon as every task has finished (or any failed).
     """
-    _check_args(fn, tpu_slice, slice_index)
+    check_run_args(fn, tpu_slice, slice_index)
     if tpu_slice is None:
         if topology is None or accelerator_version is None:
             raise InvalidArgumentError(

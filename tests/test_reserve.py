@@ -321,3 +321,39 @@ def test_reserve_tpu_slice_claims_an_idle_head(tpu_cluster: SimulatedCluster) ->
             assert name in V4_SLICES and name != "v4-16-a"
         finally:
             ray.util.remove_placement_group(head)
+
+
+def test_waiting_request_is_visible_to_the_autoscaler_and_adopts_the_new_slice(
+    tpu_cluster: SimulatedCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a cluster that can grow, a request for a shape it lacks waits with a pending
+    head claim (the autoscaler's signal) and takes the slice that arrives."""
+    monkeypatch.setenv("TPUSLICE_CLUSTER_CAN_GROW", "1")
+    got: dict[str, object] = {}
+
+    def reserve() -> None:  # in a thread: the simulator must add nodes from the main one
+        try:
+            with tpuslice.SlicePlacementGroup("2x2x1", "v4", head_reservation_timeout_s=90) as spg:
+                got["names"] = spg.slice_names
+                got["hosts"] = [s["TPU_NAME"] for s in run_everywhere(spg)]
+        except tpuslice.TPUSliceError as exc:
+            got["error"] = exc
+
+    def pending_demand() -> bool:
+        return any(
+            {"TPU-v4-8-head": 1.0} in pg["bundles"].values() and pg["state"] == "PENDING"
+            for pg in live_placement_groups()
+        )
+
+    thread = threading.Thread(target=reserve)
+    thread.start()
+    name = None
+    try:
+        wait_for(pending_demand, timeout=30, what="a pending head claim")
+        name = tpu_cluster.add_slice("v4", "2x2x1")
+        thread.join(timeout=90)
+    finally:
+        thread.join(timeout=90)
+        if name:
+            tpu_cluster.remove_slice(name)
+    assert got == {"names": [name], "hosts": [name]}

@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group
 
 from tpuslice import _ray
 from tpuslice.cluster import ClusterSnapshot, SliceInfo, read_snapshot
+from tpuslice.demand import AutoscalerDemand
 from tpuslice.errors import InsufficientSlicesError, ReservationTimeoutError
+from tpuslice.groups import remove_group, wait_all
 from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice.plan import ReservationPlan, explain, pick_slices, shortage
 
@@ -60,26 +61,6 @@ class Reservation:
     combined_pg: PlacementGroup | None = None
 
 
-def remove_group(pg: PlacementGroup | None) -> None:
-    """Remove a placement group; a group already gone is fine (idempotent)."""
-    if pg is None:
-        return
-    try:
-        remove_placement_group(pg)
-    except (ValueError, ray.exceptions.RaySystemError) as exc:  # already removed / cluster gone
-        logger.debug("placement group %s already removed: %s", pg.id.hex(), exc)
-
-
-def wait_all(pgs: Sequence[PlacementGroup], timeout: float) -> list[bool]:
-    """Wait until every group is placed or ``timeout`` passes; return which are ready."""
-    if not pgs:
-        return []
-    refs = [pg.ready() for pg in pgs]
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, timeout))
-    done = set(ready)
-    return [ref in done for ref in refs]
-
-
 class Reserver:
     """Claims slices for one plan; on any failure or interrupt, removes all it made."""
 
@@ -95,6 +76,14 @@ class Reserver:
         self.clock = clock
         self.heads_only = heads_only
         self.claims: dict[int, Claim] = {}
+        self.demand: AutoscalerDemand | None = None
+        self._can_grow: bool | None = None
+
+    def can_grow(self) -> bool:
+        """Whether the cluster has an autoscaler (read once per reservation)."""
+        if self._can_grow is None:
+            self._can_grow = _ray.cluster_can_grow()
+        return self._can_grow
 
     def run(self) -> Reservation:
         started = self.clock.now()
@@ -105,7 +94,9 @@ class Reserver:
                 snapshot = read_snapshot(self.plan.tpu_resource_per_chip)
                 self._drop_broken(snapshot)
                 self._claim(snapshot)
+                self._follow_demand(snapshot)
                 if len(self.claims) == self.plan.num_slices:
+                    self._end_demand()
                     reservation = (
                         Reservation([self.claims[i] for i in sorted(self.claims)])
                         if self.heads_only
@@ -113,10 +104,10 @@ class Reserver:
                     )
                     if reservation is not None:
                         return reservation
-                    continue
+                    self._check_deadline(deadline, snapshot, started)
+                    continue  # retry placing at once: the failed wait was the pause
                 self._check_possible(snapshot)
-                if deadline is not None and self.clock.now() >= deadline:
-                    raise self._timeout_error(snapshot, started)
+                self._check_deadline(deadline, snapshot, started)
                 wait = pause if deadline is None else min(pause, deadline - self.clock.now())
                 self.clock.sleep(max(0.0, wait))
                 pause = min(pause * 2, POLL_S[1])
@@ -125,6 +116,7 @@ class Reserver:
             raise
 
     def release_all(self) -> None:
+        self._end_demand()
         for claim in self.claims.values():
             remove_group(claim.worker_pg)
             remove_group(claim.head_pg)
@@ -159,6 +151,34 @@ class Reserver:
             else:
                 logger.info("head of %s was taken meanwhile; trying another", claim.slice_name)
                 remove_group(claim.head_pg)
+
+    def _follow_demand(self, snapshot: ClusterSnapshot) -> None:
+        """On a cluster that can grow, keep the missing slices visible to the autoscaler
+        and adopt the idle slices its demand groups land on."""
+        missing = self.plan.num_slices - len(self.claims)
+        if not missing or self.plan.pinned_slice_name(0) or not self.can_grow():
+            return
+        if self.demand is None:
+            self.demand = AutoscalerDemand(self.plan)
+        for group, target in self.demand.landed(snapshot):
+            free = [i for i in range(self.plan.num_slices) if i not in self.claims]
+            claimed = {c.slice_name for c in self.claims.values()}
+            idle = target.chips_free == target.chips_total and not target.missing_workers
+            if (
+                free
+                and idle
+                and target.name not in claimed
+                and target.matches(self.plan.shape, self.plan.tpu_resource_per_chip)
+            ):
+                self.claims[free[0]] = Claim(free[0], target, head_pg=group)
+            else:
+                remove_group(group)
+        self.demand.keep(self.plan.num_slices - len(self.claims))
+
+    def _end_demand(self) -> None:
+        if self.demand is not None:
+            self.demand.release()
+            self.demand = None
 
     def _head_group(self, target: SliceInfo) -> PlacementGroup:
         selector = {SLICE_NAME_LABEL: target.name, WORKER_ID_LABEL: "0"}
@@ -224,17 +244,29 @@ class Reserver:
     def _check_possible(self, snapshot: ClusterSnapshot) -> None:
         """Fail at once if the cluster lacks the slices and cannot grow to have them."""
         reason = shortage(snapshot, self.plan)
-        if reason and not _ray.cluster_can_grow():
+        if reason and not self.can_grow():
             raise InsufficientSlicesError(
                 f"cannot reserve {self.plan.describe()}: {reason}; "
                 f"{explain(snapshot, self.plan)}. The cluster has no autoscaler, so waiting "
                 "would not help: add slices, or ask for fewer"
             )
 
+    def _check_deadline(
+        self, deadline: float | None, snapshot: ClusterSnapshot, started: float
+    ) -> None:
+        if deadline is not None and self.clock.now() >= deadline:
+            raise self._timeout_error(snapshot, started)
+
     def _timeout_error(self, snapshot: ClusterSnapshot, started: float) -> ReservationTimeoutError:
         waited = self.clock.now() - started
+        unplaced = (
+            f"; their worker bundles ({dict(self.plan.bundle_resources)}) did not place: check "
+            "resources_per_bundle and bundle_label_selector against the hosts"
+            if len(self.claims) == self.plan.num_slices
+            else ""
+        )
         return ReservationTimeoutError(
             f"no {self.plan.describe()} within {waited:.0f} s: {explain(snapshot, self.plan)}; "
-            f"holding {len(self.claims)} of {self.plan.num_slices}. Wait for work to finish, "
-            "or pass a longer head_reservation_timeout_s"
+            f"holding {len(self.claims)} of {self.plan.num_slices}{unplaced}. Wait for work "
+            "to finish, or pass a longer head_reservation_timeout_s"
         )

@@ -117,14 +117,9 @@ def simulate(slice_texts: tuple[str, ...]) -> None:
 def _status_line_until_interrupted(interval: float = 1.0) -> None:
     with err_console.status("") as line:
         while True:
-            snap = cluster.read_snapshot()
-            counts = {state: 0 for state in cluster.SliceState}
-            for info in snap.slices.values():
-                counts[info.state] += 1
             line.update(
-                f"{len(snap.slices)} slices: "
-                + ", ".join(f"{n} {state.value}" for state, n in counts.items())
-                + f"; {len(live_placement_groups())} placement group(s) — Ctrl-C to stop"
+                f"{status.summary_line(cluster.read_snapshot())}; "
+                f"{len(live_placement_groups())} placement group(s) — Ctrl-C to stop"
             )
             time.sleep(interval)
 

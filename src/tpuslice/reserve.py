@@ -16,10 +16,11 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from tpuslice.claim import Clock, Reservation, Reserver, remove_group, wait_all
+from tpuslice.claim import Clock, Reservation, Reserver
 from tpuslice.cluster import SliceInfo
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import InvalidArgumentError, SliceShutdownError
+from tpuslice.groups import remove_group, wait_all
 from tpuslice.labels import SLICE_NAME_LABEL
 from tpuslice.plan import ReservationPlan, plan_reservation
 
@@ -278,12 +279,14 @@ def reserve_tpu_slice(
         return None
     selector: list[Mapping[str, str]] | None = None
     plan = plan_reservation(topology, accelerator_type)
+    if not plan.needs_head_claim:  # checked before waiting for a slice, not after
+        raise InvalidArgumentError(
+            f"{plan.shape.pod_type} is a single-host slice; it has no head to claim: "
+            "reserve it with SlicePlacementGroup instead"
+        )
     if slice_name:
         selector = [{SLICE_NAME_LABEL: slice_name}] * plan.num_bundles
         plan = plan_reservation(topology, accelerator_type, bundle_label_selector=selector)
     claim = Reserver(plan, timeout_s, Clock(), heads_only=True).run().claims[0]
-    if claim.head_pg is None:
-        raise InvalidArgumentError(
-            f"{plan.shape.pod_type} is a single-host slice; it has no head to claim"
-        )
+    assert claim.head_pg is not None  # multi-host claims always hold their head
     return claim.slice_name, claim.head_pg

@@ -311,9 +311,16 @@ class Releaser:
                 self.pending.clear()
                 continue
             refs = [ref for job in self.pending for ref in job.remaining]
-            ready, _ = ray.wait(refs, num_returns=1, timeout=0.2, fetch_local=False)
-            if ready:
-                self._settle(set(ready))
+            try:
+                ready, _ = ray.wait(refs, num_returns=1, timeout=0.2, fetch_local=False)
+                if ready:
+                    self._settle(set(ready))
+            except (ray.exceptions.RayError, ConnectionError) as exc:
+                # The cluster went away under us: nothing is left to give back.
+                logger.warning(
+                    "one-shot releaser stopped tracking %d run(s): %s", len(self.pending), exc
+                )
+                self.pending.clear()
 
     def _take_new(self, block: bool) -> None:
         try:

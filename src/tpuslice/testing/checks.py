@@ -23,12 +23,7 @@ def assert_no_placement_groups(timeout: float = 10.0) -> None:
         time.sleep(0.05)
     if not live:
         return
-    from ray.util.placement_group import PlacementGroup, remove_placement_group
-
-    for pg in live:
-        remove_placement_group(
-            PlacementGroup(ray.PlacementGroupID.from_hex(pg["placement_group_id"]))
-        )
+    remove_placement_groups(live)
     described = "; ".join(
         f"{pg['placement_group_id'][:12]} {pg['state']} bundles={list(pg['bundles'].values())}"
         for pg in live

@@ -27,7 +27,14 @@ from ray.cluster_utils import Cluster
 
 from tpuslice import _ray
 from tpuslice.errors import InvalidArgumentError, TPUSliceError
-from tpuslice.labels import HOST_ENV_VARS, host_env, host_labels, host_resources
+from tpuslice.labels import (
+    HOST_ENV_VARS,
+    SLICE_NAME_LABEL,
+    WORKER_ID_LABEL,
+    host_env,
+    host_labels,
+    host_resources,
+)
 from tpuslice.testing.procs import descendants, pid_alive, sigkill
 from tpuslice.topology import SliceShape, slice_shape
 
@@ -373,8 +380,7 @@ def _suffixes() -> Iterable[str]:
 def _is_host(node: dict[str, Any], slice_name: str, worker_id: int) -> bool:
     labels = node.get("Labels") or {}
     return bool(
-        labels.get("ray.io/tpu-slice-name") == slice_name
-        and labels.get("ray.io/tpu-worker-id") == str(worker_id)
+        labels.get(SLICE_NAME_LABEL) == slice_name and labels.get(WORKER_ID_LABEL) == str(worker_id)
     )
 
 

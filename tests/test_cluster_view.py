@@ -25,6 +25,8 @@ from tpuslice.cluster import (
     SliceInfo,
     SliceState,
     build_snapshot,
+)
+from tpuslice.slices import (
     get_num_ready_tpu_slices,
     get_num_tpu_slices,
     get_tpu_nodes_for_slice,

@@ -14,10 +14,6 @@ from tpuslice.cluster import (
     HostState,
     SliceInfo,
     SliceState,
-    get_num_ready_tpu_slices,
-    get_num_tpu_slices,
-    get_tpu_nodes_for_slice,
-    get_tpu_slice_name_from_node,
     read_snapshot,
 )
 from tpuslice.compat import (
@@ -55,6 +51,12 @@ from tpuslice.node import (
 from tpuslice.reserve import SlicePlacementGroup, reserve_tpu_slice, slice_placement_group
 from tpuslice.resilient import AttemptEvent, Outcome, classify, run_resilient
 from tpuslice.run import HostContext, current_host, dispatch, run_on_slice
+from tpuslice.slices import (
+    get_num_ready_tpu_slices,
+    get_num_tpu_slices,
+    get_tpu_nodes_for_slice,
+    get_tpu_slice_name_from_node,
+)
 from tpuslice.topology import GENERATIONS, Generation, SliceShape, parse_pod_type, slice_shape
 
 __version__ = "0.1.0"

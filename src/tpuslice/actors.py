@@ -9,18 +9,17 @@ dead actor into a :class:`~tpuslice.errors.HostLostError` naming the host.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tpuslice.errors import HostLostError, InvalidArgumentError, SliceShutdownError
-from tpuslice.reserve import SlicePlacementGroup
+from tpuslice.reserve import ShutsDownOnExit, SlicePlacementGroup
 from tpuslice.run import MEGASCALE_VARS, HostContext, host_contexts
 
 
-class SliceActorGroup:
+class SliceActorGroup(ShutsDownOnExit):
     """Actors of ``actor_cls`` on every bundle of ``tpu_slice``, in rank order.
 
     With ``owns_slice=True`` (the default when you pass topology arguments to
@@ -112,17 +111,6 @@ class SliceActorGroup:
             ray.kill(actor, no_restart=True)
         if self.owns_slice:
             self.slice.shutdown()
-
-    def __enter__(self) -> SliceActorGroup:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.shutdown()
 
 
 def _actor_env(context: HostContext) -> dict[str, str]:

@@ -179,7 +179,7 @@ def build_snapshot(
     return ClusterSnapshot(slices, taken_at if taken_at is not None else time.time())
 
 
-def _labels(node: NodeRecord) -> Mapping[str, str]:
+def node_labels_of(node: NodeRecord) -> Mapping[str, str]:
     labels: Mapping[str, str] = node.get("Labels") or {}
     return labels
 
@@ -192,7 +192,7 @@ def _resources(node: NodeRecord) -> Mapping[str, float]:
 def _slice_key(node: NodeRecord) -> str | None:
     """The slice a node belongs to: its slice-name label, else (a single-host TPU VM
     without one) its node id. ``None`` for nodes that are not TPU hosts."""
-    labels = _labels(node)
+    labels = node_labels_of(node)
     if labels.get(SLICE_NAME_LABEL):
         return labels[SLICE_NAME_LABEL]
     if labels.get(POD_TYPE_LABEL) and _resources(node).get(TPU_RESOURCE):
@@ -280,7 +280,7 @@ def _classify(
 ) -> SliceInfo:
     """Pick the live node per worker id, then decide READY / BUSY / BROKEN and why."""
     reference = _first_alive(members)
-    labels = _labels(reference)
+    labels = node_labels_of(reference)
     pod_type, topology = labels.get(POD_TYPE_LABEL), labels.get(TOPOLOGY_LABEL)
     claimed = _shape_of(pod_type, topology, _chips_per_host(reference, per_chip))
     head = claimed.head_resource if claimed else None
@@ -374,49 +374,3 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     """Read the connected cluster: one ``ray.nodes()`` and one available-resources call."""
     per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
     return build_snapshot(ray.nodes(), _ray.available_resources_per_node(), per_chip)
-
-
-# --- Ray 2.60 drop-in functions ----------------------------------------------------------
-
-
-def get_tpu_slice_name_from_node(node: dict[str, Any]) -> str | None:
-    """The slice-name label of a ``ray.nodes()`` record, or ``None``."""
-    return _labels(node).get(SLICE_NAME_LABEL)
-
-
-def get_tpu_nodes_for_slice(
-    slice_name: str, nodes: list[dict[str, Any]] | None = None
-) -> list[dict[str, Any]]:
-    """Alive nodes of the slice; ``[]`` when Ray is not initialised and no nodes are given."""
-    if nodes is None:
-        if not ray.is_initialized():
-            return []
-        nodes = ray.nodes()
-    return [n for n in nodes if n.get("Alive") and get_tpu_slice_name_from_node(n) == slice_name]
-
-
-def _count(
-    topology: str, accelerator_type: str, per_chip: int | None, states: set[SliceState]
-) -> int:
-    if not ray.is_initialized():
-        return 0
-    shape = slice_shape(topology, accelerator_type)
-    resolved = resolve_resource_per_chip(per_chip)
-    snapshot = read_snapshot(resolved)
-    return sum(1 for s in snapshot.matching(shape, resolved) if s.state in states)
-
-
-def get_num_ready_tpu_slices(
-    topology: str, accelerator_type: str, tpu_resource_per_chip: int | None = None
-) -> int:
-    """Slices of this shape that are whole and idle (every TPU free); 0 without Ray."""
-    return _count(topology, accelerator_type, tpu_resource_per_chip, {SliceState.READY})
-
-
-def get_num_tpu_slices(
-    topology: str, accelerator_type: str, tpu_resource_per_chip: int | None = None
-) -> int:
-    """Slices of this shape that are whole (idle or busy); 0 without Ray."""
-    return _count(
-        topology, accelerator_type, tpu_resource_per_chip, {SliceState.READY, SliceState.BUSY}
-    )

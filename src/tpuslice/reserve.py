@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 from ray.util.placement_group import PlacementGroup
@@ -24,8 +24,28 @@ from tpuslice.groups import remove_group, wait_all
 from tpuslice.labels import SLICE_NAME_LABEL
 from tpuslice.plan import ReservationPlan, plan_reservation
 
+_T = TypeVar("_T", bound="ShutsDownOnExit")
 
-class SlicePlacementGroup:
+
+class ShutsDownOnExit:
+    """``with obj:`` calls ``obj.shutdown()`` on the way out, whatever happened."""
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _T) -> _T:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+
+class SlicePlacementGroup(ShutsDownOnExit):
     """A reservation of ``num_slices`` whole TPU slices (Ray 2.60 ``SlicePlacementGroup``).
 
     The constructor returns once every slice is claimed and every worker bundle placed,
@@ -223,17 +243,6 @@ class SlicePlacementGroup:
         for claim in reservation.claims:
             remove_group(claim.worker_pg)
             remove_group(claim.head_pg)
-
-    def __enter__(self) -> SlicePlacementGroup:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.shutdown()
 
     def __repr__(self) -> str:
         state = "shut down" if self.is_shut_down else ", ".join(self.slice_names)

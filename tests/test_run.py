@@ -193,7 +193,7 @@ def test_errors_match_ray(tpu_cluster: SimulatedCluster) -> None:
 
 
 def test_current_host_outside_a_task_says_so() -> None:
-    with pytest.raises(tpuslice.SliceShutdownError, match="inside a task"):
+    with pytest.raises(tpuslice.NotConnectedError, match="inside a task"):
         tpuslice.current_host({})
 
 

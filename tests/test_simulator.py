@@ -222,3 +222,14 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_slice_name_suffixes_never_repeat() -> None:
+    from itertools import islice
+
+    from tpuslice.testing.simulated import _suffixes
+
+    names = list(islice(_suffixes(), 800))
+    assert names[:3] == ["a", "b", "c"] and names[26] == "aa" and names[701] == "zz"
+    assert names[702] == "aaa"
+    assert len(set(names)) == 800

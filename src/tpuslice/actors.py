@@ -14,6 +14,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import HostLostError, InvalidArgumentError, SliceShutdownError
 from tpuslice.reserve import ShutsDownOnExit, SlicePlacementGroup
 from tpuslice.run import MEGASCALE_VARS, HostContext, host_contexts
@@ -67,10 +68,19 @@ class SliceActorGroup(ShutsDownOnExit):
         topology: str,
         accelerator_version: str,
         num_slices: int = 1,
+        chips_per_vm: int | None = None,
+        head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
         **kwargs: Any,
     ) -> SliceActorGroup:
-        """Reserve slices and start the group; :meth:`shutdown` gives them back."""
-        spg = SlicePlacementGroup(topology, accelerator_version, num_slices=num_slices)
+        """Reserve slices and start the group (``kwargs`` go to the actor constructor);
+        :meth:`shutdown` gives the slices back."""
+        spg = SlicePlacementGroup(
+            topology,
+            accelerator_version,
+            num_slices=num_slices,
+            chips_per_vm=chips_per_vm,
+            head_reservation_timeout_s=head_reservation_timeout_s,
+        )
         try:
             return cls(actor_cls, spg, *args, owns_slice=True, **kwargs)
         except BaseException:

@@ -133,7 +133,13 @@ def _status_line_until_interrupted(interval: float = 1.0) -> None:
 @click.option("--slices", "num_slices", default=1, type=click.IntRange(min=1), show_default=True)
 @click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
 @click.option("--simulate", is_flag=True, help="Without a cluster, start a simulated one.")
-@click.option("--timeout", default=100.0, type=float, show_default=True, help="Reservation s.")
+@click.option(
+    "--timeout",
+    default=100.0,
+    type=click.FloatRange(min=0),
+    show_default=True,
+    help="Seconds to wait for idle slices.",
+)
 @click.option(
     "--retries",
     default=0,

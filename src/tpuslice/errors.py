@@ -62,6 +62,11 @@ class SliceShutdownError(TPUSliceError, RuntimeError):
     """The slice was shut down (or is being shut down) while work was placed on it."""
 
 
+class NotConnectedError(TPUSliceError, RuntimeError):
+    """Ray is not initialised (reserving needs a cluster), or there is no slice context
+    (``current_host()`` outside a task started by tpuslice)."""
+
+
 class HostLostError(TPUSliceError, RuntimeError):
     """A host of a slice died or became unreachable while it ran our work."""
 

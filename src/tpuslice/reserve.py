@@ -19,7 +19,7 @@ from ray.util.placement_group import PlacementGroup
 from tpuslice.claim import Clock, Reservation, Reserver
 from tpuslice.cluster import SliceInfo
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
-from tpuslice.errors import InvalidArgumentError, SliceShutdownError
+from tpuslice.errors import InvalidArgumentError, NotConnectedError, SliceShutdownError
 from tpuslice.groups import remove_group, wait_all
 from tpuslice.labels import SLICE_NAME_LABEL
 from tpuslice.plan import ReservationPlan, plan_reservation
@@ -86,7 +86,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
             tpu_resource_per_chip,
         )
         if not ray.is_initialized():
-            raise SliceShutdownError(
+            raise NotConnectedError(
                 "Ray is not initialised: call ray.init(address=...) before reserving slices "
                 "(or use tpuslice.testing.SimulatedCluster)"
             )

@@ -28,7 +28,11 @@ from tpuslice.compat import (
     DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
     get_tpu_coordinator_env_vars,
 )
-from tpuslice.errors import InvalidArgumentError, ReservationTimeoutError, SliceShutdownError
+from tpuslice.errors import (
+    InvalidArgumentError,
+    NotConnectedError,
+    ReservationTimeoutError,
+)
 from tpuslice.reserve import SlicePlacementGroup
 
 logger = logging.getLogger(__name__)
@@ -78,7 +82,7 @@ def current_host(environ: Mapping[str, str] | None = None) -> HostContext:
     for name, kind in HostContext.__annotations__.items():
         raw = environ.get(f"{ENV_PREFIX}{name.upper()}")
         if raw is None:
-            raise SliceShutdownError(
+            raise NotConnectedError(
                 "no slice context here: current_host() works inside a task started by "
                 "tpuslice.run_on_slice or a SliceActorGroup actor"
             )

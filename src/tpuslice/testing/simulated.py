@@ -13,6 +13,7 @@ idle-worker soft limit kills warm workers), and node-death detection is tightene
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import string
@@ -368,13 +369,10 @@ class SimulatedCluster:
 
 
 def _suffixes() -> Iterable[str]:
-    """a, b, ..., z, aa, ab, ... (readable, unique slice-name suffixes)."""
-    letters = string.ascii_lowercase
-    yield from letters
-    n = 0
-    while True:
-        yield letters[n // 26 % 26] + letters[n % 26]
-        n += 1
+    """a, b, ..., z, aa, ab, ..., zz, aaa, ... (readable, unique, unbounded)."""
+    for length in itertools.count(1):
+        for letters in itertools.product(string.ascii_lowercase, repeat=length):
+            yield "".join(letters)
 
 
 def _is_host(node: dict[str, Any], slice_name: str, worker_id: int) -> bool:

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from tpuslice import node
+from tpuslice import metadata, node
 from tpuslice.errors import InvalidArgumentError
-from tpuslice.node import HostTPUInfo, MetadataClient
+from tpuslice.metadata import MetadataClient
+from tpuslice.node import HostTPUInfo
 
 PREFIX = "/computeMetadata/v1/instance/attributes/"
 GCE_ATTRIBUTES = {
@@ -289,10 +290,10 @@ def test_budget_is_total_across_keys(serve: Callable[..., FakeMetadataServer]) -
     ("base_url", "timeout_s"),
     [
         ("metadata.google.internal/computeMetadata", 0.5),
-        (node.METADATA_URL, -1),
-        (node.METADATA_URL, math.nan),
-        (node.METADATA_URL, math.inf),
-        (node.METADATA_URL, "0.5"),
+        (metadata.METADATA_URL, -1),
+        (metadata.METADATA_URL, math.nan),
+        (metadata.METADATA_URL, math.inf),
+        (metadata.METADATA_URL, "0.5"),
     ],
 )
 def test_client_rejects_bad_arguments(base_url: str, timeout_s: float) -> None:

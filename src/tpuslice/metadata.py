@@ -1,0 +1,113 @@
+"""The GCE metadata server, asked with one short time budget so it never hangs off GCP.
+
+Only the standard library; requests bypass any HTTP proxy (the server is link-local), and a
+reply without ``Metadata-Flavor: Google`` (a captive portal) is not believed.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import math
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from tpuslice.errors import InvalidArgumentError
+
+logger = logging.getLogger("tpuslice.node")
+
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+METADATA_FLAVOR = ("Metadata-Flavor", "Google")
+DEFAULT_METADATA_TIMEOUT_S = 0.5
+_MAX_METADATA_BYTES = 1 << 16
+
+# The metadata server is link-local: never send its requests through an HTTP(S)_PROXY.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class MetadataClient:
+    """Reads GCE instance attributes within one total time budget of ``timeout_s``.
+
+    Off GCP the name does not resolve or nothing answers: the first such failure, or the
+    budget running out, makes every later ``get`` return None at once. Each request runs
+    in a daemon thread so that slow DNS, which urllib's timeout does not bound, cannot
+    stretch the budget. Answers are cached; ``timeout_s=0`` never touches the network.
+    """
+
+    def __init__(
+        self,
+        base_url: str = METADATA_URL,
+        timeout_s: float = DEFAULT_METADATA_TIMEOUT_S,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not str(base_url).startswith(("http://", "https://")):
+            raise InvalidArgumentError(
+                f"metadata base_url must be an http(s) URL such as {METADATA_URL!r}, "
+                f"got {base_url!r}"
+            )
+        if not isinstance(timeout_s, (int, float)) or not 0 <= timeout_s < math.inf:
+            raise InvalidArgumentError(f"timeout_s must be finite seconds >= 0, got {timeout_s!r}")
+        self.base_url = base_url if base_url.endswith("/") else base_url + "/"
+        self.timeout_s = float(timeout_s)
+        self._clock = clock  # measures the budget; injectable like all time in tpuslice
+        self._deadline: float | None = None
+        self._reachable = True
+        self._answers: dict[str, str | None] = {}
+
+    def get(self, key: str) -> str | None:
+        """The attribute's text, stripped; None if missing, empty, unreadable or out of time."""
+        if key not in self._answers:
+            self._answers[key] = self._fetch(key)
+        return self._answers[key]
+
+    def _fetch(self, key: str) -> str | None:
+        """One GET in a daemon thread, waited on for what is left of the budget."""
+        now = self._clock()
+        if self._deadline is None:
+            self._deadline = now + self.timeout_s
+        remaining = self._deadline - now
+        if not self._reachable or remaining <= 0:
+            return None
+        url = self.base_url + key
+        replies: list[tuple[str | None, bool]] = []
+        worker = threading.Thread(
+            target=lambda: replies.append(_http_get(url, remaining)), daemon=True
+        )
+        worker.start()
+        worker.join(remaining)
+        if not replies:
+            logger.debug("metadata %s: no answer within the %.2fs budget", url, self.timeout_s)
+            self._reachable = False
+            return None
+        text, self._reachable = replies[0]
+        return text
+
+
+def _http_get(url: str, timeout: float) -> tuple[str | None, bool]:
+    """GET one metadata URL: (its text or None, whether a metadata server answered).
+
+    A 200 without the ``Metadata-Flavor: Google`` reply header is a captive portal or
+    proxy, not the metadata server: its pages must not become slice names.
+    """
+    request = urllib.request.Request(url, headers=dict([METADATA_FLAVOR]))
+    try:
+        with _OPENER.open(request, timeout=timeout) as response:
+            if response.headers.get(METADATA_FLAVOR[0]) != METADATA_FLAVOR[1]:
+                logger.debug("metadata %s: reply lacks Metadata-Flavor: Google", url)
+                return None, False
+            text = response.read(_MAX_METADATA_BYTES).decode("utf-8").strip()
+    except urllib.error.HTTPError as exc:  # 404 for a missing attribute, 5xx, 403
+        logger.debug("metadata %s: HTTP %s", url, exc.code)
+        exc.close()
+        return None, True
+    except (OSError, http.client.HTTPException) as exc:  # URLError, TimeoutError, refused
+        logger.debug("metadata %s unreachable: %s", url, exc)
+        return None, False
+    except ValueError as exc:  # UnicodeDecodeError
+        logger.debug("metadata %s: unreadable reply: %s", url, exc)
+        return None, True
+    return text or None, True

@@ -25,14 +25,13 @@ from rich.table import Table
 
 from tpuslice import cluster, status
 from tpuslice.errors import InvalidArgumentError, RetriesExhaustedError, TPUSliceError
-from tpuslice.reserve import SlicePlacementGroup
+from tpuslice.reserve import SlicePlacementGroup, SliceRequest
 from tpuslice.resilient import (
     AttemptEvent,
     GangBrokenError,
     Outcome,
     ResilientRun,
     RetryPolicy,
-    SliceRequest,
 )
 from tpuslice.run import HostContext, current_host, run_on_slice
 from tpuslice.shell import HostResult, run_command, worst_exit_code

@@ -10,6 +10,7 @@ loop that does it is in :mod:`tpuslice.claim`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -247,6 +248,26 @@ class SlicePlacementGroup(ShutsDownOnExit):
     def __repr__(self) -> str:
         state = "shut down" if self.is_shut_down else ", ".join(self.slice_names)
         return f"SlicePlacementGroup({self._plan.shape.pod_type} x{self.num_slices}: {state})"
+
+
+@dataclass(frozen=True)
+class SliceRequest:
+    """What each attempt reserves."""
+
+    topology: str
+    accelerator_version: str
+    num_slices: int
+    chips_per_vm: int | None
+    head_reservation_timeout_s: float | None
+
+    def reserve(self) -> SlicePlacementGroup:
+        return SlicePlacementGroup(
+            self.topology,
+            self.accelerator_version,
+            num_slices=self.num_slices,
+            chips_per_vm=self.chips_per_vm,
+            head_reservation_timeout_s=self.head_reservation_timeout_s,
+        )
 
 
 def slice_placement_group(

@@ -42,7 +42,7 @@ from tpuslice.errors import (
     ReservationTimeoutError,
     RetriesExhaustedError,
 )
-from tpuslice.reserve import SlicePlacementGroup
+from tpuslice.reserve import SlicePlacementGroup, SliceRequest
 from tpuslice.run import check_run_args, host_contexts, run_on_slice
 
 logger = logging.getLogger(__name__)
@@ -214,26 +214,6 @@ class GangBrokenError(Exception):
 AttemptBody = Callable[[SlicePlacementGroup], list[Any]]
 """One attempt on a held reservation: the results in rank order, or
 :class:`GangBrokenError` at the first failed task. :func:`run_function` is the usual one."""
-
-
-@dataclass(frozen=True)
-class SliceRequest:
-    """What each attempt reserves."""
-
-    topology: str
-    accelerator_version: str
-    num_slices: int
-    chips_per_vm: int | None
-    head_reservation_timeout_s: float | None
-
-    def reserve(self) -> SlicePlacementGroup:
-        return SlicePlacementGroup(
-            self.topology,
-            self.accelerator_version,
-            num_slices=self.num_slices,
-            chips_per_vm=self.chips_per_vm,
-            head_reservation_timeout_s=self.head_reservation_timeout_s,
-        )
 
 
 @dataclass

@@ -33,7 +33,7 @@ from tpuslice.errors import (
     NotConnectedError,
     ReservationTimeoutError,
 )
-from tpuslice.reserve import SlicePlacementGroup
+from tpuslice.reserve import SlicePlacementGroup, SliceRequest
 
 logger = logging.getLogger(__name__)
 
@@ -249,13 +249,10 @@ def run_on_slice(
             raise InvalidArgumentError(
                 "topology and accelerator_version are required when tpu_slice is not provided."
             )
-        spg = SlicePlacementGroup(
-            topology,
-            accelerator_version,
-            num_slices=num_slices,
-            chips_per_vm=chips_per_vm,
-            head_reservation_timeout_s=head_reservation_timeout_s,
+        request = SliceRequest(
+            topology, accelerator_version, num_slices, chips_per_vm, head_reservation_timeout_s
         )
+        spg = request.reserve()
         try:
             refs = launch(fn, spg, args, kwargs)
         except BaseException:

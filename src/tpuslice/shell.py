@@ -22,6 +22,8 @@ from tpuslice.reserve import SlicePlacementGroup
 from tpuslice.run import MEGASCALE_VARS, HostContext, placements
 
 KILLED = 128 + signal.SIGKILL
+CANCEL_GRACE_S = 5.0
+"""How long Ctrl-C waits for the hosts to kill their commands before giving up."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,11 @@ def run_command(spg: SlicePlacementGroup, command: str, on_line: Printer) -> lis
                 thread.join(timeout=0.1)
     except KeyboardInterrupt:
         cancel_all()
+        # Let each host's task run its cleanup (kill its command's process group) before
+        # the caller removes the slice, which would SIGKILL the task first.
+        deadline = time.monotonic() + CANCEL_GRACE_S
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         raise
     return [r for r in results if r is not None]
 

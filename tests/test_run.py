@@ -88,11 +88,12 @@ def test_stale_megascale_values_never_leak(tpu_cluster: SimulatedCluster) -> Non
 
 
 def test_env_is_restored_after_the_task(tpu_cluster: SimulatedCluster) -> None:
-    with tpuslice.SlicePlacementGroup(**V4) as spg:
-        first = ray.get(tpuslice.run_on_slice(context, tpu_slice=spg))
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    """Each host's worker sees the same TPUSLICE_/MEGASCALE_ environment after our task as
+    before it (including any stale values other code left there)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        after = ray.get(
+    def plain_tasks(spg: tpuslice.SlicePlacementGroup) -> list[dict[str, object]]:
+        return ray.get(
             [
                 where_am_i.options(
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, bundle)
@@ -100,8 +101,15 @@ def test_env_is_restored_after_the_task(tpu_cluster: SimulatedCluster) -> None:
                 for pg, bundle in spg.worker_groups()
             ]
         )
-    assert {r["pid"] for r in after} & {r["pid"] for r in first}, "same warm workers"
-    assert all(not r["env"] for r in after)
+
+    with tpuslice.SlicePlacementGroup(**V4) as spg:
+        before = {r["pid"]: r["env"] for r in plain_tasks(spg)}
+        first = ray.get(tpuslice.run_on_slice(context, tpu_slice=spg))
+        after = {r["pid"]: r["env"] for r in plain_tasks(spg)}
+    reused = set(before) & set(after) & {r["pid"] for r in first}
+    assert reused, "expected warm workers to be reused"
+    assert all(r["env"].get("TPUSLICE_RANK") for r in first)  # the context was there
+    assert {pid: after[pid] for pid in reused} == {pid: before[pid] for pid in reused}
 
 
 def test_ten_one_shot_calls_in_a_row_on_one_slice(tpu_cluster: SimulatedCluster) -> None:

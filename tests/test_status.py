@@ -401,18 +401,21 @@ def test_disconnects_after_connecting_even_on_error(monkeypatch: pytest.MonkeyPa
 def test_already_connected_process_is_left_connected(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeRay(initialized=True).install(monkeypatch)
     assert cli.connect(None) is False
-    with cli.connected("10.0.0.1:6379"):
+    with cli.connected("127.0.0.1:1"):  # never probed: already connected
         pass
     assert fake.init_calls == []
     assert fake.shutdowns == 0
 
 
 def test_connect_returns_true_when_it_connected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe reaches a loopback listener this test starts; then Ray (faked) joins."""
     fake = FakeRay().install(monkeypatch)
-    assert cli.connect("10.0.0.1:6379") is True
-    assert fake.init_calls == [
-        {"address": "10.0.0.1:6379", "log_to_driver": False, "logging_level": 30}
-    ]
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        assert cli.connect(address) is True
+    assert fake.init_calls == [{"address": address, "log_to_driver": False, "logging_level": 30}]
 
 
 def test_states_in_json_are_the_enum_values() -> None:

@@ -9,6 +9,14 @@ Two settings differ from Ray's defaults, both for speed on a laptop, both docume
 every host gets ``cpus_per_host`` logical CPUs (a real TPU VM has 100+; with 1, Ray's
 idle-worker soft limit kills warm workers), and node-death detection is tightened from
 ~15 s to ~1.5 s (``health_check_period_ms=500``, ``health_check_failure_threshold=3``).
+
+Nothing leaves the machine on our account. Adding a node runs Ray's TPU detection in this
+process; it finds the host's identity in the environment, as on a GKE TPU host, instead of
+asking the GCE metadata server (which it would do with no timeout). Ray's usage stats
+(a report to usage-stats.ray.io) are off and their one "disabled" ping goes to a loopback
+port, unless ``RAY_USAGE_STATS_ENABLED`` / ``RAY_USAGE_STATS_REPORT_URL`` are set. One probe
+remains that no setting turns off: Ray's dashboard asks the cloud
+metadata addresses once at start which cloud it is on (1 s timeout each).
 """
 
 from __future__ import annotations
@@ -17,8 +25,10 @@ import itertools
 import logging
 import os
 import string
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +58,32 @@ FAST_FAILURE_DETECTION = {
     "health_check_timeout_ms": 1000,
     "health_check_failure_threshold": 3,
 }
+
+
+HEAD_ENV_DEFAULTS = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # With usage stats off, Ray's dashboard still sends one "disabled" report; Ray offers
+    # this variable for tests: point it at a loopback port where nothing listens.
+    "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:1/",
+}
+"""Environment of the head's processes, unless the user set these variables."""
+_ENV_LOCK = threading.Lock()
+
+
+@contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the block, restored after (one block at a time)."""
+    with _ENV_LOCK:
+        saved = {key: os.environ.get(key) for key in values}
+        os.environ.update(values)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 class SimulatorError(TPUSliceError, RuntimeError):
@@ -293,7 +329,10 @@ class SimulatedCluster:
         }
         if self._fast_failure_detection:
             head_args["_system_config"] = dict(FAST_FAILURE_DETECTION)
-        self._cluster = Cluster(initialize_head=True, head_node_args=head_args)
+        # The head's processes (its dashboard reports usage) inherit this environment.
+        head_env = {key: os.environ.get(key, value) for key, value in HEAD_ENV_DEFAULTS.items()}
+        with _environment(head_env):
+            self._cluster = Cluster(initialize_head=True, head_node_args=head_args)
 
     def _add_slice_nodes(
         self, shape: SliceShape, name: str | None, per_chip: int | None = None
@@ -310,15 +349,21 @@ class SimulatedCluster:
         assert self._cluster is not None
         shape, name = sim_slice.shape, sim_slice.name
         self._progress(f"starting {name} host {worker_id + 1}/{shape.num_hosts}")
+        env = host_env(shape, name, worker_id)
         try:
-            return self._cluster.add_node(
-                wait=False,
-                num_cpus=self.cpus_per_host,
-                object_store_memory=self.object_store_bytes,
-                resources=host_resources(shape, name, worker_id, sim_slice.tpu_resource_per_chip),
-                labels=host_labels(shape, name, worker_id),
-                env_vars=host_env(shape, name, worker_id),
-            )
+            # Ray resolves a node's TPU resources in this process, from the environment
+            # (as on GKE) or else the GCE metadata server; give it the environment.
+            with _environment(env):
+                return self._cluster.add_node(
+                    wait=False,
+                    num_cpus=self.cpus_per_host,
+                    object_store_memory=self.object_store_bytes,
+                    resources=host_resources(
+                        shape, name, worker_id, sim_slice.tpu_resource_per_chip
+                    ),
+                    labels=host_labels(shape, name, worker_id),
+                    env_vars=env,
+                )
         except (OSError, RuntimeError, TimeoutError) as exc:
             raise SimulatorError(
                 f"could not start {name} host {worker_id}: {exc}\n{self._log_tail()}"

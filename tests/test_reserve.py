@@ -357,3 +357,41 @@ def test_waiting_request_is_visible_to_the_autoscaler_and_adopts_the_new_slice(
         if name:
             tpu_cluster.remove_slice(name)
     assert got == {"names": [name], "hosts": [name]}
+
+
+def test_demand_is_not_absorbed_by_a_busy_slice_whose_head_is_free(
+    tpu_cluster: SimulatedCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The only v4-8 slice is busy (its TPUs held), its head resource free: the demand
+    claim must stay pending for the autoscaler, not land on that slice (``!in(...)``)."""
+    monkeypatch.setenv("TPUSLICE_CLUSTER_CAN_GROW", "1")
+    name = tpu_cluster.add_slice("v4", "2x2x1")
+    errors: list[BaseException] = []
+
+    def reserve() -> None:
+        try:
+            tpuslice.SlicePlacementGroup("2x2x1", "v4", head_reservation_timeout_s=4)
+        except tpuslice.ReservationTimeoutError as exc:
+            errors.append(exc)
+
+    def demand_states() -> list[str]:
+        return [
+            pg["state"]
+            for pg in live_placement_groups()
+            if {"TPU-v4-8-head": 1.0} in pg["bundles"].values()
+        ]
+
+    try:
+        with hold_host(name, 0, tpu=4):
+            thread = threading.Thread(target=reserve)
+            thread.start()
+            wait_for(lambda: "PENDING" in demand_states(), timeout=30, what="pending demand")
+            seen: set[str] = set()
+            while thread.is_alive():  # the whole wait: bounded by the 4 s timeout
+                seen |= set(demand_states())
+                time.sleep(0.05)
+            thread.join()
+    finally:
+        tpu_cluster.remove_slice(name)
+    assert seen <= {"PENDING"}, f"the demand claim was placed on the busy slice: {seen}"
+    assert len(errors) == 1 and "1 busy" in str(errors[0])

@@ -16,7 +16,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import HostLostError, InvalidArgumentError, SliceShutdownError
-from tpuslice.reserve import ShutsDownOnExit, SlicePlacementGroup, SliceRequest
+from tpuslice.request import SliceRequest
+from tpuslice.reserve import ShutsDownOnExit, SlicePlacementGroup
 from tpuslice.run import MEGASCALE_VARS, HostContext, host_contexts
 
 
@@ -74,9 +75,14 @@ class SliceActorGroup(ShutsDownOnExit):
     ) -> SliceActorGroup:
         """Reserve slices and start the group (``kwargs`` go to the actor constructor);
         :meth:`shutdown` gives the slices back."""
-        spg = SliceRequest(
-            topology, accelerator_version, num_slices, chips_per_vm, head_reservation_timeout_s
-        ).reserve()
+        request = SliceRequest(
+            topology=topology,
+            accelerator_version=accelerator_version,
+            num_slices=num_slices,
+            chips_per_vm=chips_per_vm,
+            head_reservation_timeout_s=head_reservation_timeout_s,
+        )
+        spg = SlicePlacementGroup.from_request(request)
         try:
             return cls(actor_cls, spg, *args, owns_slice=True, **kwargs)
         except BaseException:

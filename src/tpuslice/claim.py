@@ -13,17 +13,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.placement_group import PlacementGroup
 
-from tpuslice import _ray
-from tpuslice.cluster import ClusterSnapshot, SliceInfo, read_snapshot
+from tpuslice.cluster import ClusterSnapshot, SliceInfo
 from tpuslice.demand import AutoscalerDemand
 from tpuslice.errors import InsufficientSlicesError, ReservationTimeoutError
-from tpuslice.groups import remove_group, wait_all
 from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
-from tpuslice.plan import ReservationPlan, explain, pick_slices, shortage
+from tpuslice.ops import RAY_OPS, ClusterOps
+from tpuslice.plan import explain, pick_slices, shortage
+from tpuslice.request import SliceRequest
 
-logger = logging.getLogger("tpuslice.reserve")
+logger = logging.getLogger(__name__)
 
 CLAIM_BOUND_S = 2.0
 """How long a claimed slice's groups may take to place before we give it back."""
@@ -62,36 +62,56 @@ class Reservation:
 
 
 class Reserver:
-    """Claims slices for one plan; on any failure or interrupt, removes all it made."""
+    """Claims the slices of one request; on any failure or interrupt, removes all it made.
+
+    Every cluster operation goes through ``ops`` (Ray's by default) and all time through
+    ``clock``, so each step is tested against an in-memory cluster.
+    """
 
     def __init__(
         self,
-        plan: ReservationPlan,
-        timeout: float | None,
-        clock: Clock,
+        request: SliceRequest,
+        *,
+        clock: Clock | None = None,
+        ops: ClusterOps = RAY_OPS,
         heads_only: bool = False,
     ) -> None:
-        self.plan = plan
-        self.timeout = timeout
-        self.clock = clock
+        self.request = request
+        self.plan = request.plan
+        self.timeout = request.head_reservation_timeout_s
+        self.clock = clock or Clock()
+        self.ops = ops
         self.heads_only = heads_only
         self.claims: dict[int, Claim] = {}
+        self.in_flight: list[PlacementGroup] = []
+        """Groups created but not yet recorded in a claim: removed too if we stop."""
         self.demand: AutoscalerDemand | None = None
         self._can_grow: bool | None = None
 
     def can_grow(self) -> bool:
         """Whether the cluster has an autoscaler (read once per reservation)."""
         if self._can_grow is None:
-            self._can_grow = _ray.cluster_can_grow()
+            self._can_grow = self.ops.can_grow()
         return self._can_grow
 
     def run(self) -> Reservation:
+        """Claim every slice and place every worker bundle; return them in slice order.
+
+        Returns:
+            The held groups, head claims and worker groups, in slice-index order.
+
+        Raises:
+            InsufficientSlicesError: the cluster lacks the slices and cannot grow.
+            ReservationTimeoutError: the timeout passed first; the message says what the
+                cluster has and what this reservation held.
+            KeyboardInterrupt: as raised; like every error, after all groups are removed.
+        """
         started = self.clock.now()
         deadline = None if self.timeout is None else started + self.timeout
         pause = POLL_S[0]
         try:
             while True:
-                snapshot = read_snapshot(self.plan.tpu_resource_per_chip)
+                snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
                 self._drop_broken(snapshot)
                 self._claim(snapshot)
                 self._follow_demand(snapshot)
@@ -116,10 +136,14 @@ class Reserver:
             raise
 
     def release_all(self) -> None:
+        """Remove every group this reserver made (claims and autoscaler demand)."""
         self._end_demand()
+        for group in self.in_flight:
+            self.ops.remove_group(group)
+        self.in_flight = []
         for claim in self.claims.values():
-            remove_group(claim.worker_pg)
-            remove_group(claim.head_pg)
+            self.ops.remove_group(claim.worker_pg)
+            self.ops.remove_group(claim.head_pg)
         self.claims.clear()
 
     # --- steps -----------------------------------------------------------------------
@@ -130,7 +154,7 @@ class Reserver:
             info = snapshot.slices.get(claim.slice_name)
             if info is None or info.missing_workers or info.alive_hosts < info.expected_hosts:
                 logger.info("slice %s broke while reserving; giving it back", claim.slice_name)
-                remove_group(claim.head_pg)
+                self.ops.remove_group(claim.head_pg)
                 del self.claims[index]
 
     def _claim(self, snapshot: ClusterSnapshot) -> None:
@@ -142,7 +166,9 @@ class Reserver:
         if self.plan.needs_head_claim:
             for claim in fresh:
                 claim.head_pg = self._head_group(claim.target)
-            placed = wait_all([c.head_pg for c in fresh if c.head_pg], CLAIM_BOUND_S)
+                self.in_flight.append(claim.head_pg)
+            placed = self.ops.wait_placed(self.in_flight, CLAIM_BOUND_S)
+            self.in_flight = []
         else:
             placed = [True] * len(fresh)
         for claim, ok in zip(fresh, placed, strict=True):
@@ -150,7 +176,7 @@ class Reserver:
                 self.claims[claim.index] = claim
             else:
                 logger.info("head of %s was taken meanwhile; trying another", claim.slice_name)
-                remove_group(claim.head_pg)
+                self.ops.remove_group(claim.head_pg)
 
     def _follow_demand(self, snapshot: ClusterSnapshot) -> None:
         """On a cluster that can grow, keep the missing slices visible to the autoscaler
@@ -159,7 +185,10 @@ class Reserver:
         if not missing or self.plan.pinned_slice_name(0) or not self.can_grow():
             return
         if self.demand is None:
-            self.demand = AutoscalerDemand(self.plan)
+            self.demand = AutoscalerDemand(self.plan, self.ops)
+        existing = {
+            s.name for s in snapshot.matching(self.plan.shape, self.plan.tpu_resource_per_chip)
+        }
         for group, target in self.demand.landed(snapshot):
             free = [i for i in range(self.plan.num_slices) if i not in self.claims]
             claimed = {c.slice_name for c in self.claims.values()}
@@ -172,8 +201,8 @@ class Reserver:
             ):
                 self.claims[free[0]] = Claim(free[0], target, head_pg=group)
             else:
-                remove_group(group)
-        self.demand.keep(self.plan.num_slices - len(self.claims))
+                self.ops.remove_group(group)
+        self.demand.keep(self.plan.num_slices - len(self.claims), existing)
 
     def _end_demand(self) -> None:
         if self.demand is not None:
@@ -182,10 +211,8 @@ class Reserver:
 
     def _head_group(self, target: SliceInfo) -> PlacementGroup:
         selector = {SLICE_NAME_LABEL: target.name, WORKER_ID_LABEL: "0"}
-        return placement_group(
-            bundles=[{self.plan.shape.head_resource: 1}],
-            bundle_label_selector=[selector],
-            lifetime=self.plan.lifetime,
+        return self.ops.create_group(
+            [{self.plan.shape.head_resource: 1}], [selector], lifetime=self.plan.lifetime
         )
 
     def _place_workers(self) -> Reservation | None:
@@ -196,19 +223,22 @@ class Reserver:
             for claim in claims:
                 claim.worker_pg = self._worker_group([claim], f"_slice_{claim.index}")
             groups = [c.worker_pg for c in claims if c.worker_pg]
-            placed = wait_all(groups, CLAIM_BOUND_S)
+            placed = self.ops.wait_placed(groups, CLAIM_BOUND_S)
             if all(placed):
                 return Reservation(claims)
             for claim, ok in zip(claims, placed, strict=True):
-                remove_group(claim.worker_pg)
+                self.ops.remove_group(claim.worker_pg)
                 claim.worker_pg = None
                 if not ok:
                     self._give_back(claim)
             return None
         combined = self._worker_group(claims, "")
-        if wait_all([combined], CLAIM_BOUND_S)[0]:
+        self.in_flight = [combined]
+        ready = self.ops.wait_placed(self.in_flight, CLAIM_BOUND_S)[0]
+        self.in_flight = []
+        if ready:
             return Reservation(claims, combined)
-        remove_group(combined)
+        self.ops.remove_group(combined)
         self._give_back_busy(claims)
         return None
 
@@ -219,23 +249,23 @@ class Reserver:
             selectors += self.plan.worker_selectors(claim.index, claim.target)
             bundles += [dict(self.plan.bundle_resources)] * self.plan.bundles_per_slice
         name = f"{self.plan.name}{suffix}" if self.plan.name else ""
-        return placement_group(
-            bundles=bundles,
+        return self.ops.create_group(
+            bundles,
+            selectors,
             strategy=self.plan.strategy,
             name=name,
             lifetime=self.plan.lifetime,
-            bundle_label_selector=selectors,
         )
 
     def _give_back(self, claim: Claim) -> None:
         logger.info("could not place the hosts of %s; giving it back", claim.slice_name)
-        remove_group(claim.head_pg)
+        self.ops.remove_group(claim.head_pg)
         self.claims.pop(claim.index, None)
 
     def _give_back_busy(self, claims: Sequence[Claim]) -> None:
         """After a combined group failed to place: drop the slices whose TPUs are no
         longer all free (someone else took a host); keep the rest for the next round."""
-        snapshot = read_snapshot(self.plan.tpu_resource_per_chip)
+        snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
         for claim in claims:
             info = snapshot.slices.get(claim.slice_name)
             if info is None or info.chips_free < info.chips_total or info.missing_workers:

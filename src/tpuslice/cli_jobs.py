@@ -25,7 +25,8 @@ from rich.table import Table
 
 from tpuslice import cluster, status
 from tpuslice.errors import InvalidArgumentError, RetriesExhaustedError, TPUSliceError
-from tpuslice.reserve import SlicePlacementGroup, SliceRequest
+from tpuslice.request import SliceRequest
+from tpuslice.reserve import SlicePlacementGroup
 from tpuslice.resilient import (
     AttemptEvent,
     GangBrokenError,
@@ -175,7 +176,12 @@ def run(
             if ours is None:
                 sim = _offer_simulator(shape_spec, simulate)
                 sim.connect()
-            request = SliceRequest(topology, accelerator, num_slices, None, timeout)
+            request = SliceRequest(
+                topology=topology,
+                accelerator_version=accelerator,
+                num_slices=num_slices,
+                head_reservation_timeout_s=timeout,
+            )
             code = _run_everywhere(request, command, retries)
         except KeyboardInterrupt:
             err_console.print("[yellow]interrupted[/yellow]: commands cancelled, slices freed")

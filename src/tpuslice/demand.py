@@ -1,58 +1,61 @@
 """Keep a waiting reservation visible to Ray's autoscaler, and adopt what it brings.
 
-On a cluster that can grow, a reservation that finds too few idle slices keeps one
-*unpinned* head claim per missing slice pending (``TPU-<podtype>-head`` on any worker 0
-of that pod type and topology). The autoscaler sees the demand and adds a slice; when a
-demand group is placed, it sits on some slice's worker 0, which we look up in the cluster
-view (no helper task) and adopt as a claim if every host of it is idle.
+On a cluster that can grow, a reservation that finds too few idle slices keeps one head
+claim per missing slice pending (``TPU-<podtype>-head`` on a worker 0 of that pod type and
+topology) that no slice the cluster already has can satisfy: its selector excludes their
+names (``!in(...)``), so a partly busy slice with a free worker 0 does not absorb it. The
+autoscaler sees the demand and adds a slice; when a demand group is placed, it sits on the
+new slice's worker 0, which we look up in the cluster view (no helper task) and adopt as a
+claim if every host of it is idle.
 """
 
 from __future__ import annotations
 
-from ray.util import placement_group_table
-from ray.util.placement_group import PlacementGroup, placement_group
+from collections.abc import Collection
+
+from ray.util.placement_group import PlacementGroup
 
 from tpuslice.cluster import ClusterSnapshot, SliceInfo
-from tpuslice.groups import remove_group, wait_all
-from tpuslice.labels import POD_TYPE_LABEL, TOPOLOGY_LABEL, WORKER_ID_LABEL
+from tpuslice.labels import POD_TYPE_LABEL, SLICE_NAME_LABEL, TOPOLOGY_LABEL, WORKER_ID_LABEL
+from tpuslice.ops import ClusterOps
 from tpuslice.plan import ReservationPlan
 
 
 class AutoscalerDemand:
     """The pending, unpinned head claims of one waiting reservation."""
 
-    def __init__(self, plan: ReservationPlan) -> None:
+    def __init__(self, plan: ReservationPlan, ops: ClusterOps) -> None:
         self.plan = plan
+        self.ops = ops
         self.groups: list[PlacementGroup] = []
 
-    def keep(self, missing: int) -> None:
-        """Have exactly ``missing`` demand groups pending."""
+    def keep(self, missing: int, existing: Collection[str] = ()) -> None:
+        """Have exactly ``missing`` demand groups pending, none satisfiable by the
+        ``existing`` slices (new groups exclude them by name)."""
+        shape = self.plan.shape
+        selector = {
+            WORKER_ID_LABEL: "0",
+            POD_TYPE_LABEL: shape.pod_type,
+            TOPOLOGY_LABEL: shape.topology,
+        }
+        if existing:
+            selector[SLICE_NAME_LABEL] = f"!in({','.join(sorted(existing))})"
         while len(self.groups) < missing:
-            shape = self.plan.shape
-            selector = {
-                WORKER_ID_LABEL: "0",
-                POD_TYPE_LABEL: shape.pod_type,
-                TOPOLOGY_LABEL: shape.topology,
-            }
             self.groups.append(
-                placement_group(
-                    [{shape.head_resource: 1}],
-                    bundle_label_selector=[selector],
-                    lifetime=self.plan.lifetime,
+                self.ops.create_group(
+                    [{shape.head_resource: 1}], [selector], lifetime=self.plan.lifetime
                 )
             )
         while len(self.groups) > missing:
-            remove_group(self.groups.pop())
+            self.ops.remove_group(self.groups.pop())
 
     def landed(self, snapshot: ClusterSnapshot) -> list[tuple[PlacementGroup, SliceInfo]]:
         """Demand groups that were placed, with the slice whose worker 0 holds each. A
         group whose node the snapshot does not show yet stays pending for the next look."""
         heads = {s.head_node_id: s for s in snapshot.slices.values() if s.head_node_id}
         found = []
-        for pg, placed in zip(self.groups, wait_all(self.groups, 0.0), strict=True):
-            node = (
-                placement_group_table(pg).get("bundles_to_node_id", {}).get(0) if placed else None
-            )
+        for pg, placed in zip(self.groups, self.ops.wait_placed(self.groups, 0.0), strict=True):
+            node = self.ops.bundle_node(pg, 0) if placed else None
             if node in heads:
                 found.append((pg, heads[node]))
         taken = {id(pg) for pg, _ in found}
@@ -60,6 +63,7 @@ class AutoscalerDemand:
         return found
 
     def release(self) -> None:
+        """Remove every pending demand group."""
         for pg in self.groups:
-            remove_group(pg)
+            self.ops.remove_group(pg)
         self.groups = []

@@ -1,27 +1,20 @@
-"""Pure planning for a slice reservation: validate the request, pick slices, build bundles.
+"""Pure planning for a slice reservation: pick slices, build bundles, explain shortfalls.
 
-Nothing here talks to Ray. :func:`plan_reservation` turns the arguments of
-``SlicePlacementGroup`` into a :class:`ReservationPlan`; :func:`pick_slices` chooses
-idle whole slices from a :class:`~tpuslice.cluster.ClusterSnapshot`;
-:meth:`ReservationPlan.worker_selectors` pins bundle *i* to TPU worker *i*.
+Nothing here talks to Ray. A :class:`~tpuslice.request.SliceRequest` derives its
+:class:`ReservationPlan` on creation; :func:`pick_slices` chooses idle whole slices from a
+:class:`~tpuslice.cluster.ClusterSnapshot`; :meth:`ReservationPlan.worker_selectors` pins
+bundle *i* to TPU worker *i*; :func:`shortage` and :func:`explain` say what is missing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tpuslice.cluster import ClusterSnapshot, SliceInfo, SliceState
-from tpuslice.compat import (
-    check_positive_int,
-    get_tpu_worker_resources,
-    resolve_resource_per_chip,
-)
-from tpuslice.errors import InvalidArgumentError, InvalidResourceError
 from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
-from tpuslice.topology import SliceShape, slice_shape
+from tpuslice.topology import SliceShape
 
-STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 NODE_ID_LABEL = "ray.io/node-id"
 
 
@@ -97,87 +90,6 @@ def _pin(target: SliceInfo, worker: int) -> dict[str, str]:
     if target.name == host.node_id:  # a single-host VM without a slice-name label
         return {NODE_ID_LABEL: host.node_id}
     return {SLICE_NAME_LABEL: target.name, WORKER_ID_LABEL: str(worker)}
-
-
-def plan_reservation(
-    topology: str,
-    accelerator_version: str,
-    resources_per_bundle: Mapping[str, float] | None = None,
-    strategy: str = "SPREAD",
-    name: str = "",
-    lifetime: str | None = None,
-    num_slices: int = 1,
-    chips_per_vm: int | None = None,
-    bundle_label_selector: Sequence[Mapping[str, str]] | None = None,
-    pg_per_slice: bool = False,
-    tpu_resource_per_chip: int | None = None,
-) -> ReservationPlan:
-    """Validate a ``SlicePlacementGroup`` request. Raises ``ValueError`` subclasses that
-    say what was asked and what is valid, where Ray 2.60 crashes or hangs."""
-    check_positive_int("num_slices", num_slices)
-    per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
-    shape = slice_shape(topology, accelerator_version, chips_per_vm)
-    num_bundles, resources = get_tpu_worker_resources(
-        shape.topology,
-        shape.generation.name,
-        dict(resources_per_bundle) if resources_per_bundle else None,
-        num_slices,
-        shape.chips_per_host,
-        per_chip,
-    )
-    bundles_per_host = _bundles_per_host(shape, per_chip, resources["TPU"])
-    selectors = tuple(bundle_label_selector or ())
-    if selectors and len(selectors) != num_bundles:
-        raise InvalidArgumentError(
-            f"bundle_label_selector has {len(selectors)} entries but the reservation has "
-            f"{num_bundles} bundles ({num_slices} slice(s) x {shape.num_hosts} host(s) x "
-            f"{bundles_per_host} bundle(s) per host); give one selector per bundle"
-        )
-    _check_strategy(strategy, shape, bundles_per_host)
-    if lifetime not in (None, "detached"):
-        raise InvalidArgumentError(f"lifetime must be None or 'detached', got {lifetime!r}")
-    return ReservationPlan(
-        shape=shape,
-        num_slices=num_slices,
-        tpu_resource_per_chip=per_chip,
-        bundle_resources=resources,
-        bundles_per_host=bundles_per_host,
-        user_selectors=selectors,
-        strategy=strategy,
-        name=name,
-        lifetime=lifetime,
-        pg_per_slice=pg_per_slice,
-    )
-
-
-def _bundles_per_host(shape: SliceShape, per_chip: int, tpu_per_bundle: float) -> int:
-    """Bundles must tile a host exactly, or some would straddle hosts and never place."""
-    per_host = shape.chips_per_host * per_chip
-    if tpu_per_bundle > per_host or per_host % tpu_per_bundle:
-        valid = [d for d in range(1, per_host + 1) if per_host % d == 0]
-        raise InvalidResourceError(
-            f"TPU per bundle {tpu_per_bundle:g} does not fit the {per_host} TPU of one "
-            f"{shape.pod_type} host; a bundle must hold a divisor of {per_host}: "
-            f"{', '.join(map(str, valid))}"
-        )
-    return int(per_host // tpu_per_bundle)
-
-
-def _check_strategy(strategy: str, shape: SliceShape, bundles_per_host: int) -> None:
-    if strategy not in STRATEGIES:
-        raise InvalidArgumentError(
-            f"strategy {strategy!r} is not valid; valid: {', '.join(STRATEGIES)}"
-        )
-    if strategy == "STRICT_PACK" and shape.num_hosts > 1:
-        raise InvalidArgumentError(
-            f"strategy 'STRICT_PACK' puts every bundle on one node, but a {shape.pod_type} "
-            f"slice has {shape.num_hosts} hosts; use 'SPREAD' (the default)"
-        )
-    if strategy == "STRICT_SPREAD" and bundles_per_host > 1:
-        raise InvalidArgumentError(
-            f"strategy 'STRICT_SPREAD' puts each bundle on its own node, but "
-            f"{bundles_per_host} bundles share each host here; use 'SPREAD' (the default)"
-        )
 
 
 def pick_slices(

@@ -9,8 +9,8 @@ loop that does it is in :mod:`tpuslice.claim`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -23,7 +23,8 @@ from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import InvalidArgumentError, NotConnectedError, SliceShutdownError
 from tpuslice.groups import remove_group, wait_all
 from tpuslice.labels import SLICE_NAME_LABEL
-from tpuslice.plan import ReservationPlan, plan_reservation
+from tpuslice.plan import ReservationPlan
+from tpuslice.request import SliceRequest
 
 _T = TypeVar("_T", bound="ShutsDownOnExit")
 
@@ -71,29 +72,81 @@ class SlicePlacementGroup(ShutsDownOnExit):
         *,
         _clock: Clock | None = None,
     ) -> None:
+        """Reserve the slices; returns once every slice is claimed and placed.
+
+        Args:
+            topology: Chip grid of one slice, such as ``"4x4"`` or ``"2x2x2"``.
+            accelerator_version: TPU generation, such as ``"v6e"`` or ``"TPU-V4"``.
+            resources_per_bundle: Resources of each bundle (default: one whole host,
+                ``{"CPU": 1, "TPU": <chips per host>}``).
+            strategy: Ray placement strategy of the worker groups.
+            name: Name of the worker placement group(s).
+            lifetime: ``None`` or ``"detached"`` (outlives this driver).
+            num_slices: How many whole slices to reserve, all at once.
+            chips_per_vm: Chips on each host, for shapes offered in more than one form.
+            head_reservation_timeout_s: Seconds to wait for idle slices; ``None`` waits
+                without limit.
+            bundle_label_selector: One label selector per bundle (may pin slice names).
+            pg_per_slice: One worker placement group per slice instead of one in all.
+            tpu_resource_per_chip: Ray ``TPU`` units per chip (default: the
+                ``RAY_TPU_RESOURCE_PER_CHIP`` variable, else 1).
+
+        Raises:
+            InvalidArgumentError: an argument is invalid (a ``ValueError``; the message
+                names what is valid).
+            NotConnectedError: Ray is not initialised.
+            InsufficientSlicesError: the cluster does not have the slices and cannot grow.
+            ReservationTimeoutError: no idle slices within the timeout.
+        """
+        request = SliceRequest(
+            topology=topology,
+            accelerator_version=accelerator_version,
+            resources_per_bundle=resources_per_bundle,
+            strategy=strategy,
+            name=name,
+            lifetime=lifetime,
+            num_slices=num_slices,
+            chips_per_vm=chips_per_vm,
+            head_reservation_timeout_s=head_reservation_timeout_s,
+            bundle_label_selector=bundle_label_selector,
+            pg_per_slice=pg_per_slice,
+            tpu_resource_per_chip=tpu_resource_per_chip,
+        )
+        self._start(request, _clock)
+
+    @classmethod
+    def from_request(
+        cls, request: SliceRequest, *, clock: Clock | None = None
+    ) -> SlicePlacementGroup:
+        """Reserve what ``request`` asks for (the path every tpuslice runner takes).
+
+        Args:
+            request: The validated request.
+            clock: Injected time for tests (default: the real clock).
+
+        Returns:
+            The reservation, holding every slice.
+
+        Raises:
+            NotConnectedError: Ray is not initialised.
+            InsufficientSlicesError: the cluster does not have the slices and cannot grow.
+            ReservationTimeoutError: no idle slices within the request's timeout.
+        """
+        spg = cls.__new__(cls)
+        spg._start(request, clock)
+        return spg
+
+    def _start(self, request: SliceRequest, clock: Clock | None) -> None:
         self._reservation = Reservation()
         self._launched: list[ray.ObjectRef] = []
-        self._plan = plan_reservation(
-            topology,
-            accelerator_version,
-            resources_per_bundle,
-            strategy,
-            name,
-            lifetime,
-            num_slices,
-            chips_per_vm,
-            bundle_label_selector,
-            pg_per_slice,
-            tpu_resource_per_chip,
-        )
+        self._request = request
+        self._plan = request.plan
         if not ray.is_initialized():
             raise NotConnectedError(
                 "Ray is not initialised: call ray.init(address=...) before reserving slices "
                 "(or use tpuslice.testing.SimulatedCluster)"
             )
-        self._reservation = Reserver(
-            self._plan, head_reservation_timeout_s, _clock or Clock()
-        ).run()
+        self._reservation = Reserver(request, clock=clock).run()
 
     # --- Ray 2.60 properties ---------------------------------------------------------
 
@@ -165,7 +218,13 @@ class SlicePlacementGroup(ShutsDownOnExit):
 
     @property
     def plan(self) -> ReservationPlan:
+        """What was derived from the request: shape, bundles, selectors."""
         return self._plan
+
+    @property
+    def request(self) -> SliceRequest:
+        """The request this reservation was made from."""
+        return self._request
 
     @property
     def slice_names(self) -> list[str]:
@@ -250,26 +309,6 @@ class SlicePlacementGroup(ShutsDownOnExit):
         return f"SlicePlacementGroup({self._plan.shape.pod_type} x{self.num_slices}: {state})"
 
 
-@dataclass(frozen=True)
-class SliceRequest:
-    """What each attempt reserves."""
-
-    topology: str
-    accelerator_version: str
-    num_slices: int
-    chips_per_vm: int | None
-    head_reservation_timeout_s: float | None
-
-    def reserve(self) -> SlicePlacementGroup:
-        return SlicePlacementGroup(
-            self.topology,
-            self.accelerator_version,
-            num_slices=self.num_slices,
-            chips_per_vm=self.chips_per_vm,
-            head_reservation_timeout_s=self.head_reservation_timeout_s,
-        )
-
-
 def slice_placement_group(
     topology: str,
     accelerator_version: str,
@@ -301,22 +340,41 @@ def reserve_tpu_slice(
     timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
     slice_name: str | None = None,
 ) -> tuple[str, PlacementGroup] | None:
-    """Claim one idle slice's head (Ray 2.60 ``reserve_tpu_slice``): ``(name, head group)``.
+    """Claim one idle slice's head (Ray 2.60 ``reserve_tpu_slice``).
 
     Unlike Ray, it only claims a slice whose every host is idle and runs no helper task.
+
+    Args:
+        topology: Chip grid of the slice, such as ``"4x4"``.
+        accelerator_type: TPU generation, such as ``"v6e"``.
+        timeout_s: Seconds to wait for an idle slice; ``None`` waits without limit.
+        slice_name: Claim this slice only.
+
+    Returns:
+        ``(slice name, head placement group)``, or ``None`` if ``topology`` or
+        ``accelerator_type`` is empty (as in Ray).
+
+    Raises:
+        InvalidArgumentError: an invalid shape, or a single-host slice (it has no head).
+        InsufficientSlicesError: the cluster has no such slice and cannot grow.
+        ReservationTimeoutError: no idle slice within the timeout.
     """
     if not topology or not accelerator_type:
         return None
-    selector: list[Mapping[str, str]] | None = None
-    plan = plan_reservation(topology, accelerator_type)
+    request = SliceRequest(
+        topology=topology,
+        accelerator_version=accelerator_type,
+        head_reservation_timeout_s=timeout_s,
+    )
+    plan = request.plan
     if not plan.needs_head_claim:  # checked before waiting for a slice, not after
         raise InvalidArgumentError(
             f"{plan.shape.pod_type} is a single-host slice; it has no head to claim: "
             "reserve it with SlicePlacementGroup instead"
         )
     if slice_name:
-        selector = [{SLICE_NAME_LABEL: slice_name}] * plan.num_bundles
-        plan = plan_reservation(topology, accelerator_type, bundle_label_selector=selector)
-    claim = Reserver(plan, timeout_s, Clock(), heads_only=True).run().claims[0]
+        pinned = [{SLICE_NAME_LABEL: slice_name}] * plan.num_bundles
+        request = dataclasses.replace(request, bundle_label_selector=pinned)
+    claim = Reserver(request, heads_only=True).run().claims[0]
     assert claim.head_pg is not None  # multi-host claims always hold their head
     return claim.slice_name, claim.head_pg

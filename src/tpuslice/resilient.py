@@ -42,7 +42,8 @@ from tpuslice.errors import (
     ReservationTimeoutError,
     RetriesExhaustedError,
 )
-from tpuslice.reserve import SlicePlacementGroup, SliceRequest
+from tpuslice.request import SliceRequest
+from tpuslice.reserve import SlicePlacementGroup
 from tpuslice.run import check_run_args, host_contexts, run_on_slice
 
 logger = logging.getLogger(__name__)
@@ -255,7 +256,7 @@ class ResilientRun:
         """Reserve, run on every host, wait. The results in rank order, or the record of
         a failed attempt once its slices are given back (leaving the ``with``)."""
         started = self.clock.now()
-        with self.request.reserve() as spg:
+        with SlicePlacementGroup.from_request(self.request) as spg:
             names = tuple(spg.slice_names)
             self.emit(AttemptEvent("started", number, names))
             try:
@@ -357,7 +358,11 @@ def run_resilient(
     check_run_args(fn, None, None)
     policy = RetryPolicy(max_retries_failure, max_retries_preemption, backoff_s)
     request = SliceRequest(
-        topology, accelerator_version, num_slices, chips_per_vm, head_reservation_timeout_s
+        topology=topology,
+        accelerator_version=accelerator_version,
+        num_slices=num_slices,
+        chips_per_vm=chips_per_vm,
+        head_reservation_timeout_s=head_reservation_timeout_s,
     )
     body = functools.partial(run_function, fn, args, kwargs)
     return ResilientRun(body, request, policy, on_event, _clock or Clock()).until_done()

@@ -33,7 +33,8 @@ from tpuslice.errors import (
     NotConnectedError,
     ReservationTimeoutError,
 )
-from tpuslice.reserve import SlicePlacementGroup, SliceRequest
+from tpuslice.request import SliceRequest
+from tpuslice.reserve import SlicePlacementGroup
 
 logger = logging.getLogger(__name__)
 
@@ -250,9 +251,13 @@ def run_on_slice(
                 "topology and accelerator_version are required when tpu_slice is not provided."
             )
         request = SliceRequest(
-            topology, accelerator_version, num_slices, chips_per_vm, head_reservation_timeout_s
+            topology=topology,
+            accelerator_version=accelerator_version,
+            num_slices=num_slices,
+            chips_per_vm=chips_per_vm,
+            head_reservation_timeout_s=head_reservation_timeout_s,
         )
-        spg = request.reserve()
+        spg = SlicePlacementGroup.from_request(request)
         try:
             refs = launch(fn, spg, args, kwargs)
         except BaseException:

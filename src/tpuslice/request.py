@@ -1,0 +1,155 @@
+"""One request type for a reservation: every input, validated once, passed by keyword.
+
+:class:`SliceRequest` holds everything a caller can say about the slices it wants;
+building one validates it and derives its :class:`~tpuslice.plan.ReservationPlan` (shape,
+bundles, selectors). ``SlicePlacementGroup``, ``run_on_slice``, ``SliceActorGroup``,
+``run_resilient`` and ``tpuslice run`` all build one, so a new reservation option is a new
+field here and nowhere else. Pure: no Ray.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from tpuslice.compat import (
+    DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
+    check_positive_int,
+    get_tpu_worker_resources,
+    resolve_resource_per_chip,
+)
+from tpuslice.errors import InvalidArgumentError, InvalidResourceError
+from tpuslice.plan import ReservationPlan
+from tpuslice.topology import SliceShape, slice_shape
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+LIFETIMES = (None, "detached")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SliceRequest:
+    """What a reservation asks for. Build it with keywords; it is checked on creation.
+
+    The fields and their defaults are those of Ray 2.60's ``SlicePlacementGroup``.
+
+    Raises:
+        InvalidArgumentError: a value is out of range or of the wrong kind (every
+            subclass is a ``ValueError``, as in Ray): an unknown generation or topology,
+            ``num_slices`` < 1, a bundle that does not tile a host, an unknown strategy.
+    """
+
+    topology: str
+    accelerator_version: str
+    resources_per_bundle: Mapping[str, float] | None = None
+    strategy: str = "SPREAD"
+    name: str = ""
+    lifetime: str | None = None
+    num_slices: int = 1
+    chips_per_vm: int | None = None
+    head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
+    bundle_label_selector: Sequence[Mapping[str, str]] | None = None
+    pg_per_slice: bool = False
+    tpu_resource_per_chip: int | None = None
+    plan: ReservationPlan = field(init=False, repr=False, compare=False)
+    """Everything derived from the fields: shape, bundles per host, bundle resources."""
+
+    def __post_init__(self) -> None:
+        if self.resources_per_bundle is not None:
+            frozen = MappingProxyType(dict(self.resources_per_bundle))
+            object.__setattr__(self, "resources_per_bundle", frozen)
+        if self.bundle_label_selector is not None:
+            selectors = tuple(MappingProxyType(dict(s or {})) for s in self.bundle_label_selector)
+            object.__setattr__(self, "bundle_label_selector", selectors)
+        object.__setattr__(self, "plan", _plan(self))
+
+
+def _plan(request: SliceRequest) -> ReservationPlan:
+    """Validate ``request`` and derive its plan. Raises ``ValueError`` subclasses that say
+    what was asked and what is valid, where Ray 2.60 crashes or hangs."""
+    check_positive_int("num_slices", request.num_slices)
+    _check_timeout(request.head_reservation_timeout_s)
+    if not isinstance(request.pg_per_slice, bool):
+        raise InvalidArgumentError(
+            f"pg_per_slice must be True or False, got {request.pg_per_slice!r}"
+        )
+    per_chip = resolve_resource_per_chip(request.tpu_resource_per_chip)
+    shape = slice_shape(request.topology, request.accelerator_version, request.chips_per_vm)
+    num_bundles, resources = get_tpu_worker_resources(
+        shape.topology,
+        shape.generation.name,
+        dict(request.resources_per_bundle) if request.resources_per_bundle else None,
+        request.num_slices,
+        shape.chips_per_host,
+        per_chip,
+    )
+    bundles_per_host = _bundles_per_host(shape, per_chip, resources["TPU"])
+    selectors = tuple(request.bundle_label_selector or ())
+    if selectors and len(selectors) != num_bundles:
+        raise InvalidArgumentError(
+            f"bundle_label_selector has {len(selectors)} entries but the reservation has "
+            f"{num_bundles} bundles ({request.num_slices} slice(s) x {shape.num_hosts} "
+            f"host(s) x {bundles_per_host} bundle(s) per host); give one selector per bundle"
+        )
+    _check_strategy(request.strategy, shape, bundles_per_host)
+    if request.lifetime not in LIFETIMES:
+        raise InvalidArgumentError(f"lifetime must be None or 'detached', got {request.lifetime!r}")
+    return ReservationPlan(
+        shape=shape,
+        num_slices=request.num_slices,
+        tpu_resource_per_chip=per_chip,
+        bundle_resources=MappingProxyType(resources),
+        bundles_per_host=bundles_per_host,
+        user_selectors=selectors,
+        strategy=request.strategy,
+        name=request.name,
+        lifetime=request.lifetime,
+        pg_per_slice=request.pg_per_slice,
+    )
+
+
+def _check_timeout(timeout: object) -> None:
+    """None (wait forever, as in Ray) or a number of seconds >= 0."""
+    if timeout is None:
+        return
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or math.isnan(timeout)
+        or timeout < 0
+    ):
+        raise InvalidArgumentError(
+            f"head_reservation_timeout_s must be seconds >= 0, or None to wait without limit; "
+            f"got {timeout!r}"
+        )
+
+
+def _bundles_per_host(shape: SliceShape, per_chip: int, tpu_per_bundle: float) -> int:
+    """Bundles must tile a host exactly, or some would straddle hosts and never place."""
+    per_host = shape.chips_per_host * per_chip
+    if tpu_per_bundle > per_host or per_host % tpu_per_bundle:
+        valid = [d for d in range(1, per_host + 1) if per_host % d == 0]
+        raise InvalidResourceError(
+            f"TPU per bundle {tpu_per_bundle:g} does not fit the {per_host} TPU of one "
+            f"{shape.pod_type} host; a bundle must hold a divisor of {per_host}: "
+            f"{', '.join(map(str, valid))}"
+        )
+    return int(per_host // tpu_per_bundle)
+
+
+def _check_strategy(strategy: str, shape: SliceShape, bundles_per_host: int) -> None:
+    if strategy not in STRATEGIES:
+        raise InvalidArgumentError(
+            f"strategy {strategy!r} is not valid; valid: {', '.join(STRATEGIES)}"
+        )
+    if strategy == "STRICT_PACK" and shape.num_hosts > 1:
+        raise InvalidArgumentError(
+            f"strategy 'STRICT_PACK' puts every bundle on one node, but a {shape.pod_type} "
+            f"slice has {shape.num_hosts} hosts; use 'SPREAD' (the default)"
+        )
+    if strategy == "STRICT_SPREAD" and bundles_per_host > 1:
+        raise InvalidArgumentError(
+            f"strategy 'STRICT_SPREAD' puts each bundle on its own node, but "
+            f"{bundles_per_host} bundles share each host here; use 'SPREAD' (the default)"
+        )

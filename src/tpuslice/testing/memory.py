@@ -1,0 +1,318 @@
+"""InMemoryCluster: :class:`~tpuslice.ops.ClusterOps` over TPU slices that exist only in memory.
+
+A stand-in for Ray in tests of the claiming loop, faithful where the loop could notice:
+nodes carry Ray's TPU labels and resources; a placement group is placed all-or-nothing,
+each bundle on a live node whose labels match its selector exactly and whose free resources
+hold it (``STRICT_SPREAD`` on distinct nodes, ``STRICT_PACK`` on one); removing a group
+frees it and is idempotent; a dead node fails its groups. Time is the cluster's own
+:class:`FakeClock`: waiting for a group that cannot place advances it by the whole timeout.
+
+Other parties act through :meth:`InMemoryCluster.script`: run an action on the *n*-th call
+of an operation, before it takes effect or after (``"snapshot"`` after = between the look
+and the claim). Raising ``KeyboardInterrupt`` there is a Ctrl-C at that step.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import ray
+from ray.util.placement_group import PlacementGroup
+
+from tpuslice.cluster import ClusterSnapshot, build_snapshot
+from tpuslice.errors import InvalidArgumentError
+from tpuslice.labels import host_labels, host_resources
+from tpuslice.topology import slice_shape
+
+T = TypeVar("T")
+NODE_ID_LABEL = "ray.io/node-id"
+OPERATIONS = (
+    "snapshot",
+    "create_group",
+    "wait_placed",
+    "remove_group",
+    "bundle_node",
+    "can_grow",
+    "sleep",
+)
+
+
+@dataclass
+class FakeClock:
+    """Time that passes only when someone waits (``sleep``) or a wait times out."""
+
+    t: float = 0.0
+    on_sleep: Callable[[float], None] | None = None
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        if self.on_sleep is not None:
+            self.on_sleep(seconds)
+        self.t += max(0.0, seconds)
+
+
+@dataclass
+class MemoryNode:
+    node_id: str
+    labels: dict[str, str]
+    resources: dict[str, float]
+    alive: bool = True
+    used: dict[str, float] = field(default_factory=dict)
+
+    def free(self, resource: str) -> float:
+        return self.resources.get(resource, 0.0) - self.used.get(resource, 0.0)
+
+    def fits(self, bundle: Mapping[str, float]) -> bool:
+        return self.alive and all(self.free(k) >= v for k, v in bundle.items() if v > 0)
+
+
+class MemoryGroup(PlacementGroup):  # type: ignore[misc]  # Ray's class is untyped
+    """A placement group of the in-memory cluster (a real ``PlacementGroup`` object)."""
+
+    def __init__(
+        self,
+        bundles: Sequence[Mapping[str, float]],
+        selectors: Sequence[Mapping[str, str]],
+        strategy: str,
+        name: str,
+        owner: str,
+    ) -> None:
+        super().__init__(
+            ray.PlacementGroupID.from_random(), bundle_cache=[dict(b) for b in bundles]
+        )
+        self.bundles = [dict(b) for b in bundles]
+        self.selectors = [dict(s) for s in selectors] or [{} for _ in bundles]
+        self.strategy = strategy
+        self.name = name
+        self.owner = owner
+        self.nodes: list[str] | None = None
+        self.removed = False
+
+
+class InMemoryCluster:
+    """TPU slices in memory, offering the operations a reservation needs.
+
+    Args:
+        slices: ``(accelerator, topology)`` or ``(accelerator, topology, count)`` items.
+        can_grow: What :meth:`can_grow` answers (an autoscaler is present).
+        cpus_per_host: Logical CPUs of each host.
+    """
+
+    def __init__(
+        self,
+        slices: Sequence[tuple[Any, ...]] = (),
+        *,
+        can_grow: bool = False,
+        cpus_per_host: float = 8.0,
+    ) -> None:
+        self.clock = FakeClock(on_sleep=lambda s: self._call("sleep", lambda: None))
+        self.growable = can_grow
+        self.cpus_per_host = cpus_per_host
+        self.nodes: dict[str, MemoryNode] = {}
+        self.slice_hosts: dict[str, list[str]] = {}
+        self.groups: list[MemoryGroup] = []
+        self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
+        self._scripts: list[tuple[str, int, Callable[[], None], bool]] = []
+        self._names = itertools.count()
+        for item in slices:
+            count = item[2] if len(item) > 2 else 1
+            for _ in range(count):
+                self.add_slice(item[0], item[1])
+
+    # --- the world -----------------------------------------------------------------------
+
+    def add_slice(self, accelerator: str, topology: str, name: str | None = None) -> str:
+        """A slice of idle hosts; returns its name (``v6e-16-0``, ``v6e-16-1``, ...)."""
+        shape = slice_shape(topology, accelerator)
+        name = name or f"{shape.pod_type}-{next(self._names)}"
+        hosts = []
+        for worker in range(shape.num_hosts):
+            node_id = f"{name}/{worker}"
+            labels = {**host_labels(shape, name, worker), NODE_ID_LABEL: node_id}
+            resources = {"CPU": self.cpus_per_host, **host_resources(shape, name, worker)}
+            self.nodes[node_id] = MemoryNode(node_id, labels, resources)
+            hosts.append(node_id)
+        self.slice_hosts[name] = hosts
+        self._place_pending()
+        return name
+
+    def kill_host(self, slice_name: str, worker_id: int) -> None:
+        """The host dies: its groups' bundles are lost, so those groups become unplaced."""
+        node = self.nodes[self.slice_hosts[slice_name][worker_id]]
+        node.alive = False
+        for group in self.live_groups():
+            if group.nodes and node.node_id in group.nodes:
+                self._unplace(group)
+
+    def take(self, slice_name: str, worker_id: int, resources: Mapping[str, float]) -> MemoryGroup:
+        """Another user holds ``resources`` of one host (placed at once, or never)."""
+        node_id = self.slice_hosts[slice_name][worker_id]
+        group = MemoryGroup([resources], [{NODE_ID_LABEL: node_id}], "PACK", "", "other")
+        self.groups.append(group)
+        self._place_pending()
+        return group
+
+    def live_groups(self, owner: str | None = None) -> list[MemoryGroup]:
+        """Groups not removed (of one owner: ``"reserver"`` or ``"other"``)."""
+        return [g for g in self.groups if not g.removed and owner in (None, g.owner)]
+
+    def script(
+        self, operation: str, call: int, action: Callable[[], None], *, after: bool = False
+    ) -> None:
+        """Run ``action`` on the ``call``-th call (1-based) of ``operation``, before it takes
+        effect, or after it (but before it returns) with ``after=True``."""
+        if operation not in OPERATIONS:
+            raise InvalidArgumentError(f"unknown operation {operation!r}; one of {OPERATIONS}")
+        self._scripts.append((operation, call, action, after))
+
+    # --- ClusterOps ----------------------------------------------------------------------
+
+    def snapshot(self, tpu_resource_per_chip: int) -> ClusterSnapshot:
+        return self._call("snapshot", lambda: self._snapshot(tpu_resource_per_chip))
+
+    def create_group(
+        self,
+        bundles: Sequence[Mapping[str, float]],
+        selectors: Sequence[Mapping[str, str]],
+        *,
+        strategy: str = "PACK",
+        name: str = "",
+        lifetime: str | None = None,
+    ) -> PlacementGroup:
+        def create() -> PlacementGroup:
+            group = MemoryGroup(bundles, selectors, strategy, name, "reserver")
+            self.groups.append(group)
+            self._place_pending()
+            return group
+
+        return self._call("create_group", create)
+
+    def wait_placed(self, groups: Sequence[PlacementGroup], timeout: float) -> list[bool]:
+        def wait() -> list[bool]:
+            self._place_pending()
+            placed = [self._group(g).nodes is not None for g in groups]
+            if not all(placed):
+                self.clock.t += max(0.0, timeout)
+            return placed
+
+        return self._call("wait_placed", wait)
+
+    def remove_group(self, group: PlacementGroup | None) -> None:
+        def remove() -> None:
+            if group is None:
+                return
+            found = self._group(group)
+            if not found.removed:
+                self._unplace(found)
+                found.removed = True
+                self._place_pending()
+
+        self._call("remove_group", remove)
+
+    def bundle_node(self, group: PlacementGroup, index: int) -> str | None:
+        def node() -> str | None:
+            nodes = self._group(group).nodes
+            return nodes[index] if nodes else None
+
+        return self._call("bundle_node", node)
+
+    def can_grow(self) -> bool:
+        return self._call("can_grow", lambda: self.growable)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _call(self, operation: str, effect: Callable[[], T]) -> T:
+        self.calls[operation] += 1
+        due = [s for s in self._scripts if s[0] == operation and s[1] == self.calls[operation]]
+        for _, _, action, after in due:
+            if not after:
+                action()
+        result = effect()
+        for _, _, action, after in due:
+            if after:
+                action()
+        return result
+
+    def _group(self, group: PlacementGroup) -> MemoryGroup:
+        if not isinstance(group, MemoryGroup) or group not in self.groups:
+            raise InvalidArgumentError(f"placement group {group.id.hex()} is not of this cluster")
+        return group
+
+    def _snapshot(self, per_chip: int) -> ClusterSnapshot:
+        records = [
+            {
+                "NodeID": n.node_id,
+                "NodeManagerAddress": f"10.0.0.{i}",  # a string; nothing connects to it
+                "Alive": n.alive,
+                "Labels": dict(n.labels),
+                "Resources": dict(n.resources) if n.alive else {},
+            }
+            for i, n in enumerate(self.nodes.values())
+        ]
+        available = {
+            n.node_id: {k: n.free(k) for k in n.resources if n.free(k) > 0}
+            for n in self.nodes.values()
+            if n.alive
+        }
+        return build_snapshot(records, available, per_chip, taken_at=self.clock.t)
+
+    def _unplace(self, group: MemoryGroup) -> None:
+        for node_id, bundle in zip(group.nodes or [], group.bundles, strict=False):
+            node = self.nodes[node_id]
+            for key, value in bundle.items():
+                node.used[key] = node.used.get(key, 0.0) - value
+        group.nodes = None
+
+    def _place_pending(self) -> None:
+        """Place waiting groups in creation order, each all-or-nothing."""
+        for group in self.live_groups():
+            if group.nodes is None:
+                group.nodes = self._fit(group)
+                for node_id, bundle in zip(group.nodes or [], group.bundles, strict=False):
+                    node = self.nodes[node_id]
+                    for key, value in bundle.items():
+                        node.used[key] = node.used.get(key, 0.0) + value
+
+    def _fit(self, group: MemoryGroup) -> list[str] | None:
+        """Nodes for every bundle (first fit), or ``None`` if any bundle has none."""
+        chosen: list[str] = []
+        planned: dict[str, dict[str, float]] = {}
+        for bundle, selector in zip(group.bundles, group.selectors, strict=True):
+            for node in self.nodes.values():
+                if not _matches(node.labels, selector) or not node.alive:
+                    continue
+                if group.strategy == "STRICT_SPREAD" and node.node_id in chosen:
+                    continue
+                if group.strategy == "STRICT_PACK" and chosen and node.node_id != chosen[0]:
+                    continue
+                extra = planned.setdefault(node.node_id, {})
+                if all(node.free(k) - extra.get(k, 0.0) >= v for k, v in bundle.items() if v > 0):
+                    for key, value in bundle.items():
+                        extra[key] = extra.get(key, 0.0) + value
+                    chosen.append(node.node_id)
+                    break
+            else:
+                return None
+        return chosen
+
+
+def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    """Ray's label-selector values: ``v``, ``!v``, ``in(a,b)`` and ``!in(a,b)``. As in
+    Kubernetes, a node without the label matches only the negative forms."""
+    for key, wanted in selector.items():
+        have = labels.get(key)
+        negative = wanted.startswith("!")
+        body = wanted[1:] if negative else wanted
+        if body.startswith("in(") and body.endswith(")"):
+            values = {v.strip() for v in body[3:-1].split(",")}
+        else:
+            values = {body}
+        found = have is not None and have in values
+        if found == negative:
+            return False
+    return True

@@ -1,0 +1,108 @@
+"""SliceRequest: one frozen, keyword-only request, validated once on creation. Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+import ray.util.tpu as ray_tpu
+
+import tpuslice
+from tpuslice.errors import InvalidArgumentError, InvalidResourceError, InvalidTopologyError
+from tpuslice.request import SliceRequest
+
+
+def test_fields_and_defaults_are_those_of_rays_slice_placement_group() -> None:
+    """Every parameter of Ray's constructor is a field, with Ray's default."""
+    ray_params = inspect.signature(ray_tpu.SlicePlacementGroup.__init__).parameters
+    fields = {f.name: f for f in dataclasses.fields(SliceRequest) if f.init}
+    for name, param in ray_params.items():
+        if name == "self":
+            continue
+        assert name in fields, name
+        if param.default is not inspect.Parameter.empty:
+            assert fields[name].default == param.default, name
+
+
+def test_positional_arguments_are_refused() -> None:
+    """Three of the inputs are strings: a swap must not type-check, so keywords only."""
+    with pytest.raises(TypeError):
+        SliceRequest("4x4", "v6e")  # type: ignore[misc]
+
+
+def test_frozen_and_its_mappings_cannot_be_changed_behind_its_back() -> None:
+    resources = {"TPU": 4.0}
+    request = SliceRequest(
+        topology="4x4", accelerator_version="v6e", resources_per_bundle=resources
+    )
+    resources["TPU"] = 1.0
+    assert request.resources_per_bundle == {"TPU": 4.0}
+    assert request.plan.bundle_resources["TPU"] == 4.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.num_slices = 2  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        request.resources_per_bundle["TPU"] = 2.0  # type: ignore[index]
+
+
+def test_the_plan_is_derived_once_on_creation() -> None:
+    request = SliceRequest(topology="2x2x2", accelerator_version="v4", num_slices=3)
+    plan = request.plan
+    assert (plan.shape.num_hosts, plan.num_slices, plan.num_bundles) == (2, 3, 6)
+    assert plan.bundle_resources == {"CPU": 1, "TPU": 4}
+    assert request.plan is plan
+
+
+def test_equal_requests_compare_equal_whatever_their_plan_object() -> None:
+    a = SliceRequest(topology="4x4", accelerator_version="v6e")
+    b = SliceRequest(topology="4x4", accelerator_version="TPU-V6E")
+    assert a != b  # the inputs differ in spelling ...
+    assert a.plan.shape == b.plan.shape  # ... the shape they ask for does not
+    assert a == SliceRequest(topology="4x4", accelerator_version="v6e")
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "text"),
+    [
+        ({"num_slices": 0}, InvalidArgumentError, "num_slices must be a positive integer"),
+        ({"num_slices": True}, InvalidArgumentError, "num_slices"),
+        ({"topology": "3x3"}, InvalidTopologyError, "did you mean '4x4'"),
+        ({"strategy": "spread"}, InvalidArgumentError, "valid: PACK, SPREAD"),
+        ({"strategy": "STRICT_PACK"}, InvalidArgumentError, "has 4 hosts"),
+        ({"lifetime": "forever"}, InvalidArgumentError, "None or 'detached'"),
+        ({"resources_per_bundle": {"TPU": 3}}, InvalidResourceError, "valid: 1, 2, 4, 8, 16"),
+        ({"head_reservation_timeout_s": -1}, InvalidArgumentError, "seconds >= 0"),
+        ({"head_reservation_timeout_s": float("nan")}, InvalidArgumentError, "seconds >= 0"),
+        ({"head_reservation_timeout_s": "10"}, InvalidArgumentError, "seconds >= 0"),
+        ({"pg_per_slice": "yes"}, InvalidArgumentError, "True or False"),
+        ({"bundle_label_selector": [{}]}, InvalidArgumentError, "1 entries but .* 4 bundles"),
+        ({"chips_per_vm": 3}, InvalidResourceError, "did you mean 4"),
+    ],
+)
+def test_every_bad_input_is_a_value_error_naming_what_is_valid(
+    changes: dict[str, object], error: type[Exception], text: str
+) -> None:
+    arguments: dict[str, object] = {"topology": "4x4", "accelerator_version": "v6e", **changes}
+    with pytest.raises(error, match=text) as info:
+        SliceRequest(**arguments)  # type: ignore[arg-type]
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, tpuslice.TPUSliceError)
+
+
+def test_strict_spread_with_split_hosts_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="2 bundles share each host"):
+        SliceRequest(
+            topology="2x2x2",
+            accelerator_version="v4",
+            resources_per_bundle={"TPU": 2},
+            strategy="STRICT_SPREAD",
+        )
+
+
+def test_none_timeout_means_wait_without_limit() -> None:
+    assert (
+        SliceRequest(
+            topology="4x4", accelerator_version="v6e", head_reservation_timeout_s=None
+        ).head_reservation_timeout_s
+        is None
+    )

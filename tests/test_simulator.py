@@ -216,6 +216,57 @@ def test_shutdown_leaves_no_process_behind() -> None:
     assert still == []
 
 
+RAISING = textwrap.dedent(
+    """
+    import json, ray
+    import ray.cluster_utils
+    from tpuslice.testing import SimulatedCluster
+
+    def scenario(break_teardown):
+        own = ValueError("the user's own error")
+        sim = SimulatedCluster([("v4", "2x2x1", 1)], cpus_per_host=1, head_cpus=1)
+        real = ray.cluster_utils.Cluster.shutdown
+        if break_teardown:
+            def broken(self):
+                raise RuntimeError("teardown broke halfway")
+            ray.cluster_utils.Cluster.shutdown = broken
+        caught, pids = None, []
+        try:
+            with sim:
+                ray.init(address=sim.address, log_to_driver=False)  # not sim.connect()
+                pids = sorted(sim.pids())
+                raise own
+        except BaseException as exc:
+            caught = exc
+        finally:
+            ray.cluster_utils.Cluster.shutdown = real
+        return {"same": caught is own, "caught": repr(caught), "connected": ray.is_initialized(),
+                "pids": pids, "left": sorted(sim.leftover_pids())}
+
+    print(json.dumps([scenario(False), scenario(True)]))
+    """
+)
+
+
+def test_an_error_in_the_block_propagates_unchanged_and_nothing_is_left() -> None:
+    """The block raises while this process is connected through its own ray.init; then
+    the same, with Ray's own teardown failing too. Both times: the block's exception
+    propagates unchanged, the driver is disconnected, and no process is left."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(
+        [sys.executable, "-c", RAISING], capture_output=True, text=True, timeout=240, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    connected, broken = json.loads(out.stdout.strip().splitlines()[-1])
+    for report in (connected, broken):
+        assert report["same"], report["caught"]
+        assert report["connected"] is False
+        assert len(report["pids"]) >= 3
+        assert report["left"] == []
+        assert [pid for pid in report["pids"] if _alive(pid)] == []
+    assert "teardown broke halfway" in out.stderr  # logged, not raised over the user's error
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

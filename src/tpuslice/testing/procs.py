@@ -1,45 +1,50 @@
-"""Process bookkeeping for the simulator (Linux /proc): who descends from whom, who
-is alive, and killing by pid. Used to prove a shutdown leaves nothing behind."""
+"""Process bookkeeping for the simulator (psutil, so it works wherever Ray does): who
+descends from whom, who is alive, and killing by pid. Proves a shutdown left nothing."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 from collections.abc import Iterable
+
+import psutil
 
 
 def sigkill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    """SIGKILL ``pid``; a process already gone is fine."""
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+        psutil.Process(pid).kill()
+
+
+def kill_and_wait(pids: Iterable[int], timeout: float = 10.0) -> set[int]:
+    """SIGKILL every pid and wait (bounded) until they are gone; return any still alive."""
+    processes = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            process.kill()
+            processes.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    return {p.pid for p in alive if pid_alive(p.pid)}
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return state != "Z"
 
 
 def descendants(pids: Iterable[int]) -> set[int]:
-    """The given pids and every live process below them (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
+    """The given pids that are alive and every live process below them."""
     found: set[int] = set()
-    todo = list(pids)
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
             found.add(pid)
-            todo.extend(children.get(pid, []))
+            found.update(child.pid for child in process.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
     return found

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import ray
@@ -46,7 +47,7 @@ from tpuslice.labels import (
     host_labels,
     host_resources,
 )
-from tpuslice.testing.procs import descendants, pid_alive, sigkill
+from tpuslice.testing.procs import descendants, kill_and_wait, pid_alive, sigkill
 from tpuslice.topology import SliceShape, slice_shape
 
 logger = logging.getLogger(__name__)
@@ -215,8 +216,20 @@ class SimulatedCluster:
     def __enter__(self) -> SimulatedCluster:
         return self.start() if self._cluster is None else self
 
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Shut down; an error in the block propagates unchanged, even if shutting down
+        fails too (that failure is logged, and every process is still killed)."""
+        try:
+            self.shutdown()
+        except Exception:
+            if exc is None:
+                raise
+            logger.exception("shutting the simulated cluster down failed (after: %r)", exc)
 
     @property
     def address(self) -> str:
@@ -235,15 +248,24 @@ class SimulatedCluster:
         self._connected = True
 
     def shutdown(self) -> None:
-        """Disconnect the driver (if we connected it) and stop every process we started."""
-        if self._connected and ray.is_initialized():
+        """Disconnect this process if it is connected to this cluster (through
+        :meth:`connect` or its own ``ray.init``), then stop every process we started.
+        Idempotent. If Ray's own teardown fails, the processes are killed by pid and the
+        error is raised."""
+        cluster, self._cluster = self._cluster, None
+        if ray.is_initialized() and (self._connected or _driver_on(cluster)):
             ray.shutdown()
         self._connected = False
-        cluster, self._cluster = self._cluster, None
-        if cluster is not None:
-            self._known_pids |= self.pids(cluster)
-            cluster.shutdown()
         self.slices.clear()
+        if cluster is None:
+            return
+        self._known_pids |= self.pids(cluster)
+        try:
+            cluster.shutdown()
+        finally:
+            stuck = kill_and_wait(self.leftover_pids())
+            if stuck:
+                logger.error("simulator processes survived SIGKILL: %s", sorted(stuck))
 
     def pids(self, cluster: Cluster | None = None) -> set[int]:
         """Pids of every Ray process of this cluster (nodes and their workers)."""
@@ -411,6 +433,13 @@ class SimulatedCluster:
                 f"slice {slice_name} has workers 0..{len(hosts) - 1}, not {worker_id}"
             )
         return hosts[worker_id]
+
+
+def _driver_on(cluster: Cluster | None) -> bool:
+    """Whether this (connected) process's driver is on ``cluster``."""
+    if cluster is None:
+        return False
+    return str(ray.get_runtime_context().gcs_address) == str(cluster.address)
 
 
 def _suffixes() -> Iterable[str]:

@@ -16,7 +16,10 @@ operation, ratios to the first:
 Operations: reserve 1, 2 and 4 slices (until every bundle is placed; the release is not
 timed); a one-shot run on one slice (reserve, a task per host, results, release) in this
 driver, and again with every call in a fresh driver process; a call on a slice reserved
-beforehand (floor: raw tasks on the same placement group as ours).
+beforehand (floor: raw tasks on a raw group of its own; ours runs in the slice's owner
+processes, one per host, started by the first, untimed call); handing a held slice back
+after one call (only the release is timed: ours stops its owners and has each host's agent
+confirm the TPU free before the groups go; the floor removes its group).
 
 Method: worker processes are first started by a plain task on every host; then one cold
 round (the first call of each path in this driver); then a few calls through each path on
@@ -75,7 +78,7 @@ IDLE_BOUND_S = 30.0
 CHILD_TIMEOUT_S = 120.0
 WARM_CALLS = 3
 TARGETS = {
-    "one-shot": 1.15,  # ours one-shot / floor one-shot
+    "one-shot": 1.1,  # ours one-shot / floor one-shot
     "reserve-1": 3.0,  # ours reserve 1 / floor reserve 1
     "reserve-n": 1.5,  # ours reserve N / ours reserve 1
     "held": 1.1,  # ours call on a held slice / raw tasks on the same group
@@ -133,6 +136,15 @@ def raw_group(setup: Setup, num_slices: int) -> PlacementGroup:
         {SLICE_NAME_LABEL: name, WORKER_ID_LABEL: str(worker)}
         for name in setup.names[:num_slices]
         for worker in range(setup.shape.num_hosts)
+    ]
+    bundles = [{"CPU": 1.0, "TPU": float(setup.shape.chips_per_host)} for _ in selectors]
+    return placement_group(bundles, strategy="SPREAD", bundle_label_selector=selectors)
+
+
+def raw_group_on(setup: Setup, name: str) -> PlacementGroup:
+    """One bundle per host of slice ``name``, pinned by label."""
+    selectors = [
+        {SLICE_NAME_LABEL: name, WORKER_ID_LABEL: str(w)} for w in range(setup.shape.num_hosts)
     ]
     bundles = [{"CPU": 1.0, "TPU": float(setup.shape.chips_per_host)} for _ in selectors]
     return placement_group(bundles, strategy="SPREAD", bundle_label_selector=selectors)
@@ -231,15 +243,17 @@ ONE_SHOT: dict[str, Callable[[Setup], Sample]] = {
 
 
 class HeldSlices:
-    """One slice reserved by ours and one by Ray for a round, each called once untimed (the
-    first tasks into a fresh group wait on Ray's resource report); the floor's raw tasks go
-    into our group, so floor and ours run on the very same placement group."""
+    """One slice reserved by each path for a round (ours, Ray's, and a raw group for the
+    floor), each called once untimed: the first tasks into a fresh group wait on Ray's
+    resource report, and ours starts its owner processes (one per host, holding each
+    bundle's TPU, so the floor's tasks cannot share our group: it gets its own slice)."""
 
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
         self._stack = ExitStack()
         self.ours: tpuslice.SlicePlacementGroup | None = None
         self.ray: ray_tpu.SlicePlacementGroup | None = None
+        self.raw: PlacementGroup | None = None
 
     def __enter__(self) -> HeldSlices:
         with ExitStack() as stack:
@@ -247,14 +261,20 @@ class HeldSlices:
             held = ray_tpu.SlicePlacementGroup(*self._args())
             stack.callback(held.shutdown)
             ray.get(held.slice_placement_group.ready())
-            self.ours, self.ray = ours, held
+            free = [s.name for s in read_snapshot().ready(self.setup.shape)]
+            if not free:
+                raise BenchError("the held-slice operation needs three idle slices")
+            raw = raw_group_on(self.setup, free[0])
+            stack.callback(remove_placement_group, raw)
+            ray.get(raw.ready())
+            self.ours, self.ray, self.raw = ours, held, raw
             for call in self.calls().values():
                 call()
             self._stack = stack.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.ours = self.ray = None
+        self.ours = self.ray = self.raw = None
         self._stack.close()
 
     def _args(self) -> tuple[str, str]:
@@ -264,8 +284,8 @@ class HeldSlices:
         return {"floor": self.floor, "ray": self.ray_call, "ours": self.ours_call}
 
     def floor(self) -> Sample:
-        assert self.ours is not None
-        pg = self.ours.slice_placement_group
+        assert self.raw is not None
+        pg = self.raw
         shape = self.setup.shape
         started = now()
         results = ray.get(raw_tasks(pg, shape.num_hosts, shape.chips_per_host))
@@ -280,6 +300,38 @@ class HeldSlices:
         started = now()
         results = ray.get(tpuslice.run_on_slice(whoami, tpu_slice=self.ours))
         return Sample(now() - started, results)
+
+
+# --- handing a slice back -------------------------------------------------------------------
+
+
+def floor_hand_back(setup: Setup) -> Sample:
+    """Reserve, one task per host (untimed); then time the removal of the group."""
+    pg = raw_group(setup, 1)
+    ray.get(pg.ready())
+    ray.get(raw_tasks(pg, setup.shape.num_hosts, setup.shape.chips_per_host))
+    started = now()
+    remove_placement_group(pg)
+    return Sample(now() - started)
+
+
+def ray_hand_back(setup: Setup) -> Sample:
+    held = ray_tpu.SlicePlacementGroup(setup.topology, setup.generation)
+    ray.get(held.slice_placement_group.ready())
+    ray.get(ray_tpu.run_on_slice(whoami, tpu_slice=held))
+    started = now()
+    held.shutdown()
+    return Sample(now() - started)
+
+
+def ours_hand_back(setup: Setup) -> Sample:
+    """Ours also stops its owner processes and has each host's agent confirm that no
+    process of the work still owns the TPU before the groups go."""
+    spg = tpuslice.SlicePlacementGroup(setup.topology, setup.generation)
+    ray.get(tpuslice.run_on_slice(whoami, tpu_slice=spg))
+    started = now()
+    spg.shutdown()
+    return Sample(now() - started)
 
 
 # --- fresh driver processes -------------------------------------------------------------------
@@ -446,6 +498,16 @@ def operations(setup: Setup) -> list[Operation]:
             passes=1,
         ),
         Operation("held", "call on a held slice", held.calls(), hold=held, cold=False, passes=5),
+        Operation(
+            "hand-back",
+            "hand a held slice back",
+            {
+                "floor": lambda: floor_hand_back(setup),
+                "ray": lambda: ray_hand_back(setup),
+                "ours": lambda: ours_hand_back(setup),
+            },
+            cold=False,
+        ),
     ]
     return ops
 

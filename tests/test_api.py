@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 
+import pytest
 import ray.util.tpu as ray_tpu
 
 import tpuslice
-
-# Public names of Ray 2.60's ray.util.tpu that tpuslice will offer once their issue lands.
-# Remove a name from here when it is added to tpuslice.__all__ (a test checks this).
-LATER_ISSUES: frozenset[str] = frozenset()
 
 # Public names of ray.util.tpu that tpuslice does not mean to offer, with the reason.
 NOT_OFFERED: dict[str, str] = {
@@ -61,19 +60,26 @@ def test_ray_public_api_is_what_we_expect_it_to_be() -> None:
 
 
 def test_every_public_ray_tpu_name_is_offered_or_scheduled() -> None:
-    unaccounted = ray_public_tpu_api() - set(tpuslice.__all__) - LATER_ISSUES - set(NOT_OFFERED)
-    assert unaccounted == set(), "offer these, or list them in LATER_ISSUES / NOT_OFFERED"
+    unaccounted = ray_public_tpu_api() - set(tpuslice.__all__) - set(NOT_OFFERED)
+    assert unaccounted == set(), "offer these, or list them in NOT_OFFERED with the reason"
 
 
-def test_later_issues_and_not_offered_name_real_ray_names() -> None:
-    unknown = (LATER_ISSUES | set(NOT_OFFERED)) - ray_public_tpu_api()
-    assert unknown == set()
+def test_names_not_offered_are_real_ray_names_we_do_not_offer() -> None:
+    assert set(NOT_OFFERED) <= ray_public_tpu_api()
+    assert not set(NOT_OFFERED) & set(tpuslice.__all__), "offered now: drop from NOT_OFFERED"
 
 
-def test_later_issues_is_not_stale() -> None:
-    offered_now = LATER_ISSUES & set(tpuslice.__all__)
-    assert offered_now == set(), "now offered: remove these from LATER_ISSUES"
-    assert not set(NOT_OFFERED) & set(tpuslice.__all__)
+def test_every_name_in_all_is_loadable_and_nothing_else_is() -> None:
+    assert set(tpuslice._EXPORTS) == set(tpuslice.__all__) - {"__version__"}
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = tpuslice.nope  # type: ignore[attr-defined]
+
+
+def test_importing_tpuslice_or_its_pytest_plugin_does_not_import_ray() -> None:
+    """pytest loads the plugin in every run in an environment with tpuslice installed."""
+    code = "import sys, tpuslice, tpuslice.testing.plugin; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_offered_ray_names_are_the_same_kind_of_object() -> None:

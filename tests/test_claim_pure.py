@@ -234,3 +234,35 @@ def test_an_error_while_waiting_propagates_and_leaves_nothing_behind() -> None:
     with pytest.raises(RuntimeError, match="GCS went away"):
         reserver(cluster).run()
     assert cluster.live_groups("reserver") == []
+
+
+# --- TPU owners --------------------------------------------------------------------------
+
+NOTEBOOK = "pid 4242 (python notebook.py)"
+
+
+def test_a_slice_whose_tpu_another_process_owns_is_given_back_and_another_taken() -> None:
+    """Ray's resources say both slices are idle; a process outside Ray holds a TPU of the
+    first. Its head claim is given back, the second slice is taken, and the first shows
+    busy with the owner named from then on."""
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
+    cluster.own_tpu("v6e-16-0", 2, NOTEBOOK)
+    assert names(reserver(cluster).run()) == ["v6e-16-1"]
+    assert len(cluster.live_groups("reserver")) == 2
+    view = cluster.snapshot(1).slices["v6e-16-0"]
+    assert view.state.value == "busy"
+    assert view.reason == f"1/4 hosts in use; host 2: TPU held by {NOTEBOOK}"
+
+
+def test_a_stale_owner_record_does_not_keep_a_slice_busy_forever() -> None:
+    """The owner exits after being recorded; the waiting reservation asks again and
+    takes the slice."""
+    cluster = InMemoryCluster([("v6e", "4x4", 1)])
+    cluster.own_tpu("v6e-16-0", 1, NOTEBOOK)
+    with pytest.raises(ReservationTimeoutError, match="TPU held by pid 4242"):
+        reserver(cluster, head_reservation_timeout_s=1.0).run()
+    cluster.own_tpu("v6e-16-0", 1, None)  # the notebook exits; its record stays
+    assert cluster.snapshot(1).slices["v6e-16-0"].state.value == "busy"
+    reservation = reserver(cluster, head_reservation_timeout_s=30.0).run()
+    assert names(reservation) == ["v6e-16-0"]
+    assert cluster.clock.t < 1.0 + claim.REPROBE_S + 1.0

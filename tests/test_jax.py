@@ -52,15 +52,6 @@ def test_distributed_args_come_from_the_slice_context() -> None:
     }
 
 
-def test_coordinator_env_vars_match_ray() -> None:
-    assert tpuslice.get_tpu_coordinator_env_vars("10.0.0.7", 2, 1) == {
-        "MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.7",
-        "MEGASCALE_PORT": "8081",
-        "MEGASCALE_NUM_SLICES": "2",
-        "MEGASCALE_SLICE_ID": "1",
-    }
-
-
 def test_profiler_without_jax_warns_and_returns(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

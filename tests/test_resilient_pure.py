@@ -17,6 +17,7 @@ from tpuslice.errors import (
     RetriesExhaustedError,
     SliceShutdownError,
 )
+from tpuslice.request import SliceRequest
 from tpuslice.resilient import (
     AttemptEvent,
     Decision,
@@ -240,11 +241,17 @@ class FakeSlices:
         self.log.append(f"release {self.slice_names[0]}")
 
 
-class FakeRequest:
+REQUEST = SliceRequest(topology="2x2x2", accelerator_version="v4")
+
+
+class FakeReserver:
+    """Stands in for ``SlicePlacementGroup.from_request``: scripted slices, a log."""
+
     def __init__(self, log: list[str], fail_on: int | None = None) -> None:
         self.log, self.fail_on, self.count = log, fail_on, 0
 
-    def reserve(self) -> FakeSlices:
+    def reserve(self, request: SliceRequest) -> FakeSlices:
+        assert request is REQUEST
         self.count += 1
         if self.count == self.fail_on:
             raise ReservationTimeoutError("no v4-16 within 5 s")
@@ -273,10 +280,11 @@ def test_loop_retries_per_budget_and_releases_before_each_retry() -> None:
     errors = [rex.NodeDiedError("gone"), task_error(ValueError("bad")), None]
     run = ResilientRun(
         scripted_body(errors, log),
-        FakeRequest(log),  # type: ignore[arg-type]
+        REQUEST,
         RetryPolicy(max_retries_failure=1, max_retries_preemption=1),
         events.append,
         Clock(sleep=lambda s: log.append(f"sleep {s}")),
+        reserve=FakeReserver(log).reserve,  # type: ignore[arg-type]
     )
     assert run.until_done() == ["r0", "r1"]
     assert log == [
@@ -300,9 +308,10 @@ def test_loop_gives_up_with_history_and_the_last_task_error_chained() -> None:
     last = task_error(KeyError("k"))
     run = ResilientRun(
         scripted_body([rex.WorkerCrashedError(), last], log),
-        FakeRequest(log),  # type: ignore[arg-type]
+        REQUEST,
         RetryPolicy(max_retries_failure=0, max_retries_preemption=5),
         clock=Clock(sleep=lambda s: None),
+        reserve=FakeReserver(log).reserve,  # type: ignore[arg-type]
     )
     with pytest.raises(RetriesExhaustedError, match="failure budget of 0 retries") as info:
         run.until_done()
@@ -319,10 +328,11 @@ def test_a_reservation_that_times_out_ends_the_run_with_its_own_error() -> None:
     events: list[AttemptEvent] = []
     run = ResilientRun(
         scripted_body([rex.NodeDiedError("gone")], log),
-        FakeRequest(log, fail_on=2),  # type: ignore[arg-type]
+        REQUEST,
         RetryPolicy(),
         events.append,
         Clock(sleep=lambda s: None),
+        reserve=FakeReserver(log, fail_on=2).reserve,  # type: ignore[arg-type]
     )
     with pytest.raises(ReservationTimeoutError, match="no v4-16"):
         run.until_done()

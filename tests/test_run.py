@@ -12,6 +12,7 @@ import ray
 
 import tpuslice
 from clusterutil import wait_for, where_am_i
+from tpuslice.run import MEGASCALE_VARS, HostContext, launch
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
 pytestmark = pytest.mark.cluster
@@ -66,7 +67,8 @@ def plant_stale_env() -> int:
 
 def test_stale_megascale_values_never_leak(tpu_cluster: SimulatedCluster) -> None:
     """A warm worker left with stale MEGASCALE_* values (as hand-written code leaves them):
-    our tasks overwrite them for 2 slices and remove them for 1."""
+    our tasks (one-shots and resilient attempts run as tasks: ``launch``) overwrite them
+    for 2 slices and remove them for 1."""
     with tpuslice.SlicePlacementGroup(**V4, num_slices=2) as spg:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -80,7 +82,7 @@ def test_stale_megascale_values_never_leak(tpu_cluster: SimulatedCluster) -> Non
                 ]
             )
         )
-        results = ray.get(tpuslice.run_on_slice(context, tpu_slice=spg))
+        results = ray.get(launch(context, spg, (), {}))
     reused = [r for r in results if r["pid"] in stale_pids]
     assert reused, "expected at least one warm worker to be reused"
     assert [r["env"]["MEGASCALE_SLICE_ID"] for r in results] == ["0", "0", "1", "1"]
@@ -104,7 +106,7 @@ def test_env_is_restored_after_the_task(tpu_cluster: SimulatedCluster) -> None:
 
     with tpuslice.SlicePlacementGroup(**V4) as spg:
         before = {r["pid"]: r["env"] for r in plain_tasks(spg)}
-        first = ray.get(tpuslice.run_on_slice(context, tpu_slice=spg))
+        first = ray.get(launch(context, spg, (), {}))
         after = {r["pid"]: r["env"] for r in plain_tasks(spg)}
     reused = set(before) & set(after) & {r["pid"] for r in first}
     assert reused, "expected warm workers to be reused"
@@ -249,3 +251,30 @@ def test_actor_group_names_a_dead_host(tpu_cluster: SimulatedCluster) -> None:
         spg.shutdown()
         tpu_cluster.restore_slice(name)
     wait_for(lambda: tpuslice.get_num_ready_tpu_slices("2x2x2", "v4") == 4, timeout=30)
+
+
+CONTEXT_VARS = {f"TPUSLICE_{name.upper()}" for name in HostContext.__annotations__} | set(
+    MEGASCALE_VARS
+)
+
+
+@ray.remote
+def env_now() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k in CONTEXT_VARS}
+
+
+def test_owners_run_every_held_call_in_one_process_with_its_own_context(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """On a held slice, each rank's calls run in one owner process (not a task worker),
+    each with its context, and the environment is restored between calls."""
+    with tpuslice.SlicePlacementGroup(**V4, num_slices=2) as spg:
+        first = ray.get(tpuslice.run_on_slice(context, tpu_slice=spg))
+        second = ray.get(tpuslice.run_on_slice(context, tpu_slice=spg))
+        assert [r["pid"] for r in first] == [r["pid"] for r in second]
+        assert [r["host"].rank for r in second] == [0, 1, 2, 3]
+        assert {r["env"]["MEGASCALE_NUM_SLICES"] for r in second} == {"2"}
+        owners = spg.ownership.current
+        assert owners is not None and len(owners.handles) == 4
+        leftover = [ray.get(h.call.remote(env_now._function, {}, (), {})) for h in owners.handles]
+    assert leftover == [{}] * 4  # nothing of a call's context stays in the owner

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.text import Text
 
 from test_cluster_view import cpu_node, idle, killed, take, tpu_node, tpu_slice
-from tpuslice import cli, cluster, status
+from tpuslice import _ray, cli, cli_connect, cluster, status
 from tpuslice.cluster import ClusterSnapshot, SliceState, build_snapshot
 from tpuslice.topology import slice_shape
 
@@ -202,6 +202,7 @@ def test_json_has_every_slice_state_reason_and_host() -> None:
         "tpu_total": 4.0,
         "tpu_available": 4.0,
         "head_free": True,
+        "tpu_owner": None,
     }
     assert [h["state"] for h in broken["hosts"]] == ["free", "free", "dead"]
     odd = next(s for s in data["slices"] if s["name"] == "odd-labels")
@@ -214,9 +215,15 @@ def test_json_has_every_slice_state_reason_and_host() -> None:
 class FakeRay:
     """Stands in for ``ray.init`` / ``ray.shutdown`` / ``ray.is_initialized``."""
 
-    def __init__(self, error: Exception | None = None, initialized: bool = False) -> None:
+    def __init__(
+        self,
+        error: Exception | None = None,
+        initialized: bool = False,
+        recorded: str | None = None,
+    ) -> None:
         self.error = error
         self.initialized = initialized
+        self.recorded = recorded  # the address Ray recorded for the last local cluster
         self.init_calls: list[dict[str, Any]] = []
         self.shutdowns = 0
 
@@ -224,6 +231,7 @@ class FakeRay:
         monkeypatch.setattr(ray, "init", self.init)
         monkeypatch.setattr(ray, "shutdown", self.shutdown)
         monkeypatch.setattr(ray, "is_initialized", lambda: self.initialized)
+        monkeypatch.setattr(_ray, "recorded_cluster_address", lambda: self.recorded)
         return self
 
     def init(self, **kwargs: Any) -> None:
@@ -242,7 +250,7 @@ def snapshot(monkeypatch: pytest.MonkeyPatch) -> ClusterSnapshot:
     """The mixed snapshot, served by a fake ``read_snapshot``; no connection made."""
     snap = mixed_snapshot()
     monkeypatch.setattr(cluster, "read_snapshot", lambda per_chip=None: snap)
-    monkeypatch.setattr(cli, "connect", lambda address: False)
+    monkeypatch.setattr(cli_connect, "connect", lambda address: False)
     return snap
 
 
@@ -273,7 +281,7 @@ def test_status_passes_tpu_resource_per_chip(monkeypatch: pytest.MonkeyPatch) ->
         return build_snapshot([], {})
 
     monkeypatch.setattr(cluster, "read_snapshot", read)
-    monkeypatch.setattr(cli, "connect", lambda address: False)
+    monkeypatch.setattr(cli_connect, "connect", lambda address: False)
     assert invoke("--tpu-resource-per-chip", "2").exit_code == 0
     assert invoke().exit_code == 0
     assert asked == [2, None]
@@ -400,8 +408,8 @@ def test_disconnects_after_connecting_even_on_error(monkeypatch: pytest.MonkeyPa
 
 def test_already_connected_process_is_left_connected(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeRay(initialized=True).install(monkeypatch)
-    assert cli.connect(None) is False
-    with cli.connected("127.0.0.1:1"):  # never probed: already connected
+    assert cli_connect.connect(None) is False
+    with cli_connect.connected("127.0.0.1:1"):  # never probed: already connected
         pass
     assert fake.init_calls == []
     assert fake.shutdowns == 0
@@ -414,10 +422,55 @@ def test_connect_returns_true_when_it_connected(monkeypatch: pytest.MonkeyPatch)
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         address = f"127.0.0.1:{listener.getsockname()[1]}"
-        assert cli.connect(address) is True
+        assert cli_connect.connect(address) is True
     assert fake.init_calls == [{"address": address, "log_to_driver": False, "logging_level": 30}]
 
 
 def test_states_in_json_are_the_enum_values() -> None:
     data = status.status_dict(mixed_snapshot())
     assert {s["state"] for s in data["slices"]} == {s.value for s in SliceState}
+
+
+def test_a_recorded_cluster_that_is_gone_fails_fast_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No --address, no RAY_ADDRESS: Ray would join the cluster it recorded as last
+    started here, and retry it for minutes if it is gone; we probe it first."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    fake = FakeRay(recorded="127.0.0.1:1").install(monkeypatch)  # loopback; nothing listens
+    result = invoke()
+    assert result.exit_code == 1
+    assert "the last one started here (127.0.0.1:1, recorded by Ray) does not answer" in (
+        result.output
+    )
+    assert fake.init_calls == []
+
+
+def test_a_recorded_cluster_that_answers_is_joined(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        recorded = f"127.0.0.1:{listener.getsockname()[1]}"
+        fake = FakeRay(recorded=recorded).install(monkeypatch)
+        assert cli_connect.connect(None) is True
+    assert fake.init_calls == [{"address": "auto", "log_to_driver": False, "logging_level": 30}]
+
+
+def test_a_recorded_tpu_owner_makes_an_idle_host_busy_and_is_shown() -> None:
+    """Ray's resources say every host is free; an agent saw a process owning host 2's
+    TPU. The slice is busy with the owner named, in the table, the JSON and the owners
+    view."""
+    nodes = tpu_slice("v6e-16-a", "v6e-16", "4x4", 4, 4.0)
+    owner = "pid 4242 (python notebook.py)"
+    snapshot = build_snapshot(nodes, {}, tpu_owners={nodes[2]["NodeID"]: owner})
+    info = snapshot.slices["v6e-16-a"]
+    assert info.state is SliceState.BUSY
+    assert info.reason == f"1/4 hosts in use; host 2: TPU held by {owner}"
+    data = status.status_dict(snapshot)
+    assert data["slices"][0]["hosts"][2]["tpu_owner"] == owner
+    assert data["slices"][0]["hosts"][2]["state"] == "busy"
+    console = Console(width=120, record=True)
+    console.print(status.owners_table(snapshot))
+    shown = console.export_text()
+    assert "v6e-16-a" in shown and owner in shown

@@ -3,64 +3,174 @@
 Layers, bottom up: ``topology`` (pure shapes) -> ``cluster`` (read-only view of slices)
 -> ``reserve`` (whole-slice placement groups) -> ``run`` (one task per host, in rank order).
 ``testing.SimulatedCluster`` stands in for real TPU VMs; ``cli`` is a thin shell over it all.
+
+The public names load on first use (PEP 562), so ``import tpuslice`` (and the pytest
+plugin, which every pytest run in an environment with tpuslice loads) does not import Ray.
 """
 
 from __future__ import annotations
 
-from tpuslice.actors import SliceActorGroup
-from tpuslice.cluster import (
-    ClusterSnapshot,
-    HostInfo,
-    HostState,
-    SliceInfo,
-    SliceState,
-    read_snapshot,
-)
-from tpuslice.compat import (
-    DEFAULT_MEGASCALE_PORT,
-    DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
-    VALID_TPU_TYPES,
-    get_chips_per_host,
-    get_num_chips_from_topology,
-    get_tpu_coordinator_env_vars,
-    get_tpu_num_slices_for_workers,
-    get_tpu_resource_per_chip,
-    get_tpu_version_from_type,
-    get_tpu_worker_resources,
-    infer_tpu_pod_type_from_topology,
-)
-from tpuslice.errors import (
-    AmbiguousPodTypeError,
-    HostLostError,
-    InsufficientSlicesError,
-    InvalidAcceleratorError,
-    InvalidArgumentError,
-    InvalidResourceError,
-    InvalidTopologyError,
-    NotConnectedError,
-    ReservationTimeoutError,
-    RetriesExhaustedError,
-    SliceShutdownError,
-    TPUSliceError,
-)
-from tpuslice.jax import init_jax_profiler
-from tpuslice.node import (
-    get_current_pod_name,
-    get_current_pod_worker_count,
-    get_num_tpu_chips_on_node,
-)
-from tpuslice.reserve import SlicePlacementGroup, reserve_tpu_slice, slice_placement_group
-from tpuslice.resilient import AttemptEvent, Outcome, classify, run_resilient
-from tpuslice.run import HostContext, current_host, dispatch, run_on_slice
-from tpuslice.slices import (
-    get_num_ready_tpu_slices,
-    get_num_tpu_slices,
-    get_tpu_nodes_for_slice,
-    get_tpu_slice_name_from_node,
-)
-from tpuslice.topology import GENERATIONS, Generation, SliceShape, parse_pod_type, slice_shape
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "SliceActorGroup": "tpuslice.actors",
+    "ClusterSnapshot": "tpuslice.cluster",
+    "HostInfo": "tpuslice.cluster",
+    "HostState": "tpuslice.cluster",
+    "SliceInfo": "tpuslice.cluster",
+    "SliceState": "tpuslice.cluster",
+    "read_snapshot": "tpuslice.cluster",
+    "DEFAULT_MEGASCALE_PORT": "tpuslice.compat",
+    "DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S": "tpuslice.compat",
+    "VALID_TPU_TYPES": "tpuslice.compat",
+    "get_chips_per_host": "tpuslice.compat",
+    "get_num_chips_from_topology": "tpuslice.compat",
+    "get_tpu_coordinator_env_vars": "tpuslice.compat",
+    "get_tpu_num_slices_for_workers": "tpuslice.compat",
+    "get_tpu_resource_per_chip": "tpuslice.compat",
+    "get_tpu_version_from_type": "tpuslice.compat",
+    "get_tpu_worker_resources": "tpuslice.compat",
+    "infer_tpu_pod_type_from_topology": "tpuslice.compat",
+    "AmbiguousPodTypeError": "tpuslice.errors",
+    "HostLostError": "tpuslice.errors",
+    "InsufficientSlicesError": "tpuslice.errors",
+    "InvalidAcceleratorError": "tpuslice.errors",
+    "InvalidArgumentError": "tpuslice.errors",
+    "InvalidResourceError": "tpuslice.errors",
+    "InvalidTopologyError": "tpuslice.errors",
+    "NotConnectedError": "tpuslice.errors",
+    "ReservationTimeoutError": "tpuslice.errors",
+    "RetriesExhaustedError": "tpuslice.errors",
+    "SliceShutdownError": "tpuslice.errors",
+    "TPUInUseError": "tpuslice.errors",
+    "TPUSliceError": "tpuslice.errors",
+    "init_jax_profiler": "tpuslice.jax",
+    "get_current_pod_name": "tpuslice.node",
+    "get_current_pod_worker_count": "tpuslice.node",
+    "get_num_tpu_chips_on_node": "tpuslice.node",
+    "SlicePlacementGroup": "tpuslice.reserve",
+    "reserve_tpu_slice": "tpuslice.reserve",
+    "slice_placement_group": "tpuslice.reserve",
+    "AttemptEvent": "tpuslice.resilient",
+    "Outcome": "tpuslice.resilient",
+    "classify": "tpuslice.resilient",
+    "run_resilient": "tpuslice.resilient",
+    "HostContext": "tpuslice.run",
+    "current_host": "tpuslice.run",
+    "dispatch": "tpuslice.run",
+    "run_on_slice": "tpuslice.run",
+    "get_num_ready_tpu_slices": "tpuslice.slices",
+    "get_num_tpu_slices": "tpuslice.slices",
+    "get_tpu_nodes_for_slice": "tpuslice.slices",
+    "get_tpu_slice_name_from_node": "tpuslice.slices",
+    "GENERATIONS": "tpuslice.topology",
+    "Generation": "tpuslice.topology",
+    "SliceShape": "tpuslice.topology",
+    "parse_pod_type": "tpuslice.topology",
+    "slice_shape": "tpuslice.topology",
+}
+"""Each public name and the module that defines it."""
+
+if TYPE_CHECKING:
+    from tpuslice.actors import (
+        SliceActorGroup,
+    )
+    from tpuslice.cluster import (
+        ClusterSnapshot,
+        HostInfo,
+        HostState,
+        SliceInfo,
+        SliceState,
+        read_snapshot,
+    )
+    from tpuslice.compat import (
+        DEFAULT_MEGASCALE_PORT,
+        DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
+        VALID_TPU_TYPES,
+        get_chips_per_host,
+        get_num_chips_from_topology,
+        get_tpu_coordinator_env_vars,
+        get_tpu_num_slices_for_workers,
+        get_tpu_resource_per_chip,
+        get_tpu_version_from_type,
+        get_tpu_worker_resources,
+        infer_tpu_pod_type_from_topology,
+    )
+    from tpuslice.errors import (
+        AmbiguousPodTypeError,
+        HostLostError,
+        InsufficientSlicesError,
+        InvalidAcceleratorError,
+        InvalidArgumentError,
+        InvalidResourceError,
+        InvalidTopologyError,
+        NotConnectedError,
+        ReservationTimeoutError,
+        RetriesExhaustedError,
+        SliceShutdownError,
+        TPUInUseError,
+        TPUSliceError,
+    )
+    from tpuslice.jax import (
+        init_jax_profiler,
+    )
+    from tpuslice.node import (
+        get_current_pod_name,
+        get_current_pod_worker_count,
+        get_num_tpu_chips_on_node,
+    )
+    from tpuslice.reserve import (
+        SlicePlacementGroup,
+        reserve_tpu_slice,
+        slice_placement_group,
+    )
+    from tpuslice.resilient import (
+        AttemptEvent,
+        Outcome,
+        classify,
+        run_resilient,
+    )
+    from tpuslice.run import (
+        HostContext,
+        current_host,
+        dispatch,
+        run_on_slice,
+    )
+    from tpuslice.slices import (
+        get_num_ready_tpu_slices,
+        get_num_tpu_slices,
+        get_tpu_nodes_for_slice,
+        get_tpu_slice_name_from_node,
+    )
+    from tpuslice.topology import (
+        GENERATIONS,
+        Generation,
+        SliceShape,
+        parse_pod_type,
+        slice_shape,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        try:  # a submodule, such as ``tpuslice.jax`` after a bare ``import tpuslice``
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+        raise AttributeError(f"module 'tpuslice' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "DEFAULT_MEGASCALE_PORT",
@@ -90,6 +200,7 @@ __all__ = [
     "SliceShape",
     "SliceShutdownError",
     "SliceState",
+    "TPUInUseError",
     "TPUSliceError",
     "__version__",
     "classify",

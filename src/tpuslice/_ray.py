@@ -48,6 +48,18 @@ def cluster_can_grow() -> bool:
     return state.get_cluster_config() is not None
 
 
+def recorded_cluster_address() -> str | None:
+    """The address of the last cluster started on this machine, which ``address="auto"``
+    joins (Ray records it in ``<temp dir>/ray_current_cluster``); ``None`` if none.
+
+    Public alternative: none.
+    """
+    from ray._private.utils import read_ray_address
+
+    address: str | None = read_ray_address(None)
+    return address or None
+
+
 def node_process_pids(node: Any) -> list[int]:
     """Pids of the Ray processes a ``ray.cluster_utils`` node started (raylet, GCS, ...).
 
@@ -72,7 +84,19 @@ def kv_put(key: str, value: bytes, namespace: str | None) -> None:
     internal_kv._internal_kv_put(key, value, namespace=namespace)
 
 
+def kv_list(prefix: str, namespace: str | None) -> list[str]:
+    """Keys of Ray's internal KV store that start with ``prefix``; ``[]`` when Ray is not
+    connected. Public alternative: none."""
+    from ray.experimental import internal_kv
+
+    if not internal_kv._internal_kv_initialized():
+        return []
+    keys = internal_kv._internal_kv_list(prefix, namespace=namespace)
+    return [k.decode() if isinstance(k, bytes) else str(k) for k in keys]
+
+
 def kv_get(key: str, namespace: str | None) -> bytes | None:
+    """Read Ray's internal key-value store. Public alternative: none."""
     from ray.experimental import internal_kv
 
     value: bytes | None = internal_kv._internal_kv_get(key, namespace=namespace)

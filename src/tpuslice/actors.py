@@ -15,7 +15,12 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
-from tpuslice.errors import HostLostError, InvalidArgumentError, SliceShutdownError
+from tpuslice.errors import (
+    HostLostError,
+    InvalidArgumentError,
+    SliceShutdownError,
+    first_line,
+)
 from tpuslice.request import SliceRequest
 from tpuslice.reserve import ShutsDownOnExit, SlicePlacementGroup
 from tpuslice.run import MEGASCALE_VARS, HostContext, host_contexts
@@ -36,8 +41,23 @@ class SliceActorGroup(ShutsDownOnExit):
         owns_slice: bool = False,
         **kwargs: Any,
     ) -> None:
+        """Start one actor per bundle of ``tpu_slice``, in rank order.
+
+        Args:
+            actor_cls: A class, or a ``@ray.remote`` actor class.
+            tpu_slice: A held reservation.
+            *args: Passed to every actor's constructor.
+            owns_slice: :meth:`shutdown` also gives ``tpu_slice`` back.
+            **kwargs: Passed to every actor's constructor.
+
+        Raises:
+            SliceShutdownError: ``tpu_slice`` was shut down.
+        """
         if tpu_slice.is_shut_down:
             raise SliceShutdownError("tpu_slice has been shut down; reserve a new one")
+        # One process per host owns a TPU: earlier run_on_slice calls' owners step aside
+        # (their TPUs confirmed free) before this group's actors start.
+        tpu_slice.ownership.retire()
         remote_cls = actor_cls if hasattr(actor_cls, "remote") else ray.remote(actor_cls)
         self.slice = tpu_slice
         self.owns_slice = owns_slice
@@ -57,6 +77,7 @@ class SliceActorGroup(ShutsDownOnExit):
                         ),
                     ).remote(*args, **kwargs)
                 )
+            tpu_slice.ownership.adopt(self.actors)
         except BaseException:
             self.shutdown()
             raise
@@ -73,8 +94,28 @@ class SliceActorGroup(ShutsDownOnExit):
         head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
         **kwargs: Any,
     ) -> SliceActorGroup:
-        """Reserve slices and start the group (``kwargs`` go to the actor constructor);
-        :meth:`shutdown` gives the slices back."""
+        """Reserve slices and start the group on them; :meth:`shutdown` gives them back.
+
+        Args:
+            actor_cls: A class, or a ``@ray.remote`` actor class.
+            *args: Passed to every actor's constructor.
+            topology: Chip grid of one slice, such as ``"4x4"``.
+            accelerator_version: TPU generation, such as ``"v6e"``.
+            num_slices: Whole slices to reserve, all at once.
+            chips_per_vm: Chips per host, for shapes offered in more than one form.
+            head_reservation_timeout_s: Seconds to wait for idle slices (``None``: no
+                limit).
+            **kwargs: Passed to every actor's constructor.
+
+        Returns:
+            The group, owning its slices.
+
+        Raises:
+            InvalidArgumentError: an invalid shape or count.
+            NotConnectedError: Ray is not initialised.
+            InsufficientSlicesError: the cluster cannot have the slices.
+            ReservationTimeoutError: no idle slices in time.
+        """
         request = SliceRequest(
             topology=topology,
             accelerator_version=accelerator_version,
@@ -93,7 +134,20 @@ class SliceActorGroup(ShutsDownOnExit):
         return len(self.actors)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
-        """Call ``method`` on every actor; refs in rank order."""
+        """Call ``method`` on every actor.
+
+        Args:
+            method: Name of the actors' method.
+            *args: Passed to every call.
+            **kwargs: Passed to every call.
+
+        Returns:
+            One ref per actor, in rank order.
+
+        Raises:
+            SliceShutdownError: the group was shut down.
+            InvalidArgumentError: the actors have no such method.
+        """
         if not self.actors:
             raise SliceShutdownError("this SliceActorGroup has been shut down")
         if not hasattr(self.actors[0], method):
@@ -101,28 +155,44 @@ class SliceActorGroup(ShutsDownOnExit):
         return [getattr(actor, method).remote(*args, **kwargs) for actor in self.actors]
 
     def get(self, refs: Sequence[ray.ObjectRef], timeout: float | None = None) -> list[Any]:
-        """``ray.get`` in rank order; a dead actor raises :class:`HostLostError` naming
-        its slice, worker id and rank."""
+        """``ray.get`` the refs in rank order.
+
+        Args:
+            refs: Refs from :meth:`call`, in rank order.
+            timeout: Seconds to wait for each (``None``: no limit).
+
+        Returns:
+            The values, in rank order.
+
+        Raises:
+            HostLostError: an actor died (its slice, worker id and rank are named).
+            ray.exceptions.RayTaskError: a method raised (as ``ray.get`` raises it).
+            ray.exceptions.GetTimeoutError: ``timeout`` passed.
+        """
         results = []
         for rank, ref in enumerate(refs):
             try:
                 results.append(ray.get(ref, timeout=timeout))
             except ray.exceptions.RayActorError as exc:
                 context = self.contexts[rank]
-                cause = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 raise HostLostError(
                     f"host {context.worker_id} of slice {context.slice_name} (rank {rank}) "
-                    f"lost its actor ({type(exc).__name__}): {cause[:300]}"
+                    f"lost its actor ({type(exc).__name__}): {first_line(exc)}"
                 ) from exc
         return results
 
     def shutdown(self) -> None:
-        """Kill every actor and, if the group owns it, give the slice back. Idempotent."""
+        """Kill every actor and, if the group owns it, give the slice back; otherwise
+        confirm the actors' TPUs are free for the slice's next calls. Idempotent."""
         actors, self.actors = self.actors, []
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        if actors:
+            self.slice.ownership.disown(actors)
         if self.owns_slice:
             self.slice.shutdown()
+        elif actors and not self.slice.is_shut_down:
+            self.slice.ownership.confirm_free()
 
 
 def _actor_env(context: HostContext) -> dict[str, str]:

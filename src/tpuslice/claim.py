@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ray.util.placement_group import PlacementGroup
 
-from tpuslice.cluster import ClusterSnapshot, SliceInfo
+from tpuslice.cluster import ClusterSnapshot, SliceInfo, SliceState
 from tpuslice.demand import AutoscalerDemand
 from tpuslice.errors import InsufficientSlicesError, ReservationTimeoutError
 from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 CLAIM_BOUND_S = 2.0
 """How long a claimed slice's groups may take to place before we give it back."""
 POLL_S = (0.05, 0.5)
+REPROBE_S = 2.0
+"""How often a waiting reservation re-asks about slices busy only by a TPU owner record."""
 """First and largest pause between looks at the cluster while waiting for a slice."""
 
 
@@ -84,12 +86,17 @@ class Reserver:
         self.heads_only = heads_only
         self.claims: dict[int, Claim] = {}
         self.in_flight: list[PlacementGroup] = []
+        self._next_reprobe = 0.0
         """Groups created but not yet recorded in a claim: removed too if we stop."""
         self.demand: AutoscalerDemand | None = None
         self._can_grow: bool | None = None
 
     def can_grow(self) -> bool:
-        """Whether the cluster has an autoscaler (read once per reservation)."""
+        """Whether the cluster has an autoscaler (read once per reservation).
+
+        Returns:
+            True if it can grow.
+        """
         if self._can_grow is None:
             self._can_grow = self.ops.can_grow()
         return self._can_grow
@@ -158,25 +165,57 @@ class Reserver:
                 del self.claims[index]
 
     def _claim(self, snapshot: ClusterSnapshot) -> None:
-        """Claim every idle slice we still need, all at once; keep those that place."""
+        """Claim every idle slice we still need, all at once; keep those that place and
+        whose TPUs no process owns (asked of the hosts while the heads place)."""
         picks = pick_slices(snapshot, self.plan, {i: c.slice_name for i, c in self.claims.items()})
         if not picks:
+            self._reprobe_owned(snapshot)
             return
+        probe = self.ops.start_owner_probe(
+            [h.node_id for target in picks.values() for h in target.hosts.values()]
+        )
         fresh = [Claim(index, target) for index, target in picks.items()]
         if self.plan.needs_head_claim:
             for claim in fresh:
                 claim.head_pg = self._head_group(claim.target)
                 self.in_flight.append(claim.head_pg)
             placed = self.ops.wait_placed(self.in_flight, CLAIM_BOUND_S)
-            self.in_flight = []
         else:
             placed = [True] * len(fresh)
+        owners = probe()  # the heads stay in flight until recorded or given back
+        self.in_flight = []
         for claim, ok in zip(fresh, placed, strict=True):
-            if ok:
+            held = [
+                f"host {w}: TPU held by {owners[h.node_id]}"
+                for w, h in claim.target.hosts.items()
+                if owners.get(h.node_id)
+            ]
+            if ok and not held:
                 self.claims[claim.index] = claim
+                continue
+            if held:
+                logger.info("slice %s is not free (%s); trying another", claim.slice_name, held)
             else:
                 logger.info("head of %s was taken meanwhile; trying another", claim.slice_name)
-                self.ops.remove_group(claim.head_pg)
+            self.ops.remove_group(claim.head_pg)
+
+    def _reprobe_owned(self, snapshot: ClusterSnapshot) -> None:
+        """No idle slice: ask again, now and then, about slices busy only because a
+        process was seen owning a TPU there, so a record of one that has since exited
+        cannot keep its slice busy. The agents update the records the view reads."""
+        now = self.clock.now()
+        if now < self._next_reprobe:
+            return
+        self._next_reprobe = now + REPROBE_S
+        nodes = [
+            host.node_id
+            for info in snapshot.matching(self.plan.shape, self.plan.tpu_resource_per_chip)
+            if info.state is SliceState.BUSY
+            for host in info.hosts.values()
+            if host.tpu_owner
+        ]
+        if nodes:
+            self.ops.start_owner_probe(nodes)()
 
     def _follow_demand(self, snapshot: ClusterSnapshot) -> None:
         """On a cluster that can grow, keep the missing slices visible to the autoscaler

@@ -7,33 +7,21 @@ Errors from the library become one red line and an exit code: 2 for bad input
 from __future__ import annotations
 
 import json
-import logging
-import os
-import socket
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import click
-import ray
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 import tpuslice
-from tpuslice import cluster, status
+from tpuslice import cli_jobs, cli_owners, cluster, status
 from tpuslice import topology as topo
-from tpuslice.errors import InvalidArgumentError, TPUSliceError
+from tpuslice.cli_connect import UsageError, connected
+from tpuslice.errors import InvalidArgumentError
 
 console = Console()
-
-
-class UsageError(click.UsageError):
-    """A library ``ValueError`` shown as a click usage error (exit code 2)."""
-
-
-def fail_on_bad_input(exc: InvalidArgumentError) -> UsageError:
-    return UsageError(str(exc))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,7 +40,7 @@ def topologies(generation: str | None) -> None:
     try:
         gens = [topo.generation(generation)] if generation else list(topo.GENERATIONS.values())
     except InvalidArgumentError as exc:
-        raise fail_on_bad_input(exc) from exc
+        raise UsageError(str(exc)) from exc
     for gen in gens:
         table = Table(
             title=f"{gen.name}: {gen.cores_per_chip} TensorCore(s)/chip, "
@@ -77,90 +65,28 @@ def topologies(generation: str | None) -> None:
         console.print(table)
 
 
-def run_cli_errors(exc: TPUSliceError) -> click.ClickException:
-    """Map a library error that is not bad input to a one-line exit-code-1 error."""
-    return click.ClickException(str(exc))
-
-
-# --- connecting to a running cluster ------------------------------------------------------
-
-NO_CLUSTER_HINT = "start one with `tpuslice simulate`, or pass --address HOST:PORT"
-
-
-class NoClusterError(click.ClickException):
-    """There is no running Ray cluster to connect to (exit code 1)."""
-
-
-def connect(address: str | None) -> bool:
-    """Join a running Ray cluster: ``address``, else ``RAY_ADDRESS``, else one running on
-    this machine. Never starts one. Returns whether this call connected, in which case
-    the caller owns the ``ray.shutdown()`` (see :func:`connected`)."""
-    if ray.is_initialized():
-        return False
-    target = address or os.environ.get("RAY_ADDRESS") or "auto"
-    if target == "local":
-        raise UsageError(
-            "address 'local' would start a new Ray cluster; pass HOST:PORT of a running one, "
-            "or leave --address out to find the one on this machine"
-        )
-    if target != "auto":
-        _probe(target)
-    try:
-        # "auto" (not None): with no cluster found, None would start a new local one.
-        ray.init(address=target, log_to_driver=False, logging_level=logging.WARNING)
-    except ConnectionError as exc:  # Ray's "no running instance" / "failed to connect"
-        where = "on this machine" if target == "auto" else f"at {target}"
-        raise NoClusterError(f"no running Ray cluster {where}; {NO_CLUSTER_HINT}") from exc
-    except ValueError as exc:  # a malformed address: the only argument the user gave
-        raise UsageError(f"Ray address {target!r} is not valid: {exc}") from exc
-    return True
-
-
-def connect_or_none(address: str | None) -> bool | None:
-    """Like :func:`connect`, but ``None`` (not an error) when no cluster is running and
-    no address was given. An address that does not answer is still an error."""
-    try:
-        return connect(address)
-    except NoClusterError:
-        if address or os.environ.get("RAY_ADDRESS"):
-            raise
-        return None
-
-
-def _probe(target: str, timeout: float = 3.0) -> None:
-    """Fail fast when nothing listens at ``target`` (Ray itself retries for minutes)."""
-    host, _, port = target.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise UsageError(f"Ray address {target!r} is not valid: expected HOST:PORT")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as exc:
-        raise NoClusterError(
-            f"no running Ray cluster at {target} ({exc}); {NO_CLUSTER_HINT}"
-        ) from exc
-
-
-@contextmanager
-def connected(address: str | None) -> Iterator[None]:
-    """Be connected for the block; disconnect afterwards only if we connected."""
-    ours = connect(address)
-    try:
-        yield
-    finally:
-        if ours:
-            ray.shutdown()
-
-
 # --- status ----------------------------------------------------------------------------------
 
 
 def pause(seconds: float) -> None:
-    """The wait between ``--watch`` refreshes (a seam for tests)."""
+    """The wait between ``--watch`` refreshes (a seam for tests).
+
+    Args:
+        seconds: How long to wait.
+    """
     time.sleep(seconds)
 
 
 def watch(show: Callable[[], None], interval: float) -> None:
-    """Call ``show`` now and then every ``interval`` seconds, until Ctrl-C."""
+    """Call ``show`` now and then every ``interval`` seconds, until Ctrl-C.
+
+    Args:
+        show: Draws one refresh.
+        interval: Seconds between refreshes.
+
+    Raises:
+        KeyboardInterrupt: how the loop ends.
+    """
     while True:
         show()
         pause(interval)
@@ -194,17 +120,33 @@ def watch(show: Callable[[], None], interval: float) -> None:
     default=None,
     help="Ray TPU resource units per chip (default: RAY_TPU_RESOURCE_PER_CHIP or 1).",
 )
+@click.option(
+    "--owners",
+    is_flag=True,
+    help="Ask every TPU host which process owns its TPU (pid, command, Ray job) and show it.",
+)
 def status_command(
-    address: str | None, as_json: bool, interval: float | None, tpu_resource_per_chip: int | None
+    address: str | None,
+    as_json: bool,
+    interval: float | None,
+    tpu_resource_per_chip: int | None,
+    owners: bool,
 ) -> None:
     """Show every TPU slice: state, hosts and free TPUs, and each slice's host grid."""
     with connected(address):
 
         def read() -> cluster.ClusterSnapshot:
-            return cluster.read_snapshot(tpu_resource_per_chip)
+            snapshot = cluster.read_snapshot(tpu_resource_per_chip)
+            if owners:  # the agents record what they see; read again to show it
+                ask_owners(snapshot)
+                snapshot = cluster.read_snapshot(tpu_resource_per_chip)
+            return snapshot
 
         if interval is None:
-            _print_status(read(), as_json)
+            snapshot = read()
+            _print_status(snapshot, as_json)
+            if owners and not as_json:
+                console.print(status.owners_table(snapshot))
             return
         try:
             if as_json:
@@ -213,6 +155,21 @@ def status_command(
                 _watch_live(read, interval)
         except KeyboardInterrupt:
             pass  # Ctrl-C is how a watch ends
+
+
+def ask_owners(snapshot: cluster.ClusterSnapshot) -> None:
+    """Have every live TPU host's agent look for its TPU's owner now (they record it).
+
+    Args:
+        snapshot: The cluster's hosts.
+    """
+    from tpuslice.agent import describe_errors, probe_owners
+
+    nodes = [h.node_id for s in snapshot.slices.values() for h in s.hosts.values() if h.alive]
+    with console.status(f"asking {len(nodes)} TPU host(s) who owns their TPU"):
+        failed = describe_errors(probe_owners(nodes))
+    for line in failed:
+        console.print(f"[yellow]no answer from {line}[/yellow]")
 
 
 def _print_status(snapshot: cluster.ClusterSnapshot, as_json: bool) -> None:
@@ -231,14 +188,8 @@ def _watch_live(read: Callable[[], cluster.ClusterSnapshot], interval: float) ->
         )
 
 
-def _register_job_commands() -> None:
-    """``simulate``, ``run`` and ``demo`` live in :mod:`tpuslice.cli_jobs`."""
-    from tpuslice.cli_jobs import register
-
-    register(main)
-
-
-_register_job_commands()
+cli_jobs.register(main)
+cli_owners.register(main)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tpuslice import cluster, status
+from tpuslice.cli_connect import UsageError, connect_or_none
 from tpuslice.errors import InvalidArgumentError, RetriesExhaustedError, TPUSliceError
 from tpuslice.request import SliceRequest
 from tpuslice.reserve import SlicePlacementGroup
@@ -58,7 +59,17 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def start_simulator(specs: list[SliceSpec]) -> SimulatedCluster:
-    """Start a SimulatedCluster, showing its progress on stderr."""
+    """Start a SimulatedCluster, showing its progress on stderr.
+
+    Args:
+        specs: The slices to simulate.
+
+    Returns:
+        The running cluster (not connected).
+
+    Raises:
+        SimulatorError: a host could not start.
+    """
     total = sum(spec.shape().num_hosts * spec.count for spec in specs)
     with err_console.status(f"starting a simulated cluster ({total} TPU hosts)") as spinner:
 
@@ -75,6 +86,18 @@ def start_simulator(specs: list[SliceSpec]) -> SimulatedCluster:
 
 
 def parse_specs(texts: tuple[str, ...], default: str) -> list[SliceSpec]:
+    """Parse ``--slices`` values (``GEN:TOPOLOGY[:COUNT[:CHIPS_PER_VM]]``).
+
+    Args:
+        texts: The values given (none: ``default``).
+        default: The spec used when none is given.
+
+    Returns:
+        The validated specs.
+
+    Raises:
+        click.UsageError: a spec is malformed or names an invalid shape.
+    """
     try:
         specs = [SliceSpec.parse(t) for t in (texts or (default,))]
         for spec in specs:
@@ -162,8 +185,6 @@ def run(
 
     Example: tpuslice run --topology 4x4 --accelerator v6e -- hostname
     """
-    from tpuslice.cli import UsageError, connect_or_none
-
     try:
         shape_spec = SliceSpec(accelerator, topology, num_slices)
         shape_spec.shape()
@@ -232,7 +253,15 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
 
 
 def raise_if_broken(spg: SlicePlacementGroup, results: list[HostResult]) -> None:
-    """Turn a lost host or a non-zero exit code into the resilient loop's signal."""
+    """Turn a lost host or a non-zero exit code into the resilient loop's signal.
+
+    Args:
+        spg: The attempt's reservation.
+        results: Every host's result.
+
+    Raises:
+        GangBrokenError: a host was lost, or a command exited non-zero.
+    """
     for result in results:
         if result.exception is not None:
             raise GangBrokenError.from_task(spg, result.context.rank, result.exception)
@@ -282,7 +311,14 @@ def _summary(results: list[HostResult]) -> Table:
 
 
 def where_am_i() -> dict[str, str]:
-    """What one host sees: its place in the gang and its TPU / MEGASCALE environment."""
+    """What one host sees: its place in the gang and its TPU / MEGASCALE environment.
+
+    Returns:
+        Rank, slice, worker id, pid and the environment values, as strings.
+
+    Raises:
+        NotConnectedError: outside a tpuslice task.
+    """
     host = current_host()
     keys = (
         "TPU_NAME",
@@ -367,5 +403,10 @@ def _rows_table(rows: list[dict[str, str]], columns: tuple[str, ...]) -> Table:
 
 
 def register(group: click.Group) -> None:
+    """Add ``simulate``, ``run`` and ``demo`` to the ``tpuslice`` command group.
+
+    Args:
+        group: The CLI's top-level group.
+    """
     for command in (simulate, run, demo):
         group.add_command(command)

@@ -36,12 +36,16 @@ Available = Mapping[str, Mapping[str, float]]
 
 
 class HostState(str, enum.Enum):
+    """One TPU host in a snapshot: free, busy (some TPU or its head resource in use), dead."""
+
     FREE = "free"
     BUSY = "busy"
     DEAD = "dead"
 
 
 class SliceState(str, enum.Enum):
+    """One TPU slice in a snapshot: ready to reserve, whole but busy, or broken."""
+
     READY = "ready"
     """Every host alive, worker 0 present, every TPU and the head resource free."""
     BUSY = "busy"
@@ -52,7 +56,20 @@ class SliceState(str, enum.Enum):
 
 class HostInfo(NamedTuple):
     """One Ray node that carries TPU labels or resources. A named tuple, not a frozen
-    dataclass: there is one per TPU VM, and it is built in half the time (benchmarks/)."""
+    dataclass: there is one per TPU VM, and it is built in half the time (benchmarks/).
+
+    Attributes:
+        node_id: Ray's node id (hex).
+        address: The node's IP address.
+        slice_name: The slice it belongs to.
+        worker_id: Its TPU worker id; None if its label is missing or not a number.
+        alive: Whether Ray sees the node alive.
+        tpu_total: ``TPU`` resource the node has.
+        tpu_available: ``TPU`` resource free now (0 on a dead node).
+        tpu_owner: The process its TPU agent last saw owning the TPU (``pid 4242
+            (python train.py)``), if any: such a host is busy even when Ray's resources
+            say it is free (a process outside Ray, or a leftover, holds the TPU).
+    """
 
     node_id: str
     address: str
@@ -63,18 +80,31 @@ class HostInfo(NamedTuple):
     tpu_available: float
     head_free: bool | None
     """Whether the ``TPU-<podtype>-head`` resource is free (worker 0 only)."""
+    tpu_owner: str | None = None
 
     @property
     def state(self) -> HostState:
+        """Dead, busy (any TPU or the head resource in use, or the TPU owned), or free."""
         if not self.alive:
             return HostState.DEAD
         busy = self.tpu_available < self.tpu_total or self.head_free is False
-        return HostState.BUSY if busy else HostState.FREE
+        return HostState.BUSY if busy or self.tpu_owner else HostState.FREE
 
 
 @dataclass(frozen=True)
 class SliceInfo:
-    """One TPU slice: its shape (when the labels give it) and its hosts by worker id."""
+    """One TPU slice: its shape (when the labels give it) and its hosts by worker id.
+
+    Attributes:
+        name: The slice name (for a single-host VM without one, its node id).
+        pod_type: The pod type (``v6e-16``), as labelled when it names no valid shape.
+        topology: The chip grid (``4x4``), as labelled when it names no valid shape.
+        shape: The shape; None when the labels name no valid one.
+        hosts: The chosen host per worker id, in worker-id order.
+        state: Ready, busy or broken.
+        reason: Why it is busy or broken; ``""`` when ready.
+        expected_hosts: Hosts the shape has (the hosts found, without a shape).
+    """
 
     name: str
     pod_type: str
@@ -87,68 +117,116 @@ class SliceInfo:
 
     @property
     def generation(self) -> str | None:
+        """The generation's name (``v6e``); None without a shape."""
         return self.shape.generation.name if self.shape else None
 
     @property
     def alive_hosts(self) -> int:
+        """Hosts Ray sees alive."""
         return sum(1 for h in self.hosts.values() if h.alive)
 
     @property
     def busy_hosts(self) -> int:
+        """Live hosts with some TPU or the head resource in use."""
         return sum(1 for h in self.hosts.values() if h.state is HostState.BUSY)
 
     @property
     def missing_workers(self) -> list[int]:
+        """Worker ids the shape has but no node claims, in order."""
         return [w for w in range(self.expected_hosts) if w not in self.hosts]
 
     @property
     def chips_total(self) -> float:
+        """``TPU`` resource of the live hosts (chips x TPU units per chip)."""
         return sum(h.tpu_total for h in self.hosts.values() if h.alive)
 
     @property
     def chips_free(self) -> float:
+        """Free ``TPU`` resource of the live hosts."""
         return sum(h.tpu_available for h in self.hosts.values() if h.alive)
 
     @property
     def head_node_id(self) -> str | None:
+        """Node id of worker 0; None if there is no worker 0."""
         head = self.hosts.get(0)
         return head.node_id if head else None
 
     def matches(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> bool:
         """Same generation, topology and chips per VM as ``shape`` (so the 1-VM and 2-VM
         forms of a v6e 2x4 differ), and every live host with that VM's ``TPU``. Dead
-        hosts are not compared: ``ray.nodes()`` reports no resources for a dead node."""
+        hosts are not compared: ``ray.nodes()`` reports no resources for a dead node.
+
+        Args:
+            shape: The shape asked for.
+            tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+
+        Returns:
+            Whether this slice has exactly that shape.
+        """
         per_host = shape.chips_per_host * tpu_resource_per_chip
         return self.shape == shape and all(
             h.tpu_total == per_host for h in self.hosts.values() if h.alive
         )
 
     def describe(self) -> str:
-        """``v6e-16-a: 4/4 hosts in use`` style summary for error messages."""
-        if self.state is SliceState.BUSY:
-            return f"{self.name}: {self.busy_hosts}/{self.expected_hosts} hosts in use"
+        """``v6e-16-a: 4/4 hosts in use`` style summary for error messages.
+
+        Returns:
+            The name, with its reason: hosts in use (and any TPU owner seen), or what
+            is broken.
+        """
         return f"{self.name}: {self.reason}" if self.reason else self.name
 
 
 @dataclass(frozen=True)
 class ClusterSnapshot:
-    """Every TPU slice of a cluster at one moment."""
+    """Every TPU slice of a cluster at one moment.
+
+    Attributes:
+        slices: Every slice, by name.
+        taken_at: When the cluster was read (``time.time()`` seconds).
+    """
 
     slices: Mapping[str, SliceInfo]
     taken_at: float = field(default_factory=time.time)
 
     def matching(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
-        """Slices of exactly this shape, in name order."""
+        """Slices of exactly this shape, in name order.
+
+        Args:
+            shape: The shape asked for (see :meth:`SliceInfo.matches`).
+            tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+
+        Returns:
+            The matching slices in any state.
+        """
         found = [s for s in self.slices.values() if s.matches(shape, tpu_resource_per_chip)]
         return sorted(found, key=lambda s: s.name)
 
     def ready(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
+        """Slices of this shape that are idle and whole (ready to reserve), in name order.
+
+        Args:
+            shape: The shape asked for (see :meth:`SliceInfo.matches`).
+            tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+
+        Returns:
+            The ready slices.
+        """
         return [
             s for s in self.matching(shape, tpu_resource_per_chip) if s.state is SliceState.READY
         ]
 
     def whole(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
-        """Slices of this shape that are not broken (ready or busy)."""
+        """Slices of this shape that are not broken (ready or busy).
+
+        Args:
+            shape: The shape asked for (see :meth:`SliceInfo.matches`).
+            tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+
+        Returns:
+            The whole slices, in name order.
+        """
         matching = self.matching(shape, tpu_resource_per_chip)
         return [s for s in matching if s.state is not SliceState.BROKEN]
 
@@ -161,11 +239,24 @@ def build_snapshot(
     available: Available,
     tpu_resource_per_chip: int = 1,
     taken_at: float | None = None,
+    tpu_owners: Mapping[str, str] | None = None,
 ) -> ClusterSnapshot:
     """Group TPU nodes into slices and classify each. Pure; linear in the node count.
 
-    ``tpu_resource_per_chip`` is the cluster's ``RAY_TPU_RESOURCE_PER_CHIP`` (TPU resource
-    units per physical chip), needed to tell chips per VM from the ``TPU`` resource.
+    Args:
+        nodes: Node records, as ``ray.nodes()`` returns them; nodes without TPU labels
+            or resources are ignored.
+        available: Free resources per node id; a node missing here counts as all free, a
+            ``TPU`` key missing from its entry as none free.
+        tpu_resource_per_chip: The cluster's ``RAY_TPU_RESOURCE_PER_CHIP`` (TPU resource
+            units per physical chip), needed to tell chips per VM from the ``TPU`` resource.
+        taken_at: When the records were read (default: now).
+        tpu_owners: Per node id, the process seen owning its TPU (described); such a
+            host is busy whatever its resources say.
+
+    Returns:
+        Every TPU slice, each classified; nodes that do not add up make a slice broken,
+        never an error.
     """
     groups: dict[str, list[NodeRecord]] = {}
     for node in nodes:
@@ -173,13 +264,21 @@ def build_snapshot(
         if key is not None:
             groups.setdefault(key, []).append(node)
     slices = {
-        name: _classify(name, members, available, tpu_resource_per_chip)
+        name: _classify(name, members, available, tpu_resource_per_chip, tpu_owners or {})
         for name, members in groups.items()
     }
     return ClusterSnapshot(slices, taken_at if taken_at is not None else time.time())
 
 
 def node_labels_of(node: NodeRecord) -> Mapping[str, str]:
+    """The node labels of a ``ray.nodes()`` record.
+
+    Args:
+        node: One record of ``ray.nodes()``.
+
+    Returns:
+        Its labels; empty when it has none.
+    """
     labels: Mapping[str, str] = node.get("Labels") or {}
     return labels
 
@@ -200,7 +299,13 @@ def _slice_key(node: NodeRecord) -> str | None:
     return None
 
 
-def _host(node: NodeRecord, slice_name: str, available: Available, head: str | None) -> HostInfo:
+def _host(
+    node: NodeRecord,
+    slice_name: str,
+    available: Available,
+    head: str | None,
+    owners: Mapping[str, str],
+) -> HostInfo:
     """One node as a :class:`HostInfo`; ``head`` is the slice's head resource, if known."""
     node_id: str = node.get("NodeID", "")
     address: str = node.get("NodeManagerAddress", "")
@@ -218,8 +323,9 @@ def _host(node: NodeRecord, slice_name: str, available: Available, head: str | N
     worker_id = _worker_id((node.get("Labels") or {}).get(WORKER_ID_LABEL))
     # Positional on purpose (same names, same order as the fields): keyword arguments
     # make a named tuple three times slower to build, and there is one per TPU VM.
+    owner = owners.get(node_id) if owners else None
     return HostInfo(
-        node_id, address, slice_name, worker_id, alive, tpu_total, tpu_available, head_free
+        node_id, address, slice_name, worker_id, alive, tpu_total, tpu_available, head_free, owner
     )
 
 
@@ -276,7 +382,11 @@ def _first_alive(members: list[NodeRecord]) -> NodeRecord:
 
 
 def _classify(
-    name: str, members: list[NodeRecord], available: Available, per_chip: int
+    name: str,
+    members: list[NodeRecord],
+    available: Available,
+    per_chip: int,
+    owners: Mapping[str, str],
 ) -> SliceInfo:
     """Pick the live node per worker id, then decide READY / BUSY / BROKEN and why."""
     reference = _first_alive(members)
@@ -286,7 +396,7 @@ def _classify(
     head = claimed.head_resource if claimed else None
     # A single-host VM with no worker-id label is its own worker 0.
     default_worker = 0 if claimed and claimed.num_hosts == 1 else None
-    found = [_host(n, name, available, head) for n in members]
+    found = [_host(n, name, available, head, owners) for n in members]
     hosts, problems = _pick_hosts(found, default_worker)
     if claimed is None:
         problems.insert(
@@ -363,7 +473,12 @@ def _state(
         parts += [f"host {', '.join(map(str, missing))} missing"] if missing else []
         return SliceState.BROKEN, ", ".join(parts)
     if busy:
-        return SliceState.BUSY, f"{busy}/{expected} hosts in use"
+        held = [
+            f"host {worker}: TPU held by {host.tpu_owner}"
+            for worker, host in hosts.items()
+            if host.tpu_owner and host.alive
+        ]
+        return SliceState.BUSY, "; ".join([f"{busy}/{expected} hosts in use", *held])
     return SliceState.READY, ""
 
 
@@ -371,6 +486,22 @@ def _state(
 
 
 def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
-    """Read the connected cluster: one ``ray.nodes()`` and one available-resources call."""
+    """Read the connected cluster: one ``ray.nodes()``, one available-resources call, and
+    the TPU owners the hosts' agents recorded in Ray's KV store (:mod:`tpuslice.agent`).
+
+    Args:
+        tpu_resource_per_chip: The cluster's ``TPU`` units per chip; ``None`` reads
+            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+
+    Returns:
+        Every TPU slice of the cluster now.
+
+    Raises:
+        InvalidArgumentError: the TPU units per chip is not a positive integer.
+    """
+    from tpuslice.agent import recorded_owners  # agent.py builds on this module's siblings
+
     per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
-    return build_snapshot(ray.nodes(), _ray.available_resources_per_node(), per_chip)
+    owners = {node: owner.describe() for node, owner in recorded_owners().items()}
+    nodes, available = ray.nodes(), _ray.available_resources_per_node()
+    return build_snapshot(nodes, available, per_chip, tpu_owners=owners)

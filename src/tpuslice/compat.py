@@ -20,7 +20,14 @@ RAY_TPU_RESOURCE_PER_CHIP_ENV_VAR = "RAY_TPU_RESOURCE_PER_CHIP"
 
 
 def get_tpu_resource_per_chip() -> int:
-    """Logical Ray ``TPU`` resources per physical chip: ``RAY_TPU_RESOURCE_PER_CHIP`` or 1."""
+    """Logical Ray ``TPU`` resources per physical chip: ``RAY_TPU_RESOURCE_PER_CHIP`` or 1.
+
+    Returns:
+        The variable's value, or 1 when it is not set.
+
+    Raises:
+        InvalidArgumentError: the variable is set but is not a positive integer.
+    """
     value = os.environ.get(RAY_TPU_RESOURCE_PER_CHIP_ENV_VAR)
     if value is None:
         return 1
@@ -32,35 +39,102 @@ def get_tpu_resource_per_chip() -> int:
 
 
 def check_positive_int(name: str, value: object) -> int:
-    """Raise :class:`InvalidArgumentError` unless ``value`` is an int >= 1."""
+    """Raise :class:`InvalidArgumentError` unless ``value`` is an int >= 1.
+
+    Args:
+        name: The argument's name, for the message.
+        value: The value to check.
+
+    Returns:
+        ``value``, unchanged.
+
+    Raises:
+        InvalidArgumentError: ``value`` is not an int (a bool is not), or is below 1.
+    """
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
     return value
 
 
 def resolve_resource_per_chip(tpu_resource_per_chip: int | None) -> int:
+    """Ray ``TPU`` units per chip: the argument if given, else the environment's.
+
+    Args:
+        tpu_resource_per_chip: The caller's value; ``None`` reads
+            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+
+    Returns:
+        The TPU resource units per physical chip.
+
+    Raises:
+        InvalidArgumentError: the value (or the variable) is not a positive integer.
+    """
     if tpu_resource_per_chip is None:
         return get_tpu_resource_per_chip()
     return check_positive_int("tpu_resource_per_chip", tpu_resource_per_chip)
 
 
 def get_tpu_version_from_type(accelerator_type: str) -> str:
-    """``"TPU-V6E"`` -> ``"v6e"``; also accepts ``v5e``, ``tpu7x``, ``trillium``."""
+    """``"TPU-V6E"`` -> ``"v6e"``; also accepts ``v5e``, ``tpu7x``, ``trillium``.
+
+    Args:
+        accelerator_type: Ray's accelerator type, or any accepted generation spelling.
+
+    Returns:
+        The generation's canonical name (``"v5litepod"`` for ``v5e``).
+
+    Raises:
+        InvalidAcceleratorError: it names no known generation.
+    """
     return topo.generation(accelerator_type).name
 
 
 def get_num_chips_from_topology(topology: str) -> int:
-    """``"2x2x2"`` -> 8."""
+    """``"2x2x2"`` -> 8.
+
+    Args:
+        topology: Sides joined by ``x``; not checked against any generation.
+
+    Returns:
+        Chips in the topology.
+
+    Raises:
+        InvalidTopologyError: ``topology`` is malformed.
+    """
     return topo.chips_in(topology)
 
 
 def get_chips_per_host(topology: str, accelerator_version: str) -> int:
-    """Default chips per VM: the whole slice for v5e/v6e shapes of up to 8 chips, else 4."""
+    """Default chips per VM: the whole slice for v5e/v6e shapes of up to 8 chips, else 4.
+
+    Args:
+        topology: The slice's chip grid (``"4x4"``).
+        accelerator_version: Its TPU generation (``"v6e"``, ``"TPU-V6E"``).
+
+    Returns:
+        Chips on each VM of such a slice.
+
+    Raises:
+        InvalidAcceleratorError: the generation is unknown.
+        InvalidTopologyError: the topology is malformed or not offered for it.
+    """
     return topo.slice_shape(topology, accelerator_version).chips_per_host
 
 
 def infer_tpu_pod_type_from_topology(topology: str, accelerator_type: str) -> str | None:
-    """``("4x4", "TPU-V6E")`` -> ``"v6e-16"``; ``None`` if either argument is empty."""
+    """``("4x4", "TPU-V6E")`` -> ``"v6e-16"``; ``None`` if either argument is empty.
+
+    Args:
+        topology: The slice's chip grid.
+        accelerator_type: Ray's accelerator type, or any accepted generation spelling.
+
+    Returns:
+        The pod type; ``None``, not an error, if either argument is empty (as in Ray).
+
+    Raises:
+        InvalidAcceleratorError: the generation is unknown.
+        InvalidTopologyError: the topology is malformed or not offered for it.
+    """
     if not topology or not accelerator_type:
         return None
     return topo.slice_shape(topology, accelerator_type).pod_type
@@ -80,6 +154,28 @@ def get_tpu_worker_resources(
 
     By default a worker is one host (``TPU`` = chips per VM x resource per chip,
     ``CPU`` = 1). ``resources_per_unit`` is the older name of ``resources_per_worker``.
+
+    Args:
+        topology: Chip grid of one slice.
+        accelerator_type: Its TPU generation, in any accepted spelling.
+        resources_per_worker: Resources of one worker; missing ``CPU`` and ``TPU`` get
+            the defaults above.
+        num_slices: How many slices.
+        chips_per_vm: Chips on each VM; ``None`` for the shape's default.
+        tpu_resource_per_chip: ``TPU`` units per chip; ``None`` reads
+            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+        resources_per_unit: Older name of ``resources_per_worker``.
+
+    Returns:
+        The number of workers over all slices, and the resources of each.
+
+    Raises:
+        InvalidArgumentError: both ``resources_per_worker`` and ``resources_per_unit``
+            are given, or ``num_slices`` or the TPU units per chip is not a positive int.
+        InvalidAcceleratorError: the generation is unknown.
+        InvalidTopologyError: the topology is malformed or not offered for it.
+        InvalidResourceError: ``chips_per_vm`` is not valid, or a worker's ``TPU`` is
+            not positive or does not divide one slice's ``TPU`` evenly.
     """
     if resources_per_unit is not None:
         if resources_per_worker is not None:
@@ -118,7 +214,23 @@ def get_tpu_num_slices_for_workers(
 ) -> int:
     """Slices needed to hold ``num_workers`` workers; 1 when the slice inputs are incomplete
     or invalid (as in Ray, which uses this to size a request before validating it).
-    A ``num_workers`` that is not a number raises (Ray returns 1)."""
+    A ``num_workers`` that is not a number raises (Ray returns 1).
+
+    Args:
+        topology: Chip grid of one slice.
+        accelerator_type: Its TPU generation, in any accepted spelling.
+        num_workers: Workers to place.
+        resources_per_worker: Resources of one worker (default: one whole host).
+        tpu_resource_per_chip: ``TPU`` units per chip; ``None`` reads
+            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+
+    Returns:
+        The slice count, at least 1; 1, not an error, when ``topology`` or
+        ``accelerator_type`` is empty or any slice input is invalid.
+
+    Raises:
+        InvalidArgumentError: ``num_workers`` is not a number.
+    """
     if not isinstance(num_workers, (int, float)):
         raise InvalidArgumentError(f"num_workers must be a number, got {num_workers!r}")
     if not topology or not accelerator_type:
@@ -142,7 +254,17 @@ def get_tpu_coordinator_env_vars(
     slice_id: int,
     coordinator_port: str = DEFAULT_MEGASCALE_PORT,
 ) -> dict[str, str]:
-    """The four ``MEGASCALE_*`` variables multi-slice JAX needs on every host."""
+    """The four ``MEGASCALE_*`` variables multi-slice JAX needs on every host.
+
+    Args:
+        coordinator_address: Address of the host that coordinates the slices.
+        num_slices: Slices in the job.
+        slice_id: This host's slice, ``0 .. num_slices - 1``.
+        coordinator_port: The coordinator's port.
+
+    Returns:
+        Variable name to value, every value a string.
+    """
     return {
         "MEGASCALE_COORDINATOR_ADDRESS": coordinator_address,
         "MEGASCALE_PORT": str(coordinator_port),

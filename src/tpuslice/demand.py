@@ -31,7 +31,12 @@ class AutoscalerDemand:
 
     def keep(self, missing: int, existing: Collection[str] = ()) -> None:
         """Have exactly ``missing`` demand groups pending, none satisfiable by the
-        ``existing`` slices (new groups exclude them by name)."""
+        ``existing`` slices (new groups exclude them by name).
+
+        Args:
+            missing: Slices the reservation still lacks.
+            existing: Names of the slices of this shape the cluster has now.
+        """
         shape = self.plan.shape
         selector = {
             WORKER_ID_LABEL: "0",
@@ -51,7 +56,14 @@ class AutoscalerDemand:
 
     def landed(self, snapshot: ClusterSnapshot) -> list[tuple[PlacementGroup, SliceInfo]]:
         """Demand groups that were placed, with the slice whose worker 0 holds each. A
-        group whose node the snapshot does not show yet stays pending for the next look."""
+        group whose node the snapshot does not show yet stays pending for the next look.
+
+        Args:
+            snapshot: The cluster now.
+
+        Returns:
+            ``(group, slice)`` for each landed group; they are no longer tracked here.
+        """
         heads = {s.head_node_id: s for s in snapshot.slices.values() if s.head_node_id}
         found = []
         for pg, placed in zip(self.groups, self.ops.wait_placed(self.groups, 0.0), strict=True):

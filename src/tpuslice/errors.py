@@ -71,9 +71,39 @@ class HostLostError(TPUSliceError, RuntimeError):
     """A host of a slice died or became unreachable while it ran our work."""
 
 
+class TPUInUseError(TPUSliceError, RuntimeError):
+    """A host's TPU is owned by another process, so this one could not open it.
+
+    libtpu lets one process per host use the TPU. This names the host and the owning
+    process (pid, command, Ray job) where libtpu's own message gives only a pid.
+
+    Args:
+        message: What happened and what to do.
+        host: ``<slice name>/<worker id>`` (or the host name) of the host.
+        owner: The owning process, if it was found.
+    """
+
+    def __init__(self, message: str, host: str = "", owner: object = None) -> None:
+        super().__init__(message)
+        self.host = host
+        self.owner = owner
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.host, self.owner))
+
+
 @dataclass(frozen=True)
 class AttemptRecord:
-    """One attempt of a resilient run: where it ran, how it ended, how long it took."""
+    """One attempt of a resilient run: where it ran, how it ended, how long it took.
+
+    Attributes:
+        attempt: The attempt's number, from 1.
+        slice_names: The slices it ran on.
+        num_hosts: Hosts it ran on, over all its slices.
+        outcome: How it ended: a :class:`tpuslice.Outcome` value (``"preemption"``).
+        cause: What ended it, in one line.
+        duration_s: Seconds from its start to its end.
+    """
 
     attempt: int
     slice_names: tuple[str, ...]
@@ -84,9 +114,15 @@ class AttemptRecord:
 
 
 class RetriesExhaustedError(TPUSliceError, RuntimeError):
-    """A resilient run used up a retry budget; ``history`` holds every attempt."""
+    """A resilient run used up a retry budget; ``history`` holds every attempt.
+
+    Args:
+        message: What was exhausted, and what to do.
+        history: Every attempt of the run, in order (kept as a tuple).
+    """
 
     def __init__(self, message: str, history: Sequence[AttemptRecord]) -> None:
+        """Keep ``message`` as the error's text and ``history`` as a tuple."""
         super().__init__(message)
         self.history: tuple[AttemptRecord, ...] = tuple(history)
 
@@ -95,13 +131,46 @@ class RetriesExhaustedError(TPUSliceError, RuntimeError):
 
 
 def did_you_mean(value: str, candidates: Iterable[str]) -> str:
-    """Return ``"; did you mean 'x'?"`` for the closest candidate, or ``""`` if none is close."""
+    """Return ``"; did you mean 'x'?"`` for the closest candidate, or ``""`` if none is close.
+
+    Args:
+        value: What the user typed.
+        candidates: The valid values.
+
+    Returns:
+        A suffix for an error message; ``""`` when no candidate is close enough.
+    """
     matches = difflib.get_close_matches(value, list(candidates), n=1, cutoff=0.5)
     return f"; did you mean '{matches[0]}'?" if matches else ""
 
 
+def first_line(error: BaseException | str, limit: int = 300) -> str:
+    """The first non-blank line of an error's message (or of a text), stripped and cut to
+    ``limit`` characters; ``""`` if there is none.
+
+    Args:
+        error: An exception (its ``str``) or a text.
+        limit: Most characters to keep.
+
+    Returns:
+        The line, or ``""``.
+    """
+    for line in str(error).splitlines():
+        if line.strip():
+            return line.strip()[:limit]
+    return ""
+
+
 def listing(values: Iterable[str], limit: int = 12) -> str:
-    """Join values for a message, eliding the middle of long lists."""
+    """Join values for a message, eliding the middle of long lists.
+
+    Args:
+        values: The values, in the order to show them.
+        limit: Most items to show; longer lists keep the first ``limit - 2`` and the last.
+
+    Returns:
+        The values joined by ``", "``, with ``... (N more)`` where items were left out.
+    """
     items = list(values)
     if len(items) <= limit:
         return ", ".join(items)

@@ -8,11 +8,15 @@ from collections.abc import Sequence
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-logger = logging.getLogger("tpuslice.reserve")
+logger = logging.getLogger(__name__)
 
 
 def remove_group(pg: PlacementGroup | None) -> None:
-    """Remove a placement group; a group already gone is fine (idempotent)."""
+    """Remove a placement group; a group already gone is fine (idempotent).
+
+    Args:
+        pg: The group; ``None`` does nothing.
+    """
     if pg is None:
         return
     try:
@@ -22,7 +26,15 @@ def remove_group(pg: PlacementGroup | None) -> None:
 
 
 def wait_all(pgs: Sequence[PlacementGroup], timeout: float) -> list[bool]:
-    """Wait until every group is placed or ``timeout`` passes; return which are ready."""
+    """Wait until every group is placed or ``timeout`` passes; return which are ready.
+
+    Args:
+        pgs: The groups.
+        timeout: Seconds to wait at most (a negative value waits not at all).
+
+    Returns:
+        Whether each group is placed, in the order of ``pgs``.
+    """
     if not pgs:
         return []
     refs = [pg.ready() for pg in pgs]

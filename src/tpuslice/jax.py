@@ -26,6 +26,15 @@ DEFAULT_COORDINATOR_PORT = 8476
 
 
 def profiler_key(node_id: str, pid: int) -> str:
+    """The Ray KV key under which the dashboard finds a worker's JAX profiler port.
+
+    Args:
+        node_id: The worker's Ray node id (hex).
+        pid: The worker's process id.
+
+    Returns:
+        ``jax_profiler_port:<node_id>:<pid>``.
+    """
     return f"jax_profiler_port:{node_id}:{pid}"
 
 
@@ -44,6 +53,14 @@ def init_jax_profiler(port: int | None = None) -> None:
 
     Without JAX it logs a warning and returns; a port in use is logged as an error and
     not raised, so profiling never breaks the user's program.
+
+    Args:
+        port: Port of the profiler server; ``None`` reads ``JAX_PROFILER_PORT`` (default
+            9999).
+
+    Raises:
+        InvalidArgumentError: ``port`` is None and ``JAX_PROFILER_PORT`` is not a port
+            number (checked only when JAX is installed).
     """
     try:
         import jax
@@ -66,7 +83,14 @@ def init_jax_profiler(port: int | None = None) -> None:
 
 def port_in_use(port: int) -> str | None:
     """Why ``port`` cannot be bound, or ``None`` if it can. jaxlib only logs a busy port
-    (and then listens nowhere), so we check first, binding as gRPC does (all addresses)."""
+    (and then listens nowhere), so we check first, binding as gRPC does (all addresses).
+
+    Args:
+        port: The TCP port to try.
+
+    Returns:
+        The bind error's text, or ``None`` if the port is free.
+    """
     family, host = (socket.AF_INET6, "::") if socket.has_ipv6 else (socket.AF_INET, "")
     try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -78,7 +102,15 @@ def port_in_use(port: int) -> str | None:
 
 def register_profiler_port(port: int) -> str | None:
     """Put ``jax_profiler_port:<node>:<pid>`` -> port in Ray's KV (dashboard namespace)
-    and remove it at exit. Returns the key, or ``None`` if Ray is not connected."""
+    and remove it at exit. Returns the key, or ``None`` if Ray is not connected.
+
+    Args:
+        port: The profiler server's port.
+
+    Returns:
+        The KV key; ``None``, not an error, when Ray is not initialised (a warning is
+        logged).
+    """
     import ray
 
     if not ray.is_initialized():
@@ -95,7 +127,19 @@ def distributed_args(
     environ: Mapping[str, str] | None = None, port: int = DEFAULT_COORDINATOR_PORT
 ) -> dict[str, Any]:
     """``coordinator_address``, ``num_processes`` and ``process_id`` for
-    ``jax.distributed.initialize``, from the slice context of the running task."""
+    ``jax.distributed.initialize``, from the slice context of the running task.
+
+    Args:
+        environ: Where to read the slice context (default: ``os.environ``).
+        port: Port of the coordinator on rank 0's host.
+
+    Returns:
+        The three keyword arguments.
+
+    Raises:
+        NotConnectedError: there is no slice context (not inside a task started by
+            :func:`tpuslice.run_on_slice` or a slice actor).
+    """
     from tpuslice.run import current_host
 
     host = current_host(environ)
@@ -111,7 +155,56 @@ def initialize(port: int = DEFAULT_COORDINATOR_PORT, **kwargs: Any) -> None:
 
     Call it once inside a function started by :func:`tpuslice.run_on_slice`; ``kwargs``
     go to JAX (for example ``local_device_ids``).
+
+    First the host's TPU is taken for this process (:func:`open_tpu`), so that a TPU
+    another process holds fails here, naming that process.
+
+    Args:
+        port: Port of the coordinator on rank 0's host.
+        **kwargs: Passed on to ``jax.distributed.initialize``.
+
+    Raises:
+        NotConnectedError: there is no slice context (see :func:`distributed_args`).
+        TPUInUseError: another process owns this host's TPU.
     """
     import jax
 
-    jax.distributed.initialize(**distributed_args(port=port), **kwargs)
+    args = distributed_args(port=port)
+    open_tpu()
+    jax.distributed.initialize(**args, **kwargs)
+
+
+def open_tpu() -> None:
+    """Take this host's TPU for this process, as JAX's TPU backend does on first use.
+
+    On a simulated host (``TPUSLICE_SIM_HOST_ROOT``) this stands in for that backend start
+    and takes the host's libtpu lock (:func:`tpuslice.testing.libtpu.open_tpu`). On a real
+    TPU VM, JAX takes the lock itself on first use; this checks first that no other
+    process holds it, so the failure names the owner instead of only its pid.
+
+    Raises:
+        TPUInUseError: another process owns this host's TPU (host, pid, command and Ray
+            job are named).
+    """
+    from tpuslice.tpu_lock import (
+        SIM_ROOT_ENV,
+        host_root,
+        in_use_error,
+        lock_holder,
+        lock_wanted,
+    )
+
+    if os.environ.get(SIM_ROOT_ENV):
+        from tpuslice.testing.libtpu import IN_USE, LibtpuError
+        from tpuslice.testing.libtpu import open_tpu as start_simulated_backend
+
+        try:
+            start_simulated_backend()
+        except LibtpuError as exc:
+            if IN_USE.split("{pid}")[0] in str(exc):
+                raise in_use_error(exc) from exc
+            raise
+        return
+    holder = lock_holder(host_root())
+    if lock_wanted(os.environ) and holder not in (None, os.getpid()):
+        raise in_use_error(RuntimeError(f"libtpu's lock is held by pid {holder}"))

@@ -25,7 +25,16 @@ HOST_ENV_VARS = (ENV_TPU_NAME, ENV_TPU_WORKER_ID, ENV_TPU_ACCELERATOR_TYPE, ENV_
 
 
 def host_labels(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str, str]:
-    """The node labels Ray sets on TPU worker ``worker_id`` of slice ``slice_name``."""
+    """The node labels Ray sets on TPU worker ``worker_id`` of slice ``slice_name``.
+
+    Args:
+        shape: The slice's shape.
+        slice_name: The slice's name.
+        worker_id: The host's TPU worker id.
+
+    Returns:
+        Slice name, worker id, pod type, topology and accelerator type labels.
+    """
     return {
         SLICE_NAME_LABEL: slice_name,
         WORKER_ID_LABEL: str(worker_id),
@@ -39,7 +48,17 @@ def host_resources(
     shape: SliceShape, slice_name: str, worker_id: int, tpu_resource_per_chip: int = 1
 ) -> dict[str, float]:
     """``TPU`` (chips x resource per chip), the slice-name resource,
-    ``accelerator_type:TPU-V6E``, and ``TPU-<podtype>-head`` on worker 0 only."""
+    ``accelerator_type:TPU-V6E``, and ``TPU-<podtype>-head`` on worker 0 only.
+
+    Args:
+        shape: The slice's shape.
+        slice_name: The slice's name (also a resource of each of its hosts).
+        worker_id: The host's TPU worker id.
+        tpu_resource_per_chip: ``TPU`` units per chip.
+
+    Returns:
+        Resource name to amount.
+    """
     resources: dict[str, float] = {
         TPU_RESOURCE: float(shape.chips_per_host * tpu_resource_per_chip),
         slice_name: 1.0,
@@ -51,7 +70,16 @@ def host_resources(
 
 
 def host_env(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str, str]:
-    """The environment a TPU VM's processes see (GKE sets these; GCE has them in metadata)."""
+    """The environment a TPU VM's processes see (GKE sets these; GCE has them in metadata).
+
+    Args:
+        shape: The slice's shape.
+        slice_name: The slice's name.
+        worker_id: The host's TPU worker id.
+
+    Returns:
+        ``TPU_NAME``, ``TPU_WORKER_ID``, ``TPU_ACCELERATOR_TYPE`` and ``TPU_TOPOLOGY``.
+    """
     return {
         ENV_TPU_NAME: slice_name,
         ENV_TPU_WORKER_ID: str(worker_id),

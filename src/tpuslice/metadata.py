@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from tpuslice.errors import InvalidArgumentError
 
-logger = logging.getLogger("tpuslice.node")
+logger = logging.getLogger(__name__)
 
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
 METADATA_FLAVOR = ("Metadata-Flavor", "Google")
@@ -35,6 +35,15 @@ class MetadataClient:
     budget running out, makes every later ``get`` return None at once. Each request runs
     in a daemon thread so that slow DNS, which urllib's timeout does not bound, cannot
     stretch the budget. Answers are cached; ``timeout_s=0`` never touches the network.
+
+    Args:
+        base_url: URL the attribute keys are appended to.
+        timeout_s: The total time budget, in seconds, for every request together.
+        clock: Monotonic seconds, for measuring the budget (injectable for tests).
+
+    Raises:
+        InvalidArgumentError: ``base_url`` is not an http(s) URL, or ``timeout_s`` is
+            not a finite number of seconds >= 0.
     """
 
     def __init__(
@@ -44,6 +53,7 @@ class MetadataClient:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """Check the arguments; nothing is fetched until the first :meth:`get`."""
         if not str(base_url).startswith(("http://", "https://")):
             raise InvalidArgumentError(
                 f"metadata base_url must be an http(s) URL such as {METADATA_URL!r}, "
@@ -59,7 +69,14 @@ class MetadataClient:
         self._answers: dict[str, str | None] = {}
 
     def get(self, key: str) -> str | None:
-        """The attribute's text, stripped; None if missing, empty, unreadable or out of time."""
+        """The attribute's text, stripped; None if missing, empty, unreadable or out of time.
+
+        Args:
+            key: The attribute's path under :attr:`base_url` (``"accelerator-type"``).
+
+        Returns:
+            The text; None, never an error, when it cannot be had (off GCP, say).
+        """
         if key not in self._answers:
             self._answers[key] = self._fetch(key)
         return self._answers[key]

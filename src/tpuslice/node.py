@@ -136,7 +136,15 @@ def _topology(env: Environ, md: MetadataClient, pod_type: str | None) -> tuple[s
 
 
 def count_tpu_chips(root: StrPath = "/") -> tuple[int, str]:
-    """Chips on this host and where they were seen (``/dev/accel*``, ``/dev/vfio``, ``none``)."""
+    """Chips on this host and where they were seen (``/dev/accel*``, ``/dev/vfio``, ``none``).
+
+    Args:
+        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
+
+    Returns:
+        The chip count and its source; ``(0, "none")``, not an error, when no chip is
+        seen or the directories cannot be read.
+    """
     base = Path(root)
     accel = _count_accel(base / "dev")
     if accel:
@@ -197,6 +205,12 @@ class HostTPUInfo:
 
     ``sources`` maps each found fact to where it came from: ``env:TPU_NAME``,
     ``metadata:tpu-env``, ``derived:pod-type``, ``/dev/accel*``. It is not compared.
+
+    Attributes:
+        slice_name: The TPU slice (pod) this host belongs to.
+        worker_id: This host's TPU worker id in the slice.
+        topology: The slice's chip grid (``4x4``).
+        chips: TPU chips on this host.
     """
 
     slice_name: str | None = None
@@ -209,6 +223,7 @@ class HostTPUInfo:
 
     @property
     def generation(self) -> topo.Generation | None:
+        """The generation the pod type names; None without a pod type."""
         return None if self.pod_type is None else topo.generation(self.pod_type.rsplit("-", 1)[0])
 
     @property
@@ -228,7 +243,11 @@ class HostTPUInfo:
         return -(-cores // (self.chips * gen.cores_per_chip))
 
     def labels(self) -> dict[str, str]:
-        """Ray's node labels for this host, each only when its fact is known."""
+        """Ray's node labels for this host, each only when its fact is known.
+
+        Returns:
+            Label key to value (``ray.io/tpu-slice-name`` and the rest).
+        """
         values = {
             ray_names.SLICE_NAME_LABEL: self.slice_name,
             ray_names.WORKER_ID_LABEL: None if self.worker_id is None else str(self.worker_id),
@@ -240,7 +259,11 @@ class HostTPUInfo:
 
     def resources(self) -> dict[str, float]:
         """As Ray sets them: ``TPU`` (chips), ``accelerator_type:TPU-V6E``, ``<slice name>``,
-        and ``TPU-<pod type>-head`` on worker 0; the last two need name, id and pod type."""
+        and ``TPU-<pod type>-head`` on worker 0; the last two need name, id and pod type.
+
+        Returns:
+            Resource name to amount; empty when no fact is known.
+        """
         resources: dict[str, float] = {}
         if self.chips > 0:
             resources[ray_names.TPU_RESOURCE] = float(self.chips)
@@ -266,7 +289,18 @@ def detect(
     """Everything this host knows about its TPU, each fact from its first source.
 
     Defaults: ``os.environ``, a fresh :class:`MetadataClient`, and the real ``/``.
-    Raises :class:`InvalidArgumentError` for a malformed ``TPU_*`` environment variable.
+
+    Args:
+        env: Environment to read (default: ``os.environ``).
+        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
+        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
+
+    Returns:
+        The facts found; missing ones are None (chips 0), not errors, and a malformed
+        metadata value counts as missing.
+
+    Raises:
+        InvalidArgumentError: a ``TPU_*`` environment variable is set but malformed.
     """
     env, metadata = _resolve(env, metadata)
     name = _lookup(env, metadata, _SLICE_NAME, str.strip)
@@ -295,7 +329,16 @@ def detect(
 def get_current_pod_name(
     *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
 ) -> str | None:
-    """The name of the TPU slice this host belongs to; None if not on a TPU pod."""
+    """The name of the TPU slice this host belongs to; None if not on a TPU pod.
+
+    Args:
+        env: Environment to read (default: ``os.environ``).
+        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
+        root: Not read; accepted so every function here takes the same sources.
+
+    Returns:
+        ``TPU_NAME``, else the metadata ``instance-id``; None, not an error, if neither.
+    """
     found = _lookup(*_resolve(env, metadata), _SLICE_NAME, str.strip)
     return found[0] if found else None
 
@@ -303,7 +346,20 @@ def get_current_pod_name(
 def get_current_pod_worker_count(
     *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
 ) -> int | None:
-    """Hosts in this host's TPU slice; None if not on a TPU pod or no chips are visible."""
+    """Hosts in this host's TPU slice; None if not on a TPU pod or no chips are visible.
+
+    Args:
+        env: Environment to read (default: ``os.environ``).
+        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
+        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
+
+    Returns:
+        Pod cores over this host's cores, rounded up; None, not an error, without a pod
+        type or visible chips (a malformed metadata pod type counts as none).
+
+    Raises:
+        InvalidArgumentError: ``TPU_ACCELERATOR_TYPE`` is set but is not a pod type.
+    """
     pod = _lookup(*_resolve(env, metadata), _POD_TYPE, _parse_pod_type)
     chips = count_tpu_chips(root)[0] if pod else 0
     return HostTPUInfo(pod_type=pod[0] if pod else None, chips=chips).worker_count
@@ -312,7 +368,16 @@ def get_current_pod_worker_count(
 def get_num_tpu_chips_on_node(
     *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
 ) -> int:
-    """TPU chips on this host; 0 if none. Reads only ``root`` (``/dev``, ``/sys``)."""
+    """TPU chips on this host; 0 if none. Reads only ``root`` (``/dev``, ``/sys``).
+
+    Args:
+        env: Not read; accepted so every function here takes the same sources.
+        metadata: Not read, for the same reason.
+        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
+
+    Returns:
+        The chip count; 0, not an error, when none is seen.
+    """
     return count_tpu_chips(root)[0]
 
 
@@ -325,14 +390,38 @@ def get_num_tpu_chips_on_node(
 def node_labels(
     *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
 ) -> dict[str, str]:
-    """Ray's ``ray.io/tpu-*`` and ``ray.io/accelerator-type`` labels for this host."""
+    """Ray's ``ray.io/tpu-*`` and ``ray.io/accelerator-type`` labels for this host.
+
+    Args:
+        env: Environment to read (default: ``os.environ``).
+        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
+        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
+
+    Returns:
+        Label key to value, for the facts found (see :func:`detect`).
+
+    Raises:
+        InvalidArgumentError: a ``TPU_*`` environment variable is set but malformed.
+    """
     return detect(env=env, metadata=metadata, root=root).labels()
 
 
 def node_resources(
     *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
 ) -> dict[str, float]:
-    """Ray's TPU resources for this host: see :meth:`HostTPUInfo.resources`."""
+    """Ray's TPU resources for this host: see :meth:`HostTPUInfo.resources`.
+
+    Args:
+        env: Environment to read (default: ``os.environ``).
+        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
+        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
+
+    Returns:
+        Resource name to amount, for the facts found (see :func:`detect`).
+
+    Raises:
+        InvalidArgumentError: a ``TPU_*`` environment variable is set but malformed.
+    """
     return detect(env=env, metadata=metadata, root=root).resources()
 
 
@@ -346,7 +435,19 @@ def ray_start_args(
     """``["--labels", "k=v,...", "--resources", '{"TPU": 4, ...}']`` for ``ray start``.
 
     For hosts where Ray does not detect its TPU itself; ``shlex.join`` it for a shell.
-    Raises :class:`InvalidArgumentError` if a value is not a valid Ray label value.
+
+    Args:
+        info: This host's facts; ``None`` detects them from the sources below.
+        env: Environment to read when ``info`` is None (default: ``os.environ``).
+        metadata: GCE metadata client when ``info`` is None (default: a fresh one).
+        root: Filesystem root for chips when ``info`` is None.
+
+    Returns:
+        The arguments; empty when no fact is known.
+
+    Raises:
+        InvalidArgumentError: a label value is not a valid Ray label value, or (when
+            detecting) a ``TPU_*`` environment variable is malformed.
     """
     info = info or detect(env=env, metadata=metadata, root=root)
     labels = info.labels()

@@ -20,7 +20,20 @@ NODE_ID_LABEL = "ray.io/node-id"
 
 @dataclass(frozen=True)
 class ReservationPlan:
-    """Everything about a reservation that does not depend on the cluster."""
+    """Everything about a reservation that does not depend on the cluster.
+
+    Attributes:
+        shape: The shape of each slice.
+        num_slices: Slices to reserve.
+        tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+        bundle_resources: Resources of each bundle.
+        bundles_per_host: Bundles that tile one host.
+        user_selectors: The user's label selector per bundle; empty if none were given.
+        strategy: Ray placement strategy of the worker groups.
+        name: Name of the worker placement group(s).
+        lifetime: ``None`` or ``"detached"``.
+        pg_per_slice: One worker placement group per slice instead of one in all.
+    """
 
     shape: SliceShape
     num_slices: int
@@ -35,14 +48,17 @@ class ReservationPlan:
 
     @property
     def devices_per_host(self) -> int:
+        """``TPU`` resource of one host: chips per host x units per chip."""
         return self.shape.chips_per_host * self.tpu_resource_per_chip
 
     @property
     def bundles_per_slice(self) -> int:
+        """Bundles of one slice."""
         return self.shape.num_hosts * self.bundles_per_host
 
     @property
     def num_bundles(self) -> int:
+        """Bundles of the whole reservation."""
         return self.bundles_per_slice * self.num_slices
 
     @property
@@ -51,12 +67,28 @@ class ReservationPlan:
         return not self.shape.is_single_host
 
     def user_selector(self, bundle_index: int) -> Mapping[str, str]:
+        """The user's label selector for one bundle.
+
+        Args:
+            bundle_index: The bundle's index in the whole reservation.
+
+        Returns:
+            The selector; empty if the user gave none.
+        """
         if bundle_index < len(self.user_selectors):
             return self.user_selectors[bundle_index] or {}
         return {}
 
     def pinned_slice_name(self, slice_index: int) -> str | None:
-        """The slice name the user's label selectors fix for this slice index, if any."""
+        """The slice name the user's label selectors fix for this slice index, if any.
+
+        Args:
+            slice_index: Which slice of the reservation, from 0.
+
+        Returns:
+            The first ``ray.io/tpu-slice-name`` among that slice's bundles' selectors;
+            None if none names one.
+        """
         first = slice_index * self.bundles_per_slice
         for bundle in range(first, first + self.bundles_per_slice):
             name = self.user_selector(bundle).get(SLICE_NAME_LABEL)
@@ -66,7 +98,15 @@ class ReservationPlan:
 
     def worker_selectors(self, slice_index: int, target: SliceInfo) -> list[dict[str, str]]:
         """Label selectors for one slice's bundles: bundle ``k`` of the slice lands on TPU
-        worker ``k // bundles_per_host``. Our pins win over the user's labels, as in Ray."""
+        worker ``k // bundles_per_host``. Our pins win over the user's labels, as in Ray.
+
+        Args:
+            slice_index: Which slice of the reservation, from 0.
+            target: The slice chosen for it (every worker id present).
+
+        Returns:
+            One selector per bundle of the slice, in bundle order.
+        """
         first = slice_index * self.bundles_per_slice
         selectors = []
         for k in range(self.bundles_per_slice):
@@ -76,6 +116,11 @@ class ReservationPlan:
         return selectors
 
     def describe(self) -> str:
+        """``2 idle v6e 4x4 slices (v6e-16, 4 host(s) each)``, for messages.
+
+        Returns:
+            What the plan asks for.
+        """
         count = f"{self.num_slices} " if self.num_slices > 1 else ""
         plural = "s" if self.num_slices > 1 else ""
         return (
@@ -99,6 +144,15 @@ def pick_slices(
 
     Honours slice names pinned by the user's selectors; never picks a slice that is
     busy, broken, of another shape, or already taken. Pure.
+
+    Args:
+        snapshot: The cluster as read.
+        plan: The reservation.
+        taken: Slice index to the name of the slice already held for it.
+
+    Returns:
+        Slice index to the slice chosen for it; indices for which no idle slice (or not
+        the pinned one) is free are left out.
     """
     ready = {s.name: s for s in snapshot.ready(plan.shape, plan.tpu_resource_per_chip)}
     used = set(taken.values())
@@ -118,7 +172,15 @@ def pick_slices(
 
 def shortage(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str | None:
     """Why the request can never be met by this cluster as it is, or ``None`` if it can
-    (slices exist, perhaps busy). Pure."""
+    (slices exist, perhaps busy). Pure.
+
+    Args:
+        snapshot: The cluster as read.
+        plan: The reservation.
+
+    Returns:
+        The reason (pinned slices that do not exist, or too few whole slices), or None.
+    """
     whole = snapshot.whole(plan.shape, plan.tpu_resource_per_chip)
     names = {s.name for s in whole}
     missing = [
@@ -135,7 +197,15 @@ def shortage(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str | None:
 
 def explain(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str:
     """What the cluster has for this request: ``2 whole slices, both busy (...); 1 broken
-    (...)``; or the shapes it does have when none match. Pure."""
+    (...)``; or the shapes it does have when none match. Pure.
+
+    Args:
+        snapshot: The cluster as read.
+        plan: The reservation.
+
+    Returns:
+        The explanation, for error messages.
+    """
     matching = snapshot.matching(plan.shape, plan.tpu_resource_per_chip)
     if not matching:
         shapes = sorted({f"{s.pod_type} {s.topology}" for s in snapshot.slices.values()})

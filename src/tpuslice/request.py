@@ -34,6 +34,24 @@ class SliceRequest:
 
     The fields and their defaults are those of Ray 2.60's ``SlicePlacementGroup``.
 
+    Attributes:
+        topology: Chip grid of one slice, such as ``"4x4"`` or ``"2x2x2"``.
+        accelerator_version: TPU generation, such as ``"v6e"`` or ``"TPU-V4"``.
+        resources_per_bundle: Resources of each bundle (default: one whole host,
+            ``{"CPU": 1, "TPU": <chips per host>}``); stored read-only.
+        strategy: Ray placement strategy of the worker groups.
+        name: Name of the worker placement group(s).
+        lifetime: ``None`` or ``"detached"`` (outlives the driver).
+        num_slices: How many whole slices to reserve, all at once.
+        chips_per_vm: Chips on each host; ``None`` for the shape's default.
+        head_reservation_timeout_s: Seconds to wait for idle slices; ``None`` waits
+            without limit.
+        bundle_label_selector: One label selector per bundle (may pin slice names);
+            stored as a tuple of read-only mappings.
+        pg_per_slice: One worker placement group per slice instead of one in all.
+        tpu_resource_per_chip: Ray ``TPU`` units per chip; ``None`` reads
+            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+
     Raises:
         InvalidArgumentError: a value is out of range or of the wrong kind (every
             subclass is a ``ValueError``, as in Ray): an unknown generation or topology,
@@ -56,6 +74,7 @@ class SliceRequest:
     """Everything derived from the fields: shape, bundles per host, bundle resources."""
 
     def __post_init__(self) -> None:
+        """Freeze the mappings, then validate every field and derive :attr:`plan`."""
         if self.resources_per_bundle is not None:
             frozen = MappingProxyType(dict(self.resources_per_bundle))
             object.__setattr__(self, "resources_per_bundle", frozen)

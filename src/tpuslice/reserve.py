@@ -23,6 +23,7 @@ from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import InvalidArgumentError, NotConnectedError, SliceShutdownError
 from tpuslice.groups import remove_group, wait_all
 from tpuslice.labels import SLICE_NAME_LABEL
+from tpuslice.owners import SliceOwnership
 from tpuslice.plan import ReservationPlan
 from tpuslice.request import SliceRequest
 
@@ -139,6 +140,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
     def _start(self, request: SliceRequest, clock: Clock | None) -> None:
         self._reservation = Reservation()
         self._launched: list[ray.ObjectRef] = []
+        self._worker_pids: list[tuple[int, ray.ObjectRef]] = []
         self._request = request
         self._plan = request.plan
         if not ray.is_initialized():
@@ -147,6 +149,11 @@ class SlicePlacementGroup(ShutsDownOnExit):
                 "(or use tpuslice.testing.SimulatedCluster)"
             )
         self._reservation = Reserver(request, clock=clock).run()
+        self.ownership = SliceOwnership(
+            self.worker_groups,
+            self._plan.bundle_resources.get("TPU", self._plan.devices_per_host),
+            self.rank_nodes,
+        )
 
     # --- Ray 2.60 properties ---------------------------------------------------------
 
@@ -241,7 +248,14 @@ class SlicePlacementGroup(ShutsDownOnExit):
         return not self._reservation.claims
 
     def worker_groups(self) -> list[tuple[PlacementGroup, int]]:
-        """``(group, bundle index)`` for every bundle, in rank order (slice-major)."""
+        """Where each rank's bundle is.
+
+        Returns:
+            ``(group, bundle index)`` for every bundle, in rank order (slice-major).
+
+        Raises:
+            SliceShutdownError: the reservation was shut down.
+        """
         if self.is_shut_down:
             raise SliceShutdownError(
                 "this SlicePlacementGroup has been shut down; create a new one"
@@ -258,12 +272,29 @@ class SlicePlacementGroup(ShutsDownOnExit):
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Whether every worker group is placed (they are once the constructor returns,
-        unless a host died since). Waits up to ``timeout`` seconds."""
+        unless a host died since).
+
+        Args:
+            timeout: Seconds to wait (``None``: effectively no limit).
+
+        Returns:
+            ``True`` once all are placed; ``False`` if the time ran out first.
+
+        Raises:
+            SliceShutdownError: the reservation was shut down.
+        """
         groups = {pg.id: pg for pg, _ in self.worker_groups()}
         return all(wait_all(list(groups.values()), timeout if timeout is not None else 1e9))
 
     def release_head_pgs(self, slice_index: int | None = None) -> None:
-        """Remove the head claims (all, or one slice's). Idempotent."""
+        """Remove the head claims (all, or one slice's). Idempotent.
+
+        Args:
+            slice_index: That slice's head only (``None``: every slice's).
+
+        Raises:
+            InvalidArgumentError: ``slice_index`` is out of range.
+        """
         claims = self._reservation.claims
         if slice_index is not None:
             if not 0 <= slice_index < len(claims):
@@ -275,13 +306,24 @@ class SlicePlacementGroup(ShutsDownOnExit):
             remove_group(claim.head_pg)
             claim.head_pg = None
 
-    def track(self, refs: Sequence[ray.ObjectRef]) -> None:
-        """Remember tasks started on this slice, so :meth:`shutdown` can stop them."""
+    def track(
+        self,
+        refs: Sequence[ray.ObjectRef],
+        worker_pids: Sequence[tuple[int, ray.ObjectRef]] = (),
+    ) -> None:
+        """Remember tasks started on this slice, so :meth:`shutdown` can stop them.
+
+        Args:
+            refs: The tasks' refs.
+            worker_pids: ``(rank, ref of the pid that ran it)`` per task: the hand-back
+                stops those processes on the rank's host if they still own its TPU.
+        """
         if self._launched:
             _, self._launched = ray.wait(
                 self._launched, num_returns=len(self._launched), timeout=0, fetch_local=False
             )
         self._launched.extend(refs)
+        self._worker_pids.extend(worker_pids)
 
     def _cancel_launched(self) -> None:
         """Cancel tasks still running or queued here. Ray does not fail them when their
@@ -294,10 +336,47 @@ class SlicePlacementGroup(ShutsDownOnExit):
         for ref in running:
             ray.cancel(ref, force=True)
 
+    def rank_nodes(self) -> list[str]:
+        """The Ray node id of each rank's host.
+
+        Returns:
+            One node id per rank, in rank order.
+        """
+        per_host = self._plan.bundles_per_host
+        return [
+            host.node_id
+            for claim in self._reservation.claims
+            for host in claim.target.hosts.values()
+            for _ in range(per_host)
+        ]
+
+    def _reported_pids(self) -> dict[str, set[int]]:
+        """Per host, the pids of the processes that ran this slice's tasks (as far as
+        they finished and reported)."""
+        reports, self._worker_pids = self._worker_pids, []
+        if not reports or not ray.is_initialized():
+            return {}
+        nodes = self.rank_nodes()
+        refs = [ref for _, ref in reports]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
+        ready = set(done)
+        found: dict[str, set[int]] = {}
+        for rank, ref in reports:
+            if ref in ready and rank < len(nodes):
+                try:
+                    found.setdefault(nodes[rank], set()).add(int(ray.get(ref, timeout=5)))
+                except ray.exceptions.RayError:
+                    continue  # its task failed or was cancelled: Ray ended that process
+        return found
+
     def shutdown(self) -> None:
-        """Stop tasks started here by tpuslice, then remove every worker and head group.
-        Idempotent."""
+        """Give the slices back: stop the tasks and owner processes started here by
+        tpuslice, confirm on each host that no process of this job still owns its TPU
+        (stopping any that does), then remove every worker and head group. Idempotent."""
+        pids = self._reported_pids()
         self._cancel_launched()
+        if self._reservation.claims:
+            self.ownership.hand_back(pids)
         reservation, self._reservation = self._reservation, Reservation()
         remove_group(reservation.combined_pg)
         for claim in reservation.claims:
@@ -319,9 +398,28 @@ def slice_placement_group(
     tpu_resource_per_chip: int | None = None,
     **kwargs: Any,
 ) -> SlicePlacementGroup:
-    """Reserve ``num_slices`` slices (Ray 2.60 ``slice_placement_group``); ``kwargs`` may
-    carry ``name``, ``lifetime``, ``strategy``, ``head_reservation_timeout_s`` and
-    ``bundle_label_selector``."""
+    """Reserve ``num_slices`` slices (Ray 2.60 ``slice_placement_group``).
+
+    Args:
+        topology: Chip grid of one slice, such as ``"4x4"``.
+        accelerator_version: TPU generation, such as ``"v6e"``.
+        resources_per_bundle: Resources of each bundle (default: one whole host).
+        num_slices: Whole slices to reserve, all at once.
+        chips_per_vm: Chips per host, for shapes offered in more than one form.
+        pg_per_slice: One worker placement group per slice.
+        tpu_resource_per_chip: Ray ``TPU`` units per chip.
+        **kwargs: ``name``, ``lifetime``, ``strategy``, ``head_reservation_timeout_s``
+            and ``bundle_label_selector``, as for :class:`SlicePlacementGroup`.
+
+    Returns:
+        The reservation, holding every slice.
+
+    Raises:
+        InvalidArgumentError: an invalid argument.
+        NotConnectedError: Ray is not initialised.
+        InsufficientSlicesError: the cluster cannot have the slices.
+        ReservationTimeoutError: no idle slices in time.
+    """
     return SlicePlacementGroup(
         topology=topology,
         accelerator_version=accelerator_version,

@@ -41,10 +41,11 @@ from tpuslice.errors import (
     InvalidArgumentError,
     ReservationTimeoutError,
     RetriesExhaustedError,
+    first_line,
 )
 from tpuslice.request import SliceRequest
 from tpuslice.reserve import SlicePlacementGroup
-from tpuslice.run import check_run_args, host_contexts, run_on_slice
+from tpuslice.run import check_run_args, host_contexts, launch
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +79,18 @@ NOT_HOST_LOSS: tuple[type[BaseException], ...] = (ObjectFreedError, ReferenceCou
 
 
 def classify(exc: BaseException) -> Outcome:
-    """The outcome of a task's exception, by type only. A ``RayTaskError`` (user code
-    raised) is judged by its ``cause``, which may itself be a host loss seen by user code
-    (a nested ``ray.get``); an actor whose ``__init__`` raised is a user failure."""
+    """The outcome of a task's exception, by type only (never its message).
+
+    A ``RayTaskError`` (user code raised) is judged by its ``cause``, which may itself be
+    a host loss seen by user code (a nested ``ray.get``); an actor whose ``__init__``
+    raised is a user failure.
+
+    Args:
+        exc: The exception a task's ref raised.
+
+    Returns:
+        :attr:`Outcome.PREEMPTION` for a lost host, else :attr:`Outcome.FAILURE`.
+    """
     if isinstance(exc, RayTaskError):
         cause = getattr(exc, "cause", None)
         if isinstance(cause, BaseException) and cause is not exc:
@@ -95,7 +105,14 @@ def classify(exc: BaseException) -> Outcome:
 
 def summarize(exc: BaseException) -> str:
     """``ValueError: first line``: the innermost cause's type and message's first line
-    (a ``RayTaskError``'s own text is a traceback, so it is unwrapped)."""
+    (a ``RayTaskError``'s own text is a traceback, so it is unwrapped).
+
+    Args:
+        exc: Any exception.
+
+    Returns:
+        One line for logs, events and error messages.
+    """
     seen: set[int] = set()
     while isinstance(exc, RayTaskError) and id(exc) not in seen:
         seen.add(id(exc))
@@ -103,8 +120,8 @@ def summarize(exc: BaseException) -> str:
         if not isinstance(cause, BaseException):
             break
         exc = cause
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    line = first_line(exc, limit=10_000)
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
 
 # --- the policy ---------------------------------------------------------------------------
@@ -142,13 +159,29 @@ class RetryPolicy:
             )
 
     def budget(self, outcome: Outcome) -> int:
+        """Retries allowed for failed attempts of this outcome.
+
+        Args:
+            outcome: How an attempt failed.
+
+        Returns:
+            ``max_retries_preemption`` or ``max_retries_failure``.
+        """
         if outcome is Outcome.PREEMPTION:
             return self.max_retries_preemption
         return self.max_retries_failure
 
     def decide(self, outcome: Outcome, failures: Mapping[Outcome, int]) -> Decision:
-        """After a failed attempt; ``failures`` counts failed attempts by outcome,
-        this one included. Retry while that outcome's count is within its budget."""
+        """What to do after a failed attempt: retry while that outcome's count is within
+        its budget, after a backoff that doubles per retry up to the cap.
+
+        Args:
+            outcome: How the attempt failed.
+            failures: Failed attempts so far by outcome, this one included.
+
+        Returns:
+            Whether to retry, after how long, and why.
+        """
         used, budget = failures.get(outcome, 0), self.budget(outcome)
         if used > budget:
             plural = "retry" if budget == 1 else "retries"
@@ -177,7 +210,11 @@ class AttemptEvent:
     duration_s: float = 0.0
 
     def describe(self) -> str:
-        """One log line: ``attempt 2 on v4-16-b: failed after 3.1 s: preemption (...); ...``."""
+        """One log line: ``attempt 2 on v4-16-b: failed after 3.1 s: preemption (...); ...``.
+
+        Returns:
+            The event as one line of text.
+        """
         where = f" on {', '.join(self.slice_names)}" if self.slice_names else ""
         text = f"attempt {self.attempt}{where}: {self.kind.replace('_', ' ')}"
         if self.kind in ("failed", "succeeded"):
@@ -206,7 +243,16 @@ class GangBrokenError(Exception):
 
     @classmethod
     def from_task(cls, spg: SlicePlacementGroup, rank: int, exc: BaseException) -> GangBrokenError:
-        """For the task of ``rank`` that raised ``exc``: classified, and named by host."""
+        """For the task of ``rank`` that raised ``exc``: classified, and named by host.
+
+        Args:
+            spg: The attempt's reservation.
+            rank: The failed task's rank.
+            exc: What its ref raised.
+
+        Returns:
+            The error to raise (chain ``exc`` to it).
+        """
         host = host_contexts(spg)[rank]
         where = f"rank {rank} ({host.slice_name} host {host.worker_id})"
         return cls(classify(exc), f"{where}: {summarize(exc)}")
@@ -229,9 +275,19 @@ class ResilientRun:
     history: list[AttemptRecord] = field(default_factory=list)
     last_error: BaseException | None = None
     """The exception that ended the latest failed attempt (chained to the final error)."""
+    reserve: Callable[[SliceRequest], SlicePlacementGroup] = SlicePlacementGroup.from_request
+    """How each attempt reserves its slices (a seam for tests)."""
 
     def until_done(self) -> list[Any]:
-        """The one retry loop: attempt, and on failure ask the policy whether to go on."""
+        """The one retry loop: attempt, and on failure ask the policy whether to go on.
+
+        Returns:
+            The successful attempt's results, in rank order.
+
+        Raises:
+            RetriesExhaustedError: a budget ran out (``history`` has every attempt).
+            ReservationTimeoutError: an attempt could not reserve its slices.
+        """
         failures: Counter[Outcome] = Counter()
         while True:
             attempt = len(self.history) + 1
@@ -253,10 +309,20 @@ class ResilientRun:
             self.clock.sleep(decision.delay_s)
 
     def attempt(self, number: int) -> list[Any] | AttemptRecord:
-        """Reserve, run on every host, wait. The results in rank order, or the record of
-        a failed attempt once its slices are given back (leaving the ``with``)."""
+        """Reserve, run on every host, wait.
+
+        Args:
+            number: The attempt's number (1 for the first).
+
+        Returns:
+            The results in rank order, or the record of a failed attempt once its slices
+            are given back (leaving the ``with``).
+
+        Raises:
+            ReservationTimeoutError: the slices could not be reserved.
+        """
         started = self.clock.now()
-        with SlicePlacementGroup.from_request(self.request) as spg:
+        with self.reserve(self.request) as spg:
             names = tuple(spg.slice_names)
             self.emit(AttemptEvent("started", number, names))
             try:
@@ -271,6 +337,13 @@ class ResilientRun:
         return AttemptRecord(number, names, spg.num_hosts, failed.outcome, failed.cause, elapsed)
 
     def report_failure(self, record: AttemptRecord, outcome: Outcome, decision: Decision) -> None:
+        """Emit the ``failed`` event of an attempt, with what happens next.
+
+        Args:
+            record: The failed attempt.
+            outcome: Its class.
+            decision: The policy's answer.
+        """
         action = (
             f"retry in {decision.delay_s:.1f} s on whole idle slices ({decision.reason})"
             if decision.retry
@@ -289,7 +362,16 @@ class ResilientRun:
         )
 
     def give_up(self, attempt: int, reason: str, outcome: Outcome | None) -> str:
-        """Emit the final event; return the error message naming every attempt."""
+        """Emit the final event.
+
+        Args:
+            attempt: The last attempt's number.
+            reason: Why the run stops.
+            outcome: The last attempt's class, if it ran.
+
+        Returns:
+            The error message, naming every attempt.
+        """
         self.emit(AttemptEvent("giving_up", attempt, (), outcome, reason, "raise"))
         attempts = "; ".join(
             f"#{r.attempt} on {', '.join(r.slice_names)}: {Outcome(r.outcome).value} after "
@@ -303,7 +385,11 @@ class ResilientRun:
         )
 
     def emit(self, event: AttemptEvent) -> None:
-        """Log the event at INFO and pass it on to ``on_event``."""
+        """Log the event at INFO and pass it on to ``on_event``.
+
+        Args:
+            event: What happened.
+        """
         logger.info("%s", event.describe())
         if self.on_event is not None:
             self.on_event(event)
@@ -312,13 +398,27 @@ class ResilientRun:
 def run_function(
     fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any], spg: SlicePlacementGroup
 ) -> list[Any]:
-    """The attempt body of :func:`run_resilient`: start ``fn`` on every host, collect
-    results as tasks finish, raise :class:`GangBrokenError` at the first that fails."""
-    try:
-        refs = run_on_slice(fn, *args, tpu_slice=spg, pg_ready_timeout_s=READY_BOUND_S, **kwargs)
-    except ReservationTimeoutError as exc:  # a host died between reserving and starting
+    """The attempt body of :func:`run_resilient`: start ``fn`` on every host and collect
+    the results as tasks finish.
+
+    Args:
+        fn: A ``@ray.remote`` function.
+        args: Passed to every call.
+        kwargs: Passed to every call.
+        spg: The attempt's reservation.
+
+    Returns:
+        The results, in rank order.
+
+    Raises:
+        GangBrokenError: at the first task that fails (or a host dead at the start).
+    """
+    # One call per attempt: plain tasks on warm workers (no owner processes to start);
+    # the attempt's hand-back stops any of them that opened a TPU.
+    if not spg.wait_ready(READY_BOUND_S):  # a host died between reserving and starting
         lost = HostLostError(f"a host of {', '.join(spg.slice_names)} died before the start")
-        raise GangBrokenError(Outcome.PREEMPTION, summarize(lost)) from exc
+        raise GangBrokenError(Outcome.PREEMPTION, summarize(lost))
+    refs = launch(fn, spg, args, kwargs)
     rank_of = {ref: rank for rank, ref in enumerate(refs)}
     results: dict[int, Any] = {}
     pending = list(refs)
@@ -347,13 +447,33 @@ def run_resilient(
     _clock: Clock | None = None,
     **kwargs: Any,
 ) -> list[Any]:
-    """Run ``fn`` (``@ray.remote``) on every host of ``num_slices`` whole slices and
-    return its results in rank order, rerunning the whole gang from the start on fresh
-    slices when a host is lost (up to ``max_retries_preemption`` times) or the code
-    raises (up to ``max_retries_failure`` times).
+    """Run ``fn`` on every host of whole slices and return its results in rank order,
+    rerunning the whole gang from the start on fresh slices when a host is lost or the
+    code raises, within two separate budgets.
 
-    Raises :class:`~tpuslice.RetriesExhaustedError` (``history`` lists every attempt)
-    when a budget runs out; a reservation that times out ends the run with its error.
+    Args:
+        fn: A ``@ray.remote`` function.
+        *args: Passed to every call of ``fn``.
+        topology: Chip grid of one slice, such as ``"4x4"``.
+        accelerator_version: TPU generation, such as ``"v6e"``.
+        num_slices: Whole slices per attempt.
+        chips_per_vm: Chips per host, for shapes offered in more than one form.
+        max_retries_failure: Reruns after the code raised.
+        max_retries_preemption: Reruns after a host was lost.
+        head_reservation_timeout_s: Seconds each attempt waits for idle slices
+            (``None``: no limit).
+        backoff_s: ``(first, cap)`` pause before a retry; it doubles per retry.
+        on_event: Called with each :class:`AttemptEvent` as it happens.
+        **kwargs: Passed to every call of ``fn``.
+
+    Returns:
+        The successful attempt's results, in rank order.
+
+    Raises:
+        TypeError: ``fn`` is not a remote function.
+        InvalidArgumentError: an invalid shape, count, budget or backoff.
+        RetriesExhaustedError: a budget ran out (``history`` lists every attempt).
+        ReservationTimeoutError: an attempt could not reserve its slices in time.
     """
     check_run_args(fn, None, None)
     policy = RetryPolicy(max_retries_failure, max_retries_preemption, backoff_s)

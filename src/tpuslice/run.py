@@ -62,7 +62,11 @@ class HostContext:
     """Address of slice 0 worker 0 (the MEGASCALE / JAX coordinator host)."""
 
     def env(self) -> dict[str, str]:
-        """``TPUSLICE_*`` variables, plus ``MEGASCALE_*`` for multi-slice runs."""
+        """The environment of this rank's calls.
+
+        Returns:
+            ``TPUSLICE_*`` variables, plus all four ``MEGASCALE_*`` for two or more slices.
+        """
         env = {f"{ENV_PREFIX}{k.upper()}": str(v) for k, v in asdict(self).items()}
         if self.num_slices > 1:
             env.update(
@@ -77,7 +81,18 @@ class HostContext:
 
 
 def current_host(environ: Mapping[str, str] | None = None) -> HostContext:
-    """The :class:`HostContext` of the running task (set by :func:`run_on_slice`)."""
+    """The :class:`HostContext` of the running task or actor.
+
+    Args:
+        environ: Where to read the context (default: ``os.environ``).
+
+    Returns:
+        This host's place in the gang: rank, world size, slice, worker id, coordinator.
+
+    Raises:
+        NotConnectedError: called outside a task started by :func:`run_on_slice` or a
+            :class:`~tpuslice.SliceActorGroup` actor (there is no context).
+    """
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     for name, kind in HostContext.__annotations__.items():
@@ -91,13 +106,22 @@ def current_host(environ: Mapping[str, str] | None = None) -> HostContext:
     return HostContext(**values)
 
 
-def _with_context(function: Callable[..., Any]) -> Callable[..., Any]:
+TPU_IN_USE = "The TPU is already in use"
+"""What libtpu says when another process owns the host's TPU."""
+
+
+def _with_context(function: Callable[..., Any], returns: int | None = None) -> Callable[..., Any]:
     """The user's function, called with the slice context in ``os.environ`` (stale
     ``MEGASCALE_*`` the context does not set are dropped; all is restored after).
 
+    With ``returns`` (the function's own ``num_returns``), the wrapper also returns this
+    process's pid as one more value: the slice's hand-back uses it to stop exactly the
+    processes that ran its work, should one of them still own a TPU.
+
     The wrapper refers to no tpuslice function, only ``os`` and a tuple, so Ray ships it
     by value and a host's worker runs it without importing tpuslice: on the first call of
-    a job that import took 50-110 ms per worker process (benchmarks/RESULTS.md).
+    a job that import took 50-110 ms per worker process (benchmarks/RESULTS.md). Only when
+    libtpu refuses the TPU is tpuslice imported, to say who holds it.
     """
 
     def run_in_context(__tpuslice_env: dict[str, str], *args: Any, **kwargs: Any) -> Any:
@@ -106,13 +130,22 @@ def _with_context(function: Callable[..., Any]) -> Callable[..., Any]:
             os.environ.pop(key, None)
         os.environ.update(__tpuslice_env)
         try:
-            return function(*args, **kwargs)
+            result = function(*args, **kwargs)
+        except Exception as exc:
+            if TPU_IN_USE in str(exc):
+                from tpuslice.tpu_lock import in_use_error
+
+                raise in_use_error(exc) from exc
+            raise
         finally:
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+        if returns is None:
+            return result
+        return (result, os.getpid()) if returns == 1 else (*result, os.getpid())
 
     # Keep the user's name for Ray's task listings; no __wrapped__, so Ray checks the
     # arguments against this signature (context first), not the user's.
@@ -122,28 +155,45 @@ def _with_context(function: Callable[..., Any]) -> Callable[..., Any]:
     return run_in_context
 
 
-_WRAPPED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+@dataclass(frozen=True)
+class _Wrapped:
+    """A remote function running the user's in its slice context, made once per function
+    so Ray exports it once and warm workers are reused."""
+
+    remote: Any
+    returns: int | None
+    """The user's ``num_returns`` when the pid rides along as one more return, else
+    ``None`` (a streaming or dynamic function: no pid is reported)."""
+
+
+_WRAPPED: weakref.WeakKeyDictionary[Any, _Wrapped] = weakref.WeakKeyDictionary()
 _WRAPPED_LOCK = threading.Lock()
 
 
-def _context_remote(fn: Any) -> Any:
-    """A remote function running ``fn`` in its slice context; made once per ``fn`` so Ray
-    exports it once and reuses warm workers."""
+def _context_remote(fn: Any) -> _Wrapped:
     with _WRAPPED_LOCK:
         wrapped = _WRAPPED.get(fn)
         if wrapped is None:
             function, options = _ray.remote_function_parts(fn)
-            wrapped = (
-                ray.remote(**options)(_with_context(function))
-                if options
-                else (ray.remote(_with_context(function)))
-            )
+            declared = options.get("num_returns", 1)
+            returns = declared if isinstance(declared, int) and declared >= 1 else None
+            if returns is not None:
+                options["num_returns"] = returns + 1
+            remote = ray.remote(**options)(_with_context(function, returns))
+            wrapped = _Wrapped(remote, returns)
             _WRAPPED[fn] = wrapped
         return wrapped
 
 
 def host_contexts(spg: SlicePlacementGroup) -> list[HostContext]:
-    """One context per bundle, in rank order. Pure given the reservation."""
+    """One context per bundle, in rank order. Pure given the reservation.
+
+    Args:
+        spg: A reservation (shut down or not: only its plan and slices are read).
+
+    Returns:
+        ``contexts[i]`` for rank *i*: slice-major, then TPU worker id.
+    """
     plan = spg.plan
     slices = spg.slices
     coordinator = slices[0].hosts[0].address if slices else ""
@@ -166,6 +216,18 @@ def host_contexts(spg: SlicePlacementGroup) -> list[HostContext]:
 
 
 def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
+    """Check ``run_on_slice``'s arguments as Ray 2.60 does, with the same errors.
+
+    Args:
+        fn: Must be a ``@ray.remote`` function.
+        tpu_slice: The caller's reservation, or ``None``.
+        slice_index: One slice of a ``pg_per_slice`` reservation, or ``None``.
+
+    Raises:
+        TypeError: ``fn`` is not a remote function.
+        InvalidArgumentError: ``slice_index`` without a ``pg_per_slice`` slice, or out of
+            range.
+    """
     if not hasattr(fn, "options") or not hasattr(fn, "remote"):
         raise TypeError(
             f"fn must be a @ray.remote-decorated function, but got {type(fn).__name__!r} "
@@ -191,7 +253,18 @@ def placements(
     spg: SlicePlacementGroup, slice_index: int | None = None
 ) -> list[tuple[HostContext, dict[str, Any]]]:
     """``(context, task options)`` per rank: the bundle's TPU, no CPU, pinned to its
-    bundle, never retried (a retried host task would run outside its gang)."""
+    bundle, never retried (a retried host task would run outside its gang).
+
+    Args:
+        spg: A held reservation.
+        slice_index: Only that slice's ranks (``None``: every rank).
+
+    Returns:
+        One pair per rank, in rank order.
+
+    Raises:
+        SliceShutdownError: ``spg`` was shut down.
+    """
     tpu = spg.bundle_resources.get("TPU", spg.devices_per_host)
     result = []
     for context, (pg, bundle) in zip(host_contexts(spg), spg.worker_groups(), strict=True):
@@ -216,13 +289,30 @@ def launch(
     kwargs: Mapping[str, Any],
     slice_index: int | None = None,
 ) -> list[ray.ObjectRef]:
-    """Start ``fn`` on every bundle of ``spg`` (or one slice of it), in rank order."""
-    remote = _context_remote(fn)
-    refs = [
-        remote.options(**options).remote(context.env(), *args, **kwargs)
-        for context, options in placements(spg, slice_index)
-    ]
-    spg.track(refs)
+    """Start ``fn`` on every bundle of ``spg`` (or one slice of it), in rank order.
+
+    Args:
+        fn: A ``@ray.remote`` function.
+        spg: A held reservation; it tracks the tasks so its shutdown cancels them.
+        args: Positional arguments for every call.
+        kwargs: Keyword arguments for every call.
+        slice_index: Only that slice's hosts.
+
+    Returns:
+        One ref per rank, in rank order.
+    """
+    wrapped = _context_remote(fn)
+    refs: list[Any] = []
+    pids: list[tuple[int, ray.ObjectRef]] = []
+    for context, options in placements(spg, slice_index):
+        out = wrapped.remote.options(**options).remote(context.env(), *args, **kwargs)
+        if wrapped.returns is None:
+            refs.append(out)
+            continue
+        *values, pid = out
+        refs.append(values[0] if wrapped.returns == 1 else values)
+        pids.append((context.rank, pid))
+    spg.track([r for ref in refs for r in (ref if isinstance(ref, list) else [ref])], pids)
     return refs
 
 
@@ -239,10 +329,39 @@ def run_on_slice(
     pg_ready_timeout_s: float | None = None,
     **kwargs: Any,
 ) -> list[ray.ObjectRef]:
-    """Run ``fn`` (a ``@ray.remote`` function) once on every host; ``refs[i]`` is rank i.
+    """Run ``fn`` once on every host of one or more slices; ``refs[i]`` is rank *i*.
 
-    With ``tpu_slice`` the caller's reservation is used and never shut down. Without it,
-    a slice is reserved and given back as soon as every task has finished (or any failed).
+    Each call sees its slice context (:func:`current_host`; ``MEGASCALE_*`` for two or
+    more slices). With ``tpu_slice`` the caller's reservation is used and never shut down.
+    Without it, slices are reserved (a one-shot) and given back as soon as every task has
+    finished, or any task failed.
+
+    Args:
+        fn: A ``@ray.remote`` function.
+        *args: Passed to every call of ``fn``.
+        topology: Chip grid of one slice (``"4x4"``); required without ``tpu_slice``.
+        accelerator_version: TPU generation (``"v6e"``); required without ``tpu_slice``.
+        tpu_slice: A held :class:`~tpuslice.SlicePlacementGroup` to run on.
+        slice_index: With a ``pg_per_slice`` ``tpu_slice``: run on that slice only.
+        num_slices: Slices for a one-shot (ignored with ``tpu_slice``, whose count holds).
+        chips_per_vm: Chips per host for a one-shot (ignored with ``tpu_slice``).
+        head_reservation_timeout_s: Seconds a one-shot waits for idle slices (``None``:
+            no limit); ignored with ``tpu_slice``.
+        pg_ready_timeout_s: With ``tpu_slice``: first wait this long for its groups to
+            be placed (``None``, the default: do not check; tasks wait for their bundles).
+        **kwargs: Passed to every call of ``fn``.
+
+    Returns:
+        One ``ObjectRef`` per host, in rank order (slice-major, then TPU worker id).
+
+    Raises:
+        TypeError: ``fn`` is not a remote function.
+        InvalidArgumentError: no topology/accelerator without ``tpu_slice``, a
+            ``tpu_slice`` already shut down, or a bad ``slice_index`` or shape.
+        NotConnectedError: Ray is not initialised.
+        InsufficientSlicesError: a one-shot asks for slices the cluster cannot have.
+        ReservationTimeoutError: no idle slices in time, or ``tpu_slice`` not ready
+            within ``pg_ready_timeout_s``.
     """
     check_run_args(fn, tpu_slice, slice_index)
     if tpu_slice is None:
@@ -277,7 +396,41 @@ def run_on_slice(
             f"TPU slice placement group was not ready within {pg_ready_timeout_s}s: a host of "
             f"{', '.join(tpu_slice.slice_names)} may have died"
         )
-    return launch(fn, tpu_slice, args, kwargs, slice_index)
+    return call_owned(fn, tpu_slice, args, kwargs, slice_index)
+
+
+def call_owned(
+    fn: Any,
+    spg: SlicePlacementGroup,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    slice_index: int | None = None,
+) -> list[ray.ObjectRef]:
+    """Run ``fn`` on a held slice, each rank in the process that owns its bundle's TPU
+    (started at the first call; see :mod:`tpuslice.owners`).
+
+    Args:
+        fn: A ``@ray.remote`` function.
+        spg: A held reservation.
+        args: Positional arguments for every rank.
+        kwargs: Keyword arguments for every rank.
+        slice_index: Only that slice's ranks.
+
+    Returns:
+        One ref per rank, in rank order.
+
+    Raises:
+        InvalidArgumentError: ``fn``'s runtime_env differs from the owners'.
+    """
+    function, options = _ray.remote_function_parts(fn)
+    owners = spg.ownership.owners(options.get("runtime_env"))
+    envs = [
+        (context.rank, context.env())
+        for context in host_contexts(spg)
+        if slice_index is None or context.slice_index == slice_index
+    ]
+    num_returns = options.get("num_returns")
+    return owners.submit(function, envs, args, kwargs, num_returns)
 
 
 dispatch = run_on_slice
@@ -304,6 +457,12 @@ class Releaser:
         self.pending: list[_OneShot] = []
 
     def release_when_done(self, refs: list[ray.ObjectRef], spg: SlicePlacementGroup) -> None:
+        """Shut ``spg`` down once every ref is done, or any failed (in the background).
+
+        Args:
+            refs: The one-shot's tasks.
+            spg: Its reservation.
+        """
         self._queue.put(_OneShot(list(refs), spg))
         with self._lock:
             if self._thread is None or not self._thread.is_alive():

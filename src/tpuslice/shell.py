@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from tpuslice.errors import first_line
 from tpuslice.reserve import SlicePlacementGroup
 from tpuslice.run import MEGASCALE_VARS, HostContext, placements
 
@@ -28,7 +29,15 @@ CANCEL_GRACE_S = 5.0
 
 @dataclass(frozen=True)
 class HostResult:
-    """How the command ended on one host."""
+    """How the command ended on one host.
+
+    Attributes:
+        context: The host's place in the gang (rank, slice, worker id).
+        exit_code: The command's exit code; 128 + signal number if a signal ended it,
+            :data:`KILLED` if the host's task ended before reporting one.
+        seconds: From the start of the run to this host's end.
+        error: The Ray error that ended the host's task, in one line; ``""`` if none.
+    """
 
     context: HostContext
     exit_code: int
@@ -39,7 +48,19 @@ class HostResult:
 
 
 def command_on_host(env: dict[str, str], command: str) -> Iterator[tuple[str, str | int]]:
-    """Yield ``("line", text)`` for each output line, then ``("exit", code)``."""
+    """Yield ``("line", text)`` for each output line, then ``("exit", code)``.
+
+    Runs on the host (as a Ray streaming task); stdout and stderr are merged.
+
+    Args:
+        env: Variables added to this process's environment (minus stale
+            ``MEGASCALE_*``) for the command.
+        command: A shell command line.
+
+    Yields:
+        Each output line without its newline, then the exit code (128 + signal number
+        for a command a signal ended).
+    """
     child_env = {k: v for k, v in os.environ.items() if k not in MEGASCALE_VARS}
     child_env.update(env)
     proc = subprocess.Popen(
@@ -76,7 +97,22 @@ def run_command(spg: SlicePlacementGroup, command: str, on_line: Printer) -> lis
     ``on_line`` gets each output line as it arrives. If a host is lost, the other hosts'
     commands are cancelled (an SPMD gang cannot go on without it). On Ctrl-C all are
     cancelled (process groups killed) before ``KeyboardInterrupt`` propagates.
-    Results are in rank order."""
+    Results are in rank order.
+
+    Args:
+        spg: The reserved slices.
+        command: A shell command line, run on every host.
+        on_line: Called with the host's context and each output line.
+
+    Returns:
+        One result per host, in rank order; a lost host's is there with its error,
+        not raised.
+
+    Raises:
+        KeyboardInterrupt: on Ctrl-C, once every host's command is cancelled (or
+            :data:`CANCEL_GRACE_S` has passed).
+        SliceShutdownError: ``spg`` was shut down.
+    """
     started = time.monotonic()
     streams = [
         (context, _command_on_host.options(**options).remote(context.env(), command))
@@ -135,12 +171,19 @@ def _follow(
                 code = int(payload)
     except ray.exceptions.RayError as exc:
         lost = exc
-        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+        error = f"{type(exc).__name__}: {first_line(exc)}"
     results[rank] = HostResult(context, code, time.monotonic() - started, error, lost)
     if lost is not None and not isinstance(lost, ray.exceptions.TaskCancelledError):
         on_lost()
 
 
 def worst_exit_code(results: Sequence[HostResult]) -> int:
-    """The exit code a ``--worker=all`` run reports: the largest, 0 only if all are 0."""
+    """The exit code a ``--worker=all`` run reports: the largest, 0 only if all are 0.
+
+    Args:
+        results: Every host's result.
+
+    Returns:
+        The largest exit code; 0 for no results.
+    """
     return max((r.exit_code for r in results), default=0)

@@ -51,7 +51,14 @@ def _sorted_slices(snapshot: ClusterSnapshot) -> list[SliceInfo]:
 
 
 def state_counts(snapshot: ClusterSnapshot) -> dict[str, int]:
-    """Slices per state, every state present: ``{"ready": 2, "busy": 1, "broken": 0}``."""
+    """Slices per state, every state present: ``{"ready": 2, "busy": 1, "broken": 0}``.
+
+    Args:
+        snapshot: The cluster as read.
+
+    Returns:
+        State name to slice count, in :class:`SliceState` order.
+    """
     counts = {state.value: 0 for state in SliceState}
     for info in snapshot.slices.values():
         counts[info.state.value] += 1
@@ -59,20 +66,41 @@ def state_counts(snapshot: ClusterSnapshot) -> dict[str, int]:
 
 
 def summary_line(snapshot: ClusterSnapshot) -> str:
-    """``4 TPU slice(s): 2 ready, 1 busy, 1 broken``."""
+    """``4 TPU slice(s): 2 ready, 1 busy, 1 broken``.
+
+    Args:
+        snapshot: The cluster as read.
+
+    Returns:
+        The one-line summary.
+    """
     parts = ", ".join(f"{n} {state}" for state, n in state_counts(snapshot).items())
     return f"{len(snapshot.slices)} TPU slice(s): {parts}"
 
 
 def shape_label(info: SliceInfo) -> str:
-    """``v6e 4x4``; the raw labels (or ``?``) when they name no valid shape."""
+    """``v6e 4x4``; the raw labels (or ``?``) when they name no valid shape.
+
+    Args:
+        info: One slice.
+
+    Returns:
+        Its generation and topology.
+    """
     if info.shape is not None:
         return f"{info.shape.generation.name} {info.topology}"
     return f"{info.pod_type or '?'} {info.topology or '?'}"
 
 
 def slice_table(snapshot: ClusterSnapshot) -> Table:
-    """One row per slice: name, shape, state, reason, hosts alive/expected, TPU free/total."""
+    """One row per slice: name, shape, state, reason, hosts alive/expected, TPU free/total.
+
+    Args:
+        snapshot: The cluster as read.
+
+    Returns:
+        The table, titled with :func:`summary_line`, slices in name order.
+    """
     table = Table(title=summary_line(snapshot), title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("slice", "shape", "state", "reason", "hosts", "TPU free"):
         right = column in ("hosts", "TPU free")
@@ -90,13 +118,27 @@ def slice_table(snapshot: ClusterSnapshot) -> Table:
 
 
 def host_state(host: HostInfo | None) -> str:
-    """``free``, ``busy``, ``dead``, or ``missing`` when no node has that worker id."""
+    """``free``, ``busy``, ``dead``, or ``missing`` when no node has that worker id.
+
+    Args:
+        host: The host of a worker id, or None if no node has it.
+
+    Returns:
+        The state's name, a key of :data:`HOST_STYLES`.
+    """
     return "missing" if host is None else host.state.value
 
 
 def grid_rows(info: SliceInfo) -> list[list[int]]:
     """Worker ids laid out by their coordinates: rows are the leading grid sides
-    flattened, columns the last side. A slice with no usable shape is one row."""
+    flattened, columns the last side. A slice with no usable shape is one row.
+
+    Args:
+        info: One slice.
+
+    Returns:
+        Rows of worker ids; every expected and every found worker id appears once.
+    """
     shape = info.shape
     if shape is None or any(w >= shape.num_hosts for w in info.hosts):
         return [sorted(set(range(info.expected_hosts)) | set(info.hosts))]
@@ -121,7 +163,15 @@ def _cells(info: SliceInfo, workers: list[int], compact: bool, digits: int) -> I
 def host_grid(info: SliceInfo, width: int) -> Text:
     """The slice's hosts as coloured cells on its worker grid, numbered by worker id
     when that fits in ``width`` columns, else one glyph per host; rows wrap if needed.
-    A grid taller than :data:`MAX_GRID_LINES` becomes a one-line tally instead."""
+    A grid taller than :data:`MAX_GRID_LINES` becomes a one-line tally instead.
+
+    Args:
+        info: One slice.
+        width: Columns available, indent included.
+
+    Returns:
+        The grid (or tally) as styled text, one line per row or wrapped part of one.
+    """
     rows = grid_rows(info)
     digits = len(str(max((w for row in rows for w in row), default=0)))
     room = max(1, width - GRID_INDENT)
@@ -151,7 +201,14 @@ def _tally(info: SliceInfo, rows: list[list[int]]) -> str:
 
 
 def slice_heading(info: SliceInfo) -> Text:
-    """``v6e-16-a  v6e 4x4, 4 hosts (2x2)  busy``: the line above a slice's grid."""
+    """``v6e-16-a  v6e 4x4, 4 hosts (2x2)  busy``: the line above a slice's grid.
+
+    Args:
+        info: One slice.
+
+    Returns:
+        The styled heading; the worker grid is shown only for multi-host shapes.
+    """
     heading = Text(info.name, style="bold")
     grid = ""
     if info.shape is not None and info.shape.num_hosts > 1:
@@ -162,7 +219,11 @@ def slice_heading(info: SliceInfo) -> Text:
 
 
 def legend() -> Text:
-    """Which colour (and, in compact grids, which glyph) means which host state."""
+    """Which colour (and, in compact grids, which glyph) means which host state.
+
+    Returns:
+        The one-line legend.
+    """
     text = Text("hosts:")
     for state, style in HOST_STYLES.items():
         text.append(" ")
@@ -172,7 +233,16 @@ def legend() -> Text:
 
 
 def render_status(snapshot: ClusterSnapshot, width: int = 80) -> RenderableType:
-    """The whole ``tpuslice status`` screen for a console ``width`` columns wide."""
+    """The whole ``tpuslice status`` screen for a console ``width`` columns wide.
+
+    Args:
+        snapshot: The cluster as read.
+        width: The console's width in columns.
+
+    Returns:
+        The table, each slice's heading and grid, and the legend; a one-line message
+        when the cluster has no TPU slice.
+    """
     if not snapshot.slices:
         return Text("No TPU slices in this cluster (no node has TPU labels or resources).")
     parts: list[RenderableType] = [slice_table(snapshot)]
@@ -186,6 +256,15 @@ def render_status(snapshot: ClusterSnapshot, width: int = 80) -> RenderableType:
 
 
 def host_dict(host: HostInfo) -> dict[str, Any]:
+    """One host as JSON-able data.
+
+    Args:
+        host: One host of a slice.
+
+    Returns:
+        Its worker id, node id, address, liveness, state, TPU resources and the process
+        seen owning its TPU (``None`` if none).
+    """
     return {
         "worker_id": host.worker_id,
         "node_id": host.node_id,
@@ -195,10 +274,20 @@ def host_dict(host: HostInfo) -> dict[str, Any]:
         "tpu_total": host.tpu_total,
         "tpu_available": host.tpu_available,
         "head_free": host.head_free,
+        "tpu_owner": host.tpu_owner,
     }
 
 
 def slice_dict(info: SliceInfo) -> dict[str, Any]:
+    """One slice as JSON-able data, its hosts included.
+
+    Args:
+        info: One slice.
+
+    Returns:
+        Its name, state, shape, host counts, TPU resources and hosts (see
+        :func:`host_dict`); shape fields are None when the labels name no valid shape.
+    """
     shape = info.shape
     return {
         "name": info.name,
@@ -220,9 +309,42 @@ def slice_dict(info: SliceInfo) -> dict[str, Any]:
 
 
 def status_dict(snapshot: ClusterSnapshot) -> dict[str, Any]:
-    """Everything the screen shows, as JSON-able data for scripts (``--json``)."""
+    """Everything the screen shows, as JSON-able data for scripts (``--json``).
+
+    Args:
+        snapshot: The cluster as read.
+
+    Returns:
+        ``taken_at``, the slice counts per state, and every slice (see :func:`slice_dict`)
+        in name order.
+    """
     return {
         "taken_at": snapshot.taken_at,
         "counts": state_counts(snapshot),
         "slices": [slice_dict(info) for info in _sorted_slices(snapshot)],
     }
+
+
+def owners_table(snapshot: ClusterSnapshot) -> RenderableType:
+    """Which process owns each host's TPU, for hosts where one was seen.
+
+    Args:
+        snapshot: The cluster, with the owners its hosts' agents recorded.
+
+    Returns:
+        A table (slice, worker, node, owner), or a line saying no TPU is owned.
+    """
+    rows = [
+        (info.name, str(worker), host.node_id[:12], host.tpu_owner)
+        for info in _sorted_slices(snapshot)
+        for worker, host in info.hosts.items()
+        if host.tpu_owner
+    ]
+    if not rows:
+        return Text("No process owns a TPU on any live host.")
+    table = Table(title="TPU owners", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("slice", "worker", "node", "owner"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -82,6 +82,12 @@ class Generation:
     """One TPU generation and the facts about it that shape a slice.
 
     Source: Google Cloud TPU system architecture docs; Ray 2.60 agrees on every field.
+
+    Attributes:
+        aliases: Other accepted spellings of the name (``v5e``, ``trillium``, ``tpu7x``).
+        cores_per_chip: TensorCores per chip (1 on v5e/v6e, 2 elsewhere).
+        dims: Sides of its topologies: 2 (``4x4``) or 3 (``2x2x2``).
+        topologies: Every valid topology of the generation.
     """
 
     name: str
@@ -104,7 +110,11 @@ class Generation:
         return f"TPU-{self.name.upper()}"
 
     def sorted_topologies(self) -> list[str]:
-        """Topologies ordered by chip count, then by their sides."""
+        """Topologies ordered by chip count, then by their sides.
+
+        Returns:
+            Every topology of the generation, smallest first.
+        """
         return sorted(self.topologies, key=lambda t: (chips_in(t), parse_dims(t)))
 
 
@@ -129,7 +139,14 @@ _TOPOLOGY_RE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*){1,2}$")
 
 
 def normalize_generation_name(accelerator: str) -> str:
-    """Lower-case, strip, and drop a ``TPU-``/``TPU`` prefix: ``" TPU-V6E"`` -> ``"v6e"``."""
+    """Lower-case, strip, and drop a ``TPU-``/``TPU`` prefix: ``" TPU-V6E"`` -> ``"v6e"``.
+
+    Args:
+        accelerator: A generation or accelerator type as a user or Ray spells it.
+
+    Returns:
+        The normalised spelling; not checked against the known generations.
+    """
     name = accelerator.strip().lower().replace(" ", "")
     if name.startswith("tpu-"):
         name = name[4:]
@@ -139,7 +156,18 @@ def normalize_generation_name(accelerator: str) -> str:
 
 
 def generation(accelerator: str) -> Generation:
-    """Resolve any accepted spelling (``TPU-V6E``, ``v5e``, ``tpu7x``, ``Trillium``)."""
+    """Resolve any accepted spelling (``TPU-V6E``, ``v5e``, ``tpu7x``, ``Trillium``).
+
+    Args:
+        accelerator: The generation's name, an alias, or Ray's accelerator type.
+
+    Returns:
+        The generation it names.
+
+    Raises:
+        InvalidAcceleratorError: ``accelerator`` is not a string or names no known
+            generation (the message lists the valid ones, or points out a pod type).
+    """
     if not isinstance(accelerator, str):
         raise InvalidAcceleratorError(
             f"accelerator version must be a string such as 'v6e', got {accelerator!r}"
@@ -162,7 +190,17 @@ def generation(accelerator: str) -> Generation:
 
 
 def parse_dims(topology: str) -> tuple[int, ...]:
-    """``"4x4"`` -> ``(4, 4)``. Raises :class:`InvalidTopologyError` on a malformed string."""
+    """``"4x4"`` -> ``(4, 4)``. Raises :class:`InvalidTopologyError` on a malformed string.
+
+    Args:
+        topology: Sides joined by ``x``, any case and spacing (``" 2X2x2"``).
+
+    Returns:
+        The sides, in order; not checked against any generation.
+
+    Raises:
+        InvalidTopologyError: ``topology`` is not a string, or not 2 or 3 positive sides.
+    """
     text = normalize_topology(topology)
     if not _TOPOLOGY_RE.match(text):
         raise InvalidTopologyError(
@@ -173,19 +211,48 @@ def parse_dims(topology: str) -> tuple[int, ...]:
 
 
 def normalize_topology(topology: str) -> str:
-    """``" 4X4 "`` -> ``"4x4"``."""
+    """``" 4X4 "`` -> ``"4x4"``.
+
+    Args:
+        topology: A topology as a user typed it.
+
+    Returns:
+        It lower-cased, without spaces; not checked for form.
+
+    Raises:
+        InvalidTopologyError: ``topology`` is not a string.
+    """
     if not isinstance(topology, str):
         raise InvalidTopologyError(f"topology must be a string such as '4x4', got {topology!r}")
     return topology.strip().lower().replace(" ", "")
 
 
 def chips_in(topology: str) -> int:
-    """Chips in a topology: the product of its sides."""
+    """Chips in a topology: the product of its sides.
+
+    Args:
+        topology: Sides joined by ``x``, such as ``"2x2x2"``.
+
+    Returns:
+        The chip count (8 for ``2x2x2``).
+
+    Raises:
+        InvalidTopologyError: ``topology`` is malformed.
+    """
     return math.prod(parse_dims(topology))
 
 
 def nearest_topology(gen: Generation, topology: str) -> str | None:
-    """The smallest valid topology holding at least as many chips, closest in its sides."""
+    """The smallest valid topology holding at least as many chips, closest in its sides.
+
+    Args:
+        gen: The generation whose topologies are candidates.
+        topology: The topology asked for (valid for ``gen`` or not).
+
+    Returns:
+        A valid topology of ``gen`` (the largest if none holds enough chips); ``None``,
+        not an error, if ``topology`` is malformed or has a different number of sides.
+    """
     try:
         dims = parse_dims(topology)
     except InvalidTopologyError:
@@ -203,7 +270,18 @@ def nearest_topology(gen: Generation, topology: str) -> str | None:
 
 
 def validate_topology(gen: Generation, topology: str) -> str:
-    """Return the normalised topology, or raise with the valid ones and the nearest."""
+    """Return the normalised topology, or raise with the valid ones and the nearest.
+
+    Args:
+        gen: The generation the topology must be offered for.
+        topology: The topology asked for, any case and spacing.
+
+    Returns:
+        The topology as ``gen.topologies`` spells it (``"4x4"``).
+
+    Raises:
+        InvalidTopologyError: ``topology`` is malformed or not offered for ``gen``.
+    """
     dims = parse_dims(topology)
     text = "x".join(str(d) for d in dims)
     if text in gen.topologies:
@@ -219,13 +297,37 @@ def validate_topology(gen: Generation, topology: str) -> str:
 
 def default_chips_per_vm(gen: Generation, topology: str) -> int:
     """Chips on each VM when the user does not say: the whole slice if Google offers it
-    as one VM (v5e/v6e up to 8 chips), else 4. Same rule as Ray 2.60."""
+    as one VM (v5e/v6e up to 8 chips), else 4. Same rule as Ray 2.60.
+
+    Args:
+        gen: The slice's generation.
+        topology: The slice's topology.
+
+    Returns:
+        The default chips per VM.
+
+    Raises:
+        InvalidTopologyError: ``topology`` is malformed.
+    """
     chips = chips_in(topology)
     return chips if chips <= gen.max_chips_single_vm else DEFAULT_CHIPS_PER_MULTI_HOST_VM
 
 
 def validate_chips_per_vm(chips_per_vm: object, chips: int, topology: str) -> int:
-    """``chips_per_vm`` must be 1, 2, 4 or 8 and divide the slice's chips."""
+    """``chips_per_vm`` must be 1, 2, 4 or 8 and divide the slice's chips.
+
+    Args:
+        chips_per_vm: The value the user gave.
+        chips: Chips in the slice.
+        topology: The slice's topology, for the message.
+
+    Returns:
+        ``chips_per_vm``, unchanged.
+
+    Raises:
+        InvalidResourceError: ``chips_per_vm`` is not an integer (a bool is not), or not
+            one of 1, 2, 4, 8 that divides ``chips``; the message gives the nearest.
+    """
     valid = [c for c in VALID_CHIPS_PER_VM if chips % c == 0]
     if isinstance(chips_per_vm, bool) or not isinstance(chips_per_vm, int):
         raise InvalidResourceError(
@@ -251,7 +353,16 @@ _HOST_BLOCKS: dict[int, dict[int, tuple[int, ...]]] = {
 
 
 def worker_grid_for(dims: tuple[int, ...], chips_per_vm: int) -> tuple[int, ...]:
-    """Hosts along each side of the chip grid; a flat row if the block does not tile."""
+    """Hosts along each side of the chip grid; a flat row if the block does not tile.
+
+    Args:
+        dims: Sides of the chip grid.
+        chips_per_vm: Chips on each host (1, 2, 4 or 8).
+
+    Returns:
+        Hosts per side, in the order of ``dims``; ``(num_hosts,)`` if the block of one
+        host does not tile the grid.
+    """
     block = _HOST_BLOCKS[len(dims)][chips_per_vm]
     if all(d % b == 0 for d, b in zip(dims, block, strict=True)):
         return tuple(d // b for d, b in zip(dims, block, strict=True))
@@ -260,7 +371,15 @@ def worker_grid_for(dims: tuple[int, ...], chips_per_vm: int) -> tuple[int, ...]
 
 @dataclass(frozen=True)
 class SliceShape:
-    """A slice of one generation and topology, split into VMs of ``chips_per_host`` chips."""
+    """A slice of one generation and topology, split into VMs of ``chips_per_host`` chips.
+
+    Build one with :func:`slice_shape` (which validates); the constructor does not check.
+
+    Attributes:
+        generation: The TPU generation.
+        topology: The chip grid, normalised (``"4x4"``).
+        chips_per_host: Chips on each VM (host).
+    """
 
     generation: Generation
     topology: str
@@ -268,22 +387,27 @@ class SliceShape:
 
     @property
     def dims(self) -> tuple[int, ...]:
+        """Sides of the chip grid: ``4x4`` -> ``(4, 4)``."""
         return parse_dims(self.topology)
 
     @property
     def chips(self) -> int:
+        """Chips in the slice."""
         return math.prod(self.dims)
 
     @property
     def cores(self) -> int:
+        """TensorCores in the slice (the size in a v4 or v5p pod type)."""
         return self.chips * self.generation.cores_per_chip
 
     @property
     def num_hosts(self) -> int:
+        """VMs (Ray nodes) in the slice."""
         return self.chips // self.chips_per_host
 
     @property
     def is_single_host(self) -> bool:
+        """Whether the whole slice is one VM."""
         return self.num_hosts == 1
 
     @property
@@ -298,6 +422,7 @@ class SliceShape:
 
     @property
     def accelerator_type(self) -> str:
+        """Ray's accelerator type string (``TPU-V6E``)."""
         return self.generation.accelerator_type
 
     @property
@@ -306,7 +431,17 @@ class SliceShape:
         return worker_grid_for(self.dims, self.chips_per_host)
 
     def worker_coords(self, worker_id: int) -> tuple[int, ...]:
-        """Grid position of a TPU worker id; ids run row-major over :attr:`worker_grid`."""
+        """Grid position of a TPU worker id; ids run row-major over :attr:`worker_grid`.
+
+        Args:
+            worker_id: The host's TPU worker id, ``0 .. num_hosts - 1``.
+
+        Returns:
+            Its coordinates, one per side of :attr:`worker_grid`.
+
+        Raises:
+            InvalidTopologyError: ``worker_id`` is outside the slice.
+        """
         if not 0 <= worker_id < self.num_hosts:
             raise InvalidTopologyError(
                 f"worker id {worker_id} is outside slice {self.pod_type} "
@@ -319,7 +454,11 @@ class SliceShape:
         return tuple(reversed(coords))
 
     def iter_workers(self) -> Iterator[tuple[int, tuple[int, ...]]]:
-        """Every ``(worker_id, coords)`` in worker-id order."""
+        """Every ``(worker_id, coords)`` in worker-id order.
+
+        Yields:
+            Each host's worker id and its grid position (as :meth:`worker_coords`).
+        """
         yield from enumerate(product(*(range(side) for side in self.worker_grid)))
 
 
@@ -328,8 +467,22 @@ def slice_shape(
 ) -> SliceShape:
     """Validate a request and return its :class:`SliceShape`.
 
-    Raises :class:`InvalidAcceleratorError`, :class:`InvalidTopologyError` or
-    :class:`InvalidResourceError` (all ``ValueError``) naming what is valid.
+    Every error it raises is a ``ValueError`` whose message names what is valid.
+
+    Args:
+        topology: Chip grid of the slice, such as ``"4x4"`` or ``"2x2x2"``.
+        accelerator_version: TPU generation in any accepted spelling (``"v6e"``,
+            ``"TPU-V4"``).
+        chips_per_vm: Chips on each VM; ``None`` for the default
+            (:func:`default_chips_per_vm`).
+
+    Returns:
+        The validated shape.
+
+    Raises:
+        InvalidAcceleratorError: the generation is unknown.
+        InvalidTopologyError: the topology is malformed or not offered for the generation.
+        InvalidResourceError: ``chips_per_vm`` is not valid for the topology.
     """
     gen = generation(accelerator_version)
     topo = validate_topology(gen, topology)
@@ -343,7 +496,22 @@ def slice_shape(
 
 
 def parse_pod_type(pod_type: str, chips_per_vm: int | None = None) -> SliceShape:
-    """``"v4-32"`` -> the shape of a v4 2x2x4 slice; ambiguous sizes list the candidates."""
+    """``"v4-32"`` -> the shape of a v4 2x2x4 slice; ambiguous sizes list the candidates.
+
+    Args:
+        pod_type: ``<generation>-<size>``; the size counts TensorCores, or chips on
+            v5e/v6e.
+        chips_per_vm: Chips on each VM; ``None`` for the default.
+
+    Returns:
+        The shape of the one topology of that size.
+
+    Raises:
+        InvalidAcceleratorError: the generation is unknown.
+        AmbiguousPodTypeError: the size fits more than one topology (pass the topology).
+        InvalidTopologyError: ``pod_type`` is malformed, or no slice has that size.
+        InvalidResourceError: ``chips_per_vm`` is not valid for the topology.
+    """
     text = normalize_generation_name(pod_type)
     match = re.match(r"^(.+)-(\d+)$", text)
     if not match:
@@ -375,7 +543,11 @@ def parse_pod_type(pod_type: str, chips_per_vm: int | None = None) -> SliceShape
 
 
 def all_shapes() -> Iterator[SliceShape]:
-    """Every valid (generation, topology, chips_per_vm) shape, default chips_per_vm first."""
+    """Every valid (generation, topology, chips_per_vm) shape, default chips_per_vm first.
+
+    Yields:
+        Each shape, by generation, then topology (smallest first), then chips per VM.
+    """
     for gen in GENERATIONS.values():
         for topo in gen.sorted_topologies():
             default = default_chips_per_vm(gen, topo)

@@ -10,14 +10,25 @@ import ray
 
 
 def live_placement_groups() -> list[dict[str, Any]]:
-    """Placement groups of the connected cluster that are not removed."""
+    """Placement groups of the connected cluster that are not removed.
+
+    Returns:
+        Their rows of ``ray.util.placement_group_table()``.
+    """
     table = ray.util.placement_group_table()
     return [pg for pg in table.values() if pg.get("state") != "REMOVED"]
 
 
 def assert_no_placement_groups(timeout: float = 10.0) -> None:
     """Fail if any placement group is still alive after a bounded wait; removes the
-    leftovers first so one leaky test does not fail the ones after it."""
+    leftovers first so one leaky test does not fail the ones after it.
+
+    Args:
+        timeout: Seconds to wait for groups being removed to go.
+
+    Raises:
+        AssertionError: groups are still alive after ``timeout``; the message lists them.
+    """
     deadline = time.monotonic() + timeout
     while (live := live_placement_groups()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -33,7 +44,14 @@ def assert_no_placement_groups(timeout: float = 10.0) -> None:
 
 def remove_placement_groups(groups: Iterable[dict[str, Any]] | None = None) -> int:
     """Remove the given placement-group table rows (default: every live one); return how
-    many. For cleaning up after code that leaks, such as Ray 2.60's one-shot run_on_slice."""
+    many. For cleaning up after code that leaks, such as Ray 2.60's one-shot run_on_slice.
+
+    Args:
+        groups: Rows of ``ray.util.placement_group_table()``; ``None`` for every live one.
+
+    Returns:
+        How many groups were removed.
+    """
     from ray.util.placement_group import PlacementGroup, remove_placement_group
 
     rows = list(live_placement_groups() if groups is None else groups)

@@ -31,6 +31,8 @@ T = TypeVar("T")
 NODE_ID_LABEL = "ray.io/node-id"
 OPERATIONS = (
     "snapshot",
+    "start_owner_probe",
+    "owner_answers",
     "create_group",
     "wait_placed",
     "remove_group",
@@ -42,15 +44,30 @@ OPERATIONS = (
 
 @dataclass
 class FakeClock:
-    """Time that passes only when someone waits (``sleep``) or a wait times out."""
+    """Time that passes only when someone waits (``sleep``) or a wait times out.
+
+    Attributes:
+        t: The time now, in seconds.
+        on_sleep: Called with the seconds of each :meth:`sleep` before time moves.
+    """
 
     t: float = 0.0
     on_sleep: Callable[[float], None] | None = None
 
     def now(self) -> float:
+        """The time now.
+
+        Returns:
+            Seconds since the clock started (from 0).
+        """
         return self.t
 
     def sleep(self, seconds: float) -> None:
+        """Advance the clock at once; a negative wait does not move it.
+
+        Args:
+            seconds: How long to sleep.
+        """
         if self.on_sleep is not None:
             self.on_sleep(seconds)
         self.t += max(0.0, seconds)
@@ -58,6 +75,16 @@ class FakeClock:
 
 @dataclass
 class MemoryNode:
+    """One in-memory host (Ray node).
+
+    Attributes:
+        node_id: Its node id (``<slice name>/<worker id>``).
+        labels: Its node labels.
+        resources: Its total resources.
+        alive: Whether it is alive.
+        used: Resources held by placed bundles.
+    """
+
     node_id: str
     labels: dict[str, str]
     resources: dict[str, float]
@@ -65,14 +92,38 @@ class MemoryNode:
     used: dict[str, float] = field(default_factory=dict)
 
     def free(self, resource: str) -> float:
+        """How much of a resource is not held.
+
+        Args:
+            resource: The resource's name (``"TPU"``).
+
+        Returns:
+            Total minus used; 0 for a resource the node lacks.
+        """
         return self.resources.get(resource, 0.0) - self.used.get(resource, 0.0)
 
     def fits(self, bundle: Mapping[str, float]) -> bool:
+        """Whether the node is alive and can hold ``bundle`` now.
+
+        Args:
+            bundle: Resources of one bundle.
+
+        Returns:
+            True if every positive amount of the bundle is free.
+        """
         return self.alive and all(self.free(k) >= v for k, v in bundle.items() if v > 0)
 
 
 class MemoryGroup(PlacementGroup):  # type: ignore[misc]  # Ray's class is untyped
-    """A placement group of the in-memory cluster (a real ``PlacementGroup`` object)."""
+    """A placement group of the in-memory cluster (a real ``PlacementGroup`` object).
+
+    Args:
+        bundles: Resources of each bundle.
+        selectors: One label selector per bundle; empty for none.
+        strategy: Ray placement strategy.
+        name: The group's name.
+        owner: Who made it: ``"reserver"`` (the code under test) or ``"other"``.
+    """
 
     def __init__(
         self,
@@ -82,6 +133,7 @@ class MemoryGroup(PlacementGroup):  # type: ignore[misc]  # Ray's class is untyp
         name: str,
         owner: str,
     ) -> None:
+        """Make an unplaced group with a fresh random id."""
         super().__init__(
             ray.PlacementGroupID.from_random(), bundle_cache=[dict(b) for b in bundles]
         )
@@ -101,6 +153,10 @@ class InMemoryCluster:
         slices: ``(accelerator, topology)`` or ``(accelerator, topology, count)`` items.
         can_grow: What :meth:`can_grow` answers (an autoscaler is present).
         cpus_per_host: Logical CPUs of each host.
+
+    Raises:
+        InvalidArgumentError: an item names no valid slice shape (see
+            :func:`~tpuslice.topology.slice_shape`).
     """
 
     def __init__(
@@ -110,12 +166,17 @@ class InMemoryCluster:
         can_grow: bool = False,
         cpus_per_host: float = 8.0,
     ) -> None:
+        """Add the given slices, every host idle."""
         self.clock = FakeClock(on_sleep=lambda s: self._call("sleep", lambda: None))
         self.growable = can_grow
         self.cpus_per_host = cpus_per_host
         self.nodes: dict[str, MemoryNode] = {}
         self.slice_hosts: dict[str, list[str]] = {}
         self.groups: list[MemoryGroup] = []
+        self.tpu_owners: dict[str, str] = {}
+        """Node id -> the process owning its TPU, as the hosts' agents would see it."""
+        self.recorded_owners: dict[str, str] = {}
+        """What the agents last recorded (the cluster view reads this)."""
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self._scripts: list[tuple[str, int, Callable[[], None], bool]] = []
         self._names = itertools.count()
@@ -127,7 +188,22 @@ class InMemoryCluster:
     # --- the world -----------------------------------------------------------------------
 
     def add_slice(self, accelerator: str, topology: str, name: str | None = None) -> str:
-        """A slice of idle hosts; returns its name (``v6e-16-0``, ``v6e-16-1``, ...)."""
+        """A slice of idle hosts; returns its name (``v6e-16-0``, ``v6e-16-1``, ...).
+
+        Waiting groups that now fit are placed.
+
+        Args:
+            accelerator: TPU generation, in any accepted spelling.
+            topology: The slice's chip grid (chips per VM: the shape's default).
+            name: The slice's name (default: pod type and a counter).
+
+        Returns:
+            The slice's name.
+
+        Raises:
+            InvalidAcceleratorError: the generation is unknown.
+            InvalidTopologyError: the topology is malformed or not offered for it.
+        """
         shape = slice_shape(topology, accelerator)
         name = name or f"{shape.pod_type}-{next(self._names)}"
         hosts = []
@@ -142,7 +218,12 @@ class InMemoryCluster:
         return name
 
     def kill_host(self, slice_name: str, worker_id: int) -> None:
-        """The host dies: its groups' bundles are lost, so those groups become unplaced."""
+        """The host dies: its groups' bundles are lost, so those groups become unplaced.
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: The host's TPU worker id.
+        """
         node = self.nodes[self.slice_hosts[slice_name][worker_id]]
         node.alive = False
         for group in self.live_groups():
@@ -150,7 +231,16 @@ class InMemoryCluster:
                 self._unplace(group)
 
     def take(self, slice_name: str, worker_id: int, resources: Mapping[str, float]) -> MemoryGroup:
-        """Another user holds ``resources`` of one host (placed at once, or never)."""
+        """Another user holds ``resources`` of one host (placed at once, or never).
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: The host's TPU worker id.
+            resources: What the other user holds.
+
+        Returns:
+            The other user's group (owner ``"other"``); remove it to free the resources.
+        """
         node_id = self.slice_hosts[slice_name][worker_id]
         group = MemoryGroup([resources], [{NODE_ID_LABEL: node_id}], "PACK", "", "other")
         self.groups.append(group)
@@ -158,14 +248,31 @@ class InMemoryCluster:
         return group
 
     def live_groups(self, owner: str | None = None) -> list[MemoryGroup]:
-        """Groups not removed (of one owner: ``"reserver"`` or ``"other"``)."""
+        """Groups not removed (of one owner: ``"reserver"`` or ``"other"``).
+
+        Args:
+            owner: Only this owner's groups; ``None`` for all.
+
+        Returns:
+            The groups, placed or not, in creation order.
+        """
         return [g for g in self.groups if not g.removed and owner in (None, g.owner)]
 
     def script(
         self, operation: str, call: int, action: Callable[[], None], *, after: bool = False
     ) -> None:
         """Run ``action`` on the ``call``-th call (1-based) of ``operation``, before it takes
-        effect, or after it (but before it returns) with ``after=True``."""
+        effect, or after it (but before it returns) with ``after=True``.
+
+        Args:
+            operation: One of :data:`OPERATIONS`.
+            call: Which call, counting from 1 over the cluster's life.
+            action: What to do; an exception it raises propagates from that call.
+            after: Run it after the operation's effect instead of before.
+
+        Raises:
+            InvalidArgumentError: ``operation`` is not one of :data:`OPERATIONS`.
+        """
         if operation not in OPERATIONS:
             raise InvalidArgumentError(f"unknown operation {operation!r}; one of {OPERATIONS}")
         self._scripts.append((operation, call, action, after))
@@ -173,6 +280,14 @@ class InMemoryCluster:
     # --- ClusterOps ----------------------------------------------------------------------
 
     def snapshot(self, tpu_resource_per_chip: int) -> ClusterSnapshot:
+        """Every slice now, as :func:`~tpuslice.cluster.build_snapshot` sees the nodes.
+
+        Args:
+            tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+
+        Returns:
+            The snapshot, taken at the clock's time.
+        """
         return self._call("snapshot", lambda: self._snapshot(tpu_resource_per_chip))
 
     def create_group(
@@ -184,6 +299,19 @@ class InMemoryCluster:
         name: str = "",
         lifetime: str | None = None,
     ) -> PlacementGroup:
+        """Make a group and place it at once if it fits (else when it later does).
+
+        Args:
+            bundles: Resources of each bundle.
+            selectors: One label selector per bundle (may be empty: no selectors).
+            strategy: Ray placement strategy (``STRICT_SPREAD`` and ``STRICT_PACK`` hold).
+            name: The group's name.
+            lifetime: Ignored (accepted as Ray's is).
+
+        Returns:
+            The group (a :class:`MemoryGroup` owned by ``"reserver"``).
+        """
+
         def create() -> PlacementGroup:
             group = MemoryGroup(bundles, selectors, strategy, name, "reserver")
             self.groups.append(group)
@@ -193,6 +321,19 @@ class InMemoryCluster:
         return self._call("create_group", create)
 
     def wait_placed(self, groups: Sequence[PlacementGroup], timeout: float) -> list[bool]:
+        """Place what fits; if any group is still unplaced, the clock moves by ``timeout``.
+
+        Args:
+            groups: Groups of this cluster.
+            timeout: Seconds the wait would take if a group does not place.
+
+        Returns:
+            Whether each group is placed, in order.
+
+        Raises:
+            InvalidArgumentError: a group is not of this cluster.
+        """
+
         def wait() -> list[bool]:
             self._place_pending()
             placed = [self._group(g).nodes is not None for g in groups]
@@ -203,6 +344,15 @@ class InMemoryCluster:
         return self._call("wait_placed", wait)
 
     def remove_group(self, group: PlacementGroup | None) -> None:
+        """Remove a group and free its bundles; removing one twice is fine.
+
+        Args:
+            group: A group of this cluster; ``None`` does nothing.
+
+        Raises:
+            InvalidArgumentError: ``group`` is not of this cluster.
+        """
+
         def remove() -> None:
             if group is None:
                 return
@@ -215,6 +365,19 @@ class InMemoryCluster:
         self._call("remove_group", remove)
 
     def bundle_node(self, group: PlacementGroup, index: int) -> str | None:
+        """The node a bundle of a placed group is on.
+
+        Args:
+            group: A group of this cluster.
+            index: The bundle's index in the group.
+
+        Returns:
+            The node id; ``None`` if the group is not placed.
+
+        Raises:
+            InvalidArgumentError: ``group`` is not of this cluster.
+        """
+
         def node() -> str | None:
             nodes = self._group(group).nodes
             return nodes[index] if nodes else None
@@ -222,7 +385,48 @@ class InMemoryCluster:
         return self._call("bundle_node", node)
 
     def can_grow(self) -> bool:
+        """What the cluster was told (``can_grow=`` or :attr:`growable`).
+
+        Returns:
+            Whether an autoscaler is present.
+        """
         return self._call("can_grow", lambda: self.growable)
+
+    def start_owner_probe(self, node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
+        """Ask each host who owns its TPU (:attr:`tpu_owners`) and record the answers, as
+        the hosts' agents do.
+
+        Args:
+            node_ids: The hosts to ask.
+
+        Returns:
+            A function returning, per node, the owner or ``None``.
+        """
+
+        def start() -> Callable[[], dict[str, str | None]]:
+            seen = {node: self.tpu_owners.get(node) for node in node_ids}
+            for node, owner in seen.items():
+                if owner is None:
+                    self.recorded_owners.pop(node, None)
+                else:
+                    self.recorded_owners[node] = owner
+            return lambda: self._call("owner_answers", lambda: dict(seen))
+
+        return self._call("start_owner_probe", start)
+
+    def own_tpu(self, slice_name: str, worker_id: int, owner: str | None) -> None:
+        """A process takes that host's TPU (``owner`` describes it); ``None``: it exits.
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+            owner: The process, described, or ``None``.
+        """
+        node_id = self.slice_hosts[slice_name][worker_id]
+        if owner is None:
+            self.tpu_owners.pop(node_id, None)
+        else:
+            self.tpu_owners[node_id] = owner
 
     # --- internals -----------------------------------------------------------------------
 
@@ -259,7 +463,9 @@ class InMemoryCluster:
             for n in self.nodes.values()
             if n.alive
         }
-        return build_snapshot(records, available, per_chip, taken_at=self.clock.t)
+        return build_snapshot(
+            records, available, per_chip, taken_at=self.clock.t, tpu_owners=self.recorded_owners
+        )
 
     def _unplace(self, group: MemoryGroup) -> None:
         for node_id, bundle in zip(group.nodes or [], group.bundles, strict=False):

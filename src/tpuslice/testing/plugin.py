@@ -4,21 +4,29 @@ Fixtures:
 - ``simulated_cluster`` (session): one :class:`SimulatedCluster`, connected, shared by
   every test of the session. Its slices come from the ini option ``tpuslice_slices``
   (lines like ``v6e:4x4:2``; default one v6e 4x4 slice x2).
-- ``tpu_cluster`` (function): the same cluster, and after the test an
-  :func:`assert_no_placement_groups` check, so a test that leaks a reservation fails.
+- ``tpu_cluster`` (function): the same cluster, and after the test two checks: no
+  placement group left (:func:`assert_no_placement_groups`) and every simulated TPU free
+  (:meth:`SimulatedCluster.wait_tpus_free`), so a test that leaks a reservation or leaves
+  a process owning a TPU fails.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-from tpuslice.testing.checks import assert_no_placement_groups
-from tpuslice.testing.simulated import SimulatedCluster
+if TYPE_CHECKING:  # imported inside the fixtures: a pytest run that uses none pays nothing
+    from tpuslice.testing.simulated import SimulatedCluster
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    """Declare the ini options ``tpuslice_slices`` and ``tpuslice_cpus_per_host``.
+
+    Args:
+        parser: pytest's option parser.
+    """
     parser.addini(
         "tpuslice_slices",
         "Slices of the session's simulated TPU cluster, one GENERATION:TOPOLOGY[:COUNT"
@@ -36,6 +44,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def simulated_cluster(request: pytest.FixtureRequest) -> Iterator[SimulatedCluster]:
     """A connected SimulatedCluster shared by the whole test session."""
+    from tpuslice.testing.simulated import SimulatedCluster
+
     specs = request.config.getini("tpuslice_slices")
     cpus = int(request.config.getini("tpuslice_cpus_per_host"))
     with SimulatedCluster(specs, cpus_per_host=cpus, connect=True) as sim:
@@ -44,6 +54,10 @@ def simulated_cluster(request: pytest.FixtureRequest) -> Iterator[SimulatedClust
 
 @pytest.fixture
 def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluster]:
-    """The session's cluster; fails the test if it leaves a placement group behind."""
+    """The session's cluster; fails the test if it leaves a placement group behind, or
+    a simulated TPU owned (a process still holding its libtpu lock or devices)."""
+    from tpuslice.testing.checks import assert_no_placement_groups
+
     yield simulated_cluster
     assert_no_placement_groups()
+    simulated_cluster.wait_tpus_free()

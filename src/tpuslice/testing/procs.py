@@ -10,13 +10,25 @@ import psutil
 
 
 def sigkill(pid: int) -> None:
-    """SIGKILL ``pid``; a process already gone is fine."""
+    """SIGKILL ``pid``; a process already gone is fine.
+
+    Args:
+        pid: The process id; one we may not signal is skipped too.
+    """
     with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
         psutil.Process(pid).kill()
 
 
 def kill_and_wait(pids: Iterable[int], timeout: float = 10.0) -> set[int]:
-    """SIGKILL every pid and wait (bounded) until they are gone; return any still alive."""
+    """SIGKILL every pid and wait (bounded) until they are gone; return any still alive.
+
+    Args:
+        pids: The process ids; ones already gone (or not ours to signal) are skipped.
+        timeout: Seconds to wait for them to go.
+
+    Returns:
+        The pids still running (not zombies) after ``timeout``; empty when all are gone.
+    """
     processes = []
     for pid in pids:
         try:
@@ -30,7 +42,14 @@ def kill_and_wait(pids: Iterable[int], timeout: float = 10.0) -> set[int]:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not).
+
+    Args:
+        pid: The process id.
+
+    Returns:
+        True if the process exists and is not a zombie.
+    """
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -38,7 +57,14 @@ def pid_alive(pid: int) -> bool:
 
 
 def descendants(pids: Iterable[int]) -> set[int]:
-    """The given pids that are alive and every live process below them."""
+    """The given pids that are alive and every live process below them.
+
+    Args:
+        pids: The root process ids.
+
+    Returns:
+        The live roots and all their descendants.
+    """
     found: set[int] = set()
     for pid in pids:
         try:

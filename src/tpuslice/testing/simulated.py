@@ -24,7 +24,9 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import shutil
 import string
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -49,6 +51,7 @@ from tpuslice.labels import (
 )
 from tpuslice.testing.procs import descendants, kill_and_wait, pid_alive, sigkill
 from tpuslice.topology import SliceShape, slice_shape
+from tpuslice.tpu_lock import SIM_ROOT_ENV, TPUOwner, find_owner
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +96,14 @@ class SimulatorError(TPUSliceError, RuntimeError):
 
 @dataclass(frozen=True)
 class SliceSpec:
-    """``count`` slices of one generation and topology (``v6e:4x4:2`` on the CLI)."""
+    """``count`` slices of one generation and topology (``v6e:4x4:2`` on the CLI).
+
+    Attributes:
+        accelerator: TPU generation, in any accepted spelling.
+        topology: Chip grid of each slice.
+        count: How many such slices.
+        chips_per_vm: Chips on each host; ``None`` for the shape's default.
+    """
 
     accelerator: str
     topology: str
@@ -102,7 +112,18 @@ class SliceSpec:
 
     @classmethod
     def parse(cls, text: str) -> SliceSpec:
-        """``"v6e:4x4"``, ``"v6e:4x4:2"`` or ``"v6e:2x4:1:4"`` (chips per VM last)."""
+        """``"v6e:4x4"``, ``"v6e:4x4:2"`` or ``"v6e:2x4:1:4"`` (chips per VM last).
+
+        Args:
+            text: ``GENERATION:TOPOLOGY[:COUNT[:CHIPS_PER_VM]]``.
+
+        Returns:
+            The spec; its shape is not checked yet (see :meth:`shape`).
+
+        Raises:
+            InvalidArgumentError: ``text`` does not have that form, or the count or chips
+                per VM is not an integer.
+        """
         parts = text.strip().split(":")
         if not 2 <= len(parts) <= 4 or not all(parts):
             raise InvalidArgumentError(
@@ -118,6 +139,17 @@ class SliceSpec:
         return cls(parts[0], parts[1], *numbers)
 
     def shape(self) -> SliceShape:
+        """The validated shape of each of these slices.
+
+        Returns:
+            The shape.
+
+        Raises:
+            InvalidArgumentError: ``count`` is below 1.
+            InvalidAcceleratorError: the generation is unknown.
+            InvalidTopologyError: the topology is malformed or not offered for it.
+            InvalidResourceError: ``chips_per_vm`` is not valid for the topology.
+        """
         if self.count < 1:
             raise InvalidArgumentError(f"slice count must be >= 1, got {self.count}")
         return slice_shape(self.topology, self.accelerator, self.chips_per_vm)
@@ -127,6 +159,18 @@ SliceLike = SliceSpec | tuple[Any, ...] | str
 
 
 def as_spec(item: SliceLike) -> SliceSpec:
+    """A :class:`SliceSpec` from any of the forms a simulated cluster accepts.
+
+    Args:
+        item: A spec, a ``"v6e:4x4:2"`` string, or the spec's fields as a tuple
+            (``("v6e", "4x4", 2)``).
+
+    Returns:
+        The spec; its shape is not checked yet.
+
+    Raises:
+        InvalidArgumentError: a string that is not a slice spec.
+    """
     if isinstance(item, SliceSpec):
         return item
     if isinstance(item, str):
@@ -136,7 +180,13 @@ def as_spec(item: SliceLike) -> SliceSpec:
 
 @dataclass
 class SimulatedHost:
-    """One simulated TPU VM. ``node`` is ``None`` while the host is dead."""
+    """One simulated TPU VM. ``node`` is ``None`` while the host is dead.
+
+    Attributes:
+        slice_name: The slice it belongs to.
+        worker_id: Its TPU worker id.
+        node: Its Ray node (``ray.cluster_utils`` node object).
+    """
 
     slice_name: str
     worker_id: int
@@ -144,11 +194,21 @@ class SimulatedHost:
 
     @property
     def alive(self) -> bool:
+        """Whether the host has a running Ray node."""
         return self.node is not None
 
 
 @dataclass
 class SimulatedSlice:
+    """One simulated TPU slice.
+
+    Attributes:
+        name: The slice name (``v6e-16-a``).
+        shape: Its shape.
+        tpu_resource_per_chip: ``TPU`` units per chip on its hosts.
+        hosts: Its hosts, by worker id.
+    """
+
     name: str
     shape: SliceShape
     tpu_resource_per_chip: int = 1
@@ -160,6 +220,21 @@ class SimulatedCluster:
 
     >>> with SimulatedCluster([("v6e", "4x4", 2)], connect=True) as sim:
     ...     run_on_slice(fn, topology="4x4", accelerator_version="v6e")
+
+    Args:
+        slices: The slices, each a :class:`SliceSpec`, a ``"v6e:4x4:2"`` string or an
+            ``(accelerator, topology[, count[, chips_per_vm]])`` tuple.
+        cpus_per_host: Logical CPUs of each simulated host.
+        head_cpus: Logical CPUs of the head node.
+        tpu_resource_per_chip: ``TPU`` units per chip on every host.
+        object_store_mb: Object store size of each node, in MiB.
+        connect: ``ray.init`` this process to the cluster once it has started.
+        fast_failure_detection: Detect dead nodes in ~1.5 s instead of Ray's ~15 s.
+        progress: Called with each startup step's message (default: logged at INFO).
+
+    Raises:
+        InvalidArgumentError: a slice spec is malformed or names no valid shape (every
+            such error subclasses it). Nothing is started until :meth:`start`.
     """
 
     def __init__(
@@ -174,6 +249,7 @@ class SimulatedCluster:
         fast_failure_detection: bool = True,
         progress: Callable[[str], None] | None = None,
     ) -> None:
+        """Check every slice spec; nothing starts until :meth:`start`."""
         self.specs = [as_spec(s) for s in slices]
         for spec in self.specs:
             spec.shape()  # validate before starting anything
@@ -189,14 +265,27 @@ class SimulatedCluster:
         self._known_pids: set[int] = set()
         self.slices: dict[str, SimulatedSlice] = {}
         self.startup_seconds: float | None = None
+        self._root: Path | None = None
+        """Every host's own root (its ``dev/accel*`` and ``tmp/``), under one directory."""
 
     # --- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> SimulatedCluster:
-        """Start the head and every host; return when all are alive and registered."""
+        """Start the head and every host; return when all are alive and registered.
+
+        On any failure everything started so far is shut down before the error propagates.
+
+        Returns:
+            This cluster.
+
+        Raises:
+            SimulatorError: it is already running, a ``TPU_*`` variable is set in this
+                process, or a host did not start or register in time.
+        """
         if self._cluster is not None:
             raise SimulatorError("this SimulatedCluster is already running")
         _check_driver_env()
+        self._root = Path(tempfile.mkdtemp(prefix="tpuslice-sim-"))
         started = time.monotonic()
         try:
             self._start_head()
@@ -214,6 +303,7 @@ class SimulatedCluster:
         return self
 
     def __enter__(self) -> SimulatedCluster:
+        """Start the cluster unless it is running; return it."""
         return self.start() if self._cluster is None else self
 
     def __exit__(
@@ -233,12 +323,22 @@ class SimulatedCluster:
 
     @property
     def address(self) -> str:
+        """The head's address; raises :class:`SimulatorError` if the cluster is not running."""
         if self._cluster is None:
             raise SimulatorError("the simulated cluster is not running; call start() first")
         return str(self._cluster.address)
 
     def connect(self, namespace: str | None = None) -> None:
-        """``ray.init`` this process to the simulated cluster."""
+        """``ray.init`` this process to the simulated cluster, and start every host's TPU
+        agent in the background (:mod:`tpuslice.agent`; a real cluster's agents exist
+        after their first use, so this keeps a fresh simulated one comparable).
+
+        Args:
+            namespace: Ray namespace of this driver (default: an anonymous one).
+
+        Raises:
+            SimulatorError: the cluster is not running.
+        """
         ray.init(
             address=self.address,
             namespace=namespace,
@@ -246,6 +346,12 @@ class SimulatedCluster:
             logging_level=logging.WARNING,
         )
         self._connected = True
+        from tpuslice.agent import agent
+
+        for sim_slice in self.slices.values():
+            for host in sim_slice.hosts:
+                if host.alive:
+                    agent(host.node.node_id)
 
     def shutdown(self) -> None:
         """Disconnect this process if it is connected to this cluster (through
@@ -266,9 +372,19 @@ class SimulatedCluster:
             stuck = kill_and_wait(self.leftover_pids())
             if stuck:
                 logger.error("simulator processes survived SIGKILL: %s", sorted(stuck))
+            root, self._root = self._root, None
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)
 
     def pids(self, cluster: Cluster | None = None) -> set[int]:
-        """Pids of every Ray process of this cluster (nodes and their workers)."""
+        """Pids of every Ray process of this cluster (nodes and their workers).
+
+        Args:
+            cluster: The Ray cluster to look at (default: this one's, if running).
+
+        Returns:
+            The pids; empty when the cluster is not running.
+        """
         cluster = cluster or self._cluster
         if cluster is None:
             return set()
@@ -276,7 +392,11 @@ class SimulatedCluster:
         return descendants(roots)
 
     def leftover_pids(self) -> set[int]:
-        """Pids this cluster ever had that are still alive (empty after a clean shutdown)."""
+        """Pids this cluster ever had that are still alive (empty after a clean shutdown).
+
+        Returns:
+            The live pids.
+        """
         return {pid for pid in self._known_pids | self.pids() if pid_alive(pid)}
 
     # --- faults and growth -------------------------------------------------------------
@@ -292,6 +412,22 @@ class SimulatedCluster:
 
         ``tpu_resource_per_chip`` overrides the cluster's for this slice's hosts (as
         ``RAY_TPU_RESOURCE_PER_CHIP`` would on those VMs).
+
+        Args:
+            accelerator: TPU generation, in any accepted spelling.
+            topology: The slice's chip grid.
+            chips_per_vm: Chips on each host; ``None`` for the shape's default.
+            tpu_resource_per_chip: ``TPU`` units per chip on its hosts (default: the
+                cluster's).
+
+        Returns:
+            The new slice's name (``v6e-16-c``).
+
+        Raises:
+            InvalidAcceleratorError: the generation is unknown.
+            InvalidTopologyError: the topology is malformed or not offered for it.
+            InvalidResourceError: ``chips_per_vm`` is not valid for the topology.
+            SimulatorError: a host did not start or register in time.
         """
         shape = slice_shape(topology, accelerator, chips_per_vm)
         name = self._add_slice_nodes(shape, None, tpu_resource_per_chip)
@@ -300,7 +436,15 @@ class SimulatedCluster:
 
     def kill_host(self, slice_name: str, worker_id: int) -> None:
         """SIGKILL one host and every process on it, like a VM dying: its tasks and actors
-        fail with Ray's node-died / actor-died errors."""
+        fail with Ray's node-died / actor-died errors.
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: The host's TPU worker id.
+
+        Raises:
+            SimulatorError: no such slice or worker, or the host is already dead.
+        """
         host = self._host(slice_name, worker_id)
         if not host.alive:
             raise SimulatorError(f"host {worker_id} of {slice_name} is already dead")
@@ -313,13 +457,27 @@ class SimulatedCluster:
         host.node = None
 
     def preempt_slice(self, slice_name: str) -> None:
-        """Every host of the slice dies at once, as in a TPU preemption."""
+        """Every host of the slice dies at once, as in a TPU preemption.
+
+        Args:
+            slice_name: The slice; hosts already dead are left as they are.
+
+        Raises:
+            SimulatorError: no such slice.
+        """
         for host in self._slice(slice_name).hosts:
             if host.alive:
                 self.kill_host(slice_name, host.worker_id)
 
     def restore_slice(self, slice_name: str) -> None:
-        """Bring every dead host of the slice back (new Ray nodes, same labels)."""
+        """Bring every dead host of the slice back (new Ray nodes, same labels).
+
+        Args:
+            slice_name: The slice.
+
+        Raises:
+            SimulatorError: no such slice, or a host did not start or register in time.
+        """
         sim_slice = self._slice(slice_name)
         for host in sim_slice.hosts:
             if not host.alive:
@@ -327,12 +485,78 @@ class SimulatedCluster:
         self._wait_for_alive_nodes()
 
     def remove_slice(self, slice_name: str) -> None:
-        """Kill the slice and forget it (for tests that added one)."""
+        """Kill the slice and forget it (for tests that added one).
+
+        Args:
+            slice_name: The slice.
+
+        Raises:
+            SimulatorError: no such slice.
+        """
         self.preempt_slice(slice_name)
         del self.slices[slice_name]
 
+    def host_root(self, slice_name: str, worker_id: int) -> Path:
+        """The simulated host's own root: its ``dev/accel*`` and its ``tmp/`` (where
+        libtpu's lockfile lives), as ``TPUSLICE_SIM_HOST_ROOT`` tells its processes.
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+
+        Returns:
+            The directory.
+
+        Raises:
+            SimulatorError: no such host, or the cluster is not running.
+        """
+        self._host(slice_name, worker_id)
+        if self._root is None:
+            raise SimulatorError("the simulated cluster is not running; call start() first")
+        return self._root / slice_name / str(worker_id)
+
+    def tpu_owners(self) -> dict[tuple[str, int], TPUOwner]:
+        """Every simulated host whose TPU a process owns now, and that process (read
+        directly: the hosts share this machine).
+
+        Returns:
+            ``{(slice name, worker id): owner}`` for each owned TPU.
+        """
+        owners = {}
+        for name, sim_slice in self.slices.items():
+            for host in sim_slice.hosts:
+                owner = find_owner(self.host_root(name, host.worker_id))
+                if owner is not None:
+                    owners[(name, host.worker_id)] = owner
+        return owners
+
+    def wait_tpus_free(self, timeout: float = 30.0) -> None:
+        """Wait (bounded) until no process owns any simulated host's TPU.
+
+        Args:
+            timeout: Seconds to wait.
+
+        Raises:
+            SimulatorError: some TPU is still owned; the message names host and owner.
+        """
+        deadline = time.monotonic() + timeout
+        while (owned := self.tpu_owners()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if owned:
+            held = "; ".join(f"{s}/{w}: {o.describe()}" for (s, w), o in sorted(owned.items()))
+            raise SimulatorError(f"TPUs still owned after {timeout:.0f} s: {held}")
+
     def wait_until_dead(self, slice_name: str, worker_id: int, timeout: float = 30.0) -> None:
-        """Block until Ray's view marks a killed host dead (bounded poll)."""
+        """Block until Ray's view marks a killed host dead (bounded poll).
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: The host's TPU worker id.
+            timeout: Seconds to wait at most.
+
+        Raises:
+            SimulatorError: Ray still sees the host alive after ``timeout``.
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not any(n["Alive"] and _is_host(n, slice_name, worker_id) for n in ray.nodes()):
@@ -371,7 +595,8 @@ class SimulatedCluster:
         assert self._cluster is not None
         shape, name = sim_slice.shape, sim_slice.name
         self._progress(f"starting {name} host {worker_id + 1}/{shape.num_hosts}")
-        env = host_env(shape, name, worker_id)
+        root = self._host_dir(name, worker_id)
+        env = {**host_env(shape, name, worker_id), SIM_ROOT_ENV: str(root)}
         try:
             # Ray resolves a node's TPU resources in this process, from the environment
             # (as on GKE) or else the GCE metadata server; give it the environment.
@@ -390,6 +615,17 @@ class SimulatedCluster:
             raise SimulatorError(
                 f"could not start {name} host {worker_id}: {exc}\n{self._log_tail()}"
             ) from exc
+
+    def _host_dir(self, slice_name: str, worker_id: int) -> Path:
+        """Make (if new) and return a host's root: ``dev/accel0..N-1`` and ``tmp/``."""
+        assert self._root is not None
+        sim_slice = self.slices[slice_name]
+        path = self._root / slice_name / str(worker_id)
+        (path / "tmp").mkdir(parents=True, exist_ok=True)
+        (path / "dev").mkdir(exist_ok=True)
+        for chip in range(sim_slice.shape.chips_per_host):
+            (path / "dev" / f"accel{chip}").touch()
+        return path
 
     def _next_name(self, shape: SliceShape) -> str:
         for suffix in _suffixes():
@@ -456,7 +692,7 @@ def _is_host(node: dict[str, Any], slice_name: str, worker_id: int) -> bool:
     )
 
 
-def _check_driver_env(env: Sequence[str] = HOST_ENV_VARS) -> None:
+def _check_driver_env(env: Sequence[str] = (*HOST_ENV_VARS, SIM_ROOT_ENV)) -> None:
     """Simulated nodes inherit the driver's env: a TPU_* there would leak into every host."""
     leaked = [name for name in env if name in os.environ]
     if leaked:

@@ -1,0 +1,369 @@
+"""One small agent per TPU host: who owns its TPU, and giving it back.
+
+Only code running on a host can see who holds its TPU (``/proc``, libtpu's lockfile).
+Asking through tasks would start a worker process on every host for every new driver
+(2-3 s measured here), so tpuslice keeps one detached actor per TPU host instead,
+``tpuslice-host:<node id>`` in the ``tpuslice`` namespace, created on first use and shared
+by every driver. It uses no resources and dies with its host.
+
+- :func:`probe_owners`: each host's TPU owner, if any.
+- :func:`release_tpus`: on each host, stop this job's processes that still own the TPU
+  (SIGTERM, then SIGKILL after a grace), and confirm the TPU is free of them.
+- :func:`kill_owner`: stop a named owner on request (``tpuslice release-tpu``), only a
+  process of the same user.
+
+Every agent records what it finds in Ray's KV store (``tpu-owner/<node id>``), so the
+cluster view (:func:`tpuslice.cluster.read_snapshot`) shows a host whose TPU a process
+holds as busy, with the reason, without asking any host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from tpuslice import _ray
+from tpuslice.tpu_lock import TPUOwner, find_owner, host_root
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "tpuslice"
+NAME_PREFIX = "tpuslice-host:"
+OWNER_KEY_PREFIX = "tpu-owner/"
+PROBE_TIMEOUT_S = 60.0
+"""Bound on one round of agent calls; the first on a host includes starting its agent."""
+GRACE_S = 2.0
+"""How long an owner may take to exit after SIGTERM before it gets SIGKILL."""
+RELEASE_TIMEOUT_S = 15.0
+
+
+class HostAgent:
+    """The agent on one TPU host (a Ray actor; see the module docstring)."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.root = host_root()
+
+    def owner(self) -> dict[str, Any] | None:
+        """This host's TPU owner now (and recorded for the cluster view).
+
+        Returns:
+            The owner as :meth:`TPUOwner.to_dict` data, or ``None`` if the TPU is free.
+        """
+        return self._record(find_owner(self.root))
+
+    def release(
+        self, job_id: str, pids: list[int], grace_s: float, timeout_s: float
+    ) -> dict[str, Any] | None:
+        """Stop every process that ran the work being handed back and still owns this
+        host's TPU: one of ``pids``, or a worker started for Ray job ``job_id``. Wait until
+        none does.
+
+        Args:
+            job_id: The Ray job handing the slice back (hex).
+            pids: Processes that ran its work on this host.
+            grace_s: Seconds from SIGTERM to SIGKILL.
+            timeout_s: How long to wait in all.
+
+        Returns:
+            The owner left (recorded): ``None``, a process of someone else (never
+            stopped here), or, if the time ran out, one of ours that would not die.
+        """
+        deadline = time.monotonic() + timeout_s
+        signalled: dict[int, float] = {}
+        ours = set(pids)
+        while True:
+            owner = find_owner(self.root)
+            if owner is None or time.monotonic() > deadline:
+                return self._record(owner)
+            if owner.pid not in ours and owner.job_id != job_id:
+                return self._record(owner)
+            first = signalled.setdefault(owner.pid, time.monotonic())
+            late = time.monotonic() - first > grace_s
+            _signal(owner.pid, signal.SIGKILL if late else signal.SIGTERM)
+            time.sleep(0.02)
+
+    def kill(self, pid: int, uid: int, timeout_s: float) -> dict[str, Any] | None:
+        """Stop owner ``pid`` if it still owns this TPU and belongs to user ``uid``.
+
+        Args:
+            pid: The owner to stop.
+            uid: The asking user; the process must be theirs.
+            timeout_s: Seconds from SIGTERM to SIGKILL.
+
+        Returns:
+            The owner left afterwards (recorded), ``None`` if the TPU is free.
+
+        Raises:
+            PermissionError: the process belongs to another user.
+        """
+        owner = find_owner(self.root)
+        if owner is None or owner.pid != pid:
+            return self._record(owner)
+        if owner.uid != uid:
+            raise PermissionError(
+                f"pid {pid} belongs to uid {owner.uid}, not {uid}: only your own processes"
+            )
+        _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while (now := find_owner(self.root)) is not None and now.pid == pid:
+            if time.monotonic() > deadline:
+                _signal(pid, signal.SIGKILL)
+                deadline += timeout_s
+            time.sleep(0.02)
+        return self._record(now)
+
+    def _record(self, owner: TPUOwner | None) -> dict[str, Any] | None:
+        key = OWNER_KEY_PREFIX + self.node_id
+        if owner is None:
+            _ray.kv_delete(key, NAMESPACE)
+            return None
+        data = {**owner.to_dict(), "seen_at": time.time()}
+        _ray.kv_put(key, json.dumps(data).encode(), NAMESPACE)
+        return owner.to_dict()
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+
+
+# --- the driver's side --------------------------------------------------------------------
+
+_handles: dict[str, Any] = {}
+_handles_lock = threading.Lock()
+_remote_agent = ray.remote(num_cpus=0, max_restarts=-1)(HostAgent)
+
+
+def agent(node_id: str) -> Any:
+    """The agent actor of one node, created there if it has none (cached per process).
+
+    Args:
+        node_id: Hex id of a live node.
+
+    Returns:
+        Its actor handle.
+    """
+    with _handles_lock:
+        handle = _handles.get(node_id)
+        if handle is None:
+            handle = _remote_agent.options(
+                name=NAME_PREFIX + node_id,
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote(node_id)
+            _handles[node_id] = handle
+        return handle
+
+
+def _round(
+    node_ids: Sequence[str], call: Callable[[str, Any], Any], timeout_s: float
+) -> dict[str, TPUOwner | Exception | None]:
+    """Call every node's agent at once; each node's owner, or the error its call met."""
+    refs = {node: call(node, agent(node)) for node in node_ids}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    done = set(ready)
+    results: dict[str, TPUOwner | Exception | None] = {}
+    for node, ref in refs.items():
+        if ref not in done:
+            results[node] = TimeoutError(f"the TPU agent on node {node[:12]} did not answer")
+            continue
+        try:
+            data = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            with _handles_lock:
+                _handles.pop(node, None)  # recreated next time, if the node still lives
+            results[node] = exc
+            continue
+        results[node] = None if data is None else TPUOwner.from_dict(data)
+    return results
+
+
+def probe_owners(
+    node_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S
+) -> dict[str, TPUOwner | Exception | None]:
+    """Each node's TPU owner now.
+
+    Args:
+        node_ids: Live TPU hosts.
+        timeout_s: Bound on the whole round (including starting agents).
+
+    Returns:
+        Per node: its owner, ``None`` if the TPU is free, or the error that prevented
+        the answer (host gone, no answer in time).
+    """
+    return _round(node_ids, lambda node, a: a.owner.remote(), timeout_s)
+
+
+def start_probe(
+    node_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S
+) -> Callable[[], dict[str, str | None]]:
+    """Ask each node's agent who owns its TPU, without waiting yet.
+
+    Args:
+        node_ids: The hosts to ask.
+        timeout_s: Bound on the wait when the answers are asked for.
+
+    Returns:
+        A function that waits (bounded) and returns, per node, the owner described, or
+        ``None`` when the TPU is free or the agent could not answer (logged).
+    """
+    refs = {node: agent(node).owner.remote() for node in node_ids}
+
+    def answers() -> dict[str, str | None]:
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        done = set(ready)
+        found: dict[str, str | None] = {}
+        for node, ref in refs.items():
+            found[node] = None
+            if ref not in done:
+                logger.warning("TPU agent on node %s did not answer; assuming free", node[:12])
+                continue
+            try:
+                data = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                with _handles_lock:
+                    _handles.pop(node, None)
+                logger.warning("TPU agent on node %s failed: %s", node[:12], exc)
+                continue
+            found[node] = None if data is None else TPUOwner.from_dict(data).describe()
+        return found
+
+    return answers
+
+
+def release_tpus(
+    node_ids: Sequence[str],
+    pids: Mapping[str, set[int]] | None = None,
+    job_id: str | None = None,
+    *,
+    grace_s: float = GRACE_S,
+    timeout_s: float = RELEASE_TIMEOUT_S,
+) -> dict[str, TPUOwner | Exception | None]:
+    """On every node, stop the processes that ran the work being handed back and still
+    own its TPU, and confirm none does.
+
+    A process counts as ours if its pid is in ``pids`` for that node (it ran our tasks or
+    is one of our owners), or it is a worker started for ``job_id`` (Ray sets
+    ``RAY_JOB_ID`` in such a worker's environment; a prestarted worker shows ``ffffffff``
+    instead, which is why the pids are needed). Anyone else is left alone.
+
+    Args:
+        node_ids: The hosts being handed back.
+        pids: Per node, pids of processes that ran this work.
+        job_id: This job (hex; default: the driver's).
+        grace_s: Seconds between SIGTERM and SIGKILL.
+        timeout_s: Bound on the whole round.
+
+    Returns:
+        Per node: ``None`` (free), someone else's owner (left alone), or the error that
+        prevented the answer.
+    """
+    job = job_id or ray.get_runtime_context().get_job_id()
+    known = pids or {}
+    return _round(
+        node_ids,
+        lambda node, a: a.release.remote(job, sorted(known.get(node, ())), grace_s, timeout_s),
+        timeout_s + PROBE_TIMEOUT_S,
+    )
+
+
+def kill_owner(node_id: str, pid: int, timeout_s: float = 5.0) -> TPUOwner | None:
+    """Stop the TPU owner ``pid`` on one node, if it is this user's process.
+
+    Args:
+        node_id: The host.
+        pid: The owner to stop (it must still own the TPU).
+        timeout_s: Seconds between SIGTERM and SIGKILL.
+
+    Returns:
+        The owner left afterwards, ``None`` if the TPU is free.
+
+    Raises:
+        PermissionError: the process belongs to another user.
+        ray.exceptions.RayError: the agent could not be reached.
+    """
+    data = ray.get(agent(node_id).kill.remote(pid, os.getuid(), timeout_s))
+    return None if data is None else TPUOwner.from_dict(data)
+
+
+def recorded_owners() -> dict[str, TPUOwner]:
+    """The TPU owners the agents last saw, by node id (from Ray's KV store).
+
+    Returns:
+        Per node with a recorded owner, that owner; empty when Ray is not connected.
+    """
+    found: dict[str, TPUOwner] = {}
+    for key in _ray.kv_list(OWNER_KEY_PREFIX, NAMESPACE):
+        raw = _ray.kv_get(key, NAMESPACE)
+        if raw is None:
+            continue
+        try:
+            found[key.removeprefix(OWNER_KEY_PREFIX)] = TPUOwner.from_dict(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.debug("ignoring unreadable owner record %s: %s", key, exc)
+    return found
+
+
+def describe_errors(results: Mapping[str, TPUOwner | Exception | None]) -> list[str]:
+    """One line per node whose agent could not answer (for logs).
+
+    Args:
+        results: What a round of agent calls returned.
+
+    Returns:
+        ``<node>: <error>`` for each node that did not answer.
+    """
+    return [f"{node[:12]}: {err}" for node, err in results.items() if isinstance(err, Exception)]
+
+
+def confirm_released(
+    node_ids: Sequence[str], pids: Mapping[str, set[int]] | None = None
+) -> dict[str, TPUOwner | Exception | None]:
+    """The hand-back check: on every host, stop our processes that still own the TPU and
+    confirm it. Never raises for the cluster's sake: a host that cannot answer (dead, or
+    Ray gone) is logged, since there is nothing left to free on it.
+
+    Args:
+        node_ids: The hosts being handed back.
+        pids: Per node, pids of processes that ran the work (see :func:`release_tpus`).
+
+    Returns:
+        As :func:`release_tpus`; empty if Ray is not connected.
+    """
+    if not node_ids or not ray.is_initialized():
+        return {}
+    try:
+        results = release_tpus(node_ids, pids)
+    except (ray.exceptions.RayError, ConnectionError) as exc:
+        logger.warning("could not confirm the TPUs of %d host(s) are free: %s", len(node_ids), exc)
+        return {}
+    ours = {pid for node_pids in (pids or {}).values() for pid in node_pids}
+    job = ray.get_runtime_context().get_job_id()
+    for node, found in results.items():
+        if isinstance(found, Exception):
+            logger.warning("TPU of node %s not confirmed free: %s", node[:12], found)
+        elif found is not None and (found.pid in ours or found.job_id == job):
+            held = found.describe()
+            logger.error("TPU of node %s still held by %s after SIGKILL", node[:12], held)
+        elif found is not None:
+            logger.warning(
+                "TPU of node %s is held by %s, not started by this work: left running "
+                "(tpuslice release-tpu stops it)",
+                node[:12],
+                found.describe(),
+            )
+    return results

@@ -1,0 +1,329 @@
+"""Who owns this host's TPU, found the way libtpu finds it. Linux; no Ray.
+
+libtpu lets one process at a time use a host's TPU. On its first backend initialisation
+(JAX's first use of the TPU) a process opens ``/tmp/libtpu_lockfile`` and takes
+``lockf(F_TLOCK)`` on it for the rest of its life; a second process fails, naming the
+pid libtpu finds holding the TPU devices (``/dev/accel*``, ``/dev/vfio/<group>``) open.
+A crash leaves the file behind, but the lock dies with the process, so a file nobody
+holds is harmless and is never deleted here.
+
+:func:`find_owner` answers "who owns it": the lock holder (``/proc/locks``), else a
+process holding a TPU device open (a scan of ``/proc/*/fd``, as libtpu does). Every path
+is relative to a *host root*: ``/`` on a real TPU VM; on a simulated host, the directory
+in ``TPUSLICE_SIM_HOST_ROOT``, which holds that host's own ``tmp/`` and ``dev/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tpuslice.errors import TPUInUseError, first_line
+
+SIM_ROOT_ENV = "TPUSLICE_SIM_HOST_ROOT"
+"""Set on a simulated host: the directory that is that host's ``/`` for its TPU."""
+LOCKFILE = "tmp/libtpu_lockfile"
+GOOGLE_PCI_VENDOR_ID = "0x1ae0"
+JOB_ENV = "RAY_JOB_ID"
+"""What Ray sets in a worker's environment: the job it belongs to."""
+PROC = Path("/proc")
+COMMAND_LIMIT = 120
+
+
+def host_root(environ: Mapping[str, str] | None = None) -> Path:
+    """This host's root for TPU purposes: ``/``, or the simulated host's directory.
+
+    Args:
+        environ: Where to look for ``TPUSLICE_SIM_HOST_ROOT`` (default: ``os.environ``).
+
+    Returns:
+        The directory under which ``tmp/libtpu_lockfile`` and ``dev/accel*`` live.
+    """
+    environ = os.environ if environ is None else environ
+    return Path(environ.get(SIM_ROOT_ENV) or "/")
+
+
+def lockfile(root: Path) -> Path:
+    """The path of libtpu's lockfile under ``root``.
+
+    Args:
+        root: The host root.
+
+    Returns:
+        ``<root>/tmp/libtpu_lockfile``.
+    """
+    return root / LOCKFILE
+
+
+def tpu_devices(root: Path) -> list[Path]:
+    """The TPU chips' device files under ``root``: ``dev/accel<N>`` (a ``dev/accel``
+    *directory* is an NVIDIA driver, not a TPU), else VFIO groups of a Google device.
+
+    Args:
+        root: The host root.
+
+    Returns:
+        One path per chip, sorted; empty on a host without TPUs.
+    """
+    dev = root / "dev"
+    with contextlib.suppress(OSError):
+        accel = sorted(p for p in dev.glob("accel*") if not p.is_dir())
+        if accel:
+            return accel
+    groups: list[Path] = []
+    with contextlib.suppress(OSError):
+        for path in sorted((dev / "vfio").iterdir()):
+            iommu = root / "sys" / "kernel" / "iommu_groups" / path.name / "devices"
+            if path.name.isdigit() and _google_device_in(iommu):
+                groups.append(path)
+    return groups
+
+
+def _google_device_in(devices: Path) -> bool:
+    with contextlib.suppress(OSError):
+        for vendor in devices.glob("*/vendor"):
+            with contextlib.suppress(OSError, ValueError):
+                if vendor.read_text(encoding="ascii").strip().lower() == GOOGLE_PCI_VENDOR_ID:
+                    return True
+    return False
+
+
+@dataclass(frozen=True)
+class TPUOwner:
+    """A process that owns a host's TPU, and what is known about it."""
+
+    pid: int
+    command: str
+    """Its command line (Ray workers show ``ray::<task or actor>``), cut short."""
+    job_id: str | None
+    """The Ray job it belongs to (``RAY_JOB_ID`` in its environment), if any."""
+    uid: int | None
+    holds_lock: bool
+    """It holds libtpu's lock; else it only has a TPU device open."""
+
+    def describe(self) -> str:
+        """For messages and status.
+
+        Returns:
+            ``pid 4242 (ray::train, Ray job 01000000)``.
+        """
+        parts = [self.command or "?"]
+        if self.job_id:
+            parts.append(f"Ray job {self.job_id}")
+        return f"pid {self.pid} ({', '.join(parts)})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (for Ray's KV store and ``status --json``).
+
+        Returns:
+            Every field by name.
+        """
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TPUOwner:
+        """The inverse of :meth:`to_dict`.
+
+        Args:
+            data: A mapping with every field.
+
+        Returns:
+            The owner it describes.
+
+        Raises:
+            KeyError: a field is missing.
+        """
+        return cls(
+            pid=int(data["pid"]),
+            command=str(data["command"]),
+            job_id=data["job_id"],
+            uid=data["uid"],
+            holds_lock=bool(data["holds_lock"]),
+        )
+
+
+def lock_holder(root: Path, proc: Path = PROC) -> int | None:
+    """The pid holding a POSIX lock on ``root``'s libtpu lockfile, from ``/proc/locks``.
+
+    Args:
+        root: The host root.
+        proc: Where procfs is mounted.
+
+    Returns:
+        The pid, or ``None`` if the file is missing or nobody holds it.
+    """
+    try:
+        stat = lockfile(root).stat()
+        table = (proc / "locks").read_text()
+    except OSError:
+        return None
+    device = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    for line in table.splitlines():
+        fields = line.split()
+        # "1: POSIX  ADVISORY  WRITE 4242 fd:01:1234 0 EOF"
+        posix = len(fields) >= 6 and fields[1] == "POSIX"  # a waiter has "->" there
+        if posix and fields[5] == device and fields[4].isdigit():
+            return int(fields[4])
+    return None
+
+
+def device_holders(root: Path, proc: Path = PROC, only: Sequence[Path] | None = None) -> list[int]:
+    """Pids holding any of ``root``'s TPU devices open (libtpu's own search).
+
+    Processes whose descriptors cannot be read (other users') are skipped.
+
+    Args:
+        root: The host root.
+        proc: Where procfs is mounted.
+        only: Look for these devices only (libtpu itself looks at chip 0's).
+
+    Returns:
+        The pids, ascending.
+    """
+    devices = {str(path) for path in (tpu_devices(root) if only is None else only)}
+    if not devices:
+        return []
+    found = []
+    for pid in _pids(proc):
+        with contextlib.suppress(OSError):
+            for fd in os.scandir(proc / str(pid) / "fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd.path) in devices:
+                        found.append(pid)
+                        break
+    return found
+
+
+def _pids(proc: Path) -> Iterator[int]:
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(proc):
+            if entry.name.isdigit():
+                yield int(entry.name)
+
+
+def describe_process(pid: int, holds_lock: bool, proc: Path = PROC) -> TPUOwner:
+    """What ``/proc`` says of ``pid``: command line, Ray job, owner uid.
+
+    Args:
+        pid: The process.
+        holds_lock: Whether it holds libtpu's lock.
+        proc: Where procfs is mounted.
+
+    Returns:
+        The owner record; fields that cannot be read are empty or ``None``.
+    """
+    base = proc / str(pid)
+    command = ""
+    with contextlib.suppress(OSError):
+        raw = (base / "cmdline").read_bytes().replace(b"\0", b" ").strip()
+        command = raw.decode("utf-8", "replace")[:COMMAND_LIMIT]
+    job_id = None
+    with contextlib.suppress(OSError):
+        for item in (base / "environ").read_bytes().split(b"\0"):
+            if item.startswith(JOB_ENV.encode() + b"="):
+                job_id = item.split(b"=", 1)[1].decode("utf-8", "replace") or None
+    uid = None
+    with contextlib.suppress(OSError):
+        uid = base.stat().st_uid
+    return TPUOwner(pid, command, job_id, uid, holds_lock)
+
+
+def find_owner(root: Path, proc: Path = PROC) -> TPUOwner | None:
+    """Who owns ``root``'s TPU: the lockfile's holder, else a process with a TPU device
+    open (one that bypassed the lock), else nobody.
+
+    Args:
+        root: The host root (:func:`host_root`).
+        proc: Where procfs is mounted.
+
+    Returns:
+        The owner, or ``None`` if the TPU is free.
+    """
+    holder = lock_holder(root, proc)
+    if holder is not None:
+        return describe_process(holder, True, proc)
+    holders = device_holders(root, proc)
+    return describe_process(holders[0], False, proc) if holders else None
+
+
+def _env_bool(value: str | None) -> bool:
+    """libtpu's ``GetEnvBool``: ``true`` / ``false``, else a nonzero integer is true."""
+    if value is None or value == "false":
+        return False
+    if value == "true":
+        return True
+    try:
+        return int(value) != 0
+    except ValueError:
+        return False
+
+
+def lock_wanted(environ: Mapping[str, str]) -> bool:
+    """Whether libtpu would take its lock in a process with this environment, as its
+    ``TryAcquireTpuLock`` decides (XLA ``tpu_initialize_util.cc``):
+
+    - ``TPU_LOAD_LIBRARY=1`` loads without the lock; ``=0`` loads no library at all;
+    - ``ALLOW_MULTIPLE_LIBTPU_LOAD`` true (``true`` or a nonzero integer) skips it;
+    - ``TPU_CHIPS_PER_PROCESS_BOUNDS`` (else, when empty, the older
+      ``TPU_CHIPS_PER_HOST_BOUNDS``) set to anything but exactly ``2,2,1`` skips it: a
+      string test, whatever the host's chip count (Ray sets ``1,1,1`` / ``1,2,1`` for
+      tasks holding 1 or 2 chips).
+
+    Args:
+        environ: The process's environment.
+
+    Returns:
+        ``True`` if the process takes (or is refused) the lock.
+    """
+    if environ.get("TPU_LOAD_LIBRARY") in ("0", "1"):
+        return False
+    if _env_bool(environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD")):
+        return False
+    bounds = environ.get("TPU_CHIPS_PER_PROCESS_BOUNDS") or environ.get(
+        "TPU_CHIPS_PER_HOST_BOUNDS", ""
+    )
+    return bounds in ("", "2,2,1")
+
+
+def host_label(environ: Mapping[str, str] | None = None) -> str:
+    """How messages name this host.
+
+    Args:
+        environ: The process's environment (default: ``os.environ``).
+
+    Returns:
+        ``<slice name>/<worker id>`` from ``TPU_NAME`` / ``TPU_WORKER_ID``, else the
+        machine's host name (a GCE TPU VM without them in its environment).
+    """
+    environ = os.environ if environ is None else environ
+    name, worker = environ.get("TPU_NAME"), environ.get("TPU_WORKER_ID")
+    return f"{name}/{worker}" if name and worker else os.uname().nodename
+
+
+def in_use_error(cause: BaseException, environ: Mapping[str, str] | None = None) -> TPUInUseError:
+    """tpuslice's error for libtpu's refusal ``cause``, naming the host and the owner.
+
+    Args:
+        cause: The error libtpu (through JAX) raised.
+        environ: The process's environment (default: ``os.environ``).
+
+    Returns:
+        The error to raise in its place (chain ``cause`` to it).
+    """
+    host = host_label(environ)
+    owner = find_owner(host_root(environ))
+    if owner is not None and owner.pid == os.getpid():
+        owner = None  # libtpu refused us, so the holder is someone else we cannot see
+    held = owner.describe() if owner else "another process (not visible: another user's?)"
+    return TPUInUseError(
+        f"the TPU of host {host} is in use by {held}, so this process could not open it "
+        f"(libtpu: {first_line(cause)}). One process per host may use the TPU: wait for "
+        f"that one to end, or if it is a leftover of yours, stop it with "
+        f"`tpuslice release-tpu --host {host}`",
+        host=host,
+        owner=owner,
+    )

@@ -1,0 +1,318 @@
+"""TPU ownership on the simulator: one process per host owns its TPU (libtpu's lock, see
+tpuslice.testing.libtpu), and a slice handed back has a free TPU on every host.
+
+Every test ends (through the ``tpu_cluster`` fixture) with no placement group left and
+no simulated TPU owned."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+from click.testing import CliRunner
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+import tpuslice
+from clusterutil import hold_host, wait_for
+from tpuslice.cli import main
+from tpuslice.testing import SimulatedCluster
+from tpuslice.tpu_lock import SIM_ROOT_ENV
+
+pytestmark = pytest.mark.cluster
+
+V6E = {"topology": "4x4", "accelerator_version": "v6e"}
+OPEN_AND_HOLD = (
+    "from tpuslice.testing.libtpu import open_tpu; open_tpu(); "
+    "print('held', flush=True); import time; time.sleep(300)"
+)
+
+
+@ray.remote
+def open_tpu_and_pid() -> int:
+    """What a JAX program's first device use does: take this host's TPU."""
+    tpuslice.jax.open_tpu()
+    return os.getpid()
+
+
+def test_job_a_then_job_b_on_one_slice(tpu_cluster: SimulatedCluster) -> None:
+    """Driver A's one-shot opens the TPU on every host; A stays alive. Driver B's
+    one-shot on the same (only) v6e 4x4 slice then opens it too, on every host."""
+    a_pids = ray.get(tpuslice.run_on_slice(open_tpu_and_pid, **V6E), timeout=120)
+    job_b = textwrap.dedent(
+        """
+        import os, sys, ray, tpuslice
+        ray.init(address=sys.argv[1], log_to_driver=False)
+        @ray.remote
+        def open_tpu_and_pid():
+            tpuslice.jax.open_tpu()
+            return os.getpid()
+        refs = tpuslice.run_on_slice(open_tpu_and_pid, topology="4x4", accelerator_version="v6e")
+        print(ray.get(refs, timeout=120))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(
+        [sys.executable, "-c", job_b, tpu_cluster.address],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    b_pids = eval(out.stdout.strip().splitlines()[-1])  # a list of ints, printed by B
+    assert len(b_pids) == 4 and not set(b_pids) & set(a_pids)
+
+
+def trainer_class() -> type:
+    """Defined in a function so Ray pickles it by value."""
+
+    class Trainer:
+        def __init__(self) -> None:
+            tpuslice.jax.open_tpu()
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    return Trainer
+
+
+def test_an_actor_group_then_run_on_slice_in_one_job(tpu_cluster: SimulatedCluster) -> None:
+    """The group's actors own the TPUs; run_on_slice on the slice runs in them. After the
+    group exits, run_on_slice starts owners of its own, which can open the TPUs."""
+    with tpuslice.SlicePlacementGroup(**V6E) as spg:
+        group = tpuslice.SliceActorGroup(trainer_class(), spg)
+        actor_pids = group.get(group.call("pid"), timeout=120)
+        assert ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=spg)) == actor_pids
+        group.shutdown()
+        after = ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=spg), timeout=120)
+        assert not set(after) & set(actor_pids)
+        again = ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=spg))
+        assert again == after  # warm: the same owners, no new process per call
+
+
+def test_two_slice_placement_groups_in_sequence(tpu_cluster: SimulatedCluster) -> None:
+    with tpuslice.SlicePlacementGroup(**V6E) as first:
+        one = ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=first), timeout=120)
+        owners = tpu_cluster.tpu_owners()
+        assert sorted(o.pid for (s, _), o in owners.items() if s == "v6e-16-a") == sorted(one)
+    assert tpu_cluster.tpu_owners() == {}  # confirmed free before the slice was given back
+    with tpuslice.SlicePlacementGroup(**V6E) as second:
+        two = ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=second), timeout=120)
+    assert len(two) == 4 and not set(one) & set(two)
+
+
+def test_concurrent_calls_on_a_held_slice_share_its_owners(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """Eight threads call at once: every call of every host runs in that host's one owner
+    process, so none meets an owned TPU, and the gangs do not interleave across hosts."""
+    with tpuslice.SlicePlacementGroup(**V6E) as spg:
+        results: list[list[int]] = []
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                results.append(ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=spg)))
+            except (ray.exceptions.RayError, tpuslice.TPUSliceError) as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=call) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=180)
+    assert errors == []
+    assert len(results) == 8 and all(r == results[0] for r in results)
+
+
+@ray.remote
+def hold_until(flag: str) -> int:
+    """Take the TPU, then run until ``flag`` exists (an attempt cut short by a host loss)."""
+    tpuslice.jax.open_tpu()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return os.getpid()
+
+
+def test_run_resilient_after_a_host_kill_finds_the_surviving_hosts_tpu_free(
+    tpu_cluster: SimulatedCluster, tmp_path: Path
+) -> None:
+    """Only v4-16-a is idle. Attempt 1 opens both its TPUs; host 1 dies. Host 0's worker
+    survives it, still owning its TPU, until the hand-back stops it. Host 1 comes back,
+    attempt 2 lands on the same slice and opens both TPUs."""
+    flag = str(tmp_path / "go")
+    events: list[tpuslice.AttemptEvent] = []
+    got: dict[str, object] = {}
+
+    def owners_of(name: str) -> list[int]:
+        return [o.pid for (s, _), o in tpu_cluster.tpu_owners().items() if s == name]
+
+    def run() -> None:  # in a thread: the simulator adds nodes from the main thread only
+        try:
+            got["pids"] = tpuslice.run_resilient(
+                hold_until,
+                flag,
+                topology="2x2x2",
+                accelerator_version="v4",
+                head_reservation_timeout_s=120,
+                on_event=events.append,
+            )
+        except tpuslice.TPUSliceError as exc:
+            got["error"] = exc
+
+    with hold_host("v4-16-b", 0, 4), hold_host("v4-16-c", 0, 4), hold_host("v4-16-d", 0, 4):
+        runner = threading.Thread(target=run)
+        runner.start()
+        try:
+            wait_for(lambda: len(owners_of("v4-16-a")) == 2, timeout=120, what="attempt 1")
+            tpu_cluster.kill_host("v4-16-a", 1)
+            Path(flag).touch()
+            tpu_cluster.restore_slice("v4-16-a")
+        finally:
+            runner.join(timeout=180)
+    assert "error" not in got, got
+    pids = got["pids"]
+    assert isinstance(pids, list)
+    kinds = [(e.kind, e.slice_names) for e in events]
+    assert kinds[0] == ("started", ("v4-16-a",))
+    assert [e.outcome for e in events if e.kind == "failed"] == [tpuslice.Outcome.PREEMPTION]
+    assert kinds[-1] == ("succeeded", ("v4-16-a",))
+    assert len(pids) == 2
+
+
+def test_ctrl_c_of_tpuslice_run_then_a_new_run(tpu_cluster: SimulatedCluster) -> None:
+    """The commands open their host's TPU and hold it; Ctrl-C; a new run's commands open
+    the same TPUs."""
+
+    def run(command: str) -> subprocess.Popen[str]:
+        argv = ["run", "--address", tpu_cluster.address, "--topology", "2x2x2"]
+        return subprocess.Popen(
+            [sys.executable, "-m", "tpuslice.cli", *argv, "--accelerator", "v4", "--", command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    held = f'{sys.executable} -c "{OPEN_AND_HOLD}"'
+    first = run(held)
+    try:
+        wait_for(lambda: len(tpu_cluster.tpu_owners()) == 2, timeout=120, what="both TPUs owned")
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 130, err[-2000:]
+    opened = f'{sys.executable} -c "from tpuslice.testing.libtpu import open_tpu; open_tpu()"'
+    second = run(opened)
+    out, err = second.communicate(timeout=180)
+    assert second.returncode == 0, (out + err)[-3000:]
+
+
+@pytest.fixture
+def notebook(tpu_cluster: SimulatedCluster) -> Iterator[subprocess.Popen[str]]:
+    """A process outside Ray (a notebook, say) holding host 2 of v6e-16-a's TPU."""
+    env = {**os.environ, SIM_ROOT_ENV: str(tpu_cluster.host_root("v6e-16-a", 2))}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OPEN_AND_HOLD], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def test_a_foreign_owner_makes_its_slice_busy_with_a_reason(
+    tpu_cluster: SimulatedCluster, notebook: subprocess.Popen[str]
+) -> None:
+    with pytest.raises(tpuslice.ReservationTimeoutError) as info:
+        tpuslice.SlicePlacementGroup(**V6E, head_reservation_timeout_s=3)
+    text = str(info.value)
+    assert f"host 2: TPU held by pid {notebook.pid} (" in text
+    view = tpuslice.read_snapshot().slices["v6e-16-a"]
+    assert view.state is tpuslice.SliceState.BUSY
+    assert view.hosts[2].tpu_owner is not None and f"pid {notebook.pid}" in view.hosts[2].tpu_owner
+    assert notebook.poll() is None  # never stopped automatically
+
+
+def test_release_tpu_stops_a_foreign_owner_on_request(
+    tpu_cluster: SimulatedCluster, notebook: subprocess.Popen[str]
+) -> None:
+    runner = CliRunner()
+    status = runner.invoke(main, ["status", "--owners"], env={"COLUMNS": "200"})
+    assert status.exit_code == 0, status.output
+    assert f"pid {notebook.pid}" in status.output and "TPU owners" in status.output
+    declined = runner.invoke(main, ["release-tpu", "--host", "v6e-16-a/2"], input="n\n")
+    assert declined.exit_code == 1 and notebook.poll() is None
+    done = runner.invoke(main, ["release-tpu", "--host", "v6e-16-a/2", "--yes"])
+    assert done.exit_code == 0, done.output
+    assert f"stopped pid {notebook.pid}" in done.output
+    assert notebook.wait(timeout=30) != 0
+    with tpuslice.SlicePlacementGroup(**V6E, head_reservation_timeout_s=30) as spg:
+        assert spg.slice_names == ["v6e-16-a"]
+
+
+def test_release_tpu_names_valid_hosts_for_a_wrong_one(tpu_cluster: SimulatedCluster) -> None:
+    result = CliRunner().invoke(main, ["release-tpu", "--host", "nope/9", "--yes"])
+    assert result.exit_code == 2
+    assert "no live TPU host 'nope/9'" in result.output and "v4-16-a/0" in result.output
+
+
+def raw_task(spg: tpuslice.SlicePlacementGroup, **env: str) -> object:
+    """A plain Ray task in bundle 0, outside tpuslice's path, that tries the TPU (it exits
+    afterwards: max_calls=1, so no process of it is left holding anything)."""
+
+    @ray.remote(num_cpus=0, max_calls=1)
+    def try_the_tpu() -> str:
+        try:
+            tpuslice.jax.open_tpu()
+        except tpuslice.TPUInUseError as exc:
+            return f"TPUInUseError: {exc}"
+        return "opened"
+
+    pg, bundle = spg.worker_groups()[0]
+    options = {"runtime_env": {"env_vars": env}} if env else {}
+    strategy = PlacementGroupSchedulingStrategy(pg, bundle)
+    return ray.get(
+        try_the_tpu.options(scheduling_strategy=strategy, **options).remote(), timeout=120
+    )
+
+
+def test_code_meeting_an_owned_tpu_fails_with_tpuslices_error_naming_the_owner(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    with tpuslice.SlicePlacementGroup(**V6E) as spg:
+        owner_pid = ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=spg))[0]
+        said = str(raw_task(spg))
+    assert said.startswith("TPUInUseError: the TPU of host v6e-16-a/0 is in use by ")
+    assert f"pid {owner_pid} (ray::HostOwner" in said and "Ray job" in said
+    assert "release-tpu --host v6e-16-a/0" in said
+
+
+@pytest.mark.parametrize(
+    "hatch",
+    [
+        {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+        {"TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1"},
+        {"TPU_LOAD_LIBRARY": "1"},
+    ],
+)
+def test_escape_hatches_let_a_second_process_open_an_owned_tpu(
+    tpu_cluster: SimulatedCluster, hatch: dict[str, str]
+) -> None:
+    with tpuslice.SlicePlacementGroup(**V6E) as spg:
+        ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=spg))
+        assert raw_task(spg, **hatch) == "opened"

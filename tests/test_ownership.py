@@ -23,6 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import tpuslice
 from clusterutil import hold_host, wait_for
+from tpuslice.agent import FRESH_S
 from tpuslice.cli import main
 from tpuslice.testing import SimulatedCluster
 from tpuslice.tpu_lock import SIM_ROOT_ENV
@@ -227,6 +228,9 @@ def notebook(tpu_cluster: SimulatedCluster) -> Iterator[subprocess.Popen[str]]:
         [sys.executable, "-c", OPEN_AND_HOLD], env=env, stdout=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    # Not a synchronisation: this driver trusts its own recent finding that the host was
+    # free (it handed the slice back in an earlier test) for FRESH_S; let that pass.
+    time.sleep(FRESH_S)
     try:
         yield proc
     finally:

@@ -10,8 +10,9 @@ plugin, which every pytest run in an environment with tpuslice loads) does not i
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from tpuslice import _lazy
 
 __version__ = "0.1.0"
 
@@ -155,21 +156,11 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        try:  # a submodule, such as ``tpuslice.jax`` after a bare ``import tpuslice``
-            return importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
-        raise AttributeError(f"module 'tpuslice' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+    return _lazy.load(__name__, _EXPORTS, name, globals())
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return _lazy.listing(globals(), __all__)
 
 
 __all__ = [

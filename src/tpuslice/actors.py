@@ -185,10 +185,10 @@ class SliceActorGroup(ShutsDownOnExit):
         """Kill every actor and, if the group owns it, give the slice back; otherwise
         confirm the actors' TPUs are free for the slice's next calls. Idempotent."""
         actors, self.actors = self.actors, []
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
         if actors:
             self.slice.ownership.disown(actors)
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
         if self.owns_slice:
             self.slice.shutdown()
         elif actors and not self.slice.is_shut_down:

@@ -44,6 +44,12 @@ PROBE_TIMEOUT_S = 60.0
 GRACE_S = 2.0
 """How long an owner may take to exit after SIGTERM before it gets SIGKILL."""
 RELEASE_TIMEOUT_S = 15.0
+FRESH_S = 2.0
+"""How long this driver trusts its own finding that a host's TPU is free (from a probe
+or a hand-back) before a reservation asks that host again. Back-to-back jobs in one
+driver skip a probe round (about 10 ms); a process outside Ray that takes the TPU in
+those 2 s is met by the next call instead (a TPUInUseError naming it) and recorded at
+that slice's hand-back."""
 
 
 class HostAgent:
@@ -53,13 +59,18 @@ class HostAgent:
         self.node_id = node_id
         self.root = host_root()
 
-    def owner(self) -> dict[str, Any] | None:
+    def owner(self, thorough: bool = False) -> dict[str, Any] | None:
         """This host's TPU owner now (and recorded for the cluster view).
+
+        Args:
+            thorough: Also search every process's descriptors for one that bypassed
+                libtpu's lock (``status --owners``); else only the lock is read, which is
+                what decides whether a new process may start (reservations).
 
         Returns:
             The owner as :meth:`TPUOwner.to_dict` data, or ``None`` if the TPU is free.
         """
-        return self._record(find_owner(self.root))
+        return self._record(find_owner(self.root, among=None if thorough else ()))
 
     def release(
         self, job_id: str, pids: list[int], grace_s: float, timeout_s: float
@@ -82,7 +93,7 @@ class HostAgent:
         signalled: dict[int, float] = {}
         ours = set(pids)
         while True:
-            owner = find_owner(self.root)
+            owner = find_owner(self.root, among=ours)
             if owner is None or time.monotonic() > deadline:
                 return self._record(owner)
             if owner.pid not in ours and owner.job_id != job_id:
@@ -143,11 +154,27 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 
 _handles: dict[str, Any] = {}
 _handles_lock = threading.Lock()
+_free_at: dict[str, float] = {}
+"""Node id -> when this driver last saw its TPU free (monotonic seconds)."""
+
+
+def _note(node: str, owner: object) -> None:
+    """Remember when a host was seen free; forget it as soon as it was seen owned."""
+    if owner is None:
+        _free_at[node] = time.monotonic()
+    else:
+        _free_at.pop(node, None)
+
+
 _remote_agent = ray.remote(num_cpus=0, max_restarts=-1)(HostAgent)
 
 
 def agent(node_id: str) -> Any:
     """The agent actor of one node, created there if it has none (cached per process).
+
+    An existing agent is looked up by name (well under a millisecond); only a missing one
+    is created, since creating (even ``get_if_exists``) makes a new driver export the
+    actor class first (about 100 ms measured here).
 
     Args:
         node_id: Hex id of a live node.
@@ -158,13 +185,16 @@ def agent(node_id: str) -> Any:
     with _handles_lock:
         handle = _handles.get(node_id)
         if handle is None:
-            handle = _remote_agent.options(
-                name=NAME_PREFIX + node_id,
-                namespace=NAMESPACE,
-                lifetime="detached",
-                get_if_exists=True,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(node_id)
+            try:
+                handle = ray.get_actor(NAME_PREFIX + node_id, namespace=NAMESPACE)
+            except ValueError:  # no agent there yet
+                handle = _remote_agent.options(
+                    name=NAME_PREFIX + node_id,
+                    namespace=NAMESPACE,
+                    lifetime="detached",
+                    get_if_exists=True,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                ).remote(node_id)
             _handles[node_id] = handle
         return handle
 
@@ -174,6 +204,8 @@ def _round(
 ) -> dict[str, TPUOwner | Exception | None]:
     """Call every node's agent at once; each node's owner, or the error its call met."""
     refs = {node: call(node, agent(node)) for node in node_ids}
+    if not refs:
+        return {}
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
     done = set(ready)
     results: dict[str, TPUOwner | Exception | None] = {}
@@ -189,29 +221,33 @@ def _round(
             results[node] = exc
             continue
         results[node] = None if data is None else TPUOwner.from_dict(data)
+        _note(node, data)
     return results
 
 
 def probe_owners(
-    node_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S
+    node_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S, *, thorough: bool = True
 ) -> dict[str, TPUOwner | Exception | None]:
     """Each node's TPU owner now.
 
     Args:
         node_ids: Live TPU hosts.
         timeout_s: Bound on the whole round (including starting agents).
+        thorough: Also find processes that bypassed libtpu's lock (see
+            :meth:`HostAgent.owner`).
 
     Returns:
         Per node: its owner, ``None`` if the TPU is free, or the error that prevented
         the answer (host gone, no answer in time).
     """
-    return _round(node_ids, lambda node, a: a.owner.remote(), timeout_s)
+    return _round(node_ids, lambda node, a: a.owner.remote(thorough), timeout_s)
 
 
 def start_probe(
     node_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S
 ) -> Callable[[], dict[str, str | None]]:
-    """Ask each node's agent who owns its TPU, without waiting yet.
+    """Ask each node's agent who owns its TPU, without waiting yet. A host this driver saw
+    free within :data:`FRESH_S` (its own probe or hand-back) is not asked again.
 
     Args:
         node_ids: The hosts to ask.
@@ -221,12 +257,16 @@ def start_probe(
         A function that waits (bounded) and returns, per node, the owner described, or
         ``None`` when the TPU is free or the agent could not answer (logged).
     """
-    refs = {node: agent(node).owner.remote() for node in node_ids}
+    now = time.monotonic()
+    asked = [n for n in node_ids if now - _free_at.get(n, -FRESH_S) >= FRESH_S]
+    refs = {node: agent(node).owner.remote() for node in asked}
 
     def answers() -> dict[str, str | None]:
+        found: dict[str, str | None] = dict.fromkeys(node_ids)  # seen free just now
+        if not refs:
+            return found
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         done = set(ready)
-        found: dict[str, str | None] = {}
         for node, ref in refs.items():
             found[node] = None
             if ref not in done:
@@ -240,6 +280,7 @@ def start_probe(
                 logger.warning("TPU agent on node %s failed: %s", node[:12], exc)
                 continue
             found[node] = None if data is None else TPUOwner.from_dict(data).describe()
+            _note(node, data)
         return found
 
     return answers

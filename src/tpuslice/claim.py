@@ -8,9 +8,10 @@ is given back and another tried. Any failure or interrupt removes everything mad
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ray.util.placement_group import PlacementGroup
@@ -49,6 +50,9 @@ class Claim:
     target: SliceInfo
     head_pg: PlacementGroup | None = None
     worker_pg: PlacementGroup | None = None
+    owners: Callable[[], Mapping[str, str | None]] | None = None
+    """The answer, once waited for, of the hosts asked who owns their TPUs (``None``
+    once checked, or for a slice that was not asked)."""
 
     @property
     def slice_name(self) -> str:
@@ -129,7 +133,8 @@ class Reserver:
                         if self.heads_only
                         else self._place_workers()
                     )
-                    if reservation is not None:
+                    if reservation is not None and self._free_of_owners(reservation):
+                        self.in_flight = []
                         return reservation
                     self._check_deadline(deadline, snapshot, started)
                     continue  # retry placing at once: the failed wait was the pause
@@ -171,33 +176,57 @@ class Reserver:
         if not picks:
             self._reprobe_owned(snapshot)
             return
-        probe = self.ops.start_owner_probe(
-            [h.node_id for target in picks.values() for h in target.hosts.values()]
+        # Answered while the heads and then the workers place; checked once all placed.
+        probe = functools.cache(
+            self.ops.start_owner_probe(
+                [h.node_id for target in picks.values() for h in target.hosts.values()]
+            )
         )
-        fresh = [Claim(index, target) for index, target in picks.items()]
+        fresh = [Claim(index, target, owners=probe) for index, target in picks.items()]
         if self.plan.needs_head_claim:
             for claim in fresh:
                 claim.head_pg = self._head_group(claim.target)
                 self.in_flight.append(claim.head_pg)
             placed = self.ops.wait_placed(self.in_flight, CLAIM_BOUND_S)
+            self.in_flight = []
         else:
             placed = [True] * len(fresh)
-        owners = probe()  # the heads stay in flight until recorded or given back
-        self.in_flight = []
         for claim, ok in zip(fresh, placed, strict=True):
-            held = [
-                f"host {w}: TPU held by {owners[h.node_id]}"
-                for w, h in claim.target.hosts.items()
-                if owners.get(h.node_id)
-            ]
-            if ok and not held:
+            if ok:
                 self.claims[claim.index] = claim
-                continue
-            if held:
-                logger.info("slice %s is not free (%s); trying another", claim.slice_name, held)
             else:
                 logger.info("head of %s was taken meanwhile; trying another", claim.slice_name)
-            self.ops.remove_group(claim.head_pg)
+                self.ops.remove_group(claim.head_pg)
+
+    def _free_of_owners(self, reservation: Reservation) -> bool:
+        """Whether no host of the placed reservation has its TPU owned by a process (the
+        answers were asked for when the slices were picked). If some do, those slices are
+        given back, the others' worker groups removed for the next round, and ``False``.
+        The groups stay in flight (removed if we are interrupted) until this returns."""
+        held: dict[int, list[str]] = {}
+        for claim in reservation.claims:
+            if claim.owners is None:
+                continue
+            answers, claim.owners = claim.owners(), None
+            owned = [
+                f"host {w}: TPU held by {answers[h.node_id]}"
+                for w, h in claim.target.hosts.items()
+                if answers.get(h.node_id)
+            ]
+            if owned:
+                held[claim.index] = owned
+        if not held:
+            return True
+        self.ops.remove_group(reservation.combined_pg)
+        self.in_flight = []
+        for claim in reservation.claims:
+            self.ops.remove_group(claim.worker_pg)
+            claim.worker_pg = None
+            if claim.index in held:
+                reason = "; ".join(held[claim.index])
+                logger.info("slice %s is not free (%s); trying another", claim.slice_name, reason)
+                self._give_back(claim)
+        return False
 
     def _reprobe_owned(self, snapshot: ClusterSnapshot) -> None:
         """No idle slice: ask again, now and then, about slices busy only because a
@@ -272,11 +301,11 @@ class Reserver:
                     self._give_back(claim)
             return None
         combined = self._worker_group(claims, "")
-        self.in_flight = [combined]
+        self.in_flight = [combined]  # until the caller has checked the TPU owners too
         ready = self.ops.wait_placed(self.in_flight, CLAIM_BOUND_S)[0]
-        self.in_flight = []
         if ready:
             return Reservation(claims, combined)
+        self.in_flight = []
         self.ops.remove_group(combined)
         self._give_back_busy(claims)
         return None

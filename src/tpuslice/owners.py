@@ -90,6 +90,13 @@ def call_in_context(
     return _with_context(function)(env, *args, **kwargs)
 
 
+def _pid_of_actor(actor: Any) -> int:
+    """Body of ``__ray_call__`` asking a SliceActorGroup actor for its pid."""
+    import os
+
+    return os.getpid()
+
+
 def _call_in_actor(
     actor: Any,
     function: Callable[..., Any],
@@ -117,7 +124,9 @@ class Owners:
         self.handles = list(handles)
         self.actor_group = actor_group
         self._submit_lock = threading.Lock()
-        self._pid_refs: list[Any] = []
+        self._pid_refs: list[Any] = (
+            [h.__ray_call__.remote(_pid_of_actor) for h in self.handles] if actor_group else []
+        )
 
     def pids(self, rank_nodes: Sequence[str]) -> dict[str, set[int]]:
         """Per host, the pids of tpuslice's own owners that have started.
@@ -242,6 +251,8 @@ class SliceOwnership:
         self._lock = threading.Lock()
         self._owners: Owners | None = None
         self._runtime_env: Any = None
+        self._departed: dict[str, set[int]] = {}
+        """Per host, pids of owners that have left (killed): checked at every hand-back."""
 
     @property
     def current(self) -> Owners | None:
@@ -307,19 +318,32 @@ class SliceOwnership:
                     "this slice already has a SliceActorGroup, whose actors own its TPUs; "
                     "shut that group down first, or reserve another slice"
                 )
+            self._remember(owners.pids(self._rank_nodes()))
             owners.kill()
             self._owners = None
         self.confirm_free()
 
-    def disown(self, handles: Sequence[Any]) -> None:
-        """An actor group that owned the slice is gone; the next call starts new owners.
+    def disown(self, handles: Sequence[Any]) -> dict[str, set[int]]:
+        """An actor group that owned the slice is going; the next call starts new owners.
 
         Args:
             handles: The group's actors (ignored unless they are the current owners).
+
+        Returns:
+            Per host, the pids of those actors (for :meth:`confirm_free`), as far as known.
         """
         with self._lock:
-            if self._owners is not None and self._owners.handles == list(handles):
-                self._owners = None
+            owners = self._owners
+            if owners is None or owners.handles != list(handles):
+                return {}
+            self._owners = None
+        pids = owners.pids(self._rank_nodes())
+        self._remember(pids)
+        return pids
+
+    def _remember(self, pids: Mapping[str, set[int]]) -> None:
+        for node, found in pids.items():
+            self._departed.setdefault(node, set()).update(found)
 
     def hand_back(self, pids: Mapping[str, set[int]] | None = None) -> None:
         """Kill tpuslice's own owners, then confirm on every host that none of the
@@ -345,4 +369,7 @@ class SliceOwnership:
         """
         from tpuslice.agent import confirm_released
 
-        confirm_released(sorted(set(self._rank_nodes())), pids or {})
+        known = {node: set(found) for node, found in self._departed.items()}
+        for node, found in (pids or {}).items():
+            known.setdefault(node, set()).update(found)
+        confirm_released(sorted(set(self._rank_nodes())), known)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -232,13 +232,21 @@ def describe_process(pid: int, holds_lock: bool, proc: Path = PROC) -> TPUOwner:
     return TPUOwner(pid, command, job_id, uid, holds_lock)
 
 
-def find_owner(root: Path, proc: Path = PROC) -> TPUOwner | None:
+def find_owner(
+    root: Path, proc: Path = PROC, *, among: Iterable[int] | None = None
+) -> TPUOwner | None:
     """Who owns ``root``'s TPU: the lockfile's holder, else a process with a TPU device
     open (one that bypassed the lock), else nobody.
+
+    The lock is what libtpu consults before it lets a process start, and reading it costs
+    one read of ``/proc/locks``. Finding a process that bypassed the lock means reading
+    every process's descriptors (tens of ms on a busy host): ``among`` limits that to the
+    given pids, and ``among=()`` skips it (enough to know whether a new process may start).
 
     Args:
         root: The host root (:func:`host_root`).
         proc: Where procfs is mounted.
+        among: Only these processes are searched for open devices (``None``: all).
 
     Returns:
         The owner, or ``None`` if the TPU is free.
@@ -246,8 +254,22 @@ def find_owner(root: Path, proc: Path = PROC) -> TPUOwner | None:
     holder = lock_holder(root, proc)
     if holder is not None:
         return describe_process(holder, True, proc)
-    holders = device_holders(root, proc)
+    if among is None:
+        holders = device_holders(root, proc)
+    else:
+        devices = {str(path) for path in tpu_devices(root)}
+        holders = [pid for pid in sorted(set(among)) if _holds(pid, devices, proc)]
     return describe_process(holders[0], False, proc) if holders else None
+
+
+def _holds(pid: int, devices: set[str], proc: Path) -> bool:
+    """Whether ``pid`` has any of ``devices`` open."""
+    with contextlib.suppress(OSError):
+        for fd in os.scandir(proc / str(pid) / "fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(fd.path) in devices:
+                    return True
+    return False
 
 
 def _env_bool(value: str | None) -> bool:

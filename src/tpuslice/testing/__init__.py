@@ -8,8 +8,9 @@ on first use, so the plugin costs a pytest run nothing until a fixture is used.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from tpuslice import _lazy
 
 _EXPORTS: dict[str, str] = {
     "InMemoryCluster": "tpuslice.testing.memory",
@@ -40,21 +41,11 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        try:  # a submodule, such as ``tpuslice.jax`` after a bare ``import tpuslice``
-            return importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
-        raise AttributeError(f"module 'tpuslice.testing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return _lazy.load(__name__, _EXPORTS, name, globals())
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return _lazy.listing(globals(), __all__)
 
 
 __all__ = [

@@ -1,0 +1,124 @@
+"""Sub-slice arithmetic (tpuslice.subslice) against Ray 2.60's own, on every parent Ray
+knows: worker grids, chip coordinates -> physical position, labels, valid parents. Pure."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+import ray._private.accelerators.tpu as ray_accel
+import ray.util.tpu as ray_tpu
+
+from tpuslice import subslice
+from tpuslice.errors import InvalidTopologyError
+
+RAY_2D = dict(ray_accel._VALID_TOPOLOGY_WORKER_DIMS_2D)
+RAY_3D = dict(ray_accel._VALID_TOPOLOGY_WORKER_DIMS_3D)
+RAY_PARENTS = [*RAY_2D, *RAY_3D]
+
+
+def chip_coordinates(physical: int, parent: str) -> list[list[int]]:
+    """The chips of the host at ``physical``, as libtpu reports them in Ray's reading:
+    ``[x, y]`` / ``[x, y, z]`` with x along the last side of the topology."""
+    grid = subslice.worker_dims(parent)
+    chips = [int(d) for d in parent.split("x")]
+    block = [c // g for c, g in zip(chips, grid, strict=True)]
+    position = []
+    index = physical
+    for g in reversed(grid):
+        position.append(index % g)
+        index //= g
+    position.reverse()  # (y, x) or (z, y, x)
+    corner = [p * b for p, b in zip(position, block, strict=True)]
+    ranges = [range(c, c + b) for c, b in zip(corner, block, strict=True)]
+    return [list(reversed(chip)) for chip in itertools.product(*ranges)]  # -> [x, y(, z)]
+
+
+def test_worker_grids_are_rays() -> None:
+    for topology, dims in {**RAY_2D, **RAY_3D}.items():
+        assert subslice.worker_dims(topology) == dims, topology
+
+
+@pytest.mark.parametrize("parent", RAY_PARENTS)
+def test_coordinates_give_rays_physical_position_and_labels(parent: str) -> None:
+    """Every host position of every parent Ray knows (chips listed in a shuffled order):
+    the same position as Ray's, and Ray's labels, ours being a superset only by shapes
+    Ray's table does not have."""
+    rng = random.Random(parent)
+    for physical in range(math.prod(subslice.worker_dims(parent))):
+        coordinates = chip_coordinates(physical, parent)
+        rng.shuffle(coordinates)
+        theirs = ray_accel._get_physical_worker_id_from_coords(coordinates, parent)
+        ours = subslice.physical_position(coordinates, parent)
+        assert ours == theirs == physical
+        ray_labels = ray_accel._build_subslice_labels(physical, parent)
+        our_labels = subslice.host_labels(physical, parent)
+        assert {k: our_labels[k] for k in ray_labels} == ray_labels
+        extra = {k.removeprefix(subslice.SUBSLICE_LABEL_PREFIX) for k in our_labels} - {
+            k.removeprefix(subslice.SUBSLICE_LABEL_PREFIX) for k in ray_labels
+        }
+        assert not extra & set(RAY_2D) and not extra & set(RAY_3D), extra
+
+
+@pytest.mark.parametrize("parent", ["4x4", "8x8", "2x2x4", "4x4x8"])
+def test_members_tile_the_parent_into_equal_boxes(parent: str) -> None:
+    """Under a scrambled layout, each sub-slice's hosts are those whose physical positions
+    form one box, and every host is in exactly one sub-slice of each shape."""
+    hosts = math.prod(subslice.worker_dims(parent))
+    physical = list(range(hosts))
+    random.Random(7).shuffle(physical)
+    by_worker = dict(enumerate(physical))
+    for sub in subslice.subslice_topologies(parent):
+        found = subslice.members(by_worker, parent, sub)
+        size = math.prod(subslice.worker_dims(sub))
+        assert sorted(w for ws in found.values() for w in ws) == list(range(hosts))
+        assert all(len(ws) == size for ws in found.values())
+
+
+def test_v6e_4x4_cut_into_2x4_halves_is_rays_example() -> None:
+    """Ray's docstring example: a 4x4 of 2x2 hosts has two 2x4 sub-slices (rows of the
+    worker grid), and four 2x2 ones (one host each)."""
+    assert subslice.subslice_topologies("4x4") == ["2x2", "2x4"]
+    identity = {w: w for w in range(4)}
+    assert subslice.members(identity, "4x4", "2x4") == {0: [0, 1], 1: [2, 3]}
+    assert subslice.members(identity, "4x4", "2x2") == {i: [i] for i in range(4)}
+
+
+def test_a_ragged_last_box_is_not_a_sub_slice() -> None:
+    """16x16x24 (8, 8, 24 hosts) holds one 16x16x16 box along its last side and a ragged
+    rest of 8: Ray labels both with index 0 and 1, and skips the short one; so do we."""
+    grid = subslice.worker_dims("16x16x24")
+    by_worker = {w: w for w in range(math.prod(grid))}
+    found = subslice.members(by_worker, "16x16x24", "16x16x16")
+    assert list(found) == [0]
+
+
+def test_physical_position_read_back_from_labels_rays_discovery_left() -> None:
+    for parent in ("8x8", "4x4x8"):
+        for physical in range(math.prod(subslice.worker_dims(parent))):
+            labels = ray_accel._build_subslice_labels(physical, parent)
+            assert subslice.physical_from_labels(labels, parent) == physical
+
+
+def node(topology: str) -> dict[str, object]:
+    return {"Alive": True, "Labels": {"ray.io/tpu-topology": topology}}
+
+
+@pytest.mark.parametrize("sub", ["2x2", "2x4", "4x4", "2x2x1", "2x2x2", "2x4x4"])
+def test_valid_parents_are_rays(sub: str) -> None:
+    cluster = ["2x4", "4x4", "4x8", "8x8", "2x2x2", "2x2x4", "4x4x4", "1x1"]
+    nodes = [node(t) for t in cluster]
+    assert subslice.valid_parents(sub, cluster) == ray_tpu._find_valid_parent_topologies(sub, nodes)
+
+
+def test_a_sub_topology_without_a_worker_grid_names_the_valid_ones() -> None:
+    with pytest.raises(InvalidTopologyError, match="is not a grid of 4-chip hosts; valid: 2x2"):
+        subslice.valid_parents("1x1", ["4x4"])
+
+
+def test_kv_key_and_label_key_are_rays() -> None:
+    assert subslice.kv_key("v6e-16-a") == ray_tpu._get_subslice_kv_key("v6e-16-a")
+    assert subslice.KV_NAMESPACE == ray_tpu._TPU_SUBSLICE_KV_NAMESPACE
+    assert subslice.label_key("2x4") == f"{ray_accel.TPU_SUBSLICE_LABEL_PREFIX}2x4"

@@ -12,11 +12,7 @@ import ray.util.tpu as ray_tpu
 import tpuslice
 
 # Public names of ray.util.tpu that tpuslice does not mean to offer, with the reason.
-NOT_OFFERED: dict[str, str] = {
-    "SubslicePlacementGroup": "subslicing is not in tpuslice's scope yet (no issue asks for it)",
-    "subslice_placement_group": "subslicing is not in tpuslice's scope yet",
-    "TPU_SUBSLICE_LABEL_PREFIX": "subslicing is not in tpuslice's scope yet",
-}
+NOT_OFFERED: dict[str, str] = {}
 
 
 def ray_public_tpu_api() -> set[str]:
@@ -94,3 +90,41 @@ def test_offered_ray_names_are_the_same_kind_of_object() -> None:
 def test_version_is_a_string() -> None:
     assert isinstance(tpuslice.__version__, str)
     assert tpuslice.__version__.count(".") == 2
+
+
+# Ray classes whose constructor is not part of the drop-in surface, with the reason.
+CONSTRUCTED_BY_A_FUNCTION = {
+    "SubslicePlacementGroup": "made by subslice_placement_group(), in Ray as in tpuslice",
+}
+
+
+# Ray functions declared as ``(*args, **kwargs)`` that forward to another: compared with it.
+FORWARDS_TO = {"dispatch": "run_on_slice"}
+
+
+def _shared_parameters(fn: object) -> list[tuple[str, object, object]]:
+    params = inspect.signature(fn).parameters.values()  # type: ignore[arg-type]
+    return [(p.name, p.kind, p.default) for p in params if p.kind is not p.KEYWORD_ONLY]
+
+
+def test_offered_ray_callables_take_the_same_parameters() -> None:
+    """Every function and constructor offered takes Ray's parameters in Ray's order, kind
+    and defaults (anything we add is keyword-only), so a call that works with Ray's works
+    with ours."""
+    checked = []
+    for name in sorted(ray_public_tpu_api() & set(tpuslice.__all__)):
+        ours = getattr(tpuslice, name)
+        theirs = getattr(ray_tpu, FORWARDS_TO.get(name, name))
+        if not callable(theirs) or name in CONSTRUCTED_BY_A_FUNCTION:
+            continue
+        if inspect.isclass(theirs):
+            ours, theirs = ours.__init__, theirs.__init__
+        assert _shared_parameters(ours) == _shared_parameters(theirs), name
+        checked.append(name)
+    assert {"subslice_placement_group", "slice_placement_group", "SlicePlacementGroup"} <= set(
+        checked
+    )
+
+
+def test_classes_constructed_by_a_function_are_ray_classes() -> None:
+    assert set(CONSTRUCTED_BY_A_FUNCTION) <= ray_public_tpu_api() & set(tpuslice.__all__)

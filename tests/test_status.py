@@ -102,6 +102,21 @@ def test_grid_rows_follow_worker_coordinates(
             assert (flat, coords[-1]) == (r, c)
 
 
+def test_a_known_layout_draws_hosts_where_their_chips_are_and_counts_free_sub_slices() -> None:
+    """v6e 4x4 with workers scrambled (worker 2 at position 0, ...): the grid shows each
+    worker at its physical place, so a held 2x4 half is one row; the summary counts the
+    sub-slices whose hosts are all free."""
+    nodes = tpu_slice("s", "v6e-16", "4x4", 4, 4)
+    available = idle(nodes)
+    physical = {0: 2, 1: 0, 2: 3, 3: 1}  # worker -> position
+    take(available, nodes[1], tpu=4)  # worker 1, at position 0: in 2x4 half 0
+    info = build_snapshot(nodes, available).slices["s"]
+    assert status.grid_rows(info, physical) == [[1, 3], [0, 2]]
+    assert status.grid_rows(info) == [[0, 1], [2, 3]]
+    assert status.subslice_summary(info, physical) == "sub-slices: 2x2 3/4 free, 2x4 1/2 free"
+    assert status.grid_rows(info, {0: 0, 1: 0, 2: 1, 3: 2}) == [[0, 1], [2, 3]]  # not a layout
+
+
 def test_slice_without_a_shape_is_one_row_of_its_workers() -> None:
     info = mixed_snapshot().slices["odd-labels"]
     assert status.grid_rows(info) == [[0, 1]]

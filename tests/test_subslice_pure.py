@@ -3,37 +3,20 @@ knows: worker grids, chip coordinates -> physical position, labels, valid parent
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
+from pathlib import Path
 
 import pytest
 import ray._private.accelerators.tpu as ray_accel
 import ray.util.tpu as ray_tpu
 
-from tpuslice import subslice
+from tpuslice import compat, subslice
 from tpuslice.errors import InvalidTopologyError
 
 RAY_2D = dict(ray_accel._VALID_TOPOLOGY_WORKER_DIMS_2D)
 RAY_3D = dict(ray_accel._VALID_TOPOLOGY_WORKER_DIMS_3D)
 RAY_PARENTS = [*RAY_2D, *RAY_3D]
-
-
-def chip_coordinates(physical: int, parent: str) -> list[list[int]]:
-    """The chips of the host at ``physical``, as libtpu reports them in Ray's reading:
-    ``[x, y]`` / ``[x, y, z]`` with x along the last side of the topology."""
-    grid = subslice.worker_dims(parent)
-    chips = [int(d) for d in parent.split("x")]
-    block = [c // g for c, g in zip(chips, grid, strict=True)]
-    position = []
-    index = physical
-    for g in reversed(grid):
-        position.append(index % g)
-        index //= g
-    position.reverse()  # (y, x) or (z, y, x)
-    corner = [p * b for p, b in zip(position, block, strict=True)]
-    ranges = [range(c, c + b) for c, b in zip(corner, block, strict=True)]
-    return [list(reversed(chip)) for chip in itertools.product(*ranges)]  # -> [x, y(, z)]
 
 
 def test_worker_grids_are_rays() -> None:
@@ -48,7 +31,7 @@ def test_coordinates_give_rays_physical_position_and_labels(parent: str) -> None
     Ray's table does not have."""
     rng = random.Random(parent)
     for physical in range(math.prod(subslice.worker_dims(parent))):
-        coordinates = chip_coordinates(physical, parent)
+        coordinates = subslice.chip_coordinates(physical, parent)
         rng.shuffle(coordinates)
         theirs = ray_accel._get_physical_worker_id_from_coords(coordinates, parent)
         ours = subslice.physical_position(coordinates, parent)
@@ -122,3 +105,37 @@ def test_kv_key_and_label_key_are_rays() -> None:
     assert subslice.kv_key("v6e-16-a") == ray_tpu._get_subslice_kv_key("v6e-16-a")
     assert subslice.KV_NAMESPACE == ray_tpu._TPU_SUBSLICE_KV_NAMESPACE
     assert subslice.label_key("2x4") == f"{ray_accel.TPU_SUBSLICE_LABEL_PREFIX}2x4"
+
+
+@pytest.mark.parametrize("difference", compat.SUBSLICE_DIFFERENCES, ids=lambda d: d.what)
+def test_each_deliberate_difference_names_a_test_that_exists(
+    difference: compat.Difference,
+) -> None:
+    path, _, name = difference.shown_by.partition("::")
+    source = (Path(__file__).parent.parent / path).read_text()
+    assert f"def {name}(" in source, difference.shown_by
+
+
+def ray_node(node_id: str, worker: str, alive: bool = True) -> dict[str, object]:
+    labels = {"ray.io/tpu-slice-name": "s", "ray.io/tpu-worker-id": worker}
+    return {"NodeID": node_id, "Alive": alive, "Labels": labels, "Resources": {"TPU": 4.0}}
+
+
+def test_rays_pick_counts_a_fully_used_host_as_idle() -> None:
+    """Pinned Ray 2.60 behaviour (compat.SUBSLICE_DIFFERENCES): a host whose 4 TPUs are
+    all in use has no ``TPU`` key in its available resources, and Ray's sub-slice search
+    reads the missing key as all free, so it offers sub-slice 0 though it is held."""
+    nodes = [ray_node(f"n{w}", str(w)) for w in range(4)]
+    by_worker = ray_tpu._build_slice_worker_to_node(nodes)
+    labels = {str(w): ray_accel._build_subslice_labels(w, "4x4") for w in range(4)}
+    held = {"n0": {"CPU": 1.0}, "n1": {"CPU": 1.0}}  # sub-slice 0's hosts, TPUs all taken
+    workers, index = ray_tpu._find_available_subslice("s", "2x4", labels, held, by_worker)
+    assert (workers, index) == (["0", "1"], 0)
+
+
+def test_rays_view_of_a_replaced_host_can_be_its_dead_node() -> None:
+    """Pinned Ray 2.60 behaviour: Ray maps (slice, worker id) to whichever node of that
+    id ``ray.nodes()`` lists last; GCS keeps dead nodes listed, and on the simulator the
+    dead one came last, so every sub-slice with the replaced host stays unschedulable."""
+    nodes = [ray_node("new", "2"), ray_node("old", "2", alive=False)]
+    assert ray_tpu._build_slice_worker_to_node(nodes)[("s", "2")]["Alive"] is False

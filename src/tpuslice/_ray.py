@@ -96,9 +96,12 @@ def kv_list(prefix: str, namespace: str | None) -> list[str]:
 
 
 def kv_get(key: str, namespace: str | None) -> bytes | None:
-    """Read Ray's internal key-value store. Public alternative: none."""
+    """Read Ray's internal key-value store; ``None`` when the key is absent or Ray is not
+    connected. Public alternative: none."""
     from ray.experimental import internal_kv
 
+    if not internal_kv._internal_kv_initialized():
+        return None
     value: bytes | None = internal_kv._internal_kv_get(key, namespace=namespace)
     return value
 

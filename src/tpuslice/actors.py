@@ -23,7 +23,7 @@ from tpuslice.errors import (
 )
 from tpuslice.request import SliceRequest
 from tpuslice.reserve import ShutsDownOnExit, SlicePlacementGroup
-from tpuslice.run import MEGASCALE_VARS, HostContext, host_contexts
+from tpuslice.run import MEGASCALE_VARS, HostContext, call_env, host_contexts
 
 
 class SliceActorGroup(ShutsDownOnExit):
@@ -71,7 +71,7 @@ class SliceActorGroup(ShutsDownOnExit):
                         num_cpus=0,
                         resources={"TPU": tpu},
                         max_restarts=0,
-                        runtime_env={"env_vars": _actor_env(context)},
+                        runtime_env={"env_vars": _actor_env(call_env(tpu_slice, context))},
                         scheduling_strategy=PlacementGroupSchedulingStrategy(
                             placement_group=pg, placement_group_bundle_index=bundle
                         ),
@@ -195,8 +195,9 @@ class SliceActorGroup(ShutsDownOnExit):
             self.slice.ownership.confirm_free()
 
 
-def _actor_env(context: HostContext) -> dict[str, str]:
-    """The context env; with one slice, MEGASCALE_* set empty so none leaks from the driver."""
+def _actor_env(call: dict[str, str]) -> dict[str, str]:
+    """A rank's call environment; with one slice, MEGASCALE_* set empty so none leaks
+    from the driver."""
     env = {name: "" for name in MEGASCALE_VARS}
-    env.update(context.env())
+    env.update(call)
     return env

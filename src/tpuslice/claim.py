@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 from ray.util.placement_group import PlacementGroup
 
-from tpuslice.cluster import ClusterSnapshot, SliceInfo, SliceState
+from tpuslice.cluster import ClusterSnapshot, HostInfo, SliceInfo, SliceState
 from tpuslice.demand import AutoscalerDemand
 from tpuslice.errors import InsufficientSlicesError, ReservationTimeoutError
 from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice.ops import RAY_OPS, ClusterOps
-from tpuslice.plan import explain, pick_slices, shortage
 from tpuslice.request import SliceRequest
+from tpuslice.targets import Targets, WholeSlices
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class Reserver:
         clock: Clock | None = None,
         ops: ClusterOps = RAY_OPS,
         heads_only: bool = False,
+        targets: Targets | None = None,
     ) -> None:
         self.request = request
         self.plan = request.plan
@@ -88,6 +89,7 @@ class Reserver:
         self.clock = clock or Clock()
         self.ops = ops
         self.heads_only = heads_only
+        self.targets: Targets = targets or WholeSlices(request.plan)
         self.claims: dict[int, Claim] = {}
         self.in_flight: list[PlacementGroup] = []
         self._next_reprobe = 0.0
@@ -123,6 +125,7 @@ class Reserver:
         try:
             while True:
                 snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
+                snapshot = self.targets.prepare(snapshot)
                 self._drop_broken(snapshot)
                 self._claim(snapshot)
                 self._follow_demand(snapshot)
@@ -161,10 +164,13 @@ class Reserver:
     # --- steps -----------------------------------------------------------------------
 
     def _drop_broken(self, snapshot: ClusterSnapshot) -> None:
-        """Give back claims whose slice died or changed while we waited for the rest."""
+        """Give back claims one of whose hosts died or left while we waited for the rest."""
+        now = _hosts(snapshot)
         for index, claim in list(self.claims.items()):
-            info = snapshot.slices.get(claim.slice_name)
-            if info is None or info.missing_workers or info.alive_hosts < info.expected_hosts:
+            if any(
+                h.node_id not in now or not now[h.node_id].alive
+                for h in claim.target.hosts.values()
+            ):
                 logger.info("slice %s broke while reserving; giving it back", claim.slice_name)
                 self.ops.remove_group(claim.head_pg)
                 del self.claims[index]
@@ -172,7 +178,7 @@ class Reserver:
     def _claim(self, snapshot: ClusterSnapshot) -> None:
         """Claim every idle slice we still need, all at once; keep those that place and
         whose TPUs no process owns (asked of the hosts while the heads place)."""
-        picks = pick_slices(snapshot, self.plan, {i: c.slice_name for i, c in self.claims.items()})
+        picks = self.targets.pick(snapshot, {i: c.slice_name for i, c in self.claims.items()})
         if not picks:
             self._reprobe_owned(snapshot)
             return
@@ -183,7 +189,7 @@ class Reserver:
             )
         )
         fresh = [Claim(index, target, owners=probe) for index, target in picks.items()]
-        if self.plan.needs_head_claim:
+        if self.targets.head_claims:
             for claim in fresh:
                 claim.head_pg = self._head_group(claim.target)
                 self.in_flight.append(claim.head_pg)
@@ -250,7 +256,9 @@ class Reserver:
         """On a cluster that can grow, keep the missing slices visible to the autoscaler
         and adopt the idle slices its demand groups land on."""
         missing = self.plan.num_slices - len(self.claims)
-        if not missing or self.plan.pinned_slice_name(0) or not self.can_grow():
+        if not missing or not self.targets.autoscaling:
+            return
+        if self.plan.pinned_slice_name(0) or not self.can_grow():
             return
         if self.demand is None:
             self.demand = AutoscalerDemand(self.plan, self.ops)
@@ -333,19 +341,20 @@ class Reserver:
     def _give_back_busy(self, claims: Sequence[Claim]) -> None:
         """After a combined group failed to place: drop the slices whose TPUs are no
         longer all free (someone else took a host); keep the rest for the next round."""
-        snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
+        now = _hosts(self.ops.snapshot(self.plan.tpu_resource_per_chip))
         for claim in claims:
-            info = snapshot.slices.get(claim.slice_name)
-            if info is None or info.chips_free < info.chips_total or info.missing_workers:
+            hosts = [now.get(h.node_id) for h in claim.target.hosts.values()]
+            # TPUs and owners only: our own head claim is still held on worker 0.
+            if any(_taken(h) for h in hosts):
                 self._give_back(claim)
 
     def _check_possible(self, snapshot: ClusterSnapshot) -> None:
         """Fail at once if the cluster lacks the slices and cannot grow to have them."""
-        reason = shortage(snapshot, self.plan)
+        reason = self.targets.shortage(snapshot)
         if reason and not self.can_grow():
             raise InsufficientSlicesError(
                 f"cannot reserve {self.plan.describe()}: {reason}; "
-                f"{explain(snapshot, self.plan)}. The cluster has no autoscaler, so waiting "
+                f"{self.targets.explain(snapshot)}. The cluster has no autoscaler, so waiting "
                 "would not help: add slices, or ask for fewer"
             )
 
@@ -364,7 +373,19 @@ class Reserver:
             else ""
         )
         return ReservationTimeoutError(
-            f"no {self.plan.describe()} within {waited:.0f} s: {explain(snapshot, self.plan)}; "
+            f"no {self.plan.describe()} within {waited:.0f} s: {self.targets.explain(snapshot)}; "
             f"holding {len(self.claims)} of {self.plan.num_slices}{unplaced}. Wait for work "
             "to finish, or pass a longer head_reservation_timeout_s"
         )
+
+
+def _hosts(snapshot: ClusterSnapshot) -> dict[str, HostInfo]:
+    """Every TPU host of the snapshot by node id."""
+    return {h.node_id: h for info in snapshot.slices.values() for h in info.hosts.values()}
+
+
+def _taken(host: HostInfo | None) -> bool:
+    """Gone, dead, some TPU in use, or the TPU owned by a process."""
+    if host is None or not host.alive:
+        return True
+    return host.tpu_available < host.tpu_total or bool(host.tpu_owner)

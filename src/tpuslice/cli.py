@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 import click
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.table import Table
 
@@ -172,18 +172,44 @@ def ask_owners(snapshot: cluster.ClusterSnapshot) -> None:
         console.print(f"[yellow]no answer from {line}[/yellow]")
 
 
+def known_layouts(snapshot: cluster.ClusterSnapshot) -> dict[str, dict[int, int]]:
+    """Each slice's physical layout where it was learned (Ray's record or ours); read
+    only. Slices that cannot have sub-slices are not looked up.
+
+    Args:
+        snapshot: The cluster.
+
+    Returns:
+        ``{slice name: {worker id: physical position}}``.
+    """
+    from tpuslice import layouts
+
+    found = {}
+    for info in snapshot.slices.values():
+        if info.shape is None or info.shape.chips_per_host != 4 or info.shape.is_single_host:
+            continue
+        layout = layouts.load(info, record=False)
+        if layout is not None:
+            found[info.name] = dict(layout.physical)
+    return found
+
+
 def _print_status(snapshot: cluster.ClusterSnapshot, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(status.status_dict(snapshot), indent=2))
     else:
-        console.print(status.render_status(snapshot, console.width))
+        console.print(status.render_status(snapshot, console.width, known_layouts(snapshot)))
+
+
+def _render(snapshot: cluster.ClusterSnapshot) -> RenderableType:
+    return status.render_status(snapshot, console.width, known_layouts(snapshot))
 
 
 def _watch_live(read: Callable[[], cluster.ClusterSnapshot], interval: float) -> None:
     """Redraw the status screen in place (rich Live) every ``interval`` seconds."""
     with Live(console=console, auto_refresh=False) as live:
         watch(
-            lambda: live.update(status.render_status(read(), console.width), refresh=True),
+            lambda: live.update(_render(read()), refresh=True),
             interval,
         )
 

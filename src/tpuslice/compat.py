@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 from tpuslice import topology as topo
 from tpuslice.errors import InvalidArgumentError, InvalidResourceError
@@ -271,3 +272,74 @@ def get_tpu_coordinator_env_vars(
         "MEGASCALE_NUM_SLICES": str(num_slices),
         "MEGASCALE_SLICE_ID": str(slice_id),
     }
+
+
+# --- sub-slices: where tpuslice behaves differently from Ray 2.60 on purpose ---------------
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One deliberate difference in behaviour from Ray 2.60, and the test that shows it.
+
+    Attributes:
+        what: The situation.
+        ray: What Ray 2.60 does.
+        ours: What tpuslice does instead, and why.
+        shown_by: ``tests/<file>.py::<test>`` that exercises it (checked to exist).
+    """
+
+    what: str
+    ray: str
+    ours: str
+    shown_by: str
+
+
+SUBSLICE_DIFFERENCES: tuple[Difference, ...] = (
+    Difference(
+        "choosing an idle sub-slice",
+        "counts a host whose TPUs are all in use as idle (its available resources have no "
+        "'TPU' key left), so it picks a sub-slice someone holds and its group never places",
+        "a host is busy when any TPU or its head resource is in use, or its TPU is owned",
+        "tests/test_subslice_pure.py::test_rays_pick_counts_a_fully_used_host_as_idle",
+    ),
+    Difference(
+        "a host of the slice replaced (same slice name and worker id, new node)",
+        "maps the worker id to whichever node ray.nodes() lists last, which can be the dead "
+        "one, so sub-slices with that host are never offered again (RuntimeError)",
+        "the live node stands for the worker id; the slice's layout is learned again",
+        "tests/test_subslices.py::test_a_replaced_host_makes_the_slice_learned_again",
+    ),
+    Difference(
+        "every sub-slice busy",
+        "raises RuntimeError at once",
+        "waits up to head_reservation_timeout_s, then raises SubsliceUnavailableError (a "
+        "RuntimeError) saying which host of each sub-slice is busy",
+        "tests/test_subslices.py::test_a_busy_host_blocks_only_its_own_sub_slice",
+    ),
+    Difference(
+        "rank order within a sub-slice",
+        "bundle i is the i-th lowest TPU worker id",
+        "bundle i is the i-th host in physical (row-major) order, which is the order of the "
+        "TPU_WORKER_ID / TPU_WORKER_HOSTNAMES set for the sub-slice: libtpu reads a "
+        "worker's place in the host bounds from them",
+        "tests/test_subslices.py::test_every_sub_slice_of_the_4x4_matches_rays_labels",
+    ),
+    Difference(
+        "environment of work on a sub-slice",
+        "sets nothing: each host keeps the parent slice's TPU_* values (and the metadata "
+        "server describes the parent), so JAX would wait for the parent's other hosts",
+        "run_on_slice / SliceActorGroup set the sub-slice's TPU_WORKER_ID, "
+        "TPU_WORKER_HOSTNAMES, TPU_ACCELERATOR_TYPE, TPU_TOPOLOGY, bounds, and "
+        "TPU_SKIP_MDS_QUERY for each call",
+        "tests/test_subslices.py::test_run_on_a_sub_slice_has_its_own_ranks_and_environment",
+    ),
+    Difference(
+        "a layout learned from coordinates that do not fit the parent",
+        "raises ValueError out of subslice_placement_group, or (two hosts at one place) "
+        "stores labels that make a sub-slice of the wrong size",
+        "no labels are stored; the slice is skipped with a warning naming it, and a "
+        "timeout names it as not learned (DiscoveryFailedError inside)",
+        "tests/test_subslices_pure.py::test_a_layout_that_does_not_fit_is_not_used",
+    ),
+)
+"""Checked by tests/test_subslice_pure.py: each ``shown_by`` test exists."""

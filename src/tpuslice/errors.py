@@ -55,6 +55,16 @@ class InsufficientSlicesError(ReservationTimeoutError):
     """
 
 
+class SubsliceUnavailableError(ReservationTimeoutError, RuntimeError):
+    """No idle sub-slice within the timeout. Also a RuntimeError: Ray 2.60 raises one when
+    every sub-slice is busy (at once, where tpuslice waits up to the timeout)."""
+
+
+class NoSubsliceParentError(InsufficientSlicesError, ValueError):
+    """No slice of the cluster can hold the sub-slice asked for (and it cannot grow). Also
+    a ValueError, as Ray 2.60 raises when no parent topology is found."""
+
+
 # --- runs (RuntimeError) ------------------------------------------------------------------
 
 
@@ -69,6 +79,11 @@ class NotConnectedError(TPUSliceError, RuntimeError):
 
 class HostLostError(TPUSliceError, RuntimeError):
     """A host of a slice died or became unreachable while it ran our work."""
+
+
+class DiscoveryFailedError(TPUSliceError, RuntimeError):
+    """A slice's physical layout could not be learned (for sub-slices): it could not be
+    reserved whole in time, or a host reported no chip coordinates (no libtpu)."""
 
 
 class TPUInUseError(TPUSliceError, RuntimeError):

@@ -45,6 +45,9 @@ class ReservationPlan:
     name: str
     lifetime: str | None
     pg_per_slice: bool
+    subslice: bool = False
+    """The shape is a sub-slice of a bigger slice (no head claim: worker 0 may be
+    another sub-slice's)."""
 
     @property
     def devices_per_host(self) -> int:
@@ -63,8 +66,9 @@ class ReservationPlan:
 
     @property
     def needs_head_claim(self) -> bool:
-        """Multi-host slices are claimed through worker 0's head resource, as in Ray."""
-        return not self.shape.is_single_host
+        """Multi-host slices are claimed through worker 0's head resource, as in Ray; a
+        sub-slice is not (Ray claims none for it either)."""
+        return not self.shape.is_single_host and not self.subslice
 
     def user_selector(self, bundle_index: int) -> Mapping[str, str]:
         """The user's label selector for one bundle.
@@ -123,18 +127,23 @@ class ReservationPlan:
         """
         count = f"{self.num_slices} " if self.num_slices > 1 else ""
         plural = "s" if self.num_slices > 1 else ""
+        what = f"{self.shape.generation.name} {self.shape.topology}"
+        if self.subslice:
+            return f"idle {what} sub-slice ({self.shape.num_hosts} host(s) of a bigger slice)"
         return (
-            f"{count}idle {self.shape.generation.name} {self.shape.topology} slice{plural} "
+            f"{count}idle {what} slice{plural} "
             f"({self.shape.pod_type}, {self.shape.num_hosts} host(s) each)"
         )
 
 
 def _pin(target: SliceInfo, worker: int) -> dict[str, str]:
-    """Labels that select exactly one host of the target slice."""
+    """Labels that select exactly one host of the target: the ``worker``-th, by its own
+    slice name and TPU worker id (for a sub-slice, its place in the parent slice)."""
     host = target.hosts[worker]
     if target.name == host.node_id:  # a single-host VM without a slice-name label
         return {NODE_ID_LABEL: host.node_id}
-    return {SLICE_NAME_LABEL: target.name, WORKER_ID_LABEL: str(worker)}
+    worker_id = worker if host.worker_id is None else host.worker_id
+    return {SLICE_NAME_LABEL: host.slice_name or target.name, WORKER_ID_LABEL: str(worker_id)}
 
 
 def pick_slices(

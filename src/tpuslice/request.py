@@ -51,6 +51,9 @@ class SliceRequest:
         pg_per_slice: One worker placement group per slice instead of one in all.
         tpu_resource_per_chip: Ray ``TPU`` units per chip; ``None`` reads
             ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+        subslice: ``topology`` is a sub-slice: some hosts of a bigger slice that form a
+            slice of that shape (:func:`tpuslice.subslice_placement_group`).
+        subslice_index: With ``subslice``: that sub-slice of its parent only.
 
     Raises:
         InvalidArgumentError: a value is out of range or of the wrong kind (every
@@ -70,6 +73,8 @@ class SliceRequest:
     bundle_label_selector: Sequence[Mapping[str, str]] | None = None
     pg_per_slice: bool = False
     tpu_resource_per_chip: int | None = None
+    subslice: bool = False
+    subslice_index: int | None = None
     plan: ReservationPlan = field(init=False, repr=False, compare=False)
     """Everything derived from the fields: shape, bundles per host, bundle resources."""
 
@@ -94,7 +99,11 @@ def _plan(request: SliceRequest) -> ReservationPlan:
             f"pg_per_slice must be True or False, got {request.pg_per_slice!r}"
         )
     per_chip = resolve_resource_per_chip(request.tpu_resource_per_chip)
-    shape = slice_shape(request.topology, request.accelerator_version, request.chips_per_vm)
+    _check_subslice(request)
+    chips_per_vm = request.chips_per_vm
+    if request.subslice and chips_per_vm is None:
+        chips_per_vm = SUBSLICE_CHIPS_PER_HOST  # the parent's hosts, not the shape's default
+    shape = slice_shape(request.topology, request.accelerator_version, chips_per_vm)
     num_bundles, resources = get_tpu_worker_resources(
         shape.topology,
         shape.generation.name,
@@ -125,7 +134,37 @@ def _plan(request: SliceRequest) -> ReservationPlan:
         name=request.name,
         lifetime=request.lifetime,
         pg_per_slice=request.pg_per_slice,
+        subslice=request.subslice,
     )
+
+
+SUBSLICE_CHIPS_PER_HOST = 4
+"""Sub-slices are cut from multi-host slices, whose hosts have 4 chips."""
+
+
+def _check_subslice(request: SliceRequest) -> None:
+    """Sub-slice options only with ``subslice``; one sub-slice of 4-chip hosts."""
+    if not request.subslice:
+        if request.subslice_index is not None:
+            raise InvalidArgumentError("subslice_index can only be used with subslice=True")
+        return
+    if request.num_slices != 1:
+        raise InvalidArgumentError(
+            f"a sub-slice reservation holds one sub-slice; num_slices={request.num_slices} "
+            "given: make one reservation per sub-slice"
+        )
+    index = request.subslice_index
+    if index is not None and (isinstance(index, bool) or not isinstance(index, int) or index < 0):
+        raise InvalidArgumentError(f"subslice_index must be an integer >= 0, got {index!r}")
+    if request.chips_per_vm not in (None, SUBSLICE_CHIPS_PER_HOST):
+        raise InvalidResourceError(
+            f"sub-slices are cut from multi-host slices of {SUBSLICE_CHIPS_PER_HOST}-chip hosts; "
+            f"chips_per_vm={request.chips_per_vm} given: leave it out"
+        )
+    if request.pg_per_slice or request.bundle_label_selector:
+        raise InvalidArgumentError(
+            "pg_per_slice and bundle_label_selector do not apply to a sub-slice reservation"
+        )
 
 
 def _check_timeout(timeout: object) -> None:

@@ -26,6 +26,7 @@ from tpuslice.labels import SLICE_NAME_LABEL
 from tpuslice.owners import SliceOwnership
 from tpuslice.plan import ReservationPlan
 from tpuslice.request import SliceRequest
+from tpuslice.targets import Targets
 
 _T = TypeVar("_T", bound="ShutsDownOnExit")
 
@@ -137,7 +138,9 @@ class SlicePlacementGroup(ShutsDownOnExit):
         spg._start(request, clock)
         return spg
 
-    def _start(self, request: SliceRequest, clock: Clock | None) -> None:
+    def _start(
+        self, request: SliceRequest, clock: Clock | None, targets: Targets | None = None
+    ) -> None:
         self._reservation = Reservation()
         self._launched: list[ray.ObjectRef] = []
         self._worker_pids: list[tuple[int, ray.ObjectRef]] = []
@@ -148,7 +151,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
                 "Ray is not initialised: call ray.init(address=...) before reserving slices "
                 "(or use tpuslice.testing.SimulatedCluster)"
             )
-        self._reservation = Reserver(request, clock=clock).run()
+        self._reservation = Reserver(request, clock=clock, targets=targets).run()
         self.ownership = SliceOwnership(
             self.worker_groups,
             self._plan.bundle_resources.get("TPU", self._plan.devices_per_host),
@@ -335,6 +338,18 @@ class SlicePlacementGroup(ShutsDownOnExit):
         _, running = ray.wait(launched, num_returns=len(launched), timeout=0, fetch_local=False)
         for ref in running:
             ray.cancel(ref, force=True)
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        """What this reservation sets for rank ``rank``'s calls besides its slice context
+        (nothing for whole slices: their hosts' own ``TPU_*`` values hold).
+
+        Args:
+            rank: A rank of this reservation.
+
+        Returns:
+            Variables to set around the call.
+        """
+        return {}
 
     def rank_nodes(self) -> list[str]:
         """The Ray node id of each rank's host.

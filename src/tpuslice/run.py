@@ -215,6 +215,21 @@ def host_contexts(spg: SlicePlacementGroup) -> list[HostContext]:
     return contexts
 
 
+def call_env(spg: SlicePlacementGroup, context: HostContext) -> dict[str, str]:
+    """Everything a rank's call sees set: its slice context, and what the reservation
+    adds for that rank (a sub-slice's own ``TPU_*`` values, see
+    :meth:`~tpuslice.SlicePlacementGroup.rank_env`).
+
+    Args:
+        spg: The reservation.
+        context: One of its ranks.
+
+    Returns:
+        The variables, to be set around the call.
+    """
+    return {**context.env(), **spg.rank_env(context.rank)}
+
+
 def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
     """Check ``run_on_slice``'s arguments as Ray 2.60 does, with the same errors.
 
@@ -305,7 +320,7 @@ def launch(
     refs: list[Any] = []
     pids: list[tuple[int, ray.ObjectRef]] = []
     for context, options in placements(spg, slice_index):
-        out = wrapped.remote.options(**options).remote(context.env(), *args, **kwargs)
+        out = wrapped.remote.options(**options).remote(call_env(spg, context), *args, **kwargs)
         if wrapped.returns is None:
             refs.append(out)
             continue
@@ -425,7 +440,7 @@ def call_owned(
     function, options = _ray.remote_function_parts(fn)
     owners = spg.ownership.owners(options.get("runtime_env"))
     envs = [
-        (context.rank, context.env())
+        (context.rank, call_env(spg, context))
         for context in host_contexts(spg)
         if slice_index is None or context.slice_index == slice_index
     ]

@@ -20,7 +20,7 @@ import ray
 
 from tpuslice.errors import first_line
 from tpuslice.reserve import SlicePlacementGroup
-from tpuslice.run import MEGASCALE_VARS, HostContext, placements
+from tpuslice.run import MEGASCALE_VARS, HostContext, call_env, placements
 
 KILLED = 128 + signal.SIGKILL
 CANCEL_GRACE_S = 5.0
@@ -115,7 +115,7 @@ def run_command(spg: SlicePlacementGroup, command: str, on_line: Printer) -> lis
     """
     started = time.monotonic()
     streams = [
-        (context, _command_on_host.options(**options).remote(context.env(), command))
+        (context, _command_on_host.options(**options).remote(call_env(spg, context), command))
         for context, options in placements(spg)
     ]
 

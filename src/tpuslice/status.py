@@ -9,7 +9,7 @@ rather than eliding it, so a script or an 80-column terminal sees every word.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from rich import box
@@ -17,6 +17,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from tpuslice import subslice
 from tpuslice.cluster import ClusterSnapshot, HostInfo, SliceInfo, SliceState
 
 STATE_STYLES = {
@@ -129,12 +130,15 @@ def host_state(host: HostInfo | None) -> str:
     return "missing" if host is None else host.state.value
 
 
-def grid_rows(info: SliceInfo) -> list[list[int]]:
-    """Worker ids laid out by their coordinates: rows are the leading grid sides
+def grid_rows(info: SliceInfo, physical: Mapping[int, int] | None = None) -> list[list[int]]:
+    """Worker ids laid out on the worker grid: rows are the leading grid sides
     flattened, columns the last side. A slice with no usable shape is one row.
 
     Args:
         info: One slice.
+        physical: Each worker's physical position, when the slice's layout is known:
+            hosts are then drawn where their chips are (a sub-slice is a box); else
+            worker *i* is drawn at position *i*.
 
     Returns:
         Rows of worker ids; every expected and every found worker id appears once.
@@ -142,10 +146,14 @@ def grid_rows(info: SliceInfo) -> list[list[int]]:
     shape = info.shape
     if shape is None or any(w >= shape.num_hosts for w in info.hosts):
         return [sorted(set(range(info.expected_hosts)) | set(info.hosts))]
+    at = {p: w for w, p in (physical or {}).items()}
+    if sorted(at) != list(range(shape.num_hosts)):
+        at = {w: w for w in range(shape.num_hosts)}
     cols = shape.worker_grid[-1]
     rows: list[list[int]] = [[] for _ in range(shape.num_hosts // cols)]
-    for worker in range(shape.num_hosts):
-        coords = shape.worker_coords(worker)
+    for position in range(shape.num_hosts):
+        worker = at[position]
+        coords = shape.worker_coords(position)
         row = 0
         for side, coord in zip(shape.worker_grid[:-1], coords[:-1], strict=True):
             row = row * side + coord
@@ -160,7 +168,29 @@ def _cells(info: SliceInfo, workers: list[int], compact: bool, digits: int) -> I
         yield Text(text, style=HOST_STYLES[state])
 
 
-def host_grid(info: SliceInfo, width: int) -> Text:
+def subslice_summary(info: SliceInfo, physical: Mapping[int, int]) -> str:
+    """How many sub-slices of each shape are free: ``sub-slices: 2x2 3/4 free, 2x4 1/2
+    free`` (hosts by physical position, see :mod:`tpuslice.subslice`).
+
+    Args:
+        info: One slice whose layout is known.
+        physical: Each worker's physical position.
+
+    Returns:
+        One line, empty if the slice has no sub-slices.
+    """
+    parts = []
+    for sub in subslice.subslice_topologies(info.topology):
+        found = subslice.members(physical, info.topology, sub)
+        free = sum(
+            all(host_state(info.hosts.get(w)) == "free" for w in workers)
+            for workers in found.values()
+        )
+        parts.append(f"{sub} {free}/{len(found)} free")
+    return f"sub-slices: {', '.join(parts)}" if parts else ""
+
+
+def host_grid(info: SliceInfo, width: int, physical: Mapping[int, int] | None = None) -> Text:
     """The slice's hosts as coloured cells on its worker grid, numbered by worker id
     when that fits in ``width`` columns, else one glyph per host; rows wrap if needed.
     A grid taller than :data:`MAX_GRID_LINES` becomes a one-line tally instead.
@@ -168,11 +198,12 @@ def host_grid(info: SliceInfo, width: int) -> Text:
     Args:
         info: One slice.
         width: Columns available, indent included.
+        physical: Each worker's physical position, when the slice's layout is known.
 
     Returns:
         The grid (or tally) as styled text, one line per row or wrapped part of one.
     """
-    rows = grid_rows(info)
+    rows = grid_rows(info, physical)
     digits = len(str(max((w for row in rows for w in row), default=0)))
     room = max(1, width - GRID_INDENT)
     widest = max((len(row) for row in rows), default=0)
@@ -232,12 +263,18 @@ def legend() -> Text:
     return text
 
 
-def render_status(snapshot: ClusterSnapshot, width: int = 80) -> RenderableType:
+def render_status(
+    snapshot: ClusterSnapshot,
+    width: int = 80,
+    layouts: Mapping[str, Mapping[int, int]] | None = None,
+) -> RenderableType:
     """The whole ``tpuslice status`` screen for a console ``width`` columns wide.
 
     Args:
         snapshot: The cluster as read.
         width: The console's width in columns.
+        layouts: Per slice, each worker's physical position where it is known (its
+            grid is then drawn by position, with a line of free sub-slices).
 
     Returns:
         The table, each slice's heading and grid, and the legend; a one-line message
@@ -247,7 +284,10 @@ def render_status(snapshot: ClusterSnapshot, width: int = 80) -> RenderableType:
         return Text("No TPU slices in this cluster (no node has TPU labels or resources).")
     parts: list[RenderableType] = [slice_table(snapshot)]
     for info in _sorted_slices(snapshot):
-        parts += [slice_heading(info), host_grid(info, width)]
+        physical = (layouts or {}).get(info.name)
+        parts += [slice_heading(info), host_grid(info, width, physical)]
+        if physical:
+            parts.append(Text(" " * GRID_INDENT + subslice_summary(info, physical)))
     parts.append(legend())
     return Group(*parts)
 

@@ -17,6 +17,7 @@ coordinates are ``[x, y, z]`` (a missing ``z`` counts as 0).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -150,6 +151,28 @@ def physical_position(coordinates: Sequence[Sequence[int]], parent_topology: str
             f"outside the {'x'.join(map(str, grid))} worker grid of '{parent_topology}'"
         )
     return _row_major(position, grid)
+
+
+def chip_coordinates(
+    physical: int, parent_topology: str, grid: Sequence[int] | None = None
+) -> list[list[int]]:
+    """The coordinates libtpu reports for the chips of the host at ``physical`` (the
+    inverse of :func:`physical_position`, in Ray's reading): the simulator's source.
+
+    Args:
+        physical: The host's physical position.
+        parent_topology: The slice's topology.
+        grid: Its worker grid (default: 4-chip hosts, :func:`worker_dims`).
+
+    Returns:
+        One ``[x, y]`` or ``[x, y, z]`` per chip of the host.
+    """
+    grid = tuple(grid) if grid is not None else worker_dims(parent_topology)
+    chips = parse_dims(parent_topology)
+    block = [c // g for c, g in zip(chips, grid, strict=True)]
+    corner = [p * b for p, b in zip(_position(physical, grid), block, strict=True)]
+    sides = [range(c, c + b) for c, b in zip(corner, block, strict=True)]
+    return [list(reversed(chip)) for chip in itertools.product(*sides)]
 
 
 def _row_major(position: Sequence[int], grid: Sequence[int]) -> int:

@@ -22,8 +22,10 @@ metadata addresses once at start which cloud it is on (1 s timeout each).
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
+import random
 import shutil
 import string
 import tempfile
@@ -49,6 +51,7 @@ from tpuslice.labels import (
     host_labels,
     host_resources,
 )
+from tpuslice.subslice import chip_coordinates
 from tpuslice.testing.procs import descendants, kill_and_wait, pid_alive, sigkill
 from tpuslice.topology import SliceShape, slice_shape
 from tpuslice.tpu_lock import SIM_ROOT_ENV, TPUOwner, find_owner
@@ -103,19 +106,24 @@ class SliceSpec:
         topology: Chip grid of each slice.
         count: How many such slices.
         chips_per_vm: Chips on each host; ``None`` for the shape's default.
+        layout_seed: Scramble the hosts' physical positions against their TPU worker
+            ids with this seed (as on real slices, where they need not agree); ``None``:
+            host *i* sits at position *i*.
     """
 
     accelerator: str
     topology: str
     count: int = 1
     chips_per_vm: int | None = None
+    layout_seed: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> SliceSpec:
-        """``"v6e:4x4"``, ``"v6e:4x4:2"`` or ``"v6e:2x4:1:4"`` (chips per VM last).
+        """``"v6e:4x4"``, ``"v6e:4x4:2"``, ``"v6e:2x4:1:4"`` (chips per VM) or
+        ``"v6e:4x4:1::7"`` (default chips per VM, layout scrambled with seed 7).
 
         Args:
-            text: ``GENERATION:TOPOLOGY[:COUNT[:CHIPS_PER_VM]]``.
+            text: ``GENERATION:TOPOLOGY[:COUNT[:CHIPS_PER_VM[:LAYOUT_SEED]]]``.
 
         Returns:
             The spec; its shape is not checked yet (see :meth:`shape`).
@@ -125,18 +133,19 @@ class SliceSpec:
                 per VM is not an integer.
         """
         parts = text.strip().split(":")
-        if not 2 <= len(parts) <= 4 or not all(parts):
+        if not 2 <= len(parts) <= 5 or not all(parts[:3]) or (len(parts) == 5 and not parts[4]):
             raise InvalidArgumentError(
                 f"slice spec {text!r} is malformed; expected GENERATION:TOPOLOGY[:COUNT"
-                "[:CHIPS_PER_VM]], such as 'v6e:4x4:2'"
+                "[:CHIPS_PER_VM[:LAYOUT_SEED]]], such as 'v6e:4x4:2' or 'v6e:4x4:1::7'"
             )
         try:
-            numbers = [int(p) for p in parts[2:]]
+            numbers = [int(p) if p else None for p in parts[2:]]
         except ValueError as exc:
             raise InvalidArgumentError(
-                f"slice spec {text!r}: count and chips per VM must be integers"
+                f"slice spec {text!r}: count, chips per VM and layout seed must be integers"
             ) from exc
-        return cls(parts[0], parts[1], *numbers)
+        count = numbers[0] if numbers and numbers[0] is not None else 1
+        return cls(parts[0], parts[1], count, *numbers[1:])
 
     def shape(self) -> SliceShape:
         """The validated shape of each of these slices.
@@ -213,6 +222,8 @@ class SimulatedSlice:
     shape: SliceShape
     tpu_resource_per_chip: int = 1
     hosts: list[SimulatedHost] = field(default_factory=list)
+    physical: dict[int, int] = field(default_factory=dict)
+    """Each TPU worker id's physical position (where its chips sit in the slice)."""
 
 
 class SimulatedCluster:
@@ -291,7 +302,7 @@ class SimulatedCluster:
             self._start_head()
             for spec in self.specs:
                 for _ in range(spec.count):
-                    self._add_slice_nodes(spec.shape(), None)
+                    self._add_slice_nodes(spec.shape(), None, None, spec.layout_seed)
             self._wait_for_alive_nodes()
         except BaseException:
             self.shutdown()
@@ -407,6 +418,8 @@ class SimulatedCluster:
         topology: str,
         chips_per_vm: int | None = None,
         tpu_resource_per_chip: int | None = None,
+        *,
+        layout_seed: int | None = None,
     ) -> str:
         """A slice arriving later, as from an autoscaler. Returns its name.
 
@@ -419,6 +432,8 @@ class SimulatedCluster:
             chips_per_vm: Chips on each host; ``None`` for the shape's default.
             tpu_resource_per_chip: ``TPU`` units per chip on its hosts (default: the
                 cluster's).
+            layout_seed: Scramble its hosts' physical positions (see
+                :class:`SliceSpec`).
 
         Returns:
             The new slice's name (``v6e-16-c``).
@@ -430,7 +445,7 @@ class SimulatedCluster:
             SimulatorError: a host did not start or register in time.
         """
         shape = slice_shape(topology, accelerator, chips_per_vm)
-        name = self._add_slice_nodes(shape, None, tpu_resource_per_chip)
+        name = self._add_slice_nodes(shape, None, tpu_resource_per_chip, layout_seed)
         self._wait_for_alive_nodes()
         return name
 
@@ -515,6 +530,21 @@ class SimulatedCluster:
             raise SimulatorError("the simulated cluster is not running; call start() first")
         return self._root / slice_name / str(worker_id)
 
+    def physical_positions(self, slice_name: str) -> dict[int, int]:
+        """Where each host's chips sit in the slice (its physical position), by TPU worker
+        id; what the hosts' ``libtpu.sdk`` reports, in coordinates.
+
+        Args:
+            slice_name: The slice.
+
+        Returns:
+            ``{worker id: physical position}``.
+
+        Raises:
+            SimulatorError: no such slice.
+        """
+        return dict(self._slice(slice_name).physical)
+
     def tpu_owners(self) -> dict[tuple[str, int], TPUOwner]:
         """Every simulated host whose TPU a process owns now, and that process (read
         directly: the hosts share this machine).
@@ -581,10 +611,15 @@ class SimulatedCluster:
             self._cluster = Cluster(initialize_head=True, head_node_args=head_args)
 
     def _add_slice_nodes(
-        self, shape: SliceShape, name: str | None, per_chip: int | None = None
+        self,
+        shape: SliceShape,
+        name: str | None,
+        per_chip: int | None = None,
+        layout_seed: int | None = None,
     ) -> str:
         name = name or self._next_name(shape)
         sim_slice = SimulatedSlice(name, shape, per_chip or self.tpu_resource_per_chip)
+        sim_slice.physical = physical_layout(shape, name, layout_seed)
         self.slices[name] = sim_slice
         for worker_id in range(shape.num_hosts):
             node = self._start_host(sim_slice, worker_id)
@@ -596,7 +631,12 @@ class SimulatedCluster:
         shape, name = sim_slice.shape, sim_slice.name
         self._progress(f"starting {name} host {worker_id + 1}/{shape.num_hosts}")
         root = self._host_dir(name, worker_id)
-        env = {**host_env(shape, name, worker_id), SIM_ROOT_ENV: str(root)}
+        paths = [str(SIM_SITE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        env = {
+            **host_env(shape, name, worker_id),
+            SIM_ROOT_ENV: str(root),
+            "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+        }
         try:
             # Ray resolves a node's TPU resources in this process, from the environment
             # (as on GKE) or else the GCE metadata server; give it the environment.
@@ -621,10 +661,7 @@ class SimulatedCluster:
         assert self._root is not None
         sim_slice = self.slices[slice_name]
         path = self._root / slice_name / str(worker_id)
-        (path / "tmp").mkdir(parents=True, exist_ok=True)
-        (path / "dev").mkdir(exist_ok=True)
-        for chip in range(sim_slice.shape.chips_per_host):
-            (path / "dev" / f"accel{chip}").touch()
+        make_host_root(path, sim_slice.shape, slice_name, worker_id, sim_slice.physical)
         return path
 
     def _next_name(self, shape: SliceShape) -> str:
@@ -669,6 +706,64 @@ class SimulatedCluster:
                 f"slice {slice_name} has workers 0..{len(hosts) - 1}, not {worker_id}"
             )
         return hosts[worker_id]
+
+
+SIM_SITE = Path(__file__).parent / "sim_site"
+"""Stand-ins for what simulated hosts import from a TPU VM (libtpu.sdk), put on their
+``PYTHONPATH``."""
+
+
+def physical_layout(shape: SliceShape, name: str, seed: int | None) -> dict[int, int]:
+    """Each TPU worker id's physical position in a simulated slice: in worker-id order,
+    or, with a seed, shuffled by ``random.Random(f"{seed}:{name}")``.
+
+    Args:
+        shape: The slice's shape.
+        name: Its name (so slices with one seed differ).
+        seed: The scrambling seed, or None for worker-id order.
+
+    Returns:
+        ``{worker id: physical position}``.
+    """
+    positions = list(range(shape.num_hosts))
+    if seed is not None:
+        random.Random(f"{seed}:{name}").shuffle(positions)
+    return dict(enumerate(positions))
+
+
+def make_host_root(
+    path: Path, shape: SliceShape, slice_name: str, worker_id: int, physical: Mapping[int, int]
+) -> None:
+    """Make (if new) a simulated host's root: ``dev/accel0..N-1``, ``tmp/``, and the
+    ``chip_coords.json`` that its ``libtpu.sdk`` stand-in reports (chips placed at the
+    host's physical position).
+
+    Args:
+        path: The host root.
+        shape: Its slice's shape.
+        slice_name: Its slice's name.
+        worker_id: Its TPU worker id.
+        physical: The slice's layout (see :func:`physical_layout`).
+    """
+    (path / "tmp").mkdir(parents=True, exist_ok=True)
+    (path / "dev").mkdir(exist_ok=True)
+    for chip in range(shape.chips_per_host):
+        (path / "dev" / f"accel{chip}").touch()
+    coordinates = _chip_coordinates(shape, physical[worker_id])
+    if coordinates is not None:
+        (path / "chip_coords.json").write_text(
+            json.dumps({"hostname": f"{slice_name}-w-{worker_id}", "coordinates": coordinates})
+        )
+
+
+def _chip_coordinates(shape: SliceShape, physical: int) -> list[list[int]] | None:
+    """The coordinates of the chips of the host at ``physical`` (see
+    :func:`tpuslice.subslice.chip_coordinates`); ``None`` for a shape whose hosts do not
+    tile its chip grid."""
+    grid = shape.worker_grid
+    if len(grid) != len(shape.dims):
+        return None
+    return chip_coordinates(physical, shape.topology, grid)
 
 
 def _driver_on(cluster: Cluster | None) -> bool:

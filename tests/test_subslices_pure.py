@@ -1,0 +1,206 @@
+"""Sub-slice reservations (tpuslice.subslices) through the claiming loop, against an
+in-memory cluster: picking idle sub-slices by physical layout, busy hosts, discovery only
+of wholly idle slices and only once, the sub-slice's own environment. Pure: no Ray."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from tpuslice import claim, subslice
+from tpuslice.cluster import SliceInfo
+from tpuslice.errors import DiscoveryFailedError, InsufficientSlicesError, ReservationTimeoutError
+from tpuslice.layouts import Layout, positions_from_coordinates
+from tpuslice.request import SliceRequest
+from tpuslice.subslices import SubSlices, subslice_env
+from tpuslice.testing.memory import InMemoryCluster
+from tpuslice.topology import slice_shape
+
+
+class Layouts:
+    """Stands in for discovery and the KV records: a fixed physical layout per slice,
+    learned on first discovery and counted."""
+
+    def __init__(self, physical: dict[str, dict[int, int]]) -> None:
+        self.physical = physical
+        self.recorded: dict[str, Layout] = {}
+        self.discovered: list[str] = []
+
+    def discover(self, info: SliceInfo, request: SliceRequest) -> Layout:
+        assert info.state.value == "ready", "discovery only of a wholly idle slice"
+        self.discovered.append(info.name)
+        nodes = {w: h.node_id for w, h in info.hosts.items()}
+        self.recorded[info.name] = Layout(info.name, info.topology, self.physical[info.name], nodes)
+        return self.recorded[info.name]
+
+    def load(self, info: SliceInfo) -> Layout | None:
+        found = self.recorded.get(info.name)
+        return found if found is not None and found.current_for(info) else None
+
+
+def scrambled(hosts: int, seed: int) -> dict[int, int]:
+    positions = list(range(hosts))
+    random.Random(seed).shuffle(positions)
+    return dict(enumerate(positions))
+
+
+def reserve(
+    cluster: InMemoryCluster, known: Layouts, topology: str = "2x4", **request: Any
+) -> tuple[claim.Reservation, SubSlices]:
+    req = SliceRequest(
+        topology=topology,
+        accelerator_version=request.pop("accelerator_version", "v6e"),
+        subslice=True,
+        strategy="STRICT_SPREAD",
+        **request,
+    )
+    targets = SubSlices(req, cluster, known.discover, known.load)
+    clock = claim.Clock(cluster.clock.now, cluster.clock.sleep)
+    reserver = claim.Reserver(req, clock=clock, ops=cluster, targets=targets)
+    return reserver.run(), targets
+
+
+def workers(reservation: claim.Reservation) -> list[int]:
+    return [h.worker_id for h in reservation.claims[0].target.hosts.values()]  # type: ignore[misc]
+
+
+def test_a_sub_slice_is_picked_by_physical_layout_with_ranks_in_physical_order() -> None:
+    cluster = InMemoryCluster([("v6e", "4x4")])
+    layout = {0: 3, 1: 0, 2: 2, 3: 1}  # worker -> physical position
+    known = Layouts({"v6e-16-0": layout})
+    reservation, targets = reserve(cluster, known)
+    assert workers(reservation) == [1, 3]  # positions 0 and 1: the first row of the grid
+    assert targets.placement(reservation.claims[0].target) == ("4x4", 0)
+    assert known.discovered == ["v6e-16-0"]
+    assert reservation.claims[0].head_pg is None  # a sub-slice takes no head claim
+    nodes = [cluster.bundle_node(reservation.combined_pg, i) for i in range(2)]  # type: ignore[arg-type]
+    assert nodes == ["v6e-16-0/1", "v6e-16-0/3"]
+
+
+def test_two_sub_slices_of_one_slice_are_held_at_once_without_overlap() -> None:
+    cluster = InMemoryCluster([("v6e", "4x4")])
+    known = Layouts({"v6e-16-0": scrambled(4, 1)})
+    first, _ = reserve(cluster, known)
+    second, _ = reserve(cluster, known)
+    assert set(workers(first)).isdisjoint(workers(second))
+    assert sorted(workers(first) + workers(second)) == [0, 1, 2, 3]
+    assert known.discovered == ["v6e-16-0"]  # learned once, reused
+    with pytest.raises(ReservationTimeoutError, match="v6e-16-0: 2 of 2 busy"):
+        reserve(cluster, known, head_reservation_timeout_s=1.0)
+
+
+def test_a_busy_host_blocks_only_its_own_sub_slice() -> None:
+    """One host of 4x4 sub-slice #3 of an 8x8 is busy: the other three are taken, #3 not."""
+    cluster = InMemoryCluster([("v6e", "8x8")])
+    layout = scrambled(16, 2)
+    known = Layouts({"v6e-64-0": layout})
+    first, _ = reserve(cluster, known, topology="4x4")  # learns the layout while idle
+    cluster.remove_group(first.combined_pg)
+    busy = next(w for w, p in layout.items() if p == 15)  # the last position: in #3
+    cluster.take("v6e-64-0", busy, {"TPU": 1})
+    indices = []
+    for _ in range(3):
+        reservation, targets = reserve(cluster, known, topology="4x4")
+        indices.append(targets.placement(reservation.claims[0].target)[1])
+    assert sorted(indices) == [0, 1, 2]
+    with pytest.raises(ReservationTimeoutError, match="v6e-64-0: 4 of 4 busy"):
+        reserve(cluster, known, topology="4x4", head_reservation_timeout_s=1.0)
+
+
+def test_discovery_waits_for_the_whole_slice_to_be_idle() -> None:
+    """No layout known and one host busy: no discovery (that would take the whole
+    slice); the reservation waits and says why."""
+    cluster = InMemoryCluster([("v6e", "4x4")])
+    known = Layouts({"v6e-16-0": scrambled(4, 3)})
+    other = cluster.take("v6e-16-0", 2, {"TPU": 4})
+    with pytest.raises(ReservationTimeoutError, match="v6e-16-0: layout not known yet"):
+        reserve(cluster, known, head_reservation_timeout_s=2.0)
+    assert known.discovered == []
+    cluster.remove_group(other)
+    reservation, _ = reserve(cluster, known)
+    assert known.discovered == ["v6e-16-0"] and len(workers(reservation)) == 2
+
+
+def test_a_layout_learned_on_hosts_since_replaced_is_learned_again() -> None:
+    cluster = InMemoryCluster([("v6e", "4x4")])
+    known = Layouts({"v6e-16-0": scrambled(4, 4)})
+    held, _ = reserve(cluster, known)
+    cluster.remove_group(held.combined_pg)
+    info = cluster.snapshot(1).slices["v6e-16-0"]
+    stale = known.recorded["v6e-16-0"]
+    moved = {w: f"new-{n}" for w, n in (stale.nodes or {}).items()}
+    assert not Layout(stale.slice_name, stale.topology, stale.physical, moved).current_for(info)
+    assert stale.current_for(info)
+
+
+def test_subslice_index_picks_that_sub_slice_and_out_of_range_fails_at_once() -> None:
+    cluster = InMemoryCluster([("v6e", "4x4")])
+    known = Layouts({"v6e-16-0": {0: 0, 1: 1, 2: 2, 3: 3}})
+    reservation, _ = reserve(cluster, known, topology="2x2", subslice_index=2)
+    assert workers(reservation) == [2]
+    with pytest.raises(InsufficientSlicesError, match="subslice_index 7 is out of range"):
+        reserve(cluster, known, topology="2x2", subslice_index=7)
+
+
+def test_no_slice_that_can_hold_it_fails_at_once_and_points_at_slice_placement_group() -> None:
+    cluster = InMemoryCluster([("v6e", "2x4", 2)])  # single-host 2x4s: no sub-slices
+    known = Layouts({})
+    with pytest.raises(InsufficientSlicesError, match="use slice_placement_group"):
+        reserve(cluster, known, topology="2x2")
+
+
+def test_a_3d_sub_slice_of_a_v4_slice() -> None:
+    cluster = InMemoryCluster([("v4", "2x2x4")])
+    layout = scrambled(4, 5)
+    known = Layouts({"v4-32-0": layout})
+    reservation, _ = reserve(cluster, known, topology="2x2x2", accelerator_version="v4")
+    got = workers(reservation)
+    assert sorted(layout[w] for w in got) in ([0, 1], [2, 3])
+    assert [layout[w] for w in got] == sorted(layout[w] for w in got)  # physical order
+
+
+@pytest.mark.parametrize(
+    ("topology", "generation", "bounds", "pod_type"),
+    [("2x4", "v6e", "1,2,1", "v6e-8"), ("2x2x2", "v4", "1,1,2", "v4-16")],
+)
+def test_the_sub_slice_environment(
+    topology: str, generation: str, bounds: str, pod_type: str
+) -> None:
+    shape = slice_shape(topology, generation, 4)
+    env = subslice_env(shape, ["10.0.0.7", "10.0.0.9"], 1)
+    assert env["TPU_WORKER_ID"] == env["CLOUD_TPU_TASK_ID"] == "1"
+    assert env["TPU_WORKER_HOSTNAMES"] == "10.0.0.7,10.0.0.9"
+    assert env["TPU_ACCELERATOR_TYPE"] == pod_type and env["TPU_TOPOLOGY"] == topology
+    assert env["TPU_HOST_BOUNDS"] == env["TPU_PROCESS_BOUNDS"] == bounds
+    assert env["TPU_CHIPS_PER_HOST_BOUNDS"] == env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "2,2,1"
+    assert env["TPU_SKIP_MDS_QUERY"] == "true" and env["TPU_PROCESS_ADDRESSES"] == ""
+    assert (
+        subslice.worker_dims(topology)
+        == tuple(int(b) for b in bounds.split(","))[: len(subslice.worker_dims(topology))]
+    )
+
+
+def test_a_layout_that_does_not_fit_is_not_used(caplog: pytest.LogCaptureFixture) -> None:
+    """Two hosts reporting one place (Ray 2.60 would store labels giving a sub-slice the
+    wrong number of hosts): nothing is stored, the slice is skipped, another is used,
+    and a timeout names the slice that could not be learned."""
+    with pytest.raises(DiscoveryFailedError, match="two workers at one place"):
+        positions_from_coordinates({0: [[0, 0]], 1: [[1, 0]], 2: [[0, 0]], 3: [[2, 2]]}, "4x4")
+
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
+    known = Layouts({"v6e-16-1": scrambled(4, 6)})
+    real = known.discover
+
+    def discover(info: SliceInfo, request: SliceRequest) -> Layout:
+        if info.name == "v6e-16-0":
+            raise DiscoveryFailedError("chip coordinates put two workers at one place")
+        return real(info, request)
+
+    known.discover = discover  # type: ignore[method-assign]
+    reservation, _ = reserve(cluster, known)
+    assert reservation.claims[0].target.name == "v6e-16-1"
+    assert "v6e-16-0" not in known.recorded and "could not learn the layout" in caplog.text
+    with pytest.raises(ReservationTimeoutError, match="v6e-16-0: its layout could not be"):
+        reserve(cluster, known, head_reservation_timeout_s=1.0, subslice_index=0)

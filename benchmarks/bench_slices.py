@@ -19,7 +19,11 @@ driver, and again with every call in a fresh driver process; a call on a slice r
 beforehand (floor: raw tasks on a raw group of its own; ours runs in the slice's owner
 processes, one per host, started by the first, untimed call); handing a held slice back
 after one call (only the release is timed: ours stops its owners and has each host's agent
-confirm the TPU free before the groups go; the floor removes its group).
+confirm the TPU free before the groups go; the floor removes its group); and, where the
+slices can be cut (v6e 4x4: 2x4 halves), reserving a sub-slice (until its bundles are
+placed): with the layout already recorded, and with every record of it dropped first (the
+floor then reserves the slice whole, runs one chip-coordinates task per host, removes the
+group and reserves the sub-slice's hosts; Ray and ours discover the layout their own way).
 
 Method: worker processes are first started by a plain task on every host; then one cold
 round (the first call of each path in this driver); then a few calls through each path on
@@ -44,6 +48,7 @@ import gc
 import itertools
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -67,6 +72,7 @@ from rich.console import Console
 from rich.table import Table
 
 import tpuslice
+from tpuslice import _ray, layouts, subslice
 from tpuslice.cluster import SliceState, read_snapshot
 from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice.testing import SimulatedCluster, live_placement_groups, remove_placement_groups
@@ -453,6 +459,111 @@ def _idle(setup: Setup) -> bool:
     return ready and not live_placement_groups()
 
 
+# --- sub-slices ----------------------------------------------------------------------------
+
+
+@ray.remote(num_cpus=0)
+def chip_coordinates() -> list[list[int]]:
+    """What Ray's and our discovery ask each host: its chips' physical coordinates."""
+    from libtpu.sdk import slice as tpu_slice
+
+    return [chip.coordinates() for chip in tpu_slice.get_chip_coordinates()]
+
+
+def sub_topology(setup: Setup) -> str | None:
+    """The biggest sub-slice of more than one host the slices can be cut into, if any."""
+    if setup.shape.num_hosts < 4:
+        return None
+    subs = [
+        t
+        for t in subslice.subslice_topologies(setup.topology)
+        if 1 < math.prod(subslice.worker_dims(t)) < setup.shape.num_hosts
+    ]
+    valid = [t for t in subs if t in setup.shape.generation.topologies]
+    return valid[-1] if valid else None
+
+
+def forget_layouts(setup: Setup) -> None:
+    """Drop every record of the slices' layouts: both KV records, both in-process copies."""
+    for name in setup.names:
+        layouts.forget(name)
+        _ray.kv_delete(layouts.KEY_PREFIX + name, layouts.NAMESPACE)
+        _ray.kv_delete(subslice.kv_key(name).decode(), subslice.KV_NAMESPACE)
+        with ray_tpu._tpu_subslice_cache_lock:
+            ray_tpu._tpu_subslice_cache.pop(name, None)
+
+
+def floor_subslice_group(setup: Setup, sub: str, physical: dict[int, int]) -> PlacementGroup:
+    """Bundles pinned to the hosts of sub-slice 0 of the first slice, lowest worker first."""
+    workers = subslice.members(physical, setup.topology, sub)[0]
+    selectors = [{SLICE_NAME_LABEL: setup.names[0], WORKER_ID_LABEL: str(w)} for w in workers]
+    bundles = [{"CPU": 1.0, "TPU": float(setup.shape.chips_per_host)} for _ in selectors]
+    return placement_group(bundles, strategy="STRICT_SPREAD", bundle_label_selector=selectors)
+
+
+def floor_learn(setup: Setup) -> dict[int, int]:
+    """The raw minimum of learning a layout: the whole first slice reserved, one
+    coordinates task per host, the group removed."""
+    pg = raw_group_on(setup, setup.names[0])
+    try:
+        ray.get(pg.ready())
+        refs = [
+            chip_coordinates.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)
+            ).remote()
+            for i in range(setup.shape.num_hosts)
+        ]
+        answers = ray.get(refs)
+    finally:
+        remove_placement_group(pg)
+    # As Ray's and ours do: wait until the hosts show free before asking for some of them
+    # (a group asked for earlier waits for Ray's retry of pending groups instead).
+    while read_snapshot().slices[setup.names[0]].state is not SliceState.READY:
+        time.sleep(0.005)
+    return {w: subslice.physical_position(c, setup.topology) for w, c in enumerate(answers)}
+
+
+def prepare_subslice(setup: Setup, sub: str, learn: bool) -> None:
+    """Untimed: drop every record (``learn``), or make sure the layout is recorded."""
+    if learn:
+        forget_layouts(setup)
+    elif layouts.load(read_snapshot().slices[setup.names[0]]) is None:
+        with tpuslice.subslice_placement_group(sub, setup.generation):
+            pass
+        settle(setup)
+
+
+def floor_subslice(setup: Setup, sub: str, learn: bool) -> Sample:
+    prepare_subslice(setup, sub, learn)
+    known = None if learn else layouts.load(read_snapshot().slices[setup.names[0]])
+    started = now()
+    physical = floor_learn(setup) if known is None else known.physical
+    pg = floor_subslice_group(setup, sub, physical)
+    try:
+        ray.get(pg.ready())
+        return Sample(now() - started)
+    finally:
+        remove_placement_group(pg)
+
+
+def ray_subslice(setup: Setup, sub: str, learn: bool) -> Sample:
+    prepare_subslice(setup, sub, learn)
+    started = now()
+    sg = ray_tpu.subslice_placement_group(sub, setup.generation)
+    try:
+        ray.get(sg.placement_group.ready())
+        return Sample(now() - started)
+    finally:
+        sg.shutdown()
+
+
+def ours_subslice(setup: Setup, sub: str, learn: bool) -> Sample:
+    prepare_subslice(setup, sub, learn)
+    started = now()
+    with tpuslice.subslice_placement_group(sub, setup.generation):
+        return Sample(now() - started)
+
+
 # --- operations and rounds ----------------------------------------------------------------------
 
 
@@ -509,6 +620,23 @@ def operations(setup: Setup) -> list[Operation]:
             cold=False,
         ),
     ]
+    sub = sub_topology(setup)
+    if sub is not None:
+        for learn, key, title in (
+            (False, "subslice", f"reserve a {sub} sub-slice"),
+            (True, "subslice-learn", f"reserve a {sub} sub-slice, layout unknown"),
+        ):
+            ops.append(
+                Operation(
+                    key,
+                    title,
+                    {
+                        "floor": lambda learn=learn: floor_subslice(setup, sub, learn),
+                        "ray": lambda learn=learn: ray_subslice(setup, sub, learn),
+                        "ours": lambda learn=learn: ours_subslice(setup, sub, learn),
+                    },
+                )
+            )
     return ops
 
 
@@ -545,9 +673,13 @@ def run_round(
         settle(setup)
 
 
-def run_all(setup: Setup, rounds: int, progress: Callable[[str], None]) -> Records:
+def run_all(
+    setup: Setup, rounds: int, progress: Callable[[str], None], only: Sequence[str] = ()
+) -> Records:
     records: Records = {}
-    ops = operations(setup)
+    ops = [op for op in operations(setup) if not only or op.key in only]
+    if not ops:
+        raise BenchError(f"--only {','.join(only)}: no such operation here")
     for op in ops:
         for path in PATHS:
             records[op.key, path] = Record(op.title)
@@ -661,51 +793,40 @@ class Target:
 
 
 def targets(table: Sequence[Row]) -> list[Target]:
+    """The goals whose operations ran (all of them unless ``--only`` chose some)."""
     by = {(r.op, r.path): r for r in table}
     sizes = [n for n in RESERVE_SIZES if (f"reserve-{n}", "ours") in by]
-    biggest = f"reserve-{sizes[-1]}"
 
-    def target(
-        what: str, goal: float, ours: float, ray_value: float, floor: float | None = None
-    ) -> Target:
-        return Target(what, goal, ours, ray_value, ours <= goal, floor)
+    def ratio(what: str, goal: float, op: str) -> Target | None:
+        if (op, "ours") not in by:
+            return None
+        ours, theirs = by[op, "ours"].x_floor, by[op, "ray"].x_floor
+        return Target(what, goal, ours, theirs, ours <= goal)
 
-    def over(op: str, base: str, path: str) -> float:
-        return by[op, path].median_ms / by[base, path].median_ms
+    def growth() -> Target | None:
+        if len(sizes) < 2 or sizes[0] != 1:
+            return None
+        biggest = f"reserve-{sizes[-1]}"
 
-    return [
-        target(
-            "one-shot run on one slice / floor (this driver)",
-            TARGETS["one-shot"],
-            by["one-shot", "ours"].x_floor,
-            by["one-shot", "ray"].x_floor,
-        ),
-        target(
+        def over(path: str) -> float:
+            return by[biggest, path].median_ms / by["reserve-1", path].median_ms
+
+        goal = TARGETS["reserve-n"]
+        what = f"reserve {sizes[-1]} slices / reserve 1 slice"
+        return Target(what, goal, over("ours"), over("ray"), over("ours") <= goal, over("floor"))
+
+    found = [
+        ratio("one-shot run on one slice / floor (this driver)", TARGETS["one-shot"], "one-shot"),
+        ratio(
             "one-shot run on one slice / floor (fresh driver)",
             TARGETS["one-shot"],
-            by["one-shot-fresh", "ours"].x_floor,
-            by["one-shot-fresh", "ray"].x_floor,
+            "one-shot-fresh",
         ),
-        target(
-            "reserve 1 slice / raw placement-group reserve",
-            TARGETS["reserve-1"],
-            by["reserve-1", "ours"].x_floor,
-            by["reserve-1", "ray"].x_floor,
-        ),
-        target(
-            f"reserve {sizes[-1]} slices / reserve 1 slice",
-            TARGETS["reserve-n"],
-            over(biggest, "reserve-1", "ours"),
-            over(biggest, "reserve-1", "ray"),
-            over(biggest, "reserve-1", "floor"),
-        ),
-        target(
-            "call on a held slice / raw tasks on the same group",
-            TARGETS["held"],
-            by["held", "ours"].x_floor,
-            by["held", "ray"].x_floor,
-        ),
+        ratio("reserve 1 slice / raw placement-group reserve", TARGETS["reserve-1"], "reserve-1"),
+        growth(),
+        ratio("call on a held slice / raw tasks on the same group", TARGETS["held"], "held"),
     ]
+    return [t for t in found if t is not None]
 
 
 def machine() -> dict[str, Any]:
@@ -847,6 +968,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--slices", type=int, default=4, help="slices in the cluster (4)")
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds (>= 5; 7)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--only",
+        type=lambda text: [k for k in text.split(",") if k],
+        default=[],
+        help="run only these operations (keys such as reserve-1,subslice,subslice-learn)",
+    )
     parser.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--slice-name", help=argparse.SUPPRESS)
@@ -867,7 +994,7 @@ def main() -> None:
     host = machine()  # before the cluster starts: its load average is the machine's own
     started = now()
     with simulated(args.generation, args.topology, args.slices, err) as setup:
-        records = run_all(setup, args.rounds, lambda message: err.print(message))
+        records = run_all(setup, args.rounds, lambda message: err.print(message), args.only)
     info = {
         "generation": args.generation,
         "topology": args.topology,

@@ -1,16 +1,19 @@
-"""Helpers shared by the cluster tests (bounded polling, holding hosts busy)."""
+"""Helpers shared by the cluster tests (bounded polling, holding hosts busy, a JAX step)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
+import tpuslice
+import tpuslice.jax as tjax
 from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 
 T = TypeVar("T")
@@ -56,3 +59,42 @@ def where_am_i() -> dict[str, Any]:
         "pid": os.getpid(),
         "env": {k: v for k, v in os.environ.items() if k.startswith(("TPUSLICE_", "MEGASCALE_"))},
     }
+
+
+def free_port() -> int:
+    """A loopback port free now (for a JAX coordinator on the simulated hosts)."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports free now (all bound at once, so no two are the
+    same, as two calls of :func:`free_port` could be)."""
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+
+
+def spmd_allgather_function() -> Any:
+    """One SPMD step: join jax.distributed from the slice context (JAX on CPU), all-gather
+    each rank + 1, return (rank, process count, sum). Made in a function so Ray pickles it
+    by value (workers cannot import tests)."""
+
+    def spmd_allgather(port: int) -> tuple[int, int, float]:
+        import jax
+
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        tjax.initialize(port=port)
+        try:
+            import jax.numpy as jnp
+            from jax.experimental import multihost_utils
+
+            host = tpuslice.current_host()
+            total = multihost_utils.process_allgather(jnp.array([float(host.rank + 1)])).sum()
+            return host.rank, jax.process_count(), float(total)
+        finally:
+            jax.distributed.shutdown()
+
+    return spmd_allgather

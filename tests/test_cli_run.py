@@ -77,6 +77,7 @@ def test_ctrl_c_cancels_the_commands_and_frees_the_slices(
     tpu_cluster: SimulatedCluster, tmp_path: Path
 ) -> None:
     script = f"touch {tmp_path}/$TPUSLICE_RANK; exec sleep 6173"
+    before = set(_sleepers())  # a run stopped before this could have left some
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -98,7 +99,7 @@ def test_ctrl_c_cancels_the_commands_and_frees_the_slices(
     )
     try:
         wait_for(lambda: len(list(tmp_path.iterdir())) == 2, timeout=90, what="commands running")
-        ours = wait_for(_sleepers, timeout=10, what="the commands running")
+        ours = wait_for(lambda: set(_sleepers()) - before, timeout=10, what="the commands")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -106,7 +107,7 @@ def test_ctrl_c_cancels_the_commands_and_frees_the_slices(
             proc.kill()
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err
-    wait_for(lambda: not set(ours) & set(_sleepers()), timeout=20, what="the commands killed")
+    wait_for(lambda: not ours & set(_sleepers()), timeout=20, what="the commands killed")
     wait_for(lambda: not live_placement_groups(), timeout=10, what="slices released")
 
 

@@ -7,25 +7,18 @@ import logging
 import socket
 import subprocess
 import sys
-from typing import Any
 
 import pytest
 import ray
 
 import tpuslice
 import tpuslice.jax as tjax
-from clusterutil import wait_for
+from clusterutil import free_port, spmd_allgather_function, wait_for
 from tpuslice import _ray
 from tpuslice.run import HostContext
 from tpuslice.testing import SimulatedCluster
 
 jax = pytest.importorskip("jax")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_import_tpuslice_does_not_import_jax() -> None:
@@ -74,28 +67,6 @@ def test_profiler_port_in_use_is_logged_not_raised(
             tpuslice.init_jax_profiler(port)
     assert f"could not start the JAX profiler on port {port}" in caplog.text
     assert registered == []
-
-
-def spmd_allgather_function() -> Any:
-    """Made in a function so Ray pickles it by value (workers cannot import tests)."""
-
-    def spmd_allgather(port: int) -> tuple[int, int, float]:
-        import jax
-
-        jax.config.update("jax_platforms", "cpu")
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        tjax.initialize(port=port)
-        try:
-            import jax.numpy as jnp
-            from jax.experimental import multihost_utils
-
-            host = tpuslice.current_host()
-            total = multihost_utils.process_allgather(jnp.array([float(host.rank + 1)])).sum()
-            return host.rank, jax.process_count(), float(total)
-        finally:
-            jax.distributed.shutdown()
-
-    return spmd_allgather
 
 
 @pytest.mark.cluster

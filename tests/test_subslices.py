@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import tpuslice
-from clusterutil import hold_host, wait_for
+from clusterutil import free_ports, hold_host, spmd_allgather_function, wait_for
 from tpuslice import _ray, layouts, subslice
 from tpuslice.cli import main
 from tpuslice.testing import SimulatedCluster
@@ -31,7 +31,8 @@ PARENT = "v6e-16-a"
 
 
 def forget(name: str) -> None:
-    """Forget every record of a slice's layout (ours, Ray's, and Ray's in-process copy)."""
+    """Forget every record of a slice's layout (ours, Ray's, and both in-process copies)."""
+    layouts.forget(name)
     _ray.kv_delete(layouts.KEY_PREFIX + name, layouts.NAMESPACE)
     _ray.kv_delete(subslice.kv_key(name).decode(), subslice.KV_NAMESPACE)
     with ray_tpu._tpu_subslice_cache_lock:
@@ -280,44 +281,21 @@ def test_status_draws_sub_slices_by_physical_position(fresh: SimulatedCluster) -
     assert "sub-slices: 2x2 2/4 free, 2x4 1/2 free" in result.output
 
 
-def jax_on_a_sub_slice() -> object:
-    def step(port: int) -> tuple[int, int, float]:
-        import jax
-
-        jax.config.update("jax_platforms", "cpu")
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        tpuslice.jax.initialize(port=port)
-        try:
-            import jax.numpy as jnp
-            from jax.experimental import multihost_utils
-
-            host = tpuslice.current_host()
-            total = multihost_utils.process_allgather(jnp.array([float(host.rank + 1)])).sum()
-            return host.rank, jax.process_count(), float(total)
-        finally:
-            jax.distributed.shutdown()
-
-    return step
-
-
 @pytest.mark.timeout(300)
 def test_jax_runs_on_each_half_of_a_slice_at_once(fresh: SimulatedCluster) -> None:
     """Two sub-slices, two jax.distributed jobs at once, each with its own coordinator
     and two processes; every host opens its (simulated) TPU."""
     pytest.importorskip("jax")
-    import socket
-
-    def free_port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
-
-    step = ray.remote(jax_on_a_sub_slice())
+    step = ray.remote(spmd_allgather_function())
     with (
         tpuslice.subslice_placement_group("2x4", "v6e") as a,
         tpuslice.subslice_placement_group("2x4", "v6e") as b,
     ):
-        refs = [tpuslice.run_on_slice(step, free_port(), tpu_slice=sg) for sg in (a, b)]
+        ports = free_ports(2)
+        refs = [
+            tpuslice.run_on_slice(step, p, tpu_slice=sg)
+            for p, sg in zip(ports, (a, b), strict=True)
+        ]
         results = [ray.get(r, timeout=240) for r in refs]
     assert results == [[(0, 2, 3.0), (1, 2, 3.0)]] * 2
 

@@ -4,6 +4,7 @@ of wholly idle slices and only once, the sub-slice's own environment. Pure: no R
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -14,6 +15,7 @@ from tpuslice.cluster import SliceInfo
 from tpuslice.errors import DiscoveryFailedError, InsufficientSlicesError, ReservationTimeoutError
 from tpuslice.layouts import Layout, positions_from_coordinates
 from tpuslice.request import SliceRequest
+from tpuslice.run import _with_context
 from tpuslice.subslices import SubSlices, subslice_env
 from tpuslice.testing.memory import InMemoryCluster
 from tpuslice.topology import slice_shape
@@ -175,11 +177,41 @@ def test_the_sub_slice_environment(
     assert env["TPU_ACCELERATOR_TYPE"] == pod_type and env["TPU_TOPOLOGY"] == topology
     assert env["TPU_HOST_BOUNDS"] == env["TPU_PROCESS_BOUNDS"] == bounds
     assert env["TPU_CHIPS_PER_HOST_BOUNDS"] == env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "2,2,1"
-    assert env["TPU_SKIP_MDS_QUERY"] == "true" and env["TPU_PROCESS_ADDRESSES"] == ""
+    assert env["TPU_SKIP_MDS_QUERY"] == "true" and env["TPU_PROCESS_ADDRESSES"] is None
     assert (
         subslice.worker_dims(topology)
         == tuple(int(b) for b in bounds.split(","))[: len(subslice.worker_dims(topology))]
     )
+
+
+def test_jax_reads_the_sub_slice_from_the_call_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a host of the parent (its worker 3 of 4, run multi-process, so
+    ``TPU_PROCESS_ADDRESSES`` names the parent's processes), a call with the sub-slice's
+    environment gives JAX's own TPU cluster detection the sub-slice: its two hosts and
+    this host's place among them; the host's values are back after the call."""
+    pytest.importorskip("jax")
+    from jax._src.clusters.cloud_tpu_cluster import GkeTpuCluster
+
+    parent = {
+        "TPU_WORKER_HOSTNAMES": "10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4",
+        "TPU_WORKER_ID": "3",
+        "TPU_PROCESS_ADDRESSES": "10.0.0.1:8476,10.0.0.2:8476,10.0.0.3:8476,10.0.0.4:8476",
+    }
+    for key, value in parent.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TPU_SKIP_MDS_QUERY", raising=False)
+
+    def seen() -> tuple[list[str], int, str | None]:
+        return (
+            GkeTpuCluster._get_worker_list_in_slice(),
+            GkeTpuCluster._get_process_id_in_slice(),
+            os.environ.get("TPU_SKIP_MDS_QUERY"),
+        )
+
+    env = subslice_env(slice_shape("2x4", "v6e", 4), ["10.0.0.2", "10.0.0.4"], 1)
+    assert _with_context(seen)(env) == (["10.0.0.2", "10.0.0.4"], 1, "true")
+    assert {k: os.environ.get(k) for k in parent} == parent
+    assert "TPU_SKIP_MDS_QUERY" not in os.environ
 
 
 def test_a_layout_that_does_not_fit_is_not_used(caplog: pytest.LogCaptureFixture) -> None:

@@ -21,6 +21,7 @@ from tpuslice.errors import (
     SliceShutdownError,
     first_line,
 )
+from tpuslice.labels import CallEnv
 from tpuslice.request import SliceRequest
 from tpuslice.reserve import ShutsDownOnExit, SlicePlacementGroup
 from tpuslice.run import MEGASCALE_VARS, HostContext, call_env, host_contexts
@@ -195,9 +196,11 @@ class SliceActorGroup(ShutsDownOnExit):
             self.slice.ownership.confirm_free()
 
 
-def _actor_env(call: dict[str, str]) -> dict[str, str]:
-    """A rank's call environment; with one slice, MEGASCALE_* set empty so none leaks
-    from the driver."""
+def _actor_env(call: CallEnv) -> dict[str, str]:
+    """A rank's call environment for the actor's ``runtime_env``; with one slice,
+    MEGASCALE_* set empty so none leaks from the driver. A runtime environment cannot
+    unset a variable, so one the call unsets is left as the host has it (for a sub-slice:
+    ``TPU_PROCESS_ADDRESSES``, which TPU VMs do not set unless run multi-process)."""
     env = {name: "" for name in MEGASCALE_VARS}
-    env.update(call)
+    env.update({k: v for k, v in call.items() if v is not None})
     return env

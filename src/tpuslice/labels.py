@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from tpuslice.topology import SliceShape
 
+CallEnv = dict[str, str | None]
+"""Variables set on a host around one call of the user's work; None unsets one for it."""
+
 SLICE_NAME_LABEL = "ray.io/tpu-slice-name"
 WORKER_ID_LABEL = "ray.io/tpu-worker-id"
 POD_TYPE_LABEL = "ray.io/tpu-pod-type"

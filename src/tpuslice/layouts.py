@@ -104,8 +104,24 @@ def positions_from_coordinates(
     return found
 
 
+_known: dict[str, Layout] = {}
+"""Layouts this process has read or learned, by slice name. A layout tied to node ids
+cannot change while those nodes live (it is where their chips are), so it is reused
+without reading the KV store again while :meth:`Layout.current_for` holds."""
+
+
+def forget(slice_name: str) -> None:
+    """Drop this process's copy of a slice's layout (the records stay; see :func:`load`).
+
+    Args:
+        slice_name: The slice.
+    """
+    _known.pop(slice_name, None)
+
+
 def load(info: SliceInfo, *, record: bool = True) -> Layout | None:
-    """The layout of a slice as recorded, if it still describes the slice.
+    """The layout of a slice: this process's copy if it still describes the slice, else
+    as recorded.
 
     Args:
         info: The slice now.
@@ -115,6 +131,16 @@ def load(info: SliceInfo, *, record: bool = True) -> Layout | None:
         tpuslice's record if current, else one read from Ray's (recorded now as ours,
         with today's nodes), else ``None``: the slice must be discovered.
     """
+    cached = _known.get(info.name)
+    if cached is not None and cached.current_for(info):
+        return cached
+    found = _read(info, record)
+    if found is not None and found.nodes is not None:
+        _known[info.name] = found
+    return found
+
+
+def _read(info: SliceInfo, record: bool) -> Layout | None:
     raw = _ray.kv_get(KEY_PREFIX + info.name, NAMESPACE)
     if raw is not None:
         try:
@@ -133,6 +159,7 @@ def load(info: SliceInfo, *, record: bool = True) -> Layout | None:
     if from_ray is not None and record:
         layout = Layout(info.name, info.topology, from_ray.physical, _nodes(info))
         save(layout, ray_too=False, source="ray")
+        return layout
     return from_ray
 
 
@@ -176,6 +203,8 @@ def save(layout: Layout, *, ray_too: bool = True, source: str = "tpuslice") -> N
         "learned_at": time.time(),
     }
     _ray.kv_put(KEY_PREFIX + layout.slice_name, json.dumps(data).encode(), NAMESPACE)
+    if layout.nodes is not None:
+        _known[layout.slice_name] = layout
     if ray_too:
         record = json.dumps(layout.ray_labels()).encode()
         _ray.kv_put(subslice.kv_key(layout.slice_name).decode(), record, subslice.KV_NAMESPACE)

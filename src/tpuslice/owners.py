@@ -28,6 +28,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tpuslice.errors import InvalidArgumentError
+from tpuslice.labels import CallEnv
 
 
 class HostOwner:
@@ -36,7 +37,7 @@ class HostOwner:
     def call(
         self,
         function: Callable[..., Any],
-        env: dict[str, str],
+        env: CallEnv,
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
     ) -> Any:
@@ -66,7 +67,7 @@ class HostOwner:
 
 def call_in_context(
     function: Callable[..., Any],
-    env: dict[str, str],
+    env: CallEnv,
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
 ) -> Any:
@@ -100,7 +101,7 @@ def _pid_of_actor(actor: Any) -> int:
 def _call_in_actor(
     actor: Any,
     function: Callable[..., Any],
-    env: dict[str, str],
+    env: CallEnv,
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
 ) -> Any:
@@ -184,7 +185,7 @@ class Owners:
     def submit(
         self,
         function: Callable[..., Any],
-        envs: Sequence[tuple[int, dict[str, str]]],
+        envs: Sequence[tuple[int, CallEnv]],
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         num_returns: int | None = None,

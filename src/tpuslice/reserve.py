@@ -22,7 +22,7 @@ from tpuslice.cluster import SliceInfo
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import InvalidArgumentError, NotConnectedError, SliceShutdownError
 from tpuslice.groups import remove_group, wait_all
-from tpuslice.labels import SLICE_NAME_LABEL
+from tpuslice.labels import SLICE_NAME_LABEL, CallEnv
 from tpuslice.owners import SliceOwnership
 from tpuslice.plan import ReservationPlan
 from tpuslice.request import SliceRequest
@@ -339,7 +339,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         for ref in running:
             ray.cancel(ref, force=True)
 
-    def rank_env(self, rank: int) -> dict[str, str]:
+    def rank_env(self, rank: int) -> CallEnv:
         """What this reservation sets for rank ``rank``'s calls besides its slice context
         (nothing for whole slices: their hosts' own ``TPU_*`` values hold).
 
@@ -347,7 +347,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
             rank: A rank of this reservation.
 
         Returns:
-            Variables to set around the call.
+            Variables to set (or, as None, unset) around the call.
         """
         return {}
 

@@ -33,6 +33,7 @@ from tpuslice.errors import (
     NotConnectedError,
     ReservationTimeoutError,
 )
+from tpuslice.labels import CallEnv
 from tpuslice.request import SliceRequest
 from tpuslice.reserve import SlicePlacementGroup
 
@@ -124,11 +125,15 @@ def _with_context(function: Callable[..., Any], returns: int | None = None) -> C
     libtpu refuses the TPU is tpuslice imported, to say who holds it.
     """
 
-    def run_in_context(__tpuslice_env: dict[str, str], *args: Any, **kwargs: Any) -> Any:
+    def run_in_context(__tpuslice_env: CallEnv, *args: Any, **kwargs: Any) -> Any:
         saved = {key: os.environ.get(key) for key in {*__tpuslice_env, *MEGASCALE_VARS}}
         for key in MEGASCALE_VARS:
             os.environ.pop(key, None)
-        os.environ.update(__tpuslice_env)
+        for key, value in __tpuslice_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         try:
             result = function(*args, **kwargs)
         except Exception as exc:
@@ -215,7 +220,7 @@ def host_contexts(spg: SlicePlacementGroup) -> list[HostContext]:
     return contexts
 
 
-def call_env(spg: SlicePlacementGroup, context: HostContext) -> dict[str, str]:
+def call_env(spg: SlicePlacementGroup, context: HostContext) -> CallEnv:
     """Everything a rank's call sees set: its slice context, and what the reservation
     adds for that rank (a sub-slice's own ``TPU_*`` values, see
     :meth:`~tpuslice.SlicePlacementGroup.rank_env`).
@@ -225,7 +230,7 @@ def call_env(spg: SlicePlacementGroup, context: HostContext) -> dict[str, str]:
         context: One of its ranks.
 
     Returns:
-        The variables, to be set around the call.
+        The variables, to be set around the call (None: unset for the call).
     """
     return {**context.env(), **spg.rank_env(context.rank)}
 

@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from tpuslice.errors import first_line
+from tpuslice.labels import CallEnv
 from tpuslice.reserve import SlicePlacementGroup
 from tpuslice.run import MEGASCALE_VARS, HostContext, call_env, placements
 
@@ -47,7 +48,7 @@ class HostResult:
     """The Ray error that ended the host's task (host lost, cancelled), if any."""
 
 
-def command_on_host(env: dict[str, str], command: str) -> Iterator[tuple[str, str | int]]:
+def command_on_host(env: CallEnv, command: str) -> Iterator[tuple[str, str | int]]:
     """Yield ``("line", text)`` for each output line, then ``("exit", code)``.
 
     Runs on the host (as a Ray streaming task); stdout and stderr are merged.
@@ -62,7 +63,11 @@ def command_on_host(env: dict[str, str], command: str) -> Iterator[tuple[str, st
         for a command a signal ended).
     """
     child_env = {k: v for k, v in os.environ.items() if k not in MEGASCALE_VARS}
-    child_env.update(env)
+    for key, value in env.items():
+        if value is None:
+            child_env.pop(key, None)
+        else:
+            child_env[key] = value
     proc = subprocess.Popen(
         command,
         shell=True,

@@ -39,7 +39,7 @@ from tpuslice.errors import (
     ReservationTimeoutError,
     SubsliceUnavailableError,
 )
-from tpuslice.labels import SLICE_NAME_LABEL
+from tpuslice.labels import SLICE_NAME_LABEL, CallEnv
 from tpuslice.ops import RAY_OPS, ClusterOps
 from tpuslice.request import SliceRequest
 from tpuslice.reserve import SlicePlacementGroup
@@ -425,7 +425,7 @@ class SubslicePlacementGroup(SlicePlacementGroup):
         """The parent slice's name (kept after :meth:`shutdown`, as Ray's is)."""
         return self._selectors[0][SLICE_NAME_LABEL]
 
-    def rank_env(self, rank: int) -> dict[str, str]:
+    def rank_env(self, rank: int) -> CallEnv:
         """The ``TPU_*`` values that make libtpu and JAX on this rank's host see the
         sub-slice as the whole slice: its hosts in rank order, this host's place, its
         accelerator type, topology and bounds; and no metadata server, which would describe
@@ -447,7 +447,7 @@ class SubslicePlacementGroup(SlicePlacementGroup):
         )
 
 
-def subslice_env(shape: SliceShape, hosts: list[str], worker: int) -> dict[str, str]:
+def subslice_env(shape: SliceShape, hosts: list[str], worker: int) -> CallEnv:
     """What a host of a sub-slice needs set so that libtpu and JAX treat the sub-slice as
     the slice (Ray 2.60 sets none of it). Pure.
 
@@ -457,8 +457,9 @@ def subslice_env(shape: SliceShape, hosts: list[str], worker: int) -> dict[str, 
     them; ``CLOUD_TPU_TASK_ID`` too), ``TPU_ACCELERATOR_TYPE`` and ``TPU_TOPOLOGY`` of the
     sub-slice, host and chip bounds (``TPU_HOST_BOUNDS`` / ``TPU_PROCESS_BOUNDS``: its
     worker grid; ``TPU_CHIPS_PER_*_BOUNDS``: one 2x2 host), no wrap-around links,
-    ``TPU_SKIP_MDS_QUERY`` (the metadata server describes the parent slice), and an empty
-    ``TPU_PROCESS_ADDRESSES`` (JAX prefers it to the host names).
+    ``TPU_SKIP_MDS_QUERY`` (the metadata server describes the parent slice), and
+    ``TPU_PROCESS_ADDRESSES`` unset: when set (multi-process hosts) it lists the parent's
+    processes, and JAX's ``GkeTpuCluster`` takes it, even empty, before the host names.
 
     Args:
         shape: The sub-slice's shape.
@@ -475,7 +476,7 @@ def subslice_env(shape: SliceShape, hosts: list[str], worker: int) -> dict[str, 
         "TPU_WORKER_ID": str(worker),
         "CLOUD_TPU_TASK_ID": str(worker),
         "TPU_WORKER_HOSTNAMES": ",".join(hosts),
-        "TPU_PROCESS_ADDRESSES": "",
+        "TPU_PROCESS_ADDRESSES": None,
         "TPU_ACCELERATOR_TYPE": shape.pod_type,
         "TPU_TOPOLOGY": shape.topology,
         "TPU_HOST_BOUNDS": bounds,

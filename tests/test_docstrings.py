@@ -34,6 +34,7 @@ CHECKED_MODULES: tuple[str, ...] = (
     "tpuslice.subslice",
     "tpuslice.subslices",
     "tpuslice.targets",
+    "tpuslice.schedule",
     "tpuslice.testing.libtpu",
     "tpuslice.testing.plugin",
     "tpuslice.cluster",

@@ -14,6 +14,7 @@ import enum
 import functools
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -502,6 +503,15 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     from tpuslice.agent import recorded_owners  # agent.py builds on this module's siblings
 
     per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
-    owners = {node: owner.describe() for node, owner in recorded_owners().items()}
+    # The KV read goes through another GCS client than the node and resource reads, so
+    # it runs alongside them (they share one client and would only queue behind it).
+    recorded = _reader().submit(recorded_owners)
     nodes, available = ray.nodes(), _ray.available_resources_per_node()
+    owners = {node: owner.describe() for node, owner in recorded.result().items()}
     return build_snapshot(nodes, available, per_chip, tpu_owners=owners)
+
+
+@functools.cache
+def _reader() -> ThreadPoolExecutor:
+    """One background thread for the snapshot's KV read."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpuslice-snapshot")

@@ -115,6 +115,15 @@ def test_a_known_layout_draws_hosts_where_their_chips_are_and_counts_free_sub_sl
     assert status.grid_rows(info) == [[0, 1], [2, 3]]
     assert status.subslice_summary(info, physical) == "sub-slices: 2x2 3/4 free, 2x4 1/2 free"
     assert status.grid_rows(info, {0: 0, 1: 0, 2: 1, 3: 2}) == [[0, 1], [2, 3]]  # not a layout
+    data = json.loads(
+        json.dumps(status.status_dict(build_snapshot(nodes, available), {"s": physical}))
+    )
+    assert data["slices"][0]["subslices"]["physical"] == {"0": 2, "1": 0, "2": 3, "3": 1}
+    assert data["slices"][0]["subslices"]["topologies"]["2x4"] == {
+        "members": {"0": [1, 3], "1": [0, 2]},
+        "free": [1],
+    }
+    assert "subslices" not in status.status_dict(build_snapshot(nodes, available))["slices"][0]
 
 
 def test_slice_without_a_shape_is_one_row_of_its_workers() -> None:

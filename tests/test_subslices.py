@@ -275,10 +275,18 @@ def idle(name: str) -> bool:
 
 def test_status_draws_sub_slices_by_physical_position(fresh: SimulatedCluster) -> None:
     wait_for(lambda: idle(PARENT), timeout=30, what="work of earlier tests to end")
-    with tpuslice.subslice_placement_group("2x4", "v6e"):
+    with tpuslice.subslice_placement_group("2x4", "v6e") as sg:
         result = CliRunner().invoke(main, ["status"], env={"COLUMNS": "120"})
+        as_json = CliRunner().invoke(main, ["status", "--json"])
     assert result.exit_code == 0, result.output
     assert "sub-slices: 2x2 2/4 free, 2x4 1/2 free" in result.output
+    assert as_json.exit_code == 0, as_json.output
+    parent = next(s for s in json.loads(as_json.output)["slices"] if s["name"] == PARENT)
+    halves = parent["subslices"]["topologies"]["2x4"]
+    assert halves["free"] == [1 - sg.subslice_index]
+    assert parent["subslices"]["physical"] == {
+        str(w): p for w, p in fresh.physical_positions(PARENT).items()
+    }
 
 
 @pytest.mark.timeout(300)

@@ -150,7 +150,7 @@ def status_command(
             return
         try:
             if as_json:
-                watch(lambda: click.echo(json.dumps(status.status_dict(read()))), interval)
+                watch(lambda: click.echo(json.dumps(_status_json(read()))), interval)
             else:
                 _watch_live(read, interval)
         except KeyboardInterrupt:
@@ -196,9 +196,13 @@ def known_layouts(snapshot: cluster.ClusterSnapshot) -> dict[str, dict[int, int]
 
 def _print_status(snapshot: cluster.ClusterSnapshot, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(status.status_dict(snapshot), indent=2))
+        click.echo(json.dumps(_status_json(snapshot), indent=2))
     else:
         console.print(status.render_status(snapshot, console.width, known_layouts(snapshot)))
+
+
+def _status_json(snapshot: cluster.ClusterSnapshot) -> dict[str, object]:
+    return status.status_dict(snapshot, known_layouts(snapshot))
 
 
 def _render(snapshot: cluster.ClusterSnapshot) -> RenderableType:

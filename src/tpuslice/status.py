@@ -179,14 +179,8 @@ def subslice_summary(info: SliceInfo, physical: Mapping[int, int]) -> str:
     Returns:
         One line, empty if the slice has no sub-slices.
     """
-    parts = []
-    for sub in subslice.subslice_topologies(info.topology):
-        found = subslice.members(physical, info.topology, sub)
-        free = sum(
-            all(host_state(info.hosts.get(w)) == "free" for w in workers)
-            for workers in found.values()
-        )
-        parts.append(f"{sub} {free}/{len(found)} free")
+    topologies = subslice_dict(info, physical)["topologies"]
+    parts = [f"{sub} {len(t['free'])}/{len(t['members'])} free" for sub, t in topologies.items()]
     return f"sub-slices: {', '.join(parts)}" if parts else ""
 
 
@@ -348,21 +342,52 @@ def slice_dict(info: SliceInfo) -> dict[str, Any]:
     }
 
 
-def status_dict(snapshot: ClusterSnapshot) -> dict[str, Any]:
+def status_dict(
+    snapshot: ClusterSnapshot, layouts: Mapping[str, Mapping[int, int]] | None = None
+) -> dict[str, Any]:
     """Everything the screen shows, as JSON-able data for scripts (``--json``).
 
     Args:
         snapshot: The cluster as read.
+        layouts: Each slice's physical layout, where known: such a slice also gets
+            ``subslices`` (see :func:`subslice_dict`).
 
     Returns:
         ``taken_at``, the slice counts per state, and every slice (see :func:`slice_dict`)
         in name order.
     """
-    return {
-        "taken_at": snapshot.taken_at,
-        "counts": state_counts(snapshot),
-        "slices": [slice_dict(info) for info in _sorted_slices(snapshot)],
-    }
+    slices = []
+    for info in _sorted_slices(snapshot):
+        entry = slice_dict(info)
+        physical = (layouts or {}).get(info.name)
+        if physical is not None:
+            entry["subslices"] = subslice_dict(info, physical)
+        slices.append(entry)
+    return {"taken_at": snapshot.taken_at, "counts": state_counts(snapshot), "slices": slices}
+
+
+def subslice_dict(info: SliceInfo, physical: Mapping[int, int]) -> dict[str, Any]:
+    """A slice's sub-slices as data: where each worker sits, and for each sub-topology
+    its sub-slices (Ray's index -> worker ids) and which of them are free.
+
+    Args:
+        info: One slice whose layout is known.
+        physical: Each worker's physical position.
+
+    Returns:
+        ``{"physical": {worker: position}, "topologies": {topology: {"members": {index:
+        [workers]}, "free": [indices]}}}`` (keys as strings, for JSON).
+    """
+    topologies = {}
+    for sub in subslice.subslice_topologies(info.topology):
+        found = subslice.members(physical, info.topology, sub)
+        free = [
+            i
+            for i, workers in found.items()
+            if all(host_state(info.hosts.get(w)) == "free" for w in workers)
+        ]
+        topologies[sub] = {"members": {str(i): ws for i, ws in found.items()}, "free": free}
+    return {"physical": {str(w): p for w, p in sorted(physical.items())}, "topologies": topologies}
 
 
 def owners_table(snapshot: ClusterSnapshot) -> RenderableType:

@@ -35,6 +35,7 @@ CHECKED_MODULES: tuple[str, ...] = (
     "tpuslice.subslices",
     "tpuslice.targets",
     "tpuslice.schedule",
+    "tpuslice.queue_book",
     "tpuslice.testing.libtpu",
     "tpuslice.testing.plugin",
     "tpuslice.cluster",

@@ -1,0 +1,204 @@
+"""The cluster-wide queue's bookkeeping (issue 15), pure: tickets, leases, grants.
+
+The queue actor will hold one :class:`QueueBook` and call :meth:`QueueBook.decide` with
+what the cluster shows. A waiting driver polls its ticket; each poll renews its lease, and
+a ticket not polled for ``lease_s`` leaves the queue with any grant (its driver is gone).
+A grant names the slices the driver may claim; until it reports them claimed they are no
+one else's. Arrival numbers are wall-clock nanoseconds, so after the queue restarts with
+an empty book, a driver whose ticket is unknown enqueues again with its original number
+and keeps its place ahead of everyone who arrived after it.
+
+The policy itself (who gets what) is :func:`tpuslice.schedule.decide`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from tpuslice.errors import InvalidArgumentError
+from tpuslice.schedule import Holding, Waiter, decide, queue_order
+
+LEASE_S = 3.0
+"""A waiter that has not polled for this long has left (its driver died)."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A ticket still waits.
+
+    Attributes:
+        position: Its place in the queue, from 1.
+        ahead: The tickets before it.
+        reason: Why it waits (what it needs, what is kept for it).
+    """
+
+    position: int
+    ahead: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Granted:
+    """A ticket may claim these slices now (and must report it, or they go back).
+
+    Attributes:
+        slices: The slice names, lowest first.
+    """
+
+    slices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Never:
+    """A ticket can never be granted: the cluster has too few slices of its kind.
+
+    Attributes:
+        reason: What it asked for and what the cluster has.
+    """
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """The book has no such ticket (it left, expired, or the queue restarted): enqueue
+    again, with the original arrival number to keep the place."""
+
+
+Answer = Waiting | Granted | Never | Unknown
+
+
+@dataclass
+class _Entry:
+    waiter: Waiter
+    who: str
+    seen: float
+    granted: tuple[str, ...] = ()
+
+
+@dataclass
+class QueueBook:
+    """Every waiting ticket, its lease and any grant not yet claimed.
+
+    Args:
+        clock: Seconds, monotonic, for leases (injected for tests).
+        stamp: Wall-clock nanoseconds, for arrival numbers (injected for tests).
+        lease_s: See :data:`LEASE_S`.
+    """
+
+    clock: Callable[[], float] = time.monotonic
+    stamp: Callable[[], int] = time.time_ns
+    lease_s: float = LEASE_S
+    _entries: dict[str, _Entry] = field(default_factory=dict)
+    _latest: int = 0
+    _last: dict[str, Answer] = field(default_factory=dict)
+
+    def enqueue(self, waiter: Waiter, who: str = "", *, arrival: int | None = None) -> int:
+        """Add a ticket (again, after a restart, with ``arrival`` to keep its place).
+
+        Args:
+            waiter: The request (its ``arrival`` is replaced).
+            who: The driver or job, for status.
+            arrival: Its original arrival number, if it had one.
+
+        Returns:
+            Its arrival number.
+
+        Raises:
+            InvalidArgumentError: the ticket is already in the book.
+        """
+        if waiter.ticket in self._entries:
+            raise InvalidArgumentError(f"ticket {waiter.ticket} is already queued")
+        number = max(self.stamp(), self._latest + 1) if arrival is None else arrival
+        self._latest = max(self._latest, number)
+        self._entries[waiter.ticket] = _Entry(replace(waiter, arrival=number), who, self.clock())
+        return number
+
+    def poll(self, ticket: str) -> Answer:
+        """Renew a ticket's lease and say where it stands (as of the last decision).
+
+        Args:
+            ticket: The ticket.
+
+        Returns:
+            :class:`Granted`, :class:`Waiting`, :class:`Never`, or :class:`Unknown`.
+        """
+        entry = self._entries.get(ticket)
+        if entry is None:
+            return Unknown()
+        entry.seen = self.clock()
+        if entry.granted:
+            return Granted(entry.granted)
+        return self._last.get(ticket, Waiting(0, (), "not decided yet"))
+
+    def claimed(self, ticket: str) -> None:
+        """The driver holds its grant: the ticket leaves the book.
+
+        Args:
+            ticket: The ticket.
+        """
+        self._entries.pop(ticket, None)
+        self._last.pop(ticket, None)
+
+    def leave(self, ticket: str) -> None:
+        """The driver gave up (timeout, Ctrl-C): the ticket and any grant go.
+
+        Args:
+            ticket: The ticket.
+        """
+        self.claimed(ticket)
+
+    def tickets(self) -> list[tuple[Waiter, str, float]]:
+        """What the queue holds, for status.
+
+        Returns:
+            ``(request, who, seconds since it last polled)`` in serving order.
+        """
+        now = self.clock()
+        return [
+            (w, self._entries[w.ticket].who, now - self._entries[w.ticket].seen)
+            for w in queue_order(self._waiters(granted=True))
+        ]
+
+    def _waiters(self, *, granted: bool) -> list[Waiter]:
+        return [e.waiter for e in self._entries.values() if granted or not e.granted]
+
+    def decide(
+        self, idle: Mapping[str, Sequence[str]], holding: Sequence[Holding] = ()
+    ) -> dict[str, tuple[str, ...]]:
+        """Drop tickets whose lease ran out (with their grants), then grant what the
+        policy says.
+
+        Args:
+            idle: Kind -> its idle slices as the cluster shows them (slices granted but
+                not yet claimed may still show idle; they are kept out here).
+            holding: The work holding the kinds' other slices.
+
+        Returns:
+            The new grants of this pass: ticket -> slices.
+        """
+        now = self.clock()
+        for ticket, entry in list(self._entries.items()):
+            if now - entry.seen > self.lease_s:
+                self.leave(ticket)
+        pending = {s for e in self._entries.values() for s in e.granted}
+        free = {kind: [s for s in names if s not in pending] for kind, names in idle.items()}
+        # Slices granted but not claimed yet are held, for the others' purposes.
+        granted = [
+            Holding(e.waiter.kind, len(e.granted)) for e in self._entries.values() if e.granted
+        ]
+        decision = decide(self._waiters(granted=False), free, [*holding, *granted], now)
+        for ticket, slices in decision.grants.items():
+            self._entries[ticket].granted = slices
+        still = queue_order(self._waiters(granted=False))
+        self._last = {}
+        for place, waiter in enumerate(still, start=1):
+            ticket = waiter.ticket
+            if ticket in decision.never:
+                self._last[ticket] = Never(decision.never[ticket])
+            else:
+                ahead = tuple(w.ticket for w in still[: place - 1])
+                self._last[ticket] = Waiting(place, ahead, decision.blocked.get(ticket, ""))
+        return dict(decision.grants)

@@ -1,0 +1,131 @@
+"""The queue's bookkeeping (tpuslice.queue_book): leases, grants, restarts. Pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpuslice.errors import InvalidArgumentError
+from tpuslice.queue_book import Granted, Never, QueueBook, Unknown, Waiting
+from tpuslice.schedule import Holding, Waiter
+
+KIND = "v6e-16"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def want(ticket: str, count: int = 1) -> Waiter:
+    return Waiter(ticket, KIND, (count, count))
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+class Stamp:
+    """Wall-clock nanoseconds, ticking one per call (shared by a queue and its restart)."""
+
+    def __init__(self) -> None:
+        self.now = 1_000
+
+    def __call__(self) -> int:
+        self.now += 1
+        return self.now
+
+
+@pytest.fixture
+def book(clock: Clock) -> QueueBook:
+    return QueueBook(clock, Stamp(), lease_s=3.0)
+
+
+def test_first_come_first_granted_and_claimed_tickets_leave(book: QueueBook) -> None:
+    book.enqueue(want("a"))
+    book.enqueue(want("b"))
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {"a": ("s1",)}
+    assert book.poll("a") == Granted(("s1",))
+    waiting = book.poll("b")
+    assert isinstance(waiting, Waiting) and waiting.position == 1 and waiting.ahead == ()
+    assert "1 slice(s) of v6e-16" in waiting.reason
+    book.claimed("a")
+    assert book.poll("a") == Unknown()
+    assert [w.ticket for w, _, _ in book.tickets()] == ["b"]
+
+
+def test_a_granted_slice_is_not_granted_twice_while_it_still_shows_idle(
+    book: QueueBook,
+) -> None:
+    book.enqueue(want("a"))
+    book.enqueue(want("b"))
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {"a": ("s1",)}
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {}  # a has not claimed yet
+    assert isinstance(book.poll("b"), Waiting)
+
+
+def test_a_waiter_that_stops_polling_leaves_and_the_next_one_moves_up(
+    book: QueueBook, clock: Clock
+) -> None:
+    book.enqueue(want("dead", 2))
+    book.enqueue(want("alive"))
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {}  # s1 kept for "dead"
+    clock.now = 2.0
+    book.poll("alive")
+    clock.now = 3.5  # "dead" last polled at 0: its lease ran out
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {"alive": ("s1",)}
+    assert book.poll("dead") == Unknown()
+
+
+def test_a_granted_driver_that_dies_loses_the_grant_to_the_next(
+    book: QueueBook, clock: Clock
+) -> None:
+    book.enqueue(want("gone"))
+    book.enqueue(want("next"))
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {"gone": ("s1",)}
+    for t in (2.0, 3.5):  # only "next" keeps polling
+        clock.now = t
+        book.poll("next")
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {"next": ("s1",)}
+    assert book.poll("gone") == Unknown()
+
+
+def test_after_a_restart_the_old_order_is_kept(clock: Clock) -> None:
+    """The queue restarts with an empty book; a newcomer enqueues first; the old waiters
+    come back with their arrival numbers and are still served first."""
+    stamp = Stamp()
+    old = QueueBook(clock, stamp)
+    first = old.enqueue(want("early"))
+    second = old.enqueue(want("later"))
+    new = QueueBook(clock, stamp)
+    assert new.poll("early") == Unknown()
+    new.enqueue(want("newcomer"))
+    new.enqueue(want("later"), arrival=second)
+    new.enqueue(want("early"), arrival=first)
+    assert [w.ticket for w, _, _ in new.tickets()] == ["early", "later", "newcomer"]
+    assert new.decide({KIND: ["s1", "s2"]}) == {"early": ("s1",), "later": ("s2",)}
+    assert new.enqueue(want("after")) > max(first, second)
+
+
+def test_a_request_the_cluster_can_never_hold_is_told_so(book: QueueBook) -> None:
+    book.enqueue(want("huge", 5))
+    book.decide({KIND: ["s1", "s2"]}, [Holding(KIND, 2)])
+    answer = book.poll("huge")
+    assert isinstance(answer, Never) and "the cluster has 4" in answer.reason
+
+
+def test_a_ticket_is_queued_once(book: QueueBook) -> None:
+    book.enqueue(want("a"))
+    with pytest.raises(InvalidArgumentError, match="already queued"):
+        book.enqueue(want("a"))
+
+
+def test_leaving_gives_the_grant_back(book: QueueBook) -> None:
+    book.enqueue(want("a"))
+    book.enqueue(want("b"))
+    book.decide({KIND: ["s1"]}, [Holding(KIND, 3)])
+    book.leave("a")
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {"b": ("s1",)}

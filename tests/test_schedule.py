@@ -200,3 +200,29 @@ def test_three_two_slice_requests_on_three_slices_all_complete() -> None:
     time, 9 jobs of 2 s."""
     result = replay([2, 2, 2], jobs_each=3, length=2.0, slices=3)
     assert len(result.waits) == 9 and result.makespan == 18.0
+
+
+def test_work_granted_in_the_same_pass_counts_for_the_promise() -> None:
+    """W0 takes two of three idle slices with no time limit, so W1 (needing three) may
+    start as soon as W0 ends, which could be at any moment: nothing is lent past it."""
+    queue = [
+        waiter("w0", 2, arrival=0),
+        waiter("w1", 3, arrival=1),
+        waiter("long", 1, arrival=2, time_limit_s=1e9),
+    ]
+    got = decide(queue, {V6E: ["a", "b", "c"]})
+    assert got.grants == {"w0": ("a", "b")}
+    assert got.earmarks["w1"] == ("c",)
+
+
+def test_the_reason_says_what_is_kept_after_a_loan() -> None:
+    holding = [Holding(V6E, 3, 200.0)]
+    queue = [waiter("head", 2, arrival=0), waiter("filler", 1, arrival=1, time_limit_s=10)]
+    got = decide(queue, {V6E: ["a"]}, holding, now=100.0)
+    assert got.grants == {"filler": ("a",)}
+    assert "0 idle kept for it, 2 more" in got.blocked["head"]
+
+
+def test_a_slice_offered_under_two_kinds_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="slice s1 is listed under kinds"):
+        decide([waiter("a", 1)], {V6E: ["s1"], "v6e-16/2x4": ["s1"]})

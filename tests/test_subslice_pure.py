@@ -78,6 +78,20 @@ def test_a_ragged_last_box_is_not_a_sub_slice() -> None:
     assert list(found) == [0]
 
 
+@pytest.mark.parametrize(
+    ("parent", "sub", "whole"), [("4x4x12", "2x2x8", 4), ("12x12x12", "4x4x8", 9)]
+)
+def test_a_ragged_rest_on_a_later_side_does_not_spoil_whole_boxes(
+    parent: str, sub: str, whole: int
+) -> None:
+    """Ray's numbering gives hosts past the last whole box on a later side the index of a
+    whole box; those hosts are left out, and every whole box is a sub-slice."""
+    hosts = math.prod(subslice.worker_dims(parent))
+    found = subslice.members({w: w for w in range(hosts)}, parent, sub)
+    assert len(found) == whole
+    assert all(len(ws) == math.prod(subslice.worker_dims(sub)) for ws in found.values())
+
+
 def test_physical_position_read_back_from_labels_rays_discovery_left() -> None:
     for parent in ("8x8", "4x4x8"):
         for physical in range(math.prod(subslice.worker_dims(parent))):

@@ -12,7 +12,12 @@ import pytest
 
 from tpuslice import claim, subslice
 from tpuslice.cluster import SliceInfo
-from tpuslice.errors import DiscoveryFailedError, InsufficientSlicesError, ReservationTimeoutError
+from tpuslice.errors import (
+    DiscoveryFailedError,
+    InsufficientSlicesError,
+    InvalidArgumentError,
+    ReservationTimeoutError,
+)
 from tpuslice.layouts import Layout, positions_from_coordinates
 from tpuslice.request import SliceRequest
 from tpuslice.run import _with_context
@@ -58,7 +63,7 @@ def reserve(
         strategy="STRICT_SPREAD",
         **request,
     )
-    targets = SubSlices(req, cluster, known.discover, known.load)
+    targets = SubSlices(req, cluster, known.discover, known.load, cluster.clock.now)
     clock = claim.Clock(cluster.clock.now, cluster.clock.sleep)
     reserver = claim.Reserver(req, clock=clock, ops=cluster, targets=targets)
     return reserver.run(), targets
@@ -236,3 +241,42 @@ def test_a_layout_that_does_not_fit_is_not_used(caplog: pytest.LogCaptureFixture
     assert "v6e-16-0" not in known.recorded and "could not learn the layout" in caplog.text
     with pytest.raises(ReservationTimeoutError, match="v6e-16-0: its layout could not be"):
         reserve(cluster, known, head_reservation_timeout_s=1.0, subslice_index=0)
+
+
+def test_a_layout_that_failed_to_be_learned_is_tried_again_later() -> None:
+    """A passing failure (someone took part of the slice while it was being learned)
+    does not rule the slice out: it is tried again after RELEARN_S."""
+    cluster = InMemoryCluster([("v6e", "4x4")])
+    known = Layouts({"v6e-16-0": scrambled(4, 8)})
+    real, calls = known.discover, []
+
+    def flaky(info: SliceInfo, request: SliceRequest) -> Layout:
+        calls.append(request.head_reservation_timeout_s)
+        if len(calls) == 1:
+            raise DiscoveryFailedError("could not reserve v6e-16-0 whole in time")
+        return real(info, request)
+
+    known.discover = flaky  # type: ignore[method-assign]
+    reservation, _ = reserve(cluster, known, head_reservation_timeout_s=20.0)
+    assert len(calls) == 2 and len(workers(reservation)) == 2
+    assert calls[0] is not None and calls[0] <= 20.0  # learning is bounded by the caller's
+
+
+def test_no_slice_that_can_hold_it_fails_at_once_even_where_the_cluster_can_grow() -> None:
+    """New slices of the sub-slice's own shape would not help, so a cluster with an
+    autoscaler does not make it wait (Ray raises at once too)."""
+    cluster = InMemoryCluster([("v6e", "2x4", 2)], can_grow=True)
+    with pytest.raises(InsufficientSlicesError, match="no slice can hold a v6e 2x2"):
+        reserve(cluster, Layouts({}), topology="2x2")
+    assert cluster.clock.now() == 0.0
+
+
+def test_several_bundles_per_host_say_how_to_ask_for_a_sub_slice() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"one bundle per host: give each bundle"):
+        SliceRequest(
+            topology="2x4",
+            accelerator_version="v6e",
+            subslice=True,
+            strategy="STRICT_SPREAD",
+            resources_per_bundle={"TPU": 2},
+        )

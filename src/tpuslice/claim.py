@@ -351,7 +351,11 @@ class Reserver:
     def _check_possible(self, snapshot: ClusterSnapshot) -> None:
         """Fail at once if the cluster lacks the slices and cannot grow to have them."""
         reason = self.targets.shortage(snapshot)
-        if reason and not self.can_grow():
+        if not reason:
+            return
+        if not self.targets.autoscaling:  # new slices would not help (sub-slices)
+            raise InsufficientSlicesError(f"cannot reserve {self.plan.describe()}: {reason}")
+        if not self.can_grow():
             raise InsufficientSlicesError(
                 f"cannot reserve {self.plan.describe()}: {reason}; "
                 f"{self.targets.explain(snapshot)}. The cluster has no autoscaler, so waiting "

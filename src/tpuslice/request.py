@@ -120,7 +120,18 @@ def _plan(request: SliceRequest) -> ReservationPlan:
             f"{num_bundles} bundles ({request.num_slices} slice(s) x {shape.num_hosts} "
             f"host(s) x {bundles_per_host} bundle(s) per host); give one selector per bundle"
         )
-    _check_strategy(request.strategy, shape, bundles_per_host)
+    try:
+        _check_strategy(request.strategy, shape, bundles_per_host)
+    except InvalidArgumentError as exc:
+        if not request.subslice:
+            raise
+        raise InvalidArgumentError(
+            f"{str(exc).split('; use')[0]}. A sub-slice reservation defaults to "
+            "STRICT_SPREAD, one bundle per host: "
+            f"give each bundle the host's {shape.chips_per_host} chips "
+            f"(resources_per_bundle={{'TPU': {shape.chips_per_host * per_chip}}}), or pass "
+            "strategy='SPREAD' for several bundles per host"
+        ) from None
     if request.lifetime not in LIFETIMES:
         raise InvalidArgumentError(f"lifetime must be None or 'detached', got {request.lifetime!r}")
     return ReservationPlan(

@@ -13,17 +13,21 @@ work holding the others, which waiters are granted which slices now. The rules:
    So a stream of small requests cannot starve a big one that arrived first.
 4. **Backfill.** A later waiter may start, out of order, on slices no waiter ahead of it
    can use: slices of another kind at any time; and a blocked waiter's earmarked slices
-   only when it declared a time limit that ends no later than the earliest moment every
-   waiter ahead of it (of that kind) could start anyway. That moment comes from the time
-   limits of the work holding the kind's other slices; work with no limit might end at
-   any moment, so it counts as ending now. So a backfilled waiter never delays one ahead
-   of it, provided it keeps to its limit.
+   only when it declared a time limit and gives them back no later than the start every
+   blocked waiter ahead of it is *promised*. The promise is computed as if all work
+   holding the kind's slices (granted in this pass too) used its full time limit; work
+   with no limit might end at any moment, so it promises "now" and nothing is lent while
+   a blocked waiter depends on it. This is the usual guarantee of backfill with time
+   limits (EASY): a borrower that keeps to its limit never makes a waiter ahead start
+   later than its promise; work that ends before its limit can free slices while a
+   borrower still holds them, and that wait is bounded by the borrower's limit.
 
 Nothing here preempts running work.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -130,6 +134,14 @@ def decide(
         The grants, earmarks and reasons of this pass.
     """
     decision = Decision()
+    seen: dict[str, str] = {}
+    for kind, names in idle.items():
+        for name in names:
+            if seen.setdefault(name, kind) != kind:
+                raise InvalidArgumentError(
+                    f"slice {name} is listed under kinds {seen[name]} and {kind}: each idle "
+                    "slice must be offered under one kind"
+                )
     ordered = queue_order(waiters)
     for place, waiter in enumerate(ordered, start=1):
         decision.position[waiter.ticket] = place
@@ -153,8 +165,16 @@ def _decide_kind(
     decision: Decision,
 ) -> None:
     capacity = len(free) + sum(h.slices for h in holding)
-    # When each held slice comes back at the earliest (no known limit: at any moment).
+    by_ticket = {w.ticket: w for w in waiters}
+    # When each held slice is promised back (its work's limit; no limit: at any moment).
     ends = sorted(now if h.ends_by is None else h.ends_by for h in holding for _ in range(h.slices))
+
+    def started(waiter: Waiter, slices: tuple[str, ...]) -> None:
+        decision.grants[waiter.ticket] = slices
+        back = now if waiter.time_limit_s is None else now + waiter.time_limit_s
+        for _ in slices:
+            bisect.insort(ends, back)
+
     # When each blocked waiter could start at the earliest (all of them, so far).
     start_bound = math.inf
     earmarked: dict[str, list[str]] = {}
@@ -168,12 +188,12 @@ def _decide_kind(
             continue
         if not earmarked and len(free) >= low:
             taken, free = free[: min(high, len(free))], free[min(high, len(free)) :]
-            decision.grants[waiter.ticket] = tuple(taken)
+            started(waiter, tuple(taken))
             continue
         if earmarked:
             lent = _backfill(waiter, earmarked, now, start_bound)
             if lent is not None:
-                decision.grants[waiter.ticket] = lent
+                started(waiter, lent)
                 continue
         # Blocked: keep what is idle for it, and say when it could start at the earliest.
         mine, free = free, []
@@ -181,15 +201,15 @@ def _decide_kind(
         waiting_for += low - len(mine)
         start = ends[waiting_for - 1] if waiting_for <= len(ends) else math.inf
         start_bound = min(start_bound, start)
-        ahead = len(earmarked) - 1
-        decision.blocked[waiter.ticket] = (
-            f"needs {low} slice(s) of {waiter.kind}, behind {ahead} earlier request(s) for them"
-            if ahead
-            else f"needs {low} slice(s) of {waiter.kind}: {len(mine)} idle kept for it, "
-            f"{low - len(mine)} more when running work gives them back"
-        )
-    for ticket, slices in earmarked.items():
+    for ahead, (ticket, slices) in enumerate(earmarked.items()):
         decision.earmarks[ticket] = tuple(slices)
+        low, kind = by_ticket[ticket].count[0], by_ticket[ticket].kind
+        decision.blocked[ticket] = (
+            f"needs {low} slice(s) of {kind}, behind {ahead} earlier request(s) for them"
+            if ahead
+            else f"needs {low} slice(s) of {kind}: {len(slices)} idle kept for it, "
+            f"{low - len(slices)} more when running work gives them back"
+        )
 
 
 def _backfill(

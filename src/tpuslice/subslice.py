@@ -248,8 +248,8 @@ def members(
     parent_topology: str,
     subslice_topology: str,
 ) -> dict[int, list[int]]:
-    """Each sub-slice's hosts: ``{index: [TPU worker ids, ascending]}``; a sub-slice that
-    does not tile the parent (a ragged last box) is left out.
+    """Each sub-slice's hosts: ``{index: [TPU worker ids, ascending]}``; hosts in the
+    ragged rest of a side the sub-slice does not divide are left out.
 
     Args:
         physical_by_worker: Each TPU worker id's physical position.
@@ -260,10 +260,14 @@ def members(
         The whole sub-slices, by index.
     """
     size = math.prod(worker_dims(subslice_topology))
+    grid, sub = worker_dims(parent_topology), worker_dims(subslice_topology)
+    boxes = [g // s for g, s in zip(grid, sub, strict=True)]
     found: dict[int, list[int]] = {}
     for worker, physical in physical_by_worker.items():
-        index = subslice_index(physical, parent_topology, subslice_topology)
-        found.setdefault(index, []).append(worker)
+        box = [p // s for p, s in zip(_position(physical, grid), sub, strict=True)]
+        if any(b >= n for b, n in zip(box, boxes, strict=True)):
+            continue  # in the ragged rest of a side (Ray gives it a whole box's index)
+        found.setdefault(_row_major(box, boxes), []).append(worker)
     return {i: sorted(ws) for i, ws in sorted(found.items()) if len(ws) == size}
 
 

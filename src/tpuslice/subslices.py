@@ -12,13 +12,15 @@ A sub-slice reservation goes through the same claiming loop as a whole slice
   reservation pinned to it (so never while anyone holds part of it), again when its hosts
   are replaced;
 - the result is a :class:`SubslicePlacementGroup`, a :class:`~tpuslice.SlicePlacementGroup`
-  of the sub-slice's hosts in rank order (lowest TPU worker id first): ``run_on_slice``
-  and ``SliceActorGroup`` run on it with the sub-slice's own ranks and coordinator, and its
-  hand-back confirms its TPUs free like any other.
+  of the sub-slice's hosts in rank order (physical order, see
+  ``compat.SUBSLICE_DIFFERENCES``): ``run_on_slice`` and ``SliceActorGroup`` run on it
+  with the sub-slice's own ranks and coordinator, and its hand-back confirms its TPUs
+  free like any other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -49,6 +51,8 @@ logger = logging.getLogger(__name__)
 
 TPU_SUBSLICE_LABEL_PREFIX = subslice.SUBSLICE_LABEL_PREFIX
 DISCOVERY_TIMEOUT_S = 30.0
+RELEARN_S = 10.0
+"""After a failed attempt to learn a slice's layout, wait this long before trying again."""
 """Longest wait to reserve an idle slice for discovery (it was idle a moment ago)."""
 
 
@@ -60,6 +64,7 @@ class SubSlices:
         ops: The cluster (Ray's by default).
         discover: Learns a slice's layout (default: :func:`discover_layout`).
         load: Reads a slice's recorded layout (default: :func:`tpuslice.layouts.load`).
+        now: Monotonic seconds (the claiming loop's clock, for tests).
     """
 
     def __init__(
@@ -68,6 +73,7 @@ class SubSlices:
         ops: ClusterOps = RAY_OPS,
         discover: Callable[[SliceInfo, SliceRequest], layouts.Layout] | None = None,
         load: Callable[[SliceInfo], layouts.Layout | None] | None = None,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         self.request = request
         self.plan = request.plan
@@ -77,7 +83,12 @@ class SubSlices:
         self.layouts: dict[str, layouts.Layout] = {}
         self.chosen: dict[tuple[str, tuple[int, ...]], tuple[str, int]] = {}
         """``(slice, worker ids)`` of each picked sub-slice -> its parent topology, index."""
-        self.failed: set[str] = set()
+        self.now = now
+        timeout = request.head_reservation_timeout_s
+        self.deadline = None if timeout is None else now() + timeout
+        self.failed: dict[str, float] = {}
+        """Slices whose layout could not be learned, with when (tried again after
+        :data:`RELEARN_S`)."""
 
     @property
     def head_claims(self) -> bool:
@@ -137,18 +148,25 @@ class SubSlices:
         if self.pick(snapshot, {}):
             return snapshot
         for info in parents:
-            unknown = info.name not in self.layouts and info.name not in self.failed
+            failed_at = self.failed.get(info.name)
+            retry = failed_at is None or self.now() - failed_at >= RELEARN_S
+            unknown = info.name not in self.layouts and retry
             if unknown and info.state is SliceState.READY:
                 self._learn(info)
                 return self.ops.snapshot(self.plan.tpu_resource_per_chip)
         return snapshot
 
     def _learn(self, info: SliceInfo) -> None:
+        # Learning is bounded by what is left of the caller's timeout too.
+        budget = DISCOVERY_TIMEOUT_S
+        if self.deadline is not None:
+            budget = max(1.0, min(budget, self.deadline - self.now()))
+        request = dataclasses.replace(self.request, head_reservation_timeout_s=budget)
         try:
-            self.layouts[info.name] = self._discover(info, self.request)
+            self.layouts[info.name] = self._discover(info, request)
         except DiscoveryFailedError as exc:
             logger.warning("could not learn the layout of %s: %s", info.name, exc)
-            self.failed.add(info.name)
+            self.failed[info.name] = self.now()
 
     def pick(self, snapshot: ClusterSnapshot, taken: Mapping[int, str]) -> dict[int, SliceInfo]:
         """The first idle sub-slice (slice index 0 only: one per reservation).
@@ -227,10 +245,12 @@ class SubSlices:
                 "slice of exactly that shape"
             )
         wanted = self.request.subslice_index
-        if wanted is not None and self.layouts:
-            most = max(len(self._all_members(p)) for p in parents if p.name in self.layouts)
-            if wanted >= most:
-                return f"subslice_index {wanted} is out of range (at most {most} per slice)"
+        known = [len(self._all_members(p)) for p in parents if p.name in self.layouts]
+        if wanted is not None and known and wanted >= max(known):
+            return (
+                f"subslice_index {wanted} is out of range: the slices here have "
+                f"{max(known)} {self.plan.shape.topology} sub-slices (valid: 0..{max(known) - 1})"
+            )
         return None
 
     def _all_members(self, info: SliceInfo) -> dict[int, list[int]]:
@@ -282,7 +302,9 @@ def discover_layout(info: SliceInfo, request: SliceRequest) -> layouts.Layout:
 
     Args:
         info: The slice (idle a moment ago).
-        request: The sub-slice request (for the generation and timeouts).
+        request: The sub-slice request (for the resource per chip, and its
+            ``head_reservation_timeout_s``, which bounds the learning, at most
+            :data:`DISCOVERY_TIMEOUT_S`).
 
     Returns:
         The layout, also recorded in Ray's KV store for every program to read.
@@ -293,12 +315,13 @@ def discover_layout(info: SliceInfo, request: SliceRequest) -> layouts.Layout:
     """
     shape = info.shape
     assert shape is not None
+    bound = min(DISCOVERY_TIMEOUT_S, request.head_reservation_timeout_s or DISCOVERY_TIMEOUT_S)
     whole = SliceRequest(
         topology=shape.topology,
         accelerator_version=shape.generation.name,
         chips_per_vm=shape.chips_per_host,
         tpu_resource_per_chip=request.tpu_resource_per_chip,
-        head_reservation_timeout_s=DISCOVERY_TIMEOUT_S,
+        head_reservation_timeout_s=bound,
         bundle_label_selector=[{SLICE_NAME_LABEL: info.name}] * shape.num_hosts,
     )
     from tpuslice.run import launch
@@ -307,7 +330,7 @@ def discover_layout(info: SliceInfo, request: SliceRequest) -> layouts.Layout:
     try:
         with SlicePlacementGroup.from_request(whole) as spg:
             refs = launch(layouts.coordinates_task, spg, (), {})
-            answers = ray.get(refs, timeout=DISCOVERY_TIMEOUT_S)
+            answers = ray.get(refs, timeout=max(1.0, bound - (time.monotonic() - started)))
             nodes = {w: h.node_id for w, h in spg.slices[0].hosts.items()}
     except (TimeoutError, ray.exceptions.RayError) as exc:
         raise DiscoveryFailedError(f"learning the layout of {info.name} failed: {exc}") from exc
@@ -331,8 +354,8 @@ class SubslicePlacementGroup(SlicePlacementGroup):
     2.60's ``SubslicePlacementGroup``); made by :func:`subslice_placement_group`.
 
     It is a :class:`~tpuslice.SlicePlacementGroup` of the sub-slice's hosts in rank order
-    (lowest TPU worker id first), so ``run_on_slice(fn, tpu_slice=...)`` and
-    ``SliceActorGroup`` work on it; Ray's properties are offered too.
+    (in physical order, not Ray's worker-id order), so ``run_on_slice(fn, tpu_slice=...)``
+    and ``SliceActorGroup`` work on it; Ray's properties are offered too.
     """
 
     _parent_topology: str
@@ -386,18 +409,21 @@ class SubslicePlacementGroup(SlicePlacementGroup):
             raise NoSubsliceParentError(str(exc)) from None
         except ReservationTimeoutError as exc:
             raise SubsliceUnavailableError(str(exc)) from None
-        spg._parent_topology, spg._subslice_index = targets.placement(spg.slices[0])
-        spg._selectors = SlicePlacementGroup.bundle_label_selector.fget(spg)  # type: ignore[attr-defined]
+        try:
+            spg._parent_topology, spg._subslice_index = targets.placement(spg.slices[0])
+            spg._selectors = SlicePlacementGroup.bundle_label_selector.fget(spg)  # type: ignore[attr-defined]
+        except BaseException:
+            spg.shutdown()
+            raise
         return spg
 
     # --- Ray 2.60's properties ---------------------------------------------------------
 
     @property
-    def placement_group(self) -> PlacementGroup:
-        """The worker placement group (one bundle per host of the sub-slice)."""
-        pg = self._reservation.combined_pg
-        assert pg is not None, "this SubslicePlacementGroup has been shut down"
-        return pg
+    def placement_group(self) -> PlacementGroup | None:
+        """The worker placement group (one bundle per host of the sub-slice, in rank
+        order); None after :meth:`shutdown`, as Ray's."""
+        return self._reservation.combined_pg
 
     @property
     def parent_topology(self) -> str:

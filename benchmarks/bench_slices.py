@@ -526,7 +526,10 @@ def floor_learn(setup: Setup) -> dict[int, int]:
         remove_placement_group(pg)
     # As Ray's and ours do: wait until the hosts show free before asking for some of them
     # (a group asked for earlier waits for Ray's retry of pending groups instead).
+    deadline = now() + IDLE_BOUND_S
     while read_snapshot().slices[setup.names[0]].state is not SliceState.READY:
+        if now() > deadline:
+            raise BenchError(f"{setup.names[0]} not idle {IDLE_BOUND_S:.0f} s after discovery")
         time.sleep(0.005)
     return {w: subslice.physical_position(c, setup.topology) for w, c in enumerate(answers)}
 

@@ -120,18 +120,15 @@ def _plan(request: SliceRequest) -> ReservationPlan:
             f"{num_bundles} bundles ({request.num_slices} slice(s) x {shape.num_hosts} "
             f"host(s) x {bundles_per_host} bundle(s) per host); give one selector per bundle"
         )
-    try:
-        _check_strategy(request.strategy, shape, bundles_per_host)
-    except InvalidArgumentError as exc:
-        if not request.subslice:
-            raise
-        raise InvalidArgumentError(
-            f"{str(exc).split('; use')[0]}. A sub-slice reservation defaults to "
-            "STRICT_SPREAD, one bundle per host: "
-            f"give each bundle the host's {shape.chips_per_host} chips "
-            f"(resources_per_bundle={{'TPU': {shape.chips_per_host * per_chip}}}), or pass "
-            "strategy='SPREAD' for several bundles per host"
-        ) from None
+    spread_hint = (
+        "; a sub-slice reservation defaults to STRICT_SPREAD, one bundle per host: give "
+        f"each bundle the host's {shape.chips_per_host} chips (resources_per_bundle="
+        f"{{'TPU': {shape.chips_per_host * per_chip}}}), or pass strategy='SPREAD' for "
+        "several bundles per host"
+        if request.subslice
+        else "; use 'SPREAD' (the default)"
+    )
+    _check_strategy(request.strategy, shape, bundles_per_host, spread_hint)
     if request.lifetime not in LIFETIMES:
         raise InvalidArgumentError(f"lifetime must be None or 'detached', got {request.lifetime!r}")
     return ReservationPlan(
@@ -207,7 +204,9 @@ def _bundles_per_host(shape: SliceShape, per_chip: int, tpu_per_bundle: float) -
     return int(per_host // tpu_per_bundle)
 
 
-def _check_strategy(strategy: str, shape: SliceShape, bundles_per_host: int) -> None:
+def _check_strategy(
+    strategy: str, shape: SliceShape, bundles_per_host: int, spread_hint: str
+) -> None:
     if strategy not in STRATEGIES:
         raise InvalidArgumentError(
             f"strategy {strategy!r} is not valid; valid: {', '.join(STRATEGIES)}"
@@ -220,5 +219,5 @@ def _check_strategy(strategy: str, shape: SliceShape, bundles_per_host: int) -> 
     if strategy == "STRICT_SPREAD" and bundles_per_host > 1:
         raise InvalidArgumentError(
             f"strategy 'STRICT_SPREAD' puts each bundle on its own node, but "
-            f"{bundles_per_host} bundles share each host here; use 'SPREAD' (the default)"
+            f"{bundles_per_host} bundles share each host here{spread_hint}"
         )

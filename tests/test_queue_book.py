@@ -129,3 +129,39 @@ def test_leaving_gives_the_grant_back(book: QueueBook) -> None:
     book.decide({KIND: ["s1"]}, [Holding(KIND, 3)])
     book.leave("a")
     assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {"b": ("s1",)}
+
+
+def test_a_claimed_slice_that_still_shows_idle_is_not_granted_again(
+    book: QueueBook, clock: Clock
+) -> None:
+    """The resource view lags the claim: until the slice shows in use (or SETTLE_S), the
+    next waiter is not granted it; once it has shown in use, idle again means idle."""
+    book.enqueue(want("a"))
+    book.enqueue(want("b"))
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {"a": ("s1",)}
+    book.claimed("a")
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {}
+    answer = book.poll("b")
+    assert isinstance(answer, Waiting) and answer.position == 1
+    assert book.decide({KIND: []}, [Holding(KIND, 4)]) == {}  # now shown in use
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {"b": ("s1",)}
+
+
+def test_a_claimed_slice_is_offered_again_after_the_settling_time(
+    book: QueueBook, clock: Clock
+) -> None:
+    book.enqueue(want("a"))
+    book.enqueue(want("b"))
+    book.decide({KIND: ["s1"]}, [Holding(KIND, 3)])
+    book.claimed("a")
+    clock.now = book.settle_s + 0.1
+    book.poll("b")
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {"b": ("s1",)}
+
+
+def test_overdue_tickets_are_listed(book: QueueBook, clock: Clock) -> None:
+    book.enqueue(want("quiet"))
+    book.enqueue(want("busy"))
+    clock.now = 1.0
+    book.poll("busy")
+    assert book.overdue(0.5) == ["quiet"]

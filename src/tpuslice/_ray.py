@@ -7,6 +7,7 @@ everything else in tpuslice talks to Ray through its public API.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from typing import Any
 
 import ray
@@ -136,3 +137,20 @@ def remote_function_parts(fn: Any) -> tuple[Any, dict[str, Any]]:
             f"expected a @ray.remote function, got {type(fn).__name__!r} (no Python function)"
         )
     return function, dict(getattr(fn, "_default_options", {}) or {})
+
+
+def dead_jobs(job_ids: Collection[str]) -> set[str]:
+    """Of the given Ray job ids (hex), those whose drivers have exited, in one GCS read.
+
+    Public alternative: ``ray.util.state.list_jobs`` goes through the dashboard, which a
+    cluster may not run; the GCS job table is what it reads.
+    """
+    from ray._private.state import state
+
+    wanted = set(job_ids)
+    return {j["JobID"] for j in state.job_table() if j["JobID"] in wanted and j["IsDead"]}
+
+
+def current_job_id() -> str:
+    """Hex id of this process's Ray job."""
+    return str(ray.get_runtime_context().get_job_id())

@@ -4,6 +4,12 @@ Look at the cluster, claim every idle whole slice still needed (all at once: a h
 on worker 0's head resource, pinned by label), then place every worker group together.
 A slice whose groups do not place within a short bound (someone took a host meanwhile)
 is given back and another tried. Any failure or interrupt removes everything made so far.
+
+When the request cannot be met at once, or others already wait for its kind of slice,
+it waits in the cluster-wide queue (:mod:`tpuslice.queue_actor`) and claims exactly the
+slices the queue grants it, all at once: it never holds some slices while it waits for
+more. If no queue can be reached, it waits as before (claiming what it can) and the log
+says so once.
 """
 
 from __future__ import annotations
@@ -18,9 +24,16 @@ from ray.util.placement_group import PlacementGroup
 
 from tpuslice.cluster import ClusterSnapshot, HostInfo, SliceInfo, SliceState
 from tpuslice.demand import AutoscalerDemand
-from tpuslice.errors import InsufficientSlicesError, ReservationTimeoutError
+from tpuslice.errors import (
+    InsufficientSlicesError,
+    QueueUnreachableError,
+    ReservationTimeoutError,
+)
 from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice.ops import RAY_OPS, ClusterOps
+from tpuslice.queue_book import Granted, Never, Waiting
+from tpuslice.queue_place import QueuePlace
+from tpuslice.queue_service import SliceKind
 from tpuslice.request import SliceRequest
 from tpuslice.targets import Targets, WholeSlices
 
@@ -29,9 +42,16 @@ logger = logging.getLogger(__name__)
 CLAIM_BOUND_S = 2.0
 """How long a claimed slice's groups may take to place before we give it back."""
 POLL_S = (0.05, 0.5)
+"""First and largest pause between looks at the cluster while waiting for a slice."""
 REPROBE_S = 2.0
 """How often a waiting reservation re-asks about slices busy only by a TPU owner record."""
-"""First and largest pause between looks at the cluster while waiting for a slice."""
+QUEUE_POLL_S = 0.05
+"""Pause between asks of the queue while waiting in it."""
+QUEUE_LOOK_S = 1.0
+"""While queued, how often the cluster itself is read (autoscaler demand, impossibility)."""
+PROGRESS_S = 10.0
+"""While queued, how often the log says where the reservation stands."""
+_said_unreachable: list[bool] = [False]
 
 
 @dataclass
@@ -96,6 +116,16 @@ class Reserver:
         """Groups created but not yet recorded in a claim: removed too if we stop."""
         self.demand: AutoscalerDemand | None = None
         self._can_grow: bool | None = None
+        self.place: QueuePlace | None = None
+        """Our ticket in the cluster-wide queue, while we wait there."""
+        self.queueable = (
+            isinstance(self.targets, WholeSlices)
+            and not self.plan.user_selectors
+            and self.plan.num_slices > 0
+        )
+        """Whether this request waits in the queue (pinned or labelled requests, and
+        sub-slices, claim directly)."""
+        self.kind = SliceKind(self.plan.shape, self.plan.tpu_resource_per_chip)
 
     def can_grow(self) -> bool:
         """Whether the cluster has an autoscaler (read once per reservation).
@@ -124,10 +154,27 @@ class Reserver:
         pause = POLL_S[0]
         try:
             while True:
+                granted = None
+                if self.place is not None:
+                    granted = self._wait_for_grant(deadline, started)
                 snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
                 snapshot = self.targets.prepare(snapshot)
                 self._drop_broken(snapshot)
-                self._claim(snapshot)
+                if granted is not None:
+                    self._claim(_only(snapshot, granted))
+                    if len(self.claims) < self.plan.num_slices:
+                        self._requeue("a granted slice was taken meanwhile")
+                        continue
+                elif self.place is None and self._should_queue(snapshot):
+                    self._join_queue(snapshot)
+                    continue
+                elif self.place is None:
+                    self._claim(snapshot)
+                    if 0 < len(self.claims) < self.plan.num_slices and self._should_queue(
+                        snapshot, after_claiming=True
+                    ):
+                        self._join_queue(snapshot)
+                        continue
                 self._follow_demand(snapshot)
                 if len(self.claims) == self.plan.num_slices:
                     self._end_demand()
@@ -138,9 +185,16 @@ class Reserver:
                     )
                     if reservation is not None and self._free_of_owners(reservation):
                         self.in_flight = []
+                        if self.place is not None:
+                            self.place.claimed()
+                            self.place = None
                         return reservation
                     self._check_deadline(deadline, snapshot, started)
+                    if self.place is not None:
+                        self._requeue("a granted slice could not be placed")
                     continue  # retry placing at once: the failed wait was the pause
+                if self.place is not None:
+                    continue
                 self._check_possible(snapshot)
                 self._check_deadline(deadline, snapshot, started)
                 wait = pause if deadline is None else min(pause, deadline - self.clock.now())
@@ -151,8 +205,105 @@ class Reserver:
             raise
 
     def release_all(self) -> None:
-        """Remove every group this reserver made (claims and autoscaler demand)."""
+        """Remove every group this reserver made (claims and autoscaler demand), and
+        leave the queue."""
+        if self.place is not None:
+            self.place.leave()
+            self.place = None
         self._end_demand()
+        self._give_back_all()
+
+    # --- the queue ---------------------------------------------------------------------
+
+    def _should_queue(self, snapshot: ClusterSnapshot, *, after_claiming: bool = False) -> bool:
+        """Wait in the queue when others already wait for this kind of slice, or when
+        there are not enough idle ones to take all at once (so none is held idle)."""
+        if not self.queueable:
+            return False
+        if after_claiming:
+            return True
+        if any(r for r in snapshot.queued(self.kind.key)):
+            return True
+        picks = self.targets.pick(snapshot, {})
+        return len(picks) < self.plan.num_slices
+
+    def _join_queue(self, snapshot: ClusterSnapshot) -> None:
+        """Give back anything claimed, then enqueue; if no queue answers, say so once
+        and claim directly from now on."""
+        self._check_possible(snapshot)
+        try:
+            place = QueuePlace(
+                self.ops.slice_queue(),
+                self.kind,
+                (self.plan.num_slices, self.plan.num_slices),
+                self.request.priority,
+            )
+            place.join()
+        except QueueUnreachableError as exc:
+            self._fall_back(exc)
+            return
+        self._give_back_all()
+        self.place = place
+
+    def _wait_for_grant(self, deadline: float | None, started: float) -> tuple[str, ...] | None:
+        """Poll the queue until it grants slices (returned); ``None`` if the queue
+        stopped answering and the reservation falls back to claiming directly. Reads
+        the cluster now and then, to fail at once if the request became impossible and
+        to keep the autoscaler's demand; raises at the deadline."""
+        assert self.place is not None
+        next_look = self.clock.now() + QUEUE_LOOK_S
+        next_progress = self.clock.now() + PROGRESS_S
+        while True:
+            try:
+                answer = self.place.poll()
+            except QueueUnreachableError as exc:
+                self.place = None
+                self._fall_back(exc)
+                return None
+            if isinstance(answer, Granted):
+                return answer.slices
+            now = self.clock.now()
+            if isinstance(answer, Never) or now >= next_look:
+                next_look = now + QUEUE_LOOK_S
+                snapshot = self.targets.prepare(self.ops.snapshot(self.plan.tpu_resource_per_chip))
+                self._check_possible(snapshot)
+                self._follow_demand(snapshot)
+                if len(self.claims) == self.plan.num_slices:
+                    return ()
+            if now >= next_progress and isinstance(answer, Waiting):
+                next_progress = now + PROGRESS_S
+                logger.info(
+                    "waiting %.0f s for %s: %s",
+                    now - started,
+                    self.plan.describe(),
+                    self.place.describe(),
+                )
+            if deadline is not None and now >= deadline:
+                snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
+                raise self._timeout_error(snapshot, started)
+            wait = QUEUE_POLL_S if deadline is None else min(QUEUE_POLL_S, deadline - now)
+            self.clock.sleep(max(0.0, wait))
+
+    def _requeue(self, why: str) -> None:
+        """Give the granted slices back and wait again in the same place."""
+        assert self.place is not None
+        logger.info("%s; queueing again in the same place", why)
+        self._give_back_all()
+        try:
+            self.place.requeue()
+        except QueueUnreachableError as exc:
+            self.place = None
+            self._fall_back(exc)
+
+    def _fall_back(self, exc: QueueUnreachableError) -> None:
+        self.queueable = False
+        if not _said_unreachable[0]:
+            _said_unreachable[0] = True
+            logger.warning(
+                "%s; reservations wait without the cluster-wide queue (no arrival order)", exc
+            )
+
+    def _give_back_all(self) -> None:
         for group in self.in_flight:
             self.ops.remove_group(group)
         self.in_flight = []
@@ -376,11 +527,21 @@ class Reserver:
             if len(self.claims) == self.plan.num_slices
             else ""
         )
+        held = (
+            self.place.describe()
+            if self.place is not None
+            else f"holding {len(self.claims)} of {self.plan.num_slices}{unplaced}"
+        )
         return ReservationTimeoutError(
             f"no {self.plan.describe()} within {waited:.0f} s: {self.targets.explain(snapshot)}; "
-            f"holding {len(self.claims)} of {self.plan.num_slices}{unplaced}. Wait for work "
-            "to finish, or pass a longer head_reservation_timeout_s"
+            f"{held}. Wait for work to finish, or pass a longer head_reservation_timeout_s"
         )
+
+
+def _only(snapshot: ClusterSnapshot, names: Sequence[str]) -> ClusterSnapshot:
+    """The snapshot with only the named slices (those the queue granted)."""
+    slices = {n: snapshot.slices[n] for n in names if n in snapshot.slices}
+    return ClusterSnapshot(slices, snapshot.taken_at, snapshot.queue)
 
 
 def _hosts(snapshot: ClusterSnapshot) -> dict[str, HostInfo]:

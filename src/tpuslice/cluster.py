@@ -10,8 +10,10 @@ means 0 free, not "all free" (Ray 2.60's ``get_num_ready_tpu_slices`` gets this 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +32,11 @@ from tpuslice.labels import (
     TPU_RESOURCE,
     WORKER_ID_LABEL,
 )
+from tpuslice.queue_record import QUEUE_KEY, QueuedRequest, QueueRecord
 from tpuslice.topology import SliceShape, parse_pod_type, slice_shape
+from tpuslice.tpu_lock import TPUOwner
+
+logger = logging.getLogger(__name__)
 
 NodeRecord = Mapping[str, Any]
 Available = Mapping[str, Mapping[str, float]]
@@ -186,10 +192,25 @@ class ClusterSnapshot:
     Attributes:
         slices: Every slice, by name.
         taken_at: When the cluster was read (``time.time()`` seconds).
+        queue: The cluster-wide queue as last published (``None`` if none was).
     """
 
     slices: Mapping[str, SliceInfo]
     taken_at: float = field(default_factory=time.time)
+    queue: QueueRecord | None = None
+
+    def queued(self, kind: str | None = None) -> list[QueuedRequest]:
+        """The requests waiting in the cluster-wide queue, if its record is fresh.
+
+        Args:
+            kind: Only those waiting for this kind of slice (``v6e-16 4x4``).
+
+        Returns:
+            Them in serving order.
+        """
+        if self.queue is None or not self.queue.fresh(self.taken_at):
+            return []
+        return [r for r in self.queue.requests if kind is None or r.kind == kind]
 
     def matching(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
         """Slices of exactly this shape, in name order.
@@ -500,15 +521,30 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     Raises:
         InvalidArgumentError: the TPU units per chip is not a positive integer.
     """
-    from tpuslice.agent import recorded_owners  # agent.py builds on this module's siblings
-
     per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
     # The KV read goes through another GCS client than the node and resource reads, so
     # it runs alongside them (they share one client and would only queue behind it).
-    recorded = _reader().submit(recorded_owners)
+    recorded = _reader().submit(_read_kv)
     nodes, available = ray.nodes(), _ray.available_resources_per_node()
-    owners = {node: owner.describe() for node, owner in recorded.result().items()}
-    return build_snapshot(nodes, available, per_chip, tpu_owners=owners)
+    found, queue = recorded.result()
+    owners = {node: owner.describe() for node, owner in found.items()}
+    snapshot = build_snapshot(nodes, available, per_chip, tpu_owners=owners)
+    return dataclasses.replace(snapshot, queue=queue)
+
+
+def _read_kv() -> tuple[Mapping[str, TPUOwner], QueueRecord | None]:
+    """The TPU owners the agents recorded, and the queue's record (one thread, in turn)."""
+    from tpuslice.agent import NAMESPACE, recorded_owners
+
+    owners = recorded_owners()
+    raw = _ray.kv_get(QUEUE_KEY, NAMESPACE)
+    if raw is None:
+        return owners, None
+    try:
+        return owners, QueueRecord.from_json(raw)
+    except ValueError as exc:
+        logger.debug("ignoring an unreadable queue record: %s", exc)
+        return owners, None
 
 
 @functools.cache

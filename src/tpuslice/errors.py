@@ -81,6 +81,11 @@ class HostLostError(TPUSliceError, RuntimeError):
     """A host of a slice died or became unreachable while it ran our work."""
 
 
+class QueueUnreachableError(TPUSliceError, RuntimeError):
+    """The cluster-wide slice queue could not be reached (reservations then claim
+    directly, as without a queue)."""
+
+
 class DiscoveryFailedError(TPUSliceError, RuntimeError):
     """A slice's physical layout could not be learned (for sub-slices): it could not be
     reserved whole in time, or a host reported no chip coordinates (no libtpu)."""

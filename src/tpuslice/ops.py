@@ -18,6 +18,7 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from tpuslice import _ray
 from tpuslice.cluster import ClusterSnapshot, read_snapshot
 from tpuslice.groups import remove_group, wait_all
+from tpuslice.queue_service import SliceQueue
 
 
 class ClusterOps(Protocol):
@@ -106,6 +107,17 @@ class ClusterOps(Protocol):
         Returns:
             A function that waits for the answers: per node, the owner (described) or
             ``None`` when its TPU is free or the host could not answer.
+        """
+        ...
+
+    def slice_queue(self) -> SliceQueue:
+        """The cluster-wide queue of waiting reservations.
+
+        Returns:
+            A handle to it.
+
+        Raises:
+            QueueUnreachableError: there is none to be reached.
         """
         ...
 
@@ -209,6 +221,19 @@ class RayOps:
         from tpuslice.agent import start_probe
 
         return start_probe(node_ids)
+
+    def slice_queue(self) -> SliceQueue:
+        """The queue actor (:func:`tpuslice.queue_actor.slice_queue`), created if needed.
+
+        Returns:
+            A handle to it.
+
+        Raises:
+            QueueUnreachableError: it could neither be found nor created.
+        """
+        from tpuslice.queue_actor import slice_queue
+
+        return slice_queue()
 
 
 RAY_OPS: ClusterOps = RayOps()

@@ -20,8 +20,12 @@ from dataclasses import dataclass, field, replace
 from tpuslice.errors import InvalidArgumentError
 from tpuslice.schedule import Holding, Waiter, decide, queue_order
 
-LEASE_S = 3.0
-"""A waiter that has not polled for this long has left (its driver died)."""
+LEASE_S = 10.0
+"""A waiter that has not polled for this long has left (its driver hangs or died; the
+queue learns of a dead driver sooner, from Ray's job table)."""
+SETTLE_S = 2.0
+"""After a grant is claimed, its slices may still show idle in the cluster's resource view
+for a moment; they are kept out of the idle ones until they show in use, or this long."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,9 @@ class QueueBook:
     clock: Callable[[], float] = time.monotonic
     stamp: Callable[[], int] = time.time_ns
     lease_s: float = LEASE_S
+    settle_s: float = SETTLE_S
     _entries: dict[str, _Entry] = field(default_factory=dict)
+    _settling: dict[str, tuple[float, str]] = field(default_factory=dict)
     _latest: int = 0
     _last: dict[str, Answer] = field(default_factory=dict)
 
@@ -126,9 +132,22 @@ class QueueBook:
             :class:`Granted`, :class:`Waiting`, :class:`Never`, or :class:`Unknown`.
         """
         entry = self._entries.get(ticket)
+        if entry is not None:
+            entry.seen = self.clock()
+        return self.poll_quietly(ticket)
+
+    def poll_quietly(self, ticket: str) -> Answer:
+        """Where a ticket stands, without renewing its lease (for status).
+
+        Args:
+            ticket: The ticket.
+
+        Returns:
+            As :meth:`poll`.
+        """
+        entry = self._entries.get(ticket)
         if entry is None:
             return Unknown()
-        entry.seen = self.clock()
         if entry.granted:
             return Granted(entry.granted)
         return self._last.get(ticket, Waiting(0, (), "not decided yet"))
@@ -139,8 +158,11 @@ class QueueBook:
         Args:
             ticket: The ticket.
         """
-        self._entries.pop(ticket, None)
+        entry = self._entries.pop(ticket, None)
         self._last.pop(ticket, None)
+        if entry is not None:
+            for name in entry.granted:
+                self._settling[name] = (self.clock() + self.settle_s, entry.waiter.kind)
 
     def leave(self, ticket: str) -> None:
         """The driver gave up (timeout, Ctrl-C): the ticket and any grant go.
@@ -148,7 +170,44 @@ class QueueBook:
         Args:
             ticket: The ticket.
         """
-        self.claimed(ticket)
+        self._entries.pop(ticket, None)
+        self._last.pop(ticket, None)
+
+    def entry(self, ticket: str) -> tuple[Waiter, str] | None:
+        """A ticket's request and who asked, if it is in the book.
+
+        Args:
+            ticket: The ticket.
+
+        Returns:
+            ``(request, who)``, or ``None``.
+        """
+        entry = self._entries.get(ticket)
+        return None if entry is None else (entry.waiter, entry.who)
+
+    def granted(self, ticket: str) -> tuple[str, ...]:
+        """The slices granted to a ticket and not yet claimed (empty if none).
+
+        Args:
+            ticket: The ticket.
+
+        Returns:
+            The slice names.
+        """
+        entry = self._entries.get(ticket)
+        return () if entry is None else entry.granted
+
+    def overdue(self, after_s: float) -> list[str]:
+        """Tickets not polled for ``after_s`` seconds (their drivers may be gone).
+
+        Args:
+            after_s: Seconds.
+
+        Returns:
+            The tickets.
+        """
+        now = self.clock()
+        return [t for t, e in self._entries.items() if now - e.seen > after_s]
 
     def tickets(self) -> list[tuple[Waiter, str, float]]:
         """What the queue holds, for status.
@@ -183,12 +242,18 @@ class QueueBook:
         for ticket, entry in list(self._entries.items()):
             if now - entry.seen > self.lease_s:
                 self.leave(ticket)
-        pending = {s for e in self._entries.values() for s in e.granted}
+        shown_idle = {s for names in idle.values() for s in names}
+        self._settling = {
+            s: (until, kind)
+            for s, (until, kind) in self._settling.items()
+            if s in shown_idle and until > now
+        }
+        pending = {s for e in self._entries.values() for s in e.granted} | set(self._settling)
         free = {kind: [s for s in names if s not in pending] for kind, names in idle.items()}
         # Slices granted but not claimed yet are held, for the others' purposes.
         granted = [
             Holding(e.waiter.kind, len(e.granted)) for e in self._entries.values() if e.granted
-        ]
+        ] + [Holding(kind, 1) for _, kind in self._settling.values()]
         decision = decide(self._waiters(granted=False), free, [*holding, *granted], now)
         for ticket, slices in decision.grants.items():
             self._entries[ticket].granted = slices

@@ -54,6 +54,8 @@ class SliceRequest:
         subslice: ``topology`` is a sub-slice: some hosts of a bigger slice that form a
             slice of that shape (:func:`tpuslice.subslice_placement_group`).
         subslice_index: With ``subslice``: that sub-slice of its parent only.
+        priority: Place in the cluster-wide queue when slices are short: higher first,
+            arrival order within a priority (tpuslice's; not in Ray).
 
     Raises:
         InvalidArgumentError: a value is out of range or of the wrong kind (every
@@ -75,6 +77,7 @@ class SliceRequest:
     tpu_resource_per_chip: int | None = None
     subslice: bool = False
     subslice_index: int | None = None
+    priority: int = 0
     plan: ReservationPlan = field(init=False, repr=False, compare=False)
     """Everything derived from the fields: shape, bundles per host, bundle resources."""
 
@@ -93,6 +96,10 @@ def _plan(request: SliceRequest) -> ReservationPlan:
     """Validate ``request`` and derive its plan. Raises ``ValueError`` subclasses that say
     what was asked and what is valid, where Ray 2.60 crashes or hangs."""
     check_positive_int("num_slices", request.num_slices)
+    if isinstance(request.priority, bool) or not isinstance(request.priority, int):
+        raise InvalidArgumentError(
+            f"priority must be an integer (higher is served first), got {request.priority!r}"
+        )
     _check_timeout(request.head_reservation_timeout_s)
     if not isinstance(request.pg_per_slice, bool):
         raise InvalidArgumentError(

@@ -14,6 +14,7 @@ and the claim). Raising ``KeyboardInterrupt`` there is a Ctrl-C at that step.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +24,9 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from tpuslice.cluster import ClusterSnapshot, build_snapshot
-from tpuslice.errors import InvalidArgumentError
+from tpuslice.errors import InvalidArgumentError, QueueUnreachableError
 from tpuslice.labels import host_labels, host_resources
+from tpuslice.queue_service import QueueService, SliceQueue
 from tpuslice.topology import slice_shape
 
 T = TypeVar("T")
@@ -38,6 +40,7 @@ OPERATIONS = (
     "remove_group",
     "bundle_node",
     "can_grow",
+    "slice_queue",
     "sleep",
 )
 
@@ -153,6 +156,9 @@ class InMemoryCluster:
         slices: ``(accelerator, topology)`` or ``(accelerator, topology, count)`` items.
         can_grow: What :meth:`can_grow` answers (an autoscaler is present).
         cpus_per_host: Logical CPUs of each host.
+        queue: Offer a cluster-wide queue (:attr:`queue`, a
+            :class:`~tpuslice.queue_service.QueueService` on this cluster's clock); without
+            one, :meth:`slice_queue` raises as for an unreachable queue.
 
     Raises:
         InvalidArgumentError: an item names no valid slice shape (see
@@ -165,6 +171,7 @@ class InMemoryCluster:
         *,
         can_grow: bool = False,
         cpus_per_host: float = 8.0,
+        queue: bool = False,
     ) -> None:
         """Add the given slices, every host idle."""
         self.clock = FakeClock(on_sleep=lambda s: self._call("sleep", lambda: None))
@@ -180,6 +187,18 @@ class InMemoryCluster:
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self._scripts: list[tuple[str, int, Callable[[], None], bool]] = []
         self._names = itertools.count()
+        stamps = itertools.count(1)
+        self.queue: QueueService | None = (
+            QueueService(
+                self._snapshot,
+                clock=self.clock.now,
+                stamp=lambda: next(stamps),
+                wall=self.clock.now,
+                decide_every_s=0.0,
+            )
+            if queue
+            else None
+        )
         for item in slices:
             count = item[2] if len(item) > 2 else 1
             for _ in range(count):
@@ -414,6 +433,23 @@ class InMemoryCluster:
 
         return self._call("start_owner_probe", start)
 
+    def slice_queue(self) -> SliceQueue:
+        """The in-memory queue (see ``queue=``).
+
+        Returns:
+            :attr:`queue`.
+
+        Raises:
+            QueueUnreachableError: the cluster was made without one.
+        """
+
+        def find() -> SliceQueue:
+            if self.queue is None:
+                raise QueueUnreachableError("this in-memory cluster has no queue (queue=False)")
+            return self.queue
+
+        return self._call("slice_queue", find)
+
     def own_tpu(self, slice_name: str, worker_id: int, owner: str | None) -> None:
         """A process takes that host's TPU (``owner`` describes it); ``None``: it exits.
 
@@ -463,9 +499,12 @@ class InMemoryCluster:
             for n in self.nodes.values()
             if n.alive
         }
-        return build_snapshot(
+        snapshot = build_snapshot(
             records, available, per_chip, taken_at=self.clock.t, tpu_owners=self.recorded_owners
         )
+        if self.queue is None:
+            return snapshot
+        return dataclasses.replace(snapshot, queue=self.queue.record())
 
     def _unplace(self, group: MemoryGroup) -> None:
         for node_id, bundle in zip(group.nodes or [], group.bundles, strict=False):

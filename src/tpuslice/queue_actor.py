@@ -1,0 +1,213 @@
+"""The cluster-wide queue on Ray: one named detached actor, and the drivers' handle to it.
+
+The actor (``tpuslice-queue`` in namespace ``tpuslice``, on the head node, restarted by
+Ray if it dies) runs a :class:`~tpuslice.queue_service.QueueService` over the live
+cluster and publishes its record to Ray's KV store. Drivers reach it through
+:class:`RayQueue`; when it cannot be reached they reserve as before (the claiming loop
+logs that once per process), so a cluster without it still works.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+from typing import Any
+
+import ray
+
+from tpuslice import _ray
+from tpuslice.cluster import read_snapshot
+from tpuslice.errors import QueueUnreachableError
+from tpuslice.queue_book import Answer
+from tpuslice.queue_record import QUEUE_KEY, QueueRecord
+from tpuslice.queue_service import QueueService, Ticket
+
+logger = logging.getLogger(__name__)
+
+NAME = "tpuslice-queue"
+NAMESPACE = "tpuslice"
+CALL_TIMEOUT_S = 10.0
+"""How long a driver waits for the queue to answer (it may be starting or restarting)."""
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+"""The resource Ray gives the head node only; the queue asks for a sliver of it, so it
+does not live (and die) on a TPU host."""
+
+
+class SliceQueueActor:
+    """The queue actor's body: a :class:`QueueService` over the live cluster."""
+
+    def __init__(self) -> None:
+        self.service = QueueService(read_snapshot, publish=_publish, dead_jobs=_ray.dead_jobs)
+
+    def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
+        """See :meth:`QueueService.enqueue`.
+
+        Args:
+            ticket: The request.
+            arrival: Its original arrival number.
+
+        Returns:
+            Its arrival number.
+        """
+        return self.service.enqueue(ticket, arrival)
+
+    def poll(self, ticket: str) -> Answer:
+        """See :meth:`QueueService.poll`.
+
+        Args:
+            ticket: The ticket.
+
+        Returns:
+            Where it stands.
+        """
+        return self.service.poll(ticket)
+
+    def claimed(self, ticket: str) -> None:
+        """See :meth:`QueueService.claimed`.
+
+        Args:
+            ticket: The ticket.
+        """
+        self.service.claimed(ticket)
+
+    def leave(self, ticket: str) -> None:
+        """See :meth:`QueueService.leave`.
+
+        Args:
+            ticket: The ticket.
+        """
+        self.service.leave(ticket)
+
+    def pid(self) -> int:
+        """This process's id (tests kill it to see the queue come back).
+
+        Returns:
+            The pid.
+        """
+        import os
+
+        return os.getpid()
+
+
+def _publish(record: QueueRecord) -> None:
+    _ray.kv_put(QUEUE_KEY, record.to_json(), NAMESPACE)
+
+
+_remote_queue = ray.remote(num_cpus=0, max_restarts=-1)(SliceQueueActor)
+
+
+class RayQueue:
+    """A driver's handle to the queue actor (every call bounded by ``CALL_TIMEOUT_S``).
+
+    Args:
+        handle: The actor handle.
+    """
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
+        """Enqueue (again, with ``arrival``, to keep a place).
+
+        Args:
+            ticket: The request.
+            arrival: Its original arrival number.
+
+        Returns:
+            Its arrival number.
+
+        Raises:
+            QueueUnreachableError: the queue did not answer.
+        """
+        if not ticket.job:
+            ticket = replace(ticket, job=_ray.current_job_id())
+        number: int = self._get(self.handle.enqueue.remote(ticket, arrival))
+        return number
+
+    def poll(self, ticket: str) -> Answer:
+        """Where a ticket stands (renews its lease).
+
+        Args:
+            ticket: The ticket.
+
+        Returns:
+            The answer.
+
+        Raises:
+            QueueUnreachableError: the queue did not answer.
+        """
+        answer: Answer = self._get(self.handle.poll.remote(ticket))
+        return answer
+
+    def claimed(self, ticket: str) -> None:
+        """Report the grant held (not waited for).
+
+        Args:
+            ticket: The ticket.
+        """
+        self.handle.claimed.remote(ticket)
+
+    def leave(self, ticket: str) -> None:
+        """Leave the queue (not waited for).
+
+        Args:
+            ticket: The ticket.
+        """
+        self.handle.leave.remote(ticket)
+
+    @staticmethod
+    def _get(ref: Any) -> Any:
+        try:
+            return ray.get(ref, timeout=CALL_TIMEOUT_S)
+        except (ray.exceptions.RayError, ConnectionError) as exc:
+            raise QueueUnreachableError(f"the slice queue did not answer: {exc}") from exc
+
+
+_lock = threading.Lock()
+_handle: RayQueue | None = None
+
+
+def slice_queue() -> RayQueue:
+    """The cluster's queue, created on the head node if there is none (cached).
+
+    Returns:
+        A handle to it.
+
+    Raises:
+        QueueUnreachableError: it could neither be found nor created.
+    """
+    global _handle
+    with _lock:
+        if _handle is not None and _handle_is_current():
+            return _handle
+        try:
+            try:
+                handle = ray.get_actor(NAME, namespace=NAMESPACE)
+            except ValueError:  # none yet
+                handle = _remote_queue.options(
+                    name=NAME,
+                    namespace=NAMESPACE,
+                    lifetime="detached",
+                    get_if_exists=True,
+                    resources={HEAD_NODE_RESOURCE: 0.001},
+                ).remote()
+        except (ray.exceptions.RayError, ConnectionError, ValueError) as exc:
+            raise QueueUnreachableError(f"could not find or start the slice queue: {exc}") from exc
+        _handle = RayQueue(handle)
+        _handle_cluster[0] = _cluster_id()
+        return _handle
+
+
+_handle_cluster: list[str | None] = [None]
+
+
+def _handle_is_current() -> bool:
+    """Whether the cached handle belongs to the cluster this process is connected to now
+    (tests connect to several clusters in turn)."""
+    return _handle_cluster[0] == _cluster_id()
+
+
+def _cluster_id() -> str | None:
+    address: str | None = ray.get_runtime_context().gcs_address
+    return address

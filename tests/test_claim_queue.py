@@ -1,0 +1,210 @@
+"""The claiming loop with the cluster-wide queue, against an in-memory cluster. Pure.
+
+A request that cannot be met at once, or finds others waiting for its kind, waits in the
+queue holding nothing, and claims exactly what it is granted; it keeps its place through
+a queue restart and a grant taken meanwhile; it leaves on timeout and Ctrl-C; with no
+queue to reach it claims directly, as before, and says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from tpuslice import claim
+from tpuslice.errors import InsufficientSlicesError, ReservationTimeoutError
+from tpuslice.queue_book import Waiting
+from tpuslice.queue_service import QueueService, SliceKind, Ticket
+from tpuslice.request import SliceRequest
+from tpuslice.testing.memory import InMemoryCluster
+
+V6E = {"topology": "4x4", "accelerator_version": "v6e"}
+
+
+def reserver(cluster: InMemoryCluster, **request: Any) -> claim.Reserver:
+    clock = claim.Clock(cluster.clock.now, cluster.clock.sleep)
+    return claim.Reserver(SliceRequest(**{**V6E, **request}), clock=clock, ops=cluster)
+
+
+def names(reservation: claim.Reservation) -> list[str]:
+    return [c.slice_name for c in reservation.claims]
+
+
+def queued_cluster(count: int = 2) -> InMemoryCluster:
+    cluster = InMemoryCluster([("v6e", "4x4", count)], queue=True)
+    assert cluster.queue is not None
+    cluster.queue.book.lease_s = 1e9  # tickets enqueued by the test never poll
+    return cluster
+
+
+def queue_of(cluster: InMemoryCluster) -> QueueService:
+    assert cluster.queue is not None
+    return cluster.queue
+
+
+def other(ticket: str, count: int = 1, priority: int = 0) -> Ticket:
+    kind = SliceKind(SliceRequest(**V6E).plan.shape, 1)
+    return Ticket(ticket, kind, (count, count), priority, f"driver {ticket}", "job")
+
+
+def tickets(cluster: InMemoryCluster) -> list[str]:
+    return [w.ticket for w, _, _ in queue_of(cluster).book.tickets()]
+
+
+def test_an_uncontended_request_claims_at_once_without_the_queue() -> None:
+    cluster = queued_cluster()
+    assert names(reserver(cluster).run()) == ["v6e-16-0"]
+    assert cluster.calls["slice_queue"] == 0
+    assert cluster.calls["snapshot"] == 1
+
+
+def test_a_request_short_of_slices_waits_holding_nothing_then_gets_all_at_once() -> None:
+    """Two wanted, one idle: nothing is claimed while waiting (no hold-and-wait); when
+    the other slice is given back, both are granted and claimed together."""
+    cluster = queued_cluster()
+    busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
+    held_while_waiting: list[int] = []
+
+    def free_it() -> None:
+        held_while_waiting.append(len(cluster.live_groups("reserver")))
+        cluster.remove_group(busy)
+
+    cluster.script("sleep", 5, free_it)
+    reservation = reserver(cluster, num_slices=2).run()
+    assert names(reservation) == ["v6e-16-0", "v6e-16-1"]
+    assert held_while_waiting == [0]
+    assert tickets(cluster) == []  # the ticket left once claimed
+
+
+def test_a_newcomer_queues_behind_earlier_waiters_even_with_a_slice_idle() -> None:
+    """An earlier request for two is blocked and keeps the idle slice for itself; a
+    later one-slice request may not take it (no limit declared), and its timeout names
+    its place and what is ahead."""
+    cluster = queued_cluster()
+    cluster.take("v6e-16-1", 0, {"TPU": 4})
+    queue_of(cluster).enqueue(other("big", count=2))
+    with pytest.raises(ReservationTimeoutError) as raised:
+        reserver(cluster, head_reservation_timeout_s=1).run()
+    message = str(raised.value)
+    assert "position 2 in the cluster's queue" in message
+    assert "2 x v6e-16 4x4 for driver big" in message
+    assert "1 busy" in message and "1 idle" in message  # what the cluster holds
+    assert tickets(cluster) == ["big"]  # ours left on timeout
+    assert cluster.live_groups("reserver") == []
+
+
+def test_a_higher_priority_request_is_served_first() -> None:
+    cluster = queued_cluster(1)
+    busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
+    queue_of(cluster).enqueue(other("early"))
+
+    def free_it() -> None:
+        cluster.remove_group(busy)
+
+    cluster.script("sleep", 3, free_it)
+    reservation = reserver(cluster, priority=5).run()
+    assert names(reservation) == ["v6e-16-0"]
+    assert tickets(cluster) == ["early"]
+
+
+def test_the_queue_restarting_keeps_the_waiters_order(caplog: pytest.LogCaptureFixture) -> None:
+    """The queue loses its book; a newcomer enqueues first in the new one; ours comes
+    back with its arrival number and is still granted first."""
+    cluster = queued_cluster(1)
+    busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
+    queue = queue_of(cluster)
+    stamp = queue.book.stamp
+
+    def restart() -> None:  # the same handle, a fresh actor behind it
+        QueueService.__init__(
+            queue,
+            queue._snapshot,
+            clock=cluster.clock.now,
+            stamp=stamp,
+            wall=cluster.clock.now,
+            decide_every_s=0.0,
+        )
+        queue.book.lease_s = 1e9
+        queue.enqueue(other("newcomer"))
+
+    cluster.script("sleep", 2, restart)
+    cluster.script("sleep", 4, lambda: cluster.remove_group(busy))
+    with caplog.at_level(logging.INFO, logger="tpuslice.queue_place"):
+        assert names(reserver(cluster).run()) == ["v6e-16-0"]
+    assert tickets(cluster) == ["newcomer"]
+    assert any("lost ticket" in r.message for r in caplog.records)
+
+
+def test_a_granted_slice_taken_meanwhile_requeues_in_the_same_place() -> None:
+    """Someone who does not queue takes a host of the granted slice before it is
+    claimed: the grant goes back, and the request waits again ahead of later ones."""
+    cluster = queued_cluster(2)
+    first = cluster.take("v6e-16-0", 0, {"TPU": 4})
+    second = cluster.take("v6e-16-1", 0, {"TPU": 4})
+    cluster.script("sleep", 2, lambda: cluster.remove_group(first))
+    # The grant comes with the next poll; a non-queued user takes the slice first.
+    cluster.script("snapshot", 2, lambda: cluster.take("v6e-16-0", 2, {"TPU": 4}))
+    cluster.script("sleep", 4, lambda: queue_of(cluster).enqueue(other("later")))
+    cluster.script("sleep", 6, lambda: cluster.remove_group(second))
+    assert names(reserver(cluster).run()) == ["v6e-16-1"]
+    assert tickets(cluster) == ["later"]
+
+
+def test_ctrl_c_while_queued_leaves_the_queue_and_holds_nothing() -> None:
+    cluster = queued_cluster(1)
+    cluster.take("v6e-16-0", 0, {"TPU": 4})
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    cluster.script("sleep", 3, interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        reserver(cluster).run()
+    assert tickets(cluster) == []
+    assert cluster.live_groups("reserver") == []
+
+
+def test_an_impossible_request_fails_at_once_and_never_queues() -> None:
+    cluster = queued_cluster(2)
+    with pytest.raises(InsufficientSlicesError, match="asked for 3, the cluster has 2"):
+        reserver(cluster, num_slices=3).run()
+    assert cluster.calls["slice_queue"] == 0
+    assert cluster.clock.t == 0
+
+
+def test_waiting_position_is_kept_for_the_message() -> None:
+    cluster = queued_cluster(1)
+    cluster.take("v6e-16-0", 0, {"TPU": 4})
+    queue_of(cluster).enqueue(other("ahead"))
+    r = reserver(cluster, head_reservation_timeout_s=0.5)
+    with pytest.raises(ReservationTimeoutError):
+        r.run()
+    assert r.place is None  # left
+    assert isinstance(queue_of(cluster).book.poll("ahead"), Waiting)
+
+
+def test_without_a_queue_it_claims_as_before_and_says_so_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No queue: the old behaviour (a held head while waiting for the second slice),
+    and one warning for the process however many reservations wait."""
+    monkeypatch.setattr(claim, "_said_unreachable", [False])
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
+    busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
+    held: list[int] = []
+
+    def free_it() -> None:
+        held.append(len(cluster.live_groups("reserver")))
+        cluster.remove_group(busy)
+
+    cluster.script("sleep", 2, free_it)
+    with caplog.at_level(logging.WARNING, logger="tpuslice.claim"):
+        assert names(reserver(cluster, num_slices=2).run()) == ["v6e-16-0", "v6e-16-1"]
+        busy = cluster.take("v6e-16-0", 0, {"TPU": 1})
+        with pytest.raises(ReservationTimeoutError, match="holding 0 of 1"):
+            reserver(cluster, head_reservation_timeout_s=0.2).run()
+    assert held == [1]  # waited holding the idle slice's head claim, as before
+    warnings = [r for r in caplog.records if "without the cluster-wide queue" in r.message]
+    assert len(warnings) == 1

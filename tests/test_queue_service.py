@@ -1,0 +1,110 @@
+"""The queue service (what the queue actor runs), on an in-memory cluster. Pure.
+
+It reads the cluster itself (busy slices are running work, so nothing needs rebuilding
+after a restart), drops waiters whose drivers' jobs are dead as soon as they fall quiet,
+publishes a record for status, and keeps kinds apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from tpuslice.queue_book import Granted, Never, Waiting
+from tpuslice.queue_record import QueueRecord
+from tpuslice.queue_service import QueueService, SliceKind, Ticket
+from tpuslice.request import SliceRequest
+from tpuslice.testing.memory import InMemoryCluster
+
+
+def kind(topology: str = "4x4") -> SliceKind:
+    return SliceKind(SliceRequest(topology=topology, accelerator_version="v6e").plan.shape, 1)
+
+
+def ticket(name: str, count: int = 1, *, topology: str = "4x4", job: str = "j1") -> Ticket:
+    return Ticket(name, kind(topology), (count, count), 0, f"pid {name}", job)
+
+
+class World:
+    def __init__(self, cluster: InMemoryCluster) -> None:
+        self.cluster = cluster
+        self.dead: set[str] = set()
+        self.records: list[QueueRecord] = []
+        stamps = iter(range(10**9, 10**10, 10**9))  # one second apart
+        self.service = QueueService(
+            cluster.snapshot,
+            publish=self.records.append,
+            dead_jobs=self.dead_of,
+            clock=cluster.clock.now,
+            stamp=lambda: next(stamps),
+            wall=cluster.clock.now,
+            decide_every_s=0.0,
+        )
+
+    def dead_of(self, jobs: Collection[str]) -> set[str]:
+        return set(jobs) & self.dead
+
+
+def test_a_waiter_whose_job_died_leaves_as_soon_as_it_falls_quiet() -> None:
+    cluster = InMemoryCluster([("v6e", "4x4", 1)])
+    busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
+    world = World(cluster)
+    world.service.enqueue(ticket("gone", job="dead-job"))
+    world.service.enqueue(ticket("alive", job="live-job"))
+    world.dead.add("dead-job")
+    cluster.clock.t = 0.5  # "gone" has not polled for 0.5 s: far less than its lease
+    cluster.remove_group(busy)
+    assert world.service.poll("alive") == Granted(("v6e-16-0",))
+    assert [r.ticket for r in world.records[-1].requests] == ["alive"]
+
+
+def test_a_quiet_waiter_of_a_live_job_keeps_its_place() -> None:
+    cluster = InMemoryCluster([("v6e", "4x4", 1)])
+    busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
+    world = World(cluster)
+    world.service.enqueue(ticket("slow"))
+    world.service.enqueue(ticket("next", job="j2"))
+    cluster.clock.t = 2.0
+    cluster.remove_group(busy)
+    assert isinstance(world.service.poll("next"), Waiting)
+    assert world.service.book.granted("slow") == ("v6e-16-0",)
+
+
+def test_kinds_are_granted_apart_and_the_record_says_who_waits_for_what() -> None:
+    cluster = InMemoryCluster([("v6e", "4x4", 1), ("v6e", "2x4", 1)])
+    big = cluster.take("v6e-16-0", 0, {"TPU": 4})
+    world = World(cluster)
+    world.service.enqueue(ticket("a"))
+    world.service.enqueue(ticket("b", topology="2x4"))
+    assert world.service.poll("b") == Granted(("v6e-8-1",))  # another kind: not held up
+    assert isinstance(world.service.poll("a"), Waiting)
+    record = world.records[-1]
+    assert [(r.ticket, r.kind, r.wanted, r.position) for r in record.requests] == [
+        ("a", "v6e-16 4x4", "1", 1),
+        ("b", "v6e-8 2x4 (8 chips/host)", "1", 2),
+    ]
+    assert record.requests[1].granted == ("v6e-8-1",)
+    assert record.requests[0].since == 1.0  # its arrival, in wall-clock seconds
+    assert "1 more when running work gives them back" in record.requests[0].reason
+    assert QueueRecord.from_json(record.to_json()) == record
+    cluster.remove_group(big)
+    world.service.claimed("b")
+    assert world.service.poll("a") == Granted(("v6e-16-0",))
+
+
+def test_a_request_larger_than_its_kind_is_told_never() -> None:
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
+    world = World(cluster)
+    world.service.enqueue(ticket("huge", 3))
+    answer = world.service.poll("huge")
+    assert isinstance(answer, Never) and "the cluster has 2" in answer.reason
+
+
+def test_a_stale_record_describes_no_queue() -> None:
+    cluster = InMemoryCluster([("v6e", "4x4", 1)])
+    cluster.take("v6e-16-0", 0, {"TPU": 4})
+    world = World(cluster)
+    world.service.enqueue(ticket("a"))
+    record = world.records[-1]
+    assert [r.ticket for r in record.waiting_for("v6e-16 4x4", now=1.0)] == ["a"]
+    assert record.waiting_for("v6e-16 4x4", now=100.0) == []
+    assert record.waiting_for("v6e-8 2x4", now=1.0) == []

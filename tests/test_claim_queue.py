@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tpuslice import claim
-from tpuslice.errors import InsufficientSlicesError, ReservationTimeoutError
+from tpuslice.errors import InsufficientSlicesError, QueueUnreachableError, ReservationTimeoutError
 from tpuslice.queue_book import Waiting
 from tpuslice.queue_service import QueueService, SliceKind, Ticket
 from tpuslice.request import SliceRequest
@@ -208,3 +208,41 @@ def test_without_a_queue_it_claims_as_before_and_says_so_once(
     assert held == [1]  # waited holding the idle slice's head claim, as before
     warnings = [r for r in caplog.records if "without the cluster-wide queue" in r.message]
     assert len(warnings) == 1
+
+
+class Flaky:
+    """A queue that stops answering for a while (as while Ray restarts it)."""
+
+    def __init__(self, queue: QueueService, down_from: float, down_until: float) -> None:
+        self.queue, self.down = queue, (down_from, down_until)
+        self.clock = queue.book.clock
+
+    def __getattr__(self, name: str) -> Any:
+        if self.down[0] <= self.clock() < self.down[1]:
+            raise QueueUnreachableError("restarting")
+        return getattr(self.queue, name)
+
+
+@pytest.mark.parametrize(("outage", "falls_back"), [(5.0, False), (claim.QUEUE_GRACE_S + 5, True)])
+def test_a_queue_that_stops_answering_is_waited_for_then_given_up(
+    outage: float, falls_back: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short outage (a restart) keeps the reservation queued; a long one makes it
+    claim directly, as without a queue."""
+    cluster = queued_cluster(1)
+    busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
+    flaky = Flaky(queue_of(cluster), 1.0, 1.0 + outage)
+    monkeypatch.setattr(cluster, "slice_queue", lambda: flaky)
+    cluster.clock.on_sleep = None
+    free_at = 2.0 + outage
+    original_sleep = cluster.clock.sleep
+
+    def sleep(seconds: float) -> None:
+        original_sleep(seconds)
+        if cluster.clock.t >= free_at and not busy.removed:
+            cluster.remove_group(busy)
+
+    r = reserver(cluster, head_reservation_timeout_s=None)
+    r.clock = claim.Clock(cluster.clock.now, sleep)
+    assert names(r.run()) == ["v6e-16-0"]
+    assert r.queueable is (not falls_back)

@@ -93,6 +93,7 @@ class SliceActorGroup(ShutsDownOnExit):
         num_slices: int = 1,
         chips_per_vm: int | None = None,
         head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
+        priority: int = 0,
         **kwargs: Any,
     ) -> SliceActorGroup:
         """Reserve slices and start the group on them; :meth:`shutdown` gives them back.
@@ -106,6 +107,8 @@ class SliceActorGroup(ShutsDownOnExit):
             chips_per_vm: Chips per host, for shapes offered in more than one form.
             head_reservation_timeout_s: Seconds to wait for idle slices (``None``: no
                 limit).
+            priority: Place in the cluster-wide queue when slices are short: higher is
+                served first, arrival order within a priority.
             **kwargs: Passed to every actor's constructor.
 
         Returns:
@@ -123,6 +126,7 @@ class SliceActorGroup(ShutsDownOnExit):
             num_slices=num_slices,
             chips_per_vm=chips_per_vm,
             head_reservation_timeout_s=head_reservation_timeout_s,
+            priority=priority,
         )
         spg = SlicePlacementGroup.from_request(request)
         try:

@@ -31,7 +31,7 @@ from tpuslice.errors import (
 )
 from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice.ops import RAY_OPS, ClusterOps
-from tpuslice.queue_book import Granted, Never, Waiting
+from tpuslice.queue_book import Answer, Granted, Never, Waiting
 from tpuslice.queue_place import QueuePlace
 from tpuslice.queue_service import SliceKind
 from tpuslice.request import SliceRequest
@@ -49,6 +49,9 @@ QUEUE_POLL_S = 0.05
 """Pause between asks of the queue while waiting in it."""
 QUEUE_LOOK_S = 1.0
 """While queued, how often the cluster itself is read (autoscaler demand, impossibility)."""
+QUEUE_GRACE_S = 20.0
+"""How long a queued reservation keeps asking a queue that stopped answering (Ray
+restarts a dead queue in a few seconds) before it claims directly instead."""
 PROGRESS_S = 10.0
 """While queued, how often the log says where the reservation stands."""
 _said_unreachable: list[bool] = [False]
@@ -253,13 +256,19 @@ class Reserver:
         assert self.place is not None
         next_look = self.clock.now() + QUEUE_LOOK_S
         next_progress = self.clock.now() + PROGRESS_S
+        lost_at: float | None = None
         while True:
             try:
-                answer = self.place.poll()
+                answer: Answer | None = self.place.poll()
+                lost_at = None
             except QueueUnreachableError as exc:
-                self.place = None
-                self._fall_back(exc)
-                return None
+                # It may be restarting: keep asking for a while before giving up on it.
+                lost_at = self.clock.now() if lost_at is None else lost_at
+                if self.clock.now() - lost_at >= QUEUE_GRACE_S:
+                    self.place = None
+                    self._fall_back(exc)
+                    return None
+                answer = None
             if isinstance(answer, Granted):
                 return answer.slices
             now = self.clock.now()

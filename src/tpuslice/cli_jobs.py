@@ -170,6 +170,13 @@ def _status_line_until_interrupted(interval: float = 1.0) -> None:
     show_default=True,
     help="Rerun the whole gang on fresh slices up to N times after a host loss or a failure.",
 )
+@click.option(
+    "--priority",
+    default=0,
+    type=int,
+    show_default=True,
+    help="Place in the cluster's queue when slices are short: higher first.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
     topology: str,
@@ -179,6 +186,7 @@ def run(
     simulate: bool,
     timeout: float,
     retries: int,
+    priority: int,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND on every host of NUM slices; exit with the worst exit code.
@@ -202,6 +210,7 @@ def run(
                 accelerator_version=accelerator,
                 num_slices=num_slices,
                 head_reservation_timeout_s=timeout,
+                priority=priority,
             )
             code = _run_everywhere(request, command, retries)
         except KeyboardInterrupt:

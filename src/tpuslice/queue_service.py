@@ -206,6 +206,7 @@ class QueueService:
         """
         self.book.claimed(ticket)
         self._forget(ticket)
+        self._publish(self.record())
 
     def leave(self, ticket: str) -> None:
         """The driver gave up; any grant goes to the next.
@@ -215,6 +216,7 @@ class QueueService:
         """
         self.book.leave(ticket)
         self._forget(ticket)
+        self._publish(self.record())
 
     def decide(self) -> dict[str, tuple[str, ...]]:
         """Drop waiters of dead drivers, read the cluster, grant, publish.

@@ -72,6 +72,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         pg_per_slice: bool = False,
         tpu_resource_per_chip: int | None = None,
         *,
+        priority: int = 0,
         _clock: Clock | None = None,
     ) -> None:
         """Reserve the slices; returns once every slice is claimed and placed.
@@ -92,6 +93,8 @@ class SlicePlacementGroup(ShutsDownOnExit):
             pg_per_slice: One worker placement group per slice instead of one in all.
             tpu_resource_per_chip: Ray ``TPU`` units per chip (default: the
                 ``RAY_TPU_RESOURCE_PER_CHIP`` variable, else 1).
+            priority: Place in the cluster-wide queue when slices are short: higher is
+                served first, arrival order within a priority (tpuslice only).
 
         Raises:
             InvalidArgumentError: an argument is invalid (a ``ValueError``; the message
@@ -113,6 +116,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
             bundle_label_selector=bundle_label_selector,
             pg_per_slice=pg_per_slice,
             tpu_resource_per_chip=tpu_resource_per_chip,
+            priority=priority,
         )
         self._start(request, _clock)
 
@@ -423,8 +427,9 @@ def slice_placement_group(
         chips_per_vm: Chips per host, for shapes offered in more than one form.
         pg_per_slice: One worker placement group per slice.
         tpu_resource_per_chip: Ray ``TPU`` units per chip.
-        **kwargs: ``name``, ``lifetime``, ``strategy``, ``head_reservation_timeout_s``
-            and ``bundle_label_selector``, as for :class:`SlicePlacementGroup`.
+        **kwargs: ``name``, ``lifetime``, ``strategy``, ``head_reservation_timeout_s``,
+            ``bundle_label_selector`` and ``priority``, as for
+            :class:`SlicePlacementGroup`.
 
     Returns:
         The reservation, holding every slice.

@@ -444,6 +444,7 @@ def run_resilient(
     head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
     backoff_s: tuple[float, float] = (0.2, 5.0),
     on_event: EventCallback | None = None,
+    priority: int = 0,
     _clock: Clock | None = None,
     **kwargs: Any,
 ) -> list[Any]:
@@ -464,6 +465,8 @@ def run_resilient(
             (``None``: no limit).
         backoff_s: ``(first, cap)`` pause before a retry; it doubles per retry.
         on_event: Called with each :class:`AttemptEvent` as it happens.
+        priority: Place in the cluster-wide queue when slices are short, for every
+            attempt: higher is served first, arrival order within a priority.
         **kwargs: Passed to every call of ``fn``.
 
     Returns:
@@ -483,6 +486,7 @@ def run_resilient(
         num_slices=num_slices,
         chips_per_vm=chips_per_vm,
         head_reservation_timeout_s=head_reservation_timeout_s,
+        priority=priority,
     )
     body = functools.partial(run_function, fn, args, kwargs)
     return ResilientRun(body, request, policy, on_event, _clock or Clock()).until_done()

@@ -347,6 +347,7 @@ def run_on_slice(
     chips_per_vm: int | None = None,
     head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
     pg_ready_timeout_s: float | None = None,
+    priority: int = 0,
     **kwargs: Any,
 ) -> list[ray.ObjectRef]:
     """Run ``fn`` once on every host of one or more slices; ``refs[i]`` is rank *i*.
@@ -369,6 +370,9 @@ def run_on_slice(
             no limit); ignored with ``tpu_slice``.
         pg_ready_timeout_s: With ``tpu_slice``: first wait this long for its groups to
             be placed (``None``, the default: do not check; tasks wait for their bundles).
+        priority: A one-shot's place in the cluster-wide queue when slices are short:
+            higher is served first, arrival order within a priority (tpuslice only; a
+            keyword ``fn`` itself takes named ``priority`` must be bound beforehand).
         **kwargs: Passed to every call of ``fn``.
 
     Returns:
@@ -395,6 +399,7 @@ def run_on_slice(
             num_slices=num_slices,
             chips_per_vm=chips_per_vm,
             head_reservation_timeout_s=head_reservation_timeout_s,
+            priority=priority,
         )
         spg = SlicePlacementGroup.from_request(request)
         try:

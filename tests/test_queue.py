@@ -1,0 +1,204 @@
+"""The cluster-wide queue on the simulator, with real driver processes: priority then
+arrival order, all-or-nothing grants (three 2-slice requests on three slices complete),
+a dead waiter leaving at once, and the queue surviving its own death."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+import pytest
+import ray
+
+import tpuslice
+from clusterutil import hold_host, wait_for
+from tpuslice.cluster import read_snapshot
+from tpuslice.queue_record import QueuedRequest
+from tpuslice.testing import SimulatedCluster, assert_no_placement_groups
+
+pytestmark = pytest.mark.cluster
+
+KIND = "v4-16 2x2x2"
+V4_SLICES = ["v4-16-a", "v4-16-b", "v4-16-c", "v4-16-d"]
+
+DRIVER = textwrap.dedent(
+    """
+    import json, sys, time, ray, tpuslice
+    address, label, count, priority, hold = sys.argv[1:6]
+    ray.init(address=address, log_to_driver=False)
+    print("connected", flush=True)
+    with tpuslice.SlicePlacementGroup(
+        "2x2x2", "v4", num_slices=int(count), priority=int(priority),
+        head_reservation_timeout_s=120,
+    ) as spg:
+        start = time.time()
+        time.sleep(float(hold))
+        end = time.time()
+        names = spg.slice_names
+    print(json.dumps({"label": label, "slices": names, "start": start, "end": end}))
+    """
+)
+
+
+def queued() -> list[QueuedRequest]:
+    return read_snapshot().queued(KIND)
+
+
+def start_driver(
+    address: str, label: str, count: int = 1, priority: int = 0, hold: float = 0.3
+) -> subprocess.Popen[str]:
+    """A driver process that reserves, holds, prints what it had; returns once it is
+    queued (its ticket is in the queue's record)."""
+    before = len(queued())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, address, label, str(count), str(priority), str(hold)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: len(queued()) > before, 60, f"{label} to be queued")
+    return proc
+
+
+def results(procs: list[subprocess.Popen[str]]) -> dict[str, dict[str, object]]:
+    found = {}
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-3000:]
+        line = json.loads(out.strip().splitlines()[-1])
+        found[str(line["label"])] = line
+    return found
+
+
+@contextmanager
+def busy(*slices: str) -> Iterator[dict[str, ExitStack]]:
+    """Hold a host of each slice (as a user outside the queue); each can be let go."""
+    stacks = {name: ExitStack() for name in slices}
+    try:
+        for name, stack in stacks.items():
+            stack.enter_context(hold_host(name, 1))
+        yield stacks
+    finally:
+        for stack in stacks.values():
+            stack.close()
+
+
+def nothing_left() -> None:
+    wait_for(lambda: not queued(), 10, "the queue to empty")
+    assert_no_placement_groups()
+
+
+def test_priority_then_arrival_order_across_processes(tpu_cluster: SimulatedCluster) -> None:
+    """Every v4 slice busy; three drivers queue for one: a, b, then c at a higher
+    priority. One slice is freed: c, then a, then b hold it in turn (each after the
+    last gave it back), though a and b have waited longer than c."""
+    with busy(*V4_SLICES) as held:
+        procs = [
+            start_driver(tpu_cluster.address, "a"),
+            start_driver(tpu_cluster.address, "b"),
+            start_driver(tpu_cluster.address, "c", priority=5),
+        ]
+        assert [r.who.split()[1] for r in queued()] == [str(p.pid) for p in procs[::-1][:1]] + [
+            str(p.pid) for p in procs[:2]
+        ]
+        assert [r.position for r in queued()] == [1, 2, 3]
+        held["v4-16-a"].close()
+        ran = results(procs)
+    order = sorted(ran, key=lambda label: float(ran[label]["start"]))  # type: ignore[arg-type]
+    assert order == ["c", "a", "b"]
+    assert {tuple(r["slices"]) for r in ran.values()} == {("v4-16-a",)}  # type: ignore[arg-type]
+    nothing_left()
+
+
+def test_three_two_slice_requests_on_three_slices_all_complete(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """The hold-and-wait case: three free slices, three requests for two each. Claiming
+    one slice each and waiting for a second would stall them all; the queue grants two
+    slices to one at a time, and all three finish."""
+    with busy("v4-16-d"):
+        with busy(*V4_SLICES[:3]) as held:
+            procs = [
+                start_driver(tpu_cluster.address, label, count=2, hold=0.5)
+                for label in ("x", "y", "z")
+            ]
+            for stack in held.values():
+                stack.close()
+            ran = results(procs)
+    spans = sorted((float(r["start"]), float(r["end"])) for r in ran.values())  # type: ignore[arg-type]
+    assert all(len(r["slices"]) == 2 for r in ran.values())  # type: ignore[arg-type]
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        assert end <= start  # two slices each on three: one request at a time
+    nothing_left()
+
+
+def test_a_waiter_whose_driver_dies_leaves_the_queue_at_once(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """Killed without a word: its ticket goes as soon as Ray marks its job dead, long
+    before its lease would run out, and the next waiter moves up."""
+    from tpuslice.queue_book import LEASE_S
+
+    with busy(*V4_SLICES) as held:
+        doomed = start_driver(tpu_cluster.address, "doomed")
+        survivor = start_driver(tpu_cluster.address, "survivor")
+        doomed.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        doomed.wait(timeout=10)
+        wait_for(lambda: len(queued()) == 1, LEASE_S, "the dead waiter to leave")
+        assert time.monotonic() - killed < LEASE_S / 2
+        assert queued()[0].who.split()[1] == str(survivor.pid)
+        held["v4-16-b"].close()
+        ran = results([survivor])
+    assert ran["survivor"]["slices"] == ["v4-16-b"]
+    nothing_left()
+
+
+def test_the_queue_comes_back_after_its_own_death_with_the_order_kept(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """The queue actor is killed while two drivers wait: Ray restarts it, the waiters
+    enqueue again with their arrival numbers, and are served in their first order."""
+    with busy(*V4_SLICES) as held:
+        first = start_driver(tpu_cluster.address, "first")
+        second = start_driver(tpu_cluster.address, "second")
+        queue = ray.get_actor("tpuslice-queue", namespace="tpuslice")
+        old_pid = ray.get(queue.pid.remote(), timeout=10)
+        os.kill(old_pid, signal.SIGKILL)
+
+        def new_pid() -> bool:
+            try:
+                return bool(ray.get(queue.pid.remote(), timeout=30) != old_pid)
+            except ray.exceptions.RayError:  # still restarting
+                return False
+
+        wait_for(new_pid, 60, "a new queue")
+        wait_for(lambda: len(queued()) == 2, 30, "both waiters to enqueue again")
+        assert [r.who.split()[1] for r in queued()] == [str(first.pid), str(second.pid)]
+        held["v4-16-c"].close()
+        ran = results([first, second])
+    assert float(ran["first"]["start"]) < float(ran["second"]["start"])  # type: ignore[arg-type]
+    nothing_left()
+
+
+def test_a_timeout_in_the_queue_names_the_place_and_what_is_ahead(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    with busy(*V4_SLICES):
+        ahead = start_driver(tpu_cluster.address, "ahead")
+        with pytest.raises(tpuslice.ReservationTimeoutError) as raised:
+            tpuslice.SlicePlacementGroup("2x2x2", "v4", head_reservation_timeout_s=1.5)
+        ahead.send_signal(signal.SIGTERM)
+        ahead.communicate(timeout=30)
+    message = str(raised.value)
+    assert "position 2 in the cluster's queue" in message
+    assert f"1 x {KIND} for pid {ahead.pid}" in message
+    assert "4 busy" in message
+    nothing_left()

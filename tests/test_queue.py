@@ -4,6 +4,7 @@ a dead waiter leaving at once, and the queue surviving its own death."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 
 import pytest
 import ray
@@ -67,13 +69,20 @@ def start_driver(
     return proc
 
 
-def results(procs: list[subprocess.Popen[str]]) -> dict[str, dict[str, object]]:
+@dataclass(frozen=True)
+class Ran:
+    slices: list[str]
+    start: float
+    end: float
+
+
+def results(procs: list[subprocess.Popen[str]]) -> dict[str, Ran]:
     found = {}
     for proc in procs:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-3000:]
         line = json.loads(out.strip().splitlines()[-1])
-        found[str(line["label"])] = line
+        found[line["label"]] = Ran(line["slices"], line["start"], line["end"])
     return found
 
 
@@ -105,15 +114,13 @@ def test_priority_then_arrival_order_across_processes(tpu_cluster: SimulatedClus
             start_driver(tpu_cluster.address, "b"),
             start_driver(tpu_cluster.address, "c", priority=5),
         ]
-        assert [r.who.split()[1] for r in queued()] == [str(p.pid) for p in procs[::-1][:1]] + [
-            str(p.pid) for p in procs[:2]
-        ]
+        a, b, c = (str(p.pid) for p in procs)
+        assert [r.who.split()[1] for r in queued()] == [c, a, b]
         assert [r.position for r in queued()] == [1, 2, 3]
         held["v4-16-a"].close()
         ran = results(procs)
-    order = sorted(ran, key=lambda label: float(ran[label]["start"]))  # type: ignore[arg-type]
-    assert order == ["c", "a", "b"]
-    assert {tuple(r["slices"]) for r in ran.values()} == {("v4-16-a",)}  # type: ignore[arg-type]
+    assert sorted(ran, key=lambda label: ran[label].start) == ["c", "a", "b"]
+    assert {tuple(r.slices) for r in ran.values()} == {("v4-16-a",)}
     nothing_left()
 
 
@@ -123,18 +130,16 @@ def test_three_two_slice_requests_on_three_slices_all_complete(
     """The hold-and-wait case: three free slices, three requests for two each. Claiming
     one slice each and waiting for a second would stall them all; the queue grants two
     slices to one at a time, and all three finish."""
-    with busy("v4-16-d"):
-        with busy(*V4_SLICES[:3]) as held:
-            procs = [
-                start_driver(tpu_cluster.address, label, count=2, hold=0.5)
-                for label in ("x", "y", "z")
-            ]
-            for stack in held.values():
-                stack.close()
-            ran = results(procs)
-    spans = sorted((float(r["start"]), float(r["end"])) for r in ran.values())  # type: ignore[arg-type]
-    assert all(len(r["slices"]) == 2 for r in ran.values())  # type: ignore[arg-type]
-    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+    with busy("v4-16-d"), busy(*V4_SLICES[:3]) as held:
+        procs = [
+            start_driver(tpu_cluster.address, label, count=2, hold=0.5) for label in ("x", "y", "z")
+        ]
+        for stack in held.values():
+            stack.close()
+        ran = results(procs)
+    spans = sorted((r.start, r.end) for r in ran.values())
+    assert all(len(r.slices) == 2 for r in ran.values())
+    for (_, end), (start, _) in itertools.pairwise(spans):
         assert end <= start  # two slices each on three: one request at a time
     nothing_left()
 
@@ -157,7 +162,7 @@ def test_a_waiter_whose_driver_dies_leaves_the_queue_at_once(
         assert queued()[0].who.split()[1] == str(survivor.pid)
         held["v4-16-b"].close()
         ran = results([survivor])
-    assert ran["survivor"]["slices"] == ["v4-16-b"]
+    assert ran["survivor"].slices == ["v4-16-b"]
     nothing_left()
 
 
@@ -184,7 +189,7 @@ def test_the_queue_comes_back_after_its_own_death_with_the_order_kept(
         assert [r.who.split()[1] for r in queued()] == [str(first.pid), str(second.pid)]
         held["v4-16-c"].close()
         ran = results([first, second])
-    assert float(ran["first"]["start"]) < float(ran["second"]["start"])  # type: ignore[arg-type]
+    assert ran["first"].start < ran["second"].start
     nothing_left()
 
 

@@ -498,3 +498,49 @@ def test_a_recorded_tpu_owner_makes_an_idle_host_busy_and_is_shown() -> None:
     console.print(status.owners_table(snapshot))
     shown = console.export_text()
     assert "v6e-16-a" in shown and owner in shown
+
+
+# --- the queue ---------------------------------------------------------------------------
+
+
+def queued_snapshot(written_at: float = 999.0) -> ClusterSnapshot:
+    from dataclasses import replace
+
+    from tpuslice.queue_record import QueuedRequest, QueueRecord
+
+    requests = (
+        QueuedRequest("t1", "v6e-16 4x4", (2, 2), 5, "pid 11 on host-a", 940.0, 1),
+        QueuedRequest(
+            "t2", "v6e-16 4x4", (1, 3), 0, "pid 22 on host-b", 990.0, 2, reason="behind 1"
+        ),
+        QueuedRequest("t3", "v6e-8 2x4", (1, 1), 0, "pid 33 on host-c", 999.0, 3, ("v6e-8-a",)),
+    )
+    return replace(mixed_snapshot(), queue=QueueRecord(written_at, requests))
+
+
+def test_the_queue_is_shown_in_serving_order_with_wait_priority_and_driver() -> None:
+    out = render(status.render_status(queued_snapshot(), 160), width=160)
+    assert "queue: 3 request(s) waiting" in out
+    rows = [line.split() for line in out.splitlines() if "pid " in line]
+    assert [row[:3] for row in rows] == [["1", "5", "2"], ["2", "0", "1..3"], ["3", "0", "1"]]
+    assert [row[6] for row in rows] == ["60", "10", "1"]  # seconds waited, at 1000
+    assert "granted v6e-8-a" in out and "behind 1" in out
+    narrow = render(status.render_status(queued_snapshot(), 80), width=80)
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert "…" not in narrow
+
+
+def test_a_stale_queue_record_is_not_shown() -> None:
+    snapshot = queued_snapshot(written_at=900.0)  # 100 s before the snapshot
+    assert "queue:" not in render(status.render_status(snapshot, 80))
+    assert status.status_dict(snapshot)["queue"] == []
+
+
+def test_json_has_the_queue() -> None:
+    queue = json.loads(json.dumps(status.status_dict(queued_snapshot())))["queue"]
+    assert [(q["ticket"], q["position"], q["count"], q["waited_s"]) for q in queue] == [
+        ("t1", 1, [2, 2], 60.0),
+        ("t2", 2, [1, 3], 10.0),
+        ("t3", 3, [1, 1], 1.0),
+    ]
+    assert queue[0]["who"] == "pid 11 on host-a" and queue[0]["priority"] == 5

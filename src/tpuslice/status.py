@@ -283,7 +283,44 @@ def render_status(
         if physical:
             parts.append(Text(" " * GRID_INDENT + subslice_summary(info, physical)))
     parts.append(legend())
+    queue = queue_table(snapshot)
+    if queue is not None:
+        parts.append(queue)
     return Group(*parts)
+
+
+def queue_table(snapshot: ClusterSnapshot) -> Table | None:
+    """The cluster-wide queue: one row per waiting request, in serving order.
+
+    Args:
+        snapshot: The cluster as read (its queue record, if fresh).
+
+    Returns:
+        The table (position, priority, wanted, waited, driver, why), or None when no
+        request waits.
+    """
+    waiting = snapshot.queued()
+    if not waiting:
+        return None
+    table = Table(
+        title=f"queue: {len(waiting)} request(s) waiting",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    for column in ("#", "priority", "wants", "waited", "driver", "why"):
+        right = column in ("#", "priority", "waited")
+        table.add_column(column, justify="right" if right else "left", overflow="fold")
+    for request in waiting:
+        why = f"granted {', '.join(request.granted)}" if request.granted else request.reason
+        table.add_row(
+            str(request.position),
+            str(request.priority),
+            f"{request.wanted} x {request.kind}",
+            f"{max(0.0, snapshot.taken_at - request.since):.0f} s",
+            request.who,
+            why,
+        )
+    return table
 
 
 # --- JSON --------------------------------------------------------------------------------
@@ -353,8 +390,9 @@ def status_dict(
             ``subslices`` (see :func:`subslice_dict`).
 
     Returns:
-        ``taken_at``, the slice counts per state, and every slice (see :func:`slice_dict`)
-        in name order.
+        ``taken_at``, the slice counts per state, every slice (see :func:`slice_dict`)
+        in name order, and ``queue``: the waiting requests in serving order, each with
+        ``waited_s``.
     """
     slices = []
     for info in _sorted_slices(snapshot):
@@ -363,7 +401,16 @@ def status_dict(
         if physical is not None:
             entry["subslices"] = subslice_dict(info, physical)
         slices.append(entry)
-    return {"taken_at": snapshot.taken_at, "counts": state_counts(snapshot), "slices": slices}
+    queue = [
+        {**r.to_dict(), "waited_s": max(0.0, snapshot.taken_at - r.since)}
+        for r in snapshot.queued()
+    ]
+    return {
+        "taken_at": snapshot.taken_at,
+        "counts": state_counts(snapshot),
+        "slices": slices,
+        "queue": queue,
+    }
 
 
 def subslice_dict(info: SliceInfo, physical: Mapping[int, int]) -> dict[str, Any]:

@@ -1,0 +1,350 @@
+"""More drivers than slices: a shared cluster's queue, side by side (issue 15).
+Run by hand (not a test; it starts a simulated cluster, so only one at a time):
+
+    python benchmarks/bench_contention.py [--paths floor,ours,ray] [--hold 2] [--json]
+
+One SimulatedCluster of 4 slices of v6e 4x4 (16 simulated TPU VMs). Six driver processes
+start together; each runs 3 one-shot jobs in a row, each job holding its slice(s) for
+``--hold`` seconds (a task per host that sleeps). Four drivers ask for 1 slice per job,
+two for 2. Library defaults throughout (a job that fails ends its driver, as a user's
+script would stop). Paths, one after the other on the same cluster:
+
+- ``ours``: ``tpuslice.run_on_slice`` (the queue grants slices; drivers wait in it).
+- ``ray``: Ray 2.60's ``ray.util.tpu.run_on_slice``; its one-shot group leaks until the
+  driver exits, so each job removes it after the results (as a user would have to).
+- ``floor``: raw Ray, no slice integrity: one placement group of one ``{"TPU": 4}``
+  bundle per host wanted (STRICT_SPREAD), left pending in Ray's own scheduler until it
+  places, a task per bundle, removal. It shows what Ray's machinery costs, not a valid
+  SPMD placement (its bundles may straddle slices).
+
+Reported per path: jobs done and failed; makespan (first submit to last job end) over the
+ideal (total slice-seconds / slices = 12 s at 2 s holds); each job's wait (submit to its
+first task starting), longest and mean, next to a strict first-come-first-served schedule
+of the same jobs with zero overheads; and held-idle slice-seconds: sampled every 50 ms
+from the cluster's resources, a slice whose head resource is taken while all its TPUs are
+free (claimed, no work on it: the signature of holding some slices while waiting for more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from rich.console import Console
+
+DRIVERS = (1, 1, 1, 1, 2, 2)
+"""Slices per job of each driver."""
+JOBS_PER_DRIVER = 3
+SLICES = 4
+HOSTS_PER_SLICE = 4
+CHIPS_PER_HOST = 4
+PATHS = ("floor", "ours", "ray")
+PATH_TIMEOUT_S = 400.0
+
+
+@dataclass
+class Job:
+    driver: int
+    index: int
+    slices: int
+    submit: float
+    start: float | None = None
+    end: float | None = None
+    error: str = ""
+
+
+@dataclass
+class PathResult:
+    path: str
+    jobs: list[Job] = field(default_factory=list)
+    held_idle_slice_s: float = 0.0
+
+    @property
+    def done(self) -> list[Job]:
+        return [j for j in self.jobs if j.end is not None and not j.error]
+
+    def summary(self, hold: float) -> dict[str, Any]:
+        done = self.done
+        waits = [j.start - j.submit for j in done if j.start is not None]
+        first = min((j.submit for j in self.jobs), default=0.0)
+        last = max((j.end for j in done if j.end is not None), default=first)
+        ideal = ideal_makespan(hold)
+        return {
+            "path": self.path,
+            "jobs_done": len(done),
+            "jobs_failed": sum(1 for j in self.jobs if j.error),
+            "makespan_s": last - first,
+            "makespan_over_ideal": (last - first) / ideal,
+            "longest_wait_s": max(waits, default=0.0),
+            "mean_wait_s": sum(waits) / len(waits) if waits else 0.0,
+            "held_idle_slice_s": self.held_idle_slice_s,
+        }
+
+
+def ideal_makespan(hold: float) -> float:
+    """Total slice-seconds of work over the slices."""
+    return sum(n * JOBS_PER_DRIVER * hold for n in DRIVERS) / SLICES
+
+
+def fcfs_schedule(hold: float) -> dict[str, float]:
+    """A strict first-come-first-served schedule of the same drivers, zero overheads: jobs
+    start in submit order (ties: driver order), each as soon as enough slices are free
+    and every job submitted before it has started. Each driver submits its next job
+    when its last one ends."""
+    free = SLICES
+    running: list[tuple[float, int, int]] = []  # (end, driver, slices)
+    pending: list[tuple[float, int, int]] = [(0.0, d, n) for d, n in enumerate(DRIVERS)]
+    left = {d: JOBS_PER_DRIVER for d in range(len(DRIVERS))}
+    now, waits, last = 0.0, [], 0.0
+    while pending or running:
+        pending.sort()
+        if pending and pending[0][0] <= now and pending[0][2] <= free:
+            submit, driver, n = pending.pop(0)
+            free -= n
+            waits.append(now - submit)
+            running.append((now + hold, driver, n))
+            continue
+        running.sort()
+        end, driver, n = running.pop(0)
+        now = max(now, end)
+        free += n
+        last = max(last, end)
+        left[driver] -= 1
+        if left[driver]:
+            pending.append((end, driver, n))
+        if pending and pending[0][0] > now and not running:
+            now = pending[0][0]
+    return {"makespan_s": last, "longest_wait_s": max(waits), "mean_wait_s": sum(waits) / len(waits)}
+
+
+# --- a driver process ----------------------------------------------------------------------
+
+
+@ray.remote(num_cpus=0)
+def hold_task(seconds: float) -> float:
+    started = time.time()
+    time.sleep(seconds)
+    return started
+
+
+def child_main(args: argparse.Namespace) -> None:
+    """One driver: wait for the common start, run its jobs, print them as JSON."""
+    ray.init(address=args.address, log_to_driver=False, logging_level="ERROR")
+    import tpuslice  # noqa: F401  (loaded before the start, as a user's script would be)
+    from ray.util import tpu as _ray_tpu  # noqa: F401
+
+    warm_every_host()
+    print("ready", flush=True)
+    start_at = float(sys.stdin.readline())
+    jobs: list[Job] = []
+    while time.time() < start_at:
+        time.sleep(0.005)
+    for index in range(JOBS_PER_DRIVER):
+        job = Job(args.driver, index, args.slices, time.time())
+        jobs.append(job)
+        try:
+            starts = run_job(args.path, args.slices, args.hold)
+            job.start, job.end = min(starts), time.time()
+        except Exception as exc:  # noqa: BLE001  (reported, ends this driver)
+            job.error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            break
+    print(json.dumps([asdict(j) for j in jobs]), flush=True)
+
+
+def warm_every_host() -> None:
+    """Start this driver's worker process on every TPU host (Ray's workers are per job),
+    so the jobs do not pay for starting them: a real driver's would be long warm."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("TPU")]
+    ray.get(
+        [
+            hold_task.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+            ).remote(0.0)
+            for node in nodes
+        ]
+    )
+
+
+def run_job(path: str, num_slices: int, hold: float) -> list[float]:
+    if path == "ours":
+        import tpuslice
+
+        refs = tpuslice.run_on_slice(
+            hold_task, hold, topology="4x4", accelerator_version="v6e", num_slices=num_slices
+        )
+        return list(ray.get(refs))
+    if path == "ray":
+        from ray.util import tpu
+
+        before = {pg for pg in ray.util.placement_group_table()}
+        refs = tpu.run_on_slice(
+            hold_task, hold, topology="4x4", accelerator_version="v6e", num_slices=num_slices
+        )
+        starts = list(ray.get(refs))
+        for pg_id, info in ray.util.placement_group_table().items():  # its leaked group
+            if pg_id not in before and info["state"] == "CREATED":
+                from ray.util.placement_group import PlacementGroup
+
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(pg_id)))
+        return starts
+    pg = placement_group(
+        [{"TPU": CHIPS_PER_HOST}] * (HOSTS_PER_SLICE * num_slices), strategy="STRICT_SPREAD"
+    )
+    try:
+        ray.get(pg.ready())
+        refs = [
+            hold_task.options(
+                resources={"TPU": CHIPS_PER_HOST},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i),
+            ).remote(hold)
+            for i in range(HOSTS_PER_SLICE * num_slices)
+        ]
+        return list(ray.get(refs))
+    finally:
+        remove_placement_group(pg)
+
+
+# --- the parent ------------------------------------------------------------------------------
+
+
+class IdleSampler:
+    """Samples, every ``period`` s, slices whose head resource is taken while every TPU
+    of theirs is free, and adds up those slice-seconds."""
+
+    def __init__(self, period: float = 0.05) -> None:
+        self.period = period
+        self.slice_seconds = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> IdleSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        from tpuslice import _ray
+
+        nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+        while not self._stop.wait(self.period):
+            available = _ray.available_resources_per_node()
+            slices: dict[str, list[tuple[bool, bool]]] = {}
+            for node_id, node in nodes.items():
+                name = node.get("Labels", {}).get("ray.io/tpu-slice-name")
+                if not name:
+                    continue
+                free = available.get(node_id, {})
+                head = [r for r in node["Resources"] if r.startswith("TPU-") and r.endswith("-head")]
+                head_taken = bool(head) and free.get(head[0], 0) < 1
+                tpu_free = free.get("TPU", 0) >= node["Resources"].get("TPU", 0)
+                slices.setdefault(name, []).append((head_taken, tpu_free))
+            for hosts in slices.values():
+                if any(h for h, _ in hosts) and all(f for _, f in hosts):
+                    self.slice_seconds += self.period
+
+
+def run_path(address: str, path: str, hold: float, err: Console) -> PathResult:
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable, __file__, "--child", "--address", address, "--path", path,
+                "--driver", str(d), "--slices", str(n), "--hold", str(hold),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for d, n in enumerate(DRIVERS)
+    ]
+    for proc in procs:  # every driver connected and warm
+        assert proc.stdout is not None and proc.stdin is not None
+        line = proc.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"{path} driver did not start: {line!r}")
+    start_at = time.time() + 0.5
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(f"{start_at}\n")
+        proc.stdin.flush()
+    result = PathResult(path)
+    with IdleSampler() as sampler:
+        for proc in procs:
+            out, errs = proc.communicate(timeout=PATH_TIMEOUT_S)
+            lines = [line for line in out.splitlines() if line.startswith("[")]
+            if proc.returncode != 0 or not lines:
+                raise RuntimeError(f"{path} driver failed: {errs[-2000:]}")
+            result.jobs += [Job(**j) for j in json.loads(lines[-1])]
+    result.held_idle_slice_s = sampler.slice_seconds
+    err.print(f"{path}: {result.summary(hold)}")
+    return result
+
+
+def settle() -> None:
+    from tpuslice.testing import live_placement_groups, remove_placement_groups
+
+    deadline = time.time() + 30
+    while live_placement_groups() and time.time() < deadline:
+        remove_placement_groups()
+        time.sleep(0.2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--hold", type=float, default=2.0)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
+    parser.add_argument("--driver", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--slices", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child_main(args)
+        return
+    from tpuslice.testing import SimulatedCluster
+
+    err = Console(stderr=True)
+    err.print(f"load average at start: {os.getloadavg()}")
+    summaries = []
+    with SimulatedCluster([("v6e", "4x4", SLICES)], connect=True) as sim:
+        err.print(f"cluster up in {sim.startup_seconds:.1f} s")
+        for path in args.paths.split(","):
+            summaries.append(run_path(sim.address, path, args.hold, err).summary(args.hold))
+            settle()
+    fcfs = fcfs_schedule(args.hold)
+    report = {"ideal_makespan_s": ideal_makespan(args.hold), "fcfs": fcfs, "paths": summaries}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"ideal makespan {report['ideal_makespan_s']:.1f} s; strict FCFS with no overheads: "
+          f"makespan {fcfs['makespan_s']:.1f} s, longest wait {fcfs['longest_wait_s']:.1f} s, "
+          f"mean wait {fcfs['mean_wait_s']:.2f} s")
+    print("| path | jobs done | failed | makespan | / ideal | longest wait | mean wait | held-idle slice-s |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|")
+    for s in summaries:
+        print(
+            f"| {s['path']} | {s['jobs_done']} | {s['jobs_failed']} | {s['makespan_s']:.1f} s | "
+            f"{s['makespan_over_ideal']:.2f}x | {s['longest_wait_s']:.1f} s | "
+            f"{s['mean_wait_s']:.2f} s | {s['held_idle_slice_s']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -115,6 +115,8 @@ class Reserver:
         self.targets: Targets = targets or WholeSlices(request.plan)
         self.claims: dict[int, Claim] = {}
         self.in_flight: list[PlacementGroup] = []
+        self.pending_heads: list[Claim] = []
+        """Claims whose head groups were asked for with the workers, not yet seen placed."""
         self._next_reprobe = 0.0
         """Groups created but not yet recorded in a claim: removed too if we stop."""
         self.demand: AutoscalerDemand | None = None
@@ -353,6 +355,14 @@ class Reserver:
             for claim in fresh:
                 claim.head_pg = self._head_group(claim.target)
                 self.in_flight.append(claim.head_pg)
+            if not self.heads_only and len(self.claims) + len(fresh) == self.plan.num_slices:
+                # The last slices: their workers are asked for at once, and the heads
+                # waited for with them (one placement round, not two).
+                for claim in fresh:
+                    self.claims[claim.index] = claim
+                self.pending_heads = list(fresh)
+                self.in_flight = []
+                return
             placed = self.ops.wait_placed(self.in_flight, CLAIM_BOUND_S)
             self.in_flight = []
         else:
@@ -452,31 +462,46 @@ class Reserver:
         )
 
     def _place_workers(self) -> Reservation | None:
-        """Create every worker group at once; ``None`` (and claims dropped) if a slice
+        """Create every worker group at once and wait for them (with any head claims
+        still pending); ``None`` (and claims dropped) if a head was taken, or a slice
         could not be placed within the bound because someone took one of its hosts."""
         claims = [self.claims[i] for i in sorted(self.claims)]
+        heads = [c.head_pg for c in self.pending_heads if c.head_pg is not None]
+        pending, self.pending_heads = self.pending_heads, []
         if self.plan.pg_per_slice:
             for claim in claims:
                 claim.worker_pg = self._worker_group([claim], f"_slice_{claim.index}")
             groups = [c.worker_pg for c in claims if c.worker_pg]
-            placed = self.ops.wait_placed(groups, CLAIM_BOUND_S)
+            placed = self.ops.wait_placed([*heads, *groups], CLAIM_BOUND_S)
             if all(placed):
                 return Reservation(claims)
-            for claim, ok in zip(claims, placed, strict=True):
+            lost = self._lost_heads(pending, placed[: len(heads)])
+            for claim, ok in zip(claims, placed[len(heads) :], strict=True):
                 self.ops.remove_group(claim.worker_pg)
                 claim.worker_pg = None
-                if not ok:
+                if not ok and claim.index not in lost:
                     self._give_back(claim)
             return None
         combined = self._worker_group(claims, "")
         self.in_flight = [combined]  # until the caller has checked the TPU owners too
-        ready = self.ops.wait_placed(self.in_flight, CLAIM_BOUND_S)[0]
-        if ready:
+        placed = self.ops.wait_placed([*heads, combined], CLAIM_BOUND_S)
+        if all(placed):
             return Reservation(claims, combined)
         self.in_flight = []
         self.ops.remove_group(combined)
-        self._give_back_busy(claims)
+        lost = self._lost_heads(pending, placed[: len(heads)])
+        self._give_back_busy([c for c in claims if c.index not in lost])
         return None
+
+    def _lost_heads(self, pending: Sequence[Claim], placed: Sequence[bool]) -> set[int]:
+        """Give back the claims whose head group did not place (taken meanwhile)."""
+        lost = set()
+        for claim, ok in zip(pending, placed, strict=True):
+            if not ok:
+                logger.info("head of %s was taken meanwhile; trying another", claim.slice_name)
+                self._give_back(claim)
+                lost.add(claim.index)
+        return lost
 
     def _worker_group(self, claims: Sequence[Claim], suffix: str) -> PlacementGroup:
         bundles: list[dict[str, float]] = []

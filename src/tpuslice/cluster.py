@@ -32,9 +32,8 @@ from tpuslice.labels import (
     TPU_RESOURCE,
     WORKER_ID_LABEL,
 )
-from tpuslice.queue_record import QUEUE_KEY, QueuedRequest, QueueRecord
+from tpuslice.queue_record import QUEUE_KEY, QUEUE_NAMESPACE, QueuedRequest, QueueRecord
 from tpuslice.topology import SliceShape, parse_pod_type, slice_shape
-from tpuslice.tpu_lock import TPUOwner
 
 logger = logging.getLogger(__name__)
 
@@ -508,8 +507,9 @@ def _state(
 
 
 def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
-    """Read the connected cluster: one ``ray.nodes()``, one available-resources call, and
-    the TPU owners the hosts' agents recorded in Ray's KV store (:mod:`tpuslice.agent`).
+    """Read the connected cluster: one available-resources call (``ray.nodes()`` too
+    when the set of alive nodes changed), and, alongside, the TPU owners the hosts'
+    agents recorded (:mod:`tpuslice.agent`) and the queue's record from Ray's KV store.
 
     Args:
         tpu_resource_per_chip: The cluster's ``TPU`` units per chip; ``None`` reads
@@ -524,30 +524,51 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
     # The KV read goes through another GCS client than the node and resource reads, so
     # it runs alongside them (they share one client and would only queue behind it).
-    recorded = _reader().submit(_read_kv)
-    nodes, available = ray.nodes(), _ray.available_resources_per_node()
-    found, queue = recorded.result()
-    owners = {node: owner.describe() for node, owner in found.items()}
+    from tpuslice.agent import recorded_owners  # agent.py builds on this module's siblings
+
+    recorded = _reader().submit(recorded_owners)
+    queued = _reader().submit(_read_queue)
+    available = _ray.available_resources_per_node()
+    nodes = _node_records(available)
+    owners = {node: owner.describe() for node, owner in recorded.result().items()}
+    queue = queued.result()
     snapshot = build_snapshot(nodes, available, per_chip, tpu_owners=owners)
     return dataclasses.replace(snapshot, queue=queue)
 
 
-def _read_kv() -> tuple[Mapping[str, TPUOwner], QueueRecord | None]:
-    """The TPU owners the agents recorded, and the queue's record (one thread, in turn)."""
-    from tpuslice.agent import NAMESPACE, recorded_owners
+_nodes_seen: list[tuple[frozenset[str], list[NodeRecord]]] = []
 
-    owners = recorded_owners()
-    raw = _ray.kv_get(QUEUE_KEY, NAMESPACE)
+
+def _node_records(available: Available) -> list[NodeRecord]:
+    """``ray.nodes()``, read again only when the set of alive nodes changed.
+
+    A node's labels and total resources are fixed for its life, and ``available`` lists
+    exactly the alive nodes, so while that set is unchanged the last records still
+    describe every node (and every dead one, whose records do not change either). This
+    saves the largest read of a snapshot on every look of a reservation.
+    """
+    alive = frozenset(available)
+    if _nodes_seen and _nodes_seen[0][0] == alive:
+        return _nodes_seen[0][1]
+    nodes: list[NodeRecord] = ray.nodes()
+    now_alive = frozenset(n["NodeID"] for n in nodes if n.get("Alive"))
+    _nodes_seen[:] = [(now_alive, nodes)] if now_alive == alive else []
+    return nodes
+
+
+def _read_queue() -> QueueRecord | None:
+    """The cluster-wide queue's last record (:mod:`tpuslice.queue_record`), if any."""
+    raw = _ray.kv_get(QUEUE_KEY, QUEUE_NAMESPACE)
     if raw is None:
-        return owners, None
+        return None
     try:
-        return owners, QueueRecord.from_json(raw)
+        return QueueRecord.from_json(raw)
     except ValueError as exc:
         logger.debug("ignoring an unreadable queue record: %s", exc)
-        return owners, None
+        return None
 
 
 @functools.cache
 def _reader() -> ThreadPoolExecutor:
-    """One background thread for the snapshot's KV read."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpuslice-snapshot")
+    """Background threads for the snapshot's KV reads (owners, queue)."""
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="tpuslice-snapshot")

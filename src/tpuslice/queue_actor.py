@@ -20,13 +20,13 @@ from tpuslice import _ray
 from tpuslice.cluster import read_snapshot
 from tpuslice.errors import QueueUnreachableError
 from tpuslice.queue_book import Answer
-from tpuslice.queue_record import QUEUE_KEY, QueueRecord
+from tpuslice.queue_record import QUEUE_KEY, QUEUE_NAMESPACE, QueueRecord
 from tpuslice.queue_service import QueueService, Ticket
 
 logger = logging.getLogger(__name__)
 
 NAME = "tpuslice-queue"
-NAMESPACE = "tpuslice"
+NAMESPACE = QUEUE_NAMESPACE
 CALL_TIMEOUT_S = 10.0
 """How long a driver waits for the queue to answer (it may be starting or restarting)."""
 HEAD_NODE_RESOURCE = "node:__internal_head__"

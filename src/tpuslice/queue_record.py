@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 
 QUEUE_KEY = "queue"
+QUEUE_NAMESPACE = "tpuslice"
 FRESH_S = 3.0
 """A record older than this no longer describes a live queue."""
 

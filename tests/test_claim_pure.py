@@ -250,9 +250,7 @@ def test_a_head_taken_while_its_workers_were_asked_for_is_given_back() -> None:
     """Between the look and the claim someone takes worker 0's head resource of the
     picked slice: its workers are removed with it, and the next slice is claimed."""
     cluster = InMemoryCluster([("v6e", "4x4", 2)])
-    cluster.script(
-        "create_group", 1, lambda: cluster.take("v6e-16-0", 0, {"TPU-v6e-16-head": 1})
-    )
+    cluster.script("create_group", 1, lambda: cluster.take("v6e-16-0", 0, {"TPU-v6e-16-head": 1}))
     reservation = reserver(cluster).run()
     assert [c.slice_name for c in reservation.claims] == ["v6e-16-1"]
     mine = cluster.live_groups("reserver")

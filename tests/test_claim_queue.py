@@ -246,3 +246,58 @@ def test_a_queue_that_stops_answering_is_waited_for_then_given_up(
     r.clock = claim.Clock(cluster.clock.now, sleep)
     assert names(r.run()) == ["v6e-16-0"]
     assert r.queueable is (not falls_back)
+
+
+# --- ranges of slices ----------------------------------------------------------------------
+
+
+def test_a_range_takes_every_idle_slice_up_to_its_max() -> None:
+    cluster = queued_cluster(3)
+    cluster.take("v6e-16-2", 1, {"TPU": 4})
+    reservation = reserver(cluster, num_slices=(1, 3)).run()
+    assert names(reservation) == ["v6e-16-0", "v6e-16-1"]
+    assert reservation.plan is not None and reservation.plan.num_slices == 2
+    assert reservation.plan.num_bundles == 8  # two slices' hosts, not three
+    assert cluster.calls["slice_queue"] == 0
+
+
+def test_a_range_below_its_min_waits_in_the_queue_then_takes_what_is_idle() -> None:
+    """(2, 3) with one idle: it queues, holding nothing; when two more are freed it
+    takes all three."""
+    cluster = queued_cluster(3)
+    first = cluster.take("v6e-16-1", 0, {"TPU": 4})
+    second = cluster.take("v6e-16-2", 0, {"TPU": 4})
+    held: list[int] = []
+
+    def free_both() -> None:
+        held.append(len(cluster.live_groups("reserver")))
+        cluster.remove_group(first)
+        cluster.remove_group(second)
+
+    cluster.script("sleep", 3, free_both)
+    reservation = reserver(cluster, num_slices=(2, 3)).run()
+    assert names(reservation) == ["v6e-16-0", "v6e-16-1", "v6e-16-2"]
+    assert held == [0]
+    assert tickets(cluster) == []
+
+
+def test_a_range_whose_min_the_cluster_cannot_hold_fails_at_once() -> None:
+    cluster = queued_cluster(2)
+    with pytest.raises(InsufficientSlicesError, match="asked for 3, the cluster has 2"):
+        reserver(cluster, num_slices=(3, 4)).run()
+    assert names(reserver(cluster, num_slices=(1, 9)).run()) == ["v6e-16-0", "v6e-16-1"]
+
+
+def test_without_a_queue_a_range_still_holds_nothing_while_short() -> None:
+    cluster = InMemoryCluster([("v6e", "4x4", 3)])
+    cluster.take("v6e-16-2", 0, {"TPU": 4})
+    busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
+    held: list[int] = []
+
+    def free_it() -> None:
+        held.append(len(cluster.live_groups("reserver")))
+        cluster.remove_group(busy)
+
+    cluster.script("sleep", 2, free_it)
+    assert names(reserver(cluster, num_slices=(2, 3)).run()) == ["v6e-16-0", "v6e-16-1"]
+    assert held == [0]

@@ -106,3 +106,35 @@ def test_none_timeout_means_wait_without_limit() -> None:
         ).head_reservation_timeout_s
         is None
     )
+
+
+@pytest.mark.parametrize(("value", "expected"), [(3, (3, 3)), ((1, 4), (1, 4)), ((2, 2), (2, 2))])
+def test_num_slices_is_an_int_or_a_min_max_range(
+    value: int | tuple[int, int], expected: tuple[int, int]
+) -> None:
+    request = SliceRequest(topology="4x4", accelerator_version="v6e", num_slices=value)
+    assert request.slice_range == expected
+    assert request.plan.num_slices == expected[1]  # built for the most
+    assert request.elastic is (expected[0] < expected[1])
+
+
+@pytest.mark.parametrize("value", [(0, 2), (3, 2), (1,), (1, 2, 3), (1.0, 2), (True, 2), [1, 2]])
+def test_a_bad_range_is_refused_with_what_is_valid(value: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="num_slices must be a positive integer"):
+        SliceRequest(topology="4x4", accelerator_version="v6e", num_slices=value)  # type: ignore[arg-type]
+
+
+def test_a_range_cannot_take_per_bundle_selectors() -> None:
+    with pytest.raises(InvalidArgumentError, match="is a range"):
+        SliceRequest(
+            topology="4x4",
+            accelerator_version="v6e",
+            num_slices=(1, 2),
+            bundle_label_selector=[{}] * 4,
+        )
+
+
+@pytest.mark.parametrize("value", [True, 1.5, "high"])
+def test_priority_must_be_an_integer(value: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="priority must be an integer"):
+        SliceRequest(topology="4x4", accelerator_version="v6e", priority=value)  # type: ignore[arg-type]

@@ -202,44 +202,53 @@ def test_bad_input_is_a_clear_value_error(kwargs: dict[str, object], match: str)
         tpuslice.SlicePlacementGroup(**args)  # type: ignore[arg-type]
 
 
+def queued_here() -> bool:
+    """Whether a request of this process waits in the cluster-wide queue."""
+    mine = f"pid {os.getpid()} "
+    return any(r.who.startswith(mine) for r in tpuslice.read_snapshot().queued())
+
+
 def test_ctrl_c_while_waiting_removes_everything(tpu_cluster: SimulatedCluster) -> None:
-    """Two slices asked, one idle: we hold one head while waiting; SIGINT cleans it up."""
+    """Two slices asked, one idle: we wait in the queue holding nothing; SIGINT takes the
+    ticket out and leaves no group behind."""
     with hold_host("v4-16-a", 1), hold_host("v4-16-b", 1), hold_host("v4-16-c", 1):
         before = {pg["placement_group_id"] for pg in live_placement_groups()}
 
-        def interrupt_once_claimed() -> None:
-            wait_for(lambda: len(live_placement_groups()) > len(before), what="a head claim")
+        def interrupt_once_queued() -> None:
+            wait_for(queued_here, what="our ticket in the queue")
+            assert {pg["placement_group_id"] for pg in live_placement_groups()} == before
             os.kill(os.getpid(), signal.SIGINT)
 
-        thread = threading.Thread(target=interrupt_once_claimed)
+        thread = threading.Thread(target=interrupt_once_queued)
         thread.start()
         with pytest.raises(KeyboardInterrupt):
             tpuslice.SlicePlacementGroup(**V4, num_slices=2, head_reservation_timeout_s=60)
         thread.join()
         after = {pg["placement_group_id"] for pg in live_placement_groups()}
         assert after == before
+        wait_for(lambda: not queued_here(), what="our ticket to leave")
 
 
 def test_host_killed_while_waiting(tpu_cluster: SimulatedCluster) -> None:
-    """We hold v4-16-d's head while waiting for a second slice; d loses a host: the claim
-    is given back and the timeout message reports the broken slice."""
+    """We wait in the queue for two slices with only v4-16-d idle (kept for us); d loses
+    a host: the timeout message reports the broken slice and our place."""
     try:
         with hold_host("v4-16-a", 1), hold_host("v4-16-b", 1), hold_host("v4-16-c", 1):
-            holding = threading.Event()
+            queued = threading.Event()
 
-            def kill_once_claimed() -> None:
-                wait_for(lambda: len(live_placement_groups()) > 3, what="a head claim")
-                holding.set()
+            def kill_once_queued() -> None:
+                wait_for(queued_here, what="our ticket in the queue")
+                queued.set()
                 tpu_cluster.kill_host("v4-16-d", 1)
 
-            thread = threading.Thread(target=kill_once_claimed)
+            thread = threading.Thread(target=kill_once_queued)
             thread.start()
             with pytest.raises(tpuslice.ReservationTimeoutError) as info:
                 tpuslice.SlicePlacementGroup(**V4, num_slices=2, head_reservation_timeout_s=6)
             thread.join()
-        assert holding.is_set()
+        assert queued.is_set()
         assert "v4-16-d: host 1 dead" in str(info.value)
-        assert "holding 0 of 2" in str(info.value)
+        assert "position 1 in the cluster's queue" in str(info.value)
     finally:
         tpu_cluster.restore_slice("v4-16-d")
     wait_for(lambda: tpuslice.get_num_ready_tpu_slices("2x2x2", "v4") == 4, timeout=30)

@@ -121,7 +121,9 @@ def test_kv_key_and_label_key_are_rays() -> None:
     assert subslice.label_key("2x4") == f"{ray_accel.TPU_SUBSLICE_LABEL_PREFIX}2x4"
 
 
-@pytest.mark.parametrize("difference", compat.SUBSLICE_DIFFERENCES, ids=lambda d: d.what)
+@pytest.mark.parametrize(
+    "difference", compat.SUBSLICE_DIFFERENCES + compat.QUEUE_DIFFERENCES, ids=lambda d: d.what
+)
 def test_each_deliberate_difference_names_a_test_that_exists(
     difference: compat.Difference,
 ) -> None:

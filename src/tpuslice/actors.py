@@ -90,7 +90,7 @@ class SliceActorGroup(ShutsDownOnExit):
         *args: Any,
         topology: str,
         accelerator_version: str,
-        num_slices: int = 1,
+        num_slices: int | tuple[int, int] = 1,
         chips_per_vm: int | None = None,
         head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
         priority: int = 0,
@@ -103,7 +103,8 @@ class SliceActorGroup(ShutsDownOnExit):
             *args: Passed to every actor's constructor.
             topology: Chip grid of one slice, such as ``"4x4"``.
             accelerator_version: TPU generation, such as ``"v6e"``.
-            num_slices: Whole slices to reserve, all at once.
+            num_slices: Whole slices to reserve, all at once, or a ``(min, max)``
+                range (as many as are idle, at least ``min``).
             chips_per_vm: Chips per host, for shapes offered in more than one form.
             head_reservation_timeout_s: Seconds to wait for idle slices (``None``: no
                 limit).

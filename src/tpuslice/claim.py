@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ray.util.placement_group import PlacementGroup
 
@@ -31,6 +31,7 @@ from tpuslice.errors import (
 )
 from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice.ops import RAY_OPS, ClusterOps
+from tpuslice.plan import ReservationPlan
 from tpuslice.queue_book import Answer, Granted, Never, Waiting
 from tpuslice.queue_place import QueuePlace
 from tpuslice.queue_service import SliceKind
@@ -88,6 +89,8 @@ class Reservation:
 
     claims: list[Claim] = field(default_factory=list)
     combined_pg: PlacementGroup | None = None
+    plan: ReservationPlan | None = None
+    """The plan reserved: for a range of slices, with the count granted."""
 
 
 class Reserver:
@@ -131,6 +134,9 @@ class Reserver:
         """Whether this request waits in the queue (pinned or labelled requests, and
         sub-slices, claim directly)."""
         self.kind = SliceKind(self.plan.shape, self.plan.tpu_resource_per_chip)
+        self.low, self.high = request.slice_range
+        """Slices wanted: at least ``low``, as many as are idle up to ``high``. The plan
+        is for ``high`` until the count is fixed (:meth:`_fix_count`)."""
 
     def can_grow(self) -> bool:
         """Whether the cluster has an autoscaler (read once per reservation).
@@ -166,6 +172,7 @@ class Reserver:
                 snapshot = self.targets.prepare(snapshot)
                 self._drop_broken(snapshot)
                 if granted is not None:
+                    self._fix_count(len(granted) or self.plan.num_slices)
                     self._claim(_only(snapshot, granted))
                     if len(self.claims) < self.plan.num_slices:
                         self._requeue("a granted slice was taken meanwhile")
@@ -173,7 +180,7 @@ class Reserver:
                 elif self.place is None and self._should_queue(snapshot):
                     self._join_queue(snapshot)
                     continue
-                elif self.place is None:
+                elif self.place is None and self._can_start(snapshot):
                     self._claim(snapshot)
                     if 0 < len(self.claims) < self.plan.num_slices and self._should_queue(
                         snapshot, after_claiming=True
@@ -181,10 +188,10 @@ class Reserver:
                         self._join_queue(snapshot)
                         continue
                 self._follow_demand(snapshot)
-                if len(self.claims) == self.plan.num_slices:
+                if self.claims and len(self.claims) == self.plan.num_slices:
                     self._end_demand()
                     reservation = (
-                        Reservation([self.claims[i] for i in sorted(self.claims)])
+                        Reservation([self.claims[i] for i in sorted(self.claims)], plan=self.plan)
                         if self.heads_only
                         else self._place_workers()
                     )
@@ -220,6 +227,23 @@ class Reserver:
 
     # --- the queue ---------------------------------------------------------------------
 
+    def _can_start(self, snapshot: ClusterSnapshot) -> bool:
+        """For a range, fix the count to what is idle now (up to ``high``), if at least
+        ``low`` is; an int request can always try."""
+        if not self.request.elastic or self.claims:
+            return True
+        idle = len(self.targets.pick(snapshot, {}))
+        if idle < self.low:
+            return False
+        self._fix_count(min(idle, self.high))
+        return True
+
+    def _fix_count(self, count: int) -> None:
+        """Reserve ``count`` slices (within the range): the plan and targets follow."""
+        if count != self.plan.num_slices and self.request.elastic:
+            self.plan = replace(self.request.plan, num_slices=count)
+            self.targets = WholeSlices(self.plan)
+
     def _should_queue(self, snapshot: ClusterSnapshot, *, after_claiming: bool = False) -> bool:
         """Wait in the queue when others already wait for this kind of slice, or when
         there are not enough idle ones to take all at once (so none is held idle)."""
@@ -230,7 +254,7 @@ class Reserver:
         if any(r for r in snapshot.queued(self.kind.key)):
             return True
         picks = self.targets.pick(snapshot, {})
-        return len(picks) < self.plan.num_slices
+        return len(picks) < self.low
 
     def _join_queue(self, snapshot: ClusterSnapshot) -> None:
         """Give back anything claimed, then enqueue; if no queue answers, say so once
@@ -240,7 +264,7 @@ class Reserver:
             place = QueuePlace(
                 self.ops.slice_queue(),
                 self.kind,
-                (self.plan.num_slices, self.plan.num_slices),
+                (self.low, self.high),
                 self.request.priority,
             )
             place.join()
@@ -474,7 +498,7 @@ class Reserver:
             groups = [c.worker_pg for c in claims if c.worker_pg]
             placed = self.ops.wait_placed([*heads, *groups], CLAIM_BOUND_S)
             if all(placed):
-                return Reservation(claims)
+                return Reservation(claims, plan=self.plan)
             lost = self._lost_heads(pending, placed[: len(heads)])
             for claim, ok in zip(claims, placed[len(heads) :], strict=True):
                 self.ops.remove_group(claim.worker_pg)
@@ -486,7 +510,7 @@ class Reserver:
         self.in_flight = [combined]  # until the caller has checked the TPU owners too
         placed = self.ops.wait_placed([*heads, combined], CLAIM_BOUND_S)
         if all(placed):
-            return Reservation(claims, combined)
+            return Reservation(claims, combined, self.plan)
         self.in_flight = []
         self.ops.remove_group(combined)
         lost = self._lost_heads(pending, placed[: len(heads)])
@@ -534,8 +558,14 @@ class Reserver:
                 self._give_back(claim)
 
     def _check_possible(self, snapshot: ClusterSnapshot) -> None:
-        """Fail at once if the cluster lacks the slices and cannot grow to have them."""
-        reason = self.targets.shortage(snapshot)
+        """Fail at once if the cluster lacks the slices (the minimum of a range) and
+        cannot grow to have them."""
+        least = (
+            WholeSlices(replace(self.request.plan, num_slices=self.low))
+            if self.request.elastic
+            else self.targets
+        )
+        reason = least.shortage(snapshot)
         if not reason:
             return
         if not self.targets.autoscaling:  # new slices would not help (sub-slices)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 import ray
@@ -150,10 +151,54 @@ def _status_line_until_interrupted(interval: float = 1.0) -> None:
 # --- run ---------------------------------------------------------------------------------
 
 
+if TYPE_CHECKING:
+    _CountType = click.ParamType[int | tuple[int, int]]
+else:  # click before 8.2 has no generic ParamType
+    _CountType = click.ParamType
+
+
+class SliceCount(_CountType):
+    """``N`` (an int) or ``MIN..MAX`` (a tuple), each at least 1, min <= max."""
+
+    name = "N|MIN..MAX"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | tuple[int, int]:
+        """Parse the option.
+
+        Args:
+            value: The text (or an already converted value).
+            param: The option.
+            ctx: The click context.
+
+        Returns:
+            An int, or ``(min, max)``.
+        """
+        if isinstance(value, (int, tuple)):
+            return value
+        text = str(value).strip()
+        low, sep, high = text.partition("..")
+        try:
+            bounds = (int(low), int(high)) if sep else (int(text), int(text))
+        except ValueError:
+            self.fail(f"{text!r} is not N or MIN..MAX (e.g. 2 or 1..4)", param, ctx)
+        if not 1 <= bounds[0] <= bounds[1]:
+            self.fail(f"{text!r}: need 1 <= MIN <= MAX", param, ctx)
+        return bounds if sep else bounds[0]
+
+
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--topology", required=True, help="Slice topology, e.g. 4x4.")
 @click.option("--accelerator", required=True, help="TPU generation, e.g. v6e.")
-@click.option("--slices", "num_slices", default=1, type=click.IntRange(min=1), show_default=True)
+@click.option(
+    "--slices",
+    "num_slices",
+    default="1",
+    type=SliceCount(),
+    show_default=True,
+    help="Slices: N, or MIN..MAX to take as many as are idle (at least MIN).",
+)
 @click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
 @click.option("--simulate", is_flag=True, help="Without a cluster, start a simulated one.")
 @click.option(
@@ -181,7 +226,7 @@ def _status_line_until_interrupted(interval: float = 1.0) -> None:
 def run(
     topology: str,
     accelerator: str,
-    num_slices: int,
+    num_slices: int | tuple[int, int],
     address: str | None,
     simulate: bool,
     timeout: float,
@@ -194,7 +239,8 @@ def run(
     Example: tpuslice run --topology 4x4 --accelerator v6e -- hostname
     """
     try:
-        shape_spec = SliceSpec(accelerator, topology, num_slices)
+        most = num_slices[1] if isinstance(num_slices, tuple) else num_slices
+        shape_spec = SliceSpec(accelerator, topology, most)
         shape_spec.shape()
     except InvalidArgumentError as exc:
         raise UsageError(str(exc)) from exc

@@ -343,3 +343,31 @@ SUBSLICE_DIFFERENCES: tuple[Difference, ...] = (
     ),
 )
 """Checked by tests/test_subslice_pure.py: each ``shown_by`` test exists."""
+
+
+QUEUE_DIFFERENCES: tuple[Difference, ...] = (
+    Difference(
+        "more reservations than idle slices, from several drivers",
+        "each waiting reservation polls on its own, claiming the head of any idle slice it "
+        "sees: no arrival order, and a request for N slices holds the ones it got while it "
+        "waits for the rest (three 2-slice requests on three slices can all time out)",
+        "waiting reservations queue in one cluster-wide queue (priority, then arrival) and "
+        "are granted all their slices at once; nothing is held while waiting",
+        "tests/test_queue.py::test_three_two_slice_requests_on_three_slices_all_complete",
+    ),
+    Difference(
+        "num_slices=(min, max)",
+        "num_slices must be an int",
+        "a range: as many idle slices as there are, at least min; the handle, MEGASCALE_* "
+        "and the host context say how many",
+        "tests/test_elastic.py::test_a_reservation_with_a_range_takes_what_is_idle_and_says_how_many",
+    ),
+    Difference(
+        "a keyword argument named priority to run_on_slice",
+        "passed to the function",
+        "taken as the one-shot's queue priority (a function's own priority argument must "
+        "come another way, e.g. a default or another name)",
+        "tests/test_claim_queue.py::test_a_higher_priority_request_is_served_first",
+    ),
+)
+"""Checked by tests/test_subslice_pure.py: each ``shown_by`` test exists."""

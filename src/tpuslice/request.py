@@ -42,7 +42,9 @@ class SliceRequest:
         strategy: Ray placement strategy of the worker groups.
         name: Name of the worker placement group(s).
         lifetime: ``None`` or ``"detached"`` (outlives the driver).
-        num_slices: How many whole slices to reserve, all at once.
+        num_slices: How many whole slices to reserve, all at once; or ``(min, max)``:
+            start once ``min`` can be had together, taking as many as are idle up to
+            ``max`` (the plan is built for ``max``; the reservation says how many).
         chips_per_vm: Chips on each host; ``None`` for the shape's default.
         head_reservation_timeout_s: Seconds to wait for idle slices; ``None`` waits
             without limit.
@@ -69,7 +71,7 @@ class SliceRequest:
     strategy: str = "SPREAD"
     name: str = ""
     lifetime: str | None = None
-    num_slices: int = 1
+    num_slices: int | tuple[int, int] = 1
     chips_per_vm: int | None = None
     head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
     bundle_label_selector: Sequence[Mapping[str, str]] | None = None
@@ -91,11 +93,22 @@ class SliceRequest:
             object.__setattr__(self, "bundle_label_selector", selectors)
         object.__setattr__(self, "plan", _plan(self))
 
+    @property
+    def slice_range(self) -> tuple[int, int]:
+        """``(min, max)`` slices: ``(n, n)`` for an int ``num_slices``."""
+        return _slice_range(self.num_slices)
+
+    @property
+    def elastic(self) -> bool:
+        """Whether ``num_slices`` is a range (``min < max``)."""
+        low, high = self.slice_range
+        return low < high
+
 
 def _plan(request: SliceRequest) -> ReservationPlan:
     """Validate ``request`` and derive its plan. Raises ``ValueError`` subclasses that say
     what was asked and what is valid, where Ray 2.60 crashes or hangs."""
-    check_positive_int("num_slices", request.num_slices)
+    low, high = _slice_range(request.num_slices)
     if isinstance(request.priority, bool) or not isinstance(request.priority, int):
         raise InvalidArgumentError(
             f"priority must be an integer (higher is served first), got {request.priority!r}"
@@ -115,16 +128,22 @@ def _plan(request: SliceRequest) -> ReservationPlan:
         shape.topology,
         shape.generation.name,
         dict(request.resources_per_bundle) if request.resources_per_bundle else None,
-        request.num_slices,
+        high,
         shape.chips_per_host,
         per_chip,
     )
     bundles_per_host = _bundles_per_host(shape, per_chip, resources["TPU"])
     selectors = tuple(request.bundle_label_selector or ())
+    if selectors and low < high:
+        raise InvalidArgumentError(
+            f"num_slices={request.num_slices!r} is a range, so the number of bundles is not "
+            "known in advance; bundle_label_selector needs one selector per bundle: give "
+            "an int num_slices, or leave the selectors out"
+        )
     if selectors and len(selectors) != num_bundles:
         raise InvalidArgumentError(
             f"bundle_label_selector has {len(selectors)} entries but the reservation has "
-            f"{num_bundles} bundles ({request.num_slices} slice(s) x {shape.num_hosts} "
+            f"{num_bundles} bundles ({high} slice(s) x {shape.num_hosts} "
             f"host(s) x {bundles_per_host} bundle(s) per host); give one selector per bundle"
         )
     spread_hint = (
@@ -140,7 +159,7 @@ def _plan(request: SliceRequest) -> ReservationPlan:
         raise InvalidArgumentError(f"lifetime must be None or 'detached', got {request.lifetime!r}")
     return ReservationPlan(
         shape=shape,
-        num_slices=request.num_slices,
+        num_slices=high,
         tpu_resource_per_chip=per_chip,
         bundle_resources=MappingProxyType(resources),
         bundles_per_host=bundles_per_host,
@@ -151,6 +170,21 @@ def _plan(request: SliceRequest) -> ReservationPlan:
         pg_per_slice=request.pg_per_slice,
         subslice=request.subslice,
     )
+
+
+def _slice_range(value: object) -> tuple[int, int]:
+    """An int n is ``(n, n)``; a ``(min, max)`` tuple with ``1 <= min <= max``."""
+    if isinstance(value, tuple):
+        if len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            low, high = value
+            if 1 <= low <= high:
+                return low, high
+        raise InvalidArgumentError(
+            f"num_slices must be a positive integer or a (min, max) tuple of integers with "
+            f"1 <= min <= max, got {value!r}"
+        )
+    n = check_positive_int("num_slices", value)
+    return n, n
 
 
 SUBSLICE_CHIPS_PER_HOST = 4

@@ -65,7 +65,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         strategy: str = "SPREAD",
         name: str = "",
         lifetime: str | None = None,
-        num_slices: int = 1,
+        num_slices: int | tuple[int, int] = 1,
         chips_per_vm: int | None = None,
         head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
         bundle_label_selector: list[dict[str, str]] | None = None,
@@ -85,7 +85,9 @@ class SlicePlacementGroup(ShutsDownOnExit):
             strategy: Ray placement strategy of the worker groups.
             name: Name of the worker placement group(s).
             lifetime: ``None`` or ``"detached"`` (outlives this driver).
-            num_slices: How many whole slices to reserve, all at once.
+            num_slices: How many whole slices to reserve, all at once; or a
+                ``(min, max)`` tuple: start once ``min`` can be had together, taking as
+                many as are idle up to ``max`` (:attr:`num_slices` says how many).
             chips_per_vm: Chips on each host, for shapes offered in more than one form.
             head_reservation_timeout_s: Seconds to wait for idle slices; ``None`` waits
                 without limit.
@@ -156,6 +158,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
                 "(or use tpuslice.testing.SimulatedCluster)"
             )
         self._reservation = Reserver(request, clock=clock, targets=targets).run()
+        self._plan = self._reservation.plan or request.plan  # a range: the count granted
         self.ownership = SliceOwnership(
             self.worker_groups,
             self._plan.bundle_resources.get("TPU", self._plan.devices_per_host),
@@ -411,7 +414,7 @@ def slice_placement_group(
     topology: str,
     accelerator_version: str,
     resources_per_bundle: dict[str, float] | None = None,
-    num_slices: int = 1,
+    num_slices: int | tuple[int, int] = 1,
     chips_per_vm: int | None = None,
     pg_per_slice: bool = False,
     tpu_resource_per_chip: int | None = None,
@@ -423,7 +426,7 @@ def slice_placement_group(
         topology: Chip grid of one slice, such as ``"4x4"``.
         accelerator_version: TPU generation, such as ``"v6e"``.
         resources_per_bundle: Resources of each bundle (default: one whole host).
-        num_slices: Whole slices to reserve, all at once.
+        num_slices: Whole slices to reserve, all at once, or a ``(min, max)`` range.
         chips_per_vm: Chips per host, for shapes offered in more than one form.
         pg_per_slice: One worker placement group per slice.
         tpu_resource_per_chip: Ray ``TPU`` units per chip.

@@ -437,7 +437,7 @@ def run_resilient(
     *args: Any,
     topology: str,
     accelerator_version: str,
-    num_slices: int = 1,
+    num_slices: int | tuple[int, int] = 1,
     chips_per_vm: int | None = None,
     max_retries_failure: int = 0,
     max_retries_preemption: int = 3,
@@ -457,7 +457,10 @@ def run_resilient(
         *args: Passed to every call of ``fn``.
         topology: Chip grid of one slice, such as ``"4x4"``.
         accelerator_version: TPU generation, such as ``"v6e"``.
-        num_slices: Whole slices per attempt.
+        num_slices: Whole slices per attempt, or a ``(min, max)`` range: each
+            attempt takes as many as are idle (at least ``min``), so after a lost slice
+            with no replacement idle the run goes on with fewer, and grows back at the
+            next attempt that finds more.
         chips_per_vm: Chips per host, for shapes offered in more than one form.
         max_retries_failure: Reruns after the code raised.
         max_retries_preemption: Reruns after a host was lost.

@@ -343,7 +343,7 @@ def run_on_slice(
     accelerator_version: str | None = None,
     tpu_slice: SlicePlacementGroup | None = None,
     slice_index: int | None = None,
-    num_slices: int = 1,
+    num_slices: int | tuple[int, int] = 1,
     chips_per_vm: int | None = None,
     head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
     pg_ready_timeout_s: float | None = None,
@@ -364,15 +364,16 @@ def run_on_slice(
         accelerator_version: TPU generation (``"v6e"``); required without ``tpu_slice``.
         tpu_slice: A held :class:`~tpuslice.SlicePlacementGroup` to run on.
         slice_index: With a ``pg_per_slice`` ``tpu_slice``: run on that slice only.
-        num_slices: Slices for a one-shot (ignored with ``tpu_slice``, whose count holds).
+        num_slices: Slices for a one-shot (ignored with ``tpu_slice``, whose count
+            holds), or a ``(min, max)`` range: as many as are idle, at least ``min``.
         chips_per_vm: Chips per host for a one-shot (ignored with ``tpu_slice``).
         head_reservation_timeout_s: Seconds a one-shot waits for idle slices (``None``:
             no limit); ignored with ``tpu_slice``.
         pg_ready_timeout_s: With ``tpu_slice``: first wait this long for its groups to
             be placed (``None``, the default: do not check; tasks wait for their bundles).
         priority: A one-shot's place in the cluster-wide queue when slices are short:
-            higher is served first, arrival order within a priority (tpuslice only; a
-            keyword ``fn`` itself takes named ``priority`` must be bound beforehand).
+            higher is served first, arrival order within a priority (tpuslice only: an
+            argument of ``fn``'s own named ``priority`` cannot be passed through here).
         **kwargs: Passed to every call of ``fn``.
 
     Returns:

@@ -124,7 +124,11 @@ def fcfs_schedule(hold: float) -> dict[str, float]:
             pending.append((end, driver, n))
         if pending and pending[0][0] > now and not running:
             now = pending[0][0]
-    return {"makespan_s": last, "longest_wait_s": max(waits), "mean_wait_s": sum(waits) / len(waits)}
+    return {
+        "makespan_s": last,
+        "longest_wait_s": max(waits),
+        "mean_wait_s": sum(waits) / len(waits),
+    }
 
 
 # --- a driver process ----------------------------------------------------------------------
@@ -140,8 +144,9 @@ def hold_task(seconds: float) -> float:
 def child_main(args: argparse.Namespace) -> None:
     """One driver: wait for the common start, run its jobs, print them as JSON."""
     ray.init(address=args.address, log_to_driver=False, logging_level="ERROR")
-    import tpuslice  # noqa: F401  (loaded before the start, as a user's script would be)
     from ray.util import tpu as _ray_tpu  # noqa: F401
+
+    import tpuslice  # noqa: F401  (loaded before the start, as a user's script would be)
 
     warm_every_host()
     print("ready", flush=True)
@@ -249,7 +254,9 @@ class IdleSampler:
                 if not name:
                     continue
                 free = available.get(node_id, {})
-                head = [r for r in node["Resources"] if r.startswith("TPU-") and r.endswith("-head")]
+                head = [
+                    r for r in node["Resources"] if r.startswith("TPU-") and r.endswith("-head")
+                ]
                 head_taken = bool(head) and free.get(head[0], 0) < 1
                 tpu_free = free.get("TPU", 0) >= node["Resources"].get("TPU", 0)
                 slices.setdefault(name, []).append((head_taken, tpu_free))
@@ -262,8 +269,19 @@ def run_path(address: str, path: str, hold: float, err: Console) -> PathResult:
     procs = [
         subprocess.Popen(
             [
-                sys.executable, __file__, "--child", "--address", address, "--path", path,
-                "--driver", str(d), "--slices", str(n), "--hold", str(hold),
+                sys.executable,
+                __file__,
+                "--child",
+                "--address",
+                address,
+                "--path",
+                path,
+                "--driver",
+                str(d),
+                "--slices",
+                str(n),
+                "--hold",
+                str(hold),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -333,10 +351,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    print(f"ideal makespan {report['ideal_makespan_s']:.1f} s; strict FCFS with no overheads: "
-          f"makespan {fcfs['makespan_s']:.1f} s, longest wait {fcfs['longest_wait_s']:.1f} s, "
-          f"mean wait {fcfs['mean_wait_s']:.2f} s")
-    print("| path | jobs done | failed | makespan | / ideal | longest wait | mean wait | held-idle slice-s |")
+    print(
+        f"ideal makespan {report['ideal_makespan_s']:.1f} s; strict FCFS with no overheads: "
+        f"makespan {fcfs['makespan_s']:.1f} s, longest wait {fcfs['longest_wait_s']:.1f} s, "
+        f"mean wait {fcfs['mean_wait_s']:.2f} s"
+    )
+    print(
+        "| path | jobs done | failed | makespan | / ideal | longest wait | mean wait "
+        "| held-idle slice-s |"
+    )
     print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for s in summaries:
         print(

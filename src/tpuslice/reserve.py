@@ -400,10 +400,13 @@ class SlicePlacementGroup(ShutsDownOnExit):
         if self._reservation.claims:
             self.ownership.hand_back(pids)
         reservation, self._reservation = self._reservation, Reservation()
+        # Heads first: a slice whose head is free while its TPUs are still held looks
+        # busy to everyone; the other order would show it claimed with no work on it.
+        for claim in reservation.claims:
+            remove_group(claim.head_pg)
         remove_group(reservation.combined_pg)
         for claim in reservation.claims:
             remove_group(claim.worker_pg)
-            remove_group(claim.head_pg)
 
     def __repr__(self) -> str:
         state = "shut down" if self.is_shut_down else ", ".join(self.slice_names)

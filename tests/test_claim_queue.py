@@ -301,3 +301,17 @@ def test_without_a_queue_a_range_still_holds_nothing_while_short() -> None:
     cluster.script("sleep", 2, free_it)
     assert names(reserver(cluster, num_slices=(2, 3)).run()) == ["v6e-16-0", "v6e-16-1"]
     assert held == [0]
+
+
+def test_a_stale_owner_record_does_not_keep_a_queued_request_waiting() -> None:
+    """The slice shows busy only because of a recorded TPU owner that has since exited:
+    the queue never grants it, so the queued reservation asks the hosts again itself,
+    the record clears, and it is granted."""
+    cluster = queued_cluster(1)
+    cluster.own_tpu("v6e-16-0", 1, "pid 4242 (python notebook.py)")
+    with pytest.raises(ReservationTimeoutError, match="TPU held by pid 4242"):
+        reserver(cluster, head_reservation_timeout_s=1.0).run()
+    cluster.own_tpu("v6e-16-0", 1, None)  # it exits; its record stays
+    start = cluster.clock.t
+    assert names(reserver(cluster, head_reservation_timeout_s=30.0).run()) == ["v6e-16-0"]
+    assert cluster.clock.t - start < claim.QUEUE_LOOK_S + claim.REPROBE_S + 1.0

@@ -277,8 +277,10 @@ class Reserver:
     def _wait_for_grant(self, deadline: float | None, started: float) -> tuple[str, ...] | None:
         """Poll the queue until it grants slices (returned); ``None`` if the queue
         stopped answering and the reservation falls back to claiming directly. Reads
-        the cluster now and then, to fail at once if the request became impossible and
-        to keep the autoscaler's demand; raises at the deadline."""
+        the cluster now and then: to fail at once if the request became impossible, to
+        have hosts busy only by a TPU owner record asked again (the queue grants only
+        slices that show idle), and to keep the autoscaler's demand. Raises at the
+        deadline."""
         assert self.place is not None
         next_look = self.clock.now() + QUEUE_LOOK_S
         next_progress = self.clock.now() + PROGRESS_S
@@ -302,6 +304,7 @@ class Reserver:
                 next_look = now + QUEUE_LOOK_S
                 snapshot = self.targets.prepare(self.ops.snapshot(self.plan.tpu_resource_per_chip))
                 self._check_possible(snapshot)
+                self._reprobe_owned(snapshot)
                 self._follow_demand(snapshot)
                 if len(self.claims) == self.plan.num_slices:
                     return ()

@@ -49,7 +49,7 @@ SLICES = 4
 HOSTS_PER_SLICE = 4
 CHIPS_PER_HOST = 4
 PATHS = ("floor", "ours", "ray")
-PATH_TIMEOUT_S = 400.0
+PATH_TIMEOUT_S = 900.0
 
 
 @dataclass

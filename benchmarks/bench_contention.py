@@ -10,8 +10,10 @@ two for 2. Library defaults throughout (a job that fails ends its driver, as a u
 script would stop). Paths, one after the other on the same cluster:
 
 - ``ours``: ``tpuslice.run_on_slice`` (the queue grants slices; drivers wait in it).
-- ``ray``: Ray 2.60's ``ray.util.tpu.run_on_slice``; its one-shot group leaks until the
-  driver exits, so each job removes it after the results (as a user would have to).
+- ``ours-noqueue`` (only when asked for): the same with the queue made unreachable, so
+  each waiter polls the cluster on its own, as tpuslice did before the queue.
+- ``ray``: Ray 2.60's ``ray.util.tpu.run_on_slice``; its one-shot reservation leaks until
+  the driver exits, so each job shuts it down after the results (as a user would have to).
 - ``floor``: raw Ray, no slice integrity: one placement group of one ``{"TPU": 4}``
   bundle per host wanted (STRICT_SPREAD), left pending in Ray's own scheduler until it
   places, a task per bundle, removal. It shows what Ray's machinery costs, not a valid
@@ -22,7 +24,9 @@ ideal (total slice-seconds / slices = 12 s at 2 s holds); each job's wait (submi
 first task starting), longest and mean, next to a strict first-come-first-served schedule
 of the same jobs with zero overheads; and held-idle slice-seconds: sampled every 50 ms
 from the cluster's resources, a slice whose head resource is taken while all its TPUs are
-free (claimed, no work on it: the signature of holding some slices while waiting for more).
+free (claimed, no work on it), all of it and in spans of at least 0.5 s (holding some
+slices while waiting for more shows as such spans; shorter ones are claims and hand-backs
+seen half-done, each host's resources reaching the GCS view on its own).
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class PathResult:
     path: str
     jobs: list[Job] = field(default_factory=list)
     held_idle_slice_s: float = 0.0
+    held_idle_long_slice_s: float = 0.0
 
     @property
     def done(self) -> list[Job]:
@@ -88,6 +93,7 @@ class PathResult:
             "longest_wait_s": max(waits, default=0.0),
             "mean_wait_s": sum(waits) / len(waits) if waits else 0.0,
             "held_idle_slice_s": self.held_idle_slice_s,
+            "held_idle_long_slice_s": self.held_idle_long_slice_s,
         }
 
 
@@ -148,6 +154,14 @@ def child_main(args: argparse.Namespace) -> None:
 
     import tpuslice  # noqa: F401  (loaded before the start, as a user's script would be)
 
+    if args.path == "ours-noqueue":  # tpuslice as before the queue: each waiter polls
+        from tpuslice import ops
+        from tpuslice.errors import QueueUnreachableError
+
+        def no_queue(self: object) -> object:
+            raise QueueUnreachableError("disabled for the benchmark")
+
+        ops.RayOps.slice_queue = no_queue  # type: ignore[assignment,method-assign]
     warm_every_host()
     print("ready", flush=True)
     start_at = float(sys.stdin.readline())
@@ -183,7 +197,7 @@ def warm_every_host() -> None:
 
 
 def run_job(path: str, num_slices: int, hold: float) -> list[float]:
-    if path == "ours":
+    if path in ("ours", "ours-noqueue"):
         import tpuslice
 
         refs = tpuslice.run_on_slice(
@@ -193,17 +207,22 @@ def run_job(path: str, num_slices: int, hold: float) -> list[float]:
     if path == "ray":
         from ray.util import tpu
 
-        before = {pg for pg in ray.util.placement_group_table()}
+        made: list[Any] = []
+
+        class Recorded(tpu.SlicePlacementGroup):  # type: ignore[misc]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                made.append(self)
+
+        tpu.SlicePlacementGroup = Recorded  # run_on_slice looks it up at each call
         refs = tpu.run_on_slice(
             hold_task, hold, topology="4x4", accelerator_version="v6e", num_slices=num_slices
         )
-        starts = list(ray.get(refs))
-        for pg_id, info in ray.util.placement_group_table().items():  # its leaked group
-            if pg_id not in before and info["state"] == "CREATED":
-                from ray.util.placement_group import PlacementGroup
-
-                remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(pg_id)))
-        return starts
+        try:
+            return list(ray.get(refs))
+        finally:
+            for spg in made:  # its one-shot reservation leaks until the driver exits
+                spg.shutdown()
     pg = placement_group(
         [{"TPU": CHIPS_PER_HOST}] * (HOSTS_PER_SLICE * num_slices), strategy="STRICT_SPREAD"
     )
@@ -226,11 +245,17 @@ def run_job(path: str, num_slices: int, hold: float) -> list[float]:
 
 class IdleSampler:
     """Samples, every ``period`` s, slices whose head resource is taken while every TPU
-    of theirs is free, and adds up those slice-seconds."""
+    of theirs is free (claimed, no work on it), and adds up those slice-seconds: all of
+    them, and those in spans of at least ``long_s`` (a request holding slices while it
+    waits for more shows as such a span; the short ones are claims and hand-backs seen
+    half-done, since each host's resources reach the GCS view on their own)."""
 
-    def __init__(self, period: float = 0.05) -> None:
+    def __init__(self, period: float = 0.05, long_s: float = 0.5) -> None:
         self.period = period
+        self.long_s = long_s
         self.slice_seconds = 0.0
+        self.long_slice_seconds = 0.0
+        self._spans: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -241,6 +266,12 @@ class IdleSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        for span in self._spans.values():
+            self._end(span)
+
+    def _end(self, span: float) -> None:
+        if span >= self.long_s:
+            self.long_slice_seconds += span
 
     def _run(self) -> None:
         from tpuslice import _ray
@@ -260,9 +291,12 @@ class IdleSampler:
                 head_taken = bool(head) and free.get(head[0], 0) < 1
                 tpu_free = free.get("TPU", 0) >= node["Resources"].get("TPU", 0)
                 slices.setdefault(name, []).append((head_taken, tpu_free))
-            for hosts in slices.values():
+            for name, hosts in slices.items():
                 if any(h for h, _ in hosts) and all(f for _, f in hosts):
                     self.slice_seconds += self.period
+                    self._spans[name] = self._spans.get(name, 0.0) + self.period
+                elif name in self._spans:
+                    self._end(self._spans.pop(name))
 
 
 def run_path(address: str, path: str, hold: float, err: Console) -> PathResult:
@@ -309,6 +343,7 @@ def run_path(address: str, path: str, hold: float, err: Console) -> PathResult:
                 raise RuntimeError(f"{path} driver failed: {errs[-2000:]}")
             result.jobs += [Job(**j) for j in json.loads(lines[-1])]
     result.held_idle_slice_s = sampler.slice_seconds
+    result.held_idle_long_slice_s = sampler.long_slice_seconds
     err.print(f"{path}: {result.summary(hold)}")
     return result
 
@@ -358,14 +393,15 @@ def main() -> None:
     )
     print(
         "| path | jobs done | failed | makespan | / ideal | longest wait | mean wait "
-        "| held-idle slice-s |"
+        "| held-idle slice-s (all) | (spans >= 0.5 s) |"
     )
-    print("|---|--:|--:|--:|--:|--:|--:|--:|")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
     for s in summaries:
         print(
             f"| {s['path']} | {s['jobs_done']} | {s['jobs_failed']} | {s['makespan_s']:.1f} s | "
             f"{s['makespan_over_ideal']:.2f}x | {s['longest_wait_s']:.1f} s | "
-            f"{s['mean_wait_s']:.2f} s | {s['held_idle_slice_s']:.2f} |"
+            f"{s['mean_wait_s']:.2f} s | {s['held_idle_slice_s']:.2f} | "
+            f"{s['held_idle_long_slice_s']:.2f} |"
         )
 
 

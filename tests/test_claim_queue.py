@@ -13,23 +13,27 @@ from typing import Any
 
 import pytest
 
+from test_claim_pure import V6E, names, reserver
 from tpuslice import claim
 from tpuslice.errors import InsufficientSlicesError, QueueUnreachableError, ReservationTimeoutError
 from tpuslice.queue_book import Waiting
 from tpuslice.queue_service import QueueService, SliceKind, Ticket
 from tpuslice.request import SliceRequest
-from tpuslice.testing.memory import InMemoryCluster
-
-V6E = {"topology": "4x4", "accelerator_version": "v6e"}
+from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
 
 
-def reserver(cluster: InMemoryCluster, **request: Any) -> claim.Reserver:
-    clock = claim.Clock(cluster.clock.now, cluster.clock.sleep)
-    return claim.Reserver(SliceRequest(**{**V6E, **request}), clock=clock, ops=cluster)
+def free_later(cluster: InMemoryCluster, sleep: int, *groups: MemoryGroup) -> list[int]:
+    """On the ``sleep``-th wait, note how many groups the reserver holds, then free
+    ``groups``; returns the notes (one per run)."""
+    held: list[int] = []
 
+    def free() -> None:
+        held.append(len(cluster.live_groups("reserver")))
+        for group in groups:
+            cluster.remove_group(group)
 
-def names(reservation: claim.Reservation) -> list[str]:
-    return [c.slice_name for c in reservation.claims]
+    cluster.script("sleep", sleep, free)
+    return held
 
 
 def queued_cluster(count: int = 2) -> InMemoryCluster:
@@ -65,13 +69,7 @@ def test_a_request_short_of_slices_waits_holding_nothing_then_gets_all_at_once()
     the other slice is given back, both are granted and claimed together."""
     cluster = queued_cluster()
     busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
-    held_while_waiting: list[int] = []
-
-    def free_it() -> None:
-        held_while_waiting.append(len(cluster.live_groups("reserver")))
-        cluster.remove_group(busy)
-
-    cluster.script("sleep", 5, free_it)
+    held_while_waiting = free_later(cluster, 5, busy)
     reservation = reserver(cluster, num_slices=2).run()
     assert names(reservation) == ["v6e-16-0", "v6e-16-1"]
     assert held_while_waiting == [0]
@@ -99,11 +97,7 @@ def test_a_higher_priority_request_is_served_first() -> None:
     cluster = queued_cluster(1)
     busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
     queue_of(cluster).enqueue(other("early"))
-
-    def free_it() -> None:
-        cluster.remove_group(busy)
-
-    cluster.script("sleep", 3, free_it)
+    free_later(cluster, 3, busy)
     reservation = reserver(cluster, priority=5).run()
     assert names(reservation) == ["v6e-16-0"]
     assert tickets(cluster) == ["early"]
@@ -193,13 +187,7 @@ def test_without_a_queue_it_claims_as_before_and_says_so_once(
     monkeypatch.setattr(claim, "_said_unreachable", [False])
     cluster = InMemoryCluster([("v6e", "4x4", 2)])
     busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
-    held: list[int] = []
-
-    def free_it() -> None:
-        held.append(len(cluster.live_groups("reserver")))
-        cluster.remove_group(busy)
-
-    cluster.script("sleep", 2, free_it)
+    held = free_later(cluster, 2, busy)
     with caplog.at_level(logging.WARNING, logger="tpuslice.claim"):
         assert names(reserver(cluster, num_slices=2).run()) == ["v6e-16-0", "v6e-16-1"]
         busy = cluster.take("v6e-16-0", 0, {"TPU": 1})
@@ -267,14 +255,7 @@ def test_a_range_below_its_min_waits_in_the_queue_then_takes_what_is_idle() -> N
     cluster = queued_cluster(3)
     first = cluster.take("v6e-16-1", 0, {"TPU": 4})
     second = cluster.take("v6e-16-2", 0, {"TPU": 4})
-    held: list[int] = []
-
-    def free_both() -> None:
-        held.append(len(cluster.live_groups("reserver")))
-        cluster.remove_group(first)
-        cluster.remove_group(second)
-
-    cluster.script("sleep", 3, free_both)
+    held = free_later(cluster, 3, first, second)
     reservation = reserver(cluster, num_slices=(2, 3)).run()
     assert names(reservation) == ["v6e-16-0", "v6e-16-1", "v6e-16-2"]
     assert held == [0]
@@ -292,13 +273,7 @@ def test_without_a_queue_a_range_still_holds_nothing_while_short() -> None:
     cluster = InMemoryCluster([("v6e", "4x4", 3)])
     cluster.take("v6e-16-2", 0, {"TPU": 4})
     busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
-    held: list[int] = []
-
-    def free_it() -> None:
-        held.append(len(cluster.live_groups("reserver")))
-        cluster.remove_group(busy)
-
-    cluster.script("sleep", 2, free_it)
+    held = free_later(cluster, 2, busy)
     assert names(reserver(cluster, num_slices=(2, 3)).run()) == ["v6e-16-0", "v6e-16-1"]
     assert held == [0]
 

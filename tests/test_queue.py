@@ -207,3 +207,23 @@ def test_a_timeout_in_the_queue_names_the_place_and_what_is_ahead(
     assert f"1 x {KIND} for pid {ahead.pid}" in message
     assert "4 busy" in message
     nothing_left()
+
+
+def test_backfill_goes_around_a_blocked_request_but_not_onto_its_slices(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """A request for two v4 slices is blocked (one is idle) and keeps that one for itself:
+    a later one-slice v4 request waits behind it (it declares no time limit, so lending
+    could delay the first), while a later v6e request, which the first cannot use, starts
+    at once."""
+    with busy(*V4_SLICES[1:]) as held:
+        blocked = start_driver(tpu_cluster.address, "pair", count=2)
+        assert "1 idle kept for it" in queued()[0].reason
+        with pytest.raises(tpuslice.ReservationTimeoutError, match="position 2"):
+            tpuslice.SlicePlacementGroup("2x2x2", "v4", head_reservation_timeout_s=1.0)
+        with tpuslice.SlicePlacementGroup("4x4", "v6e", head_reservation_timeout_s=5) as other:
+            assert other.slice_names == ["v6e-16-a"]
+        held["v4-16-b"].close()
+        ran = results([blocked])
+    assert ran["pair"].slices == ["v4-16-a", "v4-16-b"]
+    nothing_left()

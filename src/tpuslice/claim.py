@@ -118,19 +118,15 @@ class Reserver:
         self.targets: Targets = targets or WholeSlices(request.plan)
         self.claims: dict[int, Claim] = {}
         self.in_flight: list[PlacementGroup] = []
+        """Groups created but not yet recorded in a claim: removed too if we stop."""
         self.pending_heads: list[Claim] = []
         """Claims whose head groups were asked for with the workers, not yet seen placed."""
         self._next_reprobe = 0.0
-        """Groups created but not yet recorded in a claim: removed too if we stop."""
         self.demand: AutoscalerDemand | None = None
         self._can_grow: bool | None = None
         self.place: QueuePlace | None = None
         """Our ticket in the cluster-wide queue, while we wait there."""
-        self.queueable = (
-            isinstance(self.targets, WholeSlices)
-            and not self.plan.user_selectors
-            and self.plan.num_slices > 0
-        )
+        self.queueable = isinstance(self.targets, WholeSlices) and not self.plan.user_selectors
         """Whether this request waits in the queue (pinned or labelled requests, and
         sub-slices, claim directly)."""
         self.kind = SliceKind(self.plan.shape, self.plan.tpu_resource_per_chip)

@@ -34,50 +34,12 @@ HEAD_NODE_RESOURCE = "node:__internal_head__"
 does not live (and die) on a TPU host."""
 
 
-class SliceQueueActor:
-    """The queue actor's body: a :class:`QueueService` over the live cluster."""
+class SliceQueueActor(QueueService):
+    """The queue actor's body: a :class:`QueueService` over the live cluster, publishing
+    to Ray's KV store, learning of dead drivers from Ray's job table."""
 
     def __init__(self) -> None:
-        self.service = QueueService(read_snapshot, publish=_publish, dead_jobs=_ray.dead_jobs)
-
-    def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
-        """See :meth:`QueueService.enqueue`.
-
-        Args:
-            ticket: The request.
-            arrival: Its original arrival number.
-
-        Returns:
-            Its arrival number.
-        """
-        return self.service.enqueue(ticket, arrival)
-
-    def poll(self, ticket: str) -> Answer:
-        """See :meth:`QueueService.poll`.
-
-        Args:
-            ticket: The ticket.
-
-        Returns:
-            Where it stands.
-        """
-        return self.service.poll(ticket)
-
-    def claimed(self, ticket: str) -> None:
-        """See :meth:`QueueService.claimed`.
-
-        Args:
-            ticket: The ticket.
-        """
-        self.service.claimed(ticket)
-
-    def leave(self, ticket: str) -> None:
-        """See :meth:`QueueService.leave`.
-
-        Args:
-            ticket: The ticket.
-        """
-        self.service.leave(ticket)
+        super().__init__(read_snapshot, publish=_publish, dead_jobs=_ray.dead_jobs)
 
     def pid(self) -> int:
         """This process's id (tests kill it to see the queue come back).

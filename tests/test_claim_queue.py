@@ -23,12 +23,12 @@ from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
 
 
 def free_later(cluster: InMemoryCluster, sleep: int, *groups: MemoryGroup) -> list[int]:
-    """On the ``sleep``-th wait, note how many groups the reserver holds, then free
-    ``groups``; returns the notes (one per run)."""
+    """On the ``sleep``-th wait, note how many placed groups the reserver holds (pending
+    autoscaler demand holds nothing), then free ``groups``; returns the notes."""
     held: list[int] = []
 
     def free() -> None:
-        held.append(len(cluster.live_groups("reserver")))
+        held.append(sum(1 for g in cluster.live_groups("reserver") if g.nodes))
         for group in groups:
             cluster.remove_group(group)
 
@@ -290,3 +290,68 @@ def test_a_stale_owner_record_does_not_keep_a_queued_request_waiting() -> None:
     start = cluster.clock.t
     assert names(reserver(cluster, head_reservation_timeout_s=30.0).run()) == ["v6e-16-0"]
     assert cluster.clock.t - start < claim.QUEUE_LOOK_S + claim.REPROBE_S + 1.0
+
+
+def test_granted_slices_are_placed_in_one_round() -> None:
+    """Slices the queue granted (no one who queues claims them meanwhile): heads and
+    workers are asked for together and waited for once."""
+    cluster = queued_cluster(2)
+    busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
+    free_later(cluster, 2, busy)
+    reservation = reserver(cluster, num_slices=2).run()
+    assert names(reservation) == ["v6e-16-0", "v6e-16-1"]
+    assert cluster.calls["create_group"] == 3  # two heads, one worker group
+    assert cluster.calls["wait_placed"] == 1
+
+
+def test_a_grant_whose_head_was_taken_leaves_no_group_and_requeues() -> None:
+    """Granted, then someone outside the queue takes the head before our claim places:
+    the workers asked for with it are removed first, nothing of ours stays, and the
+    request waits again until another slice is granted."""
+    cluster = queued_cluster(2)
+    first = cluster.take("v6e-16-0", 0, {"TPU": 4})
+    second = cluster.take("v6e-16-1", 0, {"TPU": 4})
+    cluster.script("sleep", 2, lambda: cluster.remove_group(first))
+    cluster.script("create_group", 1, lambda: cluster.take("v6e-16-0", 0, {"TPU-v6e-16-head": 1}))
+    free_later(cluster, 8, second)
+    assert names(reserver(cluster).run()) == ["v6e-16-1"]
+    assert len(cluster.live_groups("reserver")) == 2
+    assert tickets(cluster) == []
+
+
+def test_ctrl_c_while_the_queue_is_joined_leaves_no_ticket() -> None:
+    """Interrupted right after enqueuing, while the claims made before are given back."""
+    cluster = queued_cluster(2)
+    cluster.take("v6e-16-1", 0, {"TPU": 4})
+    cluster.script("create_group", 1, lambda: cluster.take("v6e-16-0", 0, {"TPU-v6e-16-head": 1}))
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    cluster.script("slice_queue", 1, interrupt, after=True)
+    with pytest.raises(KeyboardInterrupt):
+        reserver(cluster, num_slices=2).run()
+    assert tickets(cluster) == []
+    assert cluster.live_groups("reserver") == []
+
+
+def test_a_queued_request_lets_autoscaler_demand_go_rather_than_adopt_it() -> None:
+    """Queued on a growing cluster: the slice its demand brings is not adopted out of
+    the queue's order (it would be held while waiting for the rest); the queue grants
+    it with the others."""
+    cluster = InMemoryCluster([("v6e", "4x4", 2)], queue=True, can_grow=True)
+    assert cluster.queue is not None
+    cluster.queue.book.lease_s = 1e9
+    busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
+    cluster.script("sleep", 3, lambda: cluster.add_slice("v6e", "4x4", "v6e-16-new"))
+    r = reserver(cluster, num_slices=3, head_reservation_timeout_s=60)
+    claimed_while_queued: list[int] = []
+
+    def free_it() -> None:
+        claimed_while_queued.append(len(r.claims))
+        cluster.remove_group(busy)
+
+    cluster.script("sleep", 60, free_it)  # after several looks at the grown cluster
+    reservation = r.run()
+    assert sorted(names(reservation)) == ["v6e-16-0", "v6e-16-1", "v6e-16-new"]
+    assert claimed_while_queued == [0]  # the new slice was not adopted out of order

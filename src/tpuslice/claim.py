@@ -168,10 +168,12 @@ class Reserver:
                 snapshot = self.targets.prepare(snapshot)
                 self._drop_broken(snapshot)
                 if granted is not None:
-                    self._fix_count(len(granted) or self.plan.num_slices)
-                    self._claim(_only(snapshot, granted))
+                    self._fix_count(len(granted))
+                    self._claim(_only(snapshot, granted), together=True)
                     if len(self.claims) < self.plan.num_slices:
                         self._requeue("a granted slice was taken meanwhile")
+                        self._check_deadline(deadline, snapshot, started)
+                        self.clock.sleep(QUEUE_POLL_S)
                         continue
                 elif self.place is None and self._should_queue(snapshot):
                     self._join_queue(snapshot)
@@ -194,8 +196,8 @@ class Reserver:
                     if reservation is not None and self._free_of_owners(reservation):
                         self.in_flight = []
                         if self.place is not None:
-                            self.place.claimed()
-                            self.place = None
+                            place, self.place = self.place, None
+                            _quietly(place.claimed)
                         return reservation
                     self._check_deadline(deadline, snapshot, started)
                     if self.place is not None:
@@ -215,11 +217,11 @@ class Reserver:
     def release_all(self) -> None:
         """Remove every group this reserver made (claims and autoscaler demand), and
         leave the queue."""
-        if self.place is not None:
-            self.place.leave()
-            self.place = None
+        place, self.place = self.place, None
         self._end_demand()
         self._give_back_all()
+        if place is not None:
+            _quietly(place.leave)
 
     # --- the queue ---------------------------------------------------------------------
 
@@ -257,18 +259,19 @@ class Reserver:
         and claim directly from now on."""
         self._check_possible(snapshot)
         try:
-            place = QueuePlace(
-                self.ops.slice_queue(),
-                self.kind,
-                (self.low, self.high),
-                self.request.priority,
-            )
-            place.join()
+            queue = self.ops.slice_queue()
         except QueueUnreachableError as exc:
             self._fall_back(exc)
             return
-        self._give_back_all()
+        place = QueuePlace(queue, self.kind, (self.low, self.high), self.request.priority)
+        try:
+            place.join()
+        except QueueUnreachableError as exc:
+            _quietly(place.leave)  # it may have been enqueued after all
+            self._fall_back(exc)
+            return
         self.place = place
+        self._give_back_all()
 
     def _wait_for_grant(self, deadline: float | None, started: float) -> tuple[str, ...] | None:
         """Poll the queue until it grants slices (returned); ``None`` if the queue
@@ -289,7 +292,8 @@ class Reserver:
                 # It may be restarting: keep asking for a while before giving up on it.
                 lost_at = self.clock.now() if lost_at is None else lost_at
                 if self.clock.now() - lost_at >= QUEUE_GRACE_S:
-                    self.place = None
+                    place, self.place = self.place, None
+                    _quietly(place.leave)
                     self._fall_back(exc)
                     return None
                 answer = None
@@ -302,8 +306,6 @@ class Reserver:
                 self._check_possible(snapshot)
                 self._reprobe_owned(snapshot)
                 self._follow_demand(snapshot)
-                if len(self.claims) == self.plan.num_slices:
-                    return ()
             if now >= next_progress and isinstance(answer, Waiting):
                 next_progress = now + PROGRESS_S
                 logger.info(
@@ -326,7 +328,8 @@ class Reserver:
         try:
             self.place.requeue()
         except QueueUnreachableError as exc:
-            self.place = None
+            place, self.place = self.place, None
+            _quietly(place.leave)
             self._fall_back(exc)
 
     def _fall_back(self, exc: QueueUnreachableError) -> None:
@@ -360,7 +363,7 @@ class Reserver:
                 self.ops.remove_group(claim.head_pg)
                 del self.claims[index]
 
-    def _claim(self, snapshot: ClusterSnapshot) -> None:
+    def _claim(self, snapshot: ClusterSnapshot, *, together: bool = False) -> None:
         """Claim every idle slice we still need, all at once; keep those that place and
         whose TPUs no process owns (asked of the hosts while the heads place)."""
         picks = self.targets.pick(snapshot, {i: c.slice_name for i, c in self.claims.items()})
@@ -378,9 +381,16 @@ class Reserver:
             for claim in fresh:
                 claim.head_pg = self._head_group(claim.target)
                 self.in_flight.append(claim.head_pg)
-            if not self.heads_only and len(self.claims) + len(fresh) == self.plan.num_slices:
-                # The last slices: their workers are asked for at once, and the heads
-                # waited for with them (one placement round, not two).
+            if (
+                together
+                and not self.heads_only
+                and len(self.claims) + len(fresh) == self.plan.num_slices
+            ):
+                # Slices the queue granted us (no one who queues claims them meanwhile):
+                # their workers are asked for at once, and the heads waited for with
+                # them, one placement round, not two. Slices picked without the queue
+                # wait for their heads first, so a loser of a race for a slice never
+                # places workers on the winner's hosts.
                 for claim in fresh:
                     self.claims[claim.index] = claim
                 self.pending_heads = list(fresh)
@@ -447,7 +457,8 @@ class Reserver:
 
     def _follow_demand(self, snapshot: ClusterSnapshot) -> None:
         """On a cluster that can grow, keep the missing slices visible to the autoscaler
-        and adopt the idle slices its demand groups land on."""
+        and adopt the idle slices its demand groups land on (while queued, a landed
+        group is let go instead: the queue grants the new slice in its order)."""
         missing = self.plan.num_slices - len(self.claims)
         if not missing or not self.targets.autoscaling:
             return
@@ -459,6 +470,11 @@ class Reserver:
             s.name for s in snapshot.matching(self.plan.shape, self.plan.tpu_resource_per_chip)
         }
         for group, target in self.demand.landed(snapshot):
+            if self.place is not None:
+                # Queued: the new slice is the queue's to grant, in its order; our demand
+                # only made the autoscaler add it.
+                self.ops.remove_group(group)
+                continue
             free = [i for i in range(self.plan.num_slices) if i not in self.claims]
             claimed = {c.slice_name for c in self.claims.values()}
             idle = target.chips_free == target.chips_total and not target.missing_workers
@@ -498,10 +514,11 @@ class Reserver:
             placed = self.ops.wait_placed([*heads, *groups], CLAIM_BOUND_S)
             if all(placed):
                 return Reservation(claims, plan=self.plan)
-            lost = self._lost_heads(pending, placed[: len(heads)])
-            for claim, ok in zip(claims, placed[len(heads) :], strict=True):
+            for claim in claims:  # the workers go first: a claim given back no longer has them
                 self.ops.remove_group(claim.worker_pg)
                 claim.worker_pg = None
+            lost = self._lost_heads(pending, placed[: len(heads)])
+            for claim, ok in zip(claims, placed[len(heads) :], strict=True):
                 if not ok and claim.index not in lost:
                     self._give_back(claim)
             return None
@@ -510,8 +527,8 @@ class Reserver:
         placed = self.ops.wait_placed([*heads, combined], CLAIM_BOUND_S)
         if all(placed):
             return Reservation(claims, combined, self.plan)
-        self.in_flight = []
         self.ops.remove_group(combined)
+        self.in_flight = []
         lost = self._lost_heads(pending, placed[: len(heads)])
         self._give_back_busy([c for c in claims if c.index not in lost])
         return None
@@ -599,6 +616,15 @@ class Reserver:
             f"no {self.plan.describe()} within {waited:.0f} s: {self.targets.explain(snapshot)}; "
             f"{held}. Wait for work to finish, or pass a longer head_reservation_timeout_s"
         )
+
+
+def _quietly(call: Callable[[], None]) -> None:
+    """A best-effort call to the queue (leaving, reporting a claim): a queue that does
+    not answer forgets the ticket by its lease."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001  (best effort; the lease covers it)
+        logger.debug("the slice queue did not take a call: %s", exc)
 
 
 def _only(snapshot: ClusterSnapshot, names: Sequence[str]) -> ClusterSnapshot:

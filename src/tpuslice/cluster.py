@@ -536,7 +536,7 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     return dataclasses.replace(snapshot, queue=queue)
 
 
-_nodes_seen: list[tuple[frozenset[str], list[NodeRecord]]] = []
+_nodes_seen: list[tuple[frozenset[str], list[NodeRecord]] | None] = [None]
 
 
 def _node_records(available: Available) -> list[NodeRecord]:
@@ -548,11 +548,12 @@ def _node_records(available: Available) -> list[NodeRecord]:
     saves the largest read of a snapshot on every look of a reservation.
     """
     alive = frozenset(available)
-    if _nodes_seen and _nodes_seen[0][0] == alive:
-        return _nodes_seen[0][1]
+    seen = _nodes_seen[0]  # one read: another thread may replace it meanwhile
+    if seen is not None and seen[0] == alive:
+        return seen[1]
     nodes: list[NodeRecord] = ray.nodes()
     now_alive = frozenset(n["NodeID"] for n in nodes if n.get("Alive"))
-    _nodes_seen[:] = [(now_alive, nodes)] if now_alive == alive else []
+    _nodes_seen[0] = (now_alive, nodes) if now_alive == alive else None
     return nodes
 
 

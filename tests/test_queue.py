@@ -218,7 +218,7 @@ def test_backfill_goes_around_a_blocked_request_but_not_onto_its_slices(
     at once."""
     with busy(*V4_SLICES[1:]) as held:
         blocked = start_driver(tpu_cluster.address, "pair", count=2)
-        assert "1 idle kept for it" in queued()[0].reason
+        wait_for(lambda: "1 idle kept for it" in queued()[0].reason, 10, "its earmark")
         with pytest.raises(tpuslice.ReservationTimeoutError, match="position 2"):
             tpuslice.SlicePlacementGroup("2x2x2", "v4", head_reservation_timeout_s=1.0)
         with tpuslice.SlicePlacementGroup("4x4", "v6e", head_reservation_timeout_s=5) as other:

@@ -16,7 +16,7 @@ import pytest
 from test_claim_pure import V6E, names, reserver
 from tpuslice import claim
 from tpuslice.errors import InsufficientSlicesError, QueueUnreachableError, ReservationTimeoutError
-from tpuslice.queue_book import Waiting
+from tpuslice.queue_book import Granted, Waiting
 from tpuslice.queue_service import QueueService, SliceKind, Ticket
 from tpuslice.request import SliceRequest
 from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
@@ -355,3 +355,35 @@ def test_a_queued_request_lets_autoscaler_demand_go_rather_than_adopt_it() -> No
     reservation = r.run()
     assert sorted(names(reservation)) == ["v6e-16-0", "v6e-16-1", "v6e-16-new"]
     assert claimed_while_queued == [0]  # the new slice was not adopted out of order
+
+
+def test_a_requeue_keeps_the_place_against_a_decision_between_its_calls() -> None:
+    """The grant is given back while a later waiter polls between every call ours makes
+    to the queue: the slice given back is granted to ours again, not to the later one."""
+    from tpuslice.queue_place import QueuePlace
+
+    cluster = queued_cluster(1)
+    busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
+    queue = queue_of(cluster)
+
+    class Interleaved:
+        """Our handle to the queue; the later waiter polls after each of our calls."""
+
+        def __getattr__(self, name: str) -> Any:
+            call = getattr(queue, name)
+
+            def interleaved(*args: Any) -> Any:
+                result = call(*args)
+                queue.poll("later")
+                return result
+
+            return interleaved
+
+    place = QueuePlace(Interleaved(), other("ours").kind, (1, 1), 0)
+    place.join()
+    queue.enqueue(other("later"))
+    cluster.remove_group(busy)
+    assert place.poll() == Granted(("v6e-16-0",))
+    place.requeue()
+    assert isinstance(queue.poll("later"), Waiting)
+    assert place.poll() == Granted(("v6e-16-0",))

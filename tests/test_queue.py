@@ -32,7 +32,9 @@ V4_SLICES = ["v4-16-a", "v4-16-b", "v4-16-c", "v4-16-d"]
 
 DRIVER = textwrap.dedent(
     """
-    import json, sys, time, ray, tpuslice
+    import json, logging, sys, time, ray, tpuslice
+    logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("tpuslice").setLevel(logging.INFO)
     address, label, count, priority, hold = sys.argv[1:6]
     ray.init(address=address, log_to_driver=False)
     print("connected", flush=True)
@@ -74,6 +76,7 @@ class Ran:
     slices: list[str]
     start: float
     end: float
+    log: str
 
 
 def results(procs: list[subprocess.Popen[str]]) -> dict[str, Ran]:
@@ -82,7 +85,7 @@ def results(procs: list[subprocess.Popen[str]]) -> dict[str, Ran]:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-3000:]
         line = json.loads(out.strip().splitlines()[-1])
-        found[line["label"]] = Ran(line["slices"], line["start"], line["end"])
+        found[line["label"]] = Ran(line["slices"], line["start"], line["end"], err)
     return found
 
 
@@ -169,8 +172,9 @@ def test_a_waiter_whose_driver_dies_leaves_the_queue_at_once(
 def test_the_queue_comes_back_after_its_own_death_with_the_order_kept(
     tpu_cluster: SimulatedCluster,
 ) -> None:
-    """The queue actor is killed while two drivers wait: Ray restarts it, the waiters
-    enqueue again with their arrival numbers, and are served in their first order."""
+    """The queue actor is killed while two drivers wait: Ray restarts it, it keeps the
+    places its last record lists, the waiters enqueue again with their arrival numbers,
+    and are served in their first order, whichever of them is back first."""
     with busy(*V4_SLICES) as held:
         first = start_driver(tpu_cluster.address, "first")
         second = start_driver(tpu_cluster.address, "second")
@@ -189,7 +193,7 @@ def test_the_queue_comes_back_after_its_own_death_with_the_order_kept(
         assert [r.who.split()[1] for r in queued()] == [str(first.pid), str(second.pid)]
         held["v4-16-c"].close()
         ran = results([first, second])
-    assert ran["first"].start < ran["second"].start
+    assert ran["first"].start < ran["second"].start, (ran["first"].log, ran["second"].log)
     nothing_left()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tpuslice.errors import InvalidArgumentError
@@ -108,6 +110,45 @@ def test_after_a_restart_the_old_order_is_kept(clock: Clock) -> None:
     assert [w.ticket for w, _, _ in new.tickets()] == ["early", "later", "newcomer"]
     assert new.decide({KIND: ["s1", "s2"]}) == {"early": ("s1",), "later": ("s2",)}
     assert new.enqueue(want("after")) > max(first, second)
+
+
+def test_a_restarted_queue_keeps_the_old_places_until_their_drivers_are_back(
+    clock: Clock,
+) -> None:
+    """Told what the old queue held, the new one does not let the first driver back
+    take what an earlier one would have had: the earlier one's place (and the grant it
+    got meanwhile) waits for it; its poll says Unknown so it enqueues again."""
+    stamp = Stamp()
+    old = QueueBook(clock, stamp)
+    first = old.enqueue(want("early"))
+    second = old.enqueue(want("later"))
+    new = QueueBook(clock, stamp)
+    new.expect(replace(want("early"), arrival=first), "pid 1")
+    new.expect(replace(want("later"), arrival=second), "pid 2")
+    assert new.poll("early") == Unknown()
+    new.enqueue(want("later"), arrival=second)  # "later" is back first
+    assert new.decide({KIND: ["s1"]}) == {"early": ("s1",)}
+    assert new.poll("early") == Unknown()  # still a placeholder, granted or not
+    assert isinstance(new.poll("later"), Waiting)
+    new.enqueue(want("early"), arrival=first)
+    assert new.poll("early") == Granted(("s1",))  # taken over, grant and all
+
+
+def test_a_place_kept_after_a_restart_goes_if_its_driver_is_not_back(clock: Clock) -> None:
+    """Polling the placeholder (which answers Unknown) does not renew it."""
+    new = QueueBook(clock, Stamp())
+    new.expect(replace(want("gone"), arrival=5), "pid 1", rejoin_s=2.0)
+    new.enqueue(want("here"))
+    assert new.decide({KIND: ["s1"]}) == {"gone": ("s1",)}
+    clock.now = 1.9
+    new.poll("gone")
+    new.poll("here")
+    assert new.decide({KIND: ["s1"]}) == {}
+    clock.now = 2.1
+    new.poll("here")
+    assert new.decide({KIND: ["s1"]}) == {"here": ("s1",)}
+    assert new.poll("gone") == Unknown()
+    assert [w.ticket for w, _, _ in new.tickets()] == ["here"]
 
 
 def test_a_request_the_cluster_can_never_hold_is_told_so(book: QueueBook) -> None:

@@ -108,3 +108,26 @@ def test_a_stale_record_describes_no_queue() -> None:
     assert [r.ticket for r in record.waiting_for("v6e-16 4x4", now=1.0)] == ["a"]
     assert record.waiting_for("v6e-16 4x4", now=100.0) == []
     assert record.waiting_for("v6e-8 2x4", now=1.0) == []
+
+
+def test_a_restarted_service_keeps_the_places_of_its_last_record() -> None:
+    """The queue dies with two waiters; the new one, given the old record, grants the
+    slice freed before the first waiter is back to that waiter, not to the second one
+    who came back sooner."""
+    cluster = InMemoryCluster([("v6e", "4x4", 1)])
+    busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
+    old = World(cluster)
+    first = old.service.enqueue(ticket("first"))
+    second = old.service.enqueue(ticket("second", job="j2"))
+    last = QueueRecord.from_json(old.records[-1].to_json())  # as read back from the KV
+    new = World(cluster)
+    new.service.expect(last.requests)
+    assert [(r.ticket, r.who) for r in new.records[-1].requests] == [
+        ("first", "pid first"),
+        ("second", "pid second"),
+    ]
+    new.service.enqueue(ticket("second", job="j2"), second)
+    cluster.remove_group(busy)
+    assert isinstance(new.service.poll("second"), Waiting)
+    new.service.enqueue(ticket("first"), first)
+    assert new.service.poll("first") == Granted(("v6e-16-0",))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +20,7 @@ import ray
 from tpuslice import _ray
 from tpuslice.cluster import read_snapshot
 from tpuslice.errors import QueueUnreachableError
-from tpuslice.queue_book import Answer
+from tpuslice.queue_book import LEASE_S, Answer
 from tpuslice.queue_record import QUEUE_KEY, QUEUE_NAMESPACE, QueueRecord
 from tpuslice.queue_service import QueueService, Ticket
 
@@ -36,10 +37,14 @@ does not live (and die) on a TPU host."""
 
 class SliceQueueActor(QueueService):
     """The queue actor's body: a :class:`QueueService` over the live cluster, publishing
-    to Ray's KV store, learning of dead drivers from Ray's job table."""
+    to Ray's KV store, learning of dead drivers from Ray's job table. Restarted, it keeps
+    the places of the waiters its last record lists, while they come back."""
 
     def __init__(self) -> None:
         super().__init__(read_snapshot, publish=_publish, dead_jobs=_ray.dead_jobs)
+        last = _last_record()
+        if last is not None and time.time() - last.at < LEASE_S:
+            self.expect(last.requests)
 
     def pid(self) -> int:
         """This process's id (tests kill it to see the queue come back).
@@ -54,6 +59,18 @@ class SliceQueueActor(QueueService):
 
 def _publish(record: QueueRecord) -> None:
     _ray.kv_put(QUEUE_KEY, record.to_json(), NAMESPACE)
+
+
+def _last_record() -> QueueRecord | None:
+    """What the queue last published (by an earlier life of this actor), if readable."""
+    raw = _ray.kv_get(QUEUE_KEY, NAMESPACE)
+    if raw is None:
+        return None
+    try:
+        return QueueRecord.from_json(raw)
+    except ValueError:
+        logger.warning("the slice queue's last record is unreadable; starting empty")
+        return None
 
 
 _remote_queue = ray.remote(num_cpus=0, max_restarts=-1)(SliceQueueActor)

@@ -6,7 +6,11 @@ a ticket not polled for ``lease_s`` leaves the queue with any grant (its driver 
 A grant names the slices the driver may claim; until it reports them claimed they are no
 one else's. Arrival numbers are wall-clock nanoseconds, so after the queue restarts with
 an empty book, a driver whose ticket is unknown enqueues again with its original number
-and keeps its place ahead of everyone who arrived after it.
+and keeps its place ahead of everyone who arrived after it. So that the first driver to
+come back cannot take what an earlier one would have had, a restarted queue is told of
+the tickets it had (:meth:`QueueBook.expect`): each keeps its place, as a placeholder that
+polls answer :class:`Unknown` (so its driver enqueues again, taking it over, grant and
+all), until its driver is back or :data:`REJOIN_S` has passed.
 
 The policy itself (who gets what) is :func:`tpuslice.schedule.decide`.
 """
@@ -23,6 +27,9 @@ from tpuslice.schedule import Holding, Waiter, decide, queue_order
 LEASE_S = 10.0
 """A waiter that has not polled for this long has left (its driver hangs or died; the
 queue learns of a dead driver sooner, from Ray's job table)."""
+REJOIN_S = 5.0
+"""How long a restarted queue keeps the place of a ticket it had, for its driver to come
+back (drivers poll every 50 ms, and keep trying a queue that does not answer)."""
 SETTLE_S = 2.0
 """After a grant is claimed, its slices may still show idle in the cluster's resource view
 for a moment; they are kept out of the idle ones until they show in use, or this long."""
@@ -80,6 +87,7 @@ class _Entry:
     who: str
     seen: float
     granted: tuple[str, ...] = ()
+    rejoining: bool = False
 
 
 @dataclass
@@ -113,14 +121,34 @@ class QueueBook:
             Its arrival number.
 
         Raises:
-            InvalidArgumentError: the ticket is already in the book.
+            InvalidArgumentError: the ticket is already in the book (other than as a
+                placeholder kept by :meth:`expect`, which it takes over, with any grant).
         """
-        if waiter.ticket in self._entries:
+        kept = self._entries.get(waiter.ticket)
+        if kept is not None and not kept.rejoining:
             raise InvalidArgumentError(f"ticket {waiter.ticket} is already queued")
         number = max(self.stamp(), self._latest + 1) if arrival is None else arrival
         self._latest = max(self._latest, number)
-        self._entries[waiter.ticket] = _Entry(replace(waiter, arrival=number), who, self.clock())
+        entry = _Entry(replace(waiter, arrival=number), who, self.clock())
+        if kept is not None:
+            entry.granted = kept.granted
+        self._entries[waiter.ticket] = entry
         return number
+
+    def expect(self, waiter: Waiter, who: str, rejoin_s: float = REJOIN_S) -> None:
+        """Keep a place for a ticket the queue had before it restarted, for ``rejoin_s``
+        seconds (see the module docstring).
+
+        Args:
+            waiter: The request, with its original arrival number.
+            who: The driver, for status.
+            rejoin_s: How long its driver has to enqueue again.
+        """
+        if waiter.ticket in self._entries:
+            return
+        self._latest = max(self._latest, waiter.arrival)
+        seen = self.clock() - self.lease_s + rejoin_s  # its lease runs out after rejoin_s
+        self._entries[waiter.ticket] = _Entry(waiter, who, seen, rejoining=True)
 
     def poll(self, ticket: str) -> Answer:
         """Renew a ticket's lease and say where it stands (as of the last decision).
@@ -132,7 +160,7 @@ class QueueBook:
             :class:`Granted`, :class:`Waiting`, :class:`Never`, or :class:`Unknown`.
         """
         entry = self._entries.get(ticket)
-        if entry is not None:
+        if entry is not None and not entry.rejoining:
             entry.seen = self.clock()
         return self.poll_quietly(ticket)
 
@@ -143,10 +171,11 @@ class QueueBook:
             ticket: The ticket.
 
         Returns:
-            As :meth:`poll`.
+            As :meth:`poll`; :class:`Unknown` for a placeholder (its driver must enqueue
+            again).
         """
         entry = self._entries.get(ticket)
-        if entry is None:
+        if entry is None or entry.rejoining:
             return Unknown()
         if entry.granted:
             return Granted(entry.granted)

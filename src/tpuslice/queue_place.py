@@ -85,12 +85,19 @@ class QueuePlace:
         """Give a grant back and wait again in the same place (a granted slice was taken
         by someone who does not queue).
 
+        A new ticket with the old arrival number is enqueued before the granted one
+        leaves: were it the other way round, a decision between the two calls could
+        grant the slices given back to a later waiter.
+
         Raises:
             QueueUnreachableError: the queue did not answer.
         """
-        self.queue.leave(self.ticket.ticket)
+        old = self.ticket.ticket
         self.ticket = replace(self.ticket, ticket=uuid.uuid4().hex[:12])
-        self.join()
+        try:
+            self.join()
+        finally:
+            self.queue.leave(old)
 
     def claimed(self) -> None:
         """The grant is held: the ticket leaves the queue."""

@@ -33,6 +33,7 @@ class QueuedRequest:
         position: Its place in the queue, from 1.
         granted: Slices granted to it and not yet claimed.
         reason: Why it waits.
+        arrival: Its arrival number (a restarted queue keeps its place for it).
     """
 
     ticket: str
@@ -44,6 +45,7 @@ class QueuedRequest:
     position: int
     granted: tuple[str, ...] = ()
     reason: str = ""
+    arrival: int = 0
 
     @property
     def wanted(self) -> str:
@@ -67,6 +69,7 @@ class QueuedRequest:
             "position": self.position,
             "granted": list(self.granted),
             "reason": self.reason,
+            "arrival": self.arrival,
         }
 
 
@@ -142,6 +145,7 @@ class QueueRecord:
                     position=int(r["position"]),
                     granted=tuple(str(s) for s in r.get("granted", ())),
                     reason=str(r.get("reason", "")),
+                    arrival=int(r.get("arrival", 0)),
                 )
                 for r in data["requests"]
             )

@@ -16,7 +16,7 @@ for status and for drivers deciding whether to queue at all.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -181,6 +181,23 @@ class QueueService:
         self._publish(self.record())
         return number
 
+    def expect(self, requests: Iterable[QueuedRequest]) -> None:
+        """Keep the places of the requests a previous queue held (this one restarted)
+        until their drivers enqueue again, or for
+        :data:`~tpuslice.queue_book.REJOIN_S`.
+
+        Args:
+            requests: The previous queue's last record's requests.
+        """
+        for request in requests:
+            arrival = request.arrival or round(request.since * 1e9)
+            waiter = Waiter(
+                request.ticket, request.kind, request.count, request.priority, arrival=arrival
+            )
+            self.book.expect(waiter, request.who)
+        self._decided = -float("inf")
+        self._publish(self.record())
+
     def poll(self, ticket: str) -> Answer:
         """Where a ticket stands, deciding again first if that is due.
 
@@ -268,6 +285,7 @@ class QueueService:
                     position=place,
                     granted=granted,
                     reason=getattr(answer, "reason", ""),
+                    arrival=waiter.arrival,
                 )
             )
         return QueueRecord(at=self._wall(), requests=tuple(entries))

@@ -527,7 +527,7 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     from tpuslice.agent import recorded_owners  # agent.py builds on this module's siblings
 
     recorded = _reader().submit(recorded_owners)
-    queued = _reader().submit(_read_queue)
+    queued = _reader().submit(read_queue_record)
     available = _ray.available_resources_per_node()
     nodes = _node_records(available)
     owners = {node: owner.describe() for node, owner in recorded.result().items()}
@@ -557,8 +557,12 @@ def _node_records(available: Available) -> list[NodeRecord]:
     return nodes
 
 
-def _read_queue() -> QueueRecord | None:
-    """The cluster-wide queue's last record (:mod:`tpuslice.queue_record`), if any."""
+def read_queue_record() -> QueueRecord | None:
+    """The cluster-wide queue's last record (:mod:`tpuslice.queue_record`).
+
+    Returns:
+        The record; ``None`` if there is none, or it cannot be read (logged at debug).
+    """
     raw = _ray.kv_get(QUEUE_KEY, QUEUE_NAMESPACE)
     if raw is None:
         return None

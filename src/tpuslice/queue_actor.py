@@ -18,7 +18,7 @@ from typing import Any
 import ray
 
 from tpuslice import _ray
-from tpuslice.cluster import read_snapshot
+from tpuslice.cluster import read_queue_record, read_snapshot
 from tpuslice.errors import QueueUnreachableError
 from tpuslice.queue_book import LEASE_S, Answer
 from tpuslice.queue_record import QUEUE_KEY, QUEUE_NAMESPACE, QueueRecord
@@ -42,7 +42,7 @@ class SliceQueueActor(QueueService):
 
     def __init__(self) -> None:
         super().__init__(read_snapshot, publish=_publish, dead_jobs=_ray.dead_jobs)
-        last = _last_record()
+        last = read_queue_record()  # by an earlier life of this actor
         if last is not None and time.time() - last.at < LEASE_S:
             self.expect(last.requests)
 
@@ -59,18 +59,6 @@ class SliceQueueActor(QueueService):
 
 def _publish(record: QueueRecord) -> None:
     _ray.kv_put(QUEUE_KEY, record.to_json(), NAMESPACE)
-
-
-def _last_record() -> QueueRecord | None:
-    """What the queue last published (by an earlier life of this actor), if readable."""
-    raw = _ray.kv_get(QUEUE_KEY, NAMESPACE)
-    if raw is None:
-        return None
-    try:
-        return QueueRecord.from_json(raw)
-    except ValueError:
-        logger.warning("the slice queue's last record is unreadable; starting empty")
-        return None
 
 
 _remote_queue = ray.remote(num_cpus=0, max_restarts=-1)(SliceQueueActor)

@@ -26,6 +26,7 @@ from tpuslice.cluster import (
     SliceState,
     build_snapshot,
 )
+from tpuslice.notices import Notice
 from tpuslice.slices import (
     get_num_ready_tpu_slices,
     get_num_tpu_slices,
@@ -224,6 +225,35 @@ def test_node_not_yet_in_available_map_counts_as_free() -> None:
 
 
 # --- BROKEN --------------------------------------------------------------------------------
+
+
+def warning(node: Node, kind: str = "preemption") -> dict[str, Notice]:
+    event = "TRUE" if kind == "preemption" else "TERMINATE_ON_HOST_MAINTENANCE"
+    return {node["NodeID"]: Notice(kind, event, 990.0, 1020.0, node["NodeID"], "s", 1)}
+
+
+def test_a_notice_on_a_host_puts_its_slice_under_notice_busy_or_not() -> None:
+    """Never reserved (not ready), named with the time left; a busy slice under notice is
+    under notice too (its work should move)."""
+    for busy in (False, True):
+        nodes = tpu_slice("v6e-16-a", "v6e-16", "4x4", 4, 4)
+        available = idle(nodes)
+        if busy:
+            take(available, nodes[0], tpu=4)
+        snap = build_snapshot(nodes, available, taken_at=1000.0, notices=warning(nodes[1]))
+        info = snap.slices["v6e-16-a"]
+        assert info.state is SliceState.NOTICE
+        assert info.reason == ("preemption notice on s host 1 (instance/preempted=TRUE), 20 s left")
+        assert info.notice is not None and info.notice.kind == "preemption"
+        assert snap.ready(info.shape) == []  # type: ignore[arg-type]
+
+
+def test_a_broken_slice_stays_broken_under_notice_and_a_dead_hosts_notice_is_ignored() -> None:
+    nodes = tpu_slice("v6e-16-a", "v6e-16", "4x4", 4, 4)
+    nodes[1] = killed(nodes[1])
+    snap = build_snapshot(nodes, idle(nodes), taken_at=1000.0, notices=warning(nodes[1]))
+    assert snap.slices["v6e-16-a"].state is SliceState.BROKEN
+    assert snap.slices["v6e-16-a"].notice is None
 
 
 def test_dead_host_breaks_the_slice() -> None:

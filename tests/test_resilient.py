@@ -152,12 +152,12 @@ def test_same_slice_preempted_twice_with_a_budget_of_one_gives_up_with_history(
             ) as future,
         ):
             assert wait_for(lambda: started(markers, 2), timeout=60) == [target] * 2
-            tpu_cluster.preempt_slice(target)
+            tpu_cluster.preempt_slice(target, notice_s=0)
             for worker in (0, 1):
                 tpu_cluster.wait_until_dead(target, worker)
             tpu_cluster.restore_slice(target)
             assert wait_for(lambda: started(markers, 4), timeout=60) == [target] * 4
-            tpu_cluster.preempt_slice(target)
+            tpu_cluster.preempt_slice(target, notice_s=0)
             with pytest.raises(tpuslice.RetriesExhaustedError) as info:
                 future.result(timeout=60)
     finally:

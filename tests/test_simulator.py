@@ -149,7 +149,7 @@ def test_kill_host_fails_its_tasks_with_node_died(
 def test_preempt_slice_kills_every_host_and_restore_brings_it_back(
     tpu_cluster: SimulatedCluster,
 ) -> None:
-    tpu_cluster.preempt_slice("v4-16-c")
+    tpu_cluster.preempt_slice("v4-16-c", notice_s=0)
     try:
         for worker in (0, 1):
             tpu_cluster.wait_until_dead("v4-16-c", worker)

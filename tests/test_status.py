@@ -16,6 +16,7 @@ from rich.text import Text
 from test_cluster_view import cpu_node, idle, killed, take, tpu_node, tpu_slice
 from tpuslice import _ray, cli, cli_connect, cluster, status
 from tpuslice.cluster import ClusterSnapshot, SliceState, build_snapshot
+from tpuslice.notices import Notice
 from tpuslice.topology import slice_shape
 
 LONG_NAME = "tpu-v6e-128-training-pool-europe-west4-a-0001"
@@ -32,11 +33,14 @@ def mixed_snapshot() -> ClusterSnapshot:
     single = tpu_slice("v6e-8-a", "v6e-8", "2x4", 1, 8)
     big = tpu_slice(LONG_NAME, "v6e-128", "8x16", 32, 4)
     big[9] = killed(big[9])
-    nodes = [cpu_node(), *ready, *busy, *broken, *odd, *single, *big]
+    warned = tpu_slice("v6e-16-c", "v6e-16", "4x4", 4, 4)
+    nodes = [cpu_node(), *ready, *busy, *broken, *odd, *single, *big, *warned]
     available = idle(nodes)
     take(available, busy[1], tpu=4)
     take(available, big[5], tpu=2)
-    return build_snapshot(nodes, available, taken_at=1000.0)
+    notice = Notice("preemption", "TRUE", 994.0, 1024.0, warned[1]["NodeID"], "v6e-16-c", 1)
+    notices = {warned[1]["NodeID"]: notice}
+    return build_snapshot(nodes, available, taken_at=1000.0, notices=notices)
 
 
 def render(renderable: Any, width: int = 80) -> str:
@@ -62,14 +66,23 @@ def test_table_has_one_row_per_slice_with_state_hosts_and_tpu() -> None:
     assert rows["v5p-32-a"] == "v5p-32-a v5p 2x2x4 broken host 2 dead, host 3 missing 2/4 8/8"
     assert rows["odd-labels"].startswith("odd-labels v6e-17 4x4 broken labels do not name")
     assert rows["v6e-8-a"] == "v6e-8-a v6e 2x4 ready 1/1 8/8"
-    assert "6 TPU slice(s): 2 ready, 1 busy, 3 broken" in out
+    assert "7 TPU slice(s): 2 ready, 1 busy, 3 broken, 1 notice" in out
+    assert rows["v6e-16-c"] == (
+        "v6e-16-c v6e 4x4 PREEMPTING preemption notice on v6e-16-c host 1 "
+        "(instance/preempted=TRUE), 24 s left 4/4 16/16"
+    )
 
 
 def test_state_column_is_coloured_by_state() -> None:
     table = status.slice_table(mixed_snapshot())
     states = [cell for cell in table.columns[2].cells if isinstance(cell, Text)]
     styles = {cell.plain: str(cell.style) for cell in states}
-    assert styles == {"ready": "bold green", "busy": "bold yellow", "broken": "bold red"}
+    assert styles == {
+        "ready": "bold green",
+        "busy": "bold yellow",
+        "broken": "bold red",
+        "PREEMPTING": "bold magenta",
+    }
 
 
 # --- host grid ---------------------------------------------------------------------------
@@ -202,9 +215,14 @@ def test_json_has_every_slice_state_reason_and_host() -> None:
     data = status.status_dict(snapshot)
     assert json.loads(json.dumps(data)) == data
     assert data["taken_at"] == 1000.0
-    assert data["counts"] == {"ready": 2, "busy": 1, "broken": 3}
+    assert data["counts"] == {"ready": 2, "busy": 1, "broken": 3, "notice": 1}
     names = [s["name"] for s in data["slices"]]
     assert names == sorted(snapshot.slices)
+    warned = next(s for s in data["slices"] if s["name"] == "v6e-16-c")
+    assert (warned["state"], warned["shown_state"]) == ("notice", "PREEMPTING")
+    assert warned["hosts"][1]["notice"]["kind"] == "preemption"
+    assert warned["hosts"][1]["notice"]["deadline"] == 1024.0
+    assert warned["hosts"][0]["notice"] is None
     broken = next(s for s in data["slices"] if s["name"] == "v5p-32-a")
     assert broken["state"] == "broken"
     assert broken["reason"] == "host 2 dead, host 3 missing"
@@ -227,6 +245,7 @@ def test_json_has_every_slice_state_reason_and_host() -> None:
         "tpu_available": 4.0,
         "head_free": True,
         "tpu_owner": None,
+        "notice": None,
     }
     assert [h["state"] for h in broken["hosts"]] == ["free", "free", "dead"]
     odd = next(s for s in data["slices"] if s["name"] == "odd-labels")
@@ -285,7 +304,7 @@ def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
 def test_status_prints_the_screen(snapshot: ClusterSnapshot) -> None:
     result = invoke()
     assert result.exit_code == 0, result.output
-    assert "6 TPU slice(s): 2 ready, 1 busy, 3 broken" in result.output
+    assert "7 TPU slice(s): 2 ready, 1 busy, 3 broken, 1 notice" in result.output
     assert max(len(line) for line in result.output.splitlines()) <= 80
     for name in snapshot.slices:
         assert name in result.output
@@ -330,7 +349,7 @@ def test_watch_refreshes_until_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
     result = invoke("--watch", "0.5")
     assert result.exit_code == 0, result.output
     assert (len(reads), pauses) == (3, [0.5, 0.5, 0.5])
-    assert "6 TPU slice(s)" in result.output
+    assert "7 TPU slice(s)" in result.output
     assert fake.shutdowns == 1
 
 

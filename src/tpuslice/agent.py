@@ -32,12 +32,23 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tpuslice import _ray
+from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
+from tpuslice.notices import (
+    MAINTENANCE_PATH,
+    NOTICE_KEY_PREFIX,
+    PREEMPTED_PATH,
+    Notice,
+    notice_period,
+    watch_value,
+)
 from tpuslice.tpu_lock import TPUOwner, find_owner, host_root
 
 logger = logging.getLogger(__name__)
 
 NAMESPACE = "tpuslice"
 NAME_PREFIX = "tpuslice-host:"
+HOST_KEY_PREFIX = "tpu-"
+"""What the agents' records' keys start with (owners and notices)."""
 OWNER_KEY_PREFIX = "tpu-owner/"
 PROBE_TIMEOUT_S = 60.0
 """Bound on one round of agent calls; the first on a host includes starting its agent."""
@@ -53,11 +64,66 @@ that slice's hand-back."""
 
 
 class HostAgent:
-    """The agent on one TPU host (a Ray actor; see the module docstring)."""
+    """The agent on one TPU host (a Ray actor; see the module docstring). It also
+    watches the host's metadata for preemption and maintenance notices (one long-poll
+    per value, in daemon threads) and records the one standing (:mod:`tpuslice.notices`).
+    """
 
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_id: str, watch_notices: bool = True) -> None:
         self.node_id = node_id
         self.root = host_root()
+        self._notices: dict[str, Notice | None] = {}
+        self._notices_lock = threading.Lock()
+        self._stop = threading.Event()
+        if watch_notices:
+            labels = ray.get_runtime_context().get_node_labels()
+            slice_name = labels.get(SLICE_NAME_LABEL, "")
+            worker = labels.get(WORKER_ID_LABEL, "")
+            worker_id = int(worker) if worker.isdecimal() else -1
+            for path in (PREEMPTED_PATH, MAINTENANCE_PATH):
+                threading.Thread(
+                    target=watch_value,
+                    args=(path, self._record_notice, self._stop),
+                    kwargs={
+                        "describe": lambda kind, event, since: Notice(
+                            kind,
+                            event,
+                            since,
+                            since + notice_period(kind),
+                            node_id,
+                            slice_name,
+                            worker_id,
+                        )
+                    },
+                    name=f"tpuslice-notice-{path}",
+                    daemon=True,
+                ).start()
+
+    def notice(self) -> dict[str, Any] | None:
+        """The notice standing on this host now (tests and status ask).
+
+        Returns:
+            Its fields, or ``None``.
+        """
+        found = self._standing()
+        return None if found is None else json.loads(found.to_json())
+
+    def _standing(self) -> Notice | None:
+        with self._notices_lock:
+            found = [n for n in self._notices.values() if n is not None]
+        return min(found, key=lambda n: n.deadline) if found else None
+
+    def _record_notice(self, path: str, notice: Notice | None) -> None:
+        """One watched value's notice changed: record the most urgent one standing."""
+        with self._notices_lock:
+            self._notices[path] = notice
+        standing = self._standing()
+        key = NOTICE_KEY_PREFIX + self.node_id
+        if standing is None:
+            _ray.kv_delete(key, NAMESPACE)
+        else:
+            logger.warning("%s", standing.describe())
+            _ray.kv_put(key, standing.to_json(), NAMESPACE)
 
     def owner(self, thorough: bool = False) -> dict[str, Any] | None:
         """This host's TPU owner now (and recorded for the cluster view).
@@ -341,22 +407,30 @@ def kill_owner(node_id: str, pid: int, timeout_s: float = 5.0) -> TPUOwner | Non
     return None if data is None else TPUOwner.from_dict(data)
 
 
-def recorded_owners() -> dict[str, TPUOwner]:
-    """The TPU owners the agents last saw, by node id (from Ray's KV store).
+def recorded_notes() -> tuple[dict[str, TPUOwner], dict[str, Notice]]:
+    """The TPU owners and the notices the agents last recorded, by node id (Ray's KV
+    store; one listing for both, so a cluster with neither costs one call).
 
     Returns:
-        Per node with a recorded owner, that owner; empty when Ray is not connected.
+        ``(owners, notices)``; both empty when Ray is not connected.
     """
-    found: dict[str, TPUOwner] = {}
-    for key in _ray.kv_list(OWNER_KEY_PREFIX, NAMESPACE):
+    owners: dict[str, TPUOwner] = {}
+    notices: dict[str, Notice] = {}
+    for key in _ray.kv_list(HOST_KEY_PREFIX, NAMESPACE):
+        if not key.startswith((OWNER_KEY_PREFIX, NOTICE_KEY_PREFIX)):
+            continue
         raw = _ray.kv_get(key, NAMESPACE)
         if raw is None:
             continue
         try:
-            found[key.removeprefix(OWNER_KEY_PREFIX)] = TPUOwner.from_dict(json.loads(raw))
+            if key.startswith(OWNER_KEY_PREFIX):
+                owner = TPUOwner.from_dict(json.loads(raw))
+                owners[key.removeprefix(OWNER_KEY_PREFIX)] = owner
+            else:
+                notices[key.removeprefix(NOTICE_KEY_PREFIX)] = Notice.from_json(raw)
         except (ValueError, KeyError, TypeError) as exc:
-            logger.debug("ignoring unreadable owner record %s: %s", key, exc)
-    return found
+            logger.debug("ignoring unreadable record %s: %s", key, exc)
+    return owners, notices
 
 
 def describe_errors(results: Mapping[str, TPUOwner | Exception | None]) -> list[str]:

@@ -32,6 +32,7 @@ from tpuslice.labels import (
     TPU_RESOURCE,
     WORKER_ID_LABEL,
 )
+from tpuslice.notices import Notice
 from tpuslice.queue_record import QUEUE_KEY, QUEUE_NAMESPACE, QueuedRequest, QueueRecord
 from tpuslice.topology import SliceShape, parse_pod_type, slice_shape
 
@@ -58,6 +59,9 @@ class SliceState(str, enum.Enum):
     """Whole, but some TPU (or the head resource) is in use."""
     BROKEN = "broken"
     """A host missing or dead, no worker 0, or labels that do not add up."""
+    NOTICE = "notice"
+    """Whole, but a host was warned of preemption or maintenance (:mod:`tpuslice.notices`):
+    about to go, so never reserved; work on it should move."""
 
 
 class HostInfo(NamedTuple):
@@ -75,6 +79,7 @@ class HostInfo(NamedTuple):
         tpu_owner: The process its TPU agent last saw owning the TPU (``pid 4242
             (python train.py)``), if any: such a host is busy even when Ray's resources
             say it is free (a process outside Ray, or a leftover, holds the TPU).
+        notice: The preemption or maintenance notice its metadata server gave, if any.
     """
 
     node_id: str
@@ -87,6 +92,7 @@ class HostInfo(NamedTuple):
     head_free: bool | None
     """Whether the ``TPU-<podtype>-head`` resource is free (worker 0 only)."""
     tpu_owner: str | None = None
+    notice: Notice | None = None
 
     @property
     def state(self) -> HostState:
@@ -150,6 +156,12 @@ class SliceInfo:
     def chips_free(self) -> float:
         """Free ``TPU`` resource of the live hosts."""
         return sum(h.tpu_available for h in self.hosts.values() if h.alive)
+
+    @property
+    def notice(self) -> Notice | None:
+        """The most urgent notice on a live host of the slice, if any."""
+        found = [h.notice for h in self.hosts.values() if h.notice is not None and h.alive]
+        return min(found, key=lambda n: n.deadline) if found else None
 
     @property
     def head_node_id(self) -> str | None:
@@ -261,6 +273,7 @@ def build_snapshot(
     tpu_resource_per_chip: int = 1,
     taken_at: float | None = None,
     tpu_owners: Mapping[str, str] | None = None,
+    notices: Mapping[str, Notice] | None = None,
 ) -> ClusterSnapshot:
     """Group TPU nodes into slices and classify each. Pure; linear in the node count.
 
@@ -274,6 +287,8 @@ def build_snapshot(
         taken_at: When the records were read (default: now).
         tpu_owners: Per node id, the process seen owning its TPU (described); such a
             host is busy whatever its resources say.
+        notices: Per node id, a preemption or maintenance notice standing on it; its
+            slice is :attr:`SliceState.NOTICE` unless broken.
 
     Returns:
         Every TPU slice, each classified; nodes that do not add up make a slice broken,
@@ -284,11 +299,14 @@ def build_snapshot(
         key = _slice_key(node)
         if key is not None:
             groups.setdefault(key, []).append(node)
+    now = taken_at if taken_at is not None else time.time()
     slices = {
-        name: _classify(name, members, available, tpu_resource_per_chip, tpu_owners or {})
+        name: _classify(
+            name, members, available, tpu_resource_per_chip, tpu_owners or {}, notices or {}, now
+        )
         for name, members in groups.items()
     }
-    return ClusterSnapshot(slices, taken_at if taken_at is not None else time.time())
+    return ClusterSnapshot(slices, now)
 
 
 def node_labels_of(node: NodeRecord) -> Mapping[str, str]:
@@ -326,6 +344,7 @@ def _host(
     available: Available,
     head: str | None,
     owners: Mapping[str, str],
+    notices: Mapping[str, Notice],
 ) -> HostInfo:
     """One node as a :class:`HostInfo`; ``head`` is the slice's head resource, if known."""
     node_id: str = node.get("NodeID", "")
@@ -345,8 +364,18 @@ def _host(
     # Positional on purpose (same names, same order as the fields): keyword arguments
     # make a named tuple three times slower to build, and there is one per TPU VM.
     owner = owners.get(node_id) if owners else None
+    notice = notices.get(node_id) if notices else None
     return HostInfo(
-        node_id, address, slice_name, worker_id, alive, tpu_total, tpu_available, head_free, owner
+        node_id,
+        address,
+        slice_name,
+        worker_id,
+        alive,
+        tpu_total,
+        tpu_available,
+        head_free,
+        owner,
+        notice,
     )
 
 
@@ -408,8 +437,11 @@ def _classify(
     available: Available,
     per_chip: int,
     owners: Mapping[str, str],
+    notices: Mapping[str, Notice],
+    now: float,
 ) -> SliceInfo:
-    """Pick the live node per worker id, then decide READY / BUSY / BROKEN and why."""
+    """Pick the live node per worker id, then decide READY / BUSY / BROKEN / NOTICE and
+    why."""
     reference = _first_alive(members)
     labels = node_labels_of(reference)
     pod_type, topology = labels.get(POD_TYPE_LABEL), labels.get(TOPOLOGY_LABEL)
@@ -417,7 +449,7 @@ def _classify(
     head = claimed.head_resource if claimed else None
     # A single-host VM with no worker-id label is its own worker 0.
     default_worker = 0 if claimed and claimed.num_hosts == 1 else None
-    found = [_host(n, name, available, head, owners) for n in members]
+    found = [_host(n, name, available, head, owners, notices) for n in members]
     hosts, problems = _pick_hosts(found, default_worker)
     if claimed is None:
         problems.insert(
@@ -427,7 +459,7 @@ def _classify(
         # Dead nodes report no resources, so the shape is a guess: say what is known.
         problems.insert(0, f"every host dead ({len(members)} known)")
     expected = claimed.num_hosts if claimed else len(hosts)
-    state, reason = _state(hosts, expected, problems)
+    state, reason = _state(hosts, expected, problems, now)
     return SliceInfo(
         name=name,
         pod_type=claimed.pod_type if claimed else pod_type or "",
@@ -470,19 +502,25 @@ def _pick_hosts(
 
 
 def _state(
-    hosts: Mapping[int, HostInfo], expected: int, problems: list[str]
+    hosts: Mapping[int, HostInfo], expected: int, problems: list[str], now: float
 ) -> tuple[SliceState, str]:
-    """BROKEN (with the first thing wrong), else BUSY if any host is in use, else READY."""
+    """BROKEN (with the first thing wrong), else NOTICE if a live host was warned, else
+    BUSY if any host is in use, else READY."""
     if problems:
         return SliceState.BROKEN, problems[0]
     extra, dead, busy = [], [], 0
+    warned: Notice | None = None
     for worker, host in hosts.items():  # one pass: this runs once per slice
         if worker >= expected:
             extra.append(worker)
         elif not host.alive:
             dead.append(worker)
-        elif host.state is HostState.BUSY:
-            busy += 1
+        else:
+            busy += host.state is HostState.BUSY
+            if host.notice is not None and (
+                warned is None or host.notice.deadline < warned.deadline
+            ):
+                warned = host.notice
     if extra:
         return SliceState.BROKEN, f"worker id(s) {sorted(extra)} outside 0..{expected - 1}"
     # Every key is now in 0..expected-1, so a full count means nothing is missing.
@@ -493,6 +531,8 @@ def _state(
         parts = [f"host {', '.join(map(str, sorted(dead)))} dead"] if dead else []
         parts += [f"host {', '.join(map(str, missing))} missing"] if missing else []
         return SliceState.BROKEN, ", ".join(parts)
+    if warned is not None:
+        return SliceState.NOTICE, warned.describe(now)
     if busy:
         held = [
             f"host {worker}: TPU held by {host.tpu_owner}"
@@ -508,8 +548,9 @@ def _state(
 
 def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     """Read the connected cluster: one available-resources call (``ray.nodes()`` too
-    when the set of alive nodes changed), and, alongside, the TPU owners the hosts'
-    agents recorded (:mod:`tpuslice.agent`) and the queue's record from Ray's KV store.
+    when the set of alive nodes changed), and, alongside, the TPU owners and notices the
+    hosts' agents recorded (:mod:`tpuslice.agent`) and the queue's record from Ray's KV
+    store.
 
     Args:
         tpu_resource_per_chip: The cluster's ``TPU`` units per chip; ``None`` reads
@@ -524,15 +565,16 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
     # The KV read goes through another GCS client than the node and resource reads, so
     # it runs alongside them (they share one client and would only queue behind it).
-    from tpuslice.agent import recorded_owners  # agent.py builds on this module's siblings
+    from tpuslice.agent import recorded_notes  # agent.py builds on this module's siblings
 
-    recorded = _reader().submit(recorded_owners)
+    recorded = _reader().submit(recorded_notes)
     queued = _reader().submit(read_queue_record)
     available = _ray.available_resources_per_node()
     nodes = _node_records(available)
-    owners = {node: owner.describe() for node, owner in recorded.result().items()}
+    found_owners, notices = recorded.result()
+    owners = {node: owner.describe() for node, owner in found_owners.items()}
     queue = queued.result()
-    snapshot = build_snapshot(nodes, available, per_chip, tpu_owners=owners)
+    snapshot = build_snapshot(nodes, available, per_chip, tpu_owners=owners, notices=notices)
     return dataclasses.replace(snapshot, queue=queue)
 
 

@@ -1,7 +1,10 @@
 """The GCE metadata server, asked with one short time budget so it never hangs off GCP.
 
 Only the standard library; requests bypass any HTTP proxy (the server is link-local), and a
-reply without ``Metadata-Flavor: Google`` (a captive portal) is not believed.
+reply without ``Metadata-Flavor: Google`` (a captive portal) is not believed. The server's
+address honours ``GCE_METADATA_HOST``, as Google's client libraries do (the simulator points
+each host at its own loopback server this way). :func:`watch` long-polls one value
+(``?wait_for_change=true``), for preemption and maintenance notices.
 """
 
 from __future__ import annotations
@@ -9,23 +12,44 @@ from __future__ import annotations
 import http.client
 import logging
 import math
+import os
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlencode
 
 from tpuslice.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
-METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+METADATA_HOST_ENV = "GCE_METADATA_HOST"
+"""Where Google's client libraries look for the metadata server's ``host[:port]``."""
+METADATA_HOST = "metadata.google.internal"
+METADATA_URL = f"http://{METADATA_HOST}/computeMetadata/v1/instance/attributes/"
 METADATA_FLAVOR = ("Metadata-Flavor", "Google")
 DEFAULT_METADATA_TIMEOUT_S = 0.5
 _MAX_METADATA_BYTES = 1 << 16
 
 # The metadata server is link-local: never send its requests through an HTTP(S)_PROXY.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def metadata_root(environ: Mapping[str, str] | None = None) -> str:
+    """The metadata server's ``computeMetadata/v1/`` URL: ``GCE_METADATA_HOST`` if set,
+    else ``metadata.google.internal``.
+
+    Args:
+        environ: Where to read the variable (default: ``os.environ``).
+
+    Returns:
+        ``http://<host>/computeMetadata/v1/``.
+    """
+    env = os.environ if environ is None else environ
+    host = env.get(METADATA_HOST_ENV, "").strip() or METADATA_HOST
+    return f"http://{host}/computeMetadata/v1/"
 
 
 class MetadataClient:
@@ -37,7 +61,8 @@ class MetadataClient:
     stretch the budget. Answers are cached; ``timeout_s=0`` never touches the network.
 
     Args:
-        base_url: URL the attribute keys are appended to.
+        base_url: URL the attribute keys are appended to (default: the instance's
+            attributes on :func:`metadata_root`).
         timeout_s: The total time budget, in seconds, for every request together.
         clock: Monotonic seconds, for measuring the budget (injectable for tests).
 
@@ -48,12 +73,14 @@ class MetadataClient:
 
     def __init__(
         self,
-        base_url: str = METADATA_URL,
+        base_url: str | None = None,
         timeout_s: float = DEFAULT_METADATA_TIMEOUT_S,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """Check the arguments; nothing is fetched until the first :meth:`get`."""
+        if base_url is None:
+            base_url = metadata_root() + "instance/attributes/"
         if not str(base_url).startswith(("http://", "https://")):
             raise InvalidArgumentError(
                 f"metadata base_url must be an http(s) URL such as {METADATA_URL!r}, "
@@ -104,8 +131,56 @@ class MetadataClient:
         return text
 
 
+@dataclass(frozen=True)
+class Watched:
+    """One answer of :func:`watch`.
+
+    Attributes:
+        value: The value's text; ``None`` if missing or unreadable.
+        etag: Its version, to wait for the next change of.
+        reachable: Whether a metadata server answered at all.
+    """
+
+    value: str | None
+    etag: str
+    reachable: bool
+
+
+def watch(
+    path: str, etag: str = "", timeout_s: float = 60.0, *, root: str | None = None
+) -> Watched:
+    """Long-poll one metadata value: answer when it differs from version ``etag`` (at
+    once if it already does, or if ``etag`` is empty), or after ``timeout_s`` with the
+    value as it is.
+
+    Args:
+        path: The value's path under ``computeMetadata/v1/`` (``instance/preempted``).
+        etag: The version last seen (``""``: answer at once).
+        timeout_s: How long the server may hold the request (whole seconds, >= 1).
+        root: The server's ``computeMetadata/v1/`` URL (default: :func:`metadata_root`).
+
+    Returns:
+        The value, its version, and whether a server answered.
+    """
+    query = {"wait_for_change": "true", "timeout_sec": str(max(1, int(timeout_s)))}
+    if etag:
+        query["last_etag"] = etag
+    url = (root or metadata_root()) + path
+    if etag:
+        url += "?" + urlencode(query)
+    text, found, reachable = _http_get_full(url, timeout_s + 5.0 if etag else 5.0)
+    return Watched(text, found, reachable)
+
+
 def _http_get(url: str, timeout: float) -> tuple[str | None, bool]:
-    """GET one metadata URL: (its text or None, whether a metadata server answered).
+    """GET one metadata URL: (its text or None, whether a metadata server answered)."""
+    text, _, reachable = _http_get_full(url, timeout)
+    return text, reachable
+
+
+def _http_get_full(url: str, timeout: float) -> tuple[str | None, str, bool]:
+    """GET one metadata URL: (its text or None, its ETag, whether a metadata server
+    answered).
 
     A 200 without the ``Metadata-Flavor: Google`` reply header is a captive portal or
     proxy, not the metadata server: its pages must not become slice names.
@@ -115,16 +190,17 @@ def _http_get(url: str, timeout: float) -> tuple[str | None, bool]:
         with _OPENER.open(request, timeout=timeout) as response:
             if response.headers.get(METADATA_FLAVOR[0]) != METADATA_FLAVOR[1]:
                 logger.debug("metadata %s: reply lacks Metadata-Flavor: Google", url)
-                return None, False
+                return None, "", False
+            etag = response.headers.get("ETag", "")
             text = response.read(_MAX_METADATA_BYTES).decode("utf-8").strip()
     except urllib.error.HTTPError as exc:  # 404 for a missing attribute, 5xx, 403
         logger.debug("metadata %s: HTTP %s", url, exc.code)
         exc.close()
-        return None, True
+        return None, "", True
     except (OSError, http.client.HTTPException) as exc:  # URLError, TimeoutError, refused
         logger.debug("metadata %s unreachable: %s", url, exc)
-        return None, False
+        return None, "", False
     except ValueError as exc:  # UnicodeDecodeError
         logger.debug("metadata %s: unreadable reply: %s", url, exc)
-        return None, True
-    return text or None, True
+        return None, "", True
+    return text or None, etag, True

@@ -9,6 +9,7 @@ rather than eliding it, so a script or an 80-column terminal sees every word.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -19,11 +20,13 @@ from rich.text import Text
 
 from tpuslice import subslice
 from tpuslice.cluster import ClusterSnapshot, HostInfo, SliceInfo, SliceState
+from tpuslice.notices import Notice
 
 STATE_STYLES = {
     SliceState.READY: "bold green",
     SliceState.BUSY: "bold yellow",
     SliceState.BROKEN: "bold red",
+    SliceState.NOTICE: "bold magenta",
 }
 HOST_STYLES = {
     "free": "black on green",
@@ -75,8 +78,27 @@ def summary_line(snapshot: ClusterSnapshot) -> str:
     Returns:
         The one-line summary.
     """
-    parts = ", ".join(f"{n} {state}" for state, n in state_counts(snapshot).items())
+    counts = state_counts(snapshot)
+    if not counts[SliceState.NOTICE.value]:
+        del counts[SliceState.NOTICE.value]  # shown only when a notice stands
+    parts = ", ".join(f"{n} {state}" for state, n in counts.items())
     return f"{len(snapshot.slices)} TPU slice(s): {parts}"
+
+
+def state_label(info: SliceInfo) -> str:
+    """The slice's state as shown: ``ready``, ``busy``, ``broken``, or for a slice under
+    notice ``PREEMPTING`` / ``MAINTENANCE`` (the reason gives the time left).
+
+    Args:
+        info: One slice.
+
+    Returns:
+        The label.
+    """
+    notice = info.notice
+    if info.state is SliceState.NOTICE and notice is not None:
+        return notice.state
+    return info.state.value
 
 
 def shape_label(info: SliceInfo) -> str:
@@ -110,7 +132,7 @@ def slice_table(snapshot: ClusterSnapshot) -> Table:
         table.add_row(
             info.name,
             shape_label(info),
-            Text(info.state.value, style=STATE_STYLES[info.state]),
+            Text(state_label(info), style=STATE_STYLES[info.state]),
             info.reason,
             f"{info.alive_hosts}/{info.expected_hosts}",
             f"{_num(info.chips_free)}/{_num(info.chips_total)}",
@@ -239,7 +261,7 @@ def slice_heading(info: SliceInfo) -> Text:
     if info.shape is not None and info.shape.num_hosts > 1:
         grid = f" ({'x'.join(map(str, info.shape.worker_grid))})"
     heading.append(f"  {shape_label(info)}, {info.expected_hosts} host(s){grid}  ")
-    heading.append(info.state.value, style=STATE_STYLES[info.state])
+    heading.append(state_label(info), style=STATE_STYLES[info.state])
     return heading
 
 
@@ -333,9 +355,10 @@ def host_dict(host: HostInfo) -> dict[str, Any]:
         host: One host of a slice.
 
     Returns:
-        Its worker id, node id, address, liveness, state, TPU resources and the process
-        seen owning its TPU (``None`` if none).
+        Its worker id, node id, address, liveness, state, TPU resources, the process
+        seen owning its TPU and the notice standing on it (``None`` if none).
     """
+    notice = host.notice
     return {
         "worker_id": host.worker_id,
         "node_id": host.node_id,
@@ -346,6 +369,27 @@ def host_dict(host: HostInfo) -> dict[str, Any]:
         "tpu_available": host.tpu_available,
         "head_free": host.head_free,
         "tpu_owner": host.tpu_owner,
+        "notice": None if notice is None else notice_dict(notice),
+    }
+
+
+def notice_dict(notice: Notice) -> dict[str, Any]:
+    """A notice as JSON-able data.
+
+    Args:
+        notice: A preemption or maintenance notice.
+
+    Returns:
+        Its kind, shown state, metadata event, when it was seen, the expected deadline
+        and the seconds left (wall clock).
+    """
+    return {
+        "kind": notice.kind,
+        "state": notice.state,
+        "event": notice.event,
+        "since": notice.since,
+        "deadline": notice.deadline,
+        "left_s": round(notice.left(time.time()), 1),
     }
 
 
@@ -363,6 +407,7 @@ def slice_dict(info: SliceInfo) -> dict[str, Any]:
     return {
         "name": info.name,
         "state": info.state.value,
+        "shown_state": state_label(info),
         "reason": info.reason,
         "generation": info.generation,
         "pod_type": info.pod_type,

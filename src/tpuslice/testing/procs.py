@@ -74,3 +74,38 @@ def descendants(pids: Iterable[int]) -> set[int]:
         except psutil.NoSuchProcess:
             continue
     return found
+
+
+def stop(pid: int) -> None:
+    """SIGSTOP ``pid`` (a process gone, or not ours, is skipped).
+
+    Args:
+        pid: The process id.
+    """
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+        psutil.Process(pid).suspend()
+
+
+def resume(pid: int) -> None:
+    """SIGCONT ``pid`` (a process gone, or not ours, is skipped).
+
+    Args:
+        pid: The process id.
+    """
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+        psutil.Process(pid).resume()
+
+
+def process_title(pid: int) -> str:
+    """What a process shows as its command line (Ray workers set ``ray::<task>``).
+
+    Args:
+        pid: The process id.
+
+    Returns:
+        The command line joined by spaces; ``""`` if the process is gone or unreadable.
+    """
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return ""

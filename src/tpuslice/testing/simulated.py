@@ -51,8 +51,23 @@ from tpuslice.labels import (
     host_labels,
     host_resources,
 )
+from tpuslice.metadata import METADATA_HOST_ENV
 from tpuslice.subslice import chip_coordinates
-from tpuslice.testing.procs import descendants, kill_and_wait, pid_alive, sigkill
+from tpuslice.testing.metadata_server import (
+    MAINTENANCE_EVENT,
+    PREEMPTED,
+    MetadataServer,
+    host_values,
+)
+from tpuslice.testing.procs import (
+    descendants,
+    kill_and_wait,
+    pid_alive,
+    process_title,
+    resume,
+    sigkill,
+    stop,
+)
 from tpuslice.topology import SliceShape, slice_shape
 from tpuslice.tpu_lock import SIM_ROOT_ENV, TPUOwner, find_owner
 
@@ -66,6 +81,9 @@ FAST_FAILURE_DETECTION = {
     "health_check_failure_threshold": 3,
 }
 
+
+TERMINATE_ON_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
+MIGRATE_ON_MAINTENANCE = "MIGRATE_ON_HOST_MAINTENANCE"
 
 HEAD_ENV_DEFAULTS = {
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -195,11 +213,16 @@ class SimulatedHost:
         slice_name: The slice it belongs to.
         worker_id: Its TPU worker id.
         node: Its Ray node (``ray.cluster_utils`` node object).
+        metadata: Its metadata server.
     """
 
     slice_name: str
     worker_id: int
     node: Any = None
+    metadata: MetadataServer | None = None
+    """Its GCE metadata server (``GCE_METADATA_HOST`` on the host points at it)."""
+    hung: list[int] = field(default_factory=list)
+    """Pids :meth:`SimulatedCluster.hang_host` stopped."""
 
     @property
     def alive(self) -> bool:
@@ -373,6 +396,8 @@ class SimulatedCluster:
         if ray.is_initialized() and (self._connected or _driver_on(cluster)):
             ray.shutdown()
         self._connected = False
+        for sim_slice in self.slices.values():
+            _close_metadata(sim_slice)
         self.slices.clear()
         if cluster is None:
             return
@@ -471,18 +496,161 @@ class SimulatedCluster:
         self._cluster.remove_node(host.node, allow_graceful=False)
         host.node = None
 
-    def preempt_slice(self, slice_name: str) -> None:
-        """Every host of the slice dies at once, as in a TPU preemption.
+    def preempt_slice(
+        self, slice_name: str, notice_s: float = 30.0, *, wait: bool = True
+    ) -> threading.Thread | None:
+        """Preempt a slice as GCE does a Spot TPU: every host's ``instance/preempted``
+        turns ``TRUE`` (the notice), then after ``notice_s`` every host dies at once.
 
         Args:
             slice_name: The slice; hosts already dead are left as they are.
+            notice_s: Seconds of notice (GCE gives about 30; 0 for none).
+            wait: Block until the hosts are dead; else return at once, the hosts dying
+                in a background thread (join it to know they are).
+
+        Returns:
+            The background thread when ``wait`` is false, else ``None``.
 
         Raises:
-            SimulatorError: no such slice.
+            SimulatorError: no such slice, or ``notice_s`` is negative.
         """
-        for host in self._slice(slice_name).hosts:
-            if host.alive:
-                self.kill_host(slice_name, host.worker_id)
+        sim_slice = self._slice(slice_name)
+        _check_notice(notice_s)
+        if notice_s > 0:
+            for host in sim_slice.hosts:
+                if host.alive and host.metadata is not None:
+                    host.metadata.set(PREEMPTED, "TRUE")
+
+        def die() -> None:
+            time.sleep(notice_s)
+            for host in sim_slice.hosts:
+                if host.alive:
+                    self.kill_host(slice_name, host.worker_id)
+
+        return self._later(die, wait, f"preempt {slice_name}")
+
+    def schedule_maintenance(
+        self,
+        slice_name: str,
+        worker_id: int,
+        notice_s: float = 60.0,
+        *,
+        event: str = TERMINATE_ON_MAINTENANCE,
+        wait: bool = True,
+    ) -> threading.Thread | None:
+        """Host maintenance as GCE announces it: the host's ``instance/maintenance-event``
+        becomes ``event`` ``notice_s`` before; then a ``TERMINATE_ON_HOST_MAINTENANCE``
+        host dies, and a ``MIGRATE_ON_HOST_MAINTENANCE`` one lives on (the value goes
+        back to ``NONE``).
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+            notice_s: Seconds of notice (GCE gives 60).
+            event: ``TERMINATE_ON_HOST_MAINTENANCE`` or ``MIGRATE_ON_HOST_MAINTENANCE``.
+            wait: Block until the maintenance is over; else return a background thread.
+
+        Returns:
+            The background thread when ``wait`` is false, else ``None``.
+
+        Raises:
+            SimulatorError: no such host, it is dead, ``event`` is not one of the two, or
+                ``notice_s`` is negative.
+        """
+        host = self._host(slice_name, worker_id)
+        if event not in (TERMINATE_ON_MAINTENANCE, MIGRATE_ON_MAINTENANCE):
+            raise SimulatorError(
+                f"maintenance event {event!r} is not one GCE sends: use "
+                f"{TERMINATE_ON_MAINTENANCE} or {MIGRATE_ON_MAINTENANCE}"
+            )
+        _check_notice(notice_s)
+        if not host.alive or host.metadata is None:
+            raise SimulatorError(f"host {worker_id} of {slice_name} is dead")
+        server = host.metadata
+        server.set(MAINTENANCE_EVENT, event)
+
+        def maintain() -> None:
+            time.sleep(notice_s)
+            if event == TERMINATE_ON_MAINTENANCE and host.alive:
+                self.kill_host(slice_name, worker_id)
+            else:
+                server.set(MAINTENANCE_EVENT, "NONE")
+
+        return self._later(maintain, wait, f"maintain {slice_name}/{worker_id}")
+
+    def hang_host(self, slice_name: str, worker_id: int) -> list[int]:
+        """Freeze the host's running work, like a collective stuck on a lost peer: every
+        worker process running a task or actor of the user's is stopped (SIGSTOP). The
+        host stays alive for Ray (its raylet runs, its TPU agent answers).
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+
+        Returns:
+            The pids stopped (:meth:`resume_host` continues them; killing them works).
+
+        Raises:
+            SimulatorError: no such host, or it is dead.
+        """
+        host = self._host(slice_name, worker_id)
+        if not host.alive:
+            raise SimulatorError(f"host {worker_id} of {slice_name} is dead")
+        stopped = []
+        for pid in sorted(descendants(_ray.node_process_pids(host.node))):
+            if _is_user_work(pid):
+                stop(pid)
+                stopped.append(pid)
+        host.hung = stopped
+        return stopped
+
+    def resume_host(self, slice_name: str, worker_id: int) -> None:
+        """Continue the processes :meth:`hang_host` stopped.
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+
+        Raises:
+            SimulatorError: no such host.
+        """
+        host = self._host(slice_name, worker_id)
+        for pid in host.hung:
+            resume(pid)
+        host.hung = []
+
+    def metadata_server(self, slice_name: str, worker_id: int) -> MetadataServer:
+        """A host's GCE metadata server (to read or set its values).
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+
+        Returns:
+            The server.
+
+        Raises:
+            SimulatorError: no such host.
+        """
+        server = self._host(slice_name, worker_id).metadata
+        if server is None:
+            raise SimulatorError(f"host {worker_id} of {slice_name} has no metadata server")
+        return server
+
+    def _later(self, action: Callable[[], None], wait: bool, what: str) -> threading.Thread | None:
+        if wait:
+            action()
+            return None
+
+        def run() -> None:
+            try:
+                action()
+            except Exception:  # the cluster may have been shut down meanwhile
+                logger.exception("simulated %s failed", what)
+
+        thread = threading.Thread(target=run, name=f"simulated {what}", daemon=True)
+        thread.start()
+        return thread
 
     def restore_slice(self, slice_name: str) -> None:
         """Bring every dead host of the slice back (new Ray nodes, same labels).
@@ -496,6 +664,9 @@ class SimulatedCluster:
         sim_slice = self._slice(slice_name)
         for host in sim_slice.hosts:
             if not host.alive:
+                if host.metadata is not None:  # a new VM: no notice stands
+                    host.metadata.set(PREEMPTED, "FALSE")
+                    host.metadata.set(MAINTENANCE_EVENT, "NONE")
                 host.node = self._start_host(sim_slice, host.worker_id)
         self._wait_for_alive_nodes()
 
@@ -508,8 +679,8 @@ class SimulatedCluster:
         Raises:
             SimulatorError: no such slice.
         """
-        self.preempt_slice(slice_name)
-        del self.slices[slice_name]
+        self.preempt_slice(slice_name, notice_s=0)
+        _close_metadata(self.slices.pop(slice_name))
 
     def host_root(self, slice_name: str, worker_id: int) -> Path:
         """The simulated host's own root: its ``dev/accel*`` and its ``tmp/`` (where
@@ -622,8 +793,10 @@ class SimulatedCluster:
         sim_slice.physical = physical_layout(shape, name, layout_seed)
         self.slices[name] = sim_slice
         for worker_id in range(shape.num_hosts):
-            node = self._start_host(sim_slice, worker_id)
-            sim_slice.hosts.append(SimulatedHost(name, worker_id, node))
+            values = host_values(name, worker_id, shape.pod_type, shape.topology)
+            host = SimulatedHost(name, worker_id, metadata=MetadataServer(values).start())
+            sim_slice.hosts.append(host)
+            host.node = self._start_host(sim_slice, worker_id)
         return name
 
     def _start_host(self, sim_slice: SimulatedSlice, worker_id: int) -> Any:
@@ -632,10 +805,12 @@ class SimulatedCluster:
         self._progress(f"starting {name} host {worker_id + 1}/{shape.num_hosts}")
         root = self._host_dir(name, worker_id)
         paths = [str(SIM_SITE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        server = sim_slice.hosts[worker_id].metadata
         env = {
             **host_env(shape, name, worker_id),
             SIM_ROOT_ENV: str(root),
             "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+            **({METADATA_HOST_ENV: server.host} if server is not None else {}),
         }
         try:
             # Ray resolves a node's TPU resources in this process, from the environment
@@ -711,6 +886,29 @@ class SimulatedCluster:
 SIM_SITE = Path(__file__).parent / "sim_site"
 """Stand-ins for what simulated hosts import from a TPU VM (libtpu.sdk), put on their
 ``PYTHONPATH``."""
+
+
+def _close_metadata(sim_slice: SimulatedSlice) -> None:
+    for host in sim_slice.hosts:
+        if host.metadata is not None:
+            host.metadata.close()
+            host.metadata = None
+
+
+def _check_notice(notice_s: float) -> None:
+    if not notice_s >= 0:
+        raise SimulatorError(f"notice_s must be seconds >= 0, got {notice_s!r}")
+
+
+USER_WORK_EXCLUDED = ("ray::IDLE", "ray::HostAgent", "ray::SliceQueueActor")
+"""Worker process titles :meth:`SimulatedCluster.hang_host` leaves running: idle workers
+and tpuslice's own actors (a stuck collective does not stop those)."""
+
+
+def _is_user_work(pid: int) -> bool:
+    """Whether a process is a Ray worker running a user's task or actor."""
+    title = process_title(pid)
+    return title.startswith("ray::") and not title.startswith(USER_WORK_EXCLUDED)
 
 
 def physical_layout(shape: SliceShape, name: str, seed: int | None) -> dict[int, int]:

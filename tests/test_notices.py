@@ -1,0 +1,133 @@
+"""Notices from a host's metadata (tpuslice.notices): what counts as one, and the watch
+loop, against a scripted long-poll and against the simulator's metadata server. No Ray."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from clusterutil import wait_for
+from tpuslice.metadata import Watched, metadata_root, watch
+from tpuslice.notices import (
+    MAINTENANCE_PATH,
+    PREEMPTED_PATH,
+    Notice,
+    notice_of,
+    watch_value,
+)
+from tpuslice.testing.metadata_server import MetadataServer, host_values
+
+
+def make(kind: str, event: str, since: float) -> Notice:
+    deadline = since + (30.0 if kind == "preemption" else 60.0)
+    return Notice(kind, event, since, deadline, "n1", "v4-16-a", 1)
+
+
+def test_what_counts_as_a_notice() -> None:
+    assert notice_of(PREEMPTED_PATH, "TRUE") == ("preemption", 30.0)
+    assert notice_of(PREEMPTED_PATH, "FALSE") is None
+    assert notice_of(MAINTENANCE_PATH, "NONE") is None
+    assert notice_of(MAINTENANCE_PATH, "TERMINATE_ON_HOST_MAINTENANCE") == ("maintenance", 60.0)
+    assert notice_of(MAINTENANCE_PATH, None) is None
+
+
+def test_a_notice_says_what_where_and_how_long_is_left() -> None:
+    notice = make("preemption", "TRUE", 100.0)
+    assert notice.state == "PREEMPTING"
+    assert notice.left(110.0) == 20.0 and notice.left(500.0) == 0.0
+    assert notice.describe(106.0) == (
+        "preemption notice on v4-16-a host 1 (instance/preempted=TRUE), 24 s left"
+    )
+    assert Notice.from_json(notice.to_json()) == notice
+    with pytest.raises(ValueError, match="not a notice"):
+        Notice.from_json(b'{"kind": "preemption"}')
+
+
+class Script:
+    """A long-poll that answers from a list, then ends the watch."""
+
+    def __init__(self, answers: list[Watched], stop: threading.Event) -> None:
+        self.answers = answers
+        self.asked: list[str] = []
+        self.stop = stop
+
+    def __call__(self, path: str, etag: str, timeout: float) -> Watched:
+        self.asked.append(etag)
+        answer = self.answers.pop(0)
+        if not self.answers:
+            self.stop.set()
+        return answer
+
+
+def run(answers: list[Watched]) -> tuple[list[Notice | None], Script]:
+    stop = threading.Event()
+    script = Script(answers, stop)
+    seen: list[Notice | None] = []
+    watch_value(
+        PREEMPTED_PATH,
+        lambda path, notice: seen.append(notice),
+        stop,
+        describe=lambda kind, event, since: make(kind, event, since),
+        poll=script,
+        clock=lambda: 100.0,
+    )
+    return seen, script
+
+
+def test_each_change_is_recorded_once_and_each_request_names_the_last_version() -> None:
+    seen, script = run(
+        [
+            Watched("FALSE", "e1", True),
+            Watched("FALSE", "e1", True),  # held until the timeout: unchanged
+            Watched("TRUE", "e2", True),
+            Watched("TRUE", "e2", True),
+        ]
+    )
+    assert seen == [None, make("preemption", "TRUE", 100.0)]
+    assert script.asked == ["", "e1", "e1", "e2"]
+
+
+def test_no_metadata_server_ends_the_watch_at_once() -> None:
+    seen, script = run([Watched(None, "", False), Watched("TRUE", "e2", True)])
+    assert seen == [] and script.asked == [""]
+
+
+@pytest.fixture
+def server() -> Iterator[MetadataServer]:
+    running = MetadataServer(host_values("v4-16-a", 1, "v4-16", "2x2x2")).start()
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def test_the_watch_follows_the_simulators_server_without_busy_polling(
+    server: MetadataServer,
+) -> None:
+    root = metadata_root({"GCE_METADATA_HOST": server.host})
+    stop = threading.Event()
+    seen: list[Notice | None] = []
+    calls: list[str] = []
+
+    def poll(path: str, etag: str, timeout: float) -> Watched:
+        calls.append(etag)
+        return watch(path, etag, timeout, root=root)
+
+    thread = threading.Thread(
+        target=watch_value,
+        args=(PREEMPTED_PATH, lambda path, notice: seen.append(notice), stop),
+        kwargs={"describe": lambda kind, event, since: make(kind, event, since), "poll": poll},
+        daemon=True,
+    )
+    thread.start()
+    wait_for(lambda: server.held() == 1, 10, "the watch to be held by the server")
+    server.set(PREEMPTED_PATH, "TRUE")
+    wait_for(lambda: len(seen) == 2, 10, "the notice")
+    assert seen[0] is None and seen[1] is not None and seen[1].kind == "preemption"
+    stop.set()
+    server.close()  # answers the held request; the loop sees stop
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(calls) <= 4  # one request per change (and the first), not a busy loop

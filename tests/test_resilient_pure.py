@@ -30,6 +30,7 @@ from tpuslice.resilient import (
 )
 
 PREEMPTION, FAILURE = Outcome.PREEMPTION, Outcome.FAILURE
+HOST_FAILURE, HANG = Outcome.HOST_FAILURE, Outcome.HANG
 
 
 def task_error(cause: BaseException) -> rex.RayTaskError:
@@ -71,8 +72,8 @@ USER_FAILURE = {
 
 
 @pytest.mark.parametrize("name", sorted(HOST_LOSS))
-def test_host_loss_is_preemption(name: str) -> None:
-    assert classify(HOST_LOSS[name]) is PREEMPTION
+def test_host_loss_is_a_host_failure_until_evidence_says_preemption(name: str) -> None:
+    assert classify(HOST_LOSS[name]) is HOST_FAILURE
 
 
 @pytest.mark.parametrize("name", sorted(USER_FAILURE))
@@ -81,12 +82,12 @@ def test_user_and_unknown_errors_are_failures(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(HOST_LOSS))
-def test_host_loss_seen_by_user_code_is_still_preemption(name: str) -> None:
+def test_host_loss_seen_by_user_code_is_still_host_loss(name: str) -> None:
     """User code that ray.get()s a lost object re-raises a system error: Ray wraps it in a
     RayTaskError, whose cause decides; twice wrapped (nested tasks) as well."""
     wrapped = task_error(HOST_LOSS[name])
-    assert classify(wrapped) is PREEMPTION
-    assert classify(task_error(wrapped)) is PREEMPTION
+    assert classify(wrapped) is HOST_FAILURE
+    assert classify(task_error(wrapped)) is HOST_FAILURE
 
 
 def test_nested_user_error_stays_a_failure() -> None:
@@ -96,7 +97,7 @@ def test_nested_user_error_stays_a_failure() -> None:
 def test_classify_ignores_message_text() -> None:
     """Text that a text-searching classifier would call a preemption is not one."""
     assert classify(task_error(RuntimeError("NodeDiedError: node preempted"))) is FAILURE
-    assert classify(rex.NodeDiedError("user error")) is PREEMPTION
+    assert classify(rex.NodeDiedError("user error")) is HOST_FAILURE
 
 
 def test_summarize_unwraps_task_errors_to_type_and_first_line() -> None:
@@ -119,6 +120,19 @@ def test_each_outcome_uses_its_own_budget() -> None:
     assert not policy.decide(FAILURE, {FAILURE: 3}).retry
     assert policy.decide(PREEMPTION, {PREEMPTION: 1, FAILURE: 2}).retry
     assert not policy.decide(PREEMPTION, {PREEMPTION: 2, FAILURE: 1}).retry
+
+
+def test_host_failure_and_hang_budgets_default_to_the_preemption_budget() -> None:
+    """Host loss was one budget before it could be told from preemption: left unset,
+    host failures (and hangs) get the preemption budget; set, their own."""
+    default = RetryPolicy(max_retries_preemption=2)
+    assert [default.budget(o) for o in (PREEMPTION, HOST_FAILURE, HANG)] == [2, 2, 2]
+    own = RetryPolicy(max_retries_preemption=2, max_retries_host_failure=0, max_retries_hang=5)
+    assert [own.budget(o) for o in (PREEMPTION, HOST_FAILURE, HANG)] == [2, 0, 5]
+    assert not own.decide(HOST_FAILURE, {HOST_FAILURE: 1}).retry
+    assert own.decide(HANG, {HANG: 5, PREEMPTION: 2}).retry
+    hang_follows = RetryPolicy(max_retries_preemption=2, max_retries_host_failure=1)
+    assert hang_follows.budget(HANG) == 1
 
 
 def test_default_policy_retries_host_loss_three_times_and_user_errors_never() -> None:
@@ -159,6 +173,8 @@ def test_backoff_doubles_from_first_to_cap_over_all_retries() -> None:
         {"max_retries_preemption": True},
         {"backoff_s": (2.0, 1.0)},
         {"backoff_s": (-0.1, 1.0)},
+        {"max_retries_host_failure": -1},
+        {"max_retries_hang": 0.5},
     ],
 )
 def test_bad_budgets_are_rejected_as_value_errors(kwargs: dict[str, object]) -> None:
@@ -258,13 +274,24 @@ class FakeReserver:
         return FakeSlices(f"s{self.count}", self.log)
 
 
+class NoWatch:
+    """An attempt's watch that never sees anything."""
+
+    def close(self) -> None:
+        pass
+
+
+def no_watch(config: object, spg: object, notice_event: object) -> NoWatch:
+    return NoWatch()
+
+
 def scripted_body(
     outcomes: list[Exception | None], log: list[str]
-) -> Callable[[FakeSlices], list[str]]:
+) -> Callable[[FakeSlices, object], list[str]]:
     """An attempt body that fails with each exception in turn (None: succeeds)."""
     script = iter(outcomes)
 
-    def body(spg: FakeSlices) -> list[str]:
+    def body(spg: FakeSlices, watch: object) -> list[str]:
         log.append(f"run {spg.slice_names[0]}")
         error = next(script)
         if error is None:
@@ -285,6 +312,7 @@ def test_loop_retries_per_budget_and_releases_before_each_retry() -> None:
         events.append,
         Clock(sleep=lambda s: log.append(f"sleep {s}")),
         reserve=FakeReserver(log).reserve,  # type: ignore[arg-type]
+        make_watch=no_watch,  # type: ignore[arg-type]
     )
     assert run.until_done() == ["r0", "r1"]
     assert log == [
@@ -294,7 +322,7 @@ def test_loop_retries_per_budget_and_releases_before_each_retry() -> None:
     ]  # fmt: skip
     assert [(e.kind, e.outcome) for e in events] == [
         ("started", None),
-        ("failed", PREEMPTION),
+        ("failed", HOST_FAILURE),
         ("started", None),
         ("failed", FAILURE),
         ("started", None),
@@ -312,11 +340,12 @@ def test_loop_gives_up_with_history_and_the_last_task_error_chained() -> None:
         RetryPolicy(max_retries_failure=0, max_retries_preemption=5),
         clock=Clock(sleep=lambda s: None),
         reserve=FakeReserver(log).reserve,  # type: ignore[arg-type]
+        make_watch=no_watch,  # type: ignore[arg-type]
     )
     with pytest.raises(RetriesExhaustedError, match="failure budget of 0 retries") as info:
         run.until_done()
     assert [(r.attempt, r.outcome, r.slice_names) for r in info.value.history] == [
-        (1, PREEMPTION, ("s1",)),
+        (1, HOST_FAILURE, ("s1",)),
         (2, FAILURE, ("s2",)),
     ]
     assert info.value.__cause__ is last
@@ -333,6 +362,7 @@ def test_a_reservation_that_times_out_ends_the_run_with_its_own_error() -> None:
         events.append,
         Clock(sleep=lambda s: None),
         reserve=FakeReserver(log, fail_on=2).reserve,  # type: ignore[arg-type]
+        make_watch=no_watch,  # type: ignore[arg-type]
     )
     with pytest.raises(ReservationTimeoutError, match="no v4-16"):
         run.until_done()

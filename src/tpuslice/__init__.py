@@ -55,6 +55,8 @@ _EXPORTS: dict[str, str] = {
     "TPUInUseError": "tpuslice.errors",
     "TPUSliceError": "tpuslice.errors",
     "init_jax_profiler": "tpuslice.jax",
+    "heartbeat": "tpuslice.heartbeat",
+    "Notice": "tpuslice.notices",
     "get_current_pod_name": "tpuslice.node",
     "get_current_pod_worker_count": "tpuslice.node",
     "get_num_tpu_chips_on_node": "tpuslice.node",
@@ -124,6 +126,7 @@ if TYPE_CHECKING:
         TPUInUseError,
         TPUSliceError,
     )
+    from tpuslice.heartbeat import heartbeat
     from tpuslice.jax import (
         init_jax_profiler,
     )
@@ -132,6 +135,7 @@ if TYPE_CHECKING:
         get_current_pod_worker_count,
         get_num_tpu_chips_on_node,
     )
+    from tpuslice.notices import Notice
     from tpuslice.reserve import (
         SlicePlacementGroup,
         reserve_tpu_slice,
@@ -199,6 +203,7 @@ __all__ = [
     "InvalidTopologyError",
     "NoSubsliceParentError",
     "NotConnectedError",
+    "Notice",
     "Outcome",
     "ReservationTimeoutError",
     "RetriesExhaustedError",
@@ -230,6 +235,7 @@ __all__ = [
     "get_tpu_slice_name_from_node",
     "get_tpu_version_from_type",
     "get_tpu_worker_resources",
+    "heartbeat",
     "infer_tpu_pod_type_from_topology",
     "init_jax_profiler",
     "parse_pod_type",

@@ -78,6 +78,13 @@ def node_logs_dir(node: Any) -> str | None:
     return str(getter()) if getter else None
 
 
+def kv_errors() -> tuple[type[BaseException], ...]:
+    """What a KV call raises when the GCS cannot be reached or Ray is shutting down."""
+    import ray
+
+    return (ray.exceptions.RayError, ConnectionError, OSError, RuntimeError)
+
+
 def kv_put(key: str, value: bytes, namespace: str | None) -> None:
     """Write Ray's internal key-value store. Public alternative: none."""
     from ray.experimental import internal_kv
@@ -107,11 +114,31 @@ def kv_get(key: str, namespace: str | None) -> bytes | None:
     return value
 
 
-def kv_delete(key: str, namespace: str | None) -> None:
+def kv_delete(key: str, namespace: str | None, *, prefix: bool = False) -> None:
+    """Delete a key of Ray's internal KV store (every key starting with ``key`` if
+    ``prefix``); nothing when Ray is not connected. Public alternative: none."""
     from ray.experimental import internal_kv
 
     if internal_kv._internal_kv_initialized():
-        internal_kv._internal_kv_del(key, namespace=namespace)
+        internal_kv._internal_kv_del(key, del_by_prefix=prefix, namespace=namespace)
+
+
+def kv_get_many(keys: list[str], namespace: str | None) -> dict[str, bytes]:
+    """Read several keys of Ray's internal KV store in one GCS call; absent keys are
+    left out; empty when Ray is not connected. Public alternative: none."""
+    from ray._private import worker
+    from ray.experimental import internal_kv
+
+    if not keys or not internal_kv._internal_kv_initialized():
+        return {}
+    client = worker.global_worker.gcs_client
+    ns = namespace.encode() if namespace is not None else None
+    found = client.internal_kv_multi_get([k.encode() for k in keys], ns, timeout=10)
+    return {
+        (k.decode() if isinstance(k, bytes) else str(k)): v
+        for k, v in found.items()
+        if v is not None
+    }
 
 
 def dashboard_kv_namespace() -> str:

@@ -433,6 +433,31 @@ def recorded_notes() -> tuple[dict[str, TPUOwner], dict[str, Notice]]:
     return owners, notices
 
 
+def notices_for(node_ids: Sequence[str]) -> dict[str, Notice]:
+    """The notices the agents recorded for these nodes (one listing, and one read of
+    those that have one).
+
+    Args:
+        node_ids: Ray node ids.
+
+    Returns:
+        Per node with a notice standing, the notice; empty when Ray is not connected.
+    """
+    wanted = set(node_ids)
+    keys = [
+        key
+        for key in _ray.kv_list(NOTICE_KEY_PREFIX, NAMESPACE)
+        if key.removeprefix(NOTICE_KEY_PREFIX) in wanted
+    ]
+    found: dict[str, Notice] = {}
+    for key, raw in _ray.kv_get_many(keys, NAMESPACE).items():
+        try:
+            found[key.removeprefix(NOTICE_KEY_PREFIX)] = Notice.from_json(raw)
+        except ValueError as exc:
+            logger.debug("ignoring unreadable notice %s: %s", key, exc)
+    return found
+
+
 def describe_errors(results: Mapping[str, TPUOwner | Exception | None]) -> list[str]:
     """One line per node whose agent could not answer (for logs).
 

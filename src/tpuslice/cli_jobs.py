@@ -35,11 +35,13 @@ from tpuslice.resilient import (
     Outcome,
     ResilientRun,
     RetryPolicy,
+    judged,
 )
 from tpuslice.run import HostContext, current_host, run_on_slice
 from tpuslice.shell import HostResult, run_command, worst_exit_code
 from tpuslice.testing.checks import live_placement_groups
 from tpuslice.testing.simulated import SimulatedCluster, SliceSpec
+from tpuslice.watchdog import AttemptWatch
 
 console = Console()
 err_console = Console(stderr=True)
@@ -289,9 +291,9 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
     text = command[0] if len(command) == 1 else shlex.join(command)
     last: list[HostResult] = []
 
-    def attempt(spg: SlicePlacementGroup) -> list[HostResult]:
+    def attempt(spg: SlicePlacementGroup, watch: AttemptWatch) -> list[HostResult]:
         last[:] = run_command(spg, text, _print_line())
-        raise_if_broken(spg, last)
+        raise_if_broken(spg, last, watch)
         return last
 
     policy = RetryPolicy(max_retries_failure=retries, max_retries_preemption=retries)
@@ -307,19 +309,24 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
     return worst_exit_code(last)
 
 
-def raise_if_broken(spg: SlicePlacementGroup, results: list[HostResult]) -> None:
+def raise_if_broken(
+    spg: SlicePlacementGroup, results: list[HostResult], watch: AttemptWatch | None = None
+) -> None:
     """Turn a lost host or a non-zero exit code into the resilient loop's signal.
 
     Args:
         spg: The attempt's reservation.
         results: Every host's result.
+        watch: The attempt's watch, whose evidence tells a preemption from a host
+            failure.
 
     Raises:
         GangBrokenError: a host was lost, or a command exited non-zero.
     """
     for result in results:
         if result.exception is not None:
-            raise GangBrokenError.from_task(spg, result.context.rank, result.exception)
+            broken = GangBrokenError.from_task(spg, result.context.rank, result.exception)
+            raise broken if watch is None else judged(broken, watch)
     worst = worst_exit_code(results)
     if worst:
         ranks = [r.context.rank for r in results if r.exit_code]

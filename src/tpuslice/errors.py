@@ -123,6 +123,7 @@ class AttemptRecord:
         outcome: How it ended: a :class:`tpuslice.Outcome` value (``"preemption"``).
         cause: What ended it, in one line.
         duration_s: Seconds from its start to its end.
+        evidence: What decided its outcome (a notice seen, none seen, silent hosts).
     """
 
     attempt: int
@@ -131,6 +132,7 @@ class AttemptRecord:
     outcome: str
     cause: str
     duration_s: float
+    evidence: str = ""
 
 
 class RetriesExhaustedError(TPUSliceError, RuntimeError):

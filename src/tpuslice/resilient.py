@@ -2,8 +2,12 @@
 
 An SPMD gang cannot go on with a missing host, so every attempt reserves whole idle slices,
 runs ``fn`` on every host, and either returns all results or ends at the first failed task.
-One loop (:func:`run_resilient`), one policy (:class:`RetryPolicy`, two budgets), one
-boundary that maps exceptions to outcomes (:func:`classify`, by type, never message text).
+One loop (:func:`run_resilient`), one policy (:class:`RetryPolicy`, a budget per outcome),
+one boundary that maps exceptions to outcomes (:func:`classify`, by type, never message
+text), refined by evidence (:mod:`tpuslice.watchdog`): a lost host whose slice had a
+preemption or maintenance notice is a preemption, one lost without notice a host failure.
+While the gang runs, a notice on one of its hosts makes the run call ``on_notice`` and
+leave before the hosts go, and silent heartbeats make it a hang.
 Each attempt's reservation is shut down (the rest of its gang cancelled) before the next.
 Other runners (the CLI's shell commands) reuse the same loop with their own attempt body:
 ``ResilientRun(body, SliceRequest(...), RetryPolicy(...)).until_done()``.
@@ -43,9 +47,11 @@ from tpuslice.errors import (
     RetriesExhaustedError,
     first_line,
 )
+from tpuslice.notices import Notice
 from tpuslice.request import SliceRequest
 from tpuslice.reserve import SlicePlacementGroup
 from tpuslice.run import check_run_args, host_contexts, launch
+from tpuslice.watchdog import AttemptWatch, Broken, WatchConfig
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +65,14 @@ class Outcome(str, enum.Enum):
     """How a failed attempt ended; it decides which retry budget the attempt uses."""
 
     PREEMPTION = "preemption"
-    """A host was lost: VM died or was preempted, a worker or actor crashed."""
+    """A host was preempted or taken for maintenance: its slice had a notice (the run
+    left before the hosts went, or a host was lost after the notice)."""
     FAILURE = "failure"
     """The user's code raised, or something we do not recognise went wrong."""
+    HOST_FAILURE = "host_failure"
+    """A host was lost with no notice: the VM died, a worker crashed or was OOM-killed."""
+    HANG = "hang"
+    """Hosts stopped making progress (heartbeats), or never started (start-up timeout)."""
 
 
 HOST_LOSS: tuple[type[BaseException], ...] = (
@@ -89,7 +100,9 @@ def classify(exc: BaseException) -> Outcome:
         exc: The exception a task's ref raised.
 
     Returns:
-        :attr:`Outcome.PREEMPTION` for a lost host, else :attr:`Outcome.FAILURE`.
+        :attr:`Outcome.HOST_FAILURE` for a lost host (evidence of a notice makes it a
+        preemption, see :class:`~tpuslice.watchdog.AttemptWatch`), else
+        :attr:`Outcome.FAILURE`.
     """
     if isinstance(exc, RayTaskError):
         cause = getattr(exc, "cause", None)
@@ -99,7 +112,7 @@ def classify(exc: BaseException) -> Outcome:
     if isinstance(exc, RayActorError) and exc.actor_init_failed:
         return Outcome.FAILURE
     if isinstance(exc, HOST_LOSS) and not isinstance(exc, NOT_HOST_LOSS):
-        return Outcome.PREEMPTION
+        return Outcome.HOST_FAILURE
     return Outcome.FAILURE
 
 
@@ -138,18 +151,30 @@ class Decision:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Two budgets, counted separately: host loss and user failure. Pure.
+    """A budget per outcome, counted separately. Pure.
 
-    ``backoff_s`` is the pause before the first retry and its cap; it doubles per retry.
+    ``max_retries_host_failure`` defaults to ``max_retries_preemption`` (host loss was one
+    budget before it could be told from preemption); ``max_retries_hang`` defaults to the
+    host-failure budget. ``backoff_s`` is the pause before the first retry and its cap;
+    it doubles per retry.
     """
 
     max_retries_failure: int = 0
     max_retries_preemption: int = 3
     backoff_s: tuple[float, float] = (0.2, 5.0)
+    max_retries_host_failure: int | None = None
+    max_retries_hang: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_retries_failure", "max_retries_preemption"):
+        for name in (
+            "max_retries_failure",
+            "max_retries_preemption",
+            "max_retries_host_failure",
+            "max_retries_hang",
+        ):
             value = getattr(self, name)
+            if value is None and name in ("max_retries_host_failure", "max_retries_hang"):
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
         first, cap = self.backoff_s
@@ -165,10 +190,19 @@ class RetryPolicy:
             outcome: How an attempt failed.
 
         Returns:
-            ``max_retries_preemption`` or ``max_retries_failure``.
+            That outcome's budget (see the class docstring for the defaults).
         """
+        host_failure = (
+            self.max_retries_preemption
+            if self.max_retries_host_failure is None
+            else self.max_retries_host_failure
+        )
         if outcome is Outcome.PREEMPTION:
             return self.max_retries_preemption
+        if outcome is Outcome.HOST_FAILURE:
+            return host_failure
+        if outcome is Outcome.HANG:
+            return host_failure if self.max_retries_hang is None else self.max_retries_hang
         return self.max_retries_failure
 
     def decide(self, outcome: Outcome, failures: Mapping[Outcome, int]) -> Decision:
@@ -194,12 +228,26 @@ class RetryPolicy:
 
 # --- events -------------------------------------------------------------------------------
 
-EventKind = Literal["started", "failed", "succeeded", "giving_up"]
+EventKind = Literal["started", "notice", "failed", "succeeded", "giving_up"]
 
 
 @dataclass(frozen=True)
 class AttemptEvent:
-    """One step of a resilient run, passed to ``on_event`` as it happens."""
+    """One step of a resilient run, passed to ``on_event`` (and a ``notice`` also to
+    ``on_notice``) as it happens.
+
+    Attributes:
+        kind: ``started``, ``notice`` (a host of the attempt was warned), ``failed``,
+            ``succeeded`` or ``giving_up``.
+        attempt: The attempt's number, from 1.
+        slice_names: Its slices.
+        outcome: How it failed (``failed``, ``giving_up``).
+        cause: What happened, in one line.
+        next_action: What the run does next.
+        duration_s: Seconds since the attempt started (``failed``, ``succeeded``).
+        evidence: What decided the outcome (the notice seen, none seen, silent hosts).
+        notice: The notice (``notice`` events).
+    """
 
     kind: EventKind
     attempt: int
@@ -208,6 +256,8 @@ class AttemptEvent:
     cause: str = ""
     next_action: str = ""
     duration_s: float = 0.0
+    evidence: str = ""
+    notice: Notice | None = None
 
     def describe(self) -> str:
         """One log line: ``attempt 2 on v4-16-b: failed after 3.1 s: preemption (...); ...``.
@@ -223,6 +273,10 @@ class AttemptEvent:
             text += f": {self.outcome.value} ({self.cause}); next: {self.next_action}"
         elif self.cause:
             text += f": {self.cause}"
+            if self.next_action:
+                text += f"; next: {self.next_action}"
+        if self.evidence and self.kind == "failed":
+            text += f" [evidence: {self.evidence}]"
         return text
 
 
@@ -233,13 +287,15 @@ EventCallback = Callable[[AttemptEvent], None]
 
 
 class GangBrokenError(Exception):
-    """Raised by an attempt body when the gang failed: the outcome and a one-line cause.
-    Chain the task's exception (``raise ... from exc``); the final error keeps it."""
+    """Raised by an attempt body when the gang failed: the outcome, a one-line cause and
+    the evidence for the outcome. Chain the task's exception (``raise ... from exc``);
+    the final error keeps it."""
 
-    def __init__(self, outcome: Outcome, cause: str) -> None:
+    def __init__(self, outcome: Outcome, cause: str, evidence: str = "") -> None:
         super().__init__(cause)
         self.outcome = outcome
         self.cause = cause
+        self.evidence = evidence
 
     @classmethod
     def from_task(cls, spg: SlicePlacementGroup, rank: int, exc: BaseException) -> GangBrokenError:
@@ -258,9 +314,62 @@ class GangBrokenError(Exception):
         return cls(classify(exc), f"{where}: {summarize(exc)}")
 
 
-AttemptBody = Callable[[SlicePlacementGroup], list[Any]]
-"""One attempt on a held reservation: the results in rank order, or
-:class:`GangBrokenError` at the first failed task. :func:`run_function` is the usual one."""
+AttemptBody = Callable[[SlicePlacementGroup, AttemptWatch], list[Any]]
+"""One attempt on a held reservation, watched: the results in rank order, or
+:class:`GangBrokenError` at the first failed task (a body calls ``watch.check()`` while it
+waits, and passes a lost host through :func:`judged`). :func:`run_function` is the usual
+one."""
+
+
+def watch_gang(
+    config: WatchConfig, spg: SlicePlacementGroup, notice_event: Callable[[Notice], object]
+) -> AttemptWatch:
+    """The watch of a gang on ``spg``'s hosts, reading Ray's KV store.
+
+    Args:
+        config: What to watch for.
+        spg: The attempt's reservation.
+        notice_event: Emits the run's ``notice`` event.
+
+    Returns:
+        The watch.
+    """
+    hosts = [f"{c.slice_name} host {c.worker_id}" for c in host_contexts(spg)]
+    return AttemptWatch(config, spg.rank_nodes(), hosts, notice_event)
+
+
+def judged(broken: GangBrokenError, watch: AttemptWatch) -> GangBrokenError:
+    """A lost host's outcome, decided by the evidence: a preemption if a host of the
+    attempt had a notice, else a host failure. Other outcomes pass unchanged.
+
+    Args:
+        broken: What the failed task made of it (:meth:`GangBrokenError.from_task`).
+        watch: The attempt's watch.
+
+    Returns:
+        The error to raise, with its evidence.
+    """
+    if broken.outcome is not Outcome.HOST_FAILURE:
+        return broken
+    preempted, evidence = watch.judge_host_loss()
+    outcome = Outcome.PREEMPTION if preempted else Outcome.HOST_FAILURE
+    return GangBrokenError(outcome, broken.cause, evidence)
+
+
+def watched(watch: AttemptWatch) -> None:
+    """Check the gang's watch; a notice or a hang becomes the loop's signal.
+
+    Args:
+        watch: The attempt's watch.
+
+    Raises:
+        GangBrokenError: a preemption (notice) or a hang.
+    """
+    try:
+        watch.check()
+    except Broken as stop:
+        outcome = Outcome.PREEMPTION if stop.kind == "notice" else Outcome.HANG
+        raise GangBrokenError(outcome, stop.cause, stop.evidence) from None
 
 
 @dataclass
@@ -277,6 +386,12 @@ class ResilientRun:
     """The exception that ended the latest failed attempt (chained to the final error)."""
     reserve: Callable[[SliceRequest], SlicePlacementGroup] = SlicePlacementGroup.from_request
     """How each attempt reserves its slices (a seam for tests)."""
+    watching: WatchConfig = field(default_factory=WatchConfig)
+    """What each attempt's gang is watched for (notices always; heartbeats if set)."""
+    make_watch: Callable[
+        [WatchConfig, SlicePlacementGroup, Callable[[Notice], object]], AttemptWatch
+    ] = watch_gang
+    """How each attempt's watch is made (a seam for tests)."""
 
     def until_done(self) -> list[Any]:
         """The one retry loop: attempt, and on failure ask the policy whether to go on.
@@ -325,16 +440,54 @@ class ResilientRun:
         with self.reserve(self.request) as spg:
             names = tuple(spg.slice_names)
             self.emit(AttemptEvent("started", number, names))
+            watch = self.watch_for(spg, number, names, started)
             try:
-                results = self.body(spg)
+                results = self.body(spg, watch)
             except GangBrokenError as broken:
                 failed, self.last_error = broken, broken.__cause__
             else:
                 elapsed = self.clock.now() - started
                 self.emit(AttemptEvent("succeeded", number, names, duration_s=elapsed))
                 return results
+            finally:
+                watch.close()
         elapsed = self.clock.now() - started
-        return AttemptRecord(number, names, spg.num_hosts, failed.outcome, failed.cause, elapsed)
+        return AttemptRecord(
+            number, names, spg.num_hosts, failed.outcome, failed.cause, elapsed, failed.evidence
+        )
+
+    def watch_for(
+        self, spg: SlicePlacementGroup, number: int, names: tuple[str, ...], started: float
+    ) -> AttemptWatch:
+        """The watch of one attempt's gang: its hosts, and the ``notice`` event.
+
+        Args:
+            spg: The attempt's reservation.
+            number: The attempt's number.
+            names: Its slices.
+            started: When it started (the run's clock).
+
+        Returns:
+            The watch.
+        """
+
+        def notice_event(notice: Notice) -> AttemptEvent:
+            hook = "on_notice, then " if self.watching.on_notice is not None else ""
+            event = AttemptEvent(
+                "notice",
+                number,
+                names,
+                Outcome.PREEMPTION,
+                notice.describe(),
+                f"{hook}leave the slices and retry on others",
+                self.clock.now() - started,
+                evidence=f"{notice.event} on {notice.slice_name} host {notice.worker_id}",
+                notice=notice,
+            )
+            self.emit(event)
+            return event
+
+        return self.make_watch(self.watching, spg, notice_event)
 
     def report_failure(self, record: AttemptRecord, outcome: Outcome, decision: Decision) -> None:
         """Emit the ``failed`` event of an attempt, with what happens next.
@@ -358,6 +511,7 @@ class ResilientRun:
                 record.cause,
                 action,
                 record.duration_s,
+                evidence=record.evidence,
             )
         )
 
@@ -396,29 +550,35 @@ class ResilientRun:
 
 
 def run_function(
-    fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any], spg: SlicePlacementGroup
+    fn: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    spg: SlicePlacementGroup,
+    watch: AttemptWatch,
 ) -> list[Any]:
     """The attempt body of :func:`run_resilient`: start ``fn`` on every host and collect
-    the results as tasks finish.
+    the results as tasks finish, checking the watch while waiting.
 
     Args:
         fn: A ``@ray.remote`` function.
         args: Passed to every call.
         kwargs: Passed to every call.
         spg: The attempt's reservation.
+        watch: The attempt's watch (notices, heartbeats).
 
     Returns:
         The results, in rank order.
 
     Raises:
-        GangBrokenError: at the first task that fails (or a host dead at the start).
+        GangBrokenError: at the first task that fails (or a host dead at the start), a
+            notice on a host of the gang, or a hang.
     """
     # One call per attempt: plain tasks on warm workers (no owner processes to start);
     # the attempt's hand-back stops any of them that opened a TPU.
     if not spg.wait_ready(READY_BOUND_S):  # a host died between reserving and starting
         lost = HostLostError(f"a host of {', '.join(spg.slice_names)} died before the start")
-        raise GangBrokenError(Outcome.PREEMPTION, summarize(lost))
-    refs = launch(fn, spg, args, kwargs)
+        raise judged(GangBrokenError(Outcome.HOST_FAILURE, summarize(lost)), watch)
+    refs = launch(fn, spg, args, kwargs, rank_env=watch.rank_env)
     rank_of = {ref: rank for rank, ref in enumerate(refs)}
     results: dict[int, Any] = {}
     pending = list(refs)
@@ -428,7 +588,9 @@ def run_function(
             try:
                 results[rank_of[ref]] = ray.get(ref)
             except RayError as exc:
-                raise GangBrokenError.from_task(spg, rank_of[ref], exc) from exc
+                raise judged(GangBrokenError.from_task(spg, rank_of[ref], exc), watch) from exc
+        if pending:
+            watched(watch)
     return [results[rank] for rank in range(len(refs))]
 
 
@@ -445,12 +607,17 @@ def run_resilient(
     backoff_s: tuple[float, float] = (0.2, 5.0),
     on_event: EventCallback | None = None,
     priority: int = 0,
+    max_retries_host_failure: int | None = None,
+    max_retries_hang: int | None = None,
+    on_notice: EventCallback | None = None,
+    heartbeat_timeout_s: float | None = None,
+    startup_timeout_s: float | None = None,
     _clock: Clock | None = None,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn`` on every host of whole slices and return its results in rank order,
-    rerunning the whole gang from the start on fresh slices when a host is lost or the
-    code raises, within two separate budgets.
+    rerunning the whole gang from the start on fresh slices when a host is lost, warned
+    of preemption or maintenance, hangs, or the code raises, each within its budget.
 
     Args:
         fn: A ``@ray.remote`` function.
@@ -463,13 +630,25 @@ def run_resilient(
             next attempt that finds more.
         chips_per_vm: Chips per host, for shapes offered in more than one form.
         max_retries_failure: Reruns after the code raised.
-        max_retries_preemption: Reruns after a host was lost.
+        max_retries_preemption: Reruns after a preemption: a notice on a host of the
+            gang (the run leaves before the hosts go), or a host lost after one.
         head_reservation_timeout_s: Seconds each attempt waits for idle slices
             (``None``: no limit).
         backoff_s: ``(first, cap)`` pause before a retry; it doubles per retry.
         on_event: Called with each :class:`AttemptEvent` as it happens.
         priority: Place in the cluster-wide queue when slices are short, for every
             attempt: higher is served first, arrival order within a priority.
+        max_retries_host_failure: Reruns after a host was lost with no notice (VM died,
+            worker crashed or OOM-killed); ``None``: as ``max_retries_preemption``.
+        max_retries_hang: Reruns after a hang; ``None``: as the host-failure budget.
+        on_notice: Called with the ``notice`` event when a host of the gang is warned of
+            preemption or maintenance, while the hosts still live (to checkpoint); the
+            run waits for it until the notice's deadline less 2 s, then leaves.
+        heartbeat_timeout_s: With ``fn`` calling :func:`tpuslice.heartbeat` each step:
+            a rank silent this long after a beat is a hang (the gang is cancelled and
+            rerun). ``None``: not watched.
+        startup_timeout_s: A rank that has not beaten this long after the start is stuck
+            starting (a hang). ``None``: not watched.
         **kwargs: Passed to every call of ``fn``.
 
     Returns:
@@ -482,7 +661,14 @@ def run_resilient(
         ReservationTimeoutError: an attempt could not reserve its slices in time.
     """
     check_run_args(fn, None, None)
-    policy = RetryPolicy(max_retries_failure, max_retries_preemption, backoff_s)
+    policy = RetryPolicy(
+        max_retries_failure,
+        max_retries_preemption,
+        backoff_s,
+        max_retries_host_failure,
+        max_retries_hang,
+    )
+    watching = WatchConfig(heartbeat_timeout_s, startup_timeout_s, on_notice)
     request = SliceRequest(
         topology=topology,
         accelerator_version=accelerator_version,
@@ -492,4 +678,5 @@ def run_resilient(
         priority=priority,
     )
     body = functools.partial(run_function, fn, args, kwargs)
-    return ResilientRun(body, request, policy, on_event, _clock or Clock()).until_done()
+    run = ResilientRun(body, request, policy, on_event, _clock or Clock(), watching=watching)
+    return run.until_done()

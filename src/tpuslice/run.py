@@ -308,6 +308,8 @@ def launch(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     slice_index: int | None = None,
+    *,
+    rank_env: Callable[[int], Mapping[str, str]] | None = None,
 ) -> list[ray.ObjectRef]:
     """Start ``fn`` on every bundle of ``spg`` (or one slice of it), in rank order.
 
@@ -317,6 +319,7 @@ def launch(
         args: Positional arguments for every call.
         kwargs: Keyword arguments for every call.
         slice_index: Only that slice's hosts.
+        rank_env: More variables per rank, set around its call (a heartbeat key).
 
     Returns:
         One ref per rank, in rank order.
@@ -325,7 +328,10 @@ def launch(
     refs: list[Any] = []
     pids: list[tuple[int, ray.ObjectRef]] = []
     for context, options in placements(spg, slice_index):
-        out = wrapped.remote.options(**options).remote(call_env(spg, context), *args, **kwargs)
+        env = call_env(spg, context)
+        if rank_env is not None:
+            env = {**env, **rank_env(context.rank)}
+        out = wrapped.remote.options(**options).remote(env, *args, **kwargs)
         if wrapped.returns is None:
             refs.append(out)
             continue

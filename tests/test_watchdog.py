@@ -1,0 +1,289 @@
+"""What a running gang is watched for (tpuslice.watchdog), and how the resilient loop uses
+it: hangs from heartbeats, notices with the user's hook, evidence for a lost host. Pure:
+the KV readers are replaced and the clock is a counter."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from tpuslice.claim import Clock
+from tpuslice.errors import InvalidArgumentError
+from tpuslice.heartbeat import BEAT_ENV
+from tpuslice.notices import Notice
+from tpuslice.request import SliceRequest
+from tpuslice.resilient import (
+    AttemptEvent,
+    GangBrokenError,
+    Outcome,
+    ResilientRun,
+    RetryPolicy,
+    judged,
+    watched,
+)
+from tpuslice.watchdog import (
+    CHECK_S,
+    NOTICE_MARGIN_S,
+    AttemptWatch,
+    Broken,
+    WatchConfig,
+    find_hang,
+)
+
+# --- find_hang ----------------------------------------------------------------------------
+
+
+def test_no_hang_while_every_rank_beats_or_nothing_is_watched() -> None:
+    assert find_hang([99.0, 98.0], 100.0, 0.0, 5.0, None) is None
+    assert find_hang([10.0, None], 100.0, 0.0, None, None) is None
+
+
+def test_a_rank_silent_past_the_timeout_while_others_beat_is_a_hang() -> None:
+    hang = find_hang([99.0, 90.0, 98.5], 100.0, 0.0, 5.0, None)
+    assert hang is not None and hang.ranks == (1,) and not hang.startup
+    assert hang.reason == (
+        "1 rank(s) silent for up to 10.0 s (heartbeat_timeout_s=5) while 2 other(s) still beat"
+    )
+
+
+def test_every_rank_silent_is_a_hang_too() -> None:
+    """A collective stuck on one host blocks the others: all go silent together."""
+    hang = find_hang([80.0, 81.0], 100.0, 0.0, 5.0, None)
+    assert hang is not None and hang.ranks == (0, 1)
+    assert hang.reason.endswith("as did every other rank")
+
+
+def test_a_rank_that_never_beats_is_stuck_starting_only_after_the_startup_timeout() -> None:
+    assert find_hang([99.0, None], 100.0, 90.0, 5.0, 20.0) is None  # 10 s in: still starting
+    assert find_hang([99.0, None], 100.0, 90.0, 5.0, None) is None  # not watched
+    hang = find_hang([99.0, None], 100.0, 70.0, 5.0, 20.0)
+    assert hang is not None and hang.ranks == (1,) and hang.startup
+    assert "startup_timeout_s=20" in hang.reason
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("inf"), float("nan"), "5", True])
+def test_bad_timeouts_are_refused(value: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="heartbeat_timeout_s must be"):
+        WatchConfig(heartbeat_timeout_s=value)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="startup_timeout_s must be"):
+        WatchConfig(startup_timeout_s=value)  # type: ignore[arg-type]
+
+
+# --- AttemptWatch ---------------------------------------------------------------------------
+
+
+class World:
+    """The KV store as the watch reads it, and a clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.notices: dict[str, Notice] = {}
+        self.beats: dict[str, bytes] = {}
+        self.forgotten: list[str] = []
+        self.events: list[Notice] = []
+
+    def read_notices(self, nodes: Sequence[str]) -> Mapping[str, Notice]:
+        return {n: self.notices[n] for n in nodes if n in self.notices}
+
+    def read_beats(self, keys: Sequence[str]) -> Mapping[str, bytes]:
+        return {k: self.beats[k] for k in keys if k in self.beats}
+
+    def watch(self, config: WatchConfig) -> AttemptWatch:
+        def on_event(notice: Notice) -> str:
+            self.events.append(notice)
+            return f"event for {notice.slice_name}"
+
+        return AttemptWatch(
+            config,
+            ["n0", "n1"],
+            ["v4-16-a host 0", "v4-16-a host 1"],
+            on_event,
+            read_notices=self.read_notices,
+            read_beats=self.read_beats,
+            forget=self.forgotten.append,
+            clock=lambda: self.now,
+        )
+
+
+def notice(node: str = "n1", left: float = 30.0, now: float = 1000.0) -> Notice:
+    return Notice("preemption", "TRUE", now, now + left, node, "v4-16-a", 1)
+
+
+def test_heartbeat_keys_are_given_only_when_beats_are_watched() -> None:
+    world = World()
+    assert world.watch(WatchConfig()).rank_env(1) == {}
+    watch = world.watch(WatchConfig(heartbeat_timeout_s=5.0))
+    key = watch.rank_env(1)[BEAT_ENV]
+    assert key.startswith(watch.prefix) and key.endswith("/1")
+    watch.close()
+    assert world.forgotten == [watch.prefix]
+
+
+def test_a_silent_rank_breaks_the_gang_naming_its_host() -> None:
+    world = World()
+    watch = world.watch(WatchConfig(heartbeat_timeout_s=5.0))
+    beat = {r: watch.rank_env(r)[BEAT_ENV] for r in (0, 1)}
+    world.beats = {beat[0]: b"1000.0", beat[1]: b"1000.0"}
+    watch.check()  # both beat
+    world.now += 10
+    world.beats[beat[0]] = b"1009.5"
+    with pytest.raises(Broken) as info:
+        watch.check()
+    assert info.value.kind == "hang"
+    assert info.value.cause == "silent: rank 1 (v4-16-a host 1)"
+    assert "while 1 other(s) still beat" in info.value.evidence
+
+
+def test_checks_are_spaced_by_check_s() -> None:
+    world = World()
+    watch = world.watch(WatchConfig())
+    watch.check()
+    world.notices = {"n1": notice()}
+    world.now += CHECK_S / 2
+    watch.check()  # too soon to read again
+    world.now += CHECK_S
+    with pytest.raises(Broken):
+        watch.check()
+
+
+def test_a_notice_emits_the_event_runs_the_hook_then_leaves() -> None:
+    world = World()
+    hooked: list[object] = []
+    watch = world.watch(WatchConfig(on_notice=hooked.append))
+    world.notices = {"n1": notice()}
+    with pytest.raises(Broken) as info:
+        watch.check()
+    assert world.events == [notice()]
+    assert hooked == ["event for v4-16-a"]
+    assert info.value.kind == "notice" and "30 s left" in info.value.cause
+
+
+def test_a_slow_hook_is_left_at_the_deadline_less_the_margin() -> None:
+    world = World()
+    release = threading.Event()
+    watch = world.watch(WatchConfig(on_notice=lambda event: release.wait(60)))
+    world.notices = {"n0": notice("n0", left=NOTICE_MARGIN_S + 0.2)}
+    clock = Clock()
+    started = clock.now()
+    with pytest.raises(Broken):
+        watch.check()
+    waited = clock.now() - started
+    release.set()
+    assert 0.1 < waited < 5  # about 0.2 s, not the hook's 60
+
+
+def test_a_hook_that_raises_does_not_stop_the_run_from_leaving() -> None:
+    world = World()
+
+    def broken_hook(event: object) -> None:
+        raise RuntimeError("checkpoint failed")
+
+    watch = world.watch(WatchConfig(on_notice=broken_hook))
+    world.notices = {"n0": notice("n0")}
+    with pytest.raises(Broken, match="left before the hosts go"):
+        watch.check()
+
+
+def test_a_lost_host_is_a_preemption_only_with_a_notice() -> None:
+    world = World()
+    watch = world.watch(WatchConfig())
+    lost = GangBrokenError(Outcome.HOST_FAILURE, "rank 1 (v4-16-a host 1): NodeDiedError")
+    plain = judged(lost, watch)
+    assert plain.outcome is Outcome.HOST_FAILURE
+    assert plain.evidence == "no preemption or maintenance notice on any host of the attempt"
+    world.notices = {"n1": notice(left=30.0, now=990.0)}  # recorded before the host died
+    warned = judged(lost, watch)
+    assert warned.outcome is Outcome.PREEMPTION and warned.cause == lost.cause
+    assert warned.evidence.startswith("notice before the loss: preemption notice on v4-16-a")
+    user = GangBrokenError(Outcome.FAILURE, "ValueError: bad")
+    assert judged(user, watch) is user
+
+
+# --- the loop with a watch ------------------------------------------------------------------
+
+
+class FakeSlices:
+    def __init__(self, name: str) -> None:
+        self.slice_names, self.num_hosts = [name], 2
+
+    def __enter__(self) -> FakeSlices:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def test_the_loop_reports_a_notice_then_retries_it_as_a_preemption_with_evidence() -> None:
+    """Attempt 1: a notice stands; the run emits ``notice``, calls on_notice, leaves
+    (preemption, evidence: the metadata value); attempt 2 hangs; attempt 3 succeeds."""
+    world = World()
+    events: list[AttemptEvent] = []
+    notices: list[AttemptEvent] = []
+    count = [0]
+
+    def reserve(request: SliceRequest) -> FakeSlices:
+        count[0] += 1
+        return FakeSlices(f"s{count[0]}")
+
+    def body(spg: FakeSlices, watch: AttemptWatch) -> list[str]:
+        if spg.slice_names == ["s1"]:
+            world.notices = {"n1": notice()}
+        elif spg.slice_names == ["s2"]:
+            world.notices = {}
+            world.now += 60  # nobody beat: stuck starting
+        else:
+            return ["ok"]
+        world.now += CHECK_S
+        watched(watch)
+        raise AssertionError("the watch should have broken the gang")
+
+    run = ResilientRun(
+        body,  # type: ignore[arg-type]
+        SliceRequest(topology="2x2x2", accelerator_version="v4"),
+        RetryPolicy(max_retries_preemption=1, max_retries_hang=1),
+        events.append,
+        Clock(sleep=lambda s: None),
+        reserve=reserve,  # type: ignore[arg-type]
+        watching=WatchConfig(startup_timeout_s=30.0, on_notice=notices.append),
+        make_watch=lambda config, spg, notice_event: world.watch(config),  # type: ignore[arg-type]
+    )
+    world.events = []
+    assert run.until_done() == ["ok"]
+    assert [(e.kind, e.outcome) for e in events] == [
+        ("started", None),
+        ("failed", Outcome.PREEMPTION),
+        ("started", None),
+        ("failed", Outcome.HANG),
+        ("started", None),
+        ("succeeded", None),
+    ]
+    assert [r.outcome for r in run.history] == [Outcome.PREEMPTION, Outcome.HANG]
+    assert run.history[0].evidence == "TRUE"
+    assert run.history[1].cause == (
+        "stuck starting: rank 0 (v4-16-a host 0), rank 1 (v4-16-a host 1)"
+    )
+    assert len(notices) == 1  # the hook got the run's event
+
+
+def test_the_notice_event_describes_itself() -> None:
+    event = AttemptEvent(
+        "notice",
+        1,
+        ("v4-16-a",),
+        Outcome.PREEMPTION,
+        "preemption notice on v4-16-a host 1 (instance/preempted=TRUE), 30 s left",
+        "on_notice, then leave the slices and retry on others",
+        4.0,
+        evidence="TRUE on v4-16-a host 1",
+    )
+    assert event.describe() == (
+        "attempt 1 on v4-16-a: notice: preemption notice on v4-16-a host 1 "
+        "(instance/preempted=TRUE), 30 s left; next: on_notice, then leave the slices and "
+        "retry on others"
+    )
+    failed = AttemptEvent(
+        "failed", 1, ("a",), Outcome.HOST_FAILURE, "x", "retry", 1.0, evidence="no notice"
+    )
+    assert failed.describe().endswith("[evidence: no notice]")

@@ -42,7 +42,7 @@ CHECKED_MODULES: tuple[str, ...] = (
     "tpuslice.queue_actor",
     "tpuslice.notices",
     "tpuslice.watchdog",
-    "tpuslice.heartbeat",
+    "tpuslice.heartbeats",
     "tpuslice.testing.metadata_server",
     "tpuslice.testing.libtpu",
     "tpuslice.testing.plugin",

@@ -131,3 +131,27 @@ def test_the_watch_follows_the_simulators_server_without_busy_polling(
     thread.join(10)
     assert not thread.is_alive()
     assert len(calls) <= 4  # one request per change (and the first), not a busy loop
+
+
+def test_the_cluster_view_drops_notices_left_by_hosts_long_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A preempted host's agent dies with it and cannot delete its record: a reader
+    deletes a notice STALE_S past its deadline (and keeps a fresh one)."""
+    import time
+
+    from tpuslice import _ray, agent
+    from tpuslice.notices import STALE_S
+
+    now = time.time()
+    old = Notice("preemption", "TRUE", now - STALE_S - 60, now - STALE_S - 30, "n1", "s", 0)
+    fresh = make("maintenance", "TERMINATE_ON_HOST_MAINTENANCE", now)
+    store = {"tpu-notice/n1": old.to_json(), "tpu-notice/n2": fresh.to_json()}
+    monkeypatch.setattr(_ray, "kv_list", lambda prefix, ns: sorted(store))
+    monkeypatch.setattr(
+        _ray, "kv_get_many", lambda keys, ns: {k: store[k] for k in keys if k in store}
+    )
+    monkeypatch.setattr(_ray, "kv_delete", lambda key, ns: store.pop(key))
+    owners, notices = agent.recorded_notes()
+    assert owners == {} and notices == {"n2": fresh}
+    assert list(store) == ["tpu-notice/n2"]

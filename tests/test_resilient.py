@@ -118,19 +118,21 @@ def test_host_killed_mid_run_restarts_on_another_slice(
     assert results == [(other, 0), (other, 1)]
     assert [e.kind for e in events] == ["started", "failed", "started", "succeeded"]
     failed = events[1]
-    assert failed.outcome is Outcome.PREEMPTION
+    assert failed.outcome is Outcome.HOST_FAILURE  # it died with no notice
+    assert failed.evidence == "no preemption or maintenance notice on any host of the attempt"
     assert failed.slice_names == (victim,)
     assert failed.cause.startswith(f"rank 1 ({victim} host 1): ")
-    assert "preemption retry 1 of 3" in failed.next_action
+    assert "host_failure retry 1 of 3" in failed.next_action
     assert events[2].slice_names == (other,)
     wait_all_v4_ready()
 
 
-def test_same_slice_preempted_twice_with_a_budget_of_one_gives_up_with_history(
+def test_same_slice_lost_twice_with_a_budget_of_one_gives_up_with_history(
     tpu_cluster: SimulatedCluster, tmp_path: Path
 ) -> None:
     """Only v4-16-d is idle: the run must wait for it to come back, rerun on it, and give
-    up when it is preempted a second time."""
+    up when it is lost a second time (killed without notice: host failures, whose budget
+    follows max_retries_preemption when not set)."""
     markers, go = tmp_path / "started", tmp_path / "go"
     markers.mkdir()
     events: list[AttemptEvent] = []
@@ -164,12 +166,13 @@ def test_same_slice_preempted_twice_with_a_budget_of_one_gives_up_with_history(
         tpu_cluster.restore_slice(target)
     history = info.value.history
     assert [r.attempt for r in history] == [1, 2]
-    assert [r.outcome for r in history] == [Outcome.PREEMPTION, Outcome.PREEMPTION]
+    assert [r.outcome for r in history] == [Outcome.HOST_FAILURE, Outcome.HOST_FAILURE]
     assert [r.slice_names for r in history] == [(target,), (target,)]
     assert {r.num_hosts for r in history} == {2}
     assert all(r.cause.startswith("rank ") and r.duration_s > 0 for r in history)
-    assert "preemption budget of 1 retry used up" in str(info.value)
-    assert tpuslice.classify(info.value.__cause__) is Outcome.PREEMPTION  # type: ignore[arg-type]
+    assert "host_failure budget of 1 retry used up" in str(info.value)
+    cause = info.value.__cause__
+    assert tpuslice.classify(cause) is Outcome.HOST_FAILURE  # type: ignore[arg-type]
     kinds = [e.kind for e in events]
     assert kinds == ["started", "failed", "started", "failed", "giving_up"]
     wait_all_v4_ready()

@@ -186,6 +186,17 @@ def test_fault_injection_rejects_unknown_hosts(tpu_cluster: SimulatedCluster) ->
         tpu_cluster.kill_host("nope", 0)
     with pytest.raises(SimulatorError, match=r"workers 0\.\.1"):
         tpu_cluster.kill_host("v4-16-a", 5)
+    with pytest.raises(SimulatorError, match="no simulated slice 'nope'"):
+        tpu_cluster.preempt_slice("nope", notice_s=1)
+    with pytest.raises(SimulatorError, match="notice_s must be seconds >= 0"):
+        tpu_cluster.preempt_slice("v4-16-a", notice_s=-1)
+    with pytest.raises(SimulatorError, match="is not one GCE sends"):
+        tpu_cluster.schedule_maintenance("v4-16-a", 0, 1, event="REBOOT")
+    with pytest.raises(SimulatorError, match=r"workers 0\.\.1"):
+        tpu_cluster.hang_host("v4-16-a", 7)
+    # Nothing was set on the way: no notice stands, the slice is still idle.
+    assert tpu_cluster.metadata_server("v4-16-a", 0).get("instance/preempted") == "FALSE"
+    assert tpu_cluster.metadata_server("v4-16-a", 0).get("instance/maintenance-event") == "NONE"
 
 
 LIFECYCLE = textwrap.dedent(

@@ -11,7 +11,7 @@ import pytest
 
 from tpuslice.claim import Clock
 from tpuslice.errors import InvalidArgumentError
-from tpuslice.heartbeat import BEAT_ENV
+from tpuslice.heartbeats import BEAT_ENV
 from tpuslice.notices import Notice
 from tpuslice.request import SliceRequest
 from tpuslice.resilient import (
@@ -287,3 +287,39 @@ def test_the_notice_event_describes_itself() -> None:
         "failed", 1, ("a",), Outcome.HOST_FAILURE, "x", "retry", 1.0, evidence="no notice"
     )
     assert failed.describe().endswith("[evidence: no notice]")
+
+
+# --- tpuslice.heartbeat -----------------------------------------------------------------------
+
+
+def test_heartbeat_is_the_function_and_does_nothing_outside_a_watched_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tpuslice
+    from tpuslice import heartbeats
+
+    assert tpuslice.heartbeat is heartbeats.heartbeat  # not shadowed by a module
+    monkeypatch.delenv(BEAT_ENV, raising=False)
+    monkeypatch.setattr(heartbeats, "_beats", {})
+    tpuslice.heartbeat()
+    assert heartbeats._beats == {}
+
+
+def test_a_beat_is_noted_in_memory_and_published_in_the_background(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tpuslice
+    from clusterutil import wait_for
+    from tpuslice import heartbeats
+
+    puts: list[tuple[str, float, str | None]] = []
+    monkeypatch.setattr(heartbeats, "_beats", {})
+    monkeypatch.setattr(
+        heartbeats._ray, "kv_put", lambda key, value, ns: puts.append((key, float(value), ns))
+    )
+    monkeypatch.setenv(BEAT_ENV, "beat/run/0")
+    tpuslice.heartbeat()
+    assert list(heartbeats._beats) == ["beat/run/0"]  # noted at once, no call made
+    wait_for(lambda: puts, 5, "the beat published")
+    assert puts[0][0] == "beat/run/0" and puts[0][2] == "tpuslice"
+    assert puts[0][1] == heartbeats._beats["beat/run/0"]

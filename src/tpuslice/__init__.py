@@ -55,7 +55,7 @@ _EXPORTS: dict[str, str] = {
     "TPUInUseError": "tpuslice.errors",
     "TPUSliceError": "tpuslice.errors",
     "init_jax_profiler": "tpuslice.jax",
-    "heartbeat": "tpuslice.heartbeat",
+    "heartbeat": "tpuslice.heartbeats",
     "Notice": "tpuslice.notices",
     "get_current_pod_name": "tpuslice.node",
     "get_current_pod_worker_count": "tpuslice.node",
@@ -126,7 +126,7 @@ if TYPE_CHECKING:
         TPUInUseError,
         TPUSliceError,
     )
-    from tpuslice.heartbeat import heartbeat
+    from tpuslice.heartbeats import heartbeat
     from tpuslice.jax import (
         init_jax_profiler,
     )

@@ -409,27 +409,35 @@ def kill_owner(node_id: str, pid: int, timeout_s: float = 5.0) -> TPUOwner | Non
 
 def recorded_notes() -> tuple[dict[str, TPUOwner], dict[str, Notice]]:
     """The TPU owners and the notices the agents last recorded, by node id (Ray's KV
-    store; one listing for both, so a cluster with neither costs one call).
+    store: one listing and one read for both, so a cluster with neither costs one call).
+
+    A notice more than :data:`~tpuslice.notices.STALE_S` past its deadline is deleted:
+    its host died (its agent with it) or was replaced, and nobody else would.
 
     Returns:
         ``(owners, notices)``; both empty when Ray is not connected.
     """
     owners: dict[str, TPUOwner] = {}
     notices: dict[str, Notice] = {}
-    for key in _ray.kv_list(HOST_KEY_PREFIX, NAMESPACE):
-        if not key.startswith((OWNER_KEY_PREFIX, NOTICE_KEY_PREFIX)):
-            continue
-        raw = _ray.kv_get(key, NAMESPACE)
-        if raw is None:
-            continue
+    keys = [
+        key
+        for key in _ray.kv_list(HOST_KEY_PREFIX, NAMESPACE)
+        if key.startswith((OWNER_KEY_PREFIX, NOTICE_KEY_PREFIX))
+    ]
+    now = time.time()
+    for key, raw in _ray.kv_get_many(keys, NAMESPACE).items():
         try:
             if key.startswith(OWNER_KEY_PREFIX):
-                owner = TPUOwner.from_dict(json.loads(raw))
-                owners[key.removeprefix(OWNER_KEY_PREFIX)] = owner
-            else:
-                notices[key.removeprefix(NOTICE_KEY_PREFIX)] = Notice.from_json(raw)
+                owners[key.removeprefix(OWNER_KEY_PREFIX)] = TPUOwner.from_dict(json.loads(raw))
+                continue
+            notice = Notice.from_json(raw)
         except (ValueError, KeyError, TypeError) as exc:
             logger.debug("ignoring unreadable record %s: %s", key, exc)
+            continue
+        if notice.stale(now):
+            _ray.kv_delete(key, NAMESPACE)
+        else:
+            notices[key.removeprefix(NOTICE_KEY_PREFIX)] = notice
     return owners, notices
 
 

@@ -34,6 +34,8 @@ MAINTENANCE_NOTICE_S = 60.0
 NOTICE_KEY_PREFIX = "tpu-notice/"
 WATCH_TIMEOUT_S = 60.0
 """How long one long-poll may be held before it is asked again."""
+STALE_S = 300.0
+"""A notice this long past its deadline is left over from a host that is gone."""
 RETRY_S = 5.0
 """Pause after a failed watch before asking again (the server answered before)."""
 
@@ -75,6 +77,17 @@ class Notice:
             The time left.
         """
         return max(0.0, self.deadline - now)
+
+    def stale(self, now: float) -> bool:
+        """Whether the notice is left over (:data:`STALE_S` past its deadline).
+
+        Args:
+            now: Wall-clock seconds.
+
+        Returns:
+            True if it no longer describes a live host.
+        """
+        return now > self.deadline + STALE_S
 
     def describe(self, now: float | None = None) -> str:
         """``preemption notice on v4-16-a host 1 (instance/preempted=TRUE), 24 s left``.

@@ -23,6 +23,7 @@ from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import InvalidArgumentError, NotConnectedError, SliceShutdownError
 from tpuslice.groups import remove_group, wait_all
 from tpuslice.labels import SLICE_NAME_LABEL, CallEnv
+from tpuslice.notices import Notice
 from tpuslice.owners import SliceOwnership
 from tpuslice.plan import ReservationPlan
 from tpuslice.request import SliceRequest
@@ -357,6 +358,19 @@ class SlicePlacementGroup(ShutsDownOnExit):
             Variables to set (or, as None, unset) around the call.
         """
         return {}
+
+    def notices(self) -> list[Notice]:
+        """Preemption or maintenance notices standing on this reservation's hosts now,
+        most urgent first (what their metadata servers warned of; see
+        :mod:`tpuslice.notices`). Reads Ray's KV store: one call when there are none.
+
+        Returns:
+            The notices; empty when none stands.
+        """
+        from tpuslice.agent import notices_for  # agent.py builds on reserve's siblings
+
+        found = notices_for(sorted(set(self.rank_nodes())))
+        return sorted(found.values(), key=lambda n: n.deadline)
 
     def rank_nodes(self) -> list[str]:
         """The Ray node id of each rank's host.

@@ -28,7 +28,7 @@ from typing import Any
 
 from tpuslice import _ray
 from tpuslice.errors import InvalidArgumentError
-from tpuslice.heartbeat import BEAT_ENV, NAMESPACE
+from tpuslice.heartbeats import BEAT_ENV, NAMESPACE
 from tpuslice.notices import Notice
 
 logger = logging.getLogger(__name__)

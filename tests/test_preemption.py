@@ -1,0 +1,307 @@
+"""Notices, maintenance and hangs on the simulator (issue 16).
+
+Each simulated host has a GCE metadata server; its TPU agent long-polls
+``instance/preempted`` and ``instance/maintenance-event``. A resilient run hears a notice
+on its slice, runs ``on_notice`` while the hosts live, and finishes on another slice
+before they die; a maintenance event shows in the cluster view and new reservations skip
+the slice; a hung host (its work SIGSTOPped) and a gang stuck starting are caught by
+heartbeats; a worker that survives a shrink sees no stale ``MEGASCALE_*``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+import tpuslice
+from clusterutil import hold_host, wait_for
+from tpuslice import AttemptEvent, Outcome, _ray
+from tpuslice.cluster import SliceState, read_snapshot
+from tpuslice.status import state_label
+from tpuslice.testing import SimulatedCluster, assert_no_placement_groups
+from tpuslice.testing.simulated import MIGRATE_ON_MAINTENANCE
+
+pytestmark = pytest.mark.cluster
+
+V4 = {"topology": "2x2x2", "accelerator_version": "v4"}
+V4_SLICES = ["v4-16-a", "v4-16-b", "v4-16-c", "v4-16-d"]
+TASK_BOUND_S = 120.0
+
+
+@ray.remote
+def beat_until_go(marker_dir: str, go: str, stall: str = "") -> tuple[str, int]:
+    """A marker naming the slice, then a heartbeat every 50 ms until the go file exists.
+    If ``stall`` names a file that does not exist yet, create it and never beat (a gang
+    stuck starting, once)."""
+    host = tpuslice.current_host()
+    hidden = Path(marker_dir, f".{uuid.uuid4().hex}")
+    hidden.write_text(host.slice_name)
+    hidden.rename(Path(marker_dir, hidden.name[1:]))
+    stalled = False
+    if stall:
+        try:
+            Path(stall, str(host.rank)).touch(exist_ok=False)
+            stalled = True
+        except FileExistsError:
+            pass
+    deadline = time.monotonic() + TASK_BOUND_S
+    while not Path(go).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the test never said go")
+        if not stalled:
+            tpuslice.heartbeat()
+        time.sleep(0.05)
+    return host.slice_name, host.rank
+
+
+def started(markers: Path, count: int) -> list[str]:
+    names = [p.read_text() for p in markers.iterdir() if not p.name.startswith(".")]
+    return names if len(names) >= count else []
+
+
+@contextmanager
+def resilient(*args: Any, go: Path, **kwargs: Any) -> Iterator[Future[list[Any]]]:
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(tpuslice.run_resilient, *args, **kwargs)
+        try:
+            yield future
+        finally:
+            go.touch()
+
+
+def all_back() -> None:
+    wait_for(
+        lambda: all(read_snapshot().slices[n].state is SliceState.READY for n in V4_SLICES),
+        60,
+        "every v4 slice idle, with no notice",
+    )
+    assert_no_placement_groups()
+
+
+@ray.remote
+def detect_here() -> dict[str, Any]:
+    """This host as node detection finds it with no TPU_* variables (a GCE TPU VM):
+    through the metadata server ``GCE_METADATA_HOST`` names."""
+    from tpuslice import node
+    from tpuslice.metadata import watch
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
+    info = node.detect(env=env)
+    return {
+        "slice": info.slice_name,
+        "worker": info.worker_id,
+        "pod_type": info.pod_type,
+        "topology": info.topology,
+        "source": info.sources.get("slice_name"),
+        "preempted": watch("instance/preempted").value,
+        "metadata_host": os.environ.get("GCE_METADATA_HOST", ""),
+    }
+
+
+def test_each_host_finds_itself_through_its_own_metadata_server(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    found = ray.get(tpuslice.run_on_slice(detect_here, **V4), timeout=60)
+    name = found[0]["slice"]
+    assert [(f["slice"], f["worker"]) for f in found] == [(name, 0), (name, 1)]
+    assert {(f["pod_type"], f["topology"], f["preempted"]) for f in found} == {
+        ("v4-16", "2x2x2", "FALSE")
+    }
+    assert {f["source"] for f in found} == {"metadata:instance-id"}
+    assert all(f["metadata_host"].startswith("127.0.0.1:") for f in found)
+    assert found[0]["metadata_host"] != found[1]["metadata_host"]  # one server per host
+
+
+def test_a_preemption_notice_runs_the_hook_and_the_run_moves_before_the_hosts_die(
+    tpu_cluster: SimulatedCluster, tmp_path: Path
+) -> None:
+    markers, go = tmp_path / "started", tmp_path / "go"
+    markers.mkdir()
+    events: list[AttemptEvent] = []
+    hooked: list[AttemptEvent] = []
+    seen_in_status: list[str] = []
+    dying: list[threading.Thread] = []
+    alive_when_left: list[bool] = []
+    victim = ""
+
+    def on_notice(event: AttemptEvent) -> None:
+        # While the hosts live: the cluster view shows the slice preempting.
+        info = wait_for(
+            lambda: (s := read_snapshot().slices[victim]).state is SliceState.NOTICE and s,
+            5,
+            "the notice in the cluster view",
+        )
+        seen_in_status.append(f"{state_label(info)}: {info.reason}")
+        hooked.append(event)
+
+    def on_event(event: AttemptEvent) -> None:
+        events.append(event)
+        if event.kind == "failed":  # the run has left the slice: do its hosts still live?
+            alive_when_left.append(bool(dying) and dying[0].is_alive())
+
+    try:
+        with resilient(
+            beat_until_go,
+            str(markers),
+            str(go),
+            **V4,
+            head_reservation_timeout_s=60,
+            on_event=on_event,
+            on_notice=on_notice,
+            go=go,
+        ) as future:
+            first = wait_for(lambda: started(markers, 2), 60, "attempt 1 running")
+            victim = first[0]
+            thread = tpu_cluster.preempt_slice(victim, notice_s=10, wait=False)
+            assert thread is not None
+            dying.append(thread)
+            second = wait_for(lambda: started(markers, 4), 30, "attempt 2 running")
+            go.touch()
+            results = future.result(timeout=60)
+        finished_before_death = dying[0].is_alive()
+        dying[0].join(30)
+    finally:
+        if victim:
+            for thread in dying:
+                thread.join(30)
+            tpu_cluster.restore_slice(victim)
+    other = results[0][0]
+    assert other != victim and sorted(set(second)) == sorted({victim, other})
+    assert alive_when_left == [True] and finished_before_death
+    assert [e.kind for e in events] == ["started", "notice", "failed", "started", "succeeded"]
+    notice, failed = events[1], events[2]
+    assert notice.slice_names == (victim,) and notice.notice is not None
+    assert notice.notice.kind == "preemption" and notice.notice.slice_name == victim
+    assert hooked == [notice]
+    assert seen_in_status and seen_in_status[0].startswith("PREEMPTING: preemption notice on")
+    assert failed.outcome is Outcome.PREEMPTION and failed.evidence == "TRUE"
+    assert failed.cause.startswith("left before the hosts go: preemption notice on " + victim)
+    all_back()
+
+
+def test_a_maintenance_event_shows_and_new_reservations_skip_the_slice(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """Maintenance announced on a host of a held slice: the reservation lists the notice,
+    the cluster view shows MAINTENANCE, a new reservation of three takes the other
+    three. After the migration the value is NONE again and the slice is idle."""
+    with tpuslice.SlicePlacementGroup(**V4) as held:
+        target = held.slice_names[0]
+        assert held.notices() == []
+        thread = tpu_cluster.schedule_maintenance(
+            target, 1, notice_s=5, event=MIGRATE_ON_MAINTENANCE, wait=False
+        )
+        assert thread is not None
+        try:
+            notices = wait_for(held.notices, 10, "the notice on the reservation")
+            assert [(n.kind, n.slice_name, n.worker_id) for n in notices] == [
+                ("maintenance", target, 1)
+            ]
+            info = read_snapshot().slices[target]
+            assert info.state is SliceState.NOTICE and state_label(info) == "MAINTENANCE"
+            assert info.reason.startswith(
+                f"maintenance notice on {target} host 1 "
+                "(instance/maintenance-event=MIGRATE_ON_HOST_MAINTENANCE)"
+            )
+            held.shutdown()  # given back while under notice: still not reservable
+            assert tpuslice.get_num_ready_tpu_slices("2x2x2", "v4") == 3
+            with tpuslice.SlicePlacementGroup(**V4, num_slices=3) as spg:
+                assert target not in spg.slice_names
+        finally:
+            thread.join(30)
+    all_back()
+
+
+def test_hangs_are_caught_by_heartbeats_and_the_gang_restarts(
+    tpu_cluster: SimulatedCluster, tmp_path: Path
+) -> None:
+    """Attempt 1 is stuck starting (no rank ever beats): a hang after startup_timeout_s.
+    Attempt 2 beats, then one host's work freezes (SIGSTOP): the others beat on, the
+    silent one is named, the gang cancelled. Attempt 3 finishes."""
+    markers, go, stall = tmp_path / "started", tmp_path / "go", tmp_path / "stall"
+    markers.mkdir()
+    stall.mkdir()
+    events: list[AttemptEvent] = []
+    frozen: list[tuple[str, int]] = []
+    try:
+        with resilient(
+            beat_until_go,
+            str(markers),
+            str(go),
+            str(stall),
+            **V4,
+            head_reservation_timeout_s=60,
+            heartbeat_timeout_s=2.0,
+            startup_timeout_s=3.0,
+            max_retries_hang=2,
+            backoff_s=(0.1, 0.2),
+            on_event=events.append,
+            go=go,
+        ) as future:
+            wait_for(lambda: started(markers, 4), 60, "attempt 2 running")
+            wait_for(lambda: len(events) >= 3, 30, "attempt 2 started")
+            second = events[2].slice_names[0]
+            # Both ranks of attempt 2 beat (attempt 1's keys went with it) before one
+            # host's work is frozen.
+            wait_for(lambda: len(_ray.kv_list("beat/", "tpuslice")) == 2, 30, "two beats")
+            assert tpu_cluster.hang_host(second, 1), "nothing to freeze"
+            frozen.append((second, 1))
+            wait_for(lambda: started(markers, 6), 60, "attempt 3 running")
+            go.touch()
+            results = future.result(timeout=60)
+    finally:
+        for slice_name, worker in frozen:
+            tpu_cluster.resume_host(slice_name, worker)
+    kinds = [(e.kind, e.outcome) for e in events]
+    assert kinds == [
+        ("started", None),
+        ("failed", Outcome.HANG),
+        ("started", None),
+        ("failed", Outcome.HANG),
+        ("started", None),
+        ("succeeded", None),
+    ]
+    stuck, silent = events[1], events[3]
+    assert stuck.cause.startswith("stuck starting: rank 0 (")
+    assert "startup_timeout_s=3" in stuck.evidence
+    assert silent.cause == f"silent: rank 1 ({second} host 1)"
+    assert "while 1 other(s) still beat" in silent.evidence
+    assert len(results) == 2
+    all_back()
+
+
+@ray.remote
+def env_and_pid() -> tuple[str, int, str, str]:
+    host = tpuslice.current_host()
+    return (
+        host.slice_name,
+        os.getpid(),
+        os.environ.get("MEGASCALE_NUM_SLICES", "-"),
+        (os.environ.get("TPUSLICE_NUM_SLICES", "-")),
+    )
+
+
+def test_a_worker_that_survives_a_shrink_sees_no_stale_megascale(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """Two slices, then one: the same worker processes run the second call (Ray reuses
+    them), and they see the one-slice context with no MEGASCALE_* left over."""
+    with hold_host("v4-16-c", 1), hold_host("v4-16-d", 1):
+        wide = ray.get(tpuslice.run_on_slice(env_and_pid, **V4, num_slices=2), timeout=60)
+        with hold_host("v4-16-b", 1):
+            narrow = tpuslice.run_resilient(env_and_pid, **V4, num_slices=(1, 2))
+    assert {(r[0], r[2], r[3]) for r in wide} == {("v4-16-a", "2", "2"), ("v4-16-b", "2", "2")}
+    assert {(r[0], r[2], r[3]) for r in narrow} == {("v4-16-a", "-", "1")}
+    survivors = {r[1] for r in wide} & {r[1] for r in narrow}
+    assert survivors, "no worker survived: the test did not exercise a reused process"
+    assert_no_placement_groups()

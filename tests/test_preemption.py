@@ -162,7 +162,7 @@ def test_a_preemption_notice_runs_the_hook_and_the_run_moves_before_the_hosts_di
         ) as future:
             first = wait_for(lambda: started(markers, 2), 60, "attempt 1 running")
             victim = first[0]
-            thread = tpu_cluster.preempt_slice(victim, notice_s=10, wait=False)
+            thread = tpu_cluster.preempt_slice(victim, notice_s=7, wait=False)
             assert thread is not None
             dying.append(thread)
             second = wait_for(lambda: started(markers, 4), 30, "attempt 2 running")
@@ -277,6 +277,39 @@ def test_hangs_are_caught_by_heartbeats_and_the_gang_restarts(
     assert silent.cause == f"silent: rank 1 ({second} host 1)"
     assert "while 1 other(s) still beat" in silent.evidence
     assert len(results) == 2
+    all_back()
+
+
+def test_a_hung_actor_is_named_by_the_group(tpu_cluster: SimulatedCluster, tmp_path: Path) -> None:
+    class Stepper:  # defined here so Ray ships it by value (workers cannot import tests)
+        """An actor whose method beats every 50 ms until the go file exists."""
+
+        def steps(self, go: str) -> int:
+            count = 0
+            deadline = time.monotonic() + TASK_BOUND_S
+            while not Path(go).exists() and time.monotonic() < deadline:
+                tpuslice.heartbeat()
+                count += 1
+                time.sleep(0.05)
+            return count
+
+    go = tmp_path / "go"
+    group = tpuslice.SliceActorGroup.create(Stepper, **V4, heartbeat_timeout_s=2.0)
+    frozen: tuple[str, int] | None = None
+    try:
+        refs = group.call("steps", str(go))
+        name = group.contexts[1].slice_name
+        wait_for(lambda: len(_ray.kv_list("beat/", "tpuslice")) == 2, 30, "both actors beat")
+        assert tpu_cluster.hang_host(name, 1), "nothing to freeze"
+        frozen = (name, 1)
+        with pytest.raises(tpuslice.HostHungError, match=rf"silent: rank 1 \({name} host 1\)"):
+            group.get(refs, timeout=60)
+    finally:
+        go.touch()
+        if frozen is not None:
+            tpu_cluster.resume_host(*frozen)
+        group.shutdown()
+    assert _ray.kv_list("beat/", "tpuslice") == []
     all_back()
 
 

@@ -90,6 +90,13 @@ def test_host_loss_seen_by_user_code_is_still_host_loss(name: str) -> None:
     assert classify(task_error(wrapped)) is HOST_FAILURE
 
 
+def test_a_hung_host_is_a_hang() -> None:
+    hung = tpuslice.HostHungError("silent: rank 1 (v4-16-a host 1)")
+    assert isinstance(hung, tpuslice.HostLostError)  # code that restarts on loss still does
+    assert classify(hung) is HANG
+    assert classify(task_error(hung)) is HANG
+
+
 def test_nested_user_error_stays_a_failure() -> None:
     assert classify(task_error(task_error(ValueError("deep")))) is FAILURE
 

@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "get_tpu_worker_resources": "tpuslice.compat",
     "infer_tpu_pod_type_from_topology": "tpuslice.compat",
     "AmbiguousPodTypeError": "tpuslice.errors",
+    "HostHungError": "tpuslice.errors",
     "HostLostError": "tpuslice.errors",
     "InsufficientSlicesError": "tpuslice.errors",
     "InvalidAcceleratorError": "tpuslice.errors",
@@ -111,6 +112,7 @@ if TYPE_CHECKING:
     from tpuslice.errors import (
         AmbiguousPodTypeError,
         DiscoveryFailedError,
+        HostHungError,
         HostLostError,
         InsufficientSlicesError,
         InvalidAcceleratorError,
@@ -193,6 +195,7 @@ __all__ = [
     "DiscoveryFailedError",
     "Generation",
     "HostContext",
+    "HostHungError",
     "HostInfo",
     "HostLostError",
     "HostState",

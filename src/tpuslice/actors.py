@@ -3,28 +3,36 @@
 Each actor starts with the same slice context as :func:`tpuslice.run_on_slice` tasks
 (``TPUSLICE_*`` and, for several slices, ``MEGASCALE_*``). :meth:`SliceActorGroup.call`
 fans a method out and returns refs in rank order; :meth:`SliceActorGroup.get` turns a
-dead actor into a :class:`~tpuslice.errors.HostLostError` naming the host.
+dead actor into a :class:`~tpuslice.errors.HostLostError` naming the host, and, with
+``heartbeat_timeout_s`` / ``startup_timeout_s``, silent actors (their methods stopped
+calling :func:`tpuslice.heartbeat`) into a :class:`~tpuslice.errors.HostHungError`.
 """
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from tpuslice import _ray
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import (
+    HostHungError,
     HostLostError,
     InvalidArgumentError,
     SliceShutdownError,
     first_line,
 )
+from tpuslice.heartbeats import BEAT_ENV, NAMESPACE
 from tpuslice.labels import CallEnv
 from tpuslice.request import SliceRequest
 from tpuslice.reserve import ShutsDownOnExit, SlicePlacementGroup
 from tpuslice.run import MEGASCALE_VARS, HostContext, call_env, host_contexts
+from tpuslice.watchdog import BEAT_PREFIX, CHECK_S, WatchConfig, find_hang
 
 
 class SliceActorGroup(ShutsDownOnExit):
@@ -40,6 +48,8 @@ class SliceActorGroup(ShutsDownOnExit):
         tpu_slice: SlicePlacementGroup,
         *args: Any,
         owns_slice: bool = False,
+        heartbeat_timeout_s: float | None = None,
+        startup_timeout_s: float | None = None,
         **kwargs: Any,
     ) -> None:
         """Start one actor per bundle of ``tpu_slice``, in rank order.
@@ -49,13 +59,23 @@ class SliceActorGroup(ShutsDownOnExit):
             tpu_slice: A held reservation.
             *args: Passed to every actor's constructor.
             owns_slice: :meth:`shutdown` also gives ``tpu_slice`` back.
+            heartbeat_timeout_s: With the actors' methods calling
+                :func:`tpuslice.heartbeat`: :meth:`get` raises
+                :class:`~tpuslice.errors.HostHungError` when an actor that beat has been
+                silent this long. ``None``: not watched.
+            startup_timeout_s: :meth:`get` raises it too when an actor has not beaten
+                this long after the group started. ``None``: not watched.
             **kwargs: Passed to every actor's constructor.
 
         Raises:
             SliceShutdownError: ``tpu_slice`` was shut down.
+            InvalidArgumentError: a timeout is not finite seconds > 0.
         """
         if tpu_slice.is_shut_down:
             raise SliceShutdownError("tpu_slice has been shut down; reserve a new one")
+        self.watching = WatchConfig(heartbeat_timeout_s, startup_timeout_s)
+        self._beats = f"{BEAT_PREFIX}{uuid.uuid4().hex[:12]}/"
+        self._started = time.time()
         # One process per host owns a TPU: earlier run_on_slice calls' owners step aside
         # (their TPUs confirmed free) before this group's actors start.
         tpu_slice.ownership.retire()
@@ -72,7 +92,7 @@ class SliceActorGroup(ShutsDownOnExit):
                         num_cpus=0,
                         resources={"TPU": tpu},
                         max_restarts=0,
-                        runtime_env={"env_vars": _actor_env(call_env(tpu_slice, context))},
+                        runtime_env={"env_vars": self._env(context)},
                         scheduling_strategy=PlacementGroupSchedulingStrategy(
                             placement_group=pg, placement_group_bundle_index=bundle
                         ),
@@ -94,6 +114,8 @@ class SliceActorGroup(ShutsDownOnExit):
         chips_per_vm: int | None = None,
         head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
         priority: int = 0,
+        heartbeat_timeout_s: float | None = None,
+        startup_timeout_s: float | None = None,
         **kwargs: Any,
     ) -> SliceActorGroup:
         """Reserve slices and start the group on them; :meth:`shutdown` gives them back.
@@ -110,6 +132,8 @@ class SliceActorGroup(ShutsDownOnExit):
                 limit).
             priority: Place in the cluster-wide queue when slices are short: higher is
                 served first, arrival order within a priority.
+            heartbeat_timeout_s: See the constructor.
+            startup_timeout_s: See the constructor.
             **kwargs: Passed to every actor's constructor.
 
         Returns:
@@ -129,9 +153,18 @@ class SliceActorGroup(ShutsDownOnExit):
             head_reservation_timeout_s=head_reservation_timeout_s,
             priority=priority,
         )
+        WatchConfig(heartbeat_timeout_s, startup_timeout_s)  # checked before reserving
         spg = SlicePlacementGroup.from_request(request)
         try:
-            return cls(actor_cls, spg, *args, owns_slice=True, **kwargs)
+            return cls(
+                actor_cls,
+                spg,
+                *args,
+                owns_slice=True,
+                heartbeat_timeout_s=heartbeat_timeout_s,
+                startup_timeout_s=startup_timeout_s,
+                **kwargs,
+            )
         except BaseException:
             spg.shutdown()
             raise
@@ -172,9 +205,12 @@ class SliceActorGroup(ShutsDownOnExit):
 
         Raises:
             HostLostError: an actor died (its slice, worker id and rank are named).
+            HostHungError: with heartbeats watched, actors went silent (named).
             ray.exceptions.RayTaskError: a method raised (as ``ray.get`` raises it).
             ray.exceptions.GetTimeoutError: ``timeout`` passed.
         """
+        if self.watching.beats:
+            self._wait_watching(refs, timeout)
         results = []
         for rank, ref in enumerate(refs):
             try:
@@ -187,9 +223,48 @@ class SliceActorGroup(ShutsDownOnExit):
                 ) from exc
         return results
 
+    def _env(self, context: HostContext) -> dict[str, str]:
+        env = _actor_env(call_env(self.slice, context))
+        if self.watching.beats:
+            env[BEAT_ENV] = f"{self._beats}{context.rank}"
+        return env
+
+    def _wait_watching(self, refs: Sequence[ray.ObjectRef], timeout: float | None) -> None:
+        """Wait for the refs, checking the actors' heartbeats every ``CHECK_S``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = list(refs)
+        keys = [f"{self._beats}{rank}" for rank in range(len(self.contexts))]
+        while pending:
+            wait = CHECK_S if deadline is None else min(CHECK_S, deadline - time.monotonic())
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, wait))
+            if not pending:
+                return
+            raw = _ray.kv_get_many(keys, NAMESPACE)
+            beats = [float(raw[key]) if key in raw else None for key in keys]
+            hang = find_hang(
+                beats,
+                time.time(),
+                self._started,
+                self.watching.heartbeat_timeout_s,
+                self.watching.startup_timeout_s,
+            )
+            if hang is not None:
+                who = ", ".join(
+                    f"rank {r} ({self.contexts[r].slice_name} host {self.contexts[r].worker_id})"
+                    for r in hang.ranks
+                )
+                raise HostHungError(
+                    f"{'stuck starting' if hang.startup else 'silent'}: {who}: {hang.reason}. "
+                    "Shut the group down (its actors are killed) and start a new one"
+                )
+            if deadline is not None and time.monotonic() >= deadline:
+                return  # the ray.get below raises GetTimeoutError, as without watching
+
     def shutdown(self) -> None:
         """Kill every actor and, if the group owns it, give the slice back; otherwise
         confirm the actors' TPUs are free for the slice's next calls. Idempotent."""
+        if self.watching.beats:
+            _ray.kv_delete(self._beats, NAMESPACE, prefix=True)
         actors, self.actors = self.actors, []
         if actors:
             self.slice.ownership.disown(actors)

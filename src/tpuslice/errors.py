@@ -81,6 +81,11 @@ class HostLostError(TPUSliceError, RuntimeError):
     """A host of a slice died or became unreachable while it ran our work."""
 
 
+class HostHungError(HostLostError):
+    """Hosts of a gang stopped making progress: no :func:`tpuslice.heartbeat` for longer
+    than ``heartbeat_timeout_s`` (or none at all within ``startup_timeout_s``)."""
+
+
 class QueueUnreachableError(TPUSliceError, RuntimeError):
     """The cluster-wide slice queue could not be reached (reservations then claim
     directly, as without a queue)."""

@@ -41,6 +41,7 @@ from tpuslice.claim import Clock
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import (
     AttemptRecord,
+    HostHungError,
     HostLostError,
     InvalidArgumentError,
     ReservationTimeoutError,
@@ -111,6 +112,8 @@ def classify(exc: BaseException) -> Outcome:
         return Outcome.FAILURE
     if isinstance(exc, RayActorError) and exc.actor_init_failed:
         return Outcome.FAILURE
+    if isinstance(exc, HostHungError):
+        return Outcome.HANG
     if isinstance(exc, HOST_LOSS) and not isinstance(exc, NOT_HOST_LOSS):
         return Outcome.HOST_FAILURE
     return Outcome.FAILURE

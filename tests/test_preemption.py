@@ -29,6 +29,7 @@ from tpuslice import AttemptEvent, Outcome, _ray
 from tpuslice.cluster import SliceState, read_snapshot
 from tpuslice.status import state_label
 from tpuslice.testing import SimulatedCluster, assert_no_placement_groups
+from tpuslice.testing.procs import pid_alive
 from tpuslice.testing.simulated import MIGRATE_ON_MAINTENANCE
 
 pytestmark = pytest.mark.cluster
@@ -86,40 +87,6 @@ def all_back() -> None:
         "every v4 slice idle, with no notice",
     )
     assert_no_placement_groups()
-
-
-@ray.remote
-def detect_here() -> dict[str, Any]:
-    """This host as node detection finds it with no TPU_* variables (a GCE TPU VM):
-    through the metadata server ``GCE_METADATA_HOST`` names."""
-    from tpuslice import node
-    from tpuslice.metadata import watch
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
-    info = node.detect(env=env)
-    return {
-        "slice": info.slice_name,
-        "worker": info.worker_id,
-        "pod_type": info.pod_type,
-        "topology": info.topology,
-        "source": info.sources.get("slice_name"),
-        "preempted": watch("instance/preempted").value,
-        "metadata_host": os.environ.get("GCE_METADATA_HOST", ""),
-    }
-
-
-def test_each_host_finds_itself_through_its_own_metadata_server(
-    tpu_cluster: SimulatedCluster,
-) -> None:
-    found = ray.get(tpuslice.run_on_slice(detect_here, **V4), timeout=60)
-    name = found[0]["slice"]
-    assert [(f["slice"], f["worker"]) for f in found] == [(name, 0), (name, 1)]
-    assert {(f["pod_type"], f["topology"], f["preempted"]) for f in found} == {
-        ("v4-16", "2x2x2", "FALSE")
-    }
-    assert {f["source"] for f in found} == {"metadata:instance-id"}
-    assert all(f["metadata_host"].startswith("127.0.0.1:") for f in found)
-    assert found[0]["metadata_host"] != found[1]["metadata_host"]  # one server per host
 
 
 def test_a_preemption_notice_runs_the_hook_and_the_run_moves_before_the_hosts_die(
@@ -226,42 +193,40 @@ def test_hangs_are_caught_by_heartbeats_and_the_gang_restarts(
     tpu_cluster: SimulatedCluster, tmp_path: Path
 ) -> None:
     """Attempt 1 is stuck starting (no rank ever beats): a hang after startup_timeout_s.
-    Attempt 2 beats, then one host's work freezes (SIGSTOP): the others beat on, the
-    silent one is named, the gang cancelled. Attempt 3 finishes."""
+    Attempt 2 beats, then one host's work hangs (its main thread blocks): the others beat
+    on, the silent one is named, the gang cancelled. Attempt 3 finishes."""
     markers, go, stall = tmp_path / "started", tmp_path / "go", tmp_path / "stall"
     markers.mkdir()
     stall.mkdir()
     events: list[AttemptEvent] = []
-    frozen: list[tuple[str, int]] = []
-    try:
-        with resilient(
-            beat_until_go,
-            str(markers),
-            str(go),
-            str(stall),
-            **V4,
-            head_reservation_timeout_s=60,
-            heartbeat_timeout_s=2.0,
-            startup_timeout_s=3.0,
-            max_retries_hang=2,
-            backoff_s=(0.1, 0.2),
-            on_event=events.append,
-            go=go,
-        ) as future:
-            wait_for(lambda: started(markers, 4), 60, "attempt 2 running")
-            wait_for(lambda: len(events) >= 3, 30, "attempt 2 started")
-            second = events[2].slice_names[0]
-            # Both ranks of attempt 2 beat (attempt 1's keys went with it) before one
-            # host's work is frozen.
-            wait_for(lambda: len(_ray.kv_list("beat/", "tpuslice")) == 2, 30, "two beats")
-            assert tpu_cluster.hang_host(second, 1), "nothing to freeze"
-            frozen.append((second, 1))
-            wait_for(lambda: started(markers, 6), 60, "attempt 3 running")
-            go.touch()
-            results = future.result(timeout=60)
-    finally:
-        for slice_name, worker in frozen:
-            tpu_cluster.resume_host(slice_name, worker)
+    hung: list[int] = []
+    with resilient(
+        beat_until_go,
+        str(markers),
+        str(go),
+        str(stall),
+        **V4,
+        head_reservation_timeout_s=60,
+        heartbeat_timeout_s=2.0,
+        startup_timeout_s=8.0,
+        max_retries_hang=2,
+        backoff_s=(0.1, 0.2),
+        on_event=events.append,
+        go=go,
+    ) as future:
+        wait_for(lambda: started(markers, 4), 60, "attempt 2 running")
+        wait_for(lambda: len(events) >= 3, 30, "attempt 2 started")
+        second = events[2].slice_names[0]
+        # Both ranks of attempt 2 beat (attempt 1's keys went with it) before one
+        # host's work hangs.
+        wait_for(lambda: len(_ray.kv_list("beat/", "tpuslice")) == 2, 30, "two beats")
+        hung = tpu_cluster.hang_host(second, 1)
+        assert hung, "nothing to hang"
+        wait_for(lambda: started(markers, 6), 60, "attempt 3 running")
+        go.touch()
+        results = future.result(timeout=60)
+    # The hung process was ended by the gang's cancellation (nothing else would).
+    wait_for(lambda: not any(pid_alive(p) for p in hung), 30, "the hung process gone")
     kinds = [(e.kind, e.outcome) for e in events]
     assert kinds == [
         ("started", None),
@@ -273,7 +238,7 @@ def test_hangs_are_caught_by_heartbeats_and_the_gang_restarts(
     ]
     stuck, silent = events[1], events[3]
     assert stuck.cause.startswith("stuck starting: rank 0 (")
-    assert "startup_timeout_s=3" in stuck.evidence
+    assert "startup_timeout_s=8" in stuck.evidence
     assert silent.cause == f"silent: rank 1 ({second} host 1)"
     assert "while 1 other(s) still beat" in silent.evidence
     assert len(results) == 2
@@ -295,39 +260,52 @@ def test_a_hung_actor_is_named_by_the_group(tpu_cluster: SimulatedCluster, tmp_p
 
     go = tmp_path / "go"
     group = tpuslice.SliceActorGroup.create(Stepper, **V4, heartbeat_timeout_s=2.0)
-    frozen: tuple[str, int] | None = None
+    hung: list[int] = []
     try:
         refs = group.call("steps", str(go))
         name = group.contexts[1].slice_name
         wait_for(lambda: len(_ray.kv_list("beat/", "tpuslice")) == 2, 30, "both actors beat")
-        assert tpu_cluster.hang_host(name, 1), "nothing to freeze"
-        frozen = (name, 1)
+        hung = tpu_cluster.hang_host(name, 1)
+        assert hung, "nothing to hang"
         with pytest.raises(tpuslice.HostHungError, match=rf"silent: rank 1 \({name} host 1\)"):
             group.get(refs, timeout=60)
     finally:
         go.touch()
-        if frozen is not None:
-            tpu_cluster.resume_host(*frozen)
         group.shutdown()
     assert _ray.kv_list("beat/", "tpuslice") == []
+    # The group's shutdown killed the hung actor (nothing else would end it).
+    wait_for(lambda: not any(pid_alive(p) for p in hung), 30, "the hung actor killed")
     all_back()
 
 
 @ray.remote
-def env_and_pid() -> tuple[str, int, str, str]:
+def env_and_pid() -> tuple[str, int, str, str, dict[str, Any]]:
+    """This host's context, pid and MEGASCALE, and the host as node detection finds it
+    with no TPU_* variables (a GCE TPU VM): through the metadata server that
+    ``GCE_METADATA_HOST`` names."""
+    from tpuslice import node
+    from tpuslice.metadata import watch
+
     host = tpuslice.current_host()
-    return (
-        host.slice_name,
-        os.getpid(),
-        os.environ.get("MEGASCALE_NUM_SLICES", "-"),
-        (os.environ.get("TPUSLICE_NUM_SLICES", "-")),
-    )
+    info = node.detect(env={k: v for k, v in os.environ.items() if not k.startswith("TPU_")})
+    found = {
+        "slice": info.slice_name,
+        "worker": info.worker_id,
+        "shape": (info.pod_type, info.topology),
+        "source": info.sources.get("slice_name"),
+        "preempted": watch("instance/preempted").value,
+        "server": os.environ.get("GCE_METADATA_HOST", ""),
+        "host": (host.slice_name, host.worker_id),
+    }
+    megascale = os.environ.get("MEGASCALE_NUM_SLICES", "-")
+    return host.slice_name, os.getpid(), megascale, str(host.num_slices), found
 
 
-def test_a_worker_that_survives_a_shrink_sees_no_stale_megascale(
+def test_hosts_find_themselves_through_their_metadata_servers_and_no_env_goes_stale(
     tpu_cluster: SimulatedCluster,
 ) -> None:
-    """Two slices, then one: the same worker processes run the second call (Ray reuses
+    """Each host's node detection, with no TPU_* variables, reads its own metadata server.
+    Two slices, then one: the same worker processes run the second call (Ray reuses
     them), and they see the one-slice context with no MEGASCALE_* left over."""
     with hold_host("v4-16-c", 1), hold_host("v4-16-d", 1):
         wide = ray.get(tpuslice.run_on_slice(env_and_pid, **V4, num_slices=2), timeout=60)
@@ -337,4 +315,12 @@ def test_a_worker_that_survives_a_shrink_sees_no_stale_megascale(
     assert {(r[0], r[2], r[3]) for r in narrow} == {("v4-16-a", "-", "1")}
     survivors = {r[1] for r in wide} & {r[1] for r in narrow}
     assert survivors, "no worker survived: the test did not exercise a reused process"
+    found = [r[4] for r in wide]
+    assert [(f["slice"], f["worker"]) for f in found] == [f["host"] for f in found]
+    assert {(f["shape"], f["source"], f["preempted"]) for f in found} == {
+        (("v4-16", "2x2x2"), "metadata:instance-id", "FALSE")
+    }
+    servers = [f["server"] for f in found]
+    assert all(s.startswith("127.0.0.1:") for s in servers)
+    assert len(set(servers)) == len(servers)  # one server per host
     assert_no_placement_groups()

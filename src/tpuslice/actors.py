@@ -263,13 +263,13 @@ class SliceActorGroup(ShutsDownOnExit):
     def shutdown(self) -> None:
         """Kill every actor and, if the group owns it, give the slice back; otherwise
         confirm the actors' TPUs are free for the slice's next calls. Idempotent."""
-        if self.watching.beats:
-            _ray.kv_delete(self._beats, NAMESPACE, prefix=True)
         actors, self.actors = self.actors, []
         if actors:
             self.slice.ownership.disown(actors)
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        if self.watching.beats:  # after the kills: a live actor could still publish one
+            _ray.kv_delete(self._beats, NAMESPACE, prefix=True)
         if self.owns_slice:
             self.slice.shutdown()
         elif actors and not self.slice.is_shut_down:

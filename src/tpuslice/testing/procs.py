@@ -76,24 +76,15 @@ def descendants(pids: Iterable[int]) -> set[int]:
     return found
 
 
-def stop(pid: int) -> None:
-    """SIGSTOP ``pid`` (a process gone, or not ours, is skipped).
+def send_signal(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid`` (a process gone, or not ours, is skipped).
 
     Args:
         pid: The process id.
+        sig: The signal.
     """
     with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-        psutil.Process(pid).suspend()
-
-
-def resume(pid: int) -> None:
-    """SIGCONT ``pid`` (a process gone, or not ours, is skipped).
-
-    Args:
-        pid: The process id.
-    """
-    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-        psutil.Process(pid).resume()
+        psutil.Process(pid).send_signal(sig)
 
 
 def process_title(pid: int) -> str:

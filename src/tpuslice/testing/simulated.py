@@ -27,6 +27,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import string
 import tempfile
 import threading
@@ -64,9 +65,8 @@ from tpuslice.testing.procs import (
     kill_and_wait,
     pid_alive,
     process_title,
-    resume,
+    send_signal,
     sigkill,
-    stop,
 )
 from tpuslice.topology import SliceShape, slice_shape
 from tpuslice.tpu_lock import SIM_ROOT_ENV, TPUOwner, find_owner
@@ -82,6 +82,8 @@ FAST_FAILURE_DETECTION = {
 }
 
 
+HANG_SIGNAL = signal.SIGUSR2
+"""What :meth:`SimulatedCluster.hang_host` sends (``sim_site/sitecustomize.py`` handles it)."""
 TERMINATE_ON_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
 MIGRATE_ON_MAINTENANCE = "MIGRATE_ON_HOST_MAINTENANCE"
 
@@ -221,8 +223,6 @@ class SimulatedHost:
     node: Any = None
     metadata: MetadataServer | None = None
     """Its GCE metadata server (``GCE_METADATA_HOST`` on the host points at it)."""
-    hung: list[int] = field(default_factory=list)
-    """Pids :meth:`SimulatedCluster.hang_host` stopped."""
 
     @property
     def alive(self) -> bool:
@@ -579,16 +579,18 @@ class SimulatedCluster:
         return self._later(maintain, wait, f"maintain {slice_name}/{worker_id}")
 
     def hang_host(self, slice_name: str, worker_id: int) -> list[int]:
-        """Freeze the host's running work, like a collective stuck on a lost peer: every
-        worker process running a task or actor of the user's is stopped (SIGSTOP). The
-        host stays alive for Ray (its raylet runs, its TPU agent answers).
+        """Make the host's running work hang, like a collective stuck on a lost peer:
+        every worker process running a task or actor of the user's gets ``SIGUSR2``, on
+        which its main thread blocks for ever (``sim_site/sitecustomize.py``). The
+        processes stay alive and Ray sees the host healthy; Ray can still cancel or kill
+        them (its own threads run on), and nothing else ends them.
 
         Args:
             slice_name: The host's slice.
             worker_id: Its TPU worker id.
 
         Returns:
-            The pids stopped (:meth:`resume_host` continues them; killing them works).
+            The pids made to hang.
 
         Raises:
             SimulatorError: no such host, or it is dead.
@@ -596,28 +598,14 @@ class SimulatedCluster:
         host = self._host(slice_name, worker_id)
         if not host.alive:
             raise SimulatorError(f"host {worker_id} of {slice_name} is dead")
-        stopped = []
-        for pid in sorted(descendants(_ray.node_process_pids(host.node))):
-            if _is_user_work(pid):
-                stop(pid)
-                stopped.append(pid)
-        host.hung = stopped
-        return stopped
-
-    def resume_host(self, slice_name: str, worker_id: int) -> None:
-        """Continue the processes :meth:`hang_host` stopped.
-
-        Args:
-            slice_name: The host's slice.
-            worker_id: Its TPU worker id.
-
-        Raises:
-            SimulatorError: no such host.
-        """
-        host = self._host(slice_name, worker_id)
-        for pid in host.hung:
-            resume(pid)
-        host.hung = []
+        hung = [
+            pid
+            for pid in sorted(descendants(_ray.node_process_pids(host.node)))
+            if _is_user_work(pid)
+        ]
+        for pid in hung:
+            send_signal(pid, HANG_SIGNAL)
+        return hung
 
     def metadata_server(self, slice_name: str, worker_id: int) -> MetadataServer:
         """A host's GCE metadata server (to read or set its values).
@@ -900,9 +888,15 @@ def _check_notice(notice_s: float) -> None:
         raise SimulatorError(f"notice_s must be seconds >= 0, got {notice_s!r}")
 
 
-USER_WORK_EXCLUDED = ("ray::IDLE", "ray::HostAgent", "ray::SliceQueueActor")
-"""Worker process titles :meth:`SimulatedCluster.hang_host` leaves running: idle workers
-and tpuslice's own actors (a stuck collective does not stop those)."""
+USER_WORK_EXCLUDED = (
+    "ray::IDLE",
+    "ray::DashboardAgent",
+    "ray::RuntimeEnvAgent",
+    "ray::HostAgent",
+    "ray::SliceQueueActor",
+)
+"""Process titles :meth:`SimulatedCluster.hang_host` leaves running: idle workers, the
+node's Ray agents and tpuslice's own actors (a stuck collective does not stop those)."""
 
 
 def _is_user_work(pid: int) -> bool:

@@ -129,7 +129,7 @@ def test_a_preemption_notice_runs_the_hook_and_the_run_moves_before_the_hosts_di
         ) as future:
             first = wait_for(lambda: started(markers, 2), 60, "attempt 1 running")
             victim = first[0]
-            thread = tpu_cluster.preempt_slice(victim, notice_s=7, wait=False)
+            thread = tpu_cluster.preempt_slice(victim, notice_s=6, wait=False)
             assert thread is not None
             dying.append(thread)
             second = wait_for(lambda: started(markers, 4), 30, "attempt 2 running")
@@ -166,7 +166,7 @@ def test_a_maintenance_event_shows_and_new_reservations_skip_the_slice(
         target = held.slice_names[0]
         assert held.notices() == []
         thread = tpu_cluster.schedule_maintenance(
-            target, 1, notice_s=5, event=MIGRATE_ON_MAINTENANCE, wait=False
+            target, 1, notice_s=4, event=MIGRATE_ON_MAINTENANCE, wait=False
         )
         assert thread is not None
         try:
@@ -259,16 +259,19 @@ def test_a_hung_actor_is_named_by_the_group(tpu_cluster: SimulatedCluster, tmp_p
             return count
 
     go = tmp_path / "go"
-    group = tpuslice.SliceActorGroup.create(Stepper, **V4, heartbeat_timeout_s=2.0)
+    group = tpuslice.SliceActorGroup.create(
+        Stepper, **V4, heartbeat_timeout_s=2.0, startup_timeout_s=20.0
+    )
     hung: list[int] = []
     try:
         refs = group.call("steps", str(go))
         name = group.contexts[1].slice_name
-        wait_for(lambda: len(_ray.kv_list("beat/", "tpuslice")) == 2, 30, "both actors beat")
+        mine = group._beats  # this group's heartbeat keys, not another run's
+        wait_for(lambda: len(_ray.kv_list(mine, "tpuslice")) == 2, 30, "both actors beat")
         hung = tpu_cluster.hang_host(name, 1)
         assert hung, "nothing to hang"
         with pytest.raises(tpuslice.HostHungError, match=rf"silent: rank 1 \({name} host 1\)"):
-            group.get(refs, timeout=60)
+            group.get(refs, timeout=30)
     finally:
         go.touch()
         group.shutdown()

@@ -323,3 +323,18 @@ def test_a_beat_is_noted_in_memory_and_published_in_the_background(
     wait_for(lambda: puts, 5, "the beat published")
     assert puts[0][0] == "beat/run/0" and puts[0][2] == "tpuslice"
     assert puts[0][1] == heartbeats._beats["beat/run/0"]
+
+
+def test_a_beat_of_a_call_that_ended_is_not_published(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver deletes an attempt's keys when it ends; a late publish would leave
+    one behind, so beats of ended calls are forgotten instead."""
+    from tpuslice import heartbeats
+
+    puts: list[str] = []
+    monkeypatch.setattr(heartbeats, "_beats", {"beat/a/0": 1.0e12, "beat/b/0": 1.0e12})
+    monkeypatch.setattr(heartbeats._ray, "kv_put", lambda key, value, ns: puts.append(key))
+    monkeypatch.setenv(BEAT_ENV, "beat/b/0")  # the call of beat/a/0 has ended
+    sent: dict[str, float] = {}
+    heartbeats.publish_due(sent)
+    heartbeats.publish_due(sent)  # unchanged: not published again
+    assert puts == ["beat/b/0"] and list(heartbeats._beats) == ["beat/b/0"]

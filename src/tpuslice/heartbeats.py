@@ -1,10 +1,11 @@
 """``tpuslice.heartbeat()``: the user's code says "still making progress", cheaply.
 
 A resilient run with ``heartbeat_timeout_s`` gives each rank's call a key in
-``TPUSLICE_HEARTBEAT_KEY``. :func:`heartbeat` only notes the time in this process (no Ray
-call, no I/O: a dict write); a daemon thread publishes the latest beat of each key to
-Ray's KV store (namespace ``tpuslice``) every :data:`PUBLISH_S`, and the driver reads them
-(:mod:`tpuslice.watchdog`). Outside such a call it does nothing.
+``TPUSLICE_HEARTBEAT_KEY`` (an actor group, each actor for its life). :func:`heartbeat`
+only notes the time in this process (no Ray call, no I/O: a dict write); a daemon thread
+publishes the latest beat of the current key to Ray's KV store (namespace ``tpuslice``)
+every :data:`PUBLISH_S`, and the driver reads them (:mod:`tpuslice.watchdog`). Outside
+such a call it does nothing, and a beat whose call has ended is not published.
 """
 
 from __future__ import annotations
@@ -51,18 +52,30 @@ def heartbeat() -> None:
 
 
 def _publish() -> None:
-    """Publish each key's newest beat when it changed; runs for the process's life."""
+    """Publish beats every :data:`PUBLISH_S` for the process's life."""
     sent: dict[str, float] = {}
     while True:
-        now = time.time()
-        for key, at in list(_beats.items()):
-            if now - at > FORGET_S:
-                _beats.pop(key, None)
-                sent.pop(key, None)
-            elif sent.get(key) != at:
-                try:
-                    _ray.kv_put(key, repr(at).encode(), NAMESPACE)
-                    sent[key] = at
-                except _ray.kv_errors() as exc:  # the driver has gone; keep the worker alive
-                    logger.debug("could not publish heartbeat %s: %s", key, exc)
+        publish_due(sent)
         time.sleep(PUBLISH_S)
+
+
+def publish_due(sent: dict[str, float]) -> None:
+    """Publish the current call's newest beat if it changed since ``sent``; forget the
+    beats of calls that have ended (a task's key is set only around its call: a beat
+    published after it would outlive the attempt, whose keys the driver deletes).
+
+    Args:
+        sent: Key -> the beat last published (updated).
+    """
+    now = time.time()
+    current = os.environ.get(BEAT_ENV)
+    for key, at in list(_beats.items()):
+        if key != current or now - at > FORGET_S:
+            _beats.pop(key, None)
+            sent.pop(key, None)
+        elif sent.get(key) != at:
+            try:
+                _ray.kv_put(key, repr(at).encode(), NAMESPACE)
+                sent[key] = at
+            except _ray.kv_errors() as exc:  # the driver has gone; keep the worker alive
+                logger.debug("could not publish heartbeat %s: %s", key, exc)

@@ -3,7 +3,11 @@
 A head node with CPUs only, plus one Ray node per simulated TPU VM carrying the labels,
 resources and environment Ray gives a real one (see :mod:`tpuslice.labels`). Faults are
 real too: :meth:`SimulatedCluster.kill_host` SIGKILLs a node's processes, so its tasks
-fail with Ray's own node-died errors.
+fail with Ray's own node-died errors. Each host has its own GCE metadata server on a
+loopback port (``GCE_METADATA_HOST``, :mod:`tpuslice.testing.metadata_server`), through
+which :meth:`~SimulatedCluster.preempt_slice` and
+:meth:`~SimulatedCluster.schedule_maintenance` give notice before the hosts go, as GCE
+does; :meth:`~SimulatedCluster.hang_host` makes a host's work hang without dying.
 
 Two settings differ from Ray's defaults, both for speed on a laptop, both documented:
 every host gets ``cpus_per_host`` logical CPUs (a real TPU VM has 100+; with 1, Ray's

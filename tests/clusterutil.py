@@ -6,7 +6,9 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import ray
@@ -29,6 +31,25 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, what: str = "") 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(0.02)
+
+
+def markers_written(directory: Path, count: int) -> list[str]:
+    """The texts of the marker files tasks wrote (a dot-name while half-written), once
+    there are ``count`` of them; else ``[]`` (for :func:`wait_for`)."""
+    found = [p.read_text() for p in directory.iterdir() if not p.name.startswith(".")]
+    return found if len(found) >= count else []
+
+
+@contextmanager
+def run_in_background(*args: Any, go: Path, **kwargs: Any) -> Iterator[Future[list[Any]]]:
+    """``run_resilient`` in a thread, so the test can inject faults while it runs. On the
+    way out the go file exists, so no task of the run is left waiting."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(tpuslice.run_resilient, *args, **kwargs)
+        try:
+            yield future
+        finally:
+            go.touch()
 
 
 @contextmanager

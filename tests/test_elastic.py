@@ -18,7 +18,7 @@ import ray
 from click.testing import CliRunner
 
 import tpuslice
-from clusterutil import hold_host, wait_for
+from clusterutil import hold_host, markers_written, wait_for
 from tpuslice import AttemptEvent
 from tpuslice.cli import main
 from tpuslice.testing import SimulatedCluster, assert_no_placement_groups
@@ -116,11 +116,6 @@ def mark_and_wait(marker_dir: str, go: str) -> tuple[str, int, str]:
     return host.slice_name, host.rank, megascale
 
 
-def markers(directory: Path, count: int) -> list[str]:
-    found = [p.read_text() for p in directory.iterdir() if not p.name.startswith(".")]
-    return found if len(found) >= count else []
-
-
 def test_a_resilient_run_shrinks_when_a_slice_is_lost_and_grows_back(
     tpu_cluster: SimulatedCluster, tmp_path: Path
 ) -> None:
@@ -149,16 +144,16 @@ def test_a_resilient_run_shrinks_when_a_slice_is_lost_and_grows_back(
                 on_event=events.append,
             )
             try:
-                first = wait_for(lambda: markers(marks, 4), 60, "attempt 1 on two slices")
+                first = wait_for(lambda: markers_written(marks, 4), 60, "attempt 1 on two slices")
                 assert sorted(first) == ["v4-16-a 2 2"] * 2 + ["v4-16-b 2 2"] * 2
                 lost.append("v4-16-b")
                 tpu_cluster.kill_host("v4-16-b", 1)
-                second = wait_for(lambda: markers(marks, 6), 60, "attempt 2 on one slice")
+                second = wait_for(lambda: markers_written(marks, 6), 60, "attempt 2 on one slice")
                 assert sorted(set(second) - set(first)) == ["v4-16-a - 1"]
                 stack.close()  # c and d are idle now
                 lost.append("v4-16-a")
                 tpu_cluster.kill_host("v4-16-a", 0)
-                third = wait_for(lambda: markers(marks, 10), 60, "attempt 3 on two slices")
+                third = wait_for(lambda: markers_written(marks, 10), 60, "attempt 3 on two slices")
                 assert sorted(set(third) - set(second)) == [
                     "v4-16-c 2 2",
                     "v4-16-d 2 2",

@@ -14,9 +14,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +21,7 @@ import pytest
 import ray
 
 import tpuslice
-from clusterutil import hold_host, wait_for
+from clusterutil import hold_host, markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome, _ray
 from tpuslice.cluster import SliceState, read_snapshot
 from tpuslice.status import state_label
@@ -65,21 +62,6 @@ def beat_until_go(marker_dir: str, go: str, stall: str = "") -> tuple[str, int]:
     return host.slice_name, host.rank
 
 
-def started(markers: Path, count: int) -> list[str]:
-    names = [p.read_text() for p in markers.iterdir() if not p.name.startswith(".")]
-    return names if len(names) >= count else []
-
-
-@contextmanager
-def resilient(*args: Any, go: Path, **kwargs: Any) -> Iterator[Future[list[Any]]]:
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(tpuslice.run_resilient, *args, **kwargs)
-        try:
-            yield future
-        finally:
-            go.touch()
-
-
 def all_back() -> None:
     wait_for(
         lambda: all(read_snapshot().slices[n].state is SliceState.READY for n in V4_SLICES),
@@ -117,7 +99,7 @@ def test_a_preemption_notice_runs_the_hook_and_the_run_moves_before_the_hosts_di
             alive_when_left.append(bool(dying) and dying[0].is_alive())
 
     try:
-        with resilient(
+        with run_in_background(
             beat_until_go,
             str(markers),
             str(go),
@@ -127,12 +109,12 @@ def test_a_preemption_notice_runs_the_hook_and_the_run_moves_before_the_hosts_di
             on_notice=on_notice,
             go=go,
         ) as future:
-            first = wait_for(lambda: started(markers, 2), 60, "attempt 1 running")
+            first = wait_for(lambda: markers_written(markers, 2), 60, "attempt 1 running")
             victim = first[0]
             thread = tpu_cluster.preempt_slice(victim, notice_s=6, wait=False)
             assert thread is not None
             dying.append(thread)
-            second = wait_for(lambda: started(markers, 4), 30, "attempt 2 running")
+            second = wait_for(lambda: markers_written(markers, 4), 30, "attempt 2 running")
             go.touch()
             results = future.result(timeout=60)
         finished_before_death = dying[0].is_alive()
@@ -200,7 +182,7 @@ def test_hangs_are_caught_by_heartbeats_and_the_gang_restarts(
     stall.mkdir()
     events: list[AttemptEvent] = []
     hung: list[int] = []
-    with resilient(
+    with run_in_background(
         beat_until_go,
         str(markers),
         str(go),
@@ -214,7 +196,7 @@ def test_hangs_are_caught_by_heartbeats_and_the_gang_restarts(
         on_event=events.append,
         go=go,
     ) as future:
-        wait_for(lambda: started(markers, 4), 60, "attempt 2 running")
+        wait_for(lambda: markers_written(markers, 4), 60, "attempt 2 running")
         wait_for(lambda: len(events) >= 3, 30, "attempt 2 started")
         second = events[2].slice_names[0]
         # Both ranks of attempt 2 beat (attempt 1's keys went with it) before one
@@ -222,7 +204,7 @@ def test_hangs_are_caught_by_heartbeats_and_the_gang_restarts(
         wait_for(lambda: len(_ray.kv_list("beat/", "tpuslice")) == 2, 30, "two beats")
         hung = tpu_cluster.hang_host(second, 1)
         assert hung, "nothing to hang"
-        wait_for(lambda: started(markers, 6), 60, "attempt 3 running")
+        wait_for(lambda: markers_written(markers, 6), 60, "attempt 3 running")
         go.touch()
         results = future.result(timeout=60)
     # The hung process was ended by the gang's cancellation (nothing else would).

@@ -6,17 +6,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 import ray
 
 import tpuslice
-from clusterutil import hold_host, wait_for
+from clusterutil import hold_host, markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome
 from tpuslice.claim import Clock
 from tpuslice.testing import SimulatedCluster, live_placement_groups
@@ -59,24 +55,6 @@ def whoami() -> tuple[int, str, str]:
     return host.rank, host.slice_name, str(host.worker_id)
 
 
-def started(markers: Path, count: int) -> list[str]:
-    """Slice names of the tasks that have started, once there are ``count`` of them."""
-    names = [p.read_text() for p in markers.iterdir() if not p.name.startswith(".")]
-    return names if len(names) >= count else []
-
-
-@contextmanager
-def run_in_background(*args: Any, go: Path, **kwargs: Any) -> Iterator[Future[list[Any]]]:
-    """``run_resilient`` in a thread, so the test can inject faults while it runs. On the
-    way out the go file exists, so no task of the run is left waiting."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(tpuslice.run_resilient, *args, **kwargs)
-        try:
-            yield future
-        finally:
-            go.touch()
-
-
 def wait_all_v4_ready() -> None:
     wait_for(
         lambda: tpuslice.get_num_ready_tpu_slices("2x2x2", "v4") == 4,
@@ -102,11 +80,15 @@ def test_host_killed_mid_run_restarts_on_another_slice(
             on_event=events.append,
             go=go,
         ) as future:
-            first = wait_for(lambda: started(markers, 2), timeout=60, what="attempt 1 running")
+            first = wait_for(
+                lambda: markers_written(markers, 2), timeout=60, what="attempt 1 running"
+            )
             victim = first[0]
             assert first == [victim, victim]
             tpu_cluster.kill_host(victim, 1)
-            second = wait_for(lambda: started(markers, 4), timeout=60, what="attempt 2 running")
+            second = wait_for(
+                lambda: markers_written(markers, 4), timeout=60, what="attempt 2 running"
+            )
             go.touch()
             results = future.result(timeout=60)
     finally:
@@ -153,12 +135,12 @@ def test_same_slice_lost_twice_with_a_budget_of_one_gives_up_with_history(
                 go=go,
             ) as future,
         ):
-            assert wait_for(lambda: started(markers, 2), timeout=60) == [target] * 2
+            assert wait_for(lambda: markers_written(markers, 2), timeout=60) == [target] * 2
             tpu_cluster.preempt_slice(target, notice_s=0)
             for worker in (0, 1):
                 tpu_cluster.wait_until_dead(target, worker)
             tpu_cluster.restore_slice(target)
-            assert wait_for(lambda: started(markers, 4), timeout=60) == [target] * 4
+            assert wait_for(lambda: markers_written(markers, 4), timeout=60) == [target] * 4
             tpu_cluster.preempt_slice(target, notice_s=0)
             with pytest.raises(tpuslice.RetriesExhaustedError) as info:
                 future.result(timeout=60)

@@ -155,3 +155,37 @@ def test_the_cluster_view_drops_notices_left_by_hosts_long_gone(
     owners, notices = agent.recorded_notes()
     assert owners == {} and notices == {"n2": fresh}
     assert list(store) == ["tpu-notice/n2"]
+
+
+def test_a_server_that_cannot_hold_requests_is_asked_every_retry_s_not_in_a_loop() -> None:
+    """No ETag (a 404 from a metadata server without the value, as GKE's may be): every
+    answer, changed or not, is followed by a RETRY_S pause."""
+    from tpuslice.notices import RETRY_S
+
+    class Stop(threading.Event):
+        def __init__(self) -> None:
+            super().__init__()
+            self.waits: list[float] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.waits.append(timeout or 0.0)
+            return self.is_set()
+
+    stop = Stop()
+    answers = [Watched(None, "", True)] * 4
+    seen: list[Notice | None] = []
+
+    def poll(path: str, etag: str, timeout: float) -> Watched:
+        if len(answers) == 1:
+            stop.set()
+        return answers.pop()
+
+    watch_value(
+        PREEMPTED_PATH,
+        lambda path, notice: seen.append(notice),
+        stop,
+        describe=lambda kind, event, since: make(kind, event, since),
+        poll=poll,
+    )
+    assert seen == [None]  # recorded once
+    assert stop.waits == [RETRY_S] * 4  # paused after every answer

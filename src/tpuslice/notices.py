@@ -202,8 +202,8 @@ def watch_value(
         clock: Wall-clock seconds.
     """
     etag = ""
-    answered = False
-    current: tuple[str, str] | bool | None = False  # False: nothing recorded yet
+    answered = recorded = False
+    current: tuple[str, str] | None = None
     while not stop.is_set():
         got = poll(path, etag, WATCH_TIMEOUT_S)
         if not got.reachable:
@@ -218,13 +218,10 @@ def watch_value(
             continue  # held until the timeout: unchanged
         etag = got.etag
         found = notice_of(path, got.value)
-        now = (found[0], got.value or "") if found else None
-        if now == current:
-            continue
-        current = now
-        if found is None:
-            record(path, None)
-        else:
-            record(path, describe(found[0], got.value or "", clock()))
-        if not etag:  # a server without ETags cannot hold requests: do not spin
+        state = (found[0], got.value or "") if found else None
+        if not recorded or state != current:
+            recorded, current = True, state
+            notice = None if found is None else describe(found[0], got.value or "", clock())
+            record(path, notice)
+        if not etag:  # a server without ETags (or a 404) cannot hold requests: no spinning
             stop.wait(RETRY_S)

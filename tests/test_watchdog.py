@@ -98,7 +98,7 @@ class World:
         return AttemptWatch(
             config,
             ["n0", "n1"],
-            ["v4-16-a host 0", "v4-16-a host 1"],
+            ["rank 0 (v4-16-a host 0)", "rank 1 (v4-16-a host 1)"],
             on_event,
             read_notices=self.read_notices,
             read_beats=self.read_beats,

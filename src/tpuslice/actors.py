@@ -32,7 +32,7 @@ from tpuslice.labels import CallEnv
 from tpuslice.request import SliceRequest
 from tpuslice.reserve import ShutsDownOnExit, SlicePlacementGroup
 from tpuslice.run import MEGASCALE_VARS, HostContext, call_env, host_contexts
-from tpuslice.watchdog import BEAT_PREFIX, CHECK_S, WatchConfig, find_hang
+from tpuslice.watchdog import BEAT_PREFIX, CHECK_S, WatchConfig, describe_hang
 
 
 class SliceActorGroup(ShutsDownOnExit):
@@ -239,23 +239,18 @@ class SliceActorGroup(ShutsDownOnExit):
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, wait))
             if not pending:
                 return
-            raw = _ray.kv_get_many(keys, NAMESPACE)
-            beats = [float(raw[key]) if key in raw else None for key in keys]
-            hang = find_hang(
-                beats,
-                time.time(),
+            hang = describe_hang(
+                self.watching,
+                keys,
+                _ray.kv_get_many(keys, NAMESPACE),
+                [context.describe() for context in self.contexts],
                 self._started,
-                self.watching.heartbeat_timeout_s,
-                self.watching.startup_timeout_s,
+                time.time(),
             )
             if hang is not None:
-                who = ", ".join(
-                    f"rank {r} ({self.contexts[r].slice_name} host {self.contexts[r].worker_id})"
-                    for r in hang.ranks
-                )
                 raise HostHungError(
-                    f"{'stuck starting' if hang.startup else 'silent'}: {who}: {hang.reason}. "
-                    "Shut the group down (its actors are killed) and start a new one"
+                    f"{hang[0]}: {hang[1]}. Shut the group down (its actors are killed) and "
+                    "start a new one"
                 )
             if deadline is not None and time.monotonic() >= deadline:
                 return  # the ray.get below raises GetTimeoutError, as without watching

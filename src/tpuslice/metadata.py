@@ -162,13 +162,13 @@ def watch(
     Returns:
         The value, its version, and whether a server answered.
     """
-    query = {"wait_for_change": "true", "timeout_sec": str(max(1, int(timeout_s)))}
-    if etag:
-        query["last_etag"] = etag
     url = (root or metadata_root()) + path
+    wait = 0.0
     if etag:
+        wait = max(1, int(timeout_s))
+        query = {"wait_for_change": "true", "last_etag": etag, "timeout_sec": str(wait)}
         url += "?" + urlencode(query)
-    text, found, reachable = _http_get_full(url, timeout_s + 5.0 if etag else 5.0)
+    text, found, reachable = _http_get_full(url, wait + 5.0)
     return Watched(text, found, reachable)
 
 

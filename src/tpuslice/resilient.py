@@ -312,8 +312,7 @@ class GangBrokenError(Exception):
         Returns:
             The error to raise (chain ``exc`` to it).
         """
-        host = host_contexts(spg)[rank]
-        where = f"rank {rank} ({host.slice_name} host {host.worker_id})"
+        where = host_contexts(spg)[rank].describe()
         return cls(classify(exc), f"{where}: {summarize(exc)}")
 
 
@@ -337,8 +336,8 @@ def watch_gang(
     Returns:
         The watch.
     """
-    hosts = [f"{c.slice_name} host {c.worker_id}" for c in host_contexts(spg)]
-    return AttemptWatch(config, spg.rank_nodes(), hosts, notice_event)
+    ranks = [context.describe() for context in host_contexts(spg)]
+    return AttemptWatch(config, spg.rank_nodes(), ranks, notice_event)
 
 
 def judged(broken: GangBrokenError, watch: AttemptWatch) -> GangBrokenError:

@@ -62,6 +62,14 @@ class HostContext:
     coordinator_address: str
     """Address of slice 0 worker 0 (the MEGASCALE / JAX coordinator host)."""
 
+    def describe(self) -> str:
+        """``rank 1 (v4-16-a host 1)``: the rank and its host, for messages.
+
+        Returns:
+            One phrase.
+        """
+        return f"rank {self.rank} ({self.slice_name} host {self.worker_id})"
+
     def env(self) -> dict[str, str]:
         """The environment of this rank's calls.
 

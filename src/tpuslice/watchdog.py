@@ -105,6 +105,35 @@ def find_hang(
     )
 
 
+def describe_hang(
+    config: WatchConfig,
+    keys: Sequence[str],
+    published: Mapping[str, bytes],
+    ranks: Sequence[str],
+    started: float,
+    now: float,
+) -> tuple[str, str] | None:
+    """Whether a gang hangs, from the heartbeats published under its keys. Pure.
+
+    Args:
+        config: The timeouts.
+        keys: Each rank's heartbeat key, in rank order.
+        published: Key -> the last beat published (wall-clock seconds, as text).
+        ranks: Each rank with its host (``rank 1 (v4-16-a host 1)``).
+        started: When the gang started (wall clock).
+        now: Wall-clock seconds.
+
+    Returns:
+        ``(cause, evidence)`` naming the silent ranks, or ``None``.
+    """
+    beats = [_beat(published.get(key)) for key in keys]
+    hang = find_hang(beats, now, started, config.heartbeat_timeout_s, config.startup_timeout_s)
+    if hang is None:
+        return None
+    what = "stuck starting" if hang.startup else "silent"
+    return f"{what}: {', '.join(ranks[r] for r in hang.ranks)}", hang.reason
+
+
 def check_timeout(name: str, value: float | None) -> None:
     """Refuse a timeout that is not ``None`` or finite seconds > 0.
 
@@ -173,7 +202,7 @@ class AttemptWatch:
     Args:
         config: What to watch for.
         nodes: Each rank's Ray node id, in rank order.
-        hosts: Each rank's host, for messages (``v4-16-a host 1``).
+        ranks: Each rank with its host, for messages (``rank 1 (v4-16-a host 1)``).
         on_notice_event: Called with the notice (to emit the run's ``notice`` event);
             returns what is passed to the user's hook.
         read_notices: Node ids -> the notices recorded for them (default: the agents'
@@ -187,7 +216,7 @@ class AttemptWatch:
         self,
         config: WatchConfig,
         nodes: Sequence[str],
-        hosts: Sequence[str],
+        ranks: Sequence[str],
         on_notice_event: Callable[[Notice], object],
         *,
         read_notices: ReadNotices | None = None,
@@ -197,7 +226,7 @@ class AttemptWatch:
     ) -> None:
         self.config = config
         self.nodes = list(nodes)
-        self.hosts = list(hosts)
+        self.ranks = list(ranks)
         self._on_notice_event = on_notice_event
         if read_notices is None:
             from tpuslice.agent import notices_for  # agent.py imports Ray actors
@@ -238,20 +267,12 @@ class AttemptWatch:
         if notices:
             self._leave_on_notice(min(notices.values(), key=lambda n: n.deadline))
         if self.config.beats:
-            keys = [f"{self.prefix}{rank}" for rank in range(len(self.nodes))]
-            raw = self._read_beats(keys)
-            beats = [_beat(raw.get(key)) for key in keys]
-            hang = find_hang(
-                beats,
-                now,
-                self.started,
-                self.config.heartbeat_timeout_s,
-                self.config.startup_timeout_s,
+            keys = [f"{self.prefix}{rank}" for rank in range(len(self.ranks))]
+            hang = describe_hang(
+                self.config, keys, self._read_beats(keys), self.ranks, self.started, now
             )
             if hang is not None:
-                who = ", ".join(f"rank {r} ({self.hosts[r]})" for r in hang.ranks)
-                what = "stuck starting" if hang.startup else "silent"
-                raise Broken("hang", f"{what}: {who}", hang.reason)
+                raise Broken("hang", *hang)
 
     def close(self) -> None:
         """Forget this attempt's heartbeats (best effort)."""

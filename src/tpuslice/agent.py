@@ -69,44 +69,29 @@ class HostAgent:
     per value, in daemon threads) and records the one standing (:mod:`tpuslice.notices`).
     """
 
-    def __init__(self, node_id: str, watch_notices: bool = True) -> None:
+    def __init__(self, node_id: str) -> None:
         self.node_id = node_id
         self.root = host_root()
         self._notices: dict[str, Notice | None] = {}
         self._notices_lock = threading.Lock()
-        self._stop = threading.Event()
-        if watch_notices:
-            labels = ray.get_runtime_context().get_node_labels()
-            slice_name = labels.get(SLICE_NAME_LABEL, "")
-            worker = labels.get(WORKER_ID_LABEL, "")
-            worker_id = int(worker) if worker.isdecimal() else -1
-            for path in (PREEMPTED_PATH, MAINTENANCE_PATH):
-                threading.Thread(
-                    target=watch_value,
-                    args=(path, self._record_notice, self._stop),
-                    kwargs={
-                        "describe": lambda kind, event, since: Notice(
-                            kind,
-                            event,
-                            since,
-                            since + notice_period(kind),
-                            node_id,
-                            slice_name,
-                            worker_id,
-                        )
-                    },
-                    name=f"tpuslice-notice-{path}",
-                    daemon=True,
-                ).start()
+        never = threading.Event()  # the watches last as long as the agent, like its host
+        labels = ray.get_runtime_context().get_node_labels()
+        slice_name = labels.get(SLICE_NAME_LABEL, "")
+        worker = labels.get(WORKER_ID_LABEL, "")
+        worker_id = int(worker) if worker.isdecimal() else -1
 
-    def notice(self) -> dict[str, Any] | None:
-        """The notice standing on this host now (tests and status ask).
+        def describe(kind: str, event: str, since: float) -> Notice:
+            deadline = since + notice_period(kind)
+            return Notice(kind, event, since, deadline, node_id, slice_name, worker_id)
 
-        Returns:
-            Its fields, or ``None``.
-        """
-        found = self._standing()
-        return None if found is None else json.loads(found.to_json())
+        for path in (PREEMPTED_PATH, MAINTENANCE_PATH):
+            threading.Thread(
+                target=watch_value,
+                args=(path, self._record_notice, never),
+                kwargs={"describe": describe},
+                name=f"tpuslice-notice-{path}",
+                daemon=True,
+            ).start()
 
     def _standing(self) -> Notice | None:
         with self._notices_lock:

@@ -25,7 +25,6 @@ def clean_env() -> dict[str, str]:
 
 
 def test_demo_runs_end_to_end_and_gives_everything_back() -> None:
-    start = time.monotonic()
     out = subprocess.run(
         [*TPUSLICE, "demo"], capture_output=True, text=True, timeout=180, env=clean_env()
     )
@@ -37,7 +36,6 @@ def test_demo_runs_end_to_end_and_gives_everything_back() -> None:
     # rank order and the two-slice MEGASCALE ids, as printed
     assert re.search(r"│ 0\s+│ v6e-16-\w\s+│ 0\s+│ v6e-16-\w\s+│ 0", text)
     assert re.search(r"│ 7\s+│ v6e-16-\w\s+│ 3\s+│ 2\s+│ 1\s", text)
-    assert time.monotonic() - start < 60
     assert max(len(line) for line in text.splitlines()) <= 80
 
 

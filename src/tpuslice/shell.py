@@ -8,6 +8,7 @@ environment (``TPUSLICE_*``, ``MEGASCALE_*``); cancelling the task kills the gro
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -75,20 +76,46 @@ def command_on_host(env: CallEnv, command: str) -> Iterator[tuple[str, str | int
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
         start_new_session=True,  # its own process group, killed as one below
     )
     try:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            yield ("line", line.rstrip("\n"))
+        for line in _lines(proc.stdout.fileno()):
+            yield ("line", line)
         code = proc.wait()
         yield ("exit", 128 - code if code < 0 else code)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+READ_WAIT_S = 0.2
+"""Longest time the task sits in one ``select`` on the command's output. Ray cancels a
+running task (``force=False``) by flagging the main thread for ``KeyboardInterrupt``,
+which Python acts on only between bytecodes: a task blocked in ``read()`` on a silent
+command would never see it, and its command would outlive the run."""
+
+
+def _lines(fd: int) -> Iterator[str]:
+    """Yield the lines read from ``fd`` until end of file, without the newline (a last
+    unterminated line too), returning to Python at least every :data:`READ_WAIT_S`."""
+    pending = b""
+    while True:
+        readable, _, _ = select.select([fd], [], [], READ_WAIT_S)
+        if not readable:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        pieces = (pending + chunk).splitlines(keepends=True)
+        pending = b""
+        if not pieces[-1].endswith(b"\n"):  # unterminated, or a \r whose \n may follow
+            pending = pieces.pop()
+        for line in pieces:
+            yield line.rstrip(b"\r\n").decode(errors="replace")
+    if pending:
+        yield pending.rstrip(b"\r\n").decode(errors="replace")
 
 
 _command_on_host = ray.remote(num_returns="streaming")(command_on_host)

@@ -1,0 +1,82 @@
+"""The host side of `tpuslice run`: one command's output, exit code and cancellation,
+run here as a plain generator (no Ray)."""
+
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from clusterutil import wait_for
+from tpuslice.shell import command_on_host
+
+
+def run(command: str, env: dict[str, str | None] | None = None) -> list[tuple[str, str | int]]:
+    return list(command_on_host(env or {}, command))
+
+
+def test_lines_then_the_exit_code() -> None:
+    assert run("echo one; echo two >&2; exit 3") == [("line", "one"), ("line", "two"), ("exit", 3)]
+
+
+def test_crlf_lone_cr_and_an_unterminated_last_line() -> None:
+    events = run(r"printf 'a\r\nb\rc\n'; printf 'd\r'; sleep 0.3; printf '\ne'")
+    assert events == [
+        ("line", "a"),
+        ("line", "b"),
+        ("line", "c"),
+        ("line", "d"),
+        ("line", "e"),
+        ("exit", 0),
+    ]
+
+
+def test_a_multibyte_character_split_across_reads_is_kept() -> None:
+    events = run(r"printf '\303'; sleep 0.3; printf '\251t\n'")
+    assert events == [("line", "\u00e9t"), ("exit", 0)]
+
+
+def test_a_signal_death_is_128_plus_the_signal() -> None:
+    assert run("kill -TERM $$")[-1] == ("exit", 128 + signal.SIGTERM)
+
+
+def test_env_is_added_removed_and_stale_megascale_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEGASCALE_NUM_SLICES", "9")
+    monkeypatch.setenv("GONE", "x")
+    events = run(
+        'echo "${MEGASCALE_NUM_SLICES:-unset} ${GONE:-unset} $ADDED"',
+        {"ADDED": "yes", "GONE": None},
+    )
+    assert events[0] == ("line", "unset unset yes")
+
+
+def test_an_interrupt_stops_a_silent_command_and_kills_its_group() -> None:
+    # Ray cancels a running task (force=False) with _thread.interrupt_main(): no real signal
+    # reaches a thread blocked in read(), so the task must come back to Python by itself.
+    events = command_on_host({}, "echo $$; sleep 6175 & wait")
+    kind, pid = next(events)
+    assert kind == "line"
+    group = int(pid)
+    rescue = threading.Timer(20, os.killpg, (group, signal.SIGKILL))  # never hang the suite
+    rescue.start()
+    threading.Timer(0.5, _thread.interrupt_main).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            next(events)
+    finally:
+        rescue.cancel()
+    assert time.monotonic() - started < 5
+    wait_for(lambda: not _alive(group), timeout=5, what="the shell and its child gone")
+
+
+def _alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 
 import tpuslice
-from tpuslice import cli_jobs, cli_owners, cluster, status
+from tpuslice import cli_jobs, cli_owners, cluster, events, status
 from tpuslice import topology as topo
 from tpuslice.cli_connect import UsageError, connected
 from tpuslice.errors import InvalidArgumentError
@@ -125,15 +125,36 @@ def watch(show: Callable[[], None], interval: float) -> None:
     is_flag=True,
     help="Ask every TPU host which process owns its TPU (pid, command, Ray job) and show it.",
 )
+@click.option(
+    "--events",
+    "event_count",
+    type=click.IntRange(min=1, max=events.MAX_EVENTS),
+    is_flag=False,
+    flag_value=50,
+    default=None,
+    metavar="[N]",
+    help="Show the last N (default 50) events of the slice timeline instead: reservations, "
+    "waits, hand-backs, runs, notices, host losses and retries, from any driver.",
+)
 def status_command(
     address: str | None,
     as_json: bool,
     interval: float | None,
     tpu_resource_per_chip: int | None,
     owners: bool,
+    event_count: int | None,
 ) -> None:
     """Show every TPU slice: state, hosts and free TPUs, and each slice's host grid."""
+    if event_count is not None and (interval is not None or owners):
+        raise click.UsageError("--events shows the timeline alone: drop --watch and --owners")
     with connected(address):
+        if event_count is not None:
+            history = events.read_events(event_count)
+            if as_json:
+                click.echo(json.dumps({"events": [e.to_dict() for e in history]}, indent=2))
+            else:
+                console.print(status.timeline_table(history))
+            return
 
         def read() -> cluster.ClusterSnapshot:
             snapshot = cluster.read_snapshot(tpu_resource_per_chip)

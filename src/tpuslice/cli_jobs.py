@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tpuslice import cluster, status
+from tpuslice import cluster, events, observe, status
 from tpuslice.cli_connect import UsageError, connect_or_none
 from tpuslice.errors import InvalidArgumentError, RetriesExhaustedError, TPUSliceError
 from tpuslice.request import SliceRequest
@@ -236,7 +236,7 @@ def run(
     priority: int,
     command: tuple[str, ...],
 ) -> None:
-    """Run COMMAND on every host of NUM slices; exit with the worst exit code.
+    """Run COMMAND on every host of N slices (--slices); exit with the worst exit code.
 
     Example: tpuslice run --topology 4x4 --accelerator v6e -- hostname
     """
@@ -265,6 +265,7 @@ def run(
             err_console.print("[yellow]interrupted[/yellow]: commands cancelled, slices freed")
             code = 130
         finally:
+            events.flush()  # the timeline outlives this driver
             if sim is not None:
                 sim.shutdown()
             elif ours:
@@ -298,13 +299,21 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
 
     policy = RetryPolicy(max_retries_failure=retries, max_retries_preemption=retries)
     on_event = _show_event if retries else None
+    started, outcome = time.monotonic(), "interrupted"
     try:
-        ResilientRun(attempt, request, policy, on_event).until_done()
-    except RetriesExhaustedError as exc:
-        if retries:
-            err_console.print(f"[red]{escape(str(exc))}[/red]")
-    except TPUSliceError as exc:
-        raise click.ClickException(str(exc)) from exc
+        try:
+            ResilientRun(attempt, request, policy, on_event).until_done()
+        except RetriesExhaustedError as exc:
+            if retries:
+                err_console.print(f"[red]{escape(str(exc))}[/red]")
+        except TPUSliceError as exc:
+            outcome = "not_started"
+            raise click.ClickException(str(exc)) from exc
+        outcome = "failed" if worst_exit_code(last) else "ok"
+    finally:
+        if outcome != "not_started":
+            slices = list(dict.fromkeys(r.context.slice_name for r in last))
+            observe.run_ended("command", outcome, time.monotonic() - started, slices, text)
     console.print(_summary(last))
     return worst_exit_code(last)
 

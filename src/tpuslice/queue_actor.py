@@ -20,6 +20,7 @@ import ray
 from tpuslice import _ray
 from tpuslice.cluster import read_queue_record, read_snapshot
 from tpuslice.errors import QueueUnreachableError
+from tpuslice.metrics import ClusterReporter
 from tpuslice.queue_book import LEASE_S, Answer
 from tpuslice.queue_record import QUEUE_KEY, QUEUE_NAMESPACE, QueueRecord
 from tpuslice.queue_service import QueueService, Ticket
@@ -45,6 +46,7 @@ class SliceQueueActor(QueueService):
         last = read_queue_record()  # by an earlier life of this actor
         if last is not None and time.time() - last.at < LEASE_S:
             self.expect(last.requests)
+        self._reporter = ClusterReporter(read_snapshot).start()  # the cluster's gauges
 
     def pid(self) -> int:
         """This process's id (tests kill it to see the queue come back).
@@ -167,6 +169,28 @@ def slice_queue() -> RayQueue:
 
 
 _handle_cluster: list[str | None] = [None]
+_started_on: set[str | None] = set()
+
+
+def start_in_background() -> None:
+    """Have the cluster's queue actor running (it also reports the cluster's gauges,
+    :mod:`tpuslice.metrics`) without waiting: once per process and cluster, a daemon
+    thread finds or creates it."""
+    if not ray.is_initialized():
+        return
+    cluster = _cluster_id()
+    with _lock:
+        if cluster in _started_on:
+            return
+        _started_on.add(cluster)
+    threading.Thread(target=_start_quietly, name="tpuslice-queue-start", daemon=True).start()
+
+
+def _start_quietly() -> None:
+    try:
+        slice_queue()
+    except QueueUnreachableError as exc:
+        logger.debug("the slice queue (and its cluster metrics) did not start: %s", exc)
 
 
 def _handle_is_current() -> bool:

@@ -10,6 +10,7 @@ loop that does it is in :mod:`tpuslice.claim`.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -17,10 +18,18 @@ from typing import Any, TypeVar
 import ray
 from ray.util.placement_group import PlacementGroup
 
+from tpuslice import observe
 from tpuslice.claim import Clock, Reservation, Reserver
 from tpuslice.cluster import SliceInfo
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
-from tpuslice.errors import InvalidArgumentError, NotConnectedError, SliceShutdownError
+from tpuslice.errors import (
+    InsufficientSlicesError,
+    InvalidArgumentError,
+    NotConnectedError,
+    ReservationTimeoutError,
+    SliceShutdownError,
+    first_line,
+)
 from tpuslice.groups import remove_group, wait_all
 from tpuslice.labels import SLICE_NAME_LABEL, CallEnv
 from tpuslice.notices import Notice
@@ -149,6 +158,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         self, request: SliceRequest, clock: Clock | None, targets: Targets | None = None
     ) -> None:
         self._reservation = Reservation()
+        self._reserved_at = time.monotonic()
         self._launched: list[ray.ObjectRef] = []
         self._worker_pids: list[tuple[int, ray.ObjectRef]] = []
         self._request = request
@@ -158,8 +168,21 @@ class SlicePlacementGroup(ShutsDownOnExit):
                 "Ray is not initialised: call ray.init(address=...) before reserving slices "
                 "(or use tpuslice.testing.SimulatedCluster)"
             )
-        self._reservation = Reserver(request, clock=clock, targets=targets).run()
+        asked = time.monotonic()
+        try:
+            self._reservation = Reserver(request, clock=clock, targets=targets).run()
+        except (ReservationTimeoutError, InsufficientSlicesError) as exc:
+            # InsufficientSlicesError is a ReservationTimeoutError (Ray raises a timeout)
+            outcome = "impossible" if isinstance(exc, InsufficientSlicesError) else "timed_out"
+            observe.reservation_ended(
+                request, outcome, time.monotonic() - asked, detail=first_line(exc)
+            )
+            raise
+        self._reserved_at = time.monotonic()
         self._plan = self._reservation.plan or request.plan  # a range: the count granted
+        observe.reservation_ended(
+            request, "granted", self._reserved_at - asked, slices=self.slice_names
+        )
         self.ownership = SliceOwnership(
             self.worker_groups,
             self._plan.bundle_resources.get("TPU", self._plan.devices_per_host),
@@ -414,6 +437,10 @@ class SlicePlacementGroup(ShutsDownOnExit):
         if self._reservation.claims:
             self.ownership.hand_back(pids)
         reservation, self._reservation = self._reservation, Reservation()
+        if reservation.claims:
+            held = time.monotonic() - self._reserved_at
+            what = observe.describe_request(self._request)[0]
+            observe.released([c.slice_name for c in reservation.claims], held, what)
         # Heads first: a slice whose head is free while its TPUs are still held looks
         # busy to everyone; the other order would show it claimed with no work on it.
         for claim in reservation.claims:

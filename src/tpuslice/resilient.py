@@ -37,6 +37,7 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
+from tpuslice import observe
 from tpuslice.claim import Clock
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import (
@@ -547,6 +548,7 @@ class ResilientRun:
             event: What happened.
         """
         logger.info("%s", event.describe())
+        observe.attempt(event)
         if self.on_event is not None:
             self.on_event(event)
 

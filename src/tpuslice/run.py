@@ -14,15 +14,16 @@ import logging
 import os
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from tpuslice import _ray
+from tpuslice import _ray, observe
 from tpuslice.compat import (
     DEFAULT_MEGASCALE_PORT,
     DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
@@ -481,6 +482,7 @@ dispatch = run_on_slice
 class _OneShot:
     remaining: list[ray.ObjectRef]
     spg: SlicePlacementGroup
+    started: float = field(default_factory=time.monotonic)
 
 
 class Releaser:
@@ -542,7 +544,11 @@ class Releaser:
         for job in self.pending:
             finished = [r for r in job.remaining if r in ready]
             job.remaining = [r for r in job.remaining if r not in ready]
-            if not job.remaining or any(_failed(r) for r in finished):
+            failed = any(_failed(r) for r in finished)
+            if not job.remaining or failed:
+                seconds = time.monotonic() - job.started
+                outcome = "failed" if failed else "ok"
+                observe.run_ended("one_shot", outcome, seconds, job.spg.slice_names)
                 job.spg.shutdown()
             else:
                 still.append(job)

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from tpuslice import subslice
 from tpuslice.cluster import ClusterSnapshot, HostInfo, SliceInfo, SliceState
+from tpuslice.events import SliceEvent
 from tpuslice.notices import Notice
 
 STATE_STYLES = {
@@ -505,3 +506,33 @@ def owners_table(snapshot: ClusterSnapshot) -> RenderableType:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def timeline_table(events: list[SliceEvent], now: float | None = None) -> RenderableType:
+    """The recent history of reservations and runs, oldest first.
+
+    Args:
+        events: From :func:`tpuslice.events.read_events`.
+        now: Wall-clock seconds (default: now), for the "ago" column.
+
+    Returns:
+        A table (time, ago, event, job), or a line saying there is no history.
+    """
+    if not events:
+        return Text("No events recorded on this cluster yet.")
+    now = time.time() if now is None else now
+    table = Table(title="Slice timeline", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("time", "ago", "event", "job"):
+        table.add_column(column, overflow="fold")
+    for event in events:
+        clock = time.strftime("%H:%M:%S", time.localtime(event.at))
+        table.add_row(clock, _ago(now - event.at), event.describe(), event.job)
+    return table
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(0, round(seconds))} s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"

@@ -1,0 +1,238 @@
+"""Write tpuslice's Grafana dashboard (``tpuslice_grafana_dashboard.json``, next to this
+file) in the form of the dashboards Ray generates for itself (Ray 2.60's
+``ray/dashboard/modules/metrics/dashboards``): a ``${datasource}`` variable, the
+``SessionName`` filter, a ``$window`` for rates, and "graph" panels on a 24-column grid.
+Import it in Grafana next to Ray's. Run ``python dashboards/build.py`` after changing a
+panel; ``tests/test_dashboard.py`` fails while the JSON and this script disagree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+OUTPUT = HERE / "tpuslice_grafana_dashboard.json"
+FILTER = 'SessionName=~"$SessionName"'
+
+# (title, description, unit, stacked, [(expr, legend)])
+PANELS: list[tuple[str, str, str, bool, list[tuple[str, str]]]] = [
+    (
+        "TPU slices by state",
+        "Whole slices: ready (idle), busy, broken (a host dead or missing), notice "
+        "(preemption or maintenance announced), and queued (slices waiting requests want).",
+        "short",
+        True,
+        [
+            (
+                f"sum by (state) (max by (state, pod_type) (ray_tpuslice_slices{{{FILTER}}}))",
+                "{{state}}",
+            )
+        ],
+    ),
+    (
+        "TPU hosts by state",
+        "TPU VMs: free, busy, dead, notice.",
+        "short",
+        True,
+        [
+            (
+                f"sum by (state) (max by (state, pod_type) (ray_tpuslice_hosts{{{FILTER}}}))",
+                "{{state}}",
+            )
+        ],
+    ),
+    (
+        "Requests waiting in the slice queue",
+        "Reservations waiting in the cluster-wide queue.",
+        "short",
+        False,
+        [(f"max(ray_tpuslice_queue_length{{{FILTER}}})", "waiting")],
+    ),
+    (
+        "Reservations per minute by outcome",
+        "Granted, timed out, impossible (the cluster can never hold the request).",
+        "short",
+        True,
+        [
+            (
+                f"sum by (outcome) (rate(ray_tpuslice_reservations_total{{{FILTER}}}"
+                "[$window])) * 60",
+                "{{outcome}}",
+            )
+        ],
+    ),
+    (
+        "Reservation wait",
+        "Seconds from asking for slices to the grant: 50th and 95th percentile, and mean.",
+        "s",
+        False,
+        [
+            (
+                "histogram_quantile(0.5, sum by (le, topology) (rate("
+                f"ray_tpuslice_reservation_wait_seconds_bucket{{{FILTER}, "
+                'outcome="granted"}[$window])))',
+                "p50 {{topology}}",
+            ),
+            (
+                "histogram_quantile(0.95, sum by (le, topology) (rate("
+                f"ray_tpuslice_reservation_wait_seconds_bucket{{{FILTER}, "
+                'outcome="granted"}[$window])))',
+                "p95 {{topology}}",
+            ),
+            (
+                "sum by (topology) (rate(ray_tpuslice_reservation_wait_seconds_sum"
+                f"{{{FILTER}}}[$window])) / sum by (topology) (rate("
+                f"ray_tpuslice_reservation_wait_seconds_count{{{FILTER}}}[$window]))",
+                "mean {{topology}}",
+            ),
+        ],
+    ),
+    (
+        "Resilient attempts by outcome",
+        "Attempts ended per window: success, failure (the code raised), preemption, "
+        "host_failure (a host lost without notice), hang.",
+        "short",
+        True,
+        [
+            (
+                f"sum by (outcome) (increase(ray_tpuslice_attempts_total{{{FILTER}}}[$window]))",
+                "{{outcome}}",
+            )
+        ],
+    ),
+    (
+        "Run duration (95th percentile)",
+        "One-shot runs, tpuslice run commands, and resilient attempts.",
+        "s",
+        False,
+        [
+            (
+                "histogram_quantile(0.95, sum by (le, kind) (rate("
+                f"ray_tpuslice_run_duration_seconds_bucket{{{FILTER}}}[$window])))",
+                "{{kind}}",
+            )
+        ],
+    ),
+]
+
+
+def panel(index: int, spec: tuple[str, str, str, bool, list[tuple[str, str]]]) -> dict[str, Any]:
+    """One panel in the "graph" form of Ray's own dashboards."""
+    title, description, unit, stacked, queries = spec
+    return {
+        "datasource": "${datasource}",
+        "description": description,
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "gridPos": {"h": 8, "w": 12, "x": 12 * (index % 2), "y": 8 * (index // 2)},
+        "id": index + 1,
+        "fill": 10 if stacked else 1,
+        "legend": {
+            "alignAsTable": True,
+            "current": True,
+            "max": True,
+            "show": True,
+            "values": True,
+        },
+        "lines": True,
+        "linewidth": 1,
+        "nullPointMode": "null",
+        "stack": stacked,
+        "targets": [
+            {"exemplar": True, "expr": expr, "legendFormat": legend, "refId": chr(65 + n)}
+            for n, (expr, legend) in enumerate(queries)
+        ],
+        "title": title,
+        "tooltip": {"shared": True, "sort": 0, "value_type": "individual"},
+        "type": "graph",
+        "xaxis": {"mode": "time", "show": True, "values": []},
+        "yaxes": [
+            {"format": unit, "logBase": 1, "min": "0", "show": True},
+            {"format": "short", "logBase": 1, "show": True},
+        ],
+    }
+
+
+def dashboard() -> dict[str, Any]:
+    """The whole dashboard."""
+    return {
+        "title": "tpuslice",
+        "uid": "tpuslice",
+        "version": 1,
+        "schemaVersion": 27,
+        "style": "dark",
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "tags": ["ray", "tpu", "tpuslice"],
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": "-- Grafana --",
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                }
+            ]
+        },
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "type": "datasource",
+                    "description": "Filter queries of a specific Prometheus type.",
+                    "query": "prometheus",
+                    "refresh": 1,
+                    "hide": 2,
+                    "includeAll": False,
+                    "multi": False,
+                    "current": {"selected": False},
+                },
+                {
+                    "name": "window",
+                    "label": "Window",
+                    "type": "interval",
+                    "description": "Window for rate() and increase().",
+                    "query": "1m,5m,15m,1h",
+                    "current": {"selected": True, "text": "5m", "value": "5m"},
+                    "auto": False,
+                    "refresh": 2,
+                    "hide": 0,
+                },
+                {
+                    "name": "SessionName",
+                    "type": "query",
+                    "description": "Filter queries to specific Ray sessions.",
+                    "datasource": "${datasource}",
+                    "definition": "label_values(ray_tpuslice_slices, SessionName)",
+                    "query": {
+                        "query": "label_values(ray_tpuslice_slices, SessionName)",
+                        "refId": "StandardVariableQuery",
+                    },
+                    "refresh": 1,
+                    "hide": 0,
+                    "includeAll": True,
+                    "multi": False,
+                    "allValue": ".*",
+                    "sort": 2,
+                    "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+                },
+            ]
+        },
+        "panels": [panel(i, spec) for i, spec in enumerate(PANELS)],
+    }
+
+
+def render() -> str:
+    """The dashboard as the JSON file holds it."""
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    OUTPUT.write_text(render())
+    print(f"wrote {OUTPUT}")

@@ -1,0 +1,332 @@
+"""The slice timeline: who reserved which slices and when, waits, hand-backs, runs, notices,
+host losses and retries, kept in Ray's GCS KV store so it outlives the driver.
+
+Each event is one key, ``event/<nanoseconds>-<writer>-<n>`` in namespace ``tpuslice``, so
+keys sort in time order. :func:`record` only appends to a list in memory: a daemon thread
+writes the events (the caller never waits on the GCS) and trims the store to the newest
+:data:`MAX_EVENTS`. The thread flushes at interpreter exit; :func:`flush` waits for it.
+``tpuslice status --events`` reads them back (:func:`read_events`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tpuslice import _ray
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "tpuslice"
+KEY_PREFIX = "event/"
+MAX_EVENTS = 1000
+"""The store keeps about this many (the newest); each writer trims after it writes."""
+TRIM_EVERY_S = 5.0
+"""A writer lists the keys to trim at most this often (and once more when it flushes)."""
+
+KINDS = (
+    "reserved",  # granted: seconds = the wait
+    "timed_out",  # gave up waiting: seconds = the wait
+    "impossible",  # the cluster can never hold the request
+    "released",  # slices handed back: seconds = how long they were held
+    "run",  # a one-shot or `tpuslice run` ended: seconds = its duration, outcome
+    "attempt",  # a resilient attempt started, was warned, failed or succeeded
+    "gave_up",  # a resilient run used up its budget
+)
+
+
+@dataclass(frozen=True)
+class SliceEvent:
+    """One entry of the timeline.
+
+    Attributes:
+        at: Wall-clock time (seconds since the epoch).
+        kind: One of :data:`KINDS`.
+        slices: The slices concerned (empty for a request not yet granted).
+        what: The request, as ``<count> x <accelerator> <topology>``.
+        job: The Ray job id (hex) of the driver that recorded it.
+        seconds: The wait, hold or run time the kind names; ``None`` if none.
+        outcome: How it ended (``granted``, ``ok``, ``failure``, ``preemption``, ...).
+        detail: One line of what happened.
+    """
+
+    at: float
+    kind: str
+    slices: tuple[str, ...] = ()
+    what: str = ""
+    job: str = ""
+    seconds: float | None = None
+    outcome: str = ""
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as JSON-ready data.
+
+        Returns:
+            Its fields; ``slices`` as a list.
+        """
+        data = asdict(self)
+        data["slices"] = list(self.slices)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SliceEvent:
+        """Read back :meth:`to_dict`'s output.
+
+        Args:
+            data: As written.
+
+        Returns:
+            The event.
+
+        Raises:
+            KeyError: ``at`` or ``kind`` is missing.
+            TypeError: a field has the wrong type.
+            ValueError: ``at`` or ``seconds`` is not a number.
+        """
+        seconds = data.get("seconds")
+        return cls(
+            at=float(data["at"]),
+            kind=str(data["kind"]),
+            slices=tuple(str(s) for s in data.get("slices", ())),
+            what=str(data.get("what", "")),
+            job=str(data.get("job", "")),
+            seconds=None if seconds is None else float(seconds),
+            outcome=str(data.get("outcome", "")),
+            detail=str(data.get("detail", "")),
+        )
+
+    def describe(self) -> str:
+        """One line: ``reserved v4-16-a (1 x v4 2x2x2) after 0.4 s: granted``.
+
+        Returns:
+            The event as text, without its time.
+        """
+        text = self.kind.replace("_", " ")
+        if self.slices:
+            text += " " + ", ".join(self.slices)
+        if self.what:
+            text += f" ({self.what})"
+        if self.seconds is not None:
+            text += f" {_SECONDS_WORD.get(self.kind, 'after')} {self.seconds:.1f} s"
+        if self.outcome:
+            text += f": {self.outcome}"
+        if self.detail:
+            text += f"; {self.detail}"
+        return text
+
+
+_SECONDS_WORD = {"released": "held", "run": "ran", "attempt": "ran"}
+
+
+def event_key(event: SliceEvent, writer: str, number: int) -> str:
+    """The KV key of one event: sorts by time, then writer, then the writer's count.
+
+    Args:
+        event: The event.
+        writer: The writing process's random id.
+        number: How many events this writer wrote before.
+
+    Returns:
+        The key.
+    """
+    return f"{KEY_PREFIX}{int(event.at * 1e9):020d}-{writer}-{number:08d}"
+
+
+def keys_to_trim(keys: list[str], keep: int) -> list[str]:
+    """The oldest keys beyond the newest ``keep``.
+
+    Args:
+        keys: Event keys, in any order.
+        keep: How many to keep.
+
+    Returns:
+        The keys to delete, oldest first.
+    """
+    ordered = sorted(keys)
+    return ordered[: max(0, len(ordered) - keep)]
+
+
+class EventWriter:
+    """Writes recorded events to the KV store from a daemon thread.
+
+    Args:
+        put: Writes one key (default: Ray's KV store).
+        list_keys: Lists keys with a prefix.
+        delete: Deletes one key.
+        keep: How many events the store keeps.
+    """
+
+    def __init__(
+        self,
+        put: Any = None,
+        list_keys: Any = None,
+        delete: Any = None,
+        keep: int = MAX_EVENTS,
+    ) -> None:
+        self.keep = keep
+        self._put = put or (lambda k, v: _ray.kv_put(k, v, NAMESPACE))
+        self._list = list_keys or (lambda p: _ray.kv_list(p, NAMESPACE))
+        self._delete = delete or (lambda k: _ray.kv_delete(k, NAMESPACE))
+        self.writer = secrets.token_hex(4)
+        self._pending: list[SliceEvent] = []
+        self._written = 0
+        self._wrote_since_trim = False
+        self._last_trim = 0.0
+        self._cond = threading.Condition()
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def record(self, event: SliceEvent) -> None:
+        """Queue ``event`` for writing (returns at once).
+
+        Args:
+            event: What happened.
+        """
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._loop, name="tpuslice-events", daemon=True
+                )
+                self._thread.start()
+            self._pending.append(event)
+            self._cond.notify_all()
+
+    def flush(self, timeout_s: float = 2.0) -> bool:
+        """Wait until every recorded event is written (or dropped: Ray unreachable).
+
+        Args:
+            timeout_s: Seconds to wait at most.
+
+        Returns:
+            Whether everything was written in time.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._pending or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None or not self._thread.is_alive():
+                    return not (self._pending or self._busy)
+                self._cond.wait(left)
+        self._trim(force=True)
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+                batch, self._pending = self._pending, []
+                self._busy = True
+            try:
+                self._write(batch)
+                self._trim(force=False)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _write(self, batch: list[SliceEvent]) -> None:
+        for event in batch:
+            key = event_key(event, self.writer, self._written)
+            self._written += 1
+            try:
+                self._put(key, json.dumps(event.to_dict()).encode())
+                self._wrote_since_trim = True
+            except _ray.kv_errors() as exc:  # Ray gone or unreachable: drop, say once
+                logger.debug("could not record event %s: %s", event.kind, exc)
+
+    def _trim(self, force: bool) -> None:
+        now = time.monotonic()
+        if not self._wrote_since_trim or (not force and now - self._last_trim < TRIM_EVERY_S):
+            return
+        self._last_trim, self._wrote_since_trim = now, False
+        try:
+            for key in keys_to_trim(self._list(KEY_PREFIX), self.keep):
+                self._delete(key)
+        except _ray.kv_errors() as exc:
+            logger.debug("could not trim the event store: %s", exc)
+
+
+WRITER = EventWriter()
+atexit.register(WRITER.flush)
+
+
+def record(kind: str, **fields: Any) -> SliceEvent:
+    """Add an event to the timeline (written in the background; never raises for the
+    store being unreachable).
+
+    Args:
+        kind: One of :data:`KINDS`.
+        **fields: The other :class:`SliceEvent` fields (``at`` defaults to now, ``job``
+            to this process's Ray job).
+
+    Returns:
+        The event as recorded.
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`KINDS`.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"event kind {kind!r} is not one of {', '.join(KINDS)}")
+    fields.setdefault("at", time.time())
+    if not fields.get("job"):
+        fields["job"] = _job_id()
+    event = SliceEvent(kind=kind, **fields)
+    WRITER.record(event)
+    return event
+
+
+def flush(timeout_s: float = 2.0) -> bool:
+    """Wait (bounded) until this process's recorded events are in the store.
+
+    Args:
+        timeout_s: Seconds to wait at most.
+
+    Returns:
+        Whether all were written in time.
+    """
+    return WRITER.flush(timeout_s)
+
+
+def read_events(limit: int = MAX_EVENTS) -> list[SliceEvent]:
+    """The newest events in the store, oldest first.
+
+    Args:
+        limit: How many at most.
+
+    Returns:
+        The events; entries that do not parse are skipped.
+
+    Raises:
+        ValueError: ``limit`` is below 1.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    keys = sorted(_ray.kv_list(KEY_PREFIX, NAMESPACE))[-limit:]
+    found = _ray.kv_get_many(keys, NAMESPACE)
+    events = []
+    for key in keys:
+        raw = found.get(key)
+        if raw is None:
+            continue  # trimmed between the listing and the read
+        try:
+            events.append(SliceEvent.from_dict(json.loads(raw)))
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.debug("skipping event %s: %s", key, exc)
+    return events
+
+
+def _job_id() -> str:
+    import ray
+
+    return _ray.current_job_id() if ray.is_initialized() else ""

@@ -1,0 +1,276 @@
+"""tpuslice's metrics, through Ray's own metrics system (:mod:`ray.util.metrics`).
+
+Each Ray node's agent exports what the processes on that node record, in Prometheus
+format on the node's metrics export port, so Ray's Prometheus and Grafana set-up picks
+these up with no new service. Ray names application metrics ``ray_<name>`` and gives a
+counter the ``_total`` suffix: ``tpuslice_reservations`` is scraped as
+``ray_tpuslice_reservations_total``.
+
+Who records what:
+
+- a driver, as it happens: reservation outcomes and waits, run durations, resilient
+  attempts (:func:`reservation_ended`, :func:`run_ended`, :func:`attempt_ended`);
+- the cluster's queue actor (one per cluster, on the head node), every
+  :data:`REPORT_S`: slices, hosts and queued requests by state (:func:`report_cluster`).
+
+Tags are bounded: states, outcomes, pod types and topologies, never ids of tasks, jobs
+or tickets. Without ``ray[default]`` (no metrics agent), recording costs little and
+exports nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from tpuslice.cluster import HostInfo, HostState, SliceState
+
+if TYPE_CHECKING:
+    from tpuslice.cluster import ClusterSnapshot
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "tpuslice_"
+EXPORTED_PREFIX = "ray_" + PREFIX
+"""What Ray's exporter puts in front of every name here."""
+REPORT_S = 5.0
+"""How often the queue actor sets the cluster gauges."""
+
+WAIT_BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+RUN_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 24 * 3600.0)
+
+SLICE_STATES = (*(s.value for s in SliceState), "queued")
+"""``queued``: slices that waiting requests want (each request's least count)."""
+HOST_STATES = (*(s.value for s in HostState), "notice")
+"""``notice``: alive, and warned of preemption or maintenance."""
+
+# name -> (kind, description, tag keys, histogram buckets)
+DEFINITIONS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
+    "slices": (
+        "gauge",
+        "TPU slices by state (ready, busy, broken, notice; queued: wanted by waiters).",
+        ("state", "pod_type"),
+        (),
+    ),
+    "hosts": ("gauge", "TPU hosts by state (free, busy, dead, notice).", ("state", "pod_type"), ()),
+    "queue_length": ("gauge", "Requests waiting in the cluster-wide slice queue.", (), ()),
+    "reservations": (
+        "counter",
+        "Reservations by outcome (granted, timed_out, impossible).",
+        ("topology", "outcome"),
+        (),
+    ),
+    "reservation_wait_seconds": (
+        "histogram",
+        "Seconds from asking for slices to the outcome.",
+        ("topology", "outcome"),
+        WAIT_BUCKETS,
+    ),
+    "run_duration_seconds": (
+        "histogram",
+        "Seconds a run took (one_shot, command, resilient_attempt) by outcome.",
+        ("kind", "outcome"),
+        RUN_BUCKETS,
+    ),
+    "attempts": (
+        "counter",
+        "Resilient attempts by outcome (success, failure, preemption, host_failure, hang).",
+        ("outcome",),
+        (),
+    ),
+}
+
+
+def exported_names() -> set[str]:
+    """Every series name Prometheus gets from these metrics (without labels).
+
+    Returns:
+        ``ray_tpuslice_<name>``, with ``_total`` for counters and ``_bucket`` /
+        ``_count`` / ``_sum`` for histograms.
+    """
+    names = set()
+    for name, (kind, _, _, _) in DEFINITIONS.items():
+        full = EXPORTED_PREFIX + name
+        if kind == "counter":
+            names.add(full + "_total")
+        elif kind == "histogram":
+            names.update(full + suffix for suffix in ("_bucket", "_count", "_sum"))
+        else:
+            names.add(full)
+    return names
+
+
+class _Registry:
+    """The Ray metric objects of this process, made on first use (Ray must be up)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._metrics: dict[str, Any] = {}
+
+    def get(self, name: str) -> Any:
+        with self._lock:
+            metric = self._metrics.get(name)
+            if metric is None:
+                metric = self._metrics[name] = _make(name)
+            return metric
+
+
+def _make(name: str) -> Any:
+    from ray.util.metrics import Counter, Gauge, Histogram
+
+    kind, description, tags, buckets = DEFINITIONS[name]
+    if kind == "counter":
+        return Counter(PREFIX + name, description=description, tag_keys=tags)
+    if kind == "histogram":
+        return Histogram(
+            PREFIX + name, description=description, boundaries=list(buckets), tag_keys=tags
+        )
+    return Gauge(PREFIX + name, description=description, tag_keys=tags)
+
+
+_REGISTRY = _Registry()
+
+
+def _apply(name: str, value: float, tags: Mapping[str, str]) -> None:
+    """Record one value; a metrics failure is logged, never raised into the caller's work."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    try:
+        metric = _REGISTRY.get(name)
+        kind = DEFINITIONS[name][0]
+        if kind == "counter":
+            metric.inc(value, tags=dict(tags))
+        elif kind == "histogram":
+            metric.observe(value, tags=dict(tags))
+        else:
+            metric.set(value, tags=dict(tags))
+    except (ValueError, TypeError, RuntimeError, ray.exceptions.RayError) as exc:
+        logger.debug("metric %s not recorded: %s", name, exc)
+
+
+def reservation_ended(topology: str, outcome: str, wait_s: float) -> None:
+    """Count a reservation's outcome and observe its wait.
+
+    Args:
+        topology: ``<accelerator> <topology>``, e.g. ``v6e 4x4``.
+        outcome: ``granted``, ``timed_out`` or ``impossible``.
+        wait_s: Seconds from the request to the outcome.
+    """
+    tags = {"topology": topology, "outcome": outcome}
+    _apply("reservations", 1.0, tags)
+    _apply("reservation_wait_seconds", wait_s, tags)
+
+
+def run_ended(kind: str, outcome: str, seconds: float) -> None:
+    """Observe how long a run took.
+
+    Args:
+        kind: ``one_shot``, ``command`` (``tpuslice run``) or ``resilient_attempt``.
+        outcome: ``ok`` or a failure class.
+        seconds: Its duration.
+    """
+    _apply("run_duration_seconds", seconds, {"kind": kind, "outcome": outcome})
+
+
+def attempt_ended(outcome: str) -> None:
+    """Count one resilient attempt's outcome.
+
+    Args:
+        outcome: ``success`` or the failure class (``failure``, ``preemption``, ...).
+    """
+    _apply("attempts", 1.0, {"outcome": outcome})
+
+
+def cluster_values(
+    snapshot: ClusterSnapshot, known_pod_types: set[str] | None = None
+) -> list[tuple[str, float, dict[str, str]]]:
+    """The cluster gauges' values: every state of every pod type seen (zeros included,
+    so a state that empties reads 0 instead of its last value).
+
+    Args:
+        snapshot: The cluster now.
+        known_pod_types: Pod types reported before (kept at 0 once gone); updated.
+
+    Returns:
+        ``(metric name, value, tags)`` for each series.
+    """
+    pod_types = known_pod_types if known_pod_types is not None else set()
+    slices: dict[tuple[str, str], int] = {}
+    hosts: dict[tuple[str, str], int] = {}
+    for info in snapshot.slices.values():
+        pod_types.add(info.pod_type)
+        key = (info.state.value, info.pod_type)
+        slices[key] = slices.get(key, 0) + 1
+        for host in info.hosts.values():
+            key = (_host_state(host), info.pod_type)
+            hosts[key] = hosts.get(key, 0) + 1
+    waiting = [r for r in snapshot.queued() if not r.granted]
+    for request in waiting:
+        pod_type = request.kind.split(" ")[0]
+        pod_types.add(pod_type)
+        key = ("queued", pod_type)
+        slices[key] = slices.get(key, 0) + request.count[0]
+    values: list[tuple[str, float, dict[str, str]]] = []
+    for pod_type in sorted(pod_types):
+        for state in SLICE_STATES:
+            count = slices.get((state, pod_type), 0)
+            values.append(("slices", float(count), {"state": state, "pod_type": pod_type}))
+        for state in HOST_STATES:
+            count = hosts.get((state, pod_type), 0)
+            values.append(("hosts", float(count), {"state": state, "pod_type": pod_type}))
+    values.append(("queue_length", float(len(waiting)), {}))
+    return values
+
+
+def _host_state(host: HostInfo) -> str:
+    if host.alive and host.notice is not None:
+        return "notice"
+    return host.state.value
+
+
+class ClusterReporter:
+    """Sets the cluster gauges every :data:`REPORT_S` from a daemon thread.
+
+    Args:
+        read: Takes a snapshot of the cluster.
+        interval_s: Seconds between reports.
+    """
+
+    def __init__(self, read: Any, interval_s: float = REPORT_S) -> None:
+        self._read = read
+        self._interval_s = interval_s
+        self._pod_types: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tpuslice-metrics", daemon=True)
+
+    def start(self) -> ClusterReporter:
+        """Start reporting.
+
+        Returns:
+            This reporter.
+        """
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop after the current report."""
+        self._stop.set()
+
+    def report_once(self) -> None:
+        """Read the cluster and set every gauge (errors are logged, not raised)."""
+        try:
+            snapshot = self._read()
+        except Exception as exc:  # noqa: BLE001 - a reporter thread must not die
+            logger.debug("cluster metrics not reported: %s", exc)
+            return
+        for name, value, tags in cluster_values(snapshot, self._pod_types):
+            _apply(name, value, tags)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.report_once()
+            self._stop.wait(self._interval_s)

@@ -1,0 +1,111 @@
+"""What tpuslice tells its observers as things happen: each call here adds an event to
+the timeline (:mod:`tpuslice.events`) and records the matching metrics
+(:mod:`tpuslice.metrics`). Neither waits on the GCS nor raises into the caller's work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tpuslice import events, metrics
+
+if TYPE_CHECKING:
+    from tpuslice.request import SliceRequest
+    from tpuslice.resilient import AttemptEvent
+
+
+def describe_request(request: SliceRequest) -> tuple[str, str]:
+    """How a request is named in events and in metric tags.
+
+    Args:
+        request: The request.
+
+    Returns:
+        ``("2 x v4 2x2x2", "v4 2x2x2")``: the event's ``what`` and the ``topology`` tag
+        (bounded: no count in it). A range of counts reads ``1..3 x ...``.
+    """
+    count = request.num_slices
+    counted = f"{count[0]}..{count[1]}" if isinstance(count, tuple) else str(count)
+    shape = f"{request.accelerator_version} {request.topology}"
+    return f"{counted} x {shape}", shape
+
+
+def reservation_ended(
+    request: SliceRequest,
+    outcome: str,
+    wait_s: float,
+    slices: Sequence[str] = (),
+    detail: str = "",
+) -> None:
+    """A reservation was granted, timed out, or found impossible.
+
+    Args:
+        request: What was asked.
+        outcome: ``granted``, ``timed_out`` or ``impossible``.
+        wait_s: Seconds from the request to the outcome.
+        slices: The slices granted.
+        detail: One line (the error's first line, for a failure).
+    """
+    what, shape = describe_request(request)
+    kind = {"granted": "reserved"}.get(outcome, outcome)
+    events.record(
+        kind, slices=tuple(slices), what=what, seconds=wait_s, outcome=outcome, detail=detail
+    )
+    metrics.reservation_ended(shape, outcome, wait_s)
+    from tpuslice.queue_actor import start_in_background
+
+    start_in_background()  # the queue actor reports the cluster's gauges
+
+
+def released(slices: Sequence[str], held_s: float, what: str = "") -> None:
+    """Slices were handed back.
+
+    Args:
+        slices: The slices.
+        held_s: How long they were held.
+        what: The request, as :func:`describe_request` names it.
+    """
+    events.record("released", slices=tuple(slices), what=what, seconds=held_s)
+
+
+def run_ended(
+    kind: str, outcome: str, seconds: float, slices: Sequence[str] = (), detail: str = ""
+) -> None:
+    """A one-shot run or a ``tpuslice run`` command ended.
+
+    Args:
+        kind: ``one_shot`` or ``command``.
+        outcome: ``ok``, ``failed`` or ``interrupted``.
+        seconds: Its duration.
+        slices: Where it ran.
+        detail: One line.
+    """
+    events.record(
+        "run", slices=tuple(slices), seconds=seconds, outcome=outcome, detail=f"{kind}; {detail}"
+    )
+    metrics.run_ended(kind, outcome, seconds)
+
+
+def attempt(event: AttemptEvent) -> None:
+    """A step of a resilient run (its ``started`` steps are left out of the metrics).
+
+    Args:
+        event: The step.
+    """
+    outcome = "" if event.outcome is None else event.outcome.value
+    if event.kind == "succeeded":
+        outcome = "success"
+    kind = "gave_up" if event.kind == "giving_up" else "attempt"
+    seconds = event.duration_s if event.kind in ("failed", "succeeded") else None
+    detail = f"attempt {event.attempt} {event.kind.replace('_', ' ')}"
+    if event.cause:
+        detail += f": {event.cause}"
+    if event.next_action:
+        detail += f"; next: {event.next_action}"
+    if event.evidence:
+        detail += f" [evidence: {event.evidence}]"
+    events.record(kind, slices=event.slice_names, seconds=seconds, outcome=outcome, detail=detail)
+    if event.kind in ("failed", "succeeded"):
+        metrics.attempt_ended(outcome)
+        metrics.run_ended("resilient_attempt", outcome, event.duration_s)

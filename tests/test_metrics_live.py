@@ -1,0 +1,226 @@
+"""Metrics and the timeline on the session's simulated cluster: a driver process runs a
+scripted history (reserve and run, a one-shot, a timeout, an impossible request, and a
+resilient run whose host the test kills); the test scrapes every node's Ray metrics
+agent, as Prometheus does through Ray's service discovery, and reads the timeline with
+`tpuslice status --events`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from clusterutil import wait_for
+from test_dashboard import load, queried_metrics
+from tpuslice import metrics
+from tpuslice.cli import main
+from tpuslice.testing import SimulatedCluster, live_placement_groups
+
+pytestmark = pytest.mark.cluster
+
+DRIVER = textwrap.dedent(
+    """
+    import json, os, pathlib, sys, time
+    import ray, tpuslice
+    from tpuslice import events
+
+    ray.init(address=sys.argv[1], log_to_driver=False)
+    marks = pathlib.Path(sys.argv[2])
+    context = ray.get_runtime_context()
+    print(json.dumps({"worker": context.get_worker_id(), "job": context.get_job_id()}),
+          flush=True)
+    V4 = dict(topology="2x2x2", accelerator_version="v4")
+    V6E = dict(topology="4x4", accelerator_version="v6e")
+
+    @ray.remote
+    def rank():
+        return tpuslice.current_host().rank
+
+    @ray.remote
+    def wait_for_go():
+        host = tpuslice.current_host()
+        (marks / f"{host.slice_name}-{host.rank}").touch()
+        deadline = time.monotonic() + 60
+        while not (marks / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return host.slice_name
+
+    with tpuslice.SlicePlacementGroup(**V4) as spg:            # reserve, run, hand back
+        assert ray.get(tpuslice.run_on_slice(rank, tpu_slice=spg)) == [0, 1]
+    assert ray.get(tpuslice.run_on_slice(rank, **V4)) == [0, 1]  # a one-shot
+    with tpuslice.SlicePlacementGroup(**V6E):                   # the only v6e 4x4 held:
+        try:                                                    # the next one times out
+            tpuslice.SlicePlacementGroup(**V6E, head_reservation_timeout_s=1)
+        except tpuslice.ReservationTimeoutError:
+            pass
+    try:                                                        # impossible here
+        tpuslice.SlicePlacementGroup(topology="8x8", accelerator_version="v6e")
+    except tpuslice.InsufficientSlicesError:
+        pass
+    result = tpuslice.run_resilient(wait_for_go, **V4)          # the test kills a host
+    print(json.dumps({"ran_on": result}), flush=True)
+    assert events.flush(timeout_s=10)
+    (marks / "done").touch()
+    deadline = time.monotonic() + 120                           # until the test scraped
+    while not (marks / "exit").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    """
+)
+
+
+def scrape() -> list[tuple[str, dict[str, str], float]]:
+    """Every ``ray_tpuslice_*`` sample of every live node's metrics agent (an agent that
+    does not answer is skipped, as Prometheus marks a target down)."""
+    samples = []
+    for node in ray.nodes():
+        if not node["Alive"]:
+            continue
+        url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                text = response.read().decode()
+        except OSError:  # a host just killed, not yet marked dead: a target down
+            continue
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.startswith(metrics.EXPORTED_PREFIX):
+                    samples.append((sample.name, dict(sample.labels), sample.value))
+    return samples
+
+
+def total(samples: list[tuple[str, dict[str, str], float]], name: str, **tags: str) -> float:
+    """Sum of the samples named ``name`` whose labels include ``tags``."""
+    return sum(
+        value
+        for sample, labels, value in samples
+        if sample == name and tags.items() <= labels.items()
+    )
+
+
+@pytest.fixture
+def driver(tpu_cluster: SimulatedCluster, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, tpu_cluster.address, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    ids: dict[str, Any] = json.loads(proc.stdout.readline() or "{}")
+    ids.update(proc=proc, marks=tmp_path)
+    try:
+        yield ids
+    finally:
+        (tmp_path / "exit").touch()
+        try:
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_a_scripted_history_shows_in_the_metrics_and_the_timeline(
+    tpu_cluster: SimulatedCluster, driver: dict[str, Any]
+) -> None:
+    proc, marks = driver["proc"], driver["marks"]
+    assert driver.get("worker"), proc.stderr.read()[-3000:]
+    started = wait_for(
+        lambda: sorted(p.name for p in marks.iterdir() if p.name.startswith("v4-")),
+        timeout=120,
+        what="the resilient run's first attempt",
+    )
+    victim = started[0].rsplit("-", 1)[0]
+    try:
+        tpu_cluster.kill_host(victim, 1)
+        (marks / "go").touch()
+        # The queue actor's gauges show the dead host and the broken slice.
+        wait_for(
+            lambda: (
+                total(scrape(), "ray_tpuslice_hosts", state="dead", pod_type="v4-16") >= 1
+                and total(scrape(), "ray_tpuslice_slices", state="broken", pod_type="v4-16") >= 1
+            ),
+            timeout=60,
+            what="the dead host in the gauges",
+        )
+        wait_for(lambda: (marks / "done").exists(), timeout=120, what="the driver's script")
+    finally:
+        tpu_cluster.restore_slice(victim)
+
+    ours = {"WorkerId": driver["worker"]}
+    expected = {
+        ("ray_tpuslice_reservations_total", "granted", "v4 2x2x2"): 4,  # 1, one-shot, 2 tries
+        ("ray_tpuslice_reservations_total", "granted", "v6e 4x4"): 1,
+        ("ray_tpuslice_reservations_total", "timed_out", "v6e 4x4"): 1,
+        ("ray_tpuslice_reservations_total", "impossible", "v6e 8x8"): 1,
+        ("ray_tpuslice_reservation_wait_seconds_count", "timed_out", "v6e 4x4"): 1,
+    }
+
+    def driver_values() -> dict[tuple[str, str, str], float]:
+        samples = scrape()
+        return {
+            key: total(samples, key[0], outcome=key[1], topology=key[2], **ours) for key in expected
+        }
+
+    wait_for(lambda: driver_values() == expected, timeout=60, what=f"{expected}")
+    samples = scrape()
+    assert total(samples, "ray_tpuslice_reservation_wait_seconds_sum", outcome="timed_out") >= 1
+    assert total(samples, "ray_tpuslice_attempts_total", outcome="host_failure", **ours) == 1
+    assert total(samples, "ray_tpuslice_attempts_total", outcome="success", **ours) == 1
+    runs = "ray_tpuslice_run_duration_seconds_count"
+    assert total(samples, runs, kind="one_shot", outcome="ok", **ours) == 1
+    assert total(samples, runs, kind="resilient_attempt", outcome="host_failure", **ours) == 1
+    assert total(samples, runs, kind="resilient_attempt", outcome="success", **ours) == 1
+    assert total(samples, "ray_tpuslice_queue_length") == 0  # nothing waits now
+    seen = {name for name, _, _ in samples}
+    assert metrics.exported_names() <= seen, metrics.exported_names() - seen
+    assert queried_metrics(load()) <= seen  # the dashboard asks only for what is there
+
+    # The timeline, as `tpuslice status --events --json` shows it, in order.
+    result = CliRunner().invoke(main, ["status", "--events", "200", "--json"])
+    assert result.exit_code == 0, result.output
+    history = [e for e in json.loads(result.output)["events"] if e["job"] == driver["job"]]
+    steps = [(e["kind"], e["outcome"]) for e in history]
+    script = [
+        ("reserved", "granted"),
+        ("released", ""),
+        ("reserved", "granted"),
+        ("run", "ok"),
+        ("released", ""),
+        ("reserved", "granted"),
+        ("timed_out", "timed_out"),
+        ("released", ""),
+        ("impossible", "impossible"),
+        ("reserved", "granted"),
+        ("attempt", ""),
+        ("attempt", "host_failure"),
+        ("reserved", "granted"),
+        ("attempt", ""),
+        ("attempt", "success"),
+        ("released", ""),
+    ]
+    assert _in_order(script, steps), steps
+    failed = next(e for e in history if e["outcome"] == "host_failure")
+    assert failed["slices"] == [victim] and "rank 1" in failed["detail"]
+    text = CliRunner().invoke(main, ["status", "--events"], env={"COLUMNS": "160"}).output
+    assert "impossible (1 x v6e 8x8)" in text and f"released {victim}" in text
+
+    (marks / "exit").touch()
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()[-3000:]
+    wait_for(lambda: not live_placement_groups(), timeout=10, what="slices released")
+    tpu_cluster.wait_tpus_free()
+
+
+def _in_order(wanted: list[tuple[str, str]], seen: list[tuple[str, str]]) -> bool:
+    """Whether ``wanted`` appears in ``seen`` in order (other steps may come between)."""
+    rest = iter(seen)
+    return all(step in rest for step in wanted)

@@ -83,8 +83,9 @@ PANELS: list[tuple[str, str, str, bool, list[tuple[str, str]]]] = [
             ),
             (
                 "sum by (topology) (rate(ray_tpuslice_reservation_wait_seconds_sum"
-                f"{{{FILTER}}}[$window])) / sum by (topology) (rate("
-                f"ray_tpuslice_reservation_wait_seconds_count{{{FILTER}}}[$window]))",
+                f'{{{FILTER}, outcome="granted"}}[$window])) / sum by (topology) (rate('
+                f'ray_tpuslice_reservation_wait_seconds_count{{{FILTER}, outcome="granted"}}'
+                "[$window]))",
                 "mean {{topology}}",
             ),
         ],

@@ -99,7 +99,7 @@ def test_the_writer_writes_in_order_and_flush_waits_for_it() -> None:
 
 def test_the_store_is_kept_to_the_newest_events() -> None:
     store = Store()
-    writer = EventWriter(store.put, store.list, store.delete, keep=4)
+    writer = EventWriter(store.put, store.list, store.delete, keep=4, trim_every_s=0)
     for n in range(10):
         writer.record(SliceEvent(float(n), "run", detail=str(n)))
     assert writer.flush(timeout_s=10)
@@ -116,6 +116,36 @@ def test_an_unreachable_store_drops_events_without_raising() -> None:
     writer.record(SliceEvent(2.0, "run", detail="after"))
     assert writer.flush(timeout_s=10)
     assert [e.detail for e in store.events()] == ["after"]
+
+
+def test_a_put_failing_any_way_drops_that_event_and_the_writer_lives_on() -> None:
+    store = Store()
+    calls = []
+
+    def put(key: str, value: bytes) -> None:
+        calls.append(key)
+        if len(calls) == 1:  # what Ray raises when its worker was shut down
+            raise AttributeError("'NoneType' object has no attribute 'internal_kv_put'")
+        store.put(key, value)
+
+    writer = EventWriter(put, store.list, store.delete)
+    writer.record(SliceEvent(1.0, "run", detail="lost"))
+    assert writer.flush(timeout_s=10)
+    writer.record(SliceEvent(2.0, "run", detail="kept"))
+    assert writer.flush(timeout_s=10)
+    assert [e.detail for e in store.events()] == ["kept"]
+    assert writer.dropped == 1
+
+
+def test_observing_never_raises_into_the_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tpuslice import observe
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(events, "record", broken)
+    observe.released(["v4-16-a"], 3.0)  # e.g. in the middle of a hand-back: no exception
+    observe.run_ended("one_shot", "success", 1.0)
 
 
 def test_record_rejects_an_unknown_kind() -> None:

@@ -177,7 +177,7 @@ def test_a_scripted_history_shows_in_the_metrics_and_the_timeline(
     assert total(samples, "ray_tpuslice_attempts_total", outcome="host_failure", **ours) == 1
     assert total(samples, "ray_tpuslice_attempts_total", outcome="success", **ours) == 1
     runs = "ray_tpuslice_run_duration_seconds_count"
-    assert total(samples, runs, kind="one_shot", outcome="ok", **ours) == 1
+    assert total(samples, runs, kind="one_shot", outcome="success", **ours) == 1
     assert total(samples, runs, kind="resilient_attempt", outcome="host_failure", **ours) == 1
     assert total(samples, runs, kind="resilient_attempt", outcome="success", **ours) == 1
     assert total(samples, "ray_tpuslice_queue_length") == 0  # nothing waits now
@@ -194,7 +194,7 @@ def test_a_scripted_history_shows_in_the_metrics_and_the_timeline(
         ("reserved", "granted"),
         ("released", ""),
         ("reserved", "granted"),
-        ("run", "ok"),
+        ("run", "success"),
         ("released", ""),
         ("reserved", "granted"),
         ("timed_out", "timed_out"),

@@ -6,8 +6,12 @@ from __future__ import annotations
 import _thread
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +84,29 @@ def _alive(group: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_the_command_dies_with_the_process_that_ran_it(tmp_path: Path) -> None:
+    # A host task's process SIGKILLed (its placement group removed before it handled the
+    # cancel): no finally runs there, yet its command must not outlive it.
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent.parent / "src")!r})
+        from tpuslice.shell import command_on_host
+        events = command_on_host({{}}, "echo $$; exec sleep 6176")
+        print(next(events)[1], flush=True)
+        import time; time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    group = int(proc.stdout.readline())
+    try:
+        assert _alive(group)
+        proc.kill()  # SIGKILL: as Ray ends a worker
+        proc.wait(timeout=10)
+        wait_for(lambda: not _alive(group), timeout=10, what="the command killed by its guard")
+    finally:
+        if _alive(group):
+            os.killpg(group, signal.SIGKILL)

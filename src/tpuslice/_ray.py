@@ -86,9 +86,13 @@ def kv_errors() -> tuple[type[BaseException], ...]:
 
 
 def kv_put(key: str, value: bytes, namespace: str | None) -> None:
-    """Write Ray's internal key-value store. Public alternative: none."""
+    """Write Ray's internal key-value store. Public alternative: none.
+
+    Raises ``ConnectionError`` (one of :func:`kv_errors`) when Ray is not connected."""
     from ray.experimental import internal_kv
 
+    if not internal_kv._internal_kv_initialized():
+        raise ConnectionError(f"cannot write {key!r}: Ray is not connected")
     internal_kv._internal_kv_put(key, value, namespace=namespace)
 
 

@@ -299,7 +299,7 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
 
     policy = RetryPolicy(max_retries_failure=retries, max_retries_preemption=retries)
     on_event = _show_event if retries else None
-    started, outcome = time.monotonic(), "interrupted"
+    started, outcome = time.monotonic(), "failure"
     try:
         try:
             ResilientRun(attempt, request, policy, on_event).until_done()
@@ -307,13 +307,18 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
             if retries:
                 err_console.print(f"[red]{escape(str(exc))}[/red]")
         except TPUSliceError as exc:
-            outcome = "not_started"
             raise click.ClickException(str(exc)) from exc
-        outcome = "failed" if worst_exit_code(last) else "ok"
+        if not worst_exit_code(last):
+            outcome = "success"
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+        raise
     finally:
-        if outcome != "not_started":
+        if last:  # commands ran (not, say, a reservation that timed out)
             slices = list(dict.fromkeys(r.context.slice_name for r in last))
-            observe.run_ended("command", outcome, time.monotonic() - started, slices, text)
+            program = shlex.split(text)[0] if text.strip() else ""
+            seconds = time.monotonic() - started
+            observe.run_ended("command", outcome, seconds, slices, program)
     console.print(_summary(last))
     return worst_exit_code(last)
 

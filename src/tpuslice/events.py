@@ -17,6 +17,7 @@ import os
 import secrets
 import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ KEY_PREFIX = "event/"
 MAX_EVENTS = 1000
 """The store keeps about this many (the newest); each writer trims after it writes."""
 TRIM_EVERY_S = 5.0
-"""A writer lists the keys to trim at most this often (and once more when it flushes)."""
+"""A writer lists the keys to trim at its first write, then at most this often."""
 
 KINDS = (
     "reserved",  # granted: seconds = the wait
@@ -162,6 +163,7 @@ class EventWriter:
         list_keys: Lists keys with a prefix.
         delete: Deletes one key.
         keep: How many events the store keeps.
+        trim_every_s: Seconds between two trims by this writer.
     """
 
     def __init__(
@@ -170,20 +172,31 @@ class EventWriter:
         list_keys: Any = None,
         delete: Any = None,
         keep: int = MAX_EVENTS,
+        trim_every_s: float = TRIM_EVERY_S,
     ) -> None:
         self.keep = keep
+        self._trim_every_s = trim_every_s
         self._put = put or (lambda k, v: _ray.kv_put(k, v, NAMESPACE))
         self._list = list_keys or (lambda p: _ray.kv_list(p, NAMESPACE))
         self._delete = delete or (lambda k: _ray.kv_delete(k, NAMESPACE))
         self.writer = secrets.token_hex(4)
-        self._pending: list[SliceEvent] = []
+        self.dropped = 0
+        """Events that could not be written (Ray gone or unreachable) or were pushed out."""
+        self._pending: deque[SliceEvent] = deque()
         self._written = 0
         self._wrote_since_trim = False
-        self._last_trim = 0.0
+        self._last_trim = -float("inf")  # the first write trims
         self._cond = threading.Condition()
         self._busy = False
         self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
+
+    def after_fork(self) -> None:
+        """In a forked child: a lock, thread and identity of its own, nothing pending."""
+        self._cond = threading.Condition()
+        self._thread, self._busy = None, False
+        self._pending = deque()
+        self.writer = secrets.token_hex(4)
+        self._written = 0
 
     def record(self, event: SliceEvent) -> None:
         """Queue ``event`` for writing (returns at once).
@@ -192,12 +205,14 @@ class EventWriter:
             event: What happened.
         """
         with self._cond:
-            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
-                self._pid = os.getpid()
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._loop, name="tpuslice-events", daemon=True
                 )
                 self._thread.start()
+            if len(self._pending) >= self.keep:  # the store is stuck: keep the newest
+                self._pending.popleft()
+                self.dropped += 1
             self._pending.append(event)
             self._cond.notify_all()
 
@@ -208,7 +223,8 @@ class EventWriter:
             timeout_s: Seconds to wait at most.
 
         Returns:
-            Whether everything was written in time.
+            Whether everything recorded was handled in time (written, or dropped: see
+            :attr:`dropped`).
         """
         deadline = time.monotonic() + timeout_s
         with self._cond:
@@ -217,7 +233,6 @@ class EventWriter:
                 if left <= 0 or self._thread is None or not self._thread.is_alive():
                     return not (self._pending or self._busy)
                 self._cond.wait(left)
-        self._trim(force=True)
         return True
 
     def _loop(self) -> None:
@@ -225,11 +240,11 @@ class EventWriter:
             with self._cond:
                 while not self._pending:
                     self._cond.wait()
-                batch, self._pending = self._pending, []
+                batch, self._pending = list(self._pending), deque()
                 self._busy = True
             try:
                 self._write(batch)
-                self._trim(force=False)
+                self._trim()
             finally:
                 with self._cond:
                     self._busy = False
@@ -242,23 +257,26 @@ class EventWriter:
             try:
                 self._put(key, json.dumps(event.to_dict()).encode())
                 self._wrote_since_trim = True
-            except _ray.kv_errors() as exc:  # Ray gone or unreachable: drop, say once
+            except Exception as exc:  # noqa: BLE001 - Ray gone or unreachable: drop it;
+                self.dropped += 1  # this thread must live on for the next events
                 logger.debug("could not record event %s: %s", event.kind, exc)
 
-    def _trim(self, force: bool) -> None:
+    def _trim(self) -> None:
         now = time.monotonic()
-        if not self._wrote_since_trim or (not force and now - self._last_trim < TRIM_EVERY_S):
+        if not self._wrote_since_trim or now - self._last_trim < self._trim_every_s:
             return
         self._last_trim, self._wrote_since_trim = now, False
         try:
             for key in keys_to_trim(self._list(KEY_PREFIX), self.keep):
                 self._delete(key)
-        except _ray.kv_errors() as exc:
+        except Exception as exc:  # noqa: BLE001 - as in _write
             logger.debug("could not trim the event store: %s", exc)
 
 
 WRITER = EventWriter()
 atexit.register(WRITER.flush)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=WRITER.after_fork)
 
 
 def record(kind: str, **fields: Any) -> SliceEvent:

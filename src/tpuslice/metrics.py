@@ -170,7 +170,8 @@ def run_ended(kind: str, outcome: str, seconds: float) -> None:
 
     Args:
         kind: ``one_shot``, ``command`` (``tpuslice run``) or ``resilient_attempt``.
-        outcome: ``ok`` or a failure class.
+        outcome: ``success``, ``failure``, ``interrupted``, or (resilient attempts)
+            the failure class.
         seconds: Its duration.
     """
     _apply("run_duration_seconds", seconds, {"kind": kind, "outcome": outcome})

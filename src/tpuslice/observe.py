@@ -5,14 +5,32 @@ the timeline (:mod:`tpuslice.events`) and records the matching metrics
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tpuslice import events, metrics
 
 if TYPE_CHECKING:
     from tpuslice.request import SliceRequest
     from tpuslice.resilient import AttemptEvent
+
+logger = logging.getLogger(__name__)
+_F = TypeVar("_F", bound=Callable[..., None])
+
+
+def _never_raises(function: _F) -> _F:
+    """Observing must not break what is observed (a hand-back, a release): log instead."""
+
+    @functools.wraps(function)
+    def observed(*args: Any, **kwargs: Any) -> None:
+        try:
+            function(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - see above
+            logger.debug("could not record %s: %s", function.__name__, exc)
+
+    return observed  # type: ignore[return-value]
 
 
 def describe_request(request: SliceRequest) -> tuple[str, str]:
@@ -31,6 +49,7 @@ def describe_request(request: SliceRequest) -> tuple[str, str]:
     return f"{counted} x {shape}", shape
 
 
+@_never_raises
 def reservation_ended(
     request: SliceRequest,
     outcome: str,
@@ -58,6 +77,7 @@ def reservation_ended(
     start_in_background()  # the queue actor reports the cluster's gauges
 
 
+@_never_raises
 def released(slices: Sequence[str], held_s: float, what: str = "") -> None:
     """Slices were handed back.
 
@@ -69,6 +89,7 @@ def released(slices: Sequence[str], held_s: float, what: str = "") -> None:
     events.record("released", slices=tuple(slices), what=what, seconds=held_s)
 
 
+@_never_raises
 def run_ended(
     kind: str, outcome: str, seconds: float, slices: Sequence[str] = (), detail: str = ""
 ) -> None:
@@ -76,10 +97,11 @@ def run_ended(
 
     Args:
         kind: ``one_shot`` or ``command``.
-        outcome: ``ok``, ``failed`` or ``interrupted``.
+        outcome: ``success``, ``failure`` or (a command) ``interrupted``.
         seconds: Its duration.
         slices: Where it ran.
-        detail: One line.
+        detail: One line (for a command, its program's name only: arguments can hold
+            secrets, and everyone reading the timeline sees this).
     """
     events.record(
         "run", slices=tuple(slices), seconds=seconds, outcome=outcome, detail=f"{kind}; {detail}"
@@ -87,6 +109,7 @@ def run_ended(
     metrics.run_ended(kind, outcome, seconds)
 
 
+@_never_raises
 def attempt(event: AttemptEvent) -> None:
     """A step of a resilient run (its ``started`` steps are left out of the metrics).
 

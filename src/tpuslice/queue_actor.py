@@ -170,26 +170,31 @@ def slice_queue() -> RayQueue:
 
 _handle_cluster: list[str | None] = [None]
 _started_on: set[str | None] = set()
+_starting_lock = threading.Lock()
 
 
 def start_in_background() -> None:
     """Have the cluster's queue actor running (it also reports the cluster's gauges,
     :mod:`tpuslice.metrics`) without waiting: once per process and cluster, a daemon
-    thread finds or creates it."""
+    thread finds or creates it (tried again next time if that failed)."""
     if not ray.is_initialized():
         return
     cluster = _cluster_id()
-    with _lock:
+    with _starting_lock:  # not _lock: the claiming loop may hold that while it asks Ray
         if cluster in _started_on:
             return
         _started_on.add(cluster)
-    threading.Thread(target=_start_quietly, name="tpuslice-queue-start", daemon=True).start()
+    threading.Thread(
+        target=_start_quietly, args=(cluster,), name="tpuslice-queue-start", daemon=True
+    ).start()
 
 
-def _start_quietly() -> None:
+def _start_quietly(cluster: str | None) -> None:
     try:
         slice_queue()
-    except QueueUnreachableError as exc:
+    except Exception as exc:  # noqa: BLE001 - a background nicety: log, try again later
+        with _starting_lock:
+            _started_on.discard(cluster)
         logger.debug("the slice queue (and its cluster metrics) did not start: %s", exc)
 
 

@@ -437,10 +437,6 @@ class SlicePlacementGroup(ShutsDownOnExit):
         if self._reservation.claims:
             self.ownership.hand_back(pids)
         reservation, self._reservation = self._reservation, Reservation()
-        if reservation.claims:
-            held = time.monotonic() - self._reserved_at
-            what = observe.describe_request(self._request)[0]
-            observe.released([c.slice_name for c in reservation.claims], held, what)
         # Heads first: a slice whose head is free while its TPUs are still held looks
         # busy to everyone; the other order would show it claimed with no work on it.
         for claim in reservation.claims:
@@ -448,6 +444,10 @@ class SlicePlacementGroup(ShutsDownOnExit):
         remove_group(reservation.combined_pg)
         for claim in reservation.claims:
             remove_group(claim.worker_pg)
+        if reservation.claims:
+            held = time.monotonic() - self._reserved_at
+            what = observe.describe_request(self._request)[0]
+            observe.released([c.slice_name for c in reservation.claims], held, what)
 
     def __repr__(self) -> str:
         state = "shut down" if self.is_shut_down else ", ".join(self.slice_names)

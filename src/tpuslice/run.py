@@ -547,7 +547,7 @@ class Releaser:
             failed = any(_failed(r) for r in finished)
             if not job.remaining or failed:
                 seconds = time.monotonic() - job.started
-                outcome = "failed" if failed else "ok"
+                outcome = "failure" if failed else "success"
                 observe.run_ended("one_shot", outcome, seconds, job.spg.slice_names)
                 job.spg.shutdown()
             else:

@@ -11,6 +11,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -78,6 +79,7 @@ def command_on_host(env: CallEnv, command: str) -> Iterator[tuple[str, str | int
         stdin=subprocess.DEVNULL,
         start_new_session=True,  # its own process group, killed as one below
     )
+    guard = _guard(proc.pid)
     try:
         assert proc.stdout is not None
         for line in _lines(proc.stdout.fileno()):
@@ -88,6 +90,35 @@ def command_on_host(env: CallEnv, command: str) -> Iterator[tuple[str, str | int
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        guard.kill()
+        guard.wait()
+
+
+GUARD = """
+import os, signal, sys, time
+worker, group = int(sys.argv[1]), int(sys.argv[2])
+while os.getppid() == worker:
+    time.sleep(0.2)
+try:
+    os.killpg(group, signal.SIGKILL)
+except ProcessLookupError:
+    pass
+"""
+"""Kills the command's process group once the host task's process is gone (reparented:
+its parent changed). Ray ends a task's process with SIGKILL when its placement group is
+removed before the task handled its cancel (a loaded host); the command, in a session of
+its own, would otherwise run on for ever."""
+
+
+def _guard(group: int) -> subprocess.Popen[bytes]:
+    """Start the :data:`GUARD` for ``group`` (its own session; no site packages)."""
+    return subprocess.Popen(
+        [sys.executable, "-S", "-c", GUARD, str(os.getpid()), str(group)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 READ_WAIT_S = 0.2

@@ -66,8 +66,10 @@ def test_an_event_survives_its_round_trip() -> None:
             "released a, b held 12.0 s",
         ),
         (
-            SliceEvent(0, "timed_out", what="2 x v6e 4x4", seconds=5, detail="3rd in the queue"),
-            "timed out (2 x v6e 4x4) after 5.0 s; 3rd in the queue",
+            SliceEvent(
+                0, "timed_out", what="2 x v6e 4x4", seconds=5, outcome="timed_out", detail="3rd"
+            ),
+            "timed out (2 x v6e 4x4) after 5.0 s; 3rd",
         ),
     ],
 )

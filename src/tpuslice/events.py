@@ -117,7 +117,7 @@ class SliceEvent:
             text += f" ({self.what})"
         if self.seconds is not None:
             text += f" {_SECONDS_WORD.get(self.kind, 'after')} {self.seconds:.1f} s"
-        if self.outcome:
+        if self.outcome and self.outcome != self.kind:
             text += f": {self.outcome}"
         if self.detail:
             text += f"; {self.detail}"

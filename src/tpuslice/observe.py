@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from tpuslice.resilient import AttemptEvent
 
 logger = logging.getLogger(__name__)
+DETAIL_CHARS = 120
+"""A failed reservation's event keeps this much of the error's first line."""
 _F = TypeVar("_F", bound=Callable[..., None])
 
 
@@ -68,6 +70,8 @@ def reservation_ended(
     """
     what, shape = describe_request(request)
     kind = {"granted": "reserved"}.get(outcome, outcome)
+    if len(detail) > DETAIL_CHARS:  # the error itself has it all
+        detail = detail[: DETAIL_CHARS - 1].rstrip() + "…"
     events.record(
         kind, slices=tuple(slices), what=what, seconds=wait_s, outcome=outcome, detail=detail
     )
@@ -103,9 +107,8 @@ def run_ended(
         detail: One line (for a command, its program's name only: arguments can hold
             secrets, and everyone reading the timeline sees this).
     """
-    events.record(
-        "run", slices=tuple(slices), seconds=seconds, outcome=outcome, detail=f"{kind}; {detail}"
-    )
+    text = f"{kind}; {detail}" if detail else kind
+    events.record("run", slices=tuple(slices), seconds=seconds, outcome=outcome, detail=text)
     metrics.run_ended(kind, outcome, seconds)
 
 

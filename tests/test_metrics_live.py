@@ -143,15 +143,16 @@ def test_a_scripted_history_shows_in_the_metrics_and_the_timeline(
     try:
         tpu_cluster.kill_host(victim, 1)
         (marks / "go").touch()
+
         # The queue actor's gauges show the dead host and the broken slice.
-        wait_for(
-            lambda: (
-                total(scrape(), "ray_tpuslice_hosts", state="dead", pod_type="v4-16") >= 1
-                and total(scrape(), "ray_tpuslice_slices", state="broken", pod_type="v4-16") >= 1
-            ),
-            timeout=60,
-            what="the dead host in the gauges",
-        )
+        def dead_and_broken(samples: list[tuple[str, dict[str, str], float]]) -> bool:
+            v4 = {"pod_type": "v4-16"}
+            return (
+                total(samples, "ray_tpuslice_hosts", state="dead", **v4) >= 1
+                and total(samples, "ray_tpuslice_slices", state="broken", **v4) >= 1
+            )
+
+        wait_for(lambda: dead_and_broken(scrape()), timeout=60, what="the dead host in the gauges")
         wait_for(lambda: (marks / "done").exists(), timeout=120, what="the driver's script")
     finally:
         tpu_cluster.restore_slice(victim)

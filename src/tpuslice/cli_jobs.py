@@ -38,7 +38,7 @@ from tpuslice.resilient import (
     judged,
 )
 from tpuslice.run import HostContext, current_host, run_on_slice
-from tpuslice.shell import HostResult, run_command, worst_exit_code
+from tpuslice.shell import HostResult, program_name, run_command, worst_exit_code
 from tpuslice.testing.checks import live_placement_groups
 from tpuslice.testing.simulated import SimulatedCluster, SliceSpec
 from tpuslice.watchdog import AttemptWatch
@@ -316,9 +316,8 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
     finally:
         if last:  # commands ran (not, say, a reservation that timed out)
             slices = list(dict.fromkeys(r.context.slice_name for r in last))
-            program = shlex.split(text)[0] if text.strip() else ""
             seconds = time.monotonic() - started
-            observe.run_ended("command", outcome, seconds, slices, program)
+            observe.run_ended("command", outcome, seconds, slices, program_name(text))
     console.print(_summary(last))
     return worst_exit_code(last)
 

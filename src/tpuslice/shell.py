@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -238,6 +239,23 @@ def _follow(
     results[rank] = HostResult(context, code, time.monotonic() - started, error, lost)
     if lost is not None and not isinstance(lost, ray.exceptions.TaskCancelledError):
         on_lost()
+
+
+def program_name(command: str) -> str:
+    """The program a shell command line runs first, for logs others read (arguments can
+    hold secrets). Never raises: a line the shell would reject still has a first word.
+
+    Args:
+        command: A shell command line.
+
+    Returns:
+        Its first word, unquoted when it can be; ``""`` for a blank line.
+    """
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: the shell's error to report, not ours
+        words = command.split()
+    return words[0] if words else ""
 
 
 def worst_exit_code(results: Sequence[HostResult]) -> int:

@@ -34,8 +34,8 @@ def test_demo_runs_end_to_end_and_gives_everything_back() -> None:
     assert "placement groups left: 0" in text
     assert re.search(r"done in \d+ s; cluster stopped", text)
     # rank order and the two-slice MEGASCALE ids, as printed
-    assert re.search(r"│ 0\s+│ v6e-16-\w\s+│ 0\s+│ v6e-16-\w\s+│ 0", text)
-    assert re.search(r"│ 7\s+│ v6e-16-\w\s+│ 3\s+│ 2\s+│ 1\s", text)
+    assert re.search(r"│ 0\s+│ v4-16-\w\s+│ 0\s+│ v4-16-\w\s+│ 0", text)
+    assert re.search(r"│ 3\s+│ v4-16-\w\s+│ 1\s+│ 2\s+│ 1\s", text)
     assert max(len(line) for line in text.splitlines()) <= 80
 
 

@@ -201,13 +201,13 @@ def test_fault_injection_rejects_unknown_hosts(tpu_cluster: SimulatedCluster) ->
 
 RAISING = textwrap.dedent(
     """
-    import json, ray
+    import json, sys, ray
     import ray.cluster_utils
     from tpuslice.testing import SimulatedCluster
 
     def scenario(break_teardown):
         own = ValueError("the user's own error")
-        sim = SimulatedCluster([("v4", "2x2x1", 1)], cpus_per_host=1, head_cpus=1)
+        sim = SimulatedCluster([], head_cpus=1)  # the head alone: teardown is the point
         real = ray.cluster_utils.Cluster.shutdown
         if break_teardown:
             def broken(self):
@@ -226,29 +226,42 @@ RAISING = textwrap.dedent(
         return {"same": caught is own, "caught": repr(caught), "connected": ray.is_initialized(),
                 "pids": pids, "left": sorted(sim.leftover_pids())}
 
-    print(json.dumps([scenario(False), scenario(True)]))
+    print(json.dumps(scenario(sys.argv[1] == "broken")))
     """
 )
 
 
 def test_an_error_in_the_block_propagates_unchanged_and_nothing_is_left() -> None:
-    """A tiny separate cluster in a child process, twice. The block raises while this
-    process is connected through its own ray.init; then the same, with Ray's own teardown
-    failing too. Both times: the block's exception propagates unchanged, the driver is
-    disconnected, and every process the cluster had is gone."""
+    """A head-only separate cluster in each of two child processes, run side by side.
+    The block raises while the child is connected through its own ray.init; in the
+    second, Ray's own teardown fails too. Both times: the block's exception propagates
+    unchanged, the driver is disconnected, and every process the cluster had is gone."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    out = subprocess.run(
-        [sys.executable, "-c", RAISING], capture_output=True, text=True, timeout=240, env=env
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    connected, broken = json.loads(out.stdout.strip().splitlines()[-1])
-    for report in (connected, broken):
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", RAISING, mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for mode in ("connected", "broken")
+    ]
+    try:
+        outs = [child.communicate(timeout=240) for child in children]
+    finally:
+        for child in children:
+            child.kill()  # a no-op unless a timeout left it running
+    for child, (stdout, stderr) in zip(children, outs, strict=True):
+        assert child.returncode == 0, stderr[-2000:]
+        report = json.loads(stdout.strip().splitlines()[-1])
         assert report["same"], report["caught"]
         assert report["connected"] is False
         assert len(report["pids"]) >= 3
         assert report["left"] == []
         assert [pid for pid in report["pids"] if _alive(pid)] == []
-    assert "teardown broke halfway" in out.stderr  # logged, not raised over the user's error
+    assert "teardown broke halfway" not in outs[0][1]
+    assert "teardown broke halfway" in outs[1][1]  # logged, not raised over the user's error
 
 
 def _alive(pid: int) -> bool:

@@ -416,10 +416,10 @@ where = ray.remote(where_am_i)
 
 @click.command()
 def demo() -> None:
-    """Tour tpuslice on a simulated cluster of two v6e 4x4 slices (about a minute)."""
+    """Tour tpuslice on a simulated cluster of two v4 2x2x2 slices (about half a minute)."""
     started = time.monotonic()
     with sigterm_as_interrupt():
-        sim = start_simulator([SliceSpec("v6e", "4x4", 2)])
+        sim = start_simulator([SliceSpec("v4", "2x2x2", 2)])  # 2 hosts each: quick to start
         try:
             sim.connect()
             _demo_steps()
@@ -432,10 +432,10 @@ def _demo_steps() -> None:
     console.rule("1. the cluster, as tpuslice sees it")
     console.print(status.render_status(cluster.read_snapshot(), console.width))
     console.rule("2. one function on every host of one slice (refs in rank order)")
-    rows = ray.get(run_on_slice(where, topology="4x4", accelerator_version="v6e"))
+    rows = ray.get(run_on_slice(where, topology="2x2x2", accelerator_version="v4"))
     console.print(_rows_table(rows, ("rank", "slice", "worker", "TPU_NAME", "TPU_WORKER_ID")))
     console.rule("3. a two-slice job: MEGASCALE_* set on every host")
-    rows = ray.get(run_on_slice(where, topology="4x4", accelerator_version="v6e", num_slices=2))
+    rows = ray.get(run_on_slice(where, topology="2x2x2", accelerator_version="v4", num_slices=2))
     console.print(
         _rows_table(
             rows,

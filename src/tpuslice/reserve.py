@@ -171,8 +171,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         asked = time.monotonic()
         try:
             self._reservation = Reserver(request, clock=clock, targets=targets).run()
-        except (ReservationTimeoutError, InsufficientSlicesError) as exc:
-            # InsufficientSlicesError is a ReservationTimeoutError (Ray raises a timeout)
+        except ReservationTimeoutError as exc:  # InsufficientSlicesError is one too
             outcome = "impossible" if isinstance(exc, InsufficientSlicesError) else "timed_out"
             observe.reservation_ended(
                 request, outcome, time.monotonic() - asked, detail=first_line(exc)

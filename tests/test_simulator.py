@@ -75,6 +75,29 @@ def test_every_host_has_labels_resources_and_env(tpu_cluster: SimulatedCluster) 
             assert (shape.head_resource in resources) == (host.worker_id == 0)
 
 
+def test_tpu_hosts_run_rays_minimal_agent_and_the_head_the_full_one(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """The head's agent exports metrics (the drivers' and the queue actor's); the hosts'
+    agents are Ray's minimal ones, which export none and cost less while idle."""
+    import urllib.request
+
+    exporting = {}
+    for node in ray.nodes():
+        if not node["Alive"]:
+            continue
+        url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                exporting[node["NodeID"]] = b"ray_" in response.read()
+        except OSError:
+            exporting[node["NodeID"]] = False
+    hosts = {h.node.node_id for s in tpu_cluster.slices.values() for h in s.hosts if h.alive}
+    assert hosts and hosts < set(exporting)
+    assert not any(exporting[node] for node in hosts)
+    assert [node for node, yes in exporting.items() if yes and node not in hosts] != []
+
+
 def test_driver_env_stays_clean(tpu_cluster: SimulatedCluster) -> None:
     """The hosts' TPU identity never reaches the driver (JAX may set other TPU_* vars)."""
     assert not [k for k in HOST_ENV_VARS if k in os.environ]

@@ -7,7 +7,8 @@ everything else in tpuslice talks to Ray through its public API.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import ray
@@ -70,6 +71,27 @@ def node_process_pids(node: Any) -> list[int]:
     for infos in getattr(node, "all_processes", {}).values():
         pids.extend(info.process.pid for info in infos if info.process is not None)
     return pids
+
+
+@contextmanager
+def minimal_node_agents() -> Iterator[None]:
+    """Ray nodes started in this process during the block run Ray's *minimal* dashboard
+    agent (as under ``pip install ray``, without ``[default]``): no metrics export, and
+    much less CPU while idle. Ray starts the full agent whenever the dashboard's
+    dependencies import; this makes its check say they do not.
+
+    Public alternative: none (``ray start`` has no switch for the agent's mode).
+    """
+    utils = ray._private.utils
+    real = getattr(utils, "get_dashboard_dependency_error", None)
+    if real is None:  # another Ray: its agents as they come
+        yield
+        return
+    utils.get_dashboard_dependency_error = lambda: "a simulated host's minimal agent"
+    try:
+        yield
+    finally:
+        utils.get_dashboard_dependency_error = real
 
 
 def node_logs_dir(node: Any) -> str | None:

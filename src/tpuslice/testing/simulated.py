@@ -14,6 +14,11 @@ every host gets ``cpus_per_host`` logical CPUs (a real TPU VM has 100+; with 1, 
 idle-worker soft limit kills warm workers), and node-death detection is tightened from
 ~15 s to ~1.5 s (``health_check_period_ms=500``, ``health_check_failure_threshold=3``).
 A third, for tests: processes push metrics to their node's agent every 2 s, not 10 s.
+And a fourth: the TPU hosts run Ray's minimal agent (the head keeps the full one, which
+exports the metrics of drivers and of tpuslice's queue actor); an idle 15-host cluster's
+agents then cost about half as much CPU, and cluster tests run about 13% faster on 2
+cores. ``full_host_agents=True`` gives every host the full agent, as with ``ray[default]``
+on a real TPU VM, for code that records metrics on the hosts.
 
 Nothing leaves the machine on our account. Adding a node runs Ray's TPU detection in this
 process; it finds the host's identity in the environment, as on a GKE TPU host, instead of
@@ -38,7 +43,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -274,6 +279,8 @@ class SimulatedCluster:
         object_store_mb: Object store size of each node, in MiB.
         connect: ``ray.init`` this process to the cluster once it has started.
         fast_failure_detection: Detect dead nodes in ~1.5 s instead of Ray's ~15 s.
+        full_host_agents: Run Ray's full agent on every TPU host (metrics export from
+            the hosts' processes), not its minimal one (see the module docstring).
         progress: Called with each startup step's message (default: logged at INFO).
 
     Raises:
@@ -291,6 +298,7 @@ class SimulatedCluster:
         object_store_mb: int = 80,
         connect: bool = False,
         fast_failure_detection: bool = True,
+        full_host_agents: bool = False,
         progress: Callable[[str], None] | None = None,
     ) -> None:
         """Check every slice spec; nothing starts until :meth:`start`."""
@@ -303,6 +311,7 @@ class SimulatedCluster:
         self.object_store_bytes = object_store_mb * MiB
         self._connect_on_start = connect
         self._fast_failure_detection = fast_failure_detection
+        self._full_host_agents = full_host_agents
         self._progress = progress or (lambda message: logger.info("%s", message))
         self._cluster: Cluster | None = None
         self._connected = False
@@ -815,7 +824,10 @@ class SimulatedCluster:
         try:
             # Ray resolves a node's TPU resources in this process, from the environment
             # (as on GKE) or else the GCE metadata server; give it the environment.
-            with _environment(env):
+            agents: AbstractContextManager[None] = (
+                nullcontext() if self._full_host_agents else _ray.minimal_node_agents()
+            )
+            with _environment(env), agents:
                 return self._cluster.add_node(
                     wait=False,
                     num_cpus=self.cpus_per_host,

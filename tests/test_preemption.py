@@ -4,8 +4,8 @@ Each simulated host has a GCE metadata server; its TPU agent long-polls
 ``instance/preempted`` and ``instance/maintenance-event``. A resilient run hears a notice
 on its slice, runs ``on_notice`` while the hosts live, and finishes on another slice
 before they die; a maintenance event shows in the cluster view and new reservations skip
-the slice; a hung host (its work blocked, as in a stuck collective) and a gang stuck starting are caught by
-heartbeats; a worker that survives a shrink sees no stale ``MEGASCALE_*``.
+the slice; a hung host (its work blocked, as in a stuck collective) and a gang stuck
+starting are caught by heartbeats; a worker that survives a shrink sees no stale ``MEGASCALE_*``.
 """
 
 from __future__ import annotations

@@ -71,6 +71,23 @@ def no_connection_off_this_machine(netguard_log: NetGuardLog) -> Iterator[None]:
         pytest.fail(f"a connection off this machine was attempted:\n{grown}", pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def no_stray_timeline_events(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test that does not use the session's cluster writes no events into its timeline
+    (pure tests of resilient runs record attempts while this process is connected)."""
+    if {"tpu_cluster", "simulated_cluster"} & set(request.fixturenames):
+        return
+    from tpuslice import events
+
+    def dropped(*args: object) -> None:
+        return None
+
+    kept = events.EventWriter(put=dropped, list_keys=lambda prefix: [], delete=dropped)
+    monkeypatch.setattr(events, "WRITER", kept)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A refused connection logged after the last test's check still fails the run."""
     late = NetGuardLog().read_from(0) if os.environ.get(netguard.LOG_ENV) else ""

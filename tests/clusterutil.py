@@ -82,6 +82,25 @@ def where_am_i() -> dict[str, Any]:
     }
 
 
+def exported_metrics() -> dict[str, str | None]:
+    """What each live node's Ray metrics agent exports (Prometheus text), by node id;
+    ``None`` for an agent that does not answer (a host just killed, or Ray's minimal
+    agent), as Prometheus marks a target down."""
+    import urllib.request
+
+    texts: dict[str, str | None] = {}
+    for node in ray.nodes():
+        if not node["Alive"]:
+            continue
+        url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                texts[node["NodeID"]] = response.read().decode()
+        except OSError:
+            texts[node["NodeID"]] = None
+    return texts
+
+
 def free_port() -> int:
     """A loopback port free now (for a JAX coordinator on the simulated hosts)."""
     return free_ports(1)[0]

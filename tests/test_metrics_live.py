@@ -10,17 +10,15 @@ import json
 import subprocess
 import sys
 import textwrap
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from clusterutil import wait_for
+from clusterutil import exported_metrics, wait_for
 from test_dashboard import load, queried_metrics
 from tpuslice import metrics
 from tpuslice.cli import main
@@ -82,16 +80,8 @@ def scrape() -> list[tuple[str, dict[str, str], float]]:
     """Every ``ray_tpuslice_*`` sample of every live node's metrics agent (an agent that
     does not answer is skipped, as Prometheus marks a target down)."""
     samples = []
-    for node in ray.nodes():
-        if not node["Alive"]:
-            continue
-        url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as response:
-                text = response.read().decode()
-        except OSError:  # a host just killed, not yet marked dead: a target down
-            continue
-        for family in text_string_to_metric_families(text):
+    for text in exported_metrics().values():
+        for family in text_string_to_metric_families(text or ""):
             for sample in family.samples:
                 if sample.name.startswith(metrics.EXPORTED_PREFIX):
                     samples.append((sample.name, dict(sample.labels), sample.value))

@@ -278,3 +278,46 @@ def test_owners_run_every_held_call_in_one_process_with_its_own_context(
         assert owners is not None and len(owners.handles) == 4
         leftover = [ray.get(h.call.remote(env_now._function, {}, (), {})) for h in owners.handles]
     assert leftover == [{}] * 4  # nothing of a call's context stays in the owner
+
+
+EXITING = """
+import sys, time, ray, tpuslice
+ray.init(address=sys.argv[1], log_to_driver=False)
+
+@ray.remote
+def work(seconds):
+    time.sleep(seconds)
+    return tpuslice.current_host().rank
+
+print("ranks", ray.get(tpuslice.run_on_slice(work, 0, topology="4x4", accelerator_version="v6e")))
+tpuslice.run_on_slice(work, 600, topology="4x4", accelerator_version="v6e")  # never fetched
+time.sleep(1)
+print("exiting", flush=True)
+"""
+
+
+def test_a_driver_that_exits_with_a_one_shot_running_gives_it_back_and_exits_cleanly(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """The script exits right after a one-shot whose hand-back may still be in progress,
+    and with a second one-shot still running: at exit the releaser stops touching Ray
+    before Ray shuts down (else the process dies with Ray's fatal 'core worker has
+    already been shutdown'), and the running one is handed back and recorded as
+    interrupted."""
+    import subprocess
+    import sys
+
+    from tpuslice import events
+
+    out = subprocess.run(
+        [sys.executable, "-c", EXITING, tpu_cluster.address],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ranks [0, 1, 2, 3]" in out.stdout and "exiting" in out.stdout
+    assert "already been shutdown" not in out.stderr
+    wait_for(lambda: not live_placement_groups(), timeout=10, what="both slices given back")
+    runs = [e for e in events.read_events(50) if e.kind == "run" and "v6e-16" in str(e.slices)]
+    assert [e.outcome for e in runs[-2:]] == ["success", "interrupted"]

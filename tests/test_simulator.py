@@ -15,7 +15,7 @@ import ray
 import ray.util.tpu as ray_tpu
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from clusterutil import wait_for, where_am_i
+from clusterutil import exported_metrics, wait_for, where_am_i
 from tpuslice.cluster import SliceState, read_snapshot
 from tpuslice.labels import HOST_ENV_VARS
 from tpuslice.testing import (
@@ -80,18 +80,7 @@ def test_tpu_hosts_run_rays_minimal_agent_and_the_head_the_full_one(
 ) -> None:
     """The head's agent exports metrics (the drivers' and the queue actor's); the hosts'
     agents are Ray's minimal ones, which export none and cost less while idle."""
-    import urllib.request
-
-    exporting = {}
-    for node in ray.nodes():
-        if not node["Alive"]:
-            continue
-        url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as response:
-                exporting[node["NodeID"]] = b"ray_" in response.read()
-        except OSError:
-            exporting[node["NodeID"]] = False
+    exporting = {node: "ray_" in (text or "") for node, text in exported_metrics().items()}
     hosts = {h.node.node_id for s in tpu_cluster.slices.values() for h in s.hosts if h.alive}
     assert hosts and hosts < set(exporting)
     assert not any(exporting[node] for node in hosts)

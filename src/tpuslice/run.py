@@ -10,6 +10,7 @@ A one-shot call (no ``tpu_slice``) gives its slice back as soon as the work ends
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import queue
@@ -485,17 +486,35 @@ class _OneShot:
     started: float = field(default_factory=time.monotonic)
 
 
+CLOSE_TIMEOUT_S = 30.0
+"""At exit, how long to wait for a hand-back in progress (each is bounded by the host
+agents' release timeout)."""
+
+
 class Releaser:
     """One daemon thread that shuts one-shot slices down when their tasks end.
 
     Ends means: every task finished, or any task failed (the gang is broken; removing
     the groups stops the rest, whose refs then fail promptly since we never retry them).
+
+    At interpreter exit (:meth:`close`, registered after ``ray.init``'s own exit hook, so
+    it runs first) the thread is stopped between two Ray calls and every one-shot still
+    held is given back on the exiting thread: the thread never calls Ray after Ray shut
+    down (which ends the process with a fatal error), and nothing stays reserved.
+
+    Args:
+        at_exit: Registers :meth:`close` to run at exit (default: :mod:`atexit`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, at_exit: Callable[[Callable[[], None]], Any] = atexit.register) -> None:
         self._queue: queue.Queue[_OneShot] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._working = threading.Lock()
+        """Held by the thread while it calls Ray."""
+        self._closed = False
+        self._at_exit = at_exit
+        self._registered = False
         self.pending: list[_OneShot] = []
 
     def release_when_done(self, refs: list[ray.ObjectRef], spg: SlicePlacementGroup) -> None:
@@ -507,29 +526,65 @@ class Releaser:
         """
         self._queue.put(_OneShot(list(refs), spg))
         with self._lock:
+            if not self._registered:
+                self._registered = True
+                self._at_exit(self.close)
+            if self._closed:
+                return  # exiting: close() gives it back
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._loop, name="tpuslice-releaser", daemon=True
                 )
                 self._thread.start()
 
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop the thread, then give back every one-shot still held (their tasks are
+        stopped with their groups), here. Waits for a hand-back in progress at most
+        ``timeout_s``.
+
+        Args:
+            timeout_s: Seconds to wait for the thread to be between two Ray calls.
+        """
+        with self._lock:
+            self._closed = True
+        if not self._working.acquire(timeout=timeout_s):
+            logger.warning("a one-shot hand-back still running at exit after %.0f s", timeout_s)
+            return
+        try:
+            self._take_new(block=False)
+            pending, self.pending = self.pending, []
+            for job in pending:
+                if not ray.is_initialized():
+                    return
+                seconds = time.monotonic() - job.started
+                observe.run_ended("one_shot", "interrupted", seconds, job.spg.slice_names)
+                job.spg.shutdown()
+        finally:
+            self._working.release()
+
     def _loop(self) -> None:
         while True:
             self._take_new(block=not self.pending)
-            if not ray.is_initialized():
-                self.pending.clear()
-                continue
-            refs = [ref for job in self.pending for ref in job.remaining]
-            try:
-                ready, _ = ray.wait(refs, num_returns=1, timeout=0.2, fetch_local=False)
-                if ready:
-                    self._settle(set(ready))
-            except (ray.exceptions.RayError, ConnectionError) as exc:
-                # The cluster went away under us: nothing is left to give back.
-                logger.warning(
-                    "one-shot releaser stopped tracking %d run(s): %s", len(self.pending), exc
-                )
-                self.pending.clear()
+            with self._working:
+                if self._closed:
+                    return
+                if not ray.is_initialized():
+                    self.pending.clear()
+                    continue
+                self._poll()
+
+    def _poll(self) -> None:
+        refs = [ref for job in self.pending for ref in job.remaining]
+        try:
+            ready, _ = ray.wait(refs, num_returns=1, timeout=0.2, fetch_local=False)
+            if ready:
+                self._settle(set(ready))
+        except (ray.exceptions.RayError, ConnectionError) as exc:
+            # The cluster went away under us: nothing is left to give back.
+            logger.warning(
+                "one-shot releaser stopped tracking %d run(s): %s", len(self.pending), exc
+            )
+            self.pending.clear()
 
     def _take_new(self, block: bool) -> None:
         try:

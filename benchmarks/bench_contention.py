@@ -64,6 +64,8 @@ class Job:
     submit: float
     start: float | None = None
     end: float | None = None
+    skew: float = 0.0
+    """From the job's first task starting to its last."""
     error: str = ""
 
 
@@ -92,9 +94,15 @@ class PathResult:
             "makespan_over_ideal": (last - first) / ideal,
             "longest_wait_s": max(waits, default=0.0),
             "mean_wait_s": sum(waits) / len(waits) if waits else 0.0,
+            "mean_run_s": _mean([j.end - j.start for j in done if j.start and j.end]),
+            "mean_start_skew_s": _mean([j.skew for j in done]),
             "held_idle_slice_s": self.held_idle_slice_s,
             "held_idle_long_slice_s": self.held_idle_long_slice_s,
         }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def ideal_makespan(hold: float) -> float:
@@ -174,6 +182,7 @@ def child_main(args: argparse.Namespace) -> None:
         try:
             starts = run_job(args.path, args.slices, args.hold)
             job.start, job.end = min(starts), time.time()
+            job.skew = max(starts) - min(starts)
         except Exception as exc:  # noqa: BLE001  (reported, ends this driver)
             job.error = f"{type(exc).__name__}: {str(exc)[:200]}"
             break

@@ -281,23 +281,30 @@ def test_owners_run_every_held_call_in_one_process_with_its_own_context(
 
 
 EXITING = """
-import sys, time, ray, tpuslice
+import os, sys, time, ray, tpuslice
 ray.init(address=sys.argv[1], log_to_driver=False)
+started = sys.argv[2]
 
 @ray.remote
 def work(seconds):
+    rank = tpuslice.current_host().rank
+    open(os.path.join(started, str(rank)), "w").close()
     time.sleep(seconds)
-    return tpuslice.current_host().rank
+    return rank
 
 print("ranks", ray.get(tpuslice.run_on_slice(work, 0, topology="4x4", accelerator_version="v6e")))
+for name in os.listdir(started):
+    os.unlink(os.path.join(started, name))
 tpuslice.run_on_slice(work, 600, topology="4x4", accelerator_version="v6e")  # never fetched
-time.sleep(1)
-print("exiting", flush=True)
+deadline = time.monotonic() + 60
+while len(os.listdir(started)) < 4 and time.monotonic() < deadline:  # every rank running
+    time.sleep(0.05)
+print("exiting with", len(os.listdir(started)), "ranks running", flush=True)
 """
 
 
 def test_a_driver_that_exits_with_a_one_shot_running_gives_it_back_and_exits_cleanly(
-    tpu_cluster: SimulatedCluster,
+    tpu_cluster: SimulatedCluster, tmp_path: Path
 ) -> None:
     """The script exits right after a one-shot whose hand-back may still be in progress,
     and with a second one-shot still running: at exit the releaser stops touching Ray
@@ -310,13 +317,13 @@ def test_a_driver_that_exits_with_a_one_shot_running_gives_it_back_and_exits_cle
     from tpuslice import events
 
     out = subprocess.run(
-        [sys.executable, "-c", EXITING, tpu_cluster.address],
+        [sys.executable, "-c", EXITING, tpu_cluster.address, str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=180,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "ranks [0, 1, 2, 3]" in out.stdout and "exiting" in out.stdout
+    assert "ranks [0, 1, 2, 3]" in out.stdout and "exiting with 4 ranks running" in out.stdout
     assert "already been shutdown" not in out.stderr
     wait_for(lambda: not live_placement_groups(), timeout=10, what="both slices given back")
     runs = [e for e in events.read_events(50) if e.kind == "run" and "v6e-16" in str(e.slices)]

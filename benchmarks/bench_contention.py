@@ -32,6 +32,7 @@ seen half-done, each host's resources reaching the GCS view on its own).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -67,6 +68,15 @@ class Job:
     skew: float = 0.0
     """From the job's first task starting to its last."""
     error: str = ""
+    granted: float | None = None
+    """tpuslice paths: when the queue granted the slices (the driver's poll saw it)."""
+    reserved: float | None = None
+    """tpuslice paths: when the reservation was held (every group placed)."""
+    back_start: float | None = None
+    """tpuslice paths: when the one-shot's hand-back began (its tasks had ended)."""
+    back_end: float | None = None
+    """tpuslice paths: when the hand-back ended (every group removed)."""
+    slices_held: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -75,6 +85,8 @@ class PathResult:
     jobs: list[Job] = field(default_factory=list)
     held_idle_slice_s: float = 0.0
     held_idle_long_slice_s: float = 0.0
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds spent during the path, by kind of process (see :func:`cpu_spent`)."""
 
     @property
     def done(self) -> list[Job]:
@@ -96,13 +108,54 @@ class PathResult:
             "mean_wait_s": sum(waits) / len(waits) if waits else 0.0,
             "mean_run_s": _mean([j.end - j.start for j in done if j.start and j.end]),
             "mean_start_skew_s": _mean([j.skew for j in done]),
+            **phases(done),
             "held_idle_slice_s": self.held_idle_slice_s,
             "held_idle_long_slice_s": self.held_idle_long_slice_s,
+            "cpu_s": self.cpu_s,
         }
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def phases(done: list[Job]) -> dict[str, float]:
+    """The tpuslice paths' per-job phases (means, seconds), from the driver's trace:
+
+    - ``to_grant``: submit to the queue's grant seen by the driver;
+    - ``grant_to_held``: grant to the reservation held (claims and workers placed);
+    - ``held_to_start``: held to the first task starting;
+    - ``end_to_back``: the tasks' end (the driver has the results) to the hand-back's
+      start (the releaser noticed);
+    - ``back``: the hand-back itself (owners stopped, TPUs confirmed free, groups removed);
+    - ``slice_gap``: per slice, from one job's hand-back end to the next job's grant of it
+      (how long a freed slice waited for the queue to hand it on).
+    """
+    traced = [j for j in done if j.reserved is not None]
+    if not traced:
+        return {}
+
+    def mean(pairs: list[tuple[float | None, float | None]]) -> float:
+        return _mean([b - a for a, b in pairs if a is not None and b is not None])
+
+    gaps: list[float] = []
+    by_slice: dict[str, list[Job]] = {}
+    for job in traced:
+        for name in job.slices_held:
+            by_slice.setdefault(name, []).append(job)
+    for jobs in by_slice.values():
+        jobs.sort(key=lambda j: j.reserved or 0.0)
+        for before, after in itertools.pairwise(jobs):
+            if before.back_end is not None and after.granted is not None:
+                gaps.append(after.granted - before.back_end)
+    return {
+        "to_grant_s": mean([(j.submit, j.granted) for j in traced]),
+        "grant_to_held_s": mean([(j.granted, j.reserved) for j in traced]),
+        "held_to_start_s": mean([(j.reserved, j.start) for j in traced]),
+        "end_to_back_s": mean([(j.end, j.back_start) for j in traced]),
+        "back_s": mean([(j.back_start, j.back_end) for j in traced]),
+        "slice_gap_s": _mean(gaps),
+    }
 
 
 def ideal_makespan(hold: float) -> float:
@@ -170,10 +223,12 @@ def child_main(args: argparse.Namespace) -> None:
             raise QueueUnreachableError("disabled for the benchmark")
 
         ops.RayOps.slice_queue = no_queue  # type: ignore[assignment,method-assign]
+    jobs: list[Job] = []
+    if args.path in ("ours", "ours-noqueue"):
+        trace_phases(jobs)
     warm_every_host()
     print("ready", flush=True)
     start_at = float(sys.stdin.readline())
-    jobs: list[Job] = []
     while time.time() < start_at:
         time.sleep(0.005)
     for index in range(JOBS_PER_DRIVER):
@@ -186,7 +241,49 @@ def child_main(args: argparse.Namespace) -> None:
         except Exception as exc:  # noqa: BLE001  (reported, ends this driver)
             job.error = f"{type(exc).__name__}: {str(exc)[:200]}"
             break
+    deadline = time.time() + 30  # the last one-shot's hand-back, for its trace
+    while any(j.reserved and not j.back_end for j in jobs) and time.time() < deadline:
+        time.sleep(0.01)
     print(json.dumps([asdict(j) for j in jobs]), flush=True)
+
+
+def trace_phases(jobs: list[Job]) -> None:
+    """Record each job's grant, hold and hand-back times in this driver (jobs run one
+    after another, so the latest job is the one being reserved)."""
+    from tpuslice import claim, reserve
+
+    wait_for_grant = claim.Reserver._wait_for_grant
+    from_request = reserve.SlicePlacementGroup.from_request.__func__  # type: ignore[attr-defined]
+    shutdown = reserve.SlicePlacementGroup.shutdown
+    owner: dict[int, Job] = {}
+
+    def traced_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        granted = wait_for_grant(self, *args, **kwargs)
+        if granted is not None and jobs:
+            jobs[-1].granted = time.time()
+        return granted
+
+    def traced_from_request(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        spg = from_request(cls, *args, **kwargs)
+        if jobs:
+            jobs[-1].reserved = time.time()
+            jobs[-1].slices_held = list(spg.slice_names)
+            if jobs[-1].granted is None:  # claimed without queueing
+                jobs[-1].granted = jobs[-1].reserved
+            owner[id(spg)] = jobs[-1]
+        return spg
+
+    def traced_shutdown(self: Any) -> None:
+        job = owner.pop(id(self), None)
+        if job is not None:
+            job.back_start = time.time()
+        shutdown(self)
+        if job is not None:
+            job.back_end = time.time()
+
+    claim.Reserver._wait_for_grant = traced_wait  # type: ignore[method-assign]
+    reserve.SlicePlacementGroup.from_request = classmethod(traced_from_request)  # type: ignore[method-assign,assignment]
+    reserve.SlicePlacementGroup.shutdown = traced_shutdown  # type: ignore[method-assign]
 
 
 def warm_every_host() -> None:
@@ -308,6 +405,47 @@ class IdleSampler:
                     self._end(self._spans.pop(name))
 
 
+CPU_KINDS = (
+    ("queue actor", "SliceQueueActor"),
+    ("host agents", "HostAgent"),
+    ("drivers", "bench_contention.py --child"),
+    ("raylets", "raylet"),
+    ("gcs", "gcs_server"),
+    ("dashboard agents", "dashboard/agent.py"),
+    ("dashboard", "dashboard/dashboard.py"),
+    ("ray workers", "ray::"),
+)
+
+
+def cpu_by_kind() -> dict[int, tuple[str, float]]:
+    """Every process's kind (by its command line; see ``CPU_KINDS``) and CPU seconds so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[int, tuple[str, float]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kind = next((k for k, needle in CPU_KINDS if needle in cmd), "other")
+        found[int(entry.name)] = (kind, (int(fields[11]) + int(fields[12])) / tick)
+    return found
+
+
+def cpu_spent(before: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per kind since ``before`` (processes that ended meanwhile are missed)."""
+    spent: dict[str, float] = {}
+    for pid, (kind, seconds) in cpu_by_kind().items():
+        earlier = before.get(pid)
+        used = seconds - earlier[1] if earlier and earlier[0] == kind else seconds
+        spent[kind] = spent.get(kind, 0.0) + used
+    return {k: round(v, 1) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+
+
 def run_path(address: str, path: str, hold: float, err: Console) -> PathResult:
     procs = [
         subprocess.Popen(
@@ -344,6 +482,7 @@ def run_path(address: str, path: str, hold: float, err: Console) -> PathResult:
         proc.stdin.write(f"{start_at}\n")
         proc.stdin.flush()
     result = PathResult(path)
+    cpu_before = cpu_by_kind()
     with IdleSampler() as sampler:
         for proc in procs:
             out, errs = proc.communicate(timeout=PATH_TIMEOUT_S)
@@ -353,6 +492,7 @@ def run_path(address: str, path: str, hold: float, err: Console) -> PathResult:
             result.jobs += [Job(**j) for j in json.loads(lines[-1])]
     result.held_idle_slice_s = sampler.slice_seconds
     result.held_idle_long_slice_s = sampler.long_slice_seconds
+    result.cpu_s = cpu_spent(cpu_before)
     err.print(f"{path}: {result.summary(hold)}")
     return result
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import ray
@@ -231,3 +232,50 @@ def test_backfill_goes_around_a_blocked_request_but_not_onto_its_slices(
         ran = results([blocked])
     assert ran["pair"].slices == ["v4-16-a", "v4-16-b"]
     nothing_left()
+
+
+STARTS_AT_EXIT = textwrap.dedent(
+    """
+    import sys, threading, time, ray
+    ray.init(address=sys.argv[1], log_to_driver=False)
+    from tpuslice import queue_actor
+
+    marker, original, entered = sys.argv[2], ray.get_actor, threading.Event()
+
+    def slow_get_actor(*args, **kwargs):
+        entered.set()
+        time.sleep(1.0)  # the driver exits meanwhile
+        try:
+            return original(*args, **kwargs)
+        finally:
+            with open(marker, "w") as f:
+                f.write("finished")
+
+    ray.get_actor = slow_get_actor
+    queue_actor.start_in_background()
+    assert entered.wait(30)
+    print("exiting", flush=True)
+    """
+)
+
+
+def test_a_driver_exiting_while_the_queue_starts_lets_the_start_finish_first(
+    tpu_cluster: SimulatedCluster, tmp_path: Path
+) -> None:
+    """The background start of the queue is in a Ray call when the script ends: the exit
+    waits for it (bounded) before Ray shuts down, so the call completes and the process
+    exits cleanly (a daemon thread left running would be cut off at exit, or call Ray
+    after Ray shut down and die with Ray's fatal 'core worker has already been
+    shutdown')."""
+    marker = tmp_path / "marker"
+    out = subprocess.run(
+        [sys.executable, "-c", STARTS_AT_EXIT, tpu_cluster.address, str(marker)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "exiting" in out.stdout
+    assert marker.exists(), "the queue start was cut off at exit"
+    assert "already been shutdown" not in out.stderr
+    assert_no_placement_groups()

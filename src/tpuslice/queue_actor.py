@@ -9,9 +9,11 @@ logs that once per process), so a cluster without it still works.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -171,12 +173,24 @@ def slice_queue() -> RayQueue:
 _handle_cluster: list[str | None] = [None]
 _started_on: set[str | None] = set()
 _starting_lock = threading.Lock()
+_starters: list[threading.Thread] = []
+START_AT_EXIT_S = 5.0
+"""At interpreter exit, how long to wait for a queue start still in progress."""
 
 
-def start_in_background() -> None:
+def start_in_background(at_exit: Callable[[Callable[[], None]], Any] = atexit.register) -> None:
     """Have the cluster's queue actor running (it also reports the cluster's gauges,
     :mod:`tpuslice.metrics`) without waiting: once per process and cluster, a daemon
-    thread finds or creates it (tried again next time if that failed)."""
+    thread finds or creates it (tried again next time if that failed).
+
+    The first call registers :func:`finish_starting` to run at exit. Registered after
+    ``ray.init``'s own exit hook, it runs first, so the thread never calls Ray after Ray
+    shut down (a process whose thread does dies with Ray's fatal "core worker has
+    already been shutdown").
+
+    Args:
+        at_exit: Registers the exit hook (default: :mod:`atexit`).
+    """
     if not ray.is_initialized():
         return
     cluster = _cluster_id()
@@ -184,9 +198,29 @@ def start_in_background() -> None:
         if cluster in _started_on:
             return
         _started_on.add(cluster)
-    threading.Thread(
-        target=_start_quietly, args=(cluster,), name="tpuslice-queue-start", daemon=True
-    ).start()
+        if not _starters:
+            at_exit(finish_starting)
+        thread = threading.Thread(
+            target=_start_quietly, args=(cluster,), name="tpuslice-queue-start", daemon=True
+        )
+        _starters[:] = [t for t in _starters if t.is_alive()] + [thread]
+    thread.start()
+
+
+def finish_starting(timeout_s: float = START_AT_EXIT_S) -> None:
+    """Wait, at most ``timeout_s`` in all, for every queue start in progress to end
+    (see :func:`start_in_background`).
+
+    Args:
+        timeout_s: The bound.
+    """
+    deadline = time.monotonic() + timeout_s
+    with _starting_lock:
+        threads = list(_starters)
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        logger.warning("the slice queue was still starting at exit after %.0f s", timeout_s)
 
 
 def _start_quietly(cluster: str | None) -> None:

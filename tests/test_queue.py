@@ -279,3 +279,23 @@ def test_a_driver_exiting_while_the_queue_starts_lets_the_start_finish_first(
     assert marker.exists(), "the queue start was cut off at exit"
     assert "already been shutdown" not in out.stderr
     assert_no_placement_groups()
+
+
+def test_a_driver_whose_queue_was_killed_for_good_finds_a_new_one(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """The queue actor is killed with no restart: this driver's next call says the queue
+    is gone, and the one after finds the cluster's queue again (a new one, started on the
+    head), instead of failing on the dead handle for the rest of the process."""
+    from tpuslice import queue_actor
+    from tpuslice.errors import QueueUnreachableError
+    from tpuslice.queue_book import Unknown
+
+    queue = queue_actor.slice_queue()
+    old_pid = ray.get(queue.handle.pid.remote())
+    ray.kill(queue.handle, no_restart=True)
+    with pytest.raises(QueueUnreachableError):
+        wait_for(lambda: queue.poll("no-such-ticket") and None, timeout=30, what="its death")
+    again = queue_actor.slice_queue()
+    assert isinstance(again.poll("no-such-ticket"), Unknown)
+    assert ray.get(again.handle.pid.remote()) != old_pid

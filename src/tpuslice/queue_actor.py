@@ -127,10 +127,12 @@ class RayQueue:
         """
         self.handle.leave.remote(ticket)
 
-    @staticmethod
-    def _get(ref: Any) -> Any:
+    def _get(self, ref: Any) -> Any:
         try:
             return ray.get(ref, timeout=CALL_TIMEOUT_S)
+        except ray.exceptions.RayActorError as exc:
+            _forget(self)  # dead for good (killed, or past its restarts): look again next time
+            raise QueueUnreachableError(f"the slice queue is gone: {exc}") from exc
         except (ray.exceptions.RayError, ConnectionError) as exc:
             raise QueueUnreachableError(f"the slice queue did not answer: {exc}") from exc
 
@@ -168,6 +170,15 @@ def slice_queue() -> RayQueue:
         _handle = RayQueue(handle)
         _handle_cluster[0] = _cluster_id()
         return _handle
+
+
+def _forget(queue: RayQueue) -> None:
+    """Drop the cached handle if it is ``queue`` (whose actor died for good), so that the
+    next :func:`slice_queue` finds or starts the cluster's queue again."""
+    global _handle
+    with _lock:
+        if _handle is queue:
+            _handle = None
 
 
 _handle_cluster: list[str | None] = [None]

@@ -27,6 +27,13 @@ from the cluster's resources, a slice whose head resource is taken while all its
 free (claimed, no work on it), all of it and in spans of at least 0.5 s (holding some
 slices while waiting for more shows as such spans; shorter ones are claims and hand-backs
 seen half-done, each host's resources reaching the GCS view on its own).
+
+Also reported: for the tpuslice paths, each job's phases from the driver's own trace (see
+:func:`phases`: to the queue's grant, grant to held, held to the first task, the
+hand-back, and a freed slice's gap to its next grant); and for every path, the CPU
+seconds spent meanwhile by each kind of process (queue actor, host agents, raylets, GCS,
+dashboard agents, ...; processes that ended during the path are missed, the drivers
+among them).
 """
 
 from __future__ import annotations
@@ -411,7 +418,10 @@ CPU_KINDS = (
     ("drivers", "bench_contention.py --child"),
     ("raylets", "raylet"),
     ("gcs", "gcs_server"),
+    ("dashboard agents", "DashboardAgent"),
     ("dashboard agents", "dashboard/agent.py"),
+    ("runtime env agents", "RuntimeEnvAgent"),
+    ("runtime env agents", "runtime_env/agent"),
     ("dashboard", "dashboard/dashboard.py"),
     ("ray workers", "ray::"),
 )

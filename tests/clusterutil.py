@@ -138,3 +138,22 @@ def spmd_allgather_function() -> Any:
             jax.distributed.shutdown()
 
     return spmd_allgather
+
+
+def exit_cleanly(script: str, *args: str, timeout: float = 180) -> str:
+    """Run a driver script (``python -c``) to its end; it must exit 0 without Ray's fatal
+    'core worker has already been shutdown' (a thread of ours calling Ray after Ray's exit
+    hook shut it down).
+
+    Returns:
+        Its standard output.
+    """
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "already been shutdown" not in out.stderr
+    return out.stdout

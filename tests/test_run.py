@@ -11,7 +11,7 @@ import pytest
 import ray
 
 import tpuslice
-from clusterutil import wait_for, where_am_i
+from clusterutil import exit_cleanly, wait_for, where_am_i
 from tpuslice.run import MEGASCALE_VARS, HostContext, launch
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
@@ -311,20 +311,10 @@ def test_a_driver_that_exits_with_a_one_shot_running_gives_it_back_and_exits_cle
     before Ray shuts down (else the process dies with Ray's fatal 'core worker has
     already been shutdown'), and the running one is handed back and recorded as
     interrupted."""
-    import subprocess
-    import sys
-
     from tpuslice import events
 
-    out = subprocess.run(
-        [sys.executable, "-c", EXITING, tpu_cluster.address, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "ranks [0, 1, 2, 3]" in out.stdout and "exiting with 4 ranks running" in out.stdout
-    assert "already been shutdown" not in out.stderr
+    stdout = exit_cleanly(EXITING, tpu_cluster.address, str(tmp_path))
+    assert "ranks [0, 1, 2, 3]" in stdout and "exiting with 4 ranks running" in stdout
     wait_for(lambda: not live_placement_groups(), timeout=10, what="both slices given back")
     runs = [e for e in events.read_events(50) if e.kind == "run" and "v6e-16" in str(e.slices)]
     assert [e.outcome for e in runs[-2:]] == ["success", "interrupted"]

@@ -67,9 +67,11 @@ def test_every_sub_slice_of_the_4x4_matches_rays_labels(
     they do not overlap, and the record written is Ray's own labels for that layout."""
     physical = fresh.physical_positions(parent)
     count = len(subslice.members(physical, "4x4", sub))
-    with hold_host("v6e-8-b", 0, 4), hold_host("v6e-8-b", 1, 4):  # a smaller parent of 2x2
-        held = [tpuslice.subslice_placement_group(sub, "v6e") for _ in range(count)]
+    held: list[tpuslice.SubslicePlacementGroup] = []
     try:
+        with hold_host("v6e-8-b", 0, 4), hold_host("v6e-8-b", 1, 4):  # a smaller 2x2 parent
+            for _ in range(count):  # one by one, so those held are given back if one fails
+                held.append(tpuslice.subslice_placement_group(sub, "v6e"))
         expected = subslice.members(physical, "4x4", sub)
         for sg in held:
             assert sg.slice_name == parent and sg.parent_topology == "4x4"
@@ -89,8 +91,10 @@ def test_every_sub_slice_of_the_4x4_matches_rays_labels(
 
 def test_a_3d_sub_slice_of_the_v4_slices(tpu_cluster: SimulatedCluster) -> None:
     """Every v4 2x2x2 slice cut into two 2x2x1 (one-host) sub-slices, all eight held."""
-    held = [tpuslice.subslice_placement_group("2x2x1", "v4") for _ in range(8)]
+    held: list[tpuslice.SubslicePlacementGroup] = []
     try:
+        for _ in range(8):  # one by one, so those held are given back if one fails
+            held.append(tpuslice.subslice_placement_group("2x2x1", "v4"))
         seen = {(sg.slice_name, workers_of(sg)[0]) for sg in held}
         assert len(seen) == 8
         for sg in held:

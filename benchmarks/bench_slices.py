@@ -1,7 +1,7 @@
 """Whole-slice reservations and runs next to raw Ray and Ray 2.60's ``ray.util.tpu``.
 Run by hand (not a test; it starts a simulated cluster, so only one at a time):
 
-    /work/venv/bin/python benchmarks/bench_slices.py [--generation v6e] [--topology 4x4]
+    python benchmarks/bench_slices.py [--generation v6e] [--topology 4x4]
         [--slices 4] [--rounds 7] [--json]
 
 One SimulatedCluster (default 4 slices of v6e 4x4, 16 simulated TPU VMs). Three paths per

@@ -209,13 +209,13 @@ def start_in_background(at_exit: Callable[[Callable[[], None]], Any] = atexit.re
         if cluster in _started_on:
             return
         _started_on.add(cluster)
-        if not _starters:
+        if not _starters:  # the first start of this process
             at_exit(finish_starting)
         thread = threading.Thread(
             target=_start_quietly, args=(cluster,), name="tpuslice-queue-start", daemon=True
         )
+        thread.start()  # under the lock: finish_starting never sees a thread not yet started
         _starters[:] = [t for t in _starters if t.is_alive()] + [thread]
-    thread.start()
 
 
 def finish_starting(timeout_s: float = START_AT_EXIT_S) -> None:

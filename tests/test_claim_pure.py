@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tpuslice import claim
+from tpuslice.clock import Clock
 from tpuslice.errors import InsufficientSlicesError, ReservationTimeoutError
 from tpuslice.labels import SLICE_NAME_LABEL
 from tpuslice.request import SliceRequest
@@ -21,7 +22,7 @@ V6E = {"topology": "4x4", "accelerator_version": "v6e"}
 
 
 def reserver(cluster: InMemoryCluster, **request: Any) -> claim.Reserver:
-    clock = claim.Clock(cluster.clock.now, cluster.clock.sleep)
+    clock = Clock(cluster.clock.now, cluster.clock.sleep)
     return claim.Reserver(SliceRequest(**{**V6E, **request}), clock=clock, ops=cluster)
 
 

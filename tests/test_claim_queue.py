@@ -15,6 +15,7 @@ import pytest
 
 from test_claim_pure import V6E, names, reserver
 from tpuslice import claim
+from tpuslice.clock import Clock
 from tpuslice.errors import InsufficientSlicesError, QueueUnreachableError, ReservationTimeoutError
 from tpuslice.queue_book import Granted, Waiting
 from tpuslice.queue_service import QueueService, SliceKind, Ticket
@@ -231,7 +232,7 @@ def test_a_queue_that_stops_answering_is_waited_for_then_given_up(
             cluster.remove_group(busy)
 
     r = reserver(cluster, head_reservation_timeout_s=None)
-    r.clock = claim.Clock(cluster.clock.now, sleep)
+    r.clock = Clock(cluster.clock.now, sleep)
     assert names(r.run()) == ["v6e-16-0"]
     assert r.queueable is (not falls_back)
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import ray.exceptions
 
+from tpuslice.context import HostContext
 from tpuslice.errors import first_line
-from tpuslice.run import HostContext
 from tpuslice.shell import HostResult, _follow
 
 

@@ -14,7 +14,7 @@ import ray
 import tpuslice
 from clusterutil import hold_host, markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome
-from tpuslice.claim import Clock
+from tpuslice.clock import Clock
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
 pytestmark = pytest.mark.cluster

@@ -9,7 +9,7 @@ import pytest
 from ray import exceptions as rex
 
 import tpuslice
-from tpuslice.claim import Clock
+from tpuslice.clock import Clock
 from tpuslice.errors import (
     HostLostError,
     InvalidArgumentError,

@@ -12,7 +12,8 @@ import ray
 
 import tpuslice
 from clusterutil import exit_cleanly, wait_for, where_am_i
-from tpuslice.run import MEGASCALE_VARS, HostContext, launch
+from tpuslice.context import MEGASCALE_VARS, HostContext
+from tpuslice.run import launch
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
 pytestmark = pytest.mark.cluster

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from tpuslice import claim, subslice
+from tpuslice.clock import Clock
 from tpuslice.cluster import SliceInfo
+from tpuslice.context import with_context
 from tpuslice.errors import (
     DiscoveryFailedError,
     InsufficientSlicesError,
@@ -20,7 +22,6 @@ from tpuslice.errors import (
 )
 from tpuslice.layouts import Layout, positions_from_coordinates
 from tpuslice.request import SliceRequest
-from tpuslice.run import _with_context
 from tpuslice.subslices import SubSlices, subslice_env
 from tpuslice.testing.memory import InMemoryCluster
 from tpuslice.topology import slice_shape
@@ -64,7 +65,7 @@ def reserve(
         **request,
     )
     targets = SubSlices(req, cluster, known.discover, known.load, cluster.clock.now)
-    clock = claim.Clock(cluster.clock.now, cluster.clock.sleep)
+    clock = Clock(cluster.clock.now, cluster.clock.sleep)
     reserver = claim.Reserver(req, clock=clock, ops=cluster, targets=targets)
     return reserver.run(), targets
 
@@ -214,7 +215,7 @@ def test_jax_reads_the_sub_slice_from_the_call_environment(monkeypatch: pytest.M
         )
 
     env = subslice_env(slice_shape("2x4", "v6e", 4), ["10.0.0.2", "10.0.0.4"], 1)
-    assert _with_context(seen)(env) == (["10.0.0.2", "10.0.0.4"], 1, "true")
+    assert with_context(seen)(env) == (["10.0.0.2", "10.0.0.4"], 1, "true")
     assert {k: os.environ.get(k) for k in parent} == parent
     assert "TPU_SKIP_MDS_QUERY" not in os.environ
 

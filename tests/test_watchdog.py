@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from tpuslice.claim import Clock
+from tpuslice.clock import Clock
 from tpuslice.errors import InvalidArgumentError
 from tpuslice.heartbeats import BEAT_ENV
 from tpuslice.notices import Notice

@@ -68,8 +68,8 @@ _EXPORTS: dict[str, str] = {
     "Outcome": "tpuslice.resilient",
     "classify": "tpuslice.resilient",
     "run_resilient": "tpuslice.resilient",
-    "HostContext": "tpuslice.run",
-    "current_host": "tpuslice.run",
+    "HostContext": "tpuslice.context",
+    "current_host": "tpuslice.context",
     "dispatch": "tpuslice.run",
     "run_on_slice": "tpuslice.run",
     "get_num_ready_tpu_slices": "tpuslice.slices",
@@ -109,6 +109,7 @@ if TYPE_CHECKING:
         get_tpu_worker_resources,
         infer_tpu_pod_type_from_topology,
     )
+    from tpuslice.context import HostContext, current_host
     from tpuslice.errors import (
         AmbiguousPodTypeError,
         DiscoveryFailedError,
@@ -150,8 +151,6 @@ if TYPE_CHECKING:
         run_resilient,
     )
     from tpuslice.run import (
-        HostContext,
-        current_host,
         dispatch,
         run_on_slice,
     )

@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tpuslice import _ray
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
+from tpuslice.context import MEGASCALE_VARS, HostContext
 from tpuslice.errors import (
     HostHungError,
     HostLostError,
@@ -31,7 +32,7 @@ from tpuslice.heartbeats import BEAT_ENV, NAMESPACE
 from tpuslice.labels import CallEnv
 from tpuslice.request import SliceRequest
 from tpuslice.reserve import ShutsDownOnExit, SlicePlacementGroup
-from tpuslice.run import MEGASCALE_VARS, HostContext, call_env, host_contexts
+from tpuslice.run import call_env, host_contexts
 from tpuslice.watchdog import BEAT_PREFIX, CHECK_S, WatchConfig, describe_hang
 
 

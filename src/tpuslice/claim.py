@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ray.util.placement_group import PlacementGroup
 
+from tpuslice.clock import Clock
 from tpuslice.cluster import ClusterSnapshot, HostInfo, SliceInfo, SliceState
 from tpuslice.demand import AutoscalerDemand
 from tpuslice.errors import (
@@ -56,14 +56,6 @@ restarts a dead queue in a few seconds) before it claims directly instead."""
 PROGRESS_S = 10.0
 """While queued, how often the log says where the reservation stands."""
 _said_unreachable: list[bool] = [False]
-
-
-@dataclass
-class Clock:
-    """Injected time, so tests of the waiting logic need no real waiting."""
-
-    now: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], None] = time.sleep
 
 
 @dataclass

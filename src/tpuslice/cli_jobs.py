@@ -26,6 +26,7 @@ from rich.table import Table
 
 from tpuslice import cluster, events, observe, status
 from tpuslice.cli_connect import UsageError, connect_or_none
+from tpuslice.context import HostContext, current_host
 from tpuslice.errors import InvalidArgumentError, RetriesExhaustedError, TPUSliceError
 from tpuslice.request import SliceRequest
 from tpuslice.reserve import SlicePlacementGroup
@@ -37,7 +38,7 @@ from tpuslice.resilient import (
     RetryPolicy,
     judged,
 )
-from tpuslice.run import HostContext, current_host, run_on_slice
+from tpuslice.run import run_on_slice
 from tpuslice.shell import HostResult, program_name, run_command, worst_exit_code
 from tpuslice.testing.checks import live_placement_groups
 from tpuslice.testing.simulated import SimulatedCluster, SliceSpec

@@ -15,7 +15,7 @@ import enum
 import functools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import ray
 
 from tpuslice import _ray
+from tpuslice.clock import Clock
 from tpuslice.compat import resolve_resource_per_chip
 from tpuslice.errors import InvalidArgumentError
 from tpuslice.labels import (
@@ -576,6 +577,60 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     queue = queued.result()
     snapshot = build_snapshot(nodes, available, per_chip, tpu_owners=owners, notices=notices)
     return dataclasses.replace(snapshot, queue=queue)
+
+
+FREED_BOUND_S = 2.0
+"""How long a hand-back waits for Ray's resource view to show its hosts free."""
+FREED_POLL_S = 0.01
+
+
+def wait_freed(
+    hosts: Iterable[HostInfo],
+    head_resource: str | None,
+    *,
+    timeout_s: float = FREED_BOUND_S,
+    read: Callable[[], Available] | None = None,
+    clock: Clock | None = None,
+) -> bool:
+    """Wait until Ray's resource view has shown each host's TPU free (and, on a host
+    that has it, the head resource), once: the groups of a hand-back are gone then.
+
+    Removing a placement group returns before its hosts report their resources back
+    (about 100 ms on an idle cluster). A group asked for on those hosts meanwhile does
+    not place until the GCS retries it, 0.3-0.9 s later (benchmarks/RESULTS.md), so a
+    hand-back that waits for the view ends with its slice claimable at once. Each host
+    counts once seen free, even if someone takes it again at once; a host the view no
+    longer lists (dead) counts as free.
+
+    Args:
+        hosts: The hosts handed back, with their ``TPU`` totals.
+        head_resource: The slice's head resource (``TPU-v6e-16-head``), or ``None``.
+        timeout_s: Bound on the wait.
+        read: Reads the available resources per node (default: Ray's view).
+        clock: Injected time.
+
+    Returns:
+        True once every host was seen free; False if the bound passed first.
+    """
+    read = read or _ray.available_resources_per_node
+    clock = clock or Clock()
+    waiting = {h.node_id: h for h in hosts}
+    deadline = clock.now() + timeout_s
+    while True:
+        available = read()
+        for node, host in list(waiting.items()):
+            free = available.get(node)
+            head_ok = head_resource is None or host.head_free is None
+            if free is None or (
+                free.get(TPU_RESOURCE, 0.0) >= host.tpu_total
+                and (head_ok or free.get(head_resource or "", 0.0) >= 1.0)
+            ):
+                del waiting[node]
+        if not waiting:
+            return True
+        if clock.now() >= deadline:
+            return False
+        clock.sleep(FREED_POLL_S)
 
 
 _nodes_seen: list[tuple[frozenset[str], list[NodeRecord]] | None] = [None]

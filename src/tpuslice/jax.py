@@ -140,7 +140,7 @@ def distributed_args(
         NotConnectedError: there is no slice context (not inside a task started by
             :func:`tpuslice.run_on_slice` or a slice actor).
     """
-    from tpuslice.run import current_host
+    from tpuslice.context import current_host
 
     host = current_host(environ)
     return {

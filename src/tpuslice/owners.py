@@ -5,8 +5,14 @@ Ray's tasks go to whichever idle worker a host has, so two calls on one held sli
 land in two processes and the second fails ("TPU already in use"). So ``run_on_slice``
 on a held slice (``tpu_slice=``) runs each rank's call in that bundle's *owner*:
 
-- one actor per bundle, created at the first call, in the bundle and holding its TPU
-  (so Ray sets the chip environment for it as for a task);
+- one actor per bundle. Where a bundle is a whole host's TPU (the usual case) the
+  owner is pinned to that host and holds no Ray resources: the bundle keeps the TPU
+  reserved, and Ray's environment for a task holding every chip of a host is the host's
+  own. Such an owner can start before its slice is reserved, so the first call runs in
+  a spare the driver started after an earlier hand-back there (:mod:`tpuslice.spares`),
+  not in a process started for it on every host. Where a bundle is part of a host, the
+  owner is created in the bundle at the first call, holding its TPU, so Ray gives it
+  that bundle's chips;
 - every later call reuses it, so a JAX backend stays initialised between calls (and an
   actor call is cheaper than a task: about 5 ms against 13 ms for a 4-host round here);
 - the calls of one gang are submitted to every owner under one lock, so all owners see
@@ -28,88 +34,9 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tpuslice.errors import InvalidArgumentError
+from tpuslice.host_owner import RemoteOwner, call_in_actor, pid_of_actor
 from tpuslice.labels import CallEnv
-
-
-class HostOwner:
-    """The owner of one bundle's TPU (a Ray actor): it runs calls in its slice context."""
-
-    def call(
-        self,
-        function: Callable[..., Any],
-        env: CallEnv,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-    ) -> Any:
-        """Run ``function(*args, **kwargs)`` with the slice context ``env`` set.
-
-        Args:
-            function: The user's Python function.
-            env: The rank's context variables.
-            args: Positional arguments.
-            kwargs: Keyword arguments.
-
-        Returns:
-            What ``function`` returns.
-        """
-        return call_in_context(function, env, args, kwargs)
-
-    def ping(self) -> int:
-        """This owner's pid (the call also proves the owner started).
-
-        Returns:
-            The pid.
-        """
-        import os
-
-        return os.getpid()
-
-
-def call_in_context(
-    function: Callable[..., Any],
-    env: CallEnv,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-) -> Any:
-    """``function(*args, **kwargs)`` with the slice context in ``os.environ`` for the call.
-
-    Args:
-        function: The user's Python function.
-        env: The rank's ``TPUSLICE_*`` (and ``MEGASCALE_*``) variables.
-        args: Positional arguments.
-        kwargs: Keyword arguments.
-
-    Returns:
-        What ``function`` returns.
-
-    Raises:
-        TPUInUseError: the call met a TPU another process owns (libtpu refused it).
-        Exception: whatever ``function`` raises.
-    """
-    from tpuslice.run import _with_context
-
-    return _with_context(function)(env, *args, **kwargs)
-
-
-def _pid_of_actor(actor: Any) -> int:
-    """Body of ``__ray_call__`` asking a SliceActorGroup actor for its pid."""
-    import os
-
-    return os.getpid()
-
-
-def _call_in_actor(
-    actor: Any,
-    function: Callable[..., Any],
-    env: CallEnv,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-) -> Any:
-    """Body of ``__ray_call__`` on a SliceActorGroup actor (``actor`` is its instance)."""
-    return call_in_context(function, env, args, kwargs)
-
-
-_RemoteOwner = ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(HostOwner)
+from tpuslice.spares import SPARES
 
 
 class Owners:
@@ -118,7 +45,7 @@ class Owners:
     Args:
         handles: One actor handle per bundle, in rank order.
         actor_group: They are a SliceActorGroup's actors (calls go in through
-            ``__ray_call__``), not tpuslice's own :class:`HostOwner` actors.
+            ``__ray_call__``), not tpuslice's own :class:`~tpuslice.host_owner.HostOwner` actors.
     """
 
     def __init__(self, handles: Sequence[Any], *, actor_group: bool = False) -> None:
@@ -126,7 +53,7 @@ class Owners:
         self.actor_group = actor_group
         self._submit_lock = threading.Lock()
         self._pid_refs: list[Any] = (
-            [h.__ray_call__.remote(_pid_of_actor) for h in self.handles] if actor_group else []
+            [h.__ray_call__.remote(pid_of_actor) for h in self.handles] if actor_group else []
         )
 
     def pids(self, rank_nodes: Sequence[str]) -> dict[str, set[int]]:
@@ -154,23 +81,37 @@ class Owners:
 
     @classmethod
     def start(
-        cls, placements: Sequence[tuple[Any, int]], tpu: float, runtime_env: Any = None
+        cls,
+        placements: Sequence[tuple[Any, int]],
+        tpu: float,
+        runtime_env: Any = None,
+        *,
+        pinned_to: Sequence[str] | None = None,
     ) -> Owners:
-        """Start one :class:`HostOwner` in each bundle, holding the bundle's TPU.
+        """Start one owner per rank: on its host, from this driver's spares
+        (``pinned_to``), or in its bundle, holding the bundle's TPU.
 
         Args:
             placements: ``(placement group, bundle index)`` per rank.
             tpu: ``TPU`` resources each bundle holds.
             runtime_env: The runtime environment of the owners' processes, if any.
+            pinned_to: Each rank's node id when every bundle is a whole host's TPU and
+                the owners run in the job's runtime environment: they are then taken
+                from :data:`SPARES` (see the module docstring).
 
         Returns:
             The owners (their processes start in the background).
         """
+        if pinned_to is not None and not runtime_env:
+            started = [SPARES.take(node) for node in pinned_to]
+            owners = cls([spare.handle for spare in started])
+            owners._pid_refs = [spare.pid for spare in started]
+            return owners
         options: dict[str, Any] = {"resources": {"TPU": tpu}}
         if runtime_env:
             options["runtime_env"] = runtime_env
         handles = [
-            _RemoteOwner.options(
+            RemoteOwner.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=bundle
                 ),
@@ -214,7 +155,7 @@ class Owners:
                 return [
                     self.handles[rank]
                     .__ray_call__.options(**options)
-                    .remote(_call_in_actor, function, env, args, kwargs)
+                    .remote(call_in_actor, function, env, args, kwargs)
                     for rank, env in envs
                 ]
             return [
@@ -238,6 +179,8 @@ class SliceOwnership:
         placements: ``(placement group, bundle index)`` per rank (called when needed).
         tpu: ``TPU`` resources each bundle holds.
         rank_nodes: The node id of each rank's host (for the agents' hand-back check).
+        whole_hosts: Each bundle is a whole host's TPU, so the owners can be this
+            driver's spares, pinned to the hosts (see the module docstring).
     """
 
     def __init__(
@@ -245,10 +188,13 @@ class SliceOwnership:
         placements: Callable[[], Sequence[tuple[Any, int]]],
         tpu: float,
         rank_nodes: Callable[[], Sequence[str]],
+        *,
+        whole_hosts: bool = False,
     ) -> None:
         self._placements = placements
         self._tpu = tpu
         self._rank_nodes = rank_nodes
+        self._whole_hosts = whole_hosts
         self._lock = threading.Lock()
         self._owners: Owners | None = None
         self._runtime_env: Any = None
@@ -275,7 +221,10 @@ class SliceOwnership:
         """
         with self._lock:
             if self._owners is None:
-                self._owners = Owners.start(self._placements(), self._tpu, runtime_env)
+                pinned = list(self._rank_nodes()) if self._whole_hosts else None
+                self._owners = Owners.start(
+                    self._placements(), self._tpu, runtime_env, pinned_to=pinned
+                )
                 self._runtime_env = runtime_env
             elif runtime_env and runtime_env != self._runtime_env:
                 raise InvalidArgumentError(
@@ -346,12 +295,17 @@ class SliceOwnership:
         for node, found in pids.items():
             self._departed.setdefault(node, set()).update(found)
 
-    def hand_back(self, pids: Mapping[str, set[int]] | None = None) -> None:
+    def hand_back(self, pids: Mapping[str, set[int]] | None = None) -> list[str]:
         """Kill tpuslice's own owners, then confirm on every host that none of the
         processes that ran this slice's work owns its TPU (stopping any that does).
 
         Args:
             pids: Per host, pids of processes that ran tasks of this slice.
+
+        Returns:
+            The hosts that should get a new spare owner once the slice is handed back
+            (:meth:`~tpuslice.spares.SpareOwners.refill`): those whose owners were this
+            driver's spares and whose agents confirmed the TPU free.
         """
         with self._lock:
             owners, self._owners = self._owners, None
@@ -360,17 +314,24 @@ class SliceOwnership:
             for node, pid in owners.pids(self._rank_nodes()).items():
                 known.setdefault(node, set()).update(pid)
             owners.kill()
-        self.confirm_free(known)
+        answered = self.confirm_free(known)
+        if owners is None or owners.actor_group or not self._whole_hosts:
+            return []
+        return [node for node, found in answered.items() if found is None]
 
-    def confirm_free(self, pids: Mapping[str, set[int]] | None = None) -> None:
+    def confirm_free(self, pids: Mapping[str, set[int]] | None = None) -> dict[str, Any]:
         """Have each host's agent stop this job's TPU owners there and confirm it.
 
         Args:
             pids: Per host, pids of processes that ran this slice's work.
+
+        Returns:
+            Per host, what its agent answered: ``None`` when the TPU is free (see
+            :func:`tpuslice.agent.confirm_released`).
         """
         from tpuslice.agent import confirm_released
 
         known = {node: set(found) for node, found in self._departed.items()}
         for node, found in (pids or {}).items():
             known.setdefault(node, set()).update(found)
-        confirm_released(sorted(set(self._rank_nodes())), known)
+        return confirm_released(sorted(set(self._rank_nodes())), known)

@@ -19,8 +19,9 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from tpuslice import observe
-from tpuslice.claim import Clock, Reservation, Reserver
-from tpuslice.cluster import SliceInfo
+from tpuslice.claim import Reservation, Reserver
+from tpuslice.clock import Clock
+from tpuslice.cluster import SliceInfo, wait_freed
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import (
     InsufficientSlicesError,
@@ -36,6 +37,7 @@ from tpuslice.notices import Notice
 from tpuslice.owners import SliceOwnership
 from tpuslice.plan import ReservationPlan
 from tpuslice.request import SliceRequest
+from tpuslice.spares import SPARES
 from tpuslice.targets import Targets
 
 _T = TypeVar("_T", bound="ShutsDownOnExit")
@@ -186,6 +188,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
             self.worker_groups,
             self._plan.bundle_resources.get("TPU", self._plan.devices_per_host),
             self.rank_nodes,
+            whole_hosts=self._plan.bundles_per_host == 1,
         )
 
     # --- Ray 2.60 properties ---------------------------------------------------------
@@ -430,11 +433,12 @@ class SlicePlacementGroup(ShutsDownOnExit):
     def shutdown(self) -> None:
         """Give the slices back: stop the tasks and owner processes started here by
         tpuslice, confirm on each host that no process of this job still owns its TPU
-        (stopping any that does), then remove every worker and head group. Idempotent."""
+        (stopping any that does), remove every worker and head group, and wait (bounded)
+        until Ray's resource view shows the hosts free, so that the slices are claimable
+        at once when this returns (see :func:`tpuslice.cluster.wait_freed`). Idempotent."""
         pids = self._reported_pids()
         self._cancel_launched()
-        if self._reservation.claims:
-            self.ownership.hand_back(pids)
+        restock = self.ownership.hand_back(pids) if self._reservation.claims else []
         reservation, self._reservation = self._reservation, Reservation()
         # Heads first: a slice whose head is free while its TPUs are still held looks
         # busy to everyone; the other order would show it claimed with no work on it.
@@ -443,6 +447,11 @@ class SlicePlacementGroup(ShutsDownOnExit):
         remove_group(reservation.combined_pg)
         for claim in reservation.claims:
             remove_group(claim.worker_pg)
+        if reservation.claims and ray.is_initialized():
+            hosts = [h for claim in reservation.claims for h in claim.target.hosts.values()]
+            head = self._plan.shape.head_resource if self._plan.needs_head_claim else None
+            wait_freed(hosts, head)
+            SPARES.refill(restock)  # last: their processes would slow the steps above
         if reservation.claims:
             held = time.monotonic() - self._reserved_at
             what = observe.describe_request(self._request)[0]

@@ -38,7 +38,7 @@ from ray.exceptions import (
 )
 
 from tpuslice import observe
-from tpuslice.claim import Clock
+from tpuslice.clock import Clock
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import (
     AttemptRecord,

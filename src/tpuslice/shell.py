@@ -21,10 +21,11 @@ from typing import Any
 
 import ray
 
+from tpuslice.context import MEGASCALE_VARS, HostContext
 from tpuslice.errors import first_line
 from tpuslice.labels import CallEnv
 from tpuslice.reserve import SlicePlacementGroup
-from tpuslice.run import MEGASCALE_VARS, HostContext, call_env, placements
+from tpuslice.run import call_env, placements
 
 KILLED = 128 + signal.SIGKILL
 CANCEL_GRACE_S = 5.0

@@ -30,7 +30,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from tpuslice import layouts, subslice
-from tpuslice.claim import Clock
+from tpuslice.clock import Clock
 from tpuslice.cluster import ClusterSnapshot, HostInfo, HostState, SliceInfo, SliceState
 from tpuslice.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.errors import (

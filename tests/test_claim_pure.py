@@ -1,7 +1,8 @@
 """The claiming loop (``tpuslice.claim.Reserver``) against an in-memory cluster. Pure: no Ray.
 
-Every step is reached here: claiming idle whole slices only, a slice breaking while the rest
-are claimed, a host taken between the look and the claim, autoscaler demand adopted,
+Every step is reached here: claiming idle whole slices only, in one placement round (each
+slice's head resource in bundle 0 of its block), a slice breaking while the rest are
+claimed, a host or head taken between the look and the claim, autoscaler demand adopted,
 deadlines, pinned slices, and Ctrl-C at each step leaving nothing behind.
 """
 
@@ -16,9 +17,10 @@ from tpuslice.clock import Clock
 from tpuslice.errors import InsufficientSlicesError, ReservationTimeoutError
 from tpuslice.labels import SLICE_NAME_LABEL
 from tpuslice.request import SliceRequest
-from tpuslice.testing.memory import InMemoryCluster
+from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
 
 V6E = {"topology": "4x4", "accelerator_version": "v6e"}
+HEAD = "TPU-v6e-16-head"
 
 
 def reserver(cluster: InMemoryCluster, **request: Any) -> claim.Reserver:
@@ -36,12 +38,48 @@ def worker_nodes(cluster: InMemoryCluster, reservation: claim.Reservation) -> li
     return [cluster.bundle_node(group, i) or "" for i in range(len(group.bundle_specs))]
 
 
+def heads_at(group: MemoryGroup) -> list[int]:
+    """The bundles of a group that ask for the slice's head resource."""
+    return [i for i, bundle in enumerate(group.bundles) if HEAD in bundle]
+
+
+class Placements:
+    """Every host a group of ours was ever placed on. Removing a group forgets where it
+    sat, so the hosts of each group of ours are noted as it is removed; the live ones
+    are read when asked."""
+
+    def __init__(self, cluster: InMemoryCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.cluster = cluster
+        self.removed: set[str] = set()
+        remove = cluster.remove_group
+
+        def noting(group: Any) -> None:
+            if isinstance(group, MemoryGroup) and group.owner == "reserver":
+                self.removed.update(group.nodes or [])
+            remove(group)
+
+        monkeypatch.setattr(cluster, "remove_group", noting)
+
+    def hosts(self) -> set[str]:
+        live = {n for g in self.cluster.live_groups("reserver") for n in g.nodes or []}
+        return self.removed | live
+
+    def on(self, slice_name: str) -> set[str]:
+        return {n for n in self.hosts() if n.startswith(f"{slice_name}/")}
+
+
+def others_hosts(cluster: InMemoryCluster) -> set[str]:
+    """The hosts where another user holds something now."""
+    return {n for g in cluster.live_groups("other") for n in g.nodes or []}
+
+
 def test_an_idle_slice_is_claimed_with_bundle_i_on_worker_i() -> None:
     cluster = InMemoryCluster([("v6e", "4x4", 2)])
     reservation = reserver(cluster).run()
     assert names(reservation) == ["v6e-16-0"]
     assert worker_nodes(cluster, reservation) == [f"v6e-16-0/{w}" for w in range(4)]
-    assert len(cluster.live_groups("reserver")) == 2  # the head claim and the workers
+    assert cluster.live_groups("reserver") == [reservation.combined_pg]  # heads and workers
+    assert reservation.claims[0].head_pg is None  # the head is in the workers' bundle 0
     assert cluster.clock.t == 0  # nothing waited
 
 
@@ -49,7 +87,8 @@ def test_a_slice_with_one_busy_host_is_never_picked() -> None:
     cluster = InMemoryCluster([("v6e", "4x4", 2)])
     cluster.take("v6e-16-0", 3, {"TPU": 1})  # not worker 0: its head resource is free
     assert names(reserver(cluster).run()) == ["v6e-16-1"]
-    assert cluster.calls["create_group"] == 2  # one head claim, one worker group: no retries
+    assert cluster.calls["create_group"] == 1  # the one group, on the idle slice: no retries
+    assert cluster.calls["wait_placed"] == 1
 
 
 def test_n_slices_are_claimed_in_one_look_and_placed_together() -> None:
@@ -57,14 +96,66 @@ def test_n_slices_are_claimed_in_one_look_and_placed_together() -> None:
     reservation = reserver(cluster, num_slices=3).run()
     assert names(reservation) == ["v6e-16-0", "v6e-16-1", "v6e-16-2"]
     assert cluster.calls["snapshot"] == 1
-    assert cluster.calls["create_group"] == 4  # three heads, then one group of 12 bundles
+    assert cluster.calls["create_group"] == 1  # one group of 12 bundles, heads included
+    assert cluster.calls["wait_placed"] == 1
     assert worker_nodes(cluster, reservation)[4:8] == [f"v6e-16-1/{w}" for w in range(4)]
 
 
+# --- one placement round ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_reservation_is_one_group_waited_for_once_when_nothing_races(count: int) -> None:
+    """Heads and workers of every slice are asked for in one group and waited for once:
+    no head group of its own for any slice."""
+    cluster = InMemoryCluster([("v6e", "4x4", 3)])
+    reservation = reserver(cluster, num_slices=count).run()
+    assert len(reservation.claims) == count
+    assert cluster.calls["create_group"] == 1
+    assert cluster.calls["wait_placed"] == 1
+    assert all(c.head_pg is None for c in reservation.claims)
+    assert cluster.live_groups("reserver") == [reservation.combined_pg]
+
+
+def test_bundle_0_of_each_slice_holds_its_head_and_no_other_bundle_does() -> None:
+    """Two bundles per host, two slices: only bundle 0 of each slice's block (worker 0's
+    first) asks for the head, on top of its TPUs; worker 0's second bundle does not.
+    Placed, each slice's head is held by that bundle on its worker 0."""
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
+    reservation = reserver(cluster, num_slices=2, resources_per_bundle={"TPU": 2}).run()
+    [group] = cluster.live_groups("reserver")
+    assert group is reservation.combined_pg and len(group.bundles) == 16
+    assert heads_at(group) == [0, 8]
+    plain = dict(group.bundles[1])
+    assert group.bundles[0] == group.bundles[8] == {**plain, HEAD: 1.0}
+    nodes = worker_nodes(cluster, reservation)
+    assert nodes[:2] == ["v6e-16-0/0"] * 2 and nodes[8:10] == ["v6e-16-1/0"] * 2
+    for name in names(reservation):
+        assert cluster.nodes[f"{name}/0"].free(HEAD) == 0
+
+
+def test_pg_per_slice_makes_one_group_per_slice_with_its_head_in_bundle_0() -> None:
+    """One group per slice, all made in one round and waited for once; each asks for its
+    slice's head in bundle 0 only, placed on that slice's worker 0."""
+    cluster = InMemoryCluster([("v6e", "4x4", 3)])
+    reservation = reserver(cluster, num_slices=3, pg_per_slice=True).run()
+    groups = cluster.live_groups("reserver")
+    assert reservation.combined_pg is None
+    assert groups == [c.worker_pg for c in reservation.claims]
+    assert cluster.calls["create_group"] == 3 and cluster.calls["wait_placed"] == 1
+    for c, group in zip(reservation.claims, groups, strict=True):
+        assert c.head_pg is None
+        assert heads_at(group) == [0]
+        assert [cluster.bundle_node(group, i) for i in range(4)] == [
+            f"{c.slice_name}/{w}" for w in range(4)
+        ]
+        assert cluster.nodes[f"{c.slice_name}/0"].free(HEAD) == 0
+
+
 def test_a_slice_breaking_while_the_rest_are_claimed_is_given_back() -> None:
-    """Two slices wanted, one idle: its head is held while waiting; then a host of it dies.
-    The broken claim is given back, and the request ends on two whole slices (one added
-    meanwhile, as an autoscaler would)."""
+    """Two slices wanted, one idle: it is picked while waiting for the other; then a host
+    of it dies. The broken pick is given back, and the request ends on two whole slices
+    (one added meanwhile, as an autoscaler would)."""
     cluster = InMemoryCluster([("v6e", "4x4", 2)], can_grow=True)
     other = cluster.take("v6e-16-1", 2, {"TPU": 4})
     cluster.script("sleep", 1, lambda: cluster.kill_host("v6e-16-0", 1))
@@ -85,37 +176,60 @@ def test_a_slice_breaking_while_the_rest_are_claimed_is_given_back() -> None:
 
 
 def test_a_head_taken_between_look_and_claim_moves_to_another_slice() -> None:
+    """Worker 0's head of the picked slice is taken after the look: our group (which asks
+    for it in bundle 0) does not place within the claim bound, is removed, and the next
+    round ends on the other slice."""
     cluster = InMemoryCluster([("v6e", "4x4", 2)])
-    cluster.script(
-        "snapshot", 1, lambda: cluster.take("v6e-16-0", 0, {"TPU-v6e-16-head": 1}), after=True
-    )
-    assert names(reserver(cluster).run()) == ["v6e-16-1"]
-    assert len(cluster.live_groups("reserver")) == 2
+    cluster.script("snapshot", 1, lambda: cluster.take("v6e-16-0", 0, {HEAD: 1}), after=True)
+    reservation = reserver(cluster).run()
+    assert names(reservation) == ["v6e-16-1"]
+    assert cluster.clock.t == pytest.approx(claim.CLAIM_BOUND_S)  # one bounded wait
+    assert cluster.live_groups("reserver") == [reservation.combined_pg]
+    assert worker_nodes(cluster, reservation) == [f"v6e-16-1/{w}" for w in range(4)]
 
 
-def test_a_host_taken_between_look_and_claim_gives_that_slice_back() -> None:
-    """The head claim places, the workers cannot (host 2 taken after the look): within
-    the claim bound the slice is given back and another is placed."""
+def test_a_host_taken_between_look_and_claim_gives_that_slice_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Host 2 of the picked slice is taken after the look: our group (head included) is
+    placed whole or not at all, so nothing of ours lands on the slice, not even worker
+    0's head; within the claim bound the slice is given back and another is placed."""
     cluster = InMemoryCluster([("v6e", "4x4", 2)])
+    placements = Placements(cluster, monkeypatch)
     cluster.script("snapshot", 1, lambda: cluster.take("v6e-16-0", 2, {"TPU": 1}), after=True)
     reservation = reserver(cluster).run()
     assert names(reservation) == ["v6e-16-1"]
     assert cluster.clock.t == pytest.approx(claim.CLAIM_BOUND_S)
-    assert len(cluster.live_groups("reserver")) == 2  # nothing left on v6e-16-0
+    assert placements.on("v6e-16-0") == set()
+    assert cluster.nodes["v6e-16-0/0"].free(HEAD) == 1  # no head claim of ours left there
+    assert cluster.live_groups("reserver") == [reservation.combined_pg]
 
 
-def test_pg_per_slice_keeps_the_slice_that_placed_and_replaces_the_other() -> None:
+def test_pg_per_slice_keeps_the_slice_that_placed_and_replaces_the_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One group per slice; the second slice's host is taken after the look. The first
+    slice stays claimed (as slice 0), the second is given back with nothing of ours left
+    on it, and a third replaces it; each slice ends with exactly its own group."""
     cluster = InMemoryCluster([("v6e", "4x4", 3)])
+    placements = Placements(cluster, monkeypatch)
     cluster.script("snapshot", 1, lambda: cluster.take("v6e-16-1", 3, {"TPU": 1}), after=True)
     reservation = reserver(cluster, num_slices=2, pg_per_slice=True).run()
-    assert sorted(names(reservation)) == ["v6e-16-0", "v6e-16-2"]
-    assert all(c.worker_pg is not None for c in reservation.claims)
-    assert len(cluster.live_groups("reserver")) == 4
+    assert names(reservation) == ["v6e-16-0", "v6e-16-2"]
+    groups = [c.worker_pg for c in reservation.claims]
+    assert cluster.live_groups("reserver") == groups
+    for c in reservation.claims:
+        assert c.worker_pg is not None
+        assert {cluster.bundle_node(c.worker_pg, i) for i in range(4)} == {
+            f"{c.slice_name}/{w}" for w in range(4)
+        }
+    assert placements.on("v6e-16-1") == set()
 
 
 def test_autoscaler_demand_is_adopted_when_the_new_slice_lands() -> None:
     """Nothing idle, the cluster can grow: a pending unpinned head claim is the demand;
-    the slice the autoscaler adds is adopted through it, with no second head claim."""
+    the slice the autoscaler adds is adopted through it, with no second head claim (the
+    workers' group does not ask for the head again)."""
     cluster = InMemoryCluster([("v6e", "4x4", 1)], can_grow=True)
     cluster.take("v6e-16-0", 1, {"TPU": 1})
     cluster.script("sleep", 2, lambda: cluster.add_slice("v6e", "4x4", "v6e-16-grown"))
@@ -124,7 +238,27 @@ def test_autoscaler_demand_is_adopted_when_the_new_slice_lands() -> None:
     head = reservation.claims[0].head_pg
     assert head is not None  # the demand claim, which no slice already there could satisfy
     assert cluster._group(head).selectors[0][SLICE_NAME_LABEL] == "!in(v6e-16-0)"
-    assert len(cluster.live_groups("reserver")) == 2  # the adopted head and the workers
+    assert cluster.live_groups("reserver") == [head, reservation.combined_pg]
+
+
+def test_a_slice_adopted_through_demand_gets_no_second_head_in_its_block() -> None:
+    """Two wanted, one idle: the idle one is picked, the other comes from the autoscaler
+    through a demand group kept as that claim's head. In the one worker group, the picked
+    slice's block asks for its head in bundle 0; the adopted slice's block asks for none
+    (its demand group holds it, so asking again could never place)."""
+    cluster = InMemoryCluster([("v6e", "4x4", 2)], can_grow=True)
+    cluster.take("v6e-16-1", 1, {"TPU": 4})
+    cluster.script("sleep", 2, lambda: cluster.add_slice("v6e", "4x4", "v6e-16-grown"))
+    reservation = reserver(cluster, num_slices=2).run()
+    assert names(reservation) == ["v6e-16-0", "v6e-16-grown"]
+    picked, adopted = reservation.claims
+    assert picked.head_pg is None and adopted.head_pg is not None
+    group = reservation.combined_pg
+    assert isinstance(group, MemoryGroup)
+    assert heads_at(group) == [0]  # the picked slice's bundle 0 only
+    assert worker_nodes(cluster, reservation)[4] == "v6e-16-grown/0"
+    assert cluster.bundle_node(adopted.head_pg, 0) == "v6e-16-grown/0"
+    assert cluster.live_groups("reserver") == [adopted.head_pg, group]
 
 
 def test_without_an_autoscaler_a_request_too_big_fails_at_once() -> None:
@@ -149,13 +283,14 @@ def test_a_timeout_while_slices_are_busy_says_what_the_cluster_has() -> None:
 
 
 def test_a_deadline_reached_while_placing_workers_ends_in_a_timeout_not_a_hang() -> None:
-    """The head places but the workers never can (a bundle no host holds): the loop
-    honours the timeout, gives everything back, and says why."""
+    """The slice is idle but its group can never place (a bundle no host holds): the
+    loop honours the timeout, gives everything back, and says why (the bundles, not
+    busy slices)."""
     cluster = InMemoryCluster([("v6e", "4x4", 1)])
     request = {"resources_per_bundle": {"TPU": 4, "CPU": 500}, "head_reservation_timeout_s": 10.0}
     with pytest.raises(ReservationTimeoutError, match="did not place") as info:
         reserver(cluster, **request).run()
-    assert "holding 1 of 1" in str(info.value)
+    assert "check resources_per_bundle" in str(info.value)
     assert 10.0 <= cluster.clock.t <= 10.0 + 2 * claim.CLAIM_BOUND_S
     assert cluster.live_groups("reserver") == []
 
@@ -231,25 +366,37 @@ def test_an_error_while_waiting_propagates_and_leaves_nothing_behind() -> None:
     def boom() -> None:
         raise RuntimeError("GCS went away")
 
-    cluster.script("wait_placed", 2, boom)  # while the worker group is in flight
+    cluster.script("wait_placed", 1, boom)  # while the group is in flight
     with pytest.raises(RuntimeError, match="GCS went away"):
         reserver(cluster).run()
-    assert cluster.calls["create_group"] == 2
+    made = [g for g in cluster.groups if g.owner == "reserver"]
+    assert len(made) == 1 and made[0].removed
     assert cluster.live_groups("reserver") == []
 
 
-def test_a_head_taken_meanwhile_never_gets_workers_on_its_slice() -> None:
-    """Between the look and the claim someone takes worker 0's head resource of the
-    picked slice (another reservation won the race): our head claim waits, no worker
-    group of ours is ever asked for on that slice (it would sit on the winner's hosts),
-    and the next slice is claimed."""
+def test_a_head_taken_meanwhile_never_gets_workers_on_its_slice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between the look and the claim another reservation takes worker 0's head of the
+    picked slice (it won the race) and starts on each host, leaving room for our bundles.
+    No bundle of ours ever sits on a host the winner holds (our group asks for the head
+    in bundle 0, so it places nowhere), the winner keeps all it took, and the
+    reservation ends on the other slice with nothing of ours left on the first."""
     cluster = InMemoryCluster([("v6e", "4x4", 2)])
-    cluster.script("create_group", 1, lambda: cluster.take("v6e-16-0", 0, {"TPU-v6e-16-head": 1}))
+    placements = Placements(cluster, monkeypatch)
+
+    def winner() -> None:
+        cluster.take("v6e-16-0", 0, {HEAD: 1})
+        for w in range(4):  # a CPU on each host: our bundles would still fit beside it
+            cluster.take("v6e-16-0", w, {"CPU": 1})
+
+    cluster.script("create_group", 1, winner)
     reservation = reserver(cluster).run()
-    assert [c.slice_name for c in reservation.claims] == ["v6e-16-1"]
-    workers = [g for g in cluster.groups if g.owner == "reserver" and len(g.bundles) > 1]
-    assert len(workers) == 1 and workers[0].nodes and "v6e-16-1" in workers[0].nodes[0]
-    assert len(cluster.live_groups("reserver")) == 2
+    assert names(reservation) == ["v6e-16-1"]
+    assert placements.hosts() & others_hosts(cluster) == set()
+    assert placements.on("v6e-16-0") == set()
+    assert all(g.nodes for g in cluster.live_groups("other"))  # the winner keeps its hold
+    assert cluster.live_groups("reserver") == [reservation.combined_pg]
 
 
 # --- TPU owners --------------------------------------------------------------------------
@@ -259,12 +406,14 @@ NOTEBOOK = "pid 4242 (python notebook.py)"
 
 def test_a_slice_whose_tpu_another_process_owns_is_given_back_and_another_taken() -> None:
     """Ray's resources say both slices are idle; a process outside Ray holds a TPU of the
-    first. Its head claim is given back, the second slice is taken, and the first shows
-    busy with the owner named from then on."""
+    first. Its group places but is removed once the hosts' answer names the owner, the
+    second slice is taken, and the first shows busy with the owner named from then on."""
     cluster = InMemoryCluster([("v6e", "4x4", 2)])
     cluster.own_tpu("v6e-16-0", 2, NOTEBOOK)
-    assert names(reserver(cluster).run()) == ["v6e-16-1"]
-    assert len(cluster.live_groups("reserver")) == 2
+    reservation = reserver(cluster).run()
+    assert names(reservation) == ["v6e-16-1"]
+    assert cluster.live_groups("reserver") == [reservation.combined_pg]
+    assert worker_nodes(cluster, reservation) == [f"v6e-16-1/{w}" for w in range(4)]
     view = cluster.snapshot(1).slices["v6e-16-0"]
     assert view.state.value == "busy"
     assert view.reason == f"1/4 hosts in use; host 2: TPU held by {NOTEBOOK}"

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from test_claim_pure import V6E, names, reserver
+from test_claim_pure import HEAD, V6E, Placements, names, others_hosts, reserver
 from tpuslice import claim
 from tpuslice.clock import Clock
 from tpuslice.errors import InsufficientSlicesError, QueueUnreachableError, ReservationTimeoutError
 from tpuslice.queue_book import Granted, Waiting
-from tpuslice.queue_service import QueueService, SliceKind, Ticket
+from tpuslice.queue_service import REPROBE_S, QueueService, SliceKind, Ticket
 from tpuslice.request import SliceRequest
 from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
 
@@ -139,8 +139,9 @@ def test_a_granted_slice_taken_meanwhile_requeues_in_the_same_place() -> None:
     first = cluster.take("v6e-16-0", 0, {"TPU": 4})
     second = cluster.take("v6e-16-1", 0, {"TPU": 4})
     cluster.script("sleep", 2, lambda: cluster.remove_group(first))
-    # The grant comes with the next poll; a non-queued user takes the slice first.
-    cluster.script("snapshot", 2, lambda: cluster.take("v6e-16-0", 2, {"TPU": 4}))
+    # The grant comes with the next ask; a non-queued user takes the slice before the
+    # claim (the grant's view still shows it idle).
+    cluster.script("start_owner_probe", 1, lambda: cluster.take("v6e-16-0", 2, {"TPU": 4}))
     cluster.script("sleep", 4, lambda: queue_of(cluster).enqueue(other("later")))
     cluster.script("sleep", 6, lambda: cluster.remove_group(second))
     assert names(reserver(cluster).run()) == ["v6e-16-1"]
@@ -180,11 +181,12 @@ def test_waiting_position_is_kept_for_the_message() -> None:
     assert isinstance(queue_of(cluster).book.poll("ahead"), Waiting)
 
 
-def test_without_a_queue_it_claims_as_before_and_says_so_once(
+def test_without_a_queue_it_claims_directly_and_says_so_once(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No queue: the old behaviour (a held head while waiting for the second slice),
-    and one warning for the process however many reservations wait."""
+    """No queue: it waits for the second slice by looking again (no arrival order), with
+    nothing placed meanwhile (the idle slice is only picked), takes both together, and
+    one warning is logged for the process however many reservations wait."""
     monkeypatch.setattr(claim, "_said_unreachable", [False])
     cluster = InMemoryCluster([("v6e", "4x4", 2)])
     busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
@@ -194,7 +196,7 @@ def test_without_a_queue_it_claims_as_before_and_says_so_once(
         busy = cluster.take("v6e-16-0", 0, {"TPU": 1})
         with pytest.raises(ReservationTimeoutError, match="holding 0 of 1"):
             reserver(cluster, head_reservation_timeout_s=0.2).run()
-    assert held == [1]  # waited holding the idle slice's head claim, as before
+    assert held == [0]  # waited with nothing placed, not even the idle slice's head
     warnings = [r for r in caplog.records if "without the cluster-wide queue" in r.message]
     assert len(warnings) == 1
 
@@ -281,8 +283,7 @@ def test_without_a_queue_a_range_still_holds_nothing_while_short() -> None:
 
 def test_a_stale_owner_record_does_not_keep_a_queued_request_waiting() -> None:
     """The slice shows busy only because of a recorded TPU owner that has since exited:
-    the queue never grants it, so the queued reservation asks the hosts again itself,
-    the record clears, and it is granted."""
+    the queue asks those hosts again itself, the record clears, and it is granted."""
     cluster = queued_cluster(1)
     cluster.own_tpu("v6e-16-0", 1, "pid 4242 (python notebook.py)")
     with pytest.raises(ReservationTimeoutError, match="TPU held by pid 4242"):
@@ -290,33 +291,43 @@ def test_a_stale_owner_record_does_not_keep_a_queued_request_waiting() -> None:
     cluster.own_tpu("v6e-16-0", 1, None)  # it exits; its record stays
     start = cluster.clock.t
     assert names(reserver(cluster, head_reservation_timeout_s=30.0).run()) == ["v6e-16-0"]
-    assert cluster.clock.t - start < claim.QUEUE_LOOK_S + claim.REPROBE_S + 1.0
+    assert cluster.clock.t - start < REPROBE_S + 1.0
 
 
 def test_granted_slices_are_placed_in_one_round() -> None:
-    """Slices the queue granted (no one who queues claims them meanwhile): heads and
-    workers are asked for together and waited for once."""
+    """Slices the queue granted are placed as one group (each slice's head in bundle 0
+    of its block), created once and waited for once, from the grant's own view."""
     cluster = queued_cluster(2)
     busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
     free_later(cluster, 2, busy)
     reservation = reserver(cluster, num_slices=2).run()
     assert names(reservation) == ["v6e-16-0", "v6e-16-1"]
-    assert cluster.calls["create_group"] == 3  # two heads, one worker group
+    assert cluster.calls["create_group"] == 1
     assert cluster.calls["wait_placed"] == 1
+    assert all(c.head_pg is None for c in reservation.claims)
+    assert cluster.live_groups("reserver") == [reservation.combined_pg]
 
 
-def test_a_grant_whose_head_was_taken_leaves_no_group_and_requeues() -> None:
-    """Granted, then someone outside the queue takes the head before our claim places:
-    the workers asked for with it are removed first, nothing of ours stays, and the
-    request waits again until another slice is granted."""
+def test_a_grant_whose_head_was_taken_leaves_no_group_and_requeues(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Granted, then someone outside the queue takes the head before our group places:
+    the group (which asks for the head in bundle 0) places nowhere and is removed, no
+    bundle of ours ever sits on the slice, and the request waits again until another
+    slice is granted."""
     cluster = queued_cluster(2)
+    placements = Placements(cluster, monkeypatch)
     first = cluster.take("v6e-16-0", 0, {"TPU": 4})
     second = cluster.take("v6e-16-1", 0, {"TPU": 4})
     cluster.script("sleep", 2, lambda: cluster.remove_group(first))
-    cluster.script("create_group", 1, lambda: cluster.take("v6e-16-0", 0, {"TPU-v6e-16-head": 1}))
+    cluster.script("create_group", 1, lambda: cluster.take("v6e-16-0", 0, {HEAD: 1}))
     free_later(cluster, 8, second)
-    assert names(reserver(cluster).run()) == ["v6e-16-1"]
-    assert len(cluster.live_groups("reserver")) == 2
+    reservation = reserver(cluster).run()
+    assert names(reservation) == ["v6e-16-1"]
+    assert placements.on("v6e-16-0") == set()
+    assert placements.hosts() & others_hosts(cluster) == set()
+    assert cluster.calls["create_group"] == 2  # the race happened: the lost grant, then the next
+    assert cluster.live_groups("reserver") == [reservation.combined_pg]
     assert tickets(cluster) == []
 
 
@@ -384,7 +395,7 @@ def test_a_requeue_keeps_the_place_against_a_decision_between_its_calls() -> Non
     place.join()
     queue.enqueue(other("later"))
     cluster.remove_group(busy)
-    assert place.poll() == Granted(("v6e-16-0",))
+    assert place.wait(0.0) == Granted(("v6e-16-0",))
     place.requeue()
     assert isinstance(queue.poll("later"), Waiting)
-    assert place.poll() == Granted(("v6e-16-0",))
+    assert place.wait(0.0) == Granted(("v6e-16-0",))

@@ -288,7 +288,7 @@ def test_a_driver_whose_queue_was_killed_for_good_finds_a_new_one(
     old_pid = ray.get(queue.handle.pid.remote())
     ray.kill(queue.handle, no_restart=True)
     with pytest.raises(QueueUnreachableError):
-        wait_for(lambda: queue.poll("no-such-ticket") and None, timeout=30, what="its death")
+        wait_for(lambda: queue.wait("no-such-ticket", 0.0) and None, timeout=30, what="its death")
     again = queue_actor.slice_queue()
-    assert isinstance(again.poll("no-such-ticket"), Unknown)
+    assert isinstance(again.wait("no-such-ticket", 0.0), Unknown)
     assert ray.get(again.handle.pid.remote()) != old_pid

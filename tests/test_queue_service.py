@@ -104,6 +104,7 @@ def test_a_stale_record_describes_no_queue() -> None:
     cluster.take("v6e-16-0", 0, {"TPU": 4})
     world = World(cluster)
     world.service.enqueue(ticket("a"))
+    world.service.decide()
     record = world.records[-1]
     assert [r.ticket for r in record.waiting_for("v6e-16 4x4", now=1.0)] == ["a"]
     assert record.waiting_for("v6e-16 4x4", now=100.0) == []
@@ -119,10 +120,11 @@ def test_a_restarted_service_keeps_the_places_of_its_last_record() -> None:
     old = World(cluster)
     first = old.service.enqueue(ticket("first"))
     second = old.service.enqueue(ticket("second", job="j2"))
+    old.service.decide()
     last = QueueRecord.from_json(old.records[-1].to_json())  # as read back from the KV
     new = World(cluster)
     new.service.expect(last.requests)
-    assert [(r.ticket, r.who) for r in new.records[-1].requests] == [
+    assert [(r.ticket, r.who) for r in new.service.record().requests] == [
         ("first", "pid first"),
         ("second", "pid second"),
     ]

@@ -44,10 +44,12 @@ def test_reserve_ready_shutdown(tpu_cluster: SimulatedCluster) -> None:
         assert spg.slice_names[0] in V4_SLICES
         assert spg.num_hosts == 2 and spg.num_bundles == 2 and spg.chips_per_host == 4
         assert spg.wait_ready(timeout=10)
-        assert len(spg.head_placement_groups) == 1
+        # The head is claimed by bundle 0 of the worker group, not by a group of its own.
+        assert spg.head_placement_groups == []
         assert spg.bundle_resources == {"CPU": 1, "TPU": 4}
         info = tpuslice.read_snapshot().slices[spg.slice_names[0]]
         assert info.state is tpuslice.SliceState.BUSY
+        assert info.hosts[0].head_free is False
     finally:
         spg.shutdown()
     spg.shutdown()  # idempotent
@@ -59,7 +61,8 @@ def test_reserve_ready_shutdown(tpu_cluster: SimulatedCluster) -> None:
 def test_context_manager_gives_the_slice_back(tpu_cluster: SimulatedCluster) -> None:
     with tpuslice.slice_placement_group("4x4", "v6e") as spg:
         assert spg.slice_names == ["v6e-16-a"]
-        assert len(live_placement_groups()) == 2  # head + workers
+        (group,) = live_placement_groups()  # one group: the head is in bundle 0
+        assert group["bundles"][0]["TPU-v6e-16-head"] == 1
     wait_for(lambda: not live_placement_groups(), what="groups removed")
 
 
@@ -111,12 +114,13 @@ def test_pg_per_slice(tpu_cluster: SimulatedCluster) -> None:
             _ = spg.slice_placement_group
         seen = run_everywhere(spg)
         spg.release_head_pgs(slice_index=0)
-        assert len(spg.head_placement_groups) == 1
-        spg.release_head_pgs()
         spg.release_head_pgs()
         assert spg.head_placement_groups == []
         with pytest.raises(ValueError, match="Invalid slice_index"):
             spg.release_head_pgs(slice_index=2)
+        # Each slice's head stays claimed by bundle 0 of its group until the shutdown.
+        slices = tpuslice.read_snapshot().slices
+        assert [slices[name].hosts[0].head_free for name in spg.slice_names] == [False] * 2
     assert [s["TPU_WORKER_ID"] for s in seen] == ["0", "1", "0", "1"]
 
 

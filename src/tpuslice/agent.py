@@ -55,6 +55,9 @@ PROBE_TIMEOUT_S = 60.0
 GRACE_S = 2.0
 """How long an owner may take to exit after SIGTERM before it gets SIGKILL."""
 RELEASE_TIMEOUT_S = 15.0
+START_WAIT_S = 1.0
+"""How long a reservation waits for an agent not yet known to be up (it may be
+starting) before it counts that host's TPU as free."""
 FRESH_S = 2.0
 """How long this driver trusts its own finding that a host's TPU is free (from a probe
 or a hand-back) before a reservation asks that host again. Back-to-back jobs in one
@@ -207,10 +210,14 @@ _handles: dict[str, Any] = {}
 _handles_lock = threading.Lock()
 _free_at: dict[str, float] = {}
 """Node id -> when this driver last saw its TPU free (monotonic seconds)."""
+_up: set[str] = set()
+"""Nodes whose agents have answered this process: they are up."""
 
 
 def _note(node: str, owner: object) -> None:
-    """Remember when a host was seen free; forget it as soon as it was seen owned."""
+    """Remember that the node's agent answered, and when its host was seen free (forget
+    that as soon as it was seen owned)."""
+    _up.add(node)
     if owner is None:
         _free_at[node] = time.monotonic()
     else:
@@ -300,9 +307,15 @@ def start_probe(
     """Ask each node's agent who owns its TPU, without waiting yet. A host this driver saw
     free within :data:`FRESH_S` (its own probe or hand-back) is not asked again.
 
+    An agent that has not answered this process before may still be starting (the first
+    reservations on a fresh cluster start them): it gets :data:`START_WAIT_S`, and if it
+    has not answered by then its TPU counts as free. Its record joins the cluster view
+    once it is up, and a process it would have named is met by the first call instead,
+    as a :class:`~tpuslice.errors.TPUInUseError` naming it.
+
     Args:
         node_ids: The hosts to ask.
-        timeout_s: Bound on the wait when the answers are asked for.
+        timeout_s: Bound on the wait for agents known to be up.
 
     Returns:
         A function that waits (bounded) and returns, per node, the owner described, or
@@ -316,12 +329,14 @@ def start_probe(
         found: dict[str, str | None] = dict.fromkeys(node_ids)  # seen free just now
         if not refs:
             return found
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-        done = set(ready)
+        done = _wait_for(refs, timeout_s)
         for node, ref in refs.items():
             found[node] = None
             if ref not in done:
-                logger.warning("TPU agent on node %s did not answer; assuming free", node[:12])
+                if node in _up:
+                    logger.warning("TPU agent on node %s did not answer; assuming free", node[:12])
+                else:
+                    logger.info("TPU agent on node %s is starting; TPU not checked", node[:12])
                 continue
             try:
                 data = ray.get(ref)
@@ -335,6 +350,20 @@ def start_probe(
         return found
 
     return answers
+
+
+def _wait_for(refs: Mapping[str, Any], timeout_s: float) -> set[Any]:
+    """The refs answered: every agent gets :data:`START_WAIT_S`; those that answered this
+    process before get up to ``timeout_s`` in all."""
+    started = time.monotonic()
+    pending = list(refs.values())
+    ready, pending = ray.wait(pending, num_returns=len(pending), timeout=START_WAIT_S)
+    known = [refs[n] for n in refs if n in _up and refs[n] in pending]
+    if known:
+        rest = max(0.0, timeout_s - (time.monotonic() - started))
+        more, _ = ray.wait(known, num_returns=len(known), timeout=rest)
+        ready = [*ready, *more]
+    return set(ready)
 
 
 def release_tpus(

@@ -1,9 +1,12 @@
 """The claiming loop behind :class:`~tpuslice.reserve.SlicePlacementGroup`.
 
-Look at the cluster, claim every idle whole slice still needed (all at once: a head group
-on worker 0's head resource, pinned by label), then place every worker group together.
-A slice whose groups do not place within a short bound (someone took a host meanwhile)
-is given back and another tried. Any failure or interrupt removes everything made so far.
+Look at the cluster, pick every idle whole slice still needed, then place one worker
+group for them all (or one per slice) in one round: bundle *i* is pinned by label to
+worker *i* of its slice, and each slice's bundle 0 also holds worker 0's
+``TPU-<podtype>-head`` resource, the claim other reservers (Ray's own included) respect.
+A group is placed whole or not at all, so a slice someone takes meanwhile leaves nothing
+of ours on it: the group does not place within a short bound, the slice is given back,
+and another tried. Any failure or interrupt removes everything made so far.
 
 When the request cannot be met at once, or others already wait for its kind of slice,
 it waits in the cluster-wide queue (:mod:`tpuslice.queue_actor`) and claims exactly the
@@ -47,14 +50,16 @@ POLL_S = (0.05, 0.5)
 REPROBE_S = 2.0
 """How often a waiting reservation re-asks about slices busy only by a TPU owner record."""
 QUEUE_POLL_S = 0.05
-"""Pause between asks of the queue while waiting in it."""
+"""Pause between asks of a queue that answers at once (in memory, or not answering)."""
 QUEUE_LOOK_S = 1.0
-"""While queued, how often the cluster itself is read (autoscaler demand, impossibility)."""
+"""While queued on a cluster that can grow, how often the cluster itself is read (to
+keep the autoscaler's demand)."""
 QUEUE_GRACE_S = 20.0
 """How long a queued reservation keeps asking a queue that stopped answering (Ray
 restarts a dead queue in a few seconds) before it claims directly instead."""
 PROGRESS_S = 10.0
-"""While queued, how often the log says where the reservation stands."""
+"""While queued, how long the queue may hold one ask; then the log says where the
+reservation stands, and it asks again."""
 _said_unreachable: list[bool] = [False]
 
 
@@ -111,8 +116,6 @@ class Reserver:
         self.claims: dict[int, Claim] = {}
         self.in_flight: list[PlacementGroup] = []
         """Groups created but not yet recorded in a claim: removed too if we stop."""
-        self.pending_heads: list[Claim] = []
-        """Claims whose head groups were asked for with the workers, not yet seen placed."""
         self._next_reprobe = 0.0
         self.demand: AutoscalerDemand | None = None
         self._can_grow: bool | None = None
@@ -156,12 +159,15 @@ class Reserver:
                 granted = None
                 if self.place is not None:
                     granted = self._wait_for_grant(deadline, started)
-                snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
+                if granted is not None and granted.view:
+                    snapshot = ClusterSnapshot({s.name: s for s in granted.view})
+                else:
+                    snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
                 snapshot = self.targets.prepare(snapshot)
                 self._drop_broken(snapshot)
                 if granted is not None:
-                    self._fix_count(len(granted))
-                    self._claim(_only(snapshot, granted), together=True)
+                    self._fix_count(len(granted.slices))
+                    self._claim(_only(snapshot, granted.slices))
                     if len(self.claims) < self.plan.num_slices:
                         self._requeue("a granted slice was taken meanwhile")
                         self._check_deadline(deadline, snapshot, started)
@@ -265,24 +271,32 @@ class Reserver:
         self.place = place
         self._give_back_all()
 
-    def _wait_for_grant(self, deadline: float | None, started: float) -> tuple[str, ...] | None:
-        """Poll the queue until it grants slices (returned); ``None`` if the queue
-        stopped answering and the reservation falls back to claiming directly. Reads
-        the cluster now and then: to fail at once if the request became impossible, to
-        have hosts busy only by a TPU owner record asked again (the queue grants only
-        slices that show idle), and to keep the autoscaler's demand. Raises at the
-        deadline."""
+    def _wait_for_grant(self, deadline: float | None, started: float) -> Granted | None:
+        """Ask the queue until it grants slices (returned); ``None`` if the queue stopped
+        answering and the reservation falls back to claiming directly. Each ask is held
+        by the queue until the grant, the deadline, or :data:`PROGRESS_S` (then the log
+        says where the reservation stands). The cluster is read only when the queue says
+        the request can never be met (to say why, or to wait for the autoscaler), and,
+        on a cluster that can grow, every :data:`QUEUE_LOOK_S` to keep the autoscaler's
+        demand. Raises at the deadline."""
         assert self.place is not None
-        next_look = self.clock.now() + QUEUE_LOOK_S
-        next_progress = self.clock.now() + PROGRESS_S
         lost_at: float | None = None
+        growing = self.targets.autoscaling and self.can_grow()
+        if growing:  # the autoscaler sees the demand from the start
+            self._follow_demand(self.targets.prepare(self._read()))
         while True:
+            now = self.clock.now()
+            if deadline is not None and now >= deadline:
+                raise self._timeout_error(self._read(), started)
+            hold = QUEUE_LOOK_S if growing else PROGRESS_S
+            if deadline is not None:
+                hold = min(hold, deadline - now)
             try:
-                answer: Answer | None = self.place.poll()
+                answer: Answer | None = self.place.wait(hold)
                 lost_at = None
             except QueueUnreachableError as exc:
                 # It may be restarting: keep asking for a while before giving up on it.
-                lost_at = self.clock.now() if lost_at is None else lost_at
+                lost_at = now if lost_at is None else lost_at
                 if self.clock.now() - lost_at >= QUEUE_GRACE_S:
                     place, self.place = self.place, None
                     _quietly(place.leave)
@@ -290,27 +304,24 @@ class Reserver:
                     return None
                 answer = None
             if isinstance(answer, Granted):
-                return answer.slices
-            now = self.clock.now()
-            if isinstance(answer, Never) or now >= next_look:
-                next_look = now + QUEUE_LOOK_S
-                snapshot = self.targets.prepare(self.ops.snapshot(self.plan.tpu_resource_per_chip))
+                return answer
+            if isinstance(answer, Never) or growing:
+                snapshot = self.targets.prepare(self._read())
                 self._check_possible(snapshot)
-                self._reprobe_owned(snapshot)
                 self._follow_demand(snapshot)
-            if now >= next_progress and isinstance(answer, Waiting):
-                next_progress = now + PROGRESS_S
+            if isinstance(answer, Waiting) and self.clock.now() - now >= hold:
                 logger.info(
                     "waiting %.0f s for %s: %s",
-                    now - started,
+                    self.clock.now() - started,
                     self.plan.describe(),
                     self.place.describe(),
                 )
-            if deadline is not None and now >= deadline:
-                snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
-                raise self._timeout_error(snapshot, started)
-            wait = QUEUE_POLL_S if deadline is None else min(QUEUE_POLL_S, deadline - now)
-            self.clock.sleep(max(0.0, wait))
+            if self.clock.now() - now < QUEUE_POLL_S:
+                # Answered at once (a queue in memory, or one not answering): pause.
+                self.clock.sleep(QUEUE_POLL_S)
+
+    def _read(self) -> ClusterSnapshot:
+        return self.ops.snapshot(self.plan.tpu_resource_per_chip)
 
     def _requeue(self, why: str) -> None:
         """Give the granted slices back and wait again in the same place."""
@@ -355,43 +366,31 @@ class Reserver:
                 self.ops.remove_group(claim.head_pg)
                 del self.claims[index]
 
-    def _claim(self, snapshot: ClusterSnapshot, *, together: bool = False) -> None:
-        """Claim every idle slice we still need, all at once; keep those that place and
-        whose TPUs no process owns (asked of the hosts while the heads place)."""
+    def _claim(self, snapshot: ClusterSnapshot) -> None:
+        """Take every idle slice we still need, asking their hosts who owns their TPUs
+        (answered while the group places; checked once it placed). Nothing is placed
+        here: :meth:`_place_workers` places them all in one round, their heads in bundle
+        0 of each. Only ``reserve_tpu_slice`` (``heads_only``) places head groups, and
+        keeps those that place."""
         picks = self.targets.pick(snapshot, {i: c.slice_name for i, c in self.claims.items()})
         if not picks:
             self._reprobe_owned(snapshot)
             return
-        # Answered while the heads and then the workers place; checked once all placed.
         probe = functools.cache(
             self.ops.start_owner_probe(
                 [h.node_id for target in picks.values() for h in target.hosts.values()]
             )
         )
         fresh = [Claim(index, target, owners=probe) for index, target in picks.items()]
-        if self.targets.head_claims:
+        if not self.heads_only:
             for claim in fresh:
-                claim.head_pg = self._head_group(claim.target)
-                self.in_flight.append(claim.head_pg)
-            if (
-                together
-                and not self.heads_only
-                and len(self.claims) + len(fresh) == self.plan.num_slices
-            ):
-                # Slices the queue granted us (no one who queues claims them meanwhile):
-                # their workers are asked for at once, and the heads waited for with
-                # them, one placement round, not two. Slices picked without the queue
-                # wait for their heads first, so a loser of a race for a slice never
-                # places workers on the winner's hosts.
-                for claim in fresh:
-                    self.claims[claim.index] = claim
-                self.pending_heads = list(fresh)
-                self.in_flight = []
-                return
-            placed = self.ops.wait_placed(self.in_flight, CLAIM_BOUND_S)
-            self.in_flight = []
-        else:
-            placed = [True] * len(fresh)
+                self.claims[claim.index] = claim
+            return
+        for claim in fresh:
+            claim.head_pg = self._head_group(claim.target)
+            self.in_flight.append(claim.head_pg)
+        placed = self.ops.wait_placed(self.in_flight, CLAIM_BOUND_S)
+        self.in_flight = []
         for claim, ok in zip(fresh, placed, strict=True):
             if ok:
                 self.claims[claim.index] = claim
@@ -493,54 +492,45 @@ class Reserver:
         )
 
     def _place_workers(self) -> Reservation | None:
-        """Create every worker group at once and wait for them (with any head claims
-        still pending); ``None`` (and claims dropped) if a head was taken, or a slice
-        could not be placed within the bound because someone took one of its hosts."""
+        """Create every worker group at once and wait for them; ``None`` (and the
+        slices someone else took given back) if they did not place within the bound."""
         claims = [self.claims[i] for i in sorted(self.claims)]
-        heads = [c.head_pg for c in self.pending_heads if c.head_pg is not None]
-        pending, self.pending_heads = self.pending_heads, []
         if self.plan.pg_per_slice:
             for claim in claims:
                 claim.worker_pg = self._worker_group([claim], f"_slice_{claim.index}")
             groups = [c.worker_pg for c in claims if c.worker_pg]
-            placed = self.ops.wait_placed([*heads, *groups], CLAIM_BOUND_S)
+            self.in_flight = list(groups)  # until the caller has checked the TPU owners too
+            placed = self.ops.wait_placed(groups, CLAIM_BOUND_S)
             if all(placed):
                 return Reservation(claims, plan=self.plan)
             for claim in claims:  # the workers go first: a claim given back no longer has them
                 self.ops.remove_group(claim.worker_pg)
                 claim.worker_pg = None
-            lost = self._lost_heads(pending, placed[: len(heads)])
-            for claim, ok in zip(claims, placed[len(heads) :], strict=True):
-                if not ok and claim.index not in lost:
-                    self._give_back(claim)
+            self.in_flight = []
+            self._give_back_busy([c for c, ok in zip(claims, placed, strict=True) if not ok])
             return None
         combined = self._worker_group(claims, "")
         self.in_flight = [combined]  # until the caller has checked the TPU owners too
-        placed = self.ops.wait_placed([*heads, combined], CLAIM_BOUND_S)
-        if all(placed):
+        if all(self.ops.wait_placed([combined], CLAIM_BOUND_S)):
             return Reservation(claims, combined, self.plan)
         self.ops.remove_group(combined)
         self.in_flight = []
-        lost = self._lost_heads(pending, placed[: len(heads)])
-        self._give_back_busy([c for c in claims if c.index not in lost])
+        self._give_back_busy(claims)
         return None
 
-    def _lost_heads(self, pending: Sequence[Claim], placed: Sequence[bool]) -> set[int]:
-        """Give back the claims whose head group did not place (taken meanwhile)."""
-        lost = set()
-        for claim, ok in zip(pending, placed, strict=True):
-            if not ok:
-                logger.info("head of %s was taken meanwhile; trying another", claim.slice_name)
-                self._give_back(claim)
-                lost.add(claim.index)
-        return lost
-
     def _worker_group(self, claims: Sequence[Claim], suffix: str) -> PlacementGroup:
+        """One group for these slices: each host's bundles pinned to it by label, and,
+        for a slice claimed through its head with no head group of its own, the head
+        resource in its bundle 0 (worker 0's first bundle)."""
         bundles: list[dict[str, float]] = []
         selectors: list[dict[str, str]] = []
+        head = self.plan.shape.head_resource
         for claim in claims:
             selectors += self.plan.worker_selectors(claim.index, claim.target)
-            bundles += [dict(self.plan.bundle_resources)] * self.plan.bundles_per_slice
+            block = [dict(self.plan.bundle_resources) for _ in range(self.plan.bundles_per_slice)]
+            if self.targets.head_claims and claim.head_pg is None:
+                block[0][head] = 1.0
+            bundles += block
         name = f"{self.plan.name}{suffix}" if self.plan.name else ""
         return self.ops.create_group(
             bundles,
@@ -556,13 +546,13 @@ class Reserver:
         self.claims.pop(claim.index, None)
 
     def _give_back_busy(self, claims: Sequence[Claim]) -> None:
-        """After a combined group failed to place: drop the slices whose TPUs are no
-        longer all free (someone else took a host); keep the rest for the next round."""
+        """After a group failed to place: drop the slices someone else took meanwhile
+        (a host gone, dead or in use); keep the rest for the next round."""
         now = _hosts(self.ops.snapshot(self.plan.tpu_resource_per_chip))
         for claim in claims:
-            hosts = [now.get(h.node_id) for h in claim.target.hosts.values()]
-            # TPUs and owners only: our own head claim is still held on worker 0.
-            if any(_taken(h) for h in hosts):
+            # A head held by a group of our own (adopted demand) is not someone else's.
+            ours = claim.head_pg is not None
+            if any(_taken(now.get(h.node_id), ours) for h in claim.target.hosts.values()):
                 self._give_back(claim)
 
     def _check_possible(self, snapshot: ClusterSnapshot) -> None:
@@ -630,8 +620,10 @@ def _hosts(snapshot: ClusterSnapshot) -> dict[str, HostInfo]:
     return {h.node_id: h for info in snapshot.slices.values() for h in info.hosts.values()}
 
 
-def _taken(host: HostInfo | None) -> bool:
-    """Gone, dead, some TPU in use, or the TPU owned by a process."""
+def _taken(host: HostInfo | None, own_head: bool = False) -> bool:
+    """Gone, dead, some TPU in use, its head in use (unless ``own_head``: we hold it), or
+    the TPU owned by a process."""
     if host is None or not host.alive:
         return True
-    return host.tpu_available < host.tpu_total or bool(host.tpu_owner)
+    head_taken = host.head_free is False and not own_head
+    return host.tpu_available < host.tpu_total or head_taken or bool(host.tpu_owner)

@@ -76,9 +76,6 @@ def reservation_ended(
         kind, slices=tuple(slices), what=what, seconds=wait_s, outcome=outcome, detail=detail
     )
     metrics.reservation_ended(shape, outcome, wait_s)
-    from tpuslice.queue_actor import start_in_background
-
-    start_in_background()  # the queue actor reports the cluster's gauges
 
 
 @_never_raises

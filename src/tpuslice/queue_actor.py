@@ -1,10 +1,11 @@
 """The cluster-wide queue on Ray: one named detached actor, and the drivers' handle to it.
 
 The actor (``tpuslice-queue`` in namespace ``tpuslice``, on the head node, restarted by
-Ray if it dies) runs a :class:`~tpuslice.queue_service.QueueService` over the live
-cluster and publishes its record to Ray's KV store. Drivers reach it through
-:class:`RayQueue`; when it cannot be reached they reserve as before (the claiming loop
-logs that once per process), so a cluster without it still works.
+Ray if it dies) is an async actor running a :class:`~tpuslice.queue_runner.QueueRunner`
+over the live cluster: a driver's ask is held until its ticket is granted, decisions are
+made when something changes, and each decision's record goes to Ray's KV store. Drivers
+reach it through :class:`RayQueue`; when it cannot be reached they reserve as before
+(the claiming loop logs that once per process), so a cluster without it still works.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import atexit
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +26,7 @@ from tpuslice.errors import QueueUnreachableError
 from tpuslice.metrics import ClusterReporter
 from tpuslice.queue_book import LEASE_S, Answer
 from tpuslice.queue_record import QUEUE_KEY, QUEUE_NAMESPACE, QueueRecord
+from tpuslice.queue_runner import QueueRunner
 from tpuslice.queue_service import QueueService, Ticket
 
 logger = logging.getLogger(__name__)
@@ -32,25 +34,90 @@ logger = logging.getLogger(__name__)
 NAME = "tpuslice-queue"
 NAMESPACE = QUEUE_NAMESPACE
 CALL_TIMEOUT_S = 10.0
-"""How long a driver waits for the queue to answer (it may be starting or restarting)."""
+"""How long a driver waits for the queue to answer (it may be starting or restarting),
+beyond the time it asked the queue to hold the call."""
+MAX_ASKS = 100_000
+"""Calls the actor may hold at once (each waiter holds one)."""
 HEAD_NODE_RESOURCE = "node:__internal_head__"
 """The resource Ray gives the head node only; the queue asks for a sliver of it, so it
 does not live (and die) on a TPU host."""
 
 
-class SliceQueueActor(QueueService):
-    """The queue actor's body: a :class:`QueueService` over the live cluster, publishing
+class SliceQueueActor:
+    """The queue actor's body: a :class:`QueueRunner` over the live cluster, publishing
     to Ray's KV store, learning of dead drivers from Ray's job table. Restarted, it keeps
     the places of the waiters its last record lists, while they come back."""
 
     def __init__(self) -> None:
-        super().__init__(read_snapshot, publish=_publish, dead_jobs=_ray.dead_jobs)
+        service = QueueService(read_snapshot, dead_jobs=_ray.dead_jobs, reprobe=_reprobe)
         last = read_queue_record()  # by an earlier life of this actor
         if last is not None and time.time() - last.at < LEASE_S:
-            self.expect(last.requests)
+            service.expect(last.requests)
+        self.runner = QueueRunner(service, publish=_publish)
         self._reporter = ClusterReporter(read_snapshot).start()  # the cluster's gauges
 
-    def pid(self) -> int:
+    async def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
+        """See :meth:`QueueRunner.enqueue`.
+
+        Args:
+            ticket: The request.
+            arrival: Its original arrival number.
+
+        Returns:
+            Its arrival number.
+        """
+        return await self.runner.enqueue(ticket, arrival)
+
+    async def wait(self, ticket: str, timeout_s: float) -> Answer:
+        """See :meth:`QueueRunner.wait`.
+
+        Args:
+            ticket: The ticket.
+            timeout_s: How long to hold the call at most.
+
+        Returns:
+            The answer.
+        """
+        return await self.runner.wait(ticket, timeout_s)
+
+    async def claimed(self, ticket: str) -> None:
+        """See :meth:`QueueRunner.claimed`.
+
+        Args:
+            ticket: The ticket.
+        """
+        await self.runner.claimed(ticket)
+
+    async def leave(self, ticket: str) -> None:
+        """See :meth:`QueueRunner.leave`.
+
+        Args:
+            ticket: The ticket.
+        """
+        await self.runner.leave(ticket)
+
+    async def released(self, slices: Sequence[str]) -> None:
+        """See :meth:`QueueRunner.released`.
+
+        Args:
+            slices: Their names.
+        """
+        await self.runner.released(slices)
+
+    async def counts(self) -> dict[str, int]:
+        """How busy the queue has been (for benchmarks).
+
+        Returns:
+            ``calls`` from drivers, ``decisions`` and cluster ``reads`` so far.
+        """
+        runner = self.runner
+        return {
+            "calls": runner.calls,
+            "decisions": runner.decisions,
+            "reads": runner.service.reads,
+        }
+
+    async def pid(self) -> int:
         """This process's id (tests kill it to see the queue come back).
 
         Returns:
@@ -65,7 +132,13 @@ def _publish(record: QueueRecord) -> None:
     _ray.kv_put(QUEUE_KEY, record.to_json(), NAMESPACE)
 
 
-_remote_queue = ray.remote(num_cpus=0, max_restarts=-1)(SliceQueueActor)
+def _reprobe(node_ids: Sequence[str]) -> None:
+    from tpuslice.agent import start_probe  # the agents build on the queue's siblings
+
+    start_probe(node_ids)()
+
+
+_remote_queue = ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=MAX_ASKS)(SliceQueueActor)
 
 
 class RayQueue:
@@ -96,11 +169,13 @@ class RayQueue:
         number: int = self._get(self.handle.enqueue.remote(ticket, arrival))
         return number
 
-    def poll(self, ticket: str) -> Answer:
-        """Where a ticket stands (renews its lease).
+    def wait(self, ticket: str, timeout_s: float) -> Answer:
+        """Where a ticket stands, once granted (or never grantable), or after at most
+        ``timeout_s``; asking renews its lease.
 
         Args:
             ticket: The ticket.
+            timeout_s: How long the actor may hold the call.
 
         Returns:
             The answer.
@@ -108,7 +183,9 @@ class RayQueue:
         Raises:
             QueueUnreachableError: the queue did not answer.
         """
-        answer: Answer = self._get(self.handle.poll.remote(ticket))
+        answer: Answer = self._get(
+            self.handle.wait.remote(ticket, timeout_s), timeout_s + CALL_TIMEOUT_S
+        )
         return answer
 
     def claimed(self, ticket: str) -> None:
@@ -127,9 +204,17 @@ class RayQueue:
         """
         self.handle.leave.remote(ticket)
 
-    def _get(self, ref: Any) -> Any:
+    def released(self, slices: Sequence[str]) -> None:
+        """A hand-back ended (not waited for).
+
+        Args:
+            slices: Their names.
+        """
+        self.handle.released.remote(list(slices))
+
+    def _get(self, ref: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
         try:
-            return ray.get(ref, timeout=CALL_TIMEOUT_S)
+            return ray.get(ref, timeout=timeout_s)
         except ray.exceptions.RayActorError as exc:
             _forget(self)  # dead for good (killed, or past its restarts): look again next time
             raise QueueUnreachableError(f"the slice queue is gone: {exc}") from exc
@@ -170,6 +255,28 @@ def slice_queue() -> RayQueue:
         _handle = RayQueue(handle)
         _handle_cluster[0] = _cluster_id()
         return _handle
+
+
+def notify_released(slices: Sequence[str]) -> None:
+    """Tell the cluster's queue, if one runs, that a hand-back of these slices ended, so
+    it decides now rather than at its next periodic look. Best effort (not waited for;
+    never starts a queue; a queue that misses it sees the slices at that look).
+
+    Args:
+        slices: The slices handed back.
+    """
+    if not slices or not ray.is_initialized():
+        return
+    with _lock:
+        queue = _handle if _handle is not None and _handle_is_current() else None
+    try:
+        if queue is None:
+            queue = RayQueue(ray.get_actor(NAME, namespace=NAMESPACE))
+        queue.released(slices)
+    except ValueError:  # no queue on this cluster: no one waits
+        return
+    except (ray.exceptions.RayError, ConnectionError) as exc:
+        logger.debug("could not tell the slice queue of a hand-back: %s", exc)
 
 
 def _forget(queue: RayQueue) -> None:

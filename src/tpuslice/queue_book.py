@@ -1,8 +1,10 @@
-"""The cluster-wide queue's bookkeeping (issue 15), pure: tickets, leases, grants.
+"""The cluster-wide queue's bookkeeping, pure: tickets, leases, grants.
 
-The queue actor will hold one :class:`QueueBook` and call :meth:`QueueBook.decide` with
-what the cluster shows. A waiting driver polls its ticket; each poll renews its lease, and
-a ticket not polled for ``lease_s`` leaves the queue with any grant (its driver is gone).
+The queue actor holds one :class:`QueueBook` and calls :meth:`QueueBook.decide` with
+what the cluster shows. A waiting driver asks about its ticket (a long call that the
+actor answers when the ticket is granted); each ask renews the ticket's lease, as does
+every decision while the ask is held, and a ticket not renewed for ``lease_s`` leaves the
+queue with any grant (its driver is gone).
 A grant names the slices the driver may claim; until it reports them claimed they are no
 one else's. Arrival numbers are wall-clock nanoseconds, so after the queue restarts with
 an empty book, a driver whose ticket is unknown enqueues again with its original number
@@ -18,11 +20,15 @@ The policy itself (who gets what) is :func:`tpuslice.schedule.decide`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from tpuslice.errors import InvalidArgumentError
 from tpuslice.schedule import Holding, Waiter, decide, queue_order
+
+if TYPE_CHECKING:
+    from tpuslice.cluster import SliceInfo
 
 LEASE_S = 10.0
 """A waiter that has not polled for this long has left (its driver hangs or died; the
@@ -56,9 +62,12 @@ class Granted:
 
     Attributes:
         slices: The slice names, lowest first.
+        view: The slices as the queue's decision saw them, so the claimant need not read
+            the cluster again (empty when the queue did not attach them).
     """
 
     slices: tuple[str, ...]
+    view: tuple[SliceInfo, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,18 @@ class QueueBook:
         if entry is not None and not entry.rejoining:
             entry.seen = self.clock()
         return self.poll_quietly(ticket)
+
+    def touch(self, tickets: Iterable[str]) -> None:
+        """Renew the leases of tickets whose drivers are waiting on an ask right now.
+
+        Args:
+            tickets: The tickets.
+        """
+        now = self.clock()
+        for ticket in tickets:
+            entry = self._entries.get(ticket)
+            if entry is not None and not entry.rejoining:
+                entry.seen = now
 
     def poll_quietly(self, ticket: str) -> Answer:
         """Where a ticket stands, without renewing its lease (for status).

@@ -62,8 +62,13 @@ class QueuePlace:
         """
         self.arrival = self.queue.enqueue(self.ticket, self.arrival)
 
-    def poll(self) -> Answer:
-        """Where the ticket stands; a ticket the queue forgot is enqueued again.
+    def wait(self, timeout_s: float) -> Answer:
+        """Where the ticket stands once it is granted or can never be, or after at most
+        ``timeout_s`` (the queue holds the call; a queue in memory answers at once). A
+        ticket the queue forgot is enqueued again, keeping its arrival number.
+
+        Args:
+            timeout_s: How long the queue may hold the call.
 
         Returns:
             The answer (never :class:`~tpuslice.queue_book.Unknown`).
@@ -71,11 +76,11 @@ class QueuePlace:
         Raises:
             QueueUnreachableError: the queue did not answer.
         """
-        answer = self.queue.poll(self.ticket.ticket)
+        answer = self.queue.wait(self.ticket.ticket, timeout_s)
         if isinstance(answer, Unknown):
             logger.info("the slice queue lost ticket %s; queueing again", self.ticket.ticket)
             self.join()
-            answer = self.queue.poll(self.ticket.ticket)
+            answer = self.queue.wait(self.ticket.ticket, 0.0)
         if isinstance(answer, Waiting) and answer != self.last:
             logger.debug("queued for %s: position %d", self.ticket.kind.key, answer.position)
         self.last = answer

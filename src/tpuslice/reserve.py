@@ -36,6 +36,7 @@ from tpuslice.labels import SLICE_NAME_LABEL, CallEnv
 from tpuslice.notices import Notice
 from tpuslice.owners import SliceOwnership
 from tpuslice.plan import ReservationPlan
+from tpuslice.queue_actor import notify_released, start_in_background
 from tpuslice.request import SliceRequest
 from tpuslice.spares import SPARES
 from tpuslice.targets import Targets
@@ -170,6 +171,9 @@ class SlicePlacementGroup(ShutsDownOnExit):
                 "Ray is not initialised: call ray.init(address=...) before reserving slices "
                 "(or use tpuslice.testing.SimulatedCluster)"
             )
+        # The cluster's queue (which also reports the cluster's gauges) starts off this
+        # path, so that on a fresh cluster it is up by the time anyone has to wait.
+        start_in_background()
         asked = time.monotonic()
         try:
             self._reservation = Reserver(request, clock=clock, targets=targets).run()
@@ -239,6 +243,9 @@ class SlicePlacementGroup(ShutsDownOnExit):
 
     @property
     def head_placement_groups(self) -> list[PlacementGroup]:
+        """Head claims held as groups of their own: none, as a rule. Ray 2.60 makes one
+        per slice; tpuslice holds each slice's head resource in bundle 0 of its worker
+        group (one placement round), so it stays claimed until :meth:`shutdown`."""
         return [c.head_pg for c in self._reservation.claims if c.head_pg is not None]
 
     @property
@@ -323,7 +330,10 @@ class SlicePlacementGroup(ShutsDownOnExit):
         return all(wait_all(list(groups.values()), timeout if timeout is not None else 1e9))
 
     def release_head_pgs(self, slice_index: int | None = None) -> None:
-        """Remove the head claims (all, or one slice's). Idempotent.
+        """Remove the head claims held as groups of their own (all, or one slice's).
+        Idempotent. A head held in bundle 0 of the worker group (the rule, see
+        :attr:`head_placement_groups`) stays claimed until :meth:`shutdown`: freeing it
+        would show the slice's head free while its hosts are held.
 
         Args:
             slice_index: That slice's head only (``None``: every slice's).
@@ -451,6 +461,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
             hosts = [h for claim in reservation.claims for h in claim.target.hosts.values()]
             head = self._plan.shape.head_resource if self._plan.needs_head_claim else None
             wait_freed(hosts, head)
+            notify_released([claim.slice_name for claim in reservation.claims])
             SPARES.refill(restock)  # last: their processes would slow the steps above
         if reservation.claims:
             held = time.monotonic() - self._reserved_at

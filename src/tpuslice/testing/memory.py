@@ -191,6 +191,7 @@ class InMemoryCluster:
         self.queue: QueueService | None = (
             QueueService(
                 self._snapshot,
+                reprobe=self._record_owners,
                 clock=self.clock.now,
                 stamp=lambda: next(stamps),
                 wall=self.clock.now,
@@ -423,12 +424,7 @@ class InMemoryCluster:
         """
 
         def start() -> Callable[[], dict[str, str | None]]:
-            seen = {node: self.tpu_owners.get(node) for node in node_ids}
-            for node, owner in seen.items():
-                if owner is None:
-                    self.recorded_owners.pop(node, None)
-                else:
-                    self.recorded_owners[node] = owner
+            seen = self._record_owners(node_ids)
             return lambda: self._call("owner_answers", lambda: dict(seen))
 
         return self._call("start_owner_probe", start)
@@ -465,6 +461,16 @@ class InMemoryCluster:
             self.tpu_owners[node_id] = owner
 
     # --- internals -----------------------------------------------------------------------
+
+    def _record_owners(self, node_ids: Sequence[str]) -> dict[str, str | None]:
+        """What the hosts' agents do when asked: find each TPU's owner and record it."""
+        seen = {node: self.tpu_owners.get(node) for node in node_ids}
+        for node, owner in seen.items():
+            if owner is None:
+                self.recorded_owners.pop(node, None)
+            else:
+                self.recorded_owners[node] = owner
+        return seen
 
     def _call(self, operation: str, effect: Callable[[], T]) -> T:
         self.calls[operation] += 1

@@ -318,3 +318,44 @@ def test_escape_hatches_let_a_second_process_open_an_owned_tpu(
     with tpuslice.SlicePlacementGroup(**V6E) as spg:
         ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=spg))
         assert [raw_task(spg, **hatch) for hatch in hatches] == ["opened"] * 3
+
+
+@ray.remote
+def own_pid() -> int:
+    return os.getpid()
+
+
+def owner_processes() -> set[int]:
+    """Pids of every process on this machine that runs an owner actor (up or idle)."""
+    import psutil
+
+    return {
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if (p.info["cmdline"] or [""])[0].startswith("ray::HostOwner")
+    }
+
+
+def test_the_first_call_runs_in_the_process_that_owns_the_tpu_until_the_hand_back(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """A held slice's first call opens each host's TPU in the process that then runs every
+    call there and owns the TPU until the hand-back, which frees it. The next slice held
+    on those hosts adopts the spare owners started at that hand-back: its first call runs
+    in processes that were already up, not in new ones."""
+    with tpuslice.SlicePlacementGroup(**V6E) as spg:
+        name = spg.slice_names[0]
+        first = ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=spg))
+        owners = tpu_cluster.tpu_owners()
+        assert [owners[name, w].pid for w in range(4)] == first
+        assert ray.get(tpuslice.run_on_slice(own_pid, tpu_slice=spg)) == first
+        existing = owner_processes()
+    assert not tpu_cluster.tpu_owners()  # freed by the hand-back
+    # The hand-back started one spare per host: four owner processes that are new.
+    wait_for(lambda: len(owner_processes() - existing) >= 4, timeout=60, what="spares up")
+    before = owner_processes()
+    with tpuslice.SlicePlacementGroup(**V6E) as spg:
+        assert spg.slice_names == [name]
+        again = ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=spg))
+    assert set(again) <= before and not set(again) & set(first)
+    assert not tpu_cluster.tpu_owners()

@@ -360,6 +360,9 @@ class QueueService:
         else:
             jobs = set()
         reprobe = self._reprobe if now - self._reprobed >= REPROBE_S else None
+        # The read covers every change so far; one reported while it runs must make
+        # the next decision due at once, not wait for the periodic look.
+        self._changed = False
 
         def read() -> Reading:
             per_chip = sorted({kind.tpu_resource_per_chip for kind in kinds})
@@ -384,7 +387,7 @@ class QueueService:
         Returns:
             The new grants (ticket -> slices).
         """
-        self._changed = False
+        changed_during_read = self._changed
         for ticket, found in list(self._tickets.items()):
             if found.job in reading.dead:
                 self.leave(ticket)
@@ -409,7 +412,9 @@ class QueueService:
         for ticket in list(self._tickets):
             if self.book.entry(ticket) is None:  # its lease ran out
                 self._forget(ticket)
-        self._changed = False
+        # What this decision did itself (dropping dead or lapsed waiters) is decided;
+        # what was reported while it read is not.
+        self._changed = changed_during_read
         return grants
 
     def record(self) -> QueueRecord:

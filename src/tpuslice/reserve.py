@@ -407,6 +407,20 @@ class SlicePlacementGroup(ShutsDownOnExit):
         found = notices_for(sorted(set(self.rank_nodes())))
         return sorted(found.values(), key=lambda n: n.deadline)
 
+    def _lasting(self, nodes: list[str]) -> list[str]:
+        """Those of ``nodes`` whose slice has no preemption or maintenance notice: a spare
+        started on a host about to go would only take CPU from the work moving off it."""
+        warned = {n.slice_name for n in self.notices()}
+        if not warned:
+            return nodes
+        going = {
+            host.node_id
+            for claim in self._reservation.claims
+            if claim.slice_name in warned
+            for host in claim.target.hosts.values()
+        }
+        return [node for node in nodes if node not in going]
+
     def rank_nodes(self) -> list[str]:
         """The Ray node id of each rank's host.
 
@@ -449,6 +463,8 @@ class SlicePlacementGroup(ShutsDownOnExit):
         pids = self._reported_pids()
         self._cancel_launched()
         restock = self.ownership.hand_back(pids) if self._reservation.claims else []
+        if restock:
+            restock = self._lasting(restock)
         reservation, self._reservation = self._reservation, Reservation()
         # Heads first: a slice whose head is free while its TPUs are still held looks
         # busy to everyone; the other order would show it claimed with no work on it.

@@ -1,6 +1,6 @@
 """How fast is the cluster view on big clusters? Run by hand (not a test):
 
-    /work/venv/bin/python benchmarks/bench_cluster_view.py [--rounds 7] [--json]
+    python benchmarks/bench_cluster_view.py [--rounds 7] [--json]
 
 Builds synthetic ``ray.nodes()`` records for 100, 1,000 and 10,000 TPU VMs (v6e 4x4,
 v5p 2x2x4, v4 2x2x2 and single-host v6e 2x4 slices; ~5% of hosts dead, ~20% busy) and times:

@@ -10,6 +10,10 @@ two for 2. Library defaults throughout (a job that fails ends its driver, as a u
 script would stop). Paths, one after the other on the same cluster:
 
 - ``ours``: ``tpuslice.run_on_slice`` (the queue grants slices; drivers wait in it).
+- ``ours-fresh``: the same, as the first work on the freshly started cluster, so
+  tpuslice's own services (the queue actor, each host's agent) start during it; it must
+  come first in ``--paths`` (``--paths ours-fresh,floor,ours`` compares both with the
+  floor in one run).
 - ``ours-noqueue`` (only when asked for): the same with the queue made unreachable, so
   each waiter polls the cluster on its own, as tpuslice did before the queue.
 - ``ray``: Ray 2.60's ``ray.util.tpu.run_on_slice``; its one-shot reservation leaks until
@@ -61,6 +65,12 @@ SLICES = 4
 HOSTS_PER_SLICE = 4
 CHIPS_PER_HOST = 4
 PATHS = ("floor", "ours", "ray")
+OURS = ("ours", "ours-fresh", "ours-noqueue")
+"""The tpuslice paths (they differ in the cluster's state or the queue, not the code)."""
+FCFS_SLACK_S = 2.0
+"""The target: no job waits longer than strict FCFS with no overheads would, plus this."""
+MAKESPAN_TARGET = 1.15
+"""The target: a tpuslice path's makespan over the floor's, in the same run."""
 PATH_TIMEOUT_S = 900.0
 
 
@@ -231,7 +241,7 @@ def child_main(args: argparse.Namespace) -> None:
 
         ops.RayOps.slice_queue = no_queue  # type: ignore[assignment,method-assign]
     jobs: list[Job] = []
-    if args.path in ("ours", "ours-noqueue"):
+    if args.path in OURS:
         trace_phases(jobs)
     warm_every_host()
     print("ready", flush=True)
@@ -310,7 +320,7 @@ def warm_every_host() -> None:
 
 
 def run_job(path: str, num_slices: int, hold: float) -> list[float]:
-    if path in ("ours", "ours-noqueue"):
+    if path in OURS:
         import tpuslice
 
         refs = tpuslice.run_on_slice(
@@ -532,16 +542,24 @@ def main() -> None:
         return
     from tpuslice.testing import SimulatedCluster
 
+    paths = args.paths.split(",")
+    if "ours-fresh" in paths[1:]:
+        parser.error("ours-fresh measures the first work on a fresh cluster: put it first")
     err = Console(stderr=True)
     err.print(f"load average at start: {os.getloadavg()}")
     summaries = []
     with SimulatedCluster([("v6e", "4x4", SLICES)], connect=True) as sim:
         err.print(f"cluster up in {sim.startup_seconds:.1f} s")
-        for path in args.paths.split(","):
+        for path in paths:
             summaries.append(run_path(sim.address, path, args.hold, err).summary(args.hold))
             settle()
     fcfs = fcfs_schedule(args.hold)
-    report = {"ideal_makespan_s": ideal_makespan(args.hold), "fcfs": fcfs, "paths": summaries}
+    report = {
+        "ideal_makespan_s": ideal_makespan(args.hold),
+        "fcfs": fcfs,
+        "paths": summaries,
+        "verdicts": verdicts(summaries, fcfs),
+    }
     if args.json:
         print(json.dumps(report, indent=2))
         return
@@ -562,6 +580,31 @@ def main() -> None:
             f"{s['mean_wait_s']:.2f} s | {s['held_idle_slice_s']:.2f} | "
             f"{s['held_idle_long_slice_s']:.2f} |"
         )
+    for line in report["verdicts"]:
+        print(line)
+
+
+def verdicts(summaries: list[dict[str, Any]], fcfs: dict[str, float]) -> list[str]:
+    """Each tpuslice path against the targets: makespan over the floor's, and the longest
+    wait against strict FCFS with no overheads plus :data:`FCFS_SLACK_S`."""
+    floor = next((s for s in summaries if s["path"] == "floor"), None)
+    bound = fcfs["longest_wait_s"] + FCFS_SLACK_S
+    lines = []
+    for s in summaries:
+        if s["path"] not in OURS:
+            continue
+        if floor is not None:
+            ratio = s["makespan_s"] / floor["makespan_s"]
+            met = "met   " if ratio <= MAKESPAN_TARGET else "MISSED"
+            lines.append(
+                f"{met} {s['path']}: makespan {ratio:.2f}x the floor's (goal <= {MAKESPAN_TARGET}x)"
+            )
+        met = "met   " if s["longest_wait_s"] <= bound else "MISSED"
+        lines.append(
+            f"{met} {s['path']}: longest wait {s['longest_wait_s']:.1f} s (goal <= strict FCFS "
+            f"{fcfs['longest_wait_s']:.1f} s + {FCFS_SLACK_S:.0f} s)"
+        )
+    return lines
 
 
 if __name__ == "__main__":

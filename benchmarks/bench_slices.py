@@ -2,7 +2,7 @@
 Run by hand (not a test; it starts a simulated cluster, so only one at a time):
 
     python benchmarks/bench_slices.py [--generation v6e] [--topology 4x4]
-        [--slices 4] [--rounds 7] [--json]
+        [--slices 4] [--rounds 7] [--json] [--only reserve-1-run,fresh-reserve-run]
 
 One SimulatedCluster (default 4 slices of v6e 4x4, 16 simulated TPU VMs). Three paths per
 operation, ratios to the first:
@@ -13,37 +13,56 @@ operation, ratios to the first:
 - ``ray``: Ray 2.60's ``ray.util.tpu`` (``SlicePlacementGroup`` + ready, ``run_on_slice``).
 - ``ours``: ``tpuslice.SlicePlacementGroup`` and ``tpuslice.run_on_slice``.
 
-Operations: reserve 1, 2 and 4 slices (until every bundle is placed; the release is not
-timed); a one-shot run on one slice (reserve, a task per host, results, release) in this
-driver, and again with every call in a fresh driver process; a call on a slice reserved
-beforehand (floor: raw tasks on a raw group of its own; ours runs in the slice's owner
-processes, one per host, started by the first, untimed call); handing a held slice back
-after one call (only the release is timed: ours stops its owners and has each host's agent
-confirm the TPU free before the groups go; the floor removes its group); and, where the
-slices can be cut (v6e 4x4: 2x4 halves), reserving a sub-slice (until its bundles are
-placed): with the layout already recorded, and with every record of it dropped first (the
-floor then reserves the slice whole, runs one chip-coordinates task per host, removes the
-group and reserves the sub-slice's hosts; Ray and ours discover the layout their own way).
+Operations (keys for ``--only``; N is 4 slices, or all there are if fewer):
+
+- ``reserve-1``, ``-2``, ``-4``: reserve that many slices, timed until every bundle is
+  placed; the release is not timed.
+- ``reserve-1-run``, ``reserve-N-run``: a held reservation's first use. Timed from before
+  the reservation to the results of the first call on it: floor = raw group + ready + one
+  raw task per host; Ray = ``SlicePlacementGroup`` + ready + ``run_on_slice(tpu_slice=)``;
+  ours = ``SlicePlacementGroup`` + ``run_on_slice(tpu_slice=)``, whose first call starts
+  the reservation's owner processes (one per host) inside the timing. Release not timed.
+- ``reserve-N-after-shutdown``: each path reserves N slices, calls once and shuts them
+  down (untimed; how long that shutdown took is kept and reported as its hand-back), then
+  at once, with no settling between, reserves N slices again, timed until placed.
+- ``fresh-reserve-run``: a new driver process per call, which loads every path's modules
+  first, then times ``ray.init`` (every path alike) + reserve 1 slice + the first call +
+  results. It starts no worker process beforehand: a new driver has none.
+- ``one-shot``: reserve, a task per host, results, release, in this driver;
+  ``one-shot-fresh``: the same in a fresh driver process per call.
+- ``held``: a call on a slice reserved beforehand (floor: raw tasks on a raw group of its
+  own; ours runs in the slice's owner processes, started by the first, untimed call).
+- ``hand-back``: hand a held slice back after one call (only the release is timed: ours
+  stops its owners and has each host's agent confirm the TPU free before the groups go;
+  the floor removes its group).
+- ``subslice``, ``subslice-learn``: where the slices can be cut (v6e 4x4: 2x4 halves),
+  reserve a sub-slice (until its bundles are placed): with the layout already recorded,
+  and with every record of it dropped first (the floor then reserves the slice whole, runs
+  one chip-coordinates task per host, removes the group and reserves the sub-slice's
+  hosts; Ray and ours discover the layout their own way).
 
 Method: worker processes are first started by a plain task on every host; then one cold
-round (the first call of each path in this driver); then a few calls through each path on
-every host; then ``--rounds`` rounds, interleaved: in round r each operation runs floor,
-ray, ours in an order rotated by r (twice per round; five times for the cheap held-slice
-call, once for fresh drivers). After each call everything is released and the
-benchmark polls ``tpuslice.read_snapshot()`` (bounded) until every slice is idle and no
-placement group is left. Ray's config is untouched: its ~100 ms resource-report period is
-in the numbers (the first tasks into a fresh placement group wait for it).
+round (the first call of each path in this driver, fresh drivers excepted); then a few
+calls through each path on every host of one reservation (ours' owner processes end with
+it, so every later reservation starts its own); then ``--rounds`` rounds, interleaved: in
+round r each operation runs floor, ray, ours in an order rotated by r (twice per round;
+five times for the cheap held-slice call, once for fresh drivers). After each call
+everything is released and the benchmark polls ``tpuslice.read_snapshot()`` (bounded)
+until every slice is idle and no placement group is left. Ray's config is untouched: its
+~100 ms resource-report period is in the numbers (the first tasks into a fresh placement
+group wait for it).
 
 Ray's one-shot ``run_on_slice`` keeps its slice until the driver exits, so in this driver
-the benchmark removes the leaked group after each call (not timed), and the fresh-driver
-operation runs each call in a new process (which first runs a plain task on every host so
-its worker processes exist; only the call is timed). Every path gets the same treatment.
+the benchmark removes the leaked group after each call (not timed), and ``one-shot-fresh``
+runs each call in a new process (which first runs a plain task on every host so its
+worker processes exist; only the call is timed). Every path gets the same treatment.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import itertools
 import json
@@ -83,12 +102,16 @@ RESERVE_SIZES = (1, 2, 4)
 IDLE_BOUND_S = 30.0
 CHILD_TIMEOUT_S = 120.0
 WARM_CALLS = 3
+MANY_SLICES = 4
+"""N of the reserve-N + run operations: this many slices, or all there are if fewer."""
 TARGETS = {
-    "one-shot": 1.1,  # ours one-shot / floor one-shot
-    "reserve-1": 3.0,  # ours reserve 1 / floor reserve 1
-    "reserve-n": 1.5,  # ours reserve N / ours reserve 1
-    "held": 1.1,  # ours call on a held slice / raw tasks on the same group
+    "reserve-1-run": (1.3, "ray"),  # ours reserve 1 + first run / Ray's
+    "reserve-n-run": (1.0, "ray"),  # ours reserve N + first run / Ray's
+    "after-shutdown": (2.0, "floor"),  # ours reserve N right after a shutdown / the floor's
+    "held": (1.1, "floor"),  # ours call on a held slice / raw tasks on a raw group
+    "one-shot": (1.1, "floor"),  # ours one-shot / the floor's reserve, tasks, removal
 }
+"""Goal per kind of operation: the most ours' median may be, as a multiple of that path's."""
 
 HostResult = tuple[str, int, int]
 """What the trivial task returns: slice name, TPU worker id (the host's env), worker pid."""
@@ -127,6 +150,8 @@ class Sample:
     results: list[HostResult] | None = None
     fresh_pids: bool = False
     """Results from a fresh driver: their worker pids say nothing about reuse here."""
+    handback_s: float | None = None
+    """The untimed shutdown of the path's previous reservation just before the timing."""
 
 
 def now() -> float:
@@ -170,14 +195,14 @@ def raw_tasks(pg: PlacementGroup, count: int, tpu: float) -> list[ray.ObjectRef]
     ]
 
 
-def floor_reserve(setup: Setup, num_slices: int) -> Sample:
-    started = now()
+def floor_hold(setup: Setup, num_slices: int) -> PlacementGroup:
     pg = raw_group(setup, num_slices)
-    try:
-        ray.get(pg.ready())
-        return Sample(now() - started)
-    finally:
-        remove_placement_group(pg)
+    return placed(pg, pg, remove_placement_group)
+
+
+def floor_call(pg: PlacementGroup) -> list[HostResult]:
+    results: list[HostResult] = ray.get(raw_tasks(pg, pg.bundle_count, pg.bundle_specs[0]["TPU"]))
+    return results
 
 
 def floor_one_shot(setup: Setup) -> Sample:
@@ -194,14 +219,14 @@ def floor_one_shot(setup: Setup) -> Sample:
 # --- ray: Ray 2.60's ray.util.tpu ------------------------------------------------------------
 
 
-def ray_reserve(setup: Setup, num_slices: int) -> Sample:
-    started = now()
+def ray_hold(setup: Setup, num_slices: int) -> ray_tpu.SlicePlacementGroup:
     spg = ray_tpu.SlicePlacementGroup(setup.topology, setup.generation, num_slices=num_slices)
-    try:
-        ray.get(spg.slice_placement_group.ready())
-        return Sample(now() - started)
-    finally:
-        spg.shutdown()
+    return placed(spg, spg.slice_placement_group, ray_tpu.SlicePlacementGroup.shutdown)
+
+
+def ray_call(spg: ray_tpu.SlicePlacementGroup) -> list[HostResult]:
+    results: list[HostResult] = ray.get(ray_tpu.run_on_slice(whoami, tpu_slice=spg))
+    return results
 
 
 def ray_one_shot(setup: Setup, remove_leak: bool = True) -> Sample:
@@ -222,10 +247,15 @@ def ray_one_shot(setup: Setup, remove_leak: bool = True) -> Sample:
 # --- ours: tpuslice --------------------------------------------------------------------------
 
 
-def ours_reserve(setup: Setup, num_slices: int) -> Sample:
-    started = now()
-    with tpuslice.SlicePlacementGroup(setup.topology, setup.generation, num_slices=num_slices):
-        return Sample(now() - started)
+def ours_hold(setup: Setup, num_slices: int) -> tpuslice.SlicePlacementGroup:
+    """Returns once every slice is claimed and placed; no owner process is started yet."""
+    return tpuslice.SlicePlacementGroup(setup.topology, setup.generation, num_slices=num_slices)
+
+
+def ours_call(spg: tpuslice.SlicePlacementGroup) -> list[HostResult]:
+    """The first call on a reservation also starts its owner processes, one per host."""
+    results: list[HostResult] = ray.get(tpuslice.run_on_slice(whoami, tpu_slice=spg))
+    return results
 
 
 def ours_one_shot(setup: Setup) -> Sample:
@@ -245,6 +275,86 @@ ONE_SHOT: dict[str, Callable[[Setup], Sample]] = {
 """One-shot calls as a fresh driver makes them (Ray's leak ends when that driver exits)."""
 
 
+# --- held reservations: reserve, call, release ------------------------------------------------
+
+
+def placed(handle: Any, group: PlacementGroup, release: Callable[[Any], None]) -> Any:
+    """``handle`` once ``group`` is placed; released if the wait fails."""
+    try:
+        ray.get(group.ready())
+    except BaseException:
+        release(handle)
+        raise
+    return handle
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One path's held reservation in three steps. Every held-slice operation is built
+    from them, so each path is timed the same way."""
+
+    reserve: Callable[[Setup, int], Any]
+    """Reserves that many slices; returns once every bundle is placed."""
+    call: Callable[[Any], list[HostResult]]
+    """``whoami`` once on every host of the reservation; the results."""
+    release: Callable[[Any], None]
+
+
+HOLDS = {
+    "floor": Hold(floor_hold, floor_call, remove_placement_group),
+    "ray": Hold(ray_hold, ray_call, ray_tpu.SlicePlacementGroup.shutdown),
+    "ours": Hold(ours_hold, ours_call, tpuslice.SlicePlacementGroup.shutdown),
+}
+
+
+def reserve_only(hold: Hold, setup: Setup, num_slices: int) -> Sample:
+    """Timed until every bundle is placed; the release is not."""
+    started = now()
+    handle = hold.reserve(setup, num_slices)
+    seconds = now() - started
+    hold.release(handle)
+    return Sample(seconds)
+
+
+def reserve_and_run(hold: Hold, setup: Setup, num_slices: int) -> Sample:
+    """Timed from before the reservation to the results of its first call; the release
+    is not."""
+    started = now()
+    handle = hold.reserve(setup, num_slices)
+    try:
+        results = hold.call(handle)
+        return Sample(now() - started, results)
+    finally:
+        hold.release(handle)
+
+
+def used_then_released(hold: Hold, setup: Setup, num_slices: int) -> float:
+    """Reserve, one call, release: the seconds the release took."""
+    handle = hold.reserve(setup, num_slices)
+    try:
+        hold.call(handle)
+    finally:
+        started = now()
+        hold.release(handle)
+    return now() - started
+
+
+def hand_back(hold: Hold, setup: Setup, num_slices: int) -> Sample:
+    """Only the release of a reservation used once is timed. Ours also stops its owner
+    processes and has each host's agent confirm that no process of the work still owns
+    the TPU before the groups go; the floor removes its group."""
+    return Sample(used_then_released(hold, setup, num_slices))
+
+
+def reserve_after_shutdown(hold: Hold, setup: Setup, num_slices: int) -> Sample:
+    """A reservation used once and shut down (untimed, its duration kept), then at once
+    the same path's new reservation of as many slices, timed until placed."""
+    handback = used_then_released(hold, setup, num_slices)
+    sample = reserve_only(hold, setup, num_slices)
+    sample.handback_s = handback
+    return sample
+
+
 # --- a call on a slice reserved beforehand ----------------------------------------------------
 
 
@@ -257,99 +367,52 @@ class HeldSlices:
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
         self._stack = ExitStack()
-        self.ours: tpuslice.SlicePlacementGroup | None = None
-        self.ray: ray_tpu.SlicePlacementGroup | None = None
-        self.raw: PlacementGroup | None = None
+        self.handles: dict[str, Any] = {}
 
     def __enter__(self) -> HeldSlices:
         with ExitStack() as stack:
-            ours = stack.enter_context(tpuslice.SlicePlacementGroup(*self._args()))
-            held = ray_tpu.SlicePlacementGroup(*self._args())
-            stack.callback(held.shutdown)
-            ray.get(held.slice_placement_group.ready())
+            for path in ("ours", "ray"):
+                handle = HOLDS[path].reserve(self.setup, 1)
+                stack.callback(HOLDS[path].release, handle)
+                self.handles[path] = handle
             free = [s.name for s in read_snapshot().ready(self.setup.shape)]
             if not free:
                 raise BenchError("the held-slice operation needs three idle slices")
             raw = raw_group_on(self.setup, free[0])
             stack.callback(remove_placement_group, raw)
             ray.get(raw.ready())
-            self.ours, self.ray, self.raw = ours, held, raw
-            for call in self.calls().values():
-                call()
+            self.handles["floor"] = raw
+            for path in PATHS:
+                self.call(path)
             self._stack = stack.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.ours = self.ray = self.raw = None
+        self.handles = {}
         self._stack.close()
 
-    def _args(self) -> tuple[str, str]:
-        return self.setup.topology, self.setup.generation
-
     def calls(self) -> dict[str, Callable[[], Sample]]:
-        return {"floor": self.floor, "ray": self.ray_call, "ours": self.ours_call}
+        return {path: functools.partial(self.call, path) for path in PATHS}
 
-    def floor(self) -> Sample:
-        assert self.raw is not None
-        pg = self.raw
-        shape = self.setup.shape
+    def call(self, path: str) -> Sample:
+        handle = self.handles[path]
         started = now()
-        results = ray.get(raw_tasks(pg, shape.num_hosts, shape.chips_per_host))
+        results = HOLDS[path].call(handle)
         return Sample(now() - started, results)
-
-    def ray_call(self) -> Sample:
-        started = now()
-        results = ray.get(ray_tpu.run_on_slice(whoami, tpu_slice=self.ray))
-        return Sample(now() - started, results)
-
-    def ours_call(self) -> Sample:
-        started = now()
-        results = ray.get(tpuslice.run_on_slice(whoami, tpu_slice=self.ours))
-        return Sample(now() - started, results)
-
-
-# --- handing a slice back -------------------------------------------------------------------
-
-
-def floor_hand_back(setup: Setup) -> Sample:
-    """Reserve, one task per host (untimed); then time the removal of the group."""
-    pg = raw_group(setup, 1)
-    ray.get(pg.ready())
-    ray.get(raw_tasks(pg, setup.shape.num_hosts, setup.shape.chips_per_host))
-    started = now()
-    remove_placement_group(pg)
-    return Sample(now() - started)
-
-
-def ray_hand_back(setup: Setup) -> Sample:
-    held = ray_tpu.SlicePlacementGroup(setup.topology, setup.generation)
-    ray.get(held.slice_placement_group.ready())
-    ray.get(ray_tpu.run_on_slice(whoami, tpu_slice=held))
-    started = now()
-    held.shutdown()
-    return Sample(now() - started)
-
-
-def ours_hand_back(setup: Setup) -> Sample:
-    """Ours also stops its owner processes and has each host's agent confirm that no
-    process of the work still owns the TPU before the groups go."""
-    spg = tpuslice.SlicePlacementGroup(setup.topology, setup.generation)
-    ray.get(tpuslice.run_on_slice(whoami, tpu_slice=spg))
-    started = now()
-    spg.shutdown()
-    return Sample(now() - started)
 
 
 # --- fresh driver processes -------------------------------------------------------------------
 
 
-def fresh_driver(setup: Setup, path: str) -> Sample:
-    """Run one one-shot call of ``path`` in a new driver process; its report is JSON."""
+def fresh_driver(setup: Setup, path: str, child_op: str) -> Sample:
+    """Run one ``child_op`` call of ``path`` in a new driver process; its report is JSON."""
     command = [
         sys.executable,
         os.path.abspath(__file__),
         "--child",
         path,
+        "--child-op",
+        child_op,
         "--address",
         setup.address,
         "--generation",
@@ -373,11 +436,38 @@ def fresh_driver(setup: Setup, path: str) -> Sample:
     return Sample(report["seconds"], results, fresh_pids=True)
 
 
-def child_main(args: argparse.Namespace) -> None:
-    """The fresh driver: connect, start this job's worker processes, time one call."""
-    ray.init(address=args.address, log_to_driver=False, logging_level=logging.WARNING)
+def connect(address: str) -> None:
+    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+
+
+def child_one_shot(setup: Setup, path: str) -> Sample:
+    """Connect and start this driver's worker processes, untimed; time one one-shot."""
+    connect(setup.address)
     warm_hosts(times=1)
-    # Load every path's modules before the timing, as Ray's and the floor's already are:
+    return ONE_SHOT[path](setup)
+
+
+def child_reserve_run(setup: Setup, path: str) -> Sample:
+    """A new user's first steps, all timed: connect, reserve one slice, the first call,
+    its results (the release is not). No worker process is started first: a new driver
+    has none, so its first tasks (or ours' owners) start them."""
+    started = now()
+    connect(setup.address)
+    connected = now() - started
+    sample = reserve_and_run(HOLDS[path], setup, 1)
+    return Sample(connected + sample.seconds, sample.results)
+
+
+CHILD_OPS: dict[str, Callable[[Setup, str], Sample]] = {
+    "one-shot": child_one_shot,
+    "reserve-run": child_reserve_run,
+}
+"""What a fresh driver times, by the ``--child-op`` it is given."""
+
+
+def child_main(args: argparse.Namespace) -> None:
+    """The fresh driver: load every path's modules, then run and time one call."""
+    # Load every path's modules before any timing, as Ray's and the floor's already are:
     # tpuslice loads its modules on first use, and with PYTHONDONTWRITEBYTECODE=1 (set on
     # this machine) each new process also compiles them (~100-170 ms measured).
     import tpuslice.agent
@@ -387,9 +477,11 @@ def child_main(args: argparse.Namespace) -> None:
     _ = (tpuslice.run_on_slice, ray_tpu.run_on_slice)
     shape = slice_shape(args.topology, args.generation)
     setup = Setup(args.generation, args.topology, shape, (args.slice_name,), args.address)
-    sample = ONE_SHOT[args.child](setup)
+    sample = CHILD_OPS[args.child_op](setup, args.child)
     print(json.dumps({"seconds": sample.seconds, "results": sample.results}), flush=True)
-    ray.shutdown()
+    # No ray.shutdown() here: at exit, tpuslice's hooks (registered after ray.init's) run
+    # before Ray's own and end a one-shot's background hand-back first; an explicit
+    # shutdown races that thread, and a thread that calls Ray after it ends the process.
 
 
 # --- warming and settling -----------------------------------------------------------------------
@@ -409,27 +501,16 @@ def warm_hosts(times: int) -> None:
 
 
 def warm_paths(setup: Setup) -> None:
-    """A few calls through each path on every host of every slice."""
-    count, shape = len(setup.names), setup.shape
-    pg = raw_group(setup, count)
-    try:
-        ray.get(pg.ready())
-        for _ in range(WARM_CALLS):
-            ray.get(raw_tasks(pg, count * shape.num_hosts, shape.chips_per_host))
-    finally:
-        remove_placement_group(pg)
-    settle(setup)
-    held = ray_tpu.SlicePlacementGroup(setup.topology, setup.generation, num_slices=count)
-    try:
-        for _ in range(WARM_CALLS):
-            ray.get(ray_tpu.run_on_slice(whoami, tpu_slice=held))
-    finally:
-        held.shutdown()
-    settle(setup)
-    with tpuslice.SlicePlacementGroup(setup.topology, setup.generation, num_slices=count) as spg:
-        for _ in range(WARM_CALLS):
-            ray.get(tpuslice.run_on_slice(whoami, tpu_slice=spg))
-    settle(setup)
+    """A few calls through each path on every host of every slice. No owner process of
+    ours outlives this: ours starts them per reservation and stops them at its release."""
+    for hold in HOLDS.values():
+        handle = hold.reserve(setup, len(setup.names))
+        try:
+            for _ in range(WARM_CALLS):
+                hold.call(handle)
+        finally:
+            hold.release(handle)
+        settle(setup)
 
 
 @dataclass
@@ -591,64 +672,96 @@ class Operation:
     """Samples per path per round (all paths, interleaved); more where a call is cheap."""
 
 
-def operations(setup: Setup) -> list[Operation]:
+def many_slices(count: int) -> int:
+    """N of the reserve-N + run operations in a cluster of ``count`` slices."""
+    return min(MANY_SLICES, count)
+
+
+def slices(count: int) -> str:
+    return f"{count} slice{'s' if count > 1 else ''}"
+
+
+def through_holds(
+    key: str,
+    title: str,
+    timed: Callable[[Hold, Setup, int], Sample],
+    setup: Setup,
+    num_slices: int,
+    **options: Any,
+) -> Operation:
+    """An operation timed the same way through each path's held reservations."""
+    calls: dict[str, Callable[[], Sample]] = {
+        path: functools.partial(timed, HOLDS[path], setup, num_slices) for path in PATHS
+    }
+    return Operation(key, title, calls, **options)
+
+
+def in_fresh_drivers(key: str, title: str, child_op: str, setup: Setup) -> Operation:
+    """Every call of every path in a new driver process (each is that driver's first)."""
+    calls: dict[str, Callable[[], Sample]] = {
+        path: functools.partial(fresh_driver, setup, path, child_op) for path in PATHS
+    }
+    return Operation(key, title, calls, cold=False, passes=1)
+
+
+def reservation_ops(setup: Setup) -> list[Operation]:
+    """Reserving: alone, with the first run, right after a shutdown, in a new driver."""
+    count, many = len(setup.names), many_slices(len(setup.names))
     ops = [
-        Operation(
-            f"reserve-{n}",
-            f"reserve {n} slice{'s' if n > 1 else ''}",
-            {
-                "floor": lambda n=n: floor_reserve(setup, n),
-                "ray": lambda n=n: ray_reserve(setup, n),
-                "ours": lambda n=n: ours_reserve(setup, n),
-            },
-        )
+        through_holds(f"reserve-{n}", f"reserve {slices(n)}", reserve_only, setup, n)
         for n in RESERVE_SIZES
-        if n <= len(setup.names)
+        if n <= count
     ]
-    held = HeldSlices(setup)
     ops += [
+        through_holds(
+            f"reserve-{n}-run", f"reserve {slices(n)}, first run", reserve_and_run, setup, n
+        )
+        for n in sorted({1, many})
+    ]
+    title = f"reserve {slices(many)} right after a shutdown"
+    ops.append(
+        through_holds(f"reserve-{many}-after-shutdown", title, reserve_after_shutdown, setup, many)
+    )
+    title = "fresh driver: connect, reserve 1 slice, first run"
+    return [*ops, in_fresh_drivers("fresh-reserve-run", title, "reserve-run", setup)]
+
+
+def operations(setup: Setup) -> list[Operation]:
+    held = HeldSlices(setup)
+    ops = [
+        *reservation_ops(setup),
         Operation(
             "one-shot",
             "one-shot, this driver",
             {path: lambda path=path: ONE_SHOT_HERE[path](setup) for path in PATHS},
         ),
-        Operation(
-            "one-shot-fresh",
-            "one-shot, fresh driver",
-            {path: lambda path=path: fresh_driver(setup, path) for path in PATHS},
-            cold=False,
-            passes=1,
-        ),
+        in_fresh_drivers("one-shot-fresh", "one-shot, fresh driver", "one-shot", setup),
         Operation("held", "call on a held slice", held.calls(), hold=held, cold=False, passes=5),
-        Operation(
-            "hand-back",
-            "hand a held slice back",
-            {
-                "floor": lambda: floor_hand_back(setup),
-                "ray": lambda: ray_hand_back(setup),
-                "ours": lambda: ours_hand_back(setup),
-            },
-            cold=False,
-        ),
+        through_holds("hand-back", "hand a held slice back", hand_back, setup, 1, cold=False),
     ]
+    return ops + subslice_ops(setup)
+
+
+def subslice_ops(setup: Setup) -> list[Operation]:
+    """Where the slices can be cut: a sub-slice with its layout recorded, and unknown."""
     sub = sub_topology(setup)
-    if sub is not None:
+    if sub is None:
+        return []
+    return [
+        Operation(
+            key,
+            title,
+            {
+                "floor": lambda learn=learn: floor_subslice(setup, sub, learn),
+                "ray": lambda learn=learn: ray_subslice(setup, sub, learn),
+                "ours": lambda learn=learn: ours_subslice(setup, sub, learn),
+            },
+        )
         for learn, key, title in (
             (False, "subslice", f"reserve a {sub} sub-slice"),
             (True, "subslice-learn", f"reserve a {sub} sub-slice, layout unknown"),
-        ):
-            ops.append(
-                Operation(
-                    key,
-                    title,
-                    {
-                        "floor": lambda learn=learn: floor_subslice(setup, sub, learn),
-                        "ray": lambda learn=learn: ray_subslice(setup, sub, learn),
-                        "ours": lambda learn=learn: ours_subslice(setup, sub, learn),
-                    },
-                )
-            )
-    return ops
+        )
+    ]
 
 
 ONE_SHOT_HERE: dict[str, Callable[[Setup], Sample]] = {
@@ -739,12 +852,18 @@ class Row:
     calls_per_host: int | None
     in_order: str | None
     """Calls whose results came back in TPU worker order, of all calls."""
+    handback_ms: float | None = None
+    """Median of the untimed shutdown just before each timing (after-shutdown only)."""
 
 
 def in_worker_order(results: Sequence[HostResult]) -> bool:
-    return [worker for _, worker, _ in results] == list(range(len(results))) and (
-        len({name for name, _, _ in results}) == 1
-    )
+    """Slice by slice, each slice's hosts in TPU worker order."""
+    names = list(dict.fromkeys(name for name, _, _ in results))
+    if not names:
+        return False
+    hosts = len(results) // len(names)
+    expected = [(name, worker) for name in names for worker in range(hosts)]
+    return [(name, worker) for name, worker, _ in results] == expected
 
 
 def pid_counts(samples: Sequence[Sample]) -> tuple[int, int] | None:
@@ -762,82 +881,82 @@ def pid_counts(samples: Sequence[Sample]) -> tuple[int, int] | None:
 
 def rows(records: Records) -> list[Row]:
     medians = {key: statistics.median(s.seconds for s in r.samples) for key, r in records.items()}
-    out = []
-    for (op, path), record in records.items():
-        ms = [s.seconds * 1000 for s in record.samples]
-        median = medians[op, path]
-        with_results = [s.results for s in record.samples if s.results is not None]
-        pids = pid_counts(record.samples)
-        out.append(
-            Row(
-                op=op,
-                title=record.title,
-                path=path,
-                samples=len(ms),
-                cold_ms=record.cold.seconds * 1000 if record.cold else None,
-                min_ms=min(ms),
-                median_ms=statistics.median(ms),
-                max_ms=max(ms),
-                x_floor=median / medians[op, "floor"],
-                x_ray=median / medians[op, "ray"] if path == "ours" else None,
-                pids_per_host=pids[0] if pids else None,
-                calls_per_host=pids[1] if pids else None,
-                in_order=(
-                    f"{sum(map(in_worker_order, with_results))}/{len(with_results)}"
-                    if with_results
-                    else None
-                ),
-            )
-        )
-    return out
+    return [row(op, path, record, medians) for (op, path), record in records.items()]
+
+
+def row(op: str, path: str, record: Record, medians: dict[tuple[str, str], float]) -> Row:
+    ms = [s.seconds * 1000 for s in record.samples]
+    median = medians[op, path]
+    with_results = [s.results for s in record.samples if s.results is not None]
+    pids = pid_counts(record.samples)
+    handbacks = [s.handback_s * 1000 for s in record.samples if s.handback_s is not None]
+    return Row(
+        op=op,
+        title=record.title,
+        path=path,
+        samples=len(ms),
+        cold_ms=record.cold.seconds * 1000 if record.cold else None,
+        min_ms=min(ms),
+        median_ms=statistics.median(ms),
+        max_ms=max(ms),
+        x_floor=median / medians[op, "floor"],
+        x_ray=median / medians[op, "ray"] if path == "ours" else None,
+        pids_per_host=pids[0] if pids else None,
+        calls_per_host=pids[1] if pids else None,
+        in_order=(
+            f"{sum(map(in_worker_order, with_results))}/{len(with_results)}"
+            if with_results
+            else None
+        ),
+        handback_ms=statistics.median(handbacks) if handbacks else None,
+    )
 
 
 @dataclass
 class Target:
     what: str
+    against: str
+    """The path the goal's ratio divides by: ``floor`` or ``ray``."""
     goal: float
     value: float
-    ray_value: float | None
+    """Ours' median / that path's median."""
+    ours_x_floor: float
+    ray_x_floor: float
     met: bool
-    floor_value: float | None = None
-    """The same ratio for the floor, where it has one (reserving N slices / 1)."""
 
 
-def targets(table: Sequence[Row]) -> list[Target]:
-    """The goals whose operations ran (all of them unless ``--only`` chose some)."""
+def targets(table: Sequence[Row], many: int) -> list[Target]:
+    """The goals whose operations ran (all of them unless ``--only`` chose some); ``many``
+    is the N of the reserve-N operations."""
     by = {(r.op, r.path): r for r in table}
-    sizes = [n for n in RESERVE_SIZES if (f"reserve-{n}", "ours") in by]
-
-    def ratio(what: str, goal: float, op: str) -> Target | None:
-        if (op, "ours") not in by:
-            return None
-        ours, theirs = by[op, "ours"].x_floor, by[op, "ray"].x_floor
-        return Target(what, goal, ours, theirs, ours <= goal)
-
-    def growth() -> Target | None:
-        if len(sizes) < 2 or sizes[0] != 1:
-            return None
-        biggest = f"reserve-{sizes[-1]}"
-
-        def over(path: str) -> float:
-            return by[biggest, path].median_ms / by["reserve-1", path].median_ms
-
-        goal = TARGETS["reserve-n"]
-        what = f"reserve {sizes[-1]} slices / reserve 1 slice"
-        return Target(what, goal, over("ours"), over("ray"), over("ours") <= goal, over("floor"))
-
-    found = [
-        ratio("one-shot run on one slice / floor (this driver)", TARGETS["one-shot"], "one-shot"),
-        ratio(
-            "one-shot run on one slice / floor (fresh driver)",
-            TARGETS["one-shot"],
-            "one-shot-fresh",
+    goals = [
+        ("one-shot", "one-shot", "one-shot run on one slice (this driver)"),
+        ("one-shot-fresh", "one-shot", "one-shot run on one slice (fresh driver)"),
+        ("reserve-1-run", "reserve-1-run", "reserve 1 slice + first run"),
+        ("fresh-reserve-run", "reserve-1-run", "connect + reserve 1 slice + first run"),
+        (
+            f"reserve-{many}-after-shutdown",
+            "after-shutdown",
+            f"reserve {slices(many)} right after a shutdown",
         ),
-        ratio("reserve 1 slice / raw placement-group reserve", TARGETS["reserve-1"], "reserve-1"),
-        growth(),
-        ratio("call on a held slice / raw tasks on the same group", TARGETS["held"], "held"),
+        ("held", "held", "call on a held slice"),
     ]
-    return [t for t in found if t is not None]
+    if many > 1:
+        goals.insert(
+            3, (f"reserve-{many}-run", "reserve-n-run", f"reserve {slices(many)} + first run")
+        )
+    found = []
+    for op, kind, what in goals:
+        if (op, "ours") not in by:
+            continue
+        goal, against = TARGETS[kind]
+        ours, theirs = by[op, "ours"], by[op, "ray"]
+        value = ours.x_floor if against == "floor" else ours.x_ray
+        assert value is not None
+        found.append(
+            Target(what, against, goal, value, ours.x_floor, theirs.x_floor, value <= goal)
+        )
+    return found
 
 
 def machine() -> dict[str, Any]:
@@ -908,28 +1027,56 @@ NOTES = (
     "x floor: median / the floor's median for the same operation; x Ray: ours / Ray's.",
     "cold: the first call of each path in this driver (worker processes already started).",
     "pids/host: most distinct worker pids one host showed / calls per host (1 = one warm "
-    "process reused; fresh drivers excluded). in order: calls whose results came back in "
-    "TPU worker order.",
+    "process reused; fresh drivers excluded); after a reserve, ours' first call runs in the "
+    "owner processes that reservation starts, so ours shows a new pid per call there. in "
+    "order: calls whose results came back slice by slice in TPU worker order.",
     "n: samples per path, from every round (2 per round; 5 for held-slice calls, 1 for fresh "
     "drivers).",
+    "reserve N, first run: timed from before the reservation (floor: raw group + ready; "
+    "Ray: SlicePlacementGroup + ready; ours: SlicePlacementGroup) to the results of one call "
+    "on every host of it; the release is not timed.",
+    "right after a shutdown: each path reserves N slices, calls once and shuts them down "
+    "(untimed; its duration is the hand-back line), then at once reserves N slices again, "
+    "timed until placed.",
     "Ray's one-shot run_on_slice keeps its slice until the driver exits: in this driver the "
-    "benchmark removes the leaked group after each call (untimed); 'fresh driver' runs every "
-    "call of every path in a new driver process (it first runs a plain task per host so its "
-    "worker processes exist; only the call is timed).",
+    "benchmark removes the leaked group after each call (untimed); 'one-shot, fresh driver' "
+    "runs every call of every path in a new driver process (it first runs a plain task per "
+    "host so its worker processes exist; only the call is timed).",
+    "fresh driver, connect + reserve + run: a new driver per call, its modules loaded first; "
+    "timed: ray.init (every path alike), reserve 1 slice, the first call, its results. No "
+    "worker process is started beforehand (a new driver has none).",
     "one-shot: ours gives the slice back from a background thread once the tasks end "
     "(outside the timing); the floor's removal (one GCS call) is inside its timing.",
-    "held: floor = raw tasks into the same placement group as ours; Ray's call runs on its "
-    "own reservation of another slice.",
+    "held: floor = raw tasks into a raw group of its own slice (ours' owner processes hold "
+    "our group's TPUs); Ray's call runs on its own reservation of another slice.",
 )
 
 
-def verdicts(found: Sequence[Target]) -> list[str]:
+def handback_lines(table: Sequence[Row]) -> list[str]:
+    """Per operation that records one, each path's untimed shutdown before its timing."""
+    found: dict[str, list[str]] = {}
+    for r in table:
+        if r.handback_ms is not None:
+            found.setdefault(r.title, []).append(f"{r.path} {r.handback_ms:.1f}")
     return [
-        f"{'met   ' if t.met else 'MISSED'} {t.what}: ours {t.value:.2f}x (goal <= {t.goal}x)"
-        + (f"; Ray {t.ray_value:.2f}x" if t.ray_value is not None else "")
-        + (f"; raw Ray itself {t.floor_value:.2f}x" if t.floor_value is not None else "")
-        for t in found
+        f"hand-back just before '{title}' (untimed, median ms): {', '.join(each)}"
+        for title, each in found.items()
     ]
+
+
+def verdicts(found: Sequence[Target]) -> list[str]:
+    """One line per goal, naming the ratio it is about (x floor or x Ray)."""
+    lines = []
+    for t in found:
+        unit = "x floor" if t.against == "floor" else "x Ray"
+        context = f"Ray {t.ray_x_floor:.2f}x floor"
+        if t.against != "floor":
+            context = f"ours {t.ours_x_floor:.2f}x floor, {context}"
+        lines.append(
+            f"{'met   ' if t.met else 'MISSED'} {t.what}: ours {t.value:.2f}{unit} "
+            f"(goal <= {t.goal}{unit}); {context}"
+        )
+    return lines
 
 
 def report_json(
@@ -950,12 +1097,15 @@ def report_json(
         "targets": [asdict(t) for t in found],
         "verdicts": verdicts(found),
         "samples_ms": samples,
+        "handback_ms_median": {
+            f"{r.op}/{r.path}": round(r.handback_ms, 1) for r in table if r.handback_ms is not None
+        },
         "settle_ms_median": round(statistics.median(SETTLING.waits) * 1000, 1),
         "cleanups": SETTLING.cleanups,
         "fresh_driver_wall_s_median": (
             round(statistics.median(SETTLING.child_walls), 2) if SETTLING.child_walls else None
         ),
-        "notes": list(NOTES),
+        "notes": [*handback_lines(table), *NOTES],
     }
 
 
@@ -983,9 +1133,13 @@ def parse_args() -> argparse.Namespace:
         "--only",
         type=lambda text: [k for k in text.split(",") if k],
         default=[],
-        help="run only these operations (keys such as reserve-1,subslice,subslice-learn)",
+        help=(
+            "run only these operations (keys such as reserve-1,reserve-4-run,"
+            "reserve-4-after-shutdown,fresh-reserve-run,subslice)"
+        ),
     )
     parser.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
+    parser.add_argument("--child-op", choices=tuple(CHILD_OPS), help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--slice-name", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1015,13 +1169,13 @@ def main() -> None:
         "wall_s": round(now() - started, 1),
     }
     table = rows(records)
-    found = targets(table)
+    found = targets(table, many_slices(args.slices))
     if args.json:
         print(json.dumps(report_json(records, table, found, info, host), indent=2))
         return
     console = Console(width=max(Console().width, 124))
     console.print(render(table, found, info))
-    for line in (*verdicts(found), *NOTES):
+    for line in (*verdicts(found), *handback_lines(table), *NOTES):
         console.print(line, highlight=False)
     console.print(f"machine: {host}; wall {info['wall_s']} s", highlight=False)
 

@@ -11,8 +11,8 @@ and another tried. Any failure or interrupt removes everything made so far.
 When the request cannot be met at once, or others already wait for its kind of slice,
 it waits in the cluster-wide queue (:mod:`tpuslice.queue_actor`) and claims exactly the
 slices the queue grants it, all at once: it never holds some slices while it waits for
-more. If no queue can be reached, it waits as before (claiming what it can) and the log
-says so once.
+more. If no queue can be reached, it polls the cluster on its own (claiming what it
+can, in no arrival order) and the log says so once.
 """
 
 from __future__ import annotations

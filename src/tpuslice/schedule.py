@@ -1,4 +1,4 @@
-"""Who gets idle slices next: the policy of the cluster-wide queue (issue 15). Pure.
+"""Who gets idle slices next: the policy of the cluster-wide queue. Pure.
 
 Requests wait for slices of one *kind* (the slices that can serve them, e.g. every
 ``v6e-16``). Each pass over the queue decides, from the waiters, the idle slices and the

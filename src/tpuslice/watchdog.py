@@ -1,4 +1,4 @@
-"""What a running gang is watched for, besides its tasks' own errors (issue 16).
+"""What a running gang is watched for, besides its tasks' own errors.
 
 - **Notices.** A host of the attempt warned of preemption or maintenance (its agent's
   record, :mod:`tpuslice.notices`): the run says so (a ``notice`` event), gives the user's

@@ -359,3 +359,31 @@ def test_the_first_call_runs_in_the_process_that_owns_the_tpu_until_the_hand_bac
         again = ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=spg))
     assert set(again) <= before and not set(again) & set(first)
     assert not tpu_cluster.tpu_owners()
+
+
+@ray.remote
+def sleep_then_pid() -> int:
+    time.sleep(60)
+    return os.getpid()
+
+
+def test_an_owner_that_never_opened_the_tpu_runs_the_next_slices_first_call(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """At a hand-back, an owner whose calls never took the TPU stays up, and the next slice
+    held on its host runs its first call there, in a process already running. An owner
+    still busy with a call at the hand-back is killed (its call might be opening the
+    TPU), and so is one that opened it: neither runs another slice's calls."""
+    with tpuslice.SlicePlacementGroup(**V6E) as spg:
+        name = spg.slice_names[0]
+        first = ray.get(tpuslice.run_on_slice(own_pid, tpu_slice=spg))
+    with tpuslice.SlicePlacementGroup(**V6E) as spg:
+        assert spg.slice_names == [name]
+        assert ray.get(tpuslice.run_on_slice(own_pid, tpu_slice=spg)) == first
+        tpuslice.run_on_slice(sleep_then_pid, tpu_slice=spg)  # still running at the exit
+    wait_for(lambda: not set(first) & owner_processes(), timeout=60, what="busy owners gone")
+    with tpuslice.SlicePlacementGroup(**V6E) as spg:
+        opened = ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=spg))
+    assert not set(opened) & set(first)
+    wait_for(lambda: not set(opened) & owner_processes(), timeout=60, what="TPU owners gone")
+    assert not tpu_cluster.tpu_owners()

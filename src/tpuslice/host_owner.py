@@ -39,6 +39,20 @@ class HostOwner:
         """
         return call_in_context(function, env, args, kwargs)
 
+    def clean(self) -> bool:
+        """Whether this process may run another slice's calls on this host: it holds
+        neither libtpu's lock nor a TPU device (its calls never opened the TPU, which
+        libtpu would keep until the process exits).
+
+        Returns:
+            ``True`` if it holds neither.
+        """
+        import os
+
+        from tpuslice.tpu_lock import holds_tpu, host_root
+
+        return not holds_tpu(os.getpid(), host_root())
+
     def ping(self) -> int:
         """This owner's pid (the call also proves the owner started).
 

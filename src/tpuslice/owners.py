@@ -20,14 +20,18 @@ on a held slice (``tpu_slice=``) runs each rank's call in that bundle's *owner*:
   and concurrent gangs cannot deadlock across hosts;
 - a :class:`~tpuslice.SliceActorGroup` on the slice *is* its owners while it lives:
   calls enter its actors through Ray's ``__ray_call__``;
-- when the slice is handed back the owners are killed, and each host's agent confirms
-  that no process of this job still owns its TPU (:mod:`tpuslice.agent`).
+- when the slice is handed back, an owner whose calls never opened the TPU (it holds
+  neither libtpu's lock nor a device) stays up as the driver's spare on its host, so the
+  next slice held there runs its first call at once; every other owner is killed, since
+  libtpu keeps the TPU until its process exits. Then each host's agent confirms that no
+  process of this job still owns its TPU (:mod:`tpuslice.agent`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -36,7 +40,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tpuslice.errors import InvalidArgumentError
 from tpuslice.host_owner import RemoteOwner, call_in_actor, pid_of_actor
 from tpuslice.labels import CallEnv
-from tpuslice.spares import SPARES
+from tpuslice.spares import SPARES, Spare
+
+CLEAN_WAIT_S = 2.0
+"""How long a hand-back waits for its idle owners to say whether they are clean (one
+actor call each); an owner that has not answered by then is killed, as before."""
 
 
 class Owners:
@@ -52,6 +60,9 @@ class Owners:
         self.handles = list(handles)
         self.actor_group = actor_group
         self._submit_lock = threading.Lock()
+        self._last: list[Any] = [None] * len(self.handles)
+        """Per rank, a ref of the last call submitted to its owner: an owner runs its
+        calls in order, so once that one is done the owner is idle."""
         self._pid_refs: list[Any] = (
             [h.__ray_call__.remote(pid_of_actor) for h in self.handles] if actor_group else []
         )
@@ -158,10 +169,49 @@ class Owners:
                     .remote(call_in_actor, function, env, args, kwargs)
                     for rank, env in envs
                 ]
-            return [
+            refs = [
                 self.handles[rank].call.options(**options).remote(function, env, args, kwargs)
                 for rank, env in envs
             ]
+            for (rank, _), ref in zip(envs, refs, strict=True):
+                self._last[rank] = ref[0] if isinstance(ref, list) and ref else ref
+            return refs
+
+    def take_clean(
+        self, rank_nodes: Sequence[str], timeout_s: float = CLEAN_WAIT_S
+    ) -> dict[str, Spare]:
+        """Take out the owners that can serve another slice on their host: idle (their
+        last call is done), and clean (:meth:`~tpuslice.host_owner.HostOwner.clean`).
+        The rest stay in, for :meth:`kill`.
+
+        Args:
+            rank_nodes: The node id of each rank's host (one rank per host).
+            timeout_s: Bound on waiting for the owners' answers.
+
+        Returns:
+            The owners taken out, by node id.
+        """
+        if self.actor_group or len(set(rank_nodes)) != len(self.handles):
+            return {}
+        asked: dict[int, Any] = {}
+        for rank, last in enumerate(self._last):
+            if last is not None and not ray.wait([last], timeout=0)[0]:
+                continue  # still running a call: it may be about to open the TPU
+            if rank < len(self._pid_refs):
+                asked[rank] = self.handles[rank].clean.remote()
+        if not asked:
+            return {}
+        ray.wait(list(asked.values()), num_returns=len(asked), timeout=timeout_s)
+        taken: dict[str, Spare] = {}
+        for rank, ref in asked.items():
+            try:
+                if ray.get(ref, timeout=0) is True:
+                    taken[rank_nodes[rank]] = Spare(self.handles[rank], self._pid_refs[rank])
+            except (ray.exceptions.RayError, TimeoutError):
+                continue  # died, or did not answer in time: killed with the rest
+        kept = {id(spare.handle) for spare in taken.values()}
+        self.handles = [h for h in self.handles if id(h) not in kept]
+        return taken
 
     def kill(self) -> None:
         """Kill tpuslice's own owners (their TPUs are freed as the processes exit). An
@@ -170,6 +220,20 @@ class Owners:
             for handle in self.handles:
                 ray.kill(handle, no_restart=True)
         self.handles = []
+
+
+@dataclass
+class HandBack:
+    """What a slice's hand-back leaves for the driver's next slices on its hosts.
+
+    Attributes:
+        kept: Owners that never opened their TPU, still up, by node id: spares now.
+        restock: Hosts whose owners were killed and whose TPU is confirmed free: each
+            should get a new spare (:meth:`~tpuslice.spares.SpareOwners.refill`).
+    """
+
+    kept: dict[str, Spare]
+    restock: list[str]
 
 
 class SliceOwnership:
@@ -295,29 +359,42 @@ class SliceOwnership:
         for node, found in pids.items():
             self._departed.setdefault(node, set()).update(found)
 
-    def hand_back(self, pids: Mapping[str, set[int]] | None = None) -> list[str]:
-        """Kill tpuslice's own owners, then confirm on every host that none of the
-        processes that ran this slice's work owns its TPU (stopping any that does).
+    def hand_back(self, pids: Mapping[str, set[int]] | None = None) -> HandBack:
+        """Take out the owners that stay up as spares (:meth:`Owners.take_clean`), kill
+        the rest, then confirm on every host that none of the processes that ran this
+        slice's work owns its TPU (stopping any that does).
 
         Args:
             pids: Per host, pids of processes that ran tasks of this slice.
 
         Returns:
-            The hosts that should get a new spare owner once the slice is handed back
-            (:meth:`~tpuslice.spares.SpareOwners.refill`): those whose owners were this
-            driver's spares and whose agents confirmed the TPU free.
+            The owners kept, and the hosts that should get a new spare (see
+            :class:`HandBack`).
         """
         with self._lock:
             owners, self._owners = self._owners, None
         known = {node: set(p) for node, p in (pids or {}).items()}
+        kept: dict[str, Spare] = {}
         if owners is not None:
-            for node, pid in owners.pids(self._rank_nodes()).items():
+            nodes = list(self._rank_nodes())
+            for node, pid in owners.pids(nodes).items():
                 known.setdefault(node, set()).update(pid)
+            if self._whole_hosts:
+                kept = owners.take_clean(nodes)
             owners.kill()
-        answered = self.confirm_free(known)
+        try:
+            answered = self.confirm_free(known)
+        except BaseException:
+            for spare in kept.values():
+                ray.kill(spare.handle, no_restart=True)
+            raise
+        for node in [n for n in kept if answered.get(n, False) is not None]:
+            # The host's TPU is not confirmed free: a spare there would only wait.
+            ray.kill(kept.pop(node).handle, no_restart=True)
         if owners is None or owners.actor_group or not self._whole_hosts:
-            return []
-        return [node for node, found in answered.items() if found is None]
+            return HandBack(kept, [])
+        restock = [n for n, found in answered.items() if found is None and n not in kept]
+        return HandBack(kept, restock)
 
     def confirm_free(self, pids: Mapping[str, set[int]] | None = None) -> dict[str, Any]:
         """Have each host's agent stop this job's TPU owners there and confirm it.

@@ -455,16 +455,22 @@ class SlicePlacementGroup(ShutsDownOnExit):
         return found
 
     def shutdown(self) -> None:
-        """Give the slices back: stop the tasks and owner processes started here by
-        tpuslice, confirm on each host that no process of this job still owns its TPU
+        """Give the slices back: stop the tasks started here by tpuslice and every owner
+        process that opened a TPU (an owner that never did stays up, as this driver's
+        spare on its host), confirm on each host that no process of this job still owns its TPU
         (stopping any that does), remove every worker and head group, and wait (bounded)
         until Ray's resource view shows the hosts free, so that the slices are claimable
         at once when this returns (see :func:`tpuslice.cluster.wait_freed`). Idempotent."""
         pids = self._reported_pids()
         self._cancel_launched()
-        restock = self.ownership.hand_back(pids) if self._reservation.claims else []
-        if restock:
-            restock = self._lasting(restock)
+        left = self.ownership.hand_back(pids) if self._reservation.claims else None
+        restock: list[str] = []
+        if left is not None:
+            lasting = set(self._lasting([*left.kept, *left.restock]))
+            for node in [n for n in left.kept if n not in lasting]:
+                ray.kill(left.kept.pop(node).handle, no_restart=True)
+            SPARES.keep(left.kept)
+            restock = [n for n in left.restock if n in lasting]
         reservation, self._reservation = self._reservation, Reservation()
         # Heads first: a slice whose head is free while its TPUs are still held looks
         # busy to everyone; the other order would show it claimed with no work on it.

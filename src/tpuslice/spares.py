@@ -1,18 +1,20 @@
-"""Spare owners: one idle owner per TPU host, per driver, started ahead of use.
+"""Spare owners: one idle owner per TPU host, per driver, up before it is needed.
 
-A held slice's first call waits for an owner process on every host (see
-:mod:`tpuslice.owners`): 0.5-1 s on a TPU VM, several seconds on this project's
-simulator, where 16 simulated hosts share 2 cores. An owner whose bundle is a whole
-host's TPU holds no Ray resources, so it can start before its slice is reserved: after a
-hand-back, the driver starts a new spare on each host it gave back, and the next slice
-held there adopts it. A spare that was never used ran nothing and holds no TPU.
+A held slice's first call would otherwise wait for an owner process on every host (see
+:mod:`tpuslice.owners`): about 1 s each for Python and Ray's imports, several seconds on
+this project's simulator, where 16 simulated hosts share 2 cores. An owner whose bundle
+is a whole host's TPU holds no Ray resources, so it can outlive its slice, or start
+before one is reserved. At a hand-back, an owner that never opened the TPU stays up as
+the spare on its host (:meth:`SpareOwners.keep`); where an owner had to go, the driver
+starts a new spare (:meth:`SpareOwners.refill`). The next slice held there adopts it.
+A spare holds no TPU.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +88,25 @@ class SpareOwners:
         if spare is not None and spare.state() != "failed":
             return spare
         return _start_pinned(node_id)
+
+    def keep(self, spares: Mapping[str, Spare]) -> None:
+        """Owners that stay up after a hand-back become this job's spares on their hosts
+        (one per host: a spare already there is stopped).
+
+        Args:
+            spares: The owners, by node id (see
+                :meth:`~tpuslice.owners.Owners.take_clean`).
+        """
+        if not spares:
+            return
+        job, now = _job(), time.monotonic()
+        with self._lock:
+            old = [self._idle.pop((job, node), None) for node in spares]
+            for node, spare in spares.items():
+                self._idle[job, node] = Spare(spare.handle, spare.pid, now)
+        for extra in old:
+            if extra is not None:
+                ray.kill(extra.handle, no_restart=True)
 
     def refill(self, node_ids: Collection[str]) -> None:
         """Start a spare on each of these hosts that has none (not waited for), and stop

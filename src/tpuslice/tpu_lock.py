@@ -262,6 +262,22 @@ def find_owner(
     return describe_process(holders[0], False, proc) if holders else None
 
 
+def holds_tpu(pid: int, root: Path, proc: Path = PROC) -> bool:
+    """Whether ``pid`` holds ``root``'s TPU: libtpu's lock, or any TPU device open.
+
+    Args:
+        pid: The process.
+        root: The host root (:func:`host_root`).
+        proc: Where procfs is mounted.
+
+    Returns:
+        ``True`` if it holds either.
+    """
+    if lock_holder(root, proc) == pid:
+        return True
+    return _holds(pid, {str(path) for path in tpu_devices(root)}, proc)
+
+
 def _holds(pid: int, devices: set[str], proc: Path) -> bool:
     """Whether ``pid`` has any of ``devices`` open."""
     with contextlib.suppress(OSError):

@@ -36,9 +36,9 @@ import ray.util.tpu as ray_tpu
 from rich.console import Console
 from rich.table import Table
 
-from tpuslice.cluster import build_snapshot
-from tpuslice.labels import host_labels, host_resources
-from tpuslice.topology import slice_shape
+from tpuslice._tpu.labels import host_labels, host_resources
+from tpuslice._tpu.topology import slice_shape
+from tpuslice._view.cluster import build_snapshot
 
 SIZES = (100, 1_000, 10_000)
 SHAPES = (

@@ -233,7 +233,7 @@ def child_main(args: argparse.Namespace) -> None:
     import tpuslice  # noqa: F401  (loaded before the start, as a user's script would be)
 
     if args.path == "ours-noqueue":  # tpuslice as before the queue: each waiter polls
-        from tpuslice import ops
+        from tpuslice._reserve import ops
         from tpuslice.errors import QueueUnreachableError
 
         def no_queue(self: object) -> object:
@@ -267,7 +267,7 @@ def child_main(args: argparse.Namespace) -> None:
 def trace_phases(jobs: list[Job]) -> None:
     """Record each job's grant, hold and hand-back times in this driver (jobs run one
     after another, so the latest job is the one being reserved)."""
-    from tpuslice import claim, reserve
+    from tpuslice._reserve import claim, reserve
 
     wait_for_grant = claim.Reserver._wait_for_grant
     from_request = reserve.SlicePlacementGroup.from_request.__func__  # type: ignore[attr-defined]

@@ -3,7 +3,7 @@
 Usage: ``python benchmarks/bench_owner_start.py [--rounds 5] [--json]``
 
 A held slice's first call runs in an owner process on every host (see
-``tpuslice.owners``). A driver's first reservation on a host has no spare there yet, so
+``tpuslice._reserve.owners``). A driver's first reservation on a host has no spare there yet, so
 the call waits for that process to start. On a TPU VM every host starts its own owner on
 its own cores, in parallel, so the wait is one process start whatever the slice's size;
 on this project's simulator, 16 hosts share 2 cores, so the starts queue for the CPU.
@@ -11,7 +11,7 @@ This benchmark measures the single start, on a local one-node Ray with 2 CPUs an
 simulated hosts, which is the figure a TPU VM's host would pay:
 
 - ``python -c "import ray"``: the interpreter and Ray's imports, in a new process;
-- ``import tpuslice.host_owner``: what an owner process imports beyond Ray's worker;
+- ``import tpuslice._host.host_owner``: what an owner process imports beyond Ray's worker;
 - ``owner actor start``: from creating an owner actor to its first answer (a new worker
   process, Ray's registration, the import above);
 - ``task on a warm worker``: a plain task on a worker already running, the cost Ray's
@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import ray
 
-from tpuslice.host_owner import RemoteOwner
+from tpuslice._host.host_owner import RemoteOwner
 
 
 def seconds(action: Callable[[], object]) -> float:
@@ -47,9 +47,9 @@ def in_new_python(code: str) -> float:
 
 
 def owner_imports() -> float:
-    """Seconds ``import tpuslice.host_owner`` takes in a new process that has Ray."""
+    """Seconds ``import tpuslice._host.host_owner`` takes in a new process that has Ray."""
     code = (
-        "import time, ray; started = time.perf_counter(); import tpuslice.host_owner; "
+        "import time, ray; started = time.perf_counter(); import tpuslice._host.host_owner; "
         "print(time.perf_counter() - started)"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
@@ -82,14 +82,14 @@ def main() -> None:
         ray.get(owner.ping.remote())
         rows: dict[str, list[float]] = {
             'python -c "import ray"': [],
-            "import tpuslice.host_owner (after ray)": [],
+            "import tpuslice._host.host_owner (after ray)": [],
             "owner actor start (new process)": [],
             "task on a warm worker": [],
             "call on a running owner": [],
         }
         for _ in range(args.rounds):
             rows['python -c "import ray"'].append(in_new_python("import ray"))
-            rows["import tpuslice.host_owner (after ray)"].append(owner_imports())
+            rows["import tpuslice._host.host_owner (after ray)"].append(owner_imports())
             rows["owner actor start (new process)"].append(owner_start())
             rows["task on a warm worker"].append(seconds(lambda: ray.get(pid.remote())))
             rows["call on a running owner"].append(seconds(lambda: ray.get(owner.ping.remote())))

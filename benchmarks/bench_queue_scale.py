@@ -25,8 +25,8 @@ already idle when its driver asked are counted apart (``at once``).
 
 Designs:
 
-- ``event``: :class:`~tpuslice.queue_service.QueueService` driven by
-  :class:`~tpuslice.queue_runner.QueueRunner`, as the queue actor runs them: asks held,
+- ``event``: :class:`~tpuslice._queue.service.QueueService` driven by
+  :class:`~tpuslice._queue.runner.QueueRunner`, as the queue actor runs them: asks held,
   decisions on changes (reads in a thread), periodic looks while anyone waits.
 - ``polling``: an EMULATION of the old design, not its code: each driver polls every
   50 ms; a poll decides first if the last decision is older than 50 ms and none is under
@@ -52,12 +52,12 @@ from typing import Protocol
 from rich.console import Console
 from rich.table import Table
 
-from tpuslice.cluster import ClusterSnapshot
-from tpuslice.queue_book import Answer, Granted, Waiting
-from tpuslice.queue_runner import QueueRunner
-from tpuslice.queue_service import QueueService, SliceKind, Ticket
+from tpuslice._queue.book import Answer, Granted, Waiting
+from tpuslice._queue.runner import QueueRunner
+from tpuslice._queue.service import QueueService, SliceKind, Ticket
+from tpuslice._tpu.topology import slice_shape
+from tpuslice._view.cluster import ClusterSnapshot
 from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
-from tpuslice.topology import slice_shape
 
 SLICES = 2_500
 KIND = SliceKind(slice_shape("4x4", "v6e"), 1)

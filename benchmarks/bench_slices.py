@@ -91,11 +91,13 @@ from rich.console import Console
 from rich.table import Table
 
 import tpuslice
-from tpuslice import _ray, layouts, subslice
-from tpuslice.cluster import SliceState, read_snapshot
-from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
+from tpuslice import _ray
+from tpuslice._tpu import subslice
+from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
+from tpuslice._tpu.topology import SliceShape, slice_shape
+from tpuslice._view import layouts
+from tpuslice._view.cluster import SliceState, read_snapshot
 from tpuslice.testing import SimulatedCluster, live_placement_groups, remove_placement_groups
-from tpuslice.topology import SliceShape, slice_shape
 
 PATHS = ("floor", "ray", "ours")
 RESERVE_SIZES = (1, 2, 4)
@@ -470,9 +472,9 @@ def child_main(args: argparse.Namespace) -> None:
     # Load every path's modules before any timing, as Ray's and the floor's already are:
     # tpuslice loads its modules on first use, and with PYTHONDONTWRITEBYTECODE=1 (set on
     # this machine) each new process also compiles them (~100-170 ms measured).
-    import tpuslice.agent
-    import tpuslice.owners
-    import tpuslice.run
+    import tpuslice._host.agent
+    import tpuslice._reserve.owners
+    import tpuslice._run.run
 
     _ = (tpuslice.run_on_slice, ray_tpu.run_on_slice)
     shape = slice_shape(args.topology, args.generation)

@@ -16,7 +16,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 import tpuslice
 import tpuslice.jax as tjax
-from tpuslice.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
+from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 
 T = TypeVar("T")
 

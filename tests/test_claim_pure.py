@@ -1,4 +1,5 @@
-"""The claiming loop (``tpuslice.claim.Reserver``) against an in-memory cluster. Pure: no Ray.
+"""The claiming loop (``tpuslice._reserve.claim.Reserver``) against an in-memory cluster.
+Pure: no Ray.
 
 Every step is reached here: claiming idle whole slices only, in one placement round (each
 slice's head resource in bundle 0 of its block), a slice breaking while the rest are
@@ -12,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from tpuslice import claim
-from tpuslice.clock import Clock
+from tpuslice._reserve import claim
+from tpuslice._reserve.request import SliceRequest
+from tpuslice._tpu.clock import Clock
+from tpuslice._tpu.labels import SLICE_NAME_LABEL
 from tpuslice.errors import InsufficientSlicesError, ReservationTimeoutError
-from tpuslice.labels import SLICE_NAME_LABEL
-from tpuslice.request import SliceRequest
 from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
 
 V6E = {"topology": "4x4", "accelerator_version": "v6e"}

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from test_claim_pure import HEAD, V6E, Placements, names, others_hosts, reserver
-from tpuslice import claim
-from tpuslice.clock import Clock
+from tpuslice._queue.book import Granted, Waiting
+from tpuslice._queue.service import REPROBE_S, QueueService, SliceKind, Ticket
+from tpuslice._reserve import claim
+from tpuslice._reserve.request import SliceRequest
+from tpuslice._tpu.clock import Clock
 from tpuslice.errors import InsufficientSlicesError, QueueUnreachableError, ReservationTimeoutError
-from tpuslice.queue_book import Granted, Waiting
-from tpuslice.queue_service import REPROBE_S, QueueService, SliceKind, Ticket
-from tpuslice.request import SliceRequest
 from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
 
 
@@ -126,7 +126,7 @@ def test_the_queue_restarting_keeps_the_waiters_order(caplog: pytest.LogCaptureF
 
     cluster.script("sleep", 2, restart)
     cluster.script("sleep", 4, lambda: cluster.remove_group(busy))
-    with caplog.at_level(logging.INFO, logger="tpuslice.queue_place"):
+    with caplog.at_level(logging.INFO, logger="tpuslice._queue.place"):
         assert names(reserver(cluster).run()) == ["v6e-16-0"]
     assert tickets(cluster) == ["newcomer"]
     assert any("lost ticket" in r.message for r in caplog.records)
@@ -191,7 +191,7 @@ def test_without_a_queue_it_claims_directly_and_says_so_once(
     cluster = InMemoryCluster([("v6e", "4x4", 2)])
     busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
     held = free_later(cluster, 2, busy)
-    with caplog.at_level(logging.WARNING, logger="tpuslice.claim"):
+    with caplog.at_level(logging.WARNING, logger="tpuslice._reserve.claim"):
         assert names(reserver(cluster, num_slices=2).run()) == ["v6e-16-0", "v6e-16-1"]
         busy = cluster.take("v6e-16-0", 0, {"TPU": 1})
         with pytest.raises(ReservationTimeoutError, match="holding 0 of 1"):
@@ -372,7 +372,7 @@ def test_a_queued_request_lets_autoscaler_demand_go_rather_than_adopt_it() -> No
 def test_a_requeue_keeps_the_place_against_a_decision_between_its_calls() -> None:
     """The grant is given back while a later waiter polls between every call ours makes
     to the queue: the slice given back is granted to ours again, not to the later one."""
-    from tpuslice.queue_place import QueuePlace
+    from tpuslice._queue.place import QueuePlace
 
     cluster = queued_cluster(1)
     busy = cluster.take("v6e-16-0", 0, {"TPU": 4})

@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.cluster
 
-TPUSLICE = [sys.executable, "-m", "tpuslice.cli"]
+TPUSLICE = [sys.executable, "-m", "tpuslice.cli.commands"]
 
 
 def clean_env() -> dict[str, str]:

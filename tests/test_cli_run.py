@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from clusterutil import wait_for
-from tpuslice.cli import main
-from tpuslice.cli_jobs import _offer_simulator
+from tpuslice.cli.commands import main
+from tpuslice.cli.jobs import _offer_simulator
 from tpuslice.testing import SimulatedCluster, SliceSpec, live_placement_groups
 
 pytestmark = pytest.mark.cluster
@@ -82,7 +82,7 @@ def test_ctrl_c_cancels_the_commands_and_frees_the_slices(
         [
             sys.executable,
             "-m",
-            "tpuslice.cli",
+            "tpuslice.cli.commands",
             "run",
             "--address",
             tpu_cluster.address,

@@ -6,8 +6,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 import tpuslice
-from tpuslice import topology as topo
-from tpuslice.cli import main
+from tpuslice._tpu import topology as topo
+from tpuslice.cli.commands import main
 
 
 def invoke(*args: str, columns: int = 200) -> Result:

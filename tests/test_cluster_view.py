@@ -1,7 +1,7 @@
-"""The cluster view (``tpuslice.cluster``) on synthetic ``ray.nodes()`` records. Pure: no Ray.
+"""The cluster view (``tpuslice._view.cluster``) on synthetic ``ray.nodes()`` records. Pure: no Ray.
 
 Records are built here, from Ray's conventions spelled out literally (not from
-``tpuslice.labels``), so these tests also pin what we expect a real TPU VM to look like:
+``tpuslice._tpu.labels``), so these tests also pin what we expect a real TPU VM to look like:
 ``TPU`` = chips on the VM, the slice-name resource on every host, ``TPU-<pod>-head`` on
 worker 0, the ``ray.io/tpu-*`` labels, and ``Resources == {}`` for a dead node (Ray
 reports no resources for dead nodes). A resource fully in use is *absent* from a node's
@@ -19,21 +19,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tpuslice import _ray
-from tpuslice.cluster import (
+from tpuslice._host.notices import Notice
+from tpuslice._tpu.topology import SliceShape, all_shapes, slice_shape
+from tpuslice._view.cluster import (
     ClusterSnapshot,
     HostState,
     SliceInfo,
     SliceState,
     build_snapshot,
 )
-from tpuslice.notices import Notice
-from tpuslice.slices import (
+from tpuslice._view.slices import (
     get_num_ready_tpu_slices,
     get_num_tpu_slices,
     get_tpu_nodes_for_slice,
     get_tpu_slice_name_from_node,
 )
-from tpuslice.topology import SliceShape, all_shapes, slice_shape
 
 Node = dict[str, Any]
 Available = dict[str, dict[str, float]]

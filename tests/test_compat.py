@@ -21,7 +21,7 @@ from ray._private.accelerators import tpu as ray_accel_tpu
 from ray._private.accelerators.tpu import VALID_TPU_TOPOLOGY
 
 import tpuslice
-from tpuslice import compat
+from tpuslice._tpu import compat
 from tpuslice.errors import InvalidArgumentError, InvalidResourceError, InvalidTopologyError
 
 GENERATIONS = sorted(VALID_TPU_TOPOLOGY)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import tpuslice
-from tpuslice import compat
+from tpuslice._tpu import compat
 
 if TYPE_CHECKING:  # the pure tests import no Ray
     from tpuslice.testing import SimulatedCluster
@@ -230,7 +230,7 @@ def test_difference_tables_are_generated_from_compat() -> None:
 def test_cli_reference_has_every_command_and_option() -> None:
     import click
 
-    from tpuslice.cli import main
+    from tpuslice.cli.commands import main
 
     hooks = load_hooks()
     page = (DOCS / "cli.md").read_text(encoding="utf-8")
@@ -255,18 +255,25 @@ def test_sphinx_roles_become_optional_cross_references() -> None:
     package = griffe.load("tpuslice", search_paths=[str(ROOT / "src")])
     spg = package["reserve.SlicePlacementGroup"]
     sub = package["subslices.SubslicePlacementGroup"]
-    assert roles.resolve(spg, "shutdown") == "tpuslice.reserve.SlicePlacementGroup.shutdown"
-    assert roles.resolve(sub, "shutdown") == "tpuslice.reserve.SlicePlacementGroup.shutdown"
-    assert roles.resolve(spg["__init__"], "num_slices") == (
-        "tpuslice.reserve.SlicePlacementGroup.num_slices"
+    assert (
+        roles.resolve(spg, "shutdown") == "tpuslice._reserve.reserve.SlicePlacementGroup.shutdown"
     )
-    assert roles.resolve(spg, "SliceOwnership") == "tpuslice.owners.SliceOwnership"
+    assert (
+        roles.resolve(sub, "shutdown") == "tpuslice._reserve.reserve.SlicePlacementGroup.shutdown"
+    )
+    assert roles.resolve(spg["__init__"], "num_slices") == (
+        "tpuslice._reserve.reserve.SlicePlacementGroup.num_slices"
+    )
+    assert roles.resolve(spg, "SliceOwnership") == "tpuslice._reserve.owners.SliceOwnership"
     assert roles.resolve(spg, "no_such_name") == "no_such_name"
-    text = roles.rewrite(spg, "see :meth:`~SlicePlacementGroup.shutdown` and :mod:`tpuslice.claim`")
+    text = roles.rewrite(
+        spg, "see :meth:`~SlicePlacementGroup.shutdown` and :mod:`tpuslice._reserve.claim`"
+    )
     assert text == (
-        'see <autoref identifier="tpuslice.reserve.SlicePlacementGroup.shutdown" optional>'
+        'see <autoref identifier="tpuslice._reserve.reserve.SlicePlacementGroup.shutdown" optional>'
         "<code>shutdown</code></autoref> and "
-        '<autoref identifier="tpuslice.claim" optional><code>tpuslice.claim</code></autoref>'
+        '<autoref identifier="tpuslice._reserve.claim" optional>'
+        "<code>tpuslice._reserve.claim</code></autoref>"
     )
     roles.rewrite_tree(package)
     left = [

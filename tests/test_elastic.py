@@ -20,7 +20,7 @@ from click.testing import CliRunner
 import tpuslice
 from clusterutil import hold_host, markers_written, wait_for
 from tpuslice import AttemptEvent
-from tpuslice.cli import main
+from tpuslice.cli.commands import main
 from tpuslice.testing import SimulatedCluster, assert_no_placement_groups
 
 pytestmark = pytest.mark.cluster

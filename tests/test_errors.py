@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 import ray.exceptions
 
-from tpuslice.context import HostContext
+from tpuslice._host.context import HostContext
+from tpuslice._run.shell import HostResult, _follow
 from tpuslice.errors import first_line
-from tpuslice.shell import HostResult, _follow
 
 
 @pytest.mark.parametrize(

@@ -140,7 +140,7 @@ def test_a_put_failing_any_way_drops_that_event_and_the_writer_lives_on() -> Non
 
 
 def test_observing_never_raises_into_the_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tpuslice import observe
+    from tpuslice import _observe as observe
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("can't start new thread")

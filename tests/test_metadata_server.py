@@ -2,7 +2,7 @@
 
 The server is as strict as GCE (403 without the header, 404 for unknown paths), gives
 each value an ETag, and holds ``wait_for_change`` requests until the value changes or
-``timeout_sec`` passes; :func:`tpuslice.metadata.watch` and node detection read it
+``timeout_sec`` passes; :func:`tpuslice._host.metadata.watch` and node detection read it
 through ``GCE_METADATA_HOST``, as Google's client libraries do.
 """
 
@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import pytest
 
 from clusterutil import wait_for
-from tpuslice import metadata, node
-from tpuslice.metadata import MetadataClient, metadata_root, watch
-from tpuslice.testing.metadata_server import (
+from tpuslice._host import metadata, node
+from tpuslice._host.metadata import MetadataClient, metadata_root, watch
+from tpuslice._sim.metadata_server import (
     MAINTENANCE_EVENT,
     PREEMPTED,
     MetadataServer,

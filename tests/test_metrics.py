@@ -6,8 +6,8 @@ import pytest
 
 from test_status import mixed_snapshot, queued_snapshot
 from tpuslice import metrics
-from tpuslice.observe import describe_request
-from tpuslice.request import SliceRequest
+from tpuslice._observe import describe_request
+from tpuslice._reserve.request import SliceRequest
 
 
 def values(snapshot: object, known: set[str] | None = None) -> dict[tuple[str, ...], float]:

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from clusterutil import exported_metrics, wait_for
 from test_dashboard import load, queried_metrics
 from tpuslice import metrics
-from tpuslice.cli import main
+from tpuslice.cli.commands import main
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
 pytestmark = pytest.mark.cluster

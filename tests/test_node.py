@@ -1,4 +1,4 @@
-"""Tests for tpuslice.node ("this host"): env, a real local HTTP metadata server, fake /dev.
+"""Tests for tpuslice._host.node ("this host"): env, a real local HTTP metadata server, fake /dev.
 
 No Ray cluster. The metadata server is http.server on 127.0.0.1 (port 0) in a thread;
 device trees are built under tmp_path and passed as ``root``.
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from tpuslice import metadata, node
+from tpuslice._host import metadata, node
+from tpuslice._host.metadata import MetadataClient
+from tpuslice._host.node import HostTPUInfo
 from tpuslice.errors import InvalidArgumentError
-from tpuslice.metadata import MetadataClient
-from tpuslice.node import HostTPUInfo
 
 PREFIX = "/computeMetadata/v1/instance/attributes/"
 GCE_ATTRIBUTES = {
@@ -410,7 +410,7 @@ def test_bad_metadata_is_logged_at_debug_and_ignored(
         "instance-id": "slice-a",
     }
     server = serve(attributes=attributes)
-    with caplog.at_level(logging.DEBUG, logger="tpuslice.node"):
+    with caplog.at_level(logging.DEBUG, logger="tpuslice._host.node"):
         info = node.detect(env={}, metadata=MetadataClient(server.base_url, 5), root=tmp_path)
     assert info == HostTPUInfo(slice_name="slice-a")
     logged = caplog.text

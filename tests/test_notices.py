@@ -1,4 +1,4 @@
-"""Notices from a host's metadata (tpuslice.notices): what counts as one, and the watch
+"""Notices from a host's metadata (tpuslice._host.notices): what counts as one, and the watch
 loop, against a scripted long-poll and against the simulator's metadata server. No Ray."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from collections.abc import Iterator
 import pytest
 
 from clusterutil import wait_for
-from tpuslice.metadata import Watched, metadata_root, watch
-from tpuslice.notices import (
+from tpuslice._host.metadata import Watched, metadata_root, watch
+from tpuslice._host.notices import (
     MAINTENANCE_PATH,
     PREEMPTED_PATH,
     Notice,
     notice_of,
     watch_value,
 )
-from tpuslice.testing.metadata_server import MetadataServer, host_values
+from tpuslice._sim.metadata_server import MetadataServer, host_values
 
 
 def make(kind: str, event: str, since: float) -> Notice:
@@ -140,8 +140,9 @@ def test_the_cluster_view_drops_notices_left_by_hosts_long_gone(
     deletes a notice STALE_S past its deadline (and keeps a fresh one)."""
     import time
 
-    from tpuslice import _ray, agent
-    from tpuslice.notices import STALE_S
+    from tpuslice import _ray
+    from tpuslice._host import agent
+    from tpuslice._host.notices import STALE_S
 
     now = time.time()
     old = Notice("preemption", "TRUE", now - STALE_S - 60, now - STALE_S - 30, "n1", "s", 0)
@@ -160,7 +161,7 @@ def test_the_cluster_view_drops_notices_left_by_hosts_long_gone(
 def test_a_server_that_cannot_hold_requests_is_asked_every_retry_s_not_in_a_loop() -> None:
     """No ETag (a 404 from a metadata server without the value, as GKE's may be): every
     answer, changed or not, is followed by a RETRY_S pause."""
-    from tpuslice.notices import RETRY_S
+    from tpuslice._host.notices import RETRY_S
 
     class Stop(threading.Event):
         def __init__(self) -> None:

@@ -1,5 +1,5 @@
 """TPU ownership on the simulator: one process per host owns its TPU (libtpu's lock, see
-tpuslice.testing.libtpu), and a slice handed back has a free TPU on every host.
+tpuslice._sim.libtpu), and a slice handed back has a free TPU on every host.
 
 Every test ends (through the ``tpu_cluster`` fixture) with no placement group left and
 no simulated TPU owned."""
@@ -23,16 +23,16 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import tpuslice
 from clusterutil import hold_host, wait_for
-from tpuslice.agent import FRESH_S
-from tpuslice.cli import main
+from tpuslice._host.agent import FRESH_S
+from tpuslice._host.tpu_lock import SIM_ROOT_ENV
+from tpuslice.cli.commands import main
 from tpuslice.testing import SimulatedCluster
-from tpuslice.tpu_lock import SIM_ROOT_ENV
 
 pytestmark = pytest.mark.cluster
 
 V6E = {"topology": "4x4", "accelerator_version": "v6e"}
 OPEN_AND_HOLD = (
-    "from tpuslice.testing.libtpu import open_tpu; open_tpu(); "
+    "from tpuslice._sim.libtpu import open_tpu; open_tpu(); "
     "print('held', flush=True); import time; time.sleep(300)"
 )
 
@@ -199,7 +199,16 @@ def test_ctrl_c_of_tpuslice_run_then_a_new_run(tpu_cluster: SimulatedCluster) ->
     def run(command: str) -> subprocess.Popen[str]:
         argv = ["run", "--address", tpu_cluster.address, "--topology", "2x2x2"]
         return subprocess.Popen(
-            [sys.executable, "-m", "tpuslice.cli", *argv, "--accelerator", "v4", "--", command],
+            [
+                sys.executable,
+                "-m",
+                "tpuslice.cli.commands",
+                *argv,
+                "--accelerator",
+                "v4",
+                "--",
+                command,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -215,7 +224,7 @@ def test_ctrl_c_of_tpuslice_run_then_a_new_run(tpu_cluster: SimulatedCluster) ->
         if first.poll() is None:
             first.kill()
     assert first.returncode == 130, err[-2000:]
-    opened = f'{sys.executable} -c "from tpuslice.testing.libtpu import open_tpu; open_tpu()"'
+    opened = f'{sys.executable} -c "from tpuslice._sim.libtpu import open_tpu; open_tpu()"'
     second = run(opened)
     out, err = second.communicate(timeout=180)
     assert second.returncode == 0, (out + err)[-3000:]

@@ -23,11 +23,11 @@ import ray
 import tpuslice
 from clusterutil import hold_host, markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome, _ray
-from tpuslice.cluster import SliceState, read_snapshot
-from tpuslice.status import state_label
+from tpuslice._sim.procs import pid_alive
+from tpuslice._sim.simulated import MIGRATE_ON_MAINTENANCE
+from tpuslice._view.cluster import SliceState, read_snapshot
+from tpuslice.cli.status import state_label
 from tpuslice.testing import SimulatedCluster, assert_no_placement_groups
-from tpuslice.testing.procs import pid_alive
-from tpuslice.testing.simulated import MIGRATE_ON_MAINTENANCE
 
 pytestmark = pytest.mark.cluster
 
@@ -268,8 +268,8 @@ def env_and_pid() -> tuple[str, int, str, str, dict[str, Any]]:
     """This host's context, pid and MEGASCALE, and the host as node detection finds it
     with no TPU_* variables (a GCE TPU VM): through the metadata server that
     ``GCE_METADATA_HOST`` names."""
-    from tpuslice import node
-    from tpuslice.metadata import watch
+    from tpuslice._host import node
+    from tpuslice._host.metadata import watch
 
     host = tpuslice.current_host()
     info = node.detect(env={k: v for k, v in os.environ.items() if not k.startswith("TPU_")})

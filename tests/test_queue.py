@@ -22,8 +22,8 @@ import ray
 
 import tpuslice
 from clusterutil import exit_cleanly, hold_host, wait_for
-from tpuslice.cluster import read_snapshot
-from tpuslice.queue_record import QueuedRequest
+from tpuslice._view.cluster import read_snapshot
+from tpuslice._view.queue_record import QueuedRequest
 from tpuslice.testing import SimulatedCluster, assert_no_placement_groups
 
 pytestmark = pytest.mark.cluster
@@ -153,7 +153,7 @@ def test_a_waiter_whose_driver_dies_leaves_the_queue_at_once(
 ) -> None:
     """Killed without a word: its ticket goes as soon as Ray marks its job dead, long
     before its lease would run out, and the next waiter moves up."""
-    from tpuslice.queue_book import LEASE_S
+    from tpuslice._queue.book import LEASE_S
 
     with busy(*V4_SLICES) as held:
         doomed = start_driver(tpu_cluster.address, "doomed")
@@ -238,7 +238,7 @@ STARTS_AT_EXIT = textwrap.dedent(
     """
     import sys, threading, time, ray
     ray.init(address=sys.argv[1], log_to_driver=False)
-    from tpuslice import queue_actor
+    from tpuslice._queue import actor as queue_actor
 
     marker, original, entered = sys.argv[2], ray.get_actor, threading.Event()
 
@@ -280,9 +280,9 @@ def test_a_driver_whose_queue_was_killed_for_good_finds_a_new_one(
     """The queue actor is killed with no restart: this driver's next call says the queue
     is gone, and the one after finds the cluster's queue again (a new one, started on the
     head), instead of failing on the dead handle for the rest of the process."""
-    from tpuslice import queue_actor
+    from tpuslice._queue import actor as queue_actor
+    from tpuslice._queue.book import Unknown
     from tpuslice.errors import QueueUnreachableError
-    from tpuslice.queue_book import Unknown
 
     queue = queue_actor.slice_queue()
     old_pid = ray.get(queue.handle.pid.remote())

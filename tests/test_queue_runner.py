@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from tpuslice import queue_runner
-from tpuslice.cluster import ClusterSnapshot
-from tpuslice.queue_book import Answer, Granted, Never, Unknown, Waiting
-from tpuslice.queue_runner import QueueRunner
-from tpuslice.queue_service import QueueService, SliceKind, Ticket
+from tpuslice._queue import runner as queue_runner
+from tpuslice._queue.book import Answer, Granted, Never, Unknown, Waiting
+from tpuslice._queue.runner import QueueRunner
+from tpuslice._queue.service import QueueService, SliceKind, Ticket
+from tpuslice._tpu.topology import slice_shape
+from tpuslice._view.cluster import ClusterSnapshot
 from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
-from tpuslice.topology import slice_shape
 
 SLICE = SliceKind(slice_shape("4x4", "v6e"), 1)
 QUIET_S = 60.0

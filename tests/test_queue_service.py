@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from tpuslice.queue_book import Granted, Never, Waiting
-from tpuslice.queue_record import QueueRecord
-from tpuslice.queue_service import QueueService, SliceKind, Ticket
-from tpuslice.request import SliceRequest
+from tpuslice._queue.book import Granted, Never, Waiting
+from tpuslice._queue.service import QueueService, SliceKind, Ticket
+from tpuslice._reserve.request import SliceRequest
+from tpuslice._view.queue_record import QueueRecord
 from tpuslice.testing.memory import InMemoryCluster
 
 

@@ -9,8 +9,8 @@ import pytest
 import ray.util.tpu as ray_tpu
 
 import tpuslice
+from tpuslice._reserve.request import SliceRequest
 from tpuslice.errors import InvalidArgumentError, InvalidResourceError, InvalidTopologyError
-from tpuslice.request import SliceRequest
 
 
 def test_fields_and_defaults_are_those_of_rays_slice_placement_group() -> None:

@@ -14,7 +14,7 @@ import ray
 import tpuslice
 from clusterutil import hold_host, markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome
-from tpuslice.clock import Clock
+from tpuslice._tpu.clock import Clock
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
 pytestmark = pytest.mark.cluster
@@ -195,7 +195,7 @@ def test_user_exception_is_retried_exactly_max_retries_failure_times(
 def test_no_faults_one_attempt_results_in_rank_order(
     tpu_cluster: SimulatedCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="tpuslice.resilient")
+    caplog.set_level(logging.INFO, logger="tpuslice._run.resilient")
     events: list[AttemptEvent] = []
     results = tpuslice.run_resilient(whoami, **V4, num_slices=2, on_event=events.append)
     assert [r[0] for r in results] == [0, 1, 2, 3]
@@ -204,6 +204,6 @@ def test_no_faults_one_attempt_results_in_rank_order(
     assert [r[1] for r in results] == [names[0], names[0], names[1], names[1]]
     assert [e.kind for e in events] == ["started", "succeeded"]
     assert all(e.attempt == 1 for e in events)
-    logged = [r.getMessage() for r in caplog.records if r.name == "tpuslice.resilient"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "tpuslice._run.resilient"]
     assert logged[0] == f"attempt 1 on {', '.join(names)}: started"
     assert logged[1].startswith(f"attempt 1 on {', '.join(names)}: succeeded after ")

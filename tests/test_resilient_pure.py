@@ -9,16 +9,8 @@ import pytest
 from ray import exceptions as rex
 
 import tpuslice
-from tpuslice.clock import Clock
-from tpuslice.errors import (
-    HostLostError,
-    InvalidArgumentError,
-    ReservationTimeoutError,
-    RetriesExhaustedError,
-    SliceShutdownError,
-)
-from tpuslice.request import SliceRequest
-from tpuslice.resilient import (
+from tpuslice._reserve.request import SliceRequest
+from tpuslice._run.resilient import (
     AttemptEvent,
     Decision,
     GangBrokenError,
@@ -27,6 +19,14 @@ from tpuslice.resilient import (
     RetryPolicy,
     classify,
     summarize,
+)
+from tpuslice._tpu.clock import Clock
+from tpuslice.errors import (
+    HostLostError,
+    InvalidArgumentError,
+    ReservationTimeoutError,
+    RetriesExhaustedError,
+    SliceShutdownError,
 )
 
 PREEMPTION, FAILURE = Outcome.PREEMPTION, Outcome.FAILURE

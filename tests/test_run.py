@@ -12,8 +12,8 @@ import ray
 
 import tpuslice
 from clusterutil import exit_cleanly, wait_for, where_am_i
-from tpuslice.context import MEGASCALE_VARS, HostContext
-from tpuslice.run import launch
+from tpuslice._host.context import MEGASCALE_VARS, HostContext
+from tpuslice._run.run import launch
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
 pytestmark = pytest.mark.cluster

@@ -1,4 +1,4 @@
-"""The cluster-wide queue's policy (tpuslice.schedule): order, all-or-nothing grants,
+"""The cluster-wide queue's policy (tpuslice._queue.schedule): order, all-or-nothing grants,
 earmarks, the backfill rule, ranges; and a replay of issue 15's contention scenario. Pure."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tpuslice._queue.schedule import Decision, Holding, Waiter, decide, queue_order
 from tpuslice.errors import InvalidArgumentError
-from tpuslice.schedule import Decision, Holding, Waiter, decide, queue_order
 
 V6E = "v6e-16"
 SLICES = ["a", "b", "c", "d"]

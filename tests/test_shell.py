@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from clusterutil import wait_for
-from tpuslice.shell import command_on_host, program_name
+from tpuslice._run.shell import command_on_host, program_name
 
 
 def run(command: str, env: dict[str, str | None] | None = None) -> list[tuple[str, str | int]]:
@@ -93,7 +93,7 @@ def test_the_command_dies_with_the_process_that_ran_it(tmp_path: Path) -> None:
         f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parent.parent / "src")!r})
-        from tpuslice.shell import command_on_host
+        from tpuslice._run.shell import command_on_host
         events = command_on_host({{}}, "echo $$; exec sleep 6176")
         print(next(events)[1], flush=True)
         import time; time.sleep(600)

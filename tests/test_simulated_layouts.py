@@ -15,9 +15,10 @@ from types import ModuleType
 import pytest
 import ray._private.accelerators.tpu as ray_accel
 
-from tpuslice import layouts, subslice
-from tpuslice.testing.simulated import SIM_SITE, make_host_root, physical_layout
-from tpuslice.topology import slice_shape
+from tpuslice._sim.simulated import SIM_SITE, make_host_root, physical_layout
+from tpuslice._tpu import subslice
+from tpuslice._tpu.topology import slice_shape
+from tpuslice._view import layouts
 
 
 def stand_in_sdk() -> ModuleType:

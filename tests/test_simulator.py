@@ -16,8 +16,8 @@ import ray.util.tpu as ray_tpu
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from clusterutil import exported_metrics, wait_for, where_am_i
-from tpuslice.cluster import SliceState, read_snapshot
-from tpuslice.labels import HOST_ENV_VARS
+from tpuslice._tpu.labels import HOST_ENV_VARS
+from tpuslice._view.cluster import SliceState, read_snapshot
 from tpuslice.testing import (
     SimulatedCluster,
     SimulatorError,
@@ -287,7 +287,7 @@ def _alive(pid: int) -> bool:
 def test_slice_name_suffixes_never_repeat() -> None:
     from itertools import islice
 
-    from tpuslice.testing.simulated import _suffixes
+    from tpuslice._sim.simulated import _suffixes
 
     names = list(islice(_suffixes(), 800))
     assert names[:3] == ["a", "b", "c"] and names[26] == "aa" and names[701] == "zz"

@@ -1,4 +1,4 @@
-"""``tpuslice status``: the pure renderers (``tpuslice.status``) on synthetic snapshots, and
+"""``tpuslice status``: the pure renderers (``tpuslice.cli.status``) on synthetic snapshots, and
 the command through CliRunner with Ray's connection and reads replaced. No cluster runs."""
 
 from __future__ import annotations
@@ -14,10 +14,14 @@ from rich.console import Console
 from rich.text import Text
 
 from test_cluster_view import cpu_node, idle, killed, take, tpu_node, tpu_slice
-from tpuslice import _ray, cli, cli_connect, cluster, status
-from tpuslice.cluster import ClusterSnapshot, SliceState, build_snapshot
-from tpuslice.notices import Notice
-from tpuslice.topology import slice_shape
+from tpuslice import _ray
+from tpuslice._host.notices import Notice
+from tpuslice._tpu.topology import slice_shape
+from tpuslice._view import cluster
+from tpuslice._view.cluster import ClusterSnapshot, SliceState, build_snapshot
+from tpuslice.cli import commands as cli
+from tpuslice.cli import connect as cli_connect
+from tpuslice.cli import status
 
 LONG_NAME = "tpu-v6e-128-training-pool-europe-west4-a-0001"
 
@@ -525,7 +529,7 @@ def test_a_recorded_tpu_owner_makes_an_idle_host_busy_and_is_shown() -> None:
 def queued_snapshot(written_at: float = 999.0) -> ClusterSnapshot:
     from dataclasses import replace
 
-    from tpuslice.queue_record import QueuedRequest, QueueRecord
+    from tpuslice._view.queue_record import QueuedRequest, QueueRecord
 
     requests = (
         QueuedRequest("t1", "v6e-16 4x4", (2, 2), 5, "pid 11 on host-a", 940.0, 1),

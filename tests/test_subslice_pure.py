@@ -1,4 +1,4 @@
-"""Sub-slice arithmetic (tpuslice.subslice) against Ray 2.60's own, on every parent Ray
+"""Sub-slice arithmetic (tpuslice._tpu.subslice) against Ray 2.60's own, on every parent Ray
 knows: worker grids, chip coordinates -> physical position, labels, valid parents. Pure."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import ray._private.accelerators.tpu as ray_accel
 import ray.util.tpu as ray_tpu
 
-from tpuslice import compat, subslice
+from tpuslice._tpu import compat, subslice
 from tpuslice.errors import InvalidTopologyError
 
 RAY_2D = dict(ray_accel._VALID_TOPOLOGY_WORKER_DIMS_2D)

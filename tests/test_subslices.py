@@ -22,8 +22,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import tpuslice
 from clusterutil import free_ports, hold_host, spmd_allgather_function, wait_for
-from tpuslice import _ray, layouts, subslice
-from tpuslice.cli import main
+from tpuslice import _ray
+from tpuslice._tpu import subslice
+from tpuslice._view import layouts
+from tpuslice.cli.commands import main
 from tpuslice.testing import SimulatedCluster
 
 pytestmark = pytest.mark.cluster

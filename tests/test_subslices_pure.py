@@ -1,4 +1,4 @@
-"""Sub-slice reservations (tpuslice.subslices) through the claiming loop, against an
+"""Sub-slice reservations (tpuslice._run.subslices) through the claiming loop, against an
 in-memory cluster: picking idle sub-slices by physical layout, busy hosts, discovery only
 of wholly idle slices and only once, the sub-slice's own environment. Pure: no Ray."""
 
@@ -10,21 +10,22 @@ from typing import Any
 
 import pytest
 
-from tpuslice import claim, subslice
-from tpuslice.clock import Clock
-from tpuslice.cluster import SliceInfo
-from tpuslice.context import with_context
+from tpuslice._host.context import with_context
+from tpuslice._reserve import claim
+from tpuslice._reserve.request import SliceRequest
+from tpuslice._run.subslices import SubSlices, subslice_env
+from tpuslice._tpu import subslice
+from tpuslice._tpu.clock import Clock
+from tpuslice._tpu.topology import slice_shape
+from tpuslice._view.cluster import SliceInfo
+from tpuslice._view.layouts import Layout, positions_from_coordinates
 from tpuslice.errors import (
     DiscoveryFailedError,
     InsufficientSlicesError,
     InvalidArgumentError,
     ReservationTimeoutError,
 )
-from tpuslice.layouts import Layout, positions_from_coordinates
-from tpuslice.request import SliceRequest
-from tpuslice.subslices import SubSlices, subslice_env
 from tpuslice.testing.memory import InMemoryCluster
-from tpuslice.topology import slice_shape
 
 
 class Layouts:

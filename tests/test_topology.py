@@ -1,4 +1,4 @@
-"""Unit and property tests for tpuslice.topology (pure: no Ray cluster)."""
+"""Unit and property tests for tpuslice._tpu.topology (pure: no Ray cluster)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpuslice import topology as topo
+from tpuslice._tpu import topology as topo
+from tpuslice._tpu.topology import GENERATIONS, SliceShape
 from tpuslice.errors import (
     AmbiguousPodTypeError,
     InvalidAcceleratorError,
@@ -18,7 +19,6 @@ from tpuslice.errors import (
     InvalidTopologyError,
     TPUSliceError,
 )
-from tpuslice.topology import GENERATIONS, SliceShape
 
 ALL_SHAPES: list[SliceShape] = list(topo.all_shapes())
 shapes = st.sampled_from(ALL_SHAPES)

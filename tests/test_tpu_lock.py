@@ -1,5 +1,5 @@
-"""libtpu's one-owner lock on a simulated host (tpuslice.testing.libtpu) and finding the
-owner as libtpu does (tpuslice.tpu_lock). No Ray: real processes holding real locks
+"""libtpu's one-owner lock on a simulated host (tpuslice._sim.libtpu) and finding the
+owner as libtpu does (tpuslice._host.tpu_lock). No Ray: real processes holding real locks
 under a temporary host root."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tpuslice.testing import libtpu
-from tpuslice.tpu_lock import SIM_ROOT_ENV, find_owner, lock_wanted, lockfile, tpu_devices
+from tpuslice._host.tpu_lock import SIM_ROOT_ENV, find_owner, lock_wanted, lockfile, tpu_devices
+from tpuslice._sim import libtpu
 
 HOLDER = textwrap.dedent(
     """
     import sys
-    from tpuslice.testing.libtpu import open_tpu
+    from tpuslice._sim.libtpu import open_tpu
     try:
         print("held" if open_tpu() else "no-lock", flush=True)
     except RuntimeError as exc:

@@ -1,4 +1,4 @@
-"""What a running gang is watched for (tpuslice.watchdog), and how the resilient loop uses
+"""What a running gang is watched for (tpuslice._run.watchdog), and how the resilient loop uses
 it: hangs from heartbeats, notices with the user's hook, evidence for a lost host. Pure:
 the KV readers are replaced and the clock is a counter."""
 
@@ -9,12 +9,10 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from tpuslice.clock import Clock
-from tpuslice.errors import InvalidArgumentError
-from tpuslice.heartbeats import BEAT_ENV
-from tpuslice.notices import Notice
-from tpuslice.request import SliceRequest
-from tpuslice.resilient import (
+from tpuslice._host.heartbeats import BEAT_ENV
+from tpuslice._host.notices import Notice
+from tpuslice._reserve.request import SliceRequest
+from tpuslice._run.resilient import (
     AttemptEvent,
     GangBrokenError,
     Outcome,
@@ -23,7 +21,7 @@ from tpuslice.resilient import (
     judged,
     watched,
 )
-from tpuslice.watchdog import (
+from tpuslice._run.watchdog import (
     CHECK_S,
     NOTICE_MARGIN_S,
     AttemptWatch,
@@ -31,6 +29,8 @@ from tpuslice.watchdog import (
     WatchConfig,
     find_hang,
 )
+from tpuslice._tpu.clock import Clock
+from tpuslice.errors import InvalidArgumentError
 
 # --- find_hang ----------------------------------------------------------------------------
 
@@ -296,7 +296,7 @@ def test_heartbeat_is_the_function_and_does_nothing_outside_a_watched_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import tpuslice
-    from tpuslice import heartbeats
+    from tpuslice._host import heartbeats
 
     assert tpuslice.heartbeat is heartbeats.heartbeat  # not shadowed by a module
     monkeypatch.delenv(BEAT_ENV, raising=False)
@@ -310,7 +310,7 @@ def test_a_beat_is_noted_in_memory_and_published_in_the_background(
 ) -> None:
     import tpuslice
     from clusterutil import wait_for
-    from tpuslice import heartbeats
+    from tpuslice._host import heartbeats
 
     puts: list[tuple[str, float, str | None]] = []
     monkeypatch.setattr(heartbeats, "_beats", {})
@@ -328,7 +328,7 @@ def test_a_beat_is_noted_in_memory_and_published_in_the_background(
 def test_a_beat_of_a_call_that_ended_is_not_published(monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver deletes an attempt's keys when it ends; a late publish would leave
     one behind, so beats of ended calls are forgotten instead."""
-    from tpuslice import heartbeats
+    from tpuslice._host import heartbeats
 
     puts: list[str] = []
     monkeypatch.setattr(heartbeats, "_beats", {"beat/a/0": 1.0e12, "beat/b/0": 1.0e12})

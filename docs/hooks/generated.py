@@ -3,7 +3,7 @@
 Two markers, each on a line of its own, are replaced when a page is built:
 
 - ``<!-- compat-differences:NAME -->``: a table of the ``Difference`` entries of the tuple
-  ``tpuslice.compat.NAME`` (``SUBSLICE_DIFFERENCES``, ``QUEUE_DIFFERENCES``).
+  ``tpuslice._tpu.compat.NAME`` (``SUBSLICE_DIFFERENCES``, ``QUEUE_DIFFERENCES``).
 - ``<!-- cli-reference -->``: every ``tpuslice`` subcommand, from the click commands
   themselves (usage, help, arguments, options with their defaults).
 
@@ -51,22 +51,22 @@ def cell(text: str) -> str:
 
 
 def differences_table(name: str) -> str:
-    """The table of ``tpuslice.compat.<name>``.
+    """The table of ``tpuslice._tpu.compat.<name>``.
 
     Args:
-        name: A tuple of ``Difference`` in :mod:`tpuslice.compat`.
+        name: A tuple of ``Difference`` in :mod:`tpuslice._tpu.compat`.
 
     Returns:
         A Markdown table: situation, Ray 2.60, tpuslice, the test that shows it.
 
     Raises:
-        ValueError: ``tpuslice.compat`` has no such tuple of differences.
+        ValueError: ``tpuslice._tpu.compat`` has no such tuple of differences.
     """
-    from tpuslice import compat
+    from tpuslice._tpu import compat
 
     entries = getattr(compat, name, None)
     if not isinstance(entries, tuple) or not all(isinstance(e, compat.Difference) for e in entries):
-        raise ValueError(f"tpuslice.compat.{name} is not a tuple of Difference")
+        raise ValueError(f"tpuslice._tpu.compat.{name} is not a tuple of Difference")
     rows = [
         "| Situation | Ray 2.60 `ray.util.tpu` | tpuslice | Shown by |",
         "|---|---|---|---|",
@@ -82,7 +82,7 @@ def cli_reference() -> str:
     Returns:
         One ``###`` section for ``tpuslice`` itself, then one per command, in name order.
     """
-    from tpuslice.cli import main
+    from tpuslice.cli.commands import main
 
     root = click.Context(main, info_name="tpuslice")
     sections = [command_section(main, root)]

@@ -17,24 +17,24 @@ from tpuslice import _lazy
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
-    "SliceActorGroup": "tpuslice.actors",
-    "ClusterSnapshot": "tpuslice.cluster",
-    "HostInfo": "tpuslice.cluster",
-    "HostState": "tpuslice.cluster",
-    "SliceInfo": "tpuslice.cluster",
-    "SliceState": "tpuslice.cluster",
-    "read_snapshot": "tpuslice.cluster",
-    "DEFAULT_MEGASCALE_PORT": "tpuslice.compat",
-    "DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S": "tpuslice.compat",
-    "VALID_TPU_TYPES": "tpuslice.compat",
-    "get_chips_per_host": "tpuslice.compat",
-    "get_num_chips_from_topology": "tpuslice.compat",
-    "get_tpu_coordinator_env_vars": "tpuslice.compat",
-    "get_tpu_num_slices_for_workers": "tpuslice.compat",
-    "get_tpu_resource_per_chip": "tpuslice.compat",
-    "get_tpu_version_from_type": "tpuslice.compat",
-    "get_tpu_worker_resources": "tpuslice.compat",
-    "infer_tpu_pod_type_from_topology": "tpuslice.compat",
+    "SliceActorGroup": "tpuslice._run.actors",
+    "ClusterSnapshot": "tpuslice._view.cluster",
+    "HostInfo": "tpuslice._view.cluster",
+    "HostState": "tpuslice._view.cluster",
+    "SliceInfo": "tpuslice._view.cluster",
+    "SliceState": "tpuslice._view.cluster",
+    "read_snapshot": "tpuslice._view.cluster",
+    "DEFAULT_MEGASCALE_PORT": "tpuslice._tpu.compat",
+    "DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S": "tpuslice._tpu.compat",
+    "VALID_TPU_TYPES": "tpuslice._tpu.compat",
+    "get_chips_per_host": "tpuslice._tpu.compat",
+    "get_num_chips_from_topology": "tpuslice._tpu.compat",
+    "get_tpu_coordinator_env_vars": "tpuslice._tpu.compat",
+    "get_tpu_num_slices_for_workers": "tpuslice._tpu.compat",
+    "get_tpu_resource_per_chip": "tpuslice._tpu.compat",
+    "get_tpu_version_from_type": "tpuslice._tpu.compat",
+    "get_tpu_worker_resources": "tpuslice._tpu.compat",
+    "infer_tpu_pod_type_from_topology": "tpuslice._tpu.compat",
     "AmbiguousPodTypeError": "tpuslice.errors",
     "HostHungError": "tpuslice.errors",
     "HostLostError": "tpuslice.errors",
@@ -50,53 +50,73 @@ _EXPORTS: dict[str, str] = {
     "SliceShutdownError": "tpuslice.errors",
     "SubsliceUnavailableError": "tpuslice.errors",
     "DiscoveryFailedError": "tpuslice.errors",
-    "SubslicePlacementGroup": "tpuslice.subslices",
-    "TPU_SUBSLICE_LABEL_PREFIX": "tpuslice.subslices",
-    "subslice_placement_group": "tpuslice.subslices",
+    "SubslicePlacementGroup": "tpuslice._run.subslices",
+    "TPU_SUBSLICE_LABEL_PREFIX": "tpuslice._run.subslices",
+    "subslice_placement_group": "tpuslice._run.subslices",
     "TPUInUseError": "tpuslice.errors",
     "TPUSliceError": "tpuslice.errors",
     "init_jax_profiler": "tpuslice.jax",
-    "heartbeat": "tpuslice.heartbeats",
-    "Notice": "tpuslice.notices",
-    "get_current_pod_name": "tpuslice.node",
-    "get_current_pod_worker_count": "tpuslice.node",
-    "get_num_tpu_chips_on_node": "tpuslice.node",
-    "SlicePlacementGroup": "tpuslice.reserve",
-    "reserve_tpu_slice": "tpuslice.reserve",
-    "slice_placement_group": "tpuslice.reserve",
-    "AttemptEvent": "tpuslice.resilient",
-    "Outcome": "tpuslice.resilient",
-    "classify": "tpuslice.resilient",
-    "run_resilient": "tpuslice.resilient",
-    "HostContext": "tpuslice.context",
-    "current_host": "tpuslice.context",
-    "dispatch": "tpuslice.run",
-    "run_on_slice": "tpuslice.run",
-    "get_num_ready_tpu_slices": "tpuslice.slices",
-    "get_num_tpu_slices": "tpuslice.slices",
-    "get_tpu_nodes_for_slice": "tpuslice.slices",
-    "get_tpu_slice_name_from_node": "tpuslice.slices",
-    "GENERATIONS": "tpuslice.topology",
-    "Generation": "tpuslice.topology",
-    "SliceShape": "tpuslice.topology",
-    "parse_pod_type": "tpuslice.topology",
-    "slice_shape": "tpuslice.topology",
+    "heartbeat": "tpuslice._host.heartbeats",
+    "Notice": "tpuslice._host.notices",
+    "get_current_pod_name": "tpuslice._host.node",
+    "get_current_pod_worker_count": "tpuslice._host.node",
+    "get_num_tpu_chips_on_node": "tpuslice._host.node",
+    "SlicePlacementGroup": "tpuslice._reserve.reserve",
+    "reserve_tpu_slice": "tpuslice._reserve.reserve",
+    "slice_placement_group": "tpuslice._reserve.reserve",
+    "AttemptEvent": "tpuslice._run.resilient",
+    "Outcome": "tpuslice._run.resilient",
+    "classify": "tpuslice._run.resilient",
+    "run_resilient": "tpuslice._run.resilient",
+    "HostContext": "tpuslice._host.context",
+    "current_host": "tpuslice._host.context",
+    "dispatch": "tpuslice._run.run",
+    "run_on_slice": "tpuslice._run.run",
+    "get_num_ready_tpu_slices": "tpuslice._view.slices",
+    "get_num_tpu_slices": "tpuslice._view.slices",
+    "get_tpu_nodes_for_slice": "tpuslice._view.slices",
+    "get_tpu_slice_name_from_node": "tpuslice._view.slices",
+    "GENERATIONS": "tpuslice._tpu.topology",
+    "Generation": "tpuslice._tpu.topology",
+    "SliceShape": "tpuslice._tpu.topology",
+    "parse_pod_type": "tpuslice._tpu.topology",
+    "slice_shape": "tpuslice._tpu.topology",
 }
 """Each public name and the module that defines it."""
 
 if TYPE_CHECKING:
-    from tpuslice.actors import (
+    from tpuslice._host.context import HostContext, current_host
+    from tpuslice._host.heartbeats import heartbeat
+    from tpuslice._host.node import (
+        get_current_pod_name,
+        get_current_pod_worker_count,
+        get_num_tpu_chips_on_node,
+    )
+    from tpuslice._host.notices import Notice
+    from tpuslice._reserve.reserve import (
+        SlicePlacementGroup,
+        reserve_tpu_slice,
+        slice_placement_group,
+    )
+    from tpuslice._run.actors import (
         SliceActorGroup,
     )
-    from tpuslice.cluster import (
-        ClusterSnapshot,
-        HostInfo,
-        HostState,
-        SliceInfo,
-        SliceState,
-        read_snapshot,
+    from tpuslice._run.resilient import (
+        AttemptEvent,
+        Outcome,
+        classify,
+        run_resilient,
     )
-    from tpuslice.compat import (
+    from tpuslice._run.run import (
+        dispatch,
+        run_on_slice,
+    )
+    from tpuslice._run.subslices import (
+        TPU_SUBSLICE_LABEL_PREFIX,
+        SubslicePlacementGroup,
+        subslice_placement_group,
+    )
+    from tpuslice._tpu.compat import (
         DEFAULT_MEGASCALE_PORT,
         DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
         VALID_TPU_TYPES,
@@ -109,7 +129,27 @@ if TYPE_CHECKING:
         get_tpu_worker_resources,
         infer_tpu_pod_type_from_topology,
     )
-    from tpuslice.context import HostContext, current_host
+    from tpuslice._tpu.topology import (
+        GENERATIONS,
+        Generation,
+        SliceShape,
+        parse_pod_type,
+        slice_shape,
+    )
+    from tpuslice._view.cluster import (
+        ClusterSnapshot,
+        HostInfo,
+        HostState,
+        SliceInfo,
+        SliceState,
+        read_snapshot,
+    )
+    from tpuslice._view.slices import (
+        get_num_ready_tpu_slices,
+        get_num_tpu_slices,
+        get_tpu_nodes_for_slice,
+        get_tpu_slice_name_from_node,
+    )
     from tpuslice.errors import (
         AmbiguousPodTypeError,
         DiscoveryFailedError,
@@ -129,48 +169,8 @@ if TYPE_CHECKING:
         TPUInUseError,
         TPUSliceError,
     )
-    from tpuslice.heartbeats import heartbeat
     from tpuslice.jax import (
         init_jax_profiler,
-    )
-    from tpuslice.node import (
-        get_current_pod_name,
-        get_current_pod_worker_count,
-        get_num_tpu_chips_on_node,
-    )
-    from tpuslice.notices import Notice
-    from tpuslice.reserve import (
-        SlicePlacementGroup,
-        reserve_tpu_slice,
-        slice_placement_group,
-    )
-    from tpuslice.resilient import (
-        AttemptEvent,
-        Outcome,
-        classify,
-        run_resilient,
-    )
-    from tpuslice.run import (
-        dispatch,
-        run_on_slice,
-    )
-    from tpuslice.slices import (
-        get_num_ready_tpu_slices,
-        get_num_tpu_slices,
-        get_tpu_nodes_for_slice,
-        get_tpu_slice_name_from_node,
-    )
-    from tpuslice.subslices import (
-        TPU_SUBSLICE_LABEL_PREFIX,
-        SubslicePlacementGroup,
-        subslice_placement_group,
-    )
-    from tpuslice.topology import (
-        GENERATIONS,
-        Generation,
-        SliceShape,
-        parse_pod_type,
-        slice_shape,
     )
 
 

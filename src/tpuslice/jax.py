@@ -140,7 +140,7 @@ def distributed_args(
         NotConnectedError: there is no slice context (not inside a task started by
             :func:`tpuslice.run_on_slice` or a slice actor).
     """
-    from tpuslice.context import current_host
+    from tpuslice._host.context import current_host
 
     host = current_host(environ)
     return {
@@ -178,7 +178,7 @@ def open_tpu() -> None:
     """Take this host's TPU for this process, as JAX's TPU backend does on first use.
 
     On a simulated host (``TPUSLICE_SIM_HOST_ROOT``) this stands in for that backend start
-    and takes the host's libtpu lock (:func:`tpuslice.testing.libtpu.open_tpu`). On a real
+    and takes the host's libtpu lock (:func:`tpuslice._sim.libtpu.open_tpu`). On a real
     TPU VM, JAX takes the lock itself on first use; this checks first that no other
     process holds it, so the failure names the owner instead of only its pid.
 
@@ -186,7 +186,7 @@ def open_tpu() -> None:
         TPUInUseError: another process owns this host's TPU (host, pid, command and Ray
             job are named).
     """
-    from tpuslice.tpu_lock import (
+    from tpuslice._host.tpu_lock import (
         SIM_ROOT_ENV,
         host_root,
         in_use_error,
@@ -195,8 +195,8 @@ def open_tpu() -> None:
     )
 
     if os.environ.get(SIM_ROOT_ENV):
-        from tpuslice.testing.libtpu import IN_USE, LibtpuError
-        from tpuslice.testing.libtpu import open_tpu as start_simulated_backend
+        from tpuslice._sim.libtpu import IN_USE, LibtpuError
+        from tpuslice._sim.libtpu import open_tpu as start_simulated_backend
 
         try:
             start_simulated_backend()

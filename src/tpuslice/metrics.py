@@ -25,10 +25,10 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tpuslice.cluster import HostInfo, HostState, SliceState
+from tpuslice._view.cluster import HostInfo, HostState, SliceState
 
 if TYPE_CHECKING:
-    from tpuslice.cluster import ClusterSnapshot
+    from tpuslice._view.cluster import ClusterSnapshot
 
 logger = logging.getLogger(__name__)
 

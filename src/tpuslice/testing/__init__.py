@@ -14,30 +14,30 @@ from tpuslice import _lazy
 
 _EXPORTS: dict[str, str] = {
     "InMemoryCluster": "tpuslice.testing.memory",
-    "SimulatedCluster": "tpuslice.testing.simulated",
-    "SimulatedHost": "tpuslice.testing.simulated",
-    "SimulatedSlice": "tpuslice.testing.simulated",
-    "SimulatorError": "tpuslice.testing.simulated",
-    "SliceSpec": "tpuslice.testing.simulated",
+    "SimulatedCluster": "tpuslice._sim.simulated",
+    "SimulatedHost": "tpuslice._sim.simulated",
+    "SimulatedSlice": "tpuslice._sim.simulated",
+    "SimulatorError": "tpuslice._sim.simulated",
+    "SliceSpec": "tpuslice._sim.simulated",
     "assert_no_placement_groups": "tpuslice.testing.checks",
     "live_placement_groups": "tpuslice.testing.checks",
     "remove_placement_groups": "tpuslice.testing.checks",
 }
 
 if TYPE_CHECKING:
-    from tpuslice.testing.checks import (
-        assert_no_placement_groups,
-        live_placement_groups,
-        remove_placement_groups,
-    )
-    from tpuslice.testing.memory import InMemoryCluster
-    from tpuslice.testing.simulated import (
+    from tpuslice._sim.simulated import (
         SimulatedCluster,
         SimulatedHost,
         SimulatedSlice,
         SimulatorError,
         SliceSpec,
     )
+    from tpuslice.testing.checks import (
+        assert_no_placement_groups,
+        live_placement_groups,
+        remove_placement_groups,
+    )
+    from tpuslice.testing.memory import InMemoryCluster
 
 
 def __getattr__(name: str) -> Any:

@@ -8,15 +8,9 @@ from typing import Any
 
 import ray
 
+from tpuslice._reserve.groups import live_placement_groups
 
-def live_placement_groups() -> list[dict[str, Any]]:
-    """Placement groups of the connected cluster that are not removed.
-
-    Returns:
-        Their rows of ``ray.util.placement_group_table()``.
-    """
-    table = ray.util.placement_group_table()
-    return [pg for pg in table.values() if pg.get("state") != "REMOVED"]
+__all__ = ["assert_no_placement_groups", "live_placement_groups", "remove_placement_groups"]
 
 
 def assert_no_placement_groups(timeout: float = 10.0) -> None:

@@ -1,4 +1,5 @@
-"""InMemoryCluster: :class:`~tpuslice.ops.ClusterOps` over TPU slices that exist only in memory.
+"""InMemoryCluster: :class:`~tpuslice._reserve.ops.ClusterOps` over TPU slices that exist
+only in memory.
 
 A stand-in for Ray in tests of the claiming loop, faithful where the loop could notice:
 nodes carry Ray's TPU labels and resources; a placement group is placed all-or-nothing,
@@ -23,11 +24,11 @@ from typing import Any, TypeVar
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from tpuslice.cluster import ClusterSnapshot, build_snapshot
+from tpuslice._queue.service import QueueService, SliceQueue
+from tpuslice._tpu.labels import host_labels, host_resources
+from tpuslice._tpu.topology import slice_shape
+from tpuslice._view.cluster import ClusterSnapshot, build_snapshot
 from tpuslice.errors import InvalidArgumentError, QueueUnreachableError
-from tpuslice.labels import host_labels, host_resources
-from tpuslice.queue_service import QueueService, SliceQueue
-from tpuslice.topology import slice_shape
 
 T = TypeVar("T")
 NODE_ID_LABEL = "ray.io/node-id"
@@ -157,12 +158,12 @@ class InMemoryCluster:
         can_grow: What :meth:`can_grow` answers (an autoscaler is present).
         cpus_per_host: Logical CPUs of each host.
         queue: Offer a cluster-wide queue (:attr:`queue`, a
-            :class:`~tpuslice.queue_service.QueueService` on this cluster's clock); without
+            :class:`~tpuslice._queue.service.QueueService` on this cluster's clock); without
             one, :meth:`slice_queue` raises as for an unreachable queue.
 
     Raises:
         InvalidArgumentError: an item names no valid slice shape (see
-            :func:`~tpuslice.topology.slice_shape`).
+            :func:`~tpuslice._tpu.topology.slice_shape`).
     """
 
     def __init__(
@@ -300,7 +301,7 @@ class InMemoryCluster:
     # --- ClusterOps ----------------------------------------------------------------------
 
     def snapshot(self, tpu_resource_per_chip: int) -> ClusterSnapshot:
-        """Every slice now, as :func:`~tpuslice.cluster.build_snapshot` sees the nodes.
+        """Every slice now, as :func:`~tpuslice._view.cluster.build_snapshot` sees the nodes.
 
         Args:
             tpu_resource_per_chip: The cluster's ``TPU`` units per chip.

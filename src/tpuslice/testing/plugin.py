@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # imported inside the fixtures: a pytest run that uses none pays nothing
-    from tpuslice.testing.simulated import SimulatedCluster
+    from tpuslice._sim.simulated import SimulatedCluster
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,7 +44,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def simulated_cluster(request: pytest.FixtureRequest) -> Iterator[SimulatedCluster]:
     """A connected SimulatedCluster shared by the whole test session."""
-    from tpuslice.testing.simulated import SimulatedCluster
+    from tpuslice._sim.simulated import SimulatedCluster
 
     specs = request.config.getini("tpuslice_slices")
     cpus = int(request.config.getini("tpuslice_cpus_per_host"))

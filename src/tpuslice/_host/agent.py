@@ -1,0 +1,531 @@
+"""One small agent per TPU host: who owns its TPU, and giving it back.
+
+Only code running on a host can see who holds its TPU (``/proc``, libtpu's lockfile).
+Asking through tasks would start a worker process on every host for every new driver
+(2-3 s measured here), so tpuslice keeps one detached actor per TPU host instead,
+``tpuslice-host:<node id>`` in the ``tpuslice`` namespace, created on first use and shared
+by every driver. It uses no resources and dies with its host.
+
+- :func:`probe_owners`: each host's TPU owner, if any.
+- :func:`release_tpus`: on each host, stop this job's processes that still own the TPU
+  (SIGTERM, then SIGKILL after a grace), and confirm the TPU is free of them.
+- :func:`kill_owner`: stop a named owner on request (``tpuslice release-tpu``), only a
+  process of the same user.
+
+Every agent records what it finds in Ray's KV store (``tpu-owner/<node id>``), so the
+cluster view (:func:`tpuslice._view.cluster.read_snapshot`) shows a host whose TPU a process
+holds as busy, with the reason, without asking any host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from tpuslice import _ray
+from tpuslice._host.notices import (
+    MAINTENANCE_PATH,
+    NOTICE_KEY_PREFIX,
+    PREEMPTED_PATH,
+    Notice,
+    notice_period,
+    watch_value,
+)
+from tpuslice._host.tpu_lock import TPUOwner, find_owner, host_root
+from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "tpuslice"
+NAME_PREFIX = "tpuslice-host:"
+HOST_KEY_PREFIX = "tpu-"
+"""What the agents' records' keys start with (owners and notices)."""
+OWNER_KEY_PREFIX = "tpu-owner/"
+PROBE_TIMEOUT_S = 60.0
+"""Bound on one round of agent calls; the first on a host includes starting its agent."""
+GRACE_S = 2.0
+"""How long an owner may take to exit after SIGTERM before it gets SIGKILL."""
+RELEASE_TIMEOUT_S = 15.0
+START_WAIT_S = 1.0
+"""How long a reservation waits for an agent not yet known to be up (it may be
+starting) before it counts that host's TPU as free."""
+FRESH_S = 2.0
+"""How long this driver trusts its own finding that a host's TPU is free (from a probe
+or a hand-back) before a reservation asks that host again. Back-to-back jobs in one
+driver skip a probe round (about 10 ms); a process outside Ray that takes the TPU in
+those 2 s is met by the next call instead (a TPUInUseError naming it) and recorded at
+that slice's hand-back."""
+
+
+class HostAgent:
+    """The agent on one TPU host (a Ray actor; see the module docstring). It also
+    watches the host's metadata for preemption and maintenance notices (one long-poll
+    per value, in daemon threads) and records the one standing (:mod:`tpuslice._host.notices`).
+    """
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.root = host_root()
+        self._notices: dict[str, Notice | None] = {}
+        self._notices_lock = threading.Lock()
+        never = threading.Event()  # the watches last as long as the agent, like its host
+        labels = ray.get_runtime_context().get_node_labels()
+        slice_name = labels.get(SLICE_NAME_LABEL, "")
+        worker = labels.get(WORKER_ID_LABEL, "")
+        worker_id = int(worker) if worker.isdecimal() else -1
+
+        def describe(kind: str, event: str, since: float) -> Notice:
+            deadline = since + notice_period(kind)
+            return Notice(kind, event, since, deadline, node_id, slice_name, worker_id)
+
+        for path in (PREEMPTED_PATH, MAINTENANCE_PATH):
+            threading.Thread(
+                target=watch_value,
+                args=(path, self._record_notice, never),
+                kwargs={"describe": describe},
+                name=f"tpuslice-notice-{path}",
+                daemon=True,
+            ).start()
+
+    def _standing(self) -> Notice | None:
+        with self._notices_lock:
+            found = [n for n in self._notices.values() if n is not None]
+        return min(found, key=lambda n: n.deadline) if found else None
+
+    def _record_notice(self, path: str, notice: Notice | None) -> None:
+        """One watched value's notice changed: record the most urgent one standing."""
+        with self._notices_lock:
+            self._notices[path] = notice
+        standing = self._standing()
+        key = NOTICE_KEY_PREFIX + self.node_id
+        if standing is None:
+            _ray.kv_delete(key, NAMESPACE)
+        else:
+            logger.warning("%s", standing.describe())
+            _ray.kv_put(key, standing.to_json(), NAMESPACE)
+
+    def owner(self, thorough: bool = False) -> dict[str, Any] | None:
+        """This host's TPU owner now (and recorded for the cluster view).
+
+        Args:
+            thorough: Also search every process's descriptors for one that bypassed
+                libtpu's lock (``status --owners``); else only the lock is read, which is
+                what decides whether a new process may start (reservations).
+
+        Returns:
+            The owner as :meth:`TPUOwner.to_dict` data, or ``None`` if the TPU is free.
+        """
+        return self._record(find_owner(self.root, among=None if thorough else ()))
+
+    def release(
+        self, job_id: str, pids: list[int], grace_s: float, timeout_s: float
+    ) -> dict[str, Any] | None:
+        """Stop every process that ran the work being handed back and still owns this
+        host's TPU: one of ``pids``, or a worker started for Ray job ``job_id``. Wait until
+        none does.
+
+        Args:
+            job_id: The Ray job handing the slice back (hex).
+            pids: Processes that ran its work on this host.
+            grace_s: Seconds from SIGTERM to SIGKILL.
+            timeout_s: How long to wait in all.
+
+        Returns:
+            The owner left (recorded): ``None``, a process of someone else (never
+            stopped here), or, if the time ran out, one of ours that would not die.
+        """
+        deadline = time.monotonic() + timeout_s
+        signalled: dict[int, float] = {}
+        ours = set(pids)
+        while True:
+            owner = find_owner(self.root, among=ours)
+            if owner is None or time.monotonic() > deadline:
+                return self._record(owner)
+            if owner.pid not in ours and owner.job_id != job_id:
+                return self._record(owner)
+            first = signalled.setdefault(owner.pid, time.monotonic())
+            late = time.monotonic() - first > grace_s
+            _signal(owner.pid, signal.SIGKILL if late else signal.SIGTERM)
+            time.sleep(0.02)
+
+    def kill(self, pid: int, uid: int, timeout_s: float) -> dict[str, Any] | None:
+        """Stop owner ``pid`` if it still owns this TPU and belongs to user ``uid``.
+
+        Args:
+            pid: The owner to stop.
+            uid: The asking user; the process must be theirs.
+            timeout_s: Seconds from SIGTERM to SIGKILL.
+
+        Returns:
+            The owner left afterwards (recorded), ``None`` if the TPU is free.
+
+        Raises:
+            PermissionError: the process belongs to another user.
+        """
+        owner = find_owner(self.root)
+        if owner is None or owner.pid != pid:
+            return self._record(owner)
+        if owner.uid != uid:
+            raise PermissionError(
+                f"pid {pid} belongs to uid {owner.uid}, not {uid}: only your own processes"
+            )
+        _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while (now := find_owner(self.root)) is not None and now.pid == pid:
+            if time.monotonic() > deadline:
+                _signal(pid, signal.SIGKILL)
+                deadline += timeout_s
+            time.sleep(0.02)
+        return self._record(now)
+
+    def _record(self, owner: TPUOwner | None) -> dict[str, Any] | None:
+        key = OWNER_KEY_PREFIX + self.node_id
+        if owner is None:
+            _ray.kv_delete(key, NAMESPACE)
+            return None
+        data = {**owner.to_dict(), "seen_at": time.time()}
+        _ray.kv_put(key, json.dumps(data).encode(), NAMESPACE)
+        return owner.to_dict()
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+
+
+# --- the driver's side --------------------------------------------------------------------
+
+_handles: dict[str, Any] = {}
+_handles_lock = threading.Lock()
+_free_at: dict[str, float] = {}
+"""Node id -> when this driver last saw its TPU free (monotonic seconds)."""
+_up: set[str] = set()
+"""Nodes whose agents have answered this process: they are up."""
+
+
+def _note(node: str, owner: object) -> None:
+    """Remember that the node's agent answered, and when its host was seen free (forget
+    that as soon as it was seen owned)."""
+    _up.add(node)
+    if owner is None:
+        _free_at[node] = time.monotonic()
+    else:
+        _free_at.pop(node, None)
+
+
+_remote_agent = ray.remote(num_cpus=0, max_restarts=-1)(HostAgent)
+
+
+def agent(node_id: str) -> Any:
+    """The agent actor of one node, created there if it has none (cached per process).
+
+    An existing agent is looked up by name (well under a millisecond); only a missing one
+    is created, since creating (even ``get_if_exists``) makes a new driver export the
+    actor class first (about 100 ms measured here).
+
+    Args:
+        node_id: Hex id of a live node.
+
+    Returns:
+        Its actor handle.
+    """
+    with _handles_lock:
+        handle = _handles.get(node_id)
+        if handle is None:
+            try:
+                handle = ray.get_actor(NAME_PREFIX + node_id, namespace=NAMESPACE)
+            except ValueError:  # no agent there yet
+                handle = _remote_agent.options(
+                    name=NAME_PREFIX + node_id,
+                    namespace=NAMESPACE,
+                    lifetime="detached",
+                    get_if_exists=True,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                ).remote(node_id)
+            _handles[node_id] = handle
+        return handle
+
+
+def _round(
+    node_ids: Sequence[str], call: Callable[[str, Any], Any], timeout_s: float
+) -> dict[str, TPUOwner | Exception | None]:
+    """Call every node's agent at once; each node's owner, or the error its call met."""
+    refs = {node: call(node, agent(node)) for node in node_ids}
+    if not refs:
+        return {}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    done = set(ready)
+    results: dict[str, TPUOwner | Exception | None] = {}
+    for node, ref in refs.items():
+        if ref not in done:
+            results[node] = TimeoutError(f"the TPU agent on node {node[:12]} did not answer")
+            continue
+        try:
+            data = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            with _handles_lock:
+                _handles.pop(node, None)  # recreated next time, if the node still lives
+            results[node] = exc
+            continue
+        results[node] = None if data is None else TPUOwner.from_dict(data)
+        _note(node, data)
+    return results
+
+
+def probe_owners(
+    node_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S, *, thorough: bool = True
+) -> dict[str, TPUOwner | Exception | None]:
+    """Each node's TPU owner now.
+
+    Args:
+        node_ids: Live TPU hosts.
+        timeout_s: Bound on the whole round (including starting agents).
+        thorough: Also find processes that bypassed libtpu's lock (see
+            :meth:`HostAgent.owner`).
+
+    Returns:
+        Per node: its owner, ``None`` if the TPU is free, or the error that prevented
+        the answer (host gone, no answer in time).
+    """
+    return _round(node_ids, lambda node, a: a.owner.remote(thorough), timeout_s)
+
+
+def start_probe(
+    node_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S
+) -> Callable[[], dict[str, str | None]]:
+    """Ask each node's agent who owns its TPU, without waiting yet. A host this driver saw
+    free within :data:`FRESH_S` (its own probe or hand-back) is not asked again.
+
+    An agent that has not answered this process before may still be starting (the first
+    reservations on a fresh cluster start them): it gets :data:`START_WAIT_S`, and if it
+    has not answered by then its TPU counts as free. Its record joins the cluster view
+    once it is up, and a process it would have named is met by the first call instead,
+    as a :class:`~tpuslice.errors.TPUInUseError` naming it.
+
+    Args:
+        node_ids: The hosts to ask.
+        timeout_s: Bound on the wait for agents known to be up.
+
+    Returns:
+        A function that waits (bounded) and returns, per node, the owner described, or
+        ``None`` when the TPU is free or the agent could not answer (logged).
+    """
+    now = time.monotonic()
+    asked = [n for n in node_ids if now - _free_at.get(n, -FRESH_S) >= FRESH_S]
+    refs = {node: agent(node).owner.remote() for node in asked}
+
+    def answers() -> dict[str, str | None]:
+        found: dict[str, str | None] = dict.fromkeys(node_ids)  # seen free just now
+        if not refs:
+            return found
+        done = _wait_for(refs, timeout_s)
+        for node, ref in refs.items():
+            found[node] = None
+            if ref not in done:
+                if node in _up:
+                    logger.warning("TPU agent on node %s did not answer; assuming free", node[:12])
+                else:
+                    logger.info("TPU agent on node %s is starting; TPU not checked", node[:12])
+                continue
+            try:
+                data = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                with _handles_lock:
+                    _handles.pop(node, None)
+                logger.warning("TPU agent on node %s failed: %s", node[:12], exc)
+                continue
+            found[node] = None if data is None else TPUOwner.from_dict(data).describe()
+            _note(node, data)
+        return found
+
+    return answers
+
+
+def _wait_for(refs: Mapping[str, Any], timeout_s: float) -> set[Any]:
+    """The refs answered: every agent gets :data:`START_WAIT_S`; those that answered this
+    process before get up to ``timeout_s`` in all."""
+    started = time.monotonic()
+    pending = list(refs.values())
+    ready, pending = ray.wait(pending, num_returns=len(pending), timeout=START_WAIT_S)
+    known = [refs[n] for n in refs if n in _up and refs[n] in pending]
+    if known:
+        rest = max(0.0, timeout_s - (time.monotonic() - started))
+        more, _ = ray.wait(known, num_returns=len(known), timeout=rest)
+        ready = [*ready, *more]
+    return set(ready)
+
+
+def release_tpus(
+    node_ids: Sequence[str],
+    pids: Mapping[str, set[int]] | None = None,
+    job_id: str | None = None,
+    *,
+    grace_s: float = GRACE_S,
+    timeout_s: float = RELEASE_TIMEOUT_S,
+) -> dict[str, TPUOwner | Exception | None]:
+    """On every node, stop the processes that ran the work being handed back and still
+    own its TPU, and confirm none does.
+
+    A process counts as ours if its pid is in ``pids`` for that node (it ran our tasks or
+    is one of our owners), or it is a worker started for ``job_id`` (Ray sets
+    ``RAY_JOB_ID`` in such a worker's environment; a prestarted worker shows ``ffffffff``
+    instead, which is why the pids are needed). Anyone else is left alone.
+
+    Args:
+        node_ids: The hosts being handed back.
+        pids: Per node, pids of processes that ran this work.
+        job_id: This job (hex; default: the driver's).
+        grace_s: Seconds between SIGTERM and SIGKILL.
+        timeout_s: Bound on the whole round.
+
+    Returns:
+        Per node: ``None`` (free), someone else's owner (left alone), or the error that
+        prevented the answer.
+    """
+    job = job_id or ray.get_runtime_context().get_job_id()
+    known = pids or {}
+    return _round(
+        node_ids,
+        lambda node, a: a.release.remote(job, sorted(known.get(node, ())), grace_s, timeout_s),
+        timeout_s + PROBE_TIMEOUT_S,
+    )
+
+
+def kill_owner(node_id: str, pid: int, timeout_s: float = 5.0) -> TPUOwner | None:
+    """Stop the TPU owner ``pid`` on one node, if it is this user's process.
+
+    Args:
+        node_id: The host.
+        pid: The owner to stop (it must still own the TPU).
+        timeout_s: Seconds between SIGTERM and SIGKILL.
+
+    Returns:
+        The owner left afterwards, ``None`` if the TPU is free.
+
+    Raises:
+        PermissionError: the process belongs to another user.
+        ray.exceptions.RayError: the agent could not be reached.
+    """
+    data = ray.get(agent(node_id).kill.remote(pid, os.getuid(), timeout_s))
+    return None if data is None else TPUOwner.from_dict(data)
+
+
+def recorded_notes() -> tuple[dict[str, TPUOwner], dict[str, Notice]]:
+    """The TPU owners and the notices the agents last recorded, by node id (Ray's KV
+    store: one listing and one read for both, so a cluster with neither costs one call).
+
+    A notice more than :data:`~tpuslice._host.notices.STALE_S` past its deadline is deleted:
+    its host died (its agent with it) or was replaced, and nobody else would.
+
+    Returns:
+        ``(owners, notices)``; both empty when Ray is not connected.
+    """
+    owners: dict[str, TPUOwner] = {}
+    notices: dict[str, Notice] = {}
+    keys = [
+        key
+        for key in _ray.kv_list(HOST_KEY_PREFIX, NAMESPACE)
+        if key.startswith((OWNER_KEY_PREFIX, NOTICE_KEY_PREFIX))
+    ]
+    now = time.time()
+    for key, raw in _ray.kv_get_many(keys, NAMESPACE).items():
+        try:
+            if key.startswith(OWNER_KEY_PREFIX):
+                owners[key.removeprefix(OWNER_KEY_PREFIX)] = TPUOwner.from_dict(json.loads(raw))
+                continue
+            notice = Notice.from_json(raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.debug("ignoring unreadable record %s: %s", key, exc)
+            continue
+        if notice.stale(now):
+            _ray.kv_delete(key, NAMESPACE)
+        else:
+            notices[key.removeprefix(NOTICE_KEY_PREFIX)] = notice
+    return owners, notices
+
+
+def notices_for(node_ids: Sequence[str]) -> dict[str, Notice]:
+    """The notices the agents recorded for these nodes (one listing, and one read of
+    those that have one).
+
+    Args:
+        node_ids: Ray node ids.
+
+    Returns:
+        Per node with a notice standing, the notice; empty when Ray is not connected.
+    """
+    wanted = set(node_ids)
+    keys = [
+        key
+        for key in _ray.kv_list(NOTICE_KEY_PREFIX, NAMESPACE)
+        if key.removeprefix(NOTICE_KEY_PREFIX) in wanted
+    ]
+    found: dict[str, Notice] = {}
+    for key, raw in _ray.kv_get_many(keys, NAMESPACE).items():
+        try:
+            found[key.removeprefix(NOTICE_KEY_PREFIX)] = Notice.from_json(raw)
+        except ValueError as exc:
+            logger.debug("ignoring unreadable notice %s: %s", key, exc)
+    return found
+
+
+def describe_errors(results: Mapping[str, TPUOwner | Exception | None]) -> list[str]:
+    """One line per node whose agent could not answer (for logs).
+
+    Args:
+        results: What a round of agent calls returned.
+
+    Returns:
+        ``<node>: <error>`` for each node that did not answer.
+    """
+    return [f"{node[:12]}: {err}" for node, err in results.items() if isinstance(err, Exception)]
+
+
+def confirm_released(
+    node_ids: Sequence[str], pids: Mapping[str, set[int]] | None = None
+) -> dict[str, TPUOwner | Exception | None]:
+    """The hand-back check: on every host, stop our processes that still own the TPU and
+    confirm it. Never raises for the cluster's sake: a host that cannot answer (dead, or
+    Ray gone) is logged, since there is nothing left to free on it.
+
+    Args:
+        node_ids: The hosts being handed back.
+        pids: Per node, pids of processes that ran the work (see :func:`release_tpus`).
+
+    Returns:
+        As :func:`release_tpus`; empty if Ray is not connected.
+    """
+    if not node_ids or not ray.is_initialized():
+        return {}
+    try:
+        results = release_tpus(node_ids, pids)
+    except (ray.exceptions.RayError, ConnectionError) as exc:
+        logger.warning("could not confirm the TPUs of %d host(s) are free: %s", len(node_ids), exc)
+        return {}
+    ours = {pid for node_pids in (pids or {}).values() for pid in node_pids}
+    job = ray.get_runtime_context().get_job_id()
+    for node, found in results.items():
+        if isinstance(found, Exception):
+            logger.warning("TPU of node %s not confirmed free: %s", node[:12], found)
+        elif found is not None and (found.pid in ours or found.job_id == job):
+            held = found.describe()
+            logger.error("TPU of node %s still held by %s after SIGKILL", node[:12], held)
+        elif found is not None:
+            logger.warning(
+                "TPU of node %s is held by %s, not started by this work: left running "
+                "(tpuslice release-tpu stops it)",
+                node[:12],
+                found.describe(),
+            )
+    return results

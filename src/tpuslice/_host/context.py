@@ -1,0 +1,156 @@
+"""The per-host call context: where a call runs in its gang, set around each call.
+
+:class:`HostContext` is a rank's place in the gang (rank, world size, slice, worker id,
+coordinator); :func:`current_host` reads it back inside the call. :func:`with_context`
+wraps a user's function so that each call runs with the context in ``os.environ``.
+This module is what a host's worker process loads to run calls (the owners of
+:mod:`tpuslice._reserve.owners` import it at their first call), so it stays small: no Ray, and
+nothing of the reservation machinery.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tpuslice._tpu.compat import DEFAULT_MEGASCALE_PORT, get_tpu_coordinator_env_vars
+from tpuslice._tpu.labels import CallEnv
+from tpuslice.errors import NotConnectedError
+
+ENV_PREFIX = "TPUSLICE_"
+MEGASCALE_VARS = (
+    "MEGASCALE_COORDINATOR_ADDRESS",
+    "MEGASCALE_PORT",
+    "MEGASCALE_NUM_SLICES",
+    "MEGASCALE_SLICE_ID",
+)
+
+
+@dataclass(frozen=True)
+class HostContext:
+    """Where this task runs in the gang. Read it with :func:`current_host`."""
+
+    rank: int
+    world_size: int
+    slice_index: int
+    num_slices: int
+    slice_name: str
+    worker_id: int
+    hosts_per_slice: int
+    coordinator_address: str
+    """Address of slice 0 worker 0 (the MEGASCALE / JAX coordinator host)."""
+
+    def describe(self) -> str:
+        """``rank 1 (v4-16-a host 1)``: the rank and its host, for messages.
+
+        Returns:
+            One phrase.
+        """
+        return f"rank {self.rank} ({self.slice_name} host {self.worker_id})"
+
+    def env(self) -> dict[str, str]:
+        """The environment of this rank's calls.
+
+        Returns:
+            ``TPUSLICE_*`` variables, plus all four ``MEGASCALE_*`` for two or more slices.
+        """
+        env = {f"{ENV_PREFIX}{k.upper()}": str(v) for k, v in asdict(self).items()}
+        if self.num_slices > 1:
+            env.update(
+                get_tpu_coordinator_env_vars(
+                    self.coordinator_address,
+                    self.num_slices,
+                    self.slice_index,
+                    DEFAULT_MEGASCALE_PORT,
+                )
+            )
+        return env
+
+
+def current_host(environ: Mapping[str, str] | None = None) -> HostContext:
+    """The :class:`HostContext` of the running task or actor.
+
+    Args:
+        environ: Where to read the context (default: ``os.environ``).
+
+    Returns:
+        This host's place in the gang: rank, world size, slice, worker id, coordinator.
+
+    Raises:
+        NotConnectedError: called outside a task started by :func:`run_on_slice` or a
+            :class:`~tpuslice.SliceActorGroup` actor (there is no context).
+    """
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for name, kind in HostContext.__annotations__.items():
+        raw = environ.get(f"{ENV_PREFIX}{name.upper()}")
+        if raw is None:
+            raise NotConnectedError(
+                "no slice context here: current_host() works inside a task started by "
+                "tpuslice.run_on_slice or a SliceActorGroup actor"
+            )
+        values[name] = int(raw) if kind in ("int", int) else raw
+    return HostContext(**values)
+
+
+TPU_IN_USE = "The TPU is already in use"
+"""What libtpu says when another process owns the host's TPU."""
+
+
+def with_context(function: Callable[..., Any], returns: int | None = None) -> Callable[..., Any]:
+    """The user's function, called with the slice context in ``os.environ`` (stale
+    ``MEGASCALE_*`` the context does not set are dropped; all is restored after).
+
+    With ``returns`` (the function's own ``num_returns``), the wrapper also returns this
+    process's pid as one more value: the slice's hand-back uses it to stop exactly the
+    processes that ran its work, should one of them still own a TPU.
+
+    The wrapper refers to no tpuslice function, only ``os`` and a tuple, so Ray ships it
+    by value and a host's worker runs it without importing tpuslice: on the first call of
+    a job that import took 50-110 ms per worker process (benchmarks/RESULTS.md). Only when
+    libtpu refuses the TPU is tpuslice imported, to say who holds it.
+
+    Args:
+        function: The user's Python function.
+        returns: The function's ``num_returns`` when the pid should ride along; ``None``
+            for none.
+
+    Returns:
+        ``run_in_context(env, *args, **kwargs)``: the call, with ``env`` set around it.
+    """
+
+    def run_in_context(__tpuslice_env: CallEnv, *args: Any, **kwargs: Any) -> Any:
+        saved = {key: os.environ.get(key) for key in {*__tpuslice_env, *MEGASCALE_VARS}}
+        for key in MEGASCALE_VARS:
+            os.environ.pop(key, None)
+        for key, value in __tpuslice_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        try:
+            result = function(*args, **kwargs)
+        except Exception as exc:
+            if TPU_IN_USE in str(exc):
+                from tpuslice._host.tpu_lock import in_use_error
+
+                raise in_use_error(exc) from exc
+            raise
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        if returns is None:
+            return result
+        return (result, os.getpid()) if returns == 1 else (*result, os.getpid())
+
+    # Keep the user's name for Ray's task listings; no __wrapped__, so Ray checks the
+    # arguments against this signature (context first), not the user's.
+    run_in_context.__name__ = getattr(function, "__name__", "run_in_context")
+    run_in_context.__qualname__ = getattr(function, "__qualname__", "run_in_context")
+    run_in_context.__module__ = getattr(function, "__module__", __name__)
+    return run_in_context

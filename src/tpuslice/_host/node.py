@@ -1,0 +1,466 @@
+"""This host: which TPU the current machine has, found without Ray.
+
+Each fact comes from the first source that has it: the GKE/KubeRay environment
+(``TPU_NAME``, ``TPU_WORKER_ID``, ``TPU_ACCELERATOR_TYPE``, ``TPU_TOPOLOGY``), then the GCE
+metadata server (one short time budget, so it never hangs off GCP), and chips from ``/dev``.
+Every source is injectable (``env``, ``metadata``, ``root``) so tests are deterministic.
+The public functions keep Ray 2.60's names and results; ``node_labels``, ``node_resources``
+and ``ray_start_args`` give what Ray advertises for a TPU host, for hosts it cannot detect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TypeAlias, TypeVar
+
+from tpuslice._host.metadata import (
+    MetadataClient,
+)
+from tpuslice._tpu import labels as ray_names
+from tpuslice._tpu import topology as topo
+from tpuslice.errors import InvalidAcceleratorError, InvalidArgumentError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Environ: TypeAlias = "Mapping[str, str]"
+StrPath: TypeAlias = "str | os.PathLike[str]"
+
+GOOGLE_PCI_VENDOR_ID = "0x1ae0"
+
+# Each fact: (GKE env var, GCE metadata attribute).
+_SLICE_NAME = (ray_names.ENV_TPU_NAME, "instance-id")
+_WORKER_ID = (ray_names.ENV_TPU_WORKER_ID, "agent-worker-number")
+_POD_TYPE = (ray_names.ENV_TPU_ACCELERATOR_TYPE, "accelerator-type")
+_TOPOLOGY = (ray_names.ENV_TPU_TOPOLOGY, "tpu-env")
+
+# Kubernetes label value syntax, which `ray start --labels` enforces.
+_LABEL_VALUE_RE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?")
+_TPU_ENV_TOPOLOGY_RE = re.compile(r"^\s*TOPOLOGY:\s*['\"]?([^'\"\s]+)['\"]?", re.MULTILINE)
+
+
+# --- parsing one fact --------------------------------------------------------------------
+
+
+def _parse_worker_id(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text):
+        raise ValueError("expected a worker id: a non-negative integer such as '0'")
+    return int(text)
+
+
+def _parse_pod_type(text: str) -> str:
+    """``tpu7x-16`` -> ``v7x-16``, ``v5e-8`` -> ``v5litepod-8``: canonical generation spelling."""
+    form = (
+        "expected a pod type '<generation>-<size>' such as 'v6e-16' or 'tpu7x-16', "
+        f"generation one of {', '.join(topo.GENERATIONS)}"
+    )
+    match = re.fullmatch(r"(.+)-([0-9]+)", topo.normalize_generation_name(text))
+    if not match:
+        raise ValueError(form)
+    try:
+        gen = topo.generation(match.group(1))
+    except InvalidAcceleratorError as exc:
+        raise ValueError(form) from exc
+    size = int(match.group(2))
+    if size < 1 or size % gen.cores_per_chip:
+        raise ValueError(
+            f"{form}; a {gen.name} size counts {gen.pod_type_counts}, "
+            f"a positive multiple of {gen.cores_per_chip}"
+        )
+    return f"{gen.name}-{size}"
+
+
+def _parse_topology(text: str) -> str:
+    """``4X4`` -> ``4x4``; a malformed one raises InvalidTopologyError (a ValueError)."""
+    return "x".join(str(side) for side in topo.parse_dims(text))
+
+
+def _parse_tpu_env(text: str) -> str:
+    """The topology in the metadata ``tpu-env`` blob (a line ``TOPOLOGY: '4x4'``)."""
+    match = _TPU_ENV_TOPOLOGY_RE.search(text)
+    if not match:
+        raise ValueError("expected a line TOPOLOGY: '<AxB>' in tpu-env")
+    return _parse_topology(match.group(1))
+
+
+def _lookup(
+    env: Environ,
+    metadata: MetadataClient,
+    names: tuple[str, str],
+    parse_env: Callable[[str], T],
+    parse_metadata: Callable[[str], T] | None = None,
+) -> tuple[T, str] | None:
+    """One fact and its source: env var ``names[0]`` if set, else metadata key ``names[1]``.
+
+    A bad env value is the user's to fix, so it raises; bad metadata is logged and ignored.
+    """
+    var, key = names
+    raw = env.get(var, "").strip()
+    if raw:
+        try:
+            return parse_env(raw), f"env:{var}"
+        except ValueError as exc:
+            raise InvalidArgumentError(
+                f"environment variable {var}={raw!r} is not valid: {exc}"
+            ) from exc
+    text = metadata.get(key)
+    if text is None:
+        return None
+    try:
+        return (parse_metadata or parse_env)(text), f"metadata:{key}"
+    except ValueError as exc:
+        logger.debug("ignoring metadata %s=%r: %s", key, text, exc)
+        return None
+
+
+def _topology(env: Environ, md: MetadataClient, pod_type: str | None) -> tuple[str, str] | None:
+    """Env or ``tpu-env``; else the one topology the pod type allows (``v6e-16`` -> 4x4)."""
+    found = _lookup(env, md, _TOPOLOGY, _parse_topology, _parse_tpu_env)
+    if found or pod_type is None:
+        return found
+    try:
+        return topo.parse_pod_type(pod_type).topology, "derived:pod-type"
+    except ValueError as exc:  # ambiguous, or a size we know no shape for
+        logger.debug("no topology for pod type %s: %s", pod_type, exc)
+        return None
+
+
+# --- devices -----------------------------------------------------------------------------
+
+
+def count_tpu_chips(root: StrPath = "/") -> tuple[int, str]:
+    """Chips on this host and where they were seen (``/dev/accel*``, ``/dev/vfio``, ``none``).
+
+    Args:
+        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
+
+    Returns:
+        The chip count and its source; ``(0, "none")``, not an error, when no chip is
+        seen or the directories cannot be read.
+    """
+    base = Path(root)
+    accel = _count_accel(base / "dev")
+    if accel:
+        return accel, "/dev/accel*"
+    vfio = _count_vfio(base)
+    return (vfio, "/dev/vfio") if vfio else (0, "none")
+
+
+def _count_accel(dev: Path) -> int:
+    """``/dev/accel0..N``. A ``/dev/accel`` *directory* is an NVIDIA driver (570+), not TPU.
+
+    Real chips are character devices; we only require "not a directory" (as Ray does),
+    which also lets tests fake chips with plain files.
+    """
+    try:
+        return sum(1 for path in dev.glob("accel*") if not path.is_dir())
+    except OSError as exc:
+        logger.debug("cannot list %s: %s", dev, exc)
+        return 0
+
+
+def _count_vfio(base: Path) -> int:
+    """``/dev/vfio/<group>`` groups backed by a Google PCI device (one chip per group)."""
+    try:
+        groups = [p.name for p in (base / "dev" / "vfio").iterdir() if p.name.isdigit()]
+    except OSError as exc:
+        logger.debug("no VFIO groups: %s", exc)
+        return 0
+    iommu = base / "sys" / "kernel" / "iommu_groups"
+    return sum(1 for group in groups if _is_google_group(iommu / group / "devices"))
+
+
+def _is_google_group(devices: Path) -> bool:
+    """True if a PCI device in the IOMMU group has Google's vendor id; unreadable is False
+    (a false positive would hide a non-TPU device such as a BlueField NIC's VFIO group)."""
+    try:
+        vendor_files = list(devices.glob("*/vendor"))
+    except OSError as exc:
+        logger.debug("cannot list %s: %s", devices, exc)
+        return False
+    for vendor_file in vendor_files:
+        try:
+            vendor = vendor_file.read_text(encoding="ascii").strip().lower()
+        except (OSError, ValueError) as exc:  # ValueError: UnicodeDecodeError
+            logger.debug("cannot read %s: %s", vendor_file, exc)
+            continue
+        if vendor == GOOGLE_PCI_VENDOR_ID:
+            return True
+    return False
+
+
+# --- what this host is -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostTPUInfo:
+    """The TPU facts of this host; None (chips 0) where a fact was not found.
+
+    ``sources`` maps each found fact to where it came from: ``env:TPU_NAME``,
+    ``metadata:tpu-env``, ``derived:pod-type``, ``/dev/accel*``. It is not compared.
+
+    Attributes:
+        slice_name: The TPU slice (pod) this host belongs to.
+        worker_id: This host's TPU worker id in the slice.
+        topology: The slice's chip grid (``4x4``).
+        chips: TPU chips on this host.
+    """
+
+    slice_name: str | None = None
+    worker_id: int | None = None
+    pod_type: str | None = None
+    """Canonical spelling, as in Ray's labels: ``v6e-16``, ``v7x-16`` (GKE's ``tpu7x-16``)."""
+    topology: str | None = None
+    chips: int = 0
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def generation(self) -> topo.Generation | None:
+        """The generation the pod type names; None without a pod type."""
+        return None if self.pod_type is None else topo.generation(self.pod_type.rsplit("-", 1)[0])
+
+    @property
+    def accelerator_type(self) -> str | None:
+        """Ray's accelerator type: ``TPU-V6E``."""
+        gen = self.generation
+        return None if gen is None else gen.accelerator_type
+
+    @property
+    def worker_count(self) -> int | None:
+        """Hosts in the slice, as Ray counts them: pod cores over this host's cores,
+        rounded up (a sub-host slice is one host). None without a pod type or chips."""
+        gen = self.generation
+        if gen is None or self.pod_type is None or self.chips <= 0:
+            return None
+        cores = int(self.pod_type.rsplit("-", 1)[1])
+        return -(-cores // (self.chips * gen.cores_per_chip))
+
+    def labels(self) -> dict[str, str]:
+        """Ray's node labels for this host, each only when its fact is known.
+
+        Returns:
+            Label key to value (``ray.io/tpu-slice-name`` and the rest).
+        """
+        values = {
+            ray_names.SLICE_NAME_LABEL: self.slice_name,
+            ray_names.WORKER_ID_LABEL: None if self.worker_id is None else str(self.worker_id),
+            ray_names.POD_TYPE_LABEL: self.pod_type,
+            ray_names.TOPOLOGY_LABEL: self.topology,
+            ray_names.ACCELERATOR_TYPE_LABEL: self.accelerator_type,
+        }
+        return {key: value for key, value in values.items() if value is not None}
+
+    def resources(self) -> dict[str, float]:
+        """As Ray sets them: ``TPU`` (chips), ``accelerator_type:TPU-V6E``, ``<slice name>``,
+        and ``TPU-<pod type>-head`` on worker 0; the last two need name, id and pod type.
+
+        Returns:
+            Resource name to amount; empty when no fact is known.
+        """
+        resources: dict[str, float] = {}
+        if self.chips > 0:
+            resources[ray_names.TPU_RESOURCE] = float(self.chips)
+        if self.accelerator_type:
+            resources[f"accelerator_type:{self.accelerator_type}"] = 1.0
+        if self.slice_name and self.worker_id is not None and self.pod_type:
+            resources[self.slice_name] = 1.0
+            if self.worker_id == 0:
+                resources[f"TPU-{self.pod_type}-head"] = 1.0
+        return resources
+
+
+def _resolve(
+    env: Environ | None, metadata: MetadataClient | None
+) -> tuple[Environ, MetadataClient]:
+    """The real sources for whatever the caller did not inject."""
+    return (os.environ if env is None else env), (metadata or MetadataClient())
+
+
+def detect(
+    *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
+) -> HostTPUInfo:
+    """Everything this host knows about its TPU, each fact from its first source.
+
+    Defaults: ``os.environ``, a fresh :class:`MetadataClient`, and the real ``/``.
+
+    Args:
+        env: Environment to read (default: ``os.environ``).
+        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
+        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
+
+    Returns:
+        The facts found; missing ones are None (chips 0), not errors, and a malformed
+        metadata value counts as missing.
+
+    Raises:
+        InvalidArgumentError: a ``TPU_*`` environment variable is set but malformed.
+    """
+    env, metadata = _resolve(env, metadata)
+    name = _lookup(env, metadata, _SLICE_NAME, str.strip)
+    worker = _lookup(env, metadata, _WORKER_ID, _parse_worker_id)
+    pod = _lookup(env, metadata, _POD_TYPE, _parse_pod_type)
+    topology = _topology(env, metadata, pod[0] if pod else None)
+    chips, chips_source = count_tpu_chips(root)
+    facts = {"slice_name": name, "worker_id": worker, "pod_type": pod, "topology": topology}
+    sources = {fact: found[1] for fact, found in facts.items() if found is not None}
+    if chips:
+        sources["chips"] = chips_source
+    return HostTPUInfo(
+        slice_name=name[0] if name else None,
+        worker_id=worker[0] if worker else None,
+        pod_type=pod[0] if pod else None,
+        topology=topology[0] if topology else None,
+        chips=chips,
+        sources=MappingProxyType(sources),
+    )
+
+
+# --- Ray 2.60's public functions (ray.util.tpu), same names and results ---------------------
+# Each takes the same sources as detect() and reads only the ones it needs.
+
+
+def get_current_pod_name(
+    *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
+) -> str | None:
+    """The name of the TPU slice this host belongs to; None if not on a TPU pod.
+
+    Args:
+        env: Environment to read (default: ``os.environ``).
+        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
+        root: Not read; accepted so every function here takes the same sources.
+
+    Returns:
+        ``TPU_NAME``, else the metadata ``instance-id``; None, not an error, if neither.
+    """
+    found = _lookup(*_resolve(env, metadata), _SLICE_NAME, str.strip)
+    return found[0] if found else None
+
+
+def get_current_pod_worker_count(
+    *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
+) -> int | None:
+    """Hosts in this host's TPU slice; None if not on a TPU pod or no chips are visible.
+
+    Args:
+        env: Environment to read (default: ``os.environ``).
+        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
+        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
+
+    Returns:
+        Pod cores over this host's cores, rounded up; None, not an error, without a pod
+        type or visible chips (a malformed metadata pod type counts as none).
+
+    Raises:
+        InvalidArgumentError: ``TPU_ACCELERATOR_TYPE`` is set but is not a pod type.
+    """
+    pod = _lookup(*_resolve(env, metadata), _POD_TYPE, _parse_pod_type)
+    chips = count_tpu_chips(root)[0] if pod else 0
+    return HostTPUInfo(pod_type=pod[0] if pod else None, chips=chips).worker_count
+
+
+def get_num_tpu_chips_on_node(
+    *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
+) -> int:
+    """TPU chips on this host; 0 if none. Reads only ``root`` (``/dev``, ``/sys``).
+
+    Args:
+        env: Not read; accepted so every function here takes the same sources.
+        metadata: Not read, for the same reason.
+        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
+
+    Returns:
+        The chip count; 0, not an error, when none is seen.
+    """
+    return count_tpu_chips(root)[0]
+
+
+# --- advertising this host to Ray ---------------------------------------------------------
+
+
+# With a HostTPUInfo in hand, call its .labels() and .resources() instead.
+
+
+def node_labels(
+    *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
+) -> dict[str, str]:
+    """Ray's ``ray.io/tpu-*`` and ``ray.io/accelerator-type`` labels for this host.
+
+    Args:
+        env: Environment to read (default: ``os.environ``).
+        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
+        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
+
+    Returns:
+        Label key to value, for the facts found (see :func:`detect`).
+
+    Raises:
+        InvalidArgumentError: a ``TPU_*`` environment variable is set but malformed.
+    """
+    return detect(env=env, metadata=metadata, root=root).labels()
+
+
+def node_resources(
+    *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
+) -> dict[str, float]:
+    """Ray's TPU resources for this host: see :meth:`HostTPUInfo.resources`.
+
+    Args:
+        env: Environment to read (default: ``os.environ``).
+        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
+        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
+
+    Returns:
+        Resource name to amount, for the facts found (see :func:`detect`).
+
+    Raises:
+        InvalidArgumentError: a ``TPU_*`` environment variable is set but malformed.
+    """
+    return detect(env=env, metadata=metadata, root=root).resources()
+
+
+def ray_start_args(
+    info: HostTPUInfo | None = None,
+    *,
+    env: Environ | None = None,
+    metadata: MetadataClient | None = None,
+    root: StrPath = "/",
+) -> list[str]:
+    """``["--labels", "k=v,...", "--resources", '{"TPU": 4, ...}']`` for ``ray start``.
+
+    For hosts where Ray does not detect its TPU itself; ``shlex.join`` it for a shell.
+
+    Args:
+        info: This host's facts; ``None`` detects them from the sources below.
+        env: Environment to read when ``info`` is None (default: ``os.environ``).
+        metadata: GCE metadata client when ``info`` is None (default: a fresh one).
+        root: Filesystem root for chips when ``info`` is None.
+
+    Returns:
+        The arguments; empty when no fact is known.
+
+    Raises:
+        InvalidArgumentError: a label value is not a valid Ray label value, or (when
+            detecting) a ``TPU_*`` environment variable is malformed.
+    """
+    info = info or detect(env=env, metadata=metadata, root=root)
+    labels = info.labels()
+    for key, value in labels.items():
+        if not _LABEL_VALUE_RE.fullmatch(value):
+            raise InvalidArgumentError(
+                f"label {key}={value!r} cannot be passed to `ray start --labels`: a value is "
+                "at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
+            )
+    resources = {k: int(v) if v.is_integer() else v for k, v in info.resources().items()}
+    args: list[str] = []
+    if labels:
+        args += ["--labels", ",".join(f"{key}={value}" for key, value in labels.items())]
+    if resources:
+        args += ["--resources", json.dumps(resources)]
+    return args

@@ -1,0 +1,227 @@
+"""Preemption and maintenance notices: what a TPU host's metadata server warns of.
+
+A Spot or preemptible VM's ``instance/preempted`` turns ``TRUE`` about 30 s before it is
+stopped; ``instance/maintenance-event`` leaves ``NONE`` 60 s before host maintenance
+(``TERMINATE_ON_HOST_MAINTENANCE`` or ``MIGRATE_ON_HOST_MAINTENANCE``). Sources:
+https://cloud.google.com/compute/docs/instances/create-use-spot (detecting preemption) and
+https://cloud.google.com/compute/docs/metadata/getting-live-migration-notice.
+
+Each host's agent (:mod:`tpuslice._host.agent`) runs :func:`watch_host`: one long-poll per value
+(``?wait_for_change=true``), no busy loop, and records a :class:`Notice` in Ray's KV store
+(``tpu-notice/<node id>``, namespace ``tpuslice``) while one stands, so the cluster view,
+``tpuslice status``, new reservations and running work all see it without asking a host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from tpuslice._host.metadata import Watched, watch
+
+logger = logging.getLogger(__name__)
+
+PREEMPTED_PATH = "instance/preempted"
+MAINTENANCE_PATH = "instance/maintenance-event"
+PREEMPTION_NOTICE_S = 30.0
+"""How long before a preemption GCE warns (Spot: "about 30 seconds")."""
+MAINTENANCE_NOTICE_S = 60.0
+"""How long before host maintenance ``maintenance-event`` changes."""
+NOTICE_KEY_PREFIX = "tpu-notice/"
+WATCH_TIMEOUT_S = 60.0
+"""How long one long-poll may be held before it is asked again."""
+STALE_S = 300.0
+"""A notice this long past its deadline is left over from a host that is gone."""
+RETRY_S = 5.0
+"""Pause after a failed watch before asking again (the server answered before)."""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A warning a host's metadata server gave.
+
+    Attributes:
+        kind: ``preemption`` or ``maintenance``.
+        event: The metadata value (``TRUE``, ``TERMINATE_ON_HOST_MAINTENANCE``).
+        since: When it was seen (wall-clock seconds).
+        deadline: When the host is expected to go (``since`` plus GCE's notice).
+        node_id: The host's Ray node id.
+        slice_name: Its slice.
+        worker_id: Its TPU worker id.
+    """
+
+    kind: str
+    event: str
+    since: float
+    deadline: float
+    node_id: str = ""
+    slice_name: str = ""
+    worker_id: int = -1
+
+    @property
+    def state(self) -> str:
+        """``PREEMPTING`` or ``MAINTENANCE``, as status shows it."""
+        return "PREEMPTING" if self.kind == "preemption" else "MAINTENANCE"
+
+    def left(self, now: float) -> float:
+        """Seconds until the expected deadline (never below 0).
+
+        Args:
+            now: Wall-clock seconds.
+
+        Returns:
+            The time left.
+        """
+        return max(0.0, self.deadline - now)
+
+    def stale(self, now: float) -> bool:
+        """Whether the notice is left over (:data:`STALE_S` past its deadline).
+
+        Args:
+            now: Wall-clock seconds.
+
+        Returns:
+            True if it no longer describes a live host.
+        """
+        return now > self.deadline + STALE_S
+
+    def describe(self, now: float | None = None) -> str:
+        """``preemption notice on v4-16-a host 1 (instance/preempted=TRUE), 24 s left``.
+
+        Args:
+            now: Wall-clock seconds (default: now).
+
+        Returns:
+            One line.
+        """
+        path = PREEMPTED_PATH if self.kind == "preemption" else MAINTENANCE_PATH
+        left = self.left(time.time() if now is None else now)
+        return (
+            f"{self.kind} notice on {self.slice_name} host {self.worker_id} "
+            f"({path}={self.event}), {left:.0f} s left"
+        )
+
+    def to_json(self) -> bytes:
+        """Encode for the KV store.
+
+        Returns:
+            UTF-8 JSON.
+        """
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Notice:
+        """Decode what :meth:`to_json` wrote.
+
+        Args:
+            raw: The stored bytes.
+
+        Returns:
+            The notice.
+
+        Raises:
+            ValueError: it is not a notice.
+        """
+        try:
+            data = json.loads(raw)
+            return cls(
+                kind=str(data["kind"]),
+                event=str(data["event"]),
+                since=float(data["since"]),
+                deadline=float(data["deadline"]),
+                node_id=str(data.get("node_id", "")),
+                slice_name=str(data.get("slice_name", "")),
+                worker_id=int(data.get("worker_id", -1)),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a notice: {exc}") from exc
+
+
+def notice_of(path: str, value: str | None) -> tuple[str, float] | None:
+    """What a metadata value warns of: ``(kind, notice seconds)``, or ``None``.
+
+    Args:
+        path: :data:`PREEMPTED_PATH` or :data:`MAINTENANCE_PATH`.
+        value: Its value (``None``: unknown).
+
+    Returns:
+        The kind of notice and GCE's notice period, if the value is one.
+    """
+    if value is None:
+        return None
+    if path == PREEMPTED_PATH:
+        return ("preemption", PREEMPTION_NOTICE_S) if value.upper() == "TRUE" else None
+    if value.upper() != "NONE":
+        return "maintenance", MAINTENANCE_NOTICE_S
+    return None
+
+
+def notice_period(kind: str) -> float:
+    """How long before the host goes GCE warns, for a kind of notice.
+
+    Args:
+        kind: ``preemption`` or ``maintenance``.
+
+    Returns:
+        Seconds.
+    """
+    return PREEMPTION_NOTICE_S if kind == "preemption" else MAINTENANCE_NOTICE_S
+
+
+Record = Callable[[str, "Notice | None"], None]
+"""Called with a watched path and the notice it now gives (``None``: none stands)."""
+
+
+def watch_value(
+    path: str,
+    record: Record,
+    stop: threading.Event,
+    *,
+    describe: Callable[[str, str, float], Notice],
+    poll: Callable[[str, str, float], Watched] = lambda p, etag, timeout: watch(p, etag, timeout),
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """Follow one metadata value until ``stop``, recording its first state (a notice or
+    ``None``, which clears one a previous watcher left) and each change of it.
+
+    The first answer is immediate; then each request is held by the server until the
+    value changes (or :data:`WATCH_TIMEOUT_S`). A server that never answered (not a GCE
+    VM) ends the watch at once; one that stops answering is asked again every
+    :data:`RETRY_S`.
+
+    Args:
+        path: :data:`PREEMPTED_PATH` or :data:`MAINTENANCE_PATH`.
+        record: Receives the path and the notice (or ``None``) whenever it changes.
+        stop: Set to end the watch (checked between requests).
+        describe: Builds the notice from ``(kind, event, since)``.
+        poll: The long-poll (``(path, etag, timeout_s) -> Watched``).
+        clock: Wall-clock seconds.
+    """
+    etag = ""
+    answered = recorded = False
+    current: tuple[str, str] | None = None
+    while not stop.is_set():
+        got = poll(path, etag, WATCH_TIMEOUT_S)
+        if not got.reachable:
+            if not answered:
+                logger.debug("no metadata server answers %s: not watching it", path)
+                return
+            stop.wait(RETRY_S)
+            etag = ""
+            continue
+        answered = True
+        if got.etag and got.etag == etag:
+            continue  # held until the timeout: unchanged
+        etag = got.etag
+        found = notice_of(path, got.value)
+        state = (found[0], got.value or "") if found else None
+        if not recorded or state != current:
+            recorded, current = True, state
+            notice = None if found is None else describe(found[0], got.value or "", clock())
+            record(path, notice)
+        if not etag:  # a server without ETags (or a 404) cannot hold requests: no spinning
+            stop.wait(RETRY_S)

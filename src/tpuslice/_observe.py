@@ -1,0 +1,134 @@
+"""What tpuslice tells its observers as things happen: each call here adds an event to
+the timeline (:mod:`tpuslice.events`) and records the matching metrics
+(:mod:`tpuslice.metrics`). Neither waits on the GCS nor raises into the caller's work.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tpuslice import events, metrics
+
+if TYPE_CHECKING:
+    from tpuslice._reserve.request import SliceRequest
+    from tpuslice._run.resilient import AttemptEvent
+
+logger = logging.getLogger(__name__)
+DETAIL_CHARS = 120
+"""A failed reservation's event keeps this much of the error's first line."""
+_F = TypeVar("_F", bound=Callable[..., None])
+
+
+def _never_raises(function: _F) -> _F:
+    """Observing must not break what is observed (a hand-back, a release): log instead."""
+
+    @functools.wraps(function)
+    def observed(*args: Any, **kwargs: Any) -> None:
+        try:
+            function(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - see above
+            logger.debug("could not record %s: %s", function.__name__, exc)
+
+    return observed  # type: ignore[return-value]
+
+
+def describe_request(request: SliceRequest) -> tuple[str, str]:
+    """How a request is named in events and in metric tags.
+
+    Args:
+        request: The request.
+
+    Returns:
+        ``("2 x v4 2x2x2", "v4 2x2x2")``: the event's ``what`` and the ``topology`` tag
+        (bounded: no count in it). A range of counts reads ``1..3 x ...``.
+    """
+    count = request.num_slices
+    counted = f"{count[0]}..{count[1]}" if isinstance(count, tuple) else str(count)
+    shape = f"{request.accelerator_version} {request.topology}"
+    return f"{counted} x {shape}", shape
+
+
+@_never_raises
+def reservation_ended(
+    request: SliceRequest,
+    outcome: str,
+    wait_s: float,
+    slices: Sequence[str] = (),
+    detail: str = "",
+) -> None:
+    """A reservation was granted, timed out, or found impossible.
+
+    Args:
+        request: What was asked.
+        outcome: ``granted``, ``timed_out`` or ``impossible``.
+        wait_s: Seconds from the request to the outcome.
+        slices: The slices granted.
+        detail: One line (the error's first line, for a failure).
+    """
+    what, shape = describe_request(request)
+    kind = {"granted": "reserved"}.get(outcome, outcome)
+    if len(detail) > DETAIL_CHARS:  # the error itself has it all
+        detail = detail[: DETAIL_CHARS - 1].rstrip() + "…"
+    events.record(
+        kind, slices=tuple(slices), what=what, seconds=wait_s, outcome=outcome, detail=detail
+    )
+    metrics.reservation_ended(shape, outcome, wait_s)
+
+
+@_never_raises
+def released(slices: Sequence[str], held_s: float, what: str = "") -> None:
+    """Slices were handed back.
+
+    Args:
+        slices: The slices.
+        held_s: How long they were held.
+        what: The request, as :func:`describe_request` names it.
+    """
+    events.record("released", slices=tuple(slices), what=what, seconds=held_s)
+
+
+@_never_raises
+def run_ended(
+    kind: str, outcome: str, seconds: float, slices: Sequence[str] = (), detail: str = ""
+) -> None:
+    """A one-shot run or a ``tpuslice run`` command ended.
+
+    Args:
+        kind: ``one_shot`` or ``command``.
+        outcome: ``success``, ``failure`` or (a command) ``interrupted``.
+        seconds: Its duration.
+        slices: Where it ran.
+        detail: One line (for a command, its program's name only: arguments can hold
+            secrets, and everyone reading the timeline sees this).
+    """
+    text = f"{kind}; {detail}" if detail else kind
+    events.record("run", slices=tuple(slices), seconds=seconds, outcome=outcome, detail=text)
+    metrics.run_ended(kind, outcome, seconds)
+
+
+@_never_raises
+def attempt(event: AttemptEvent) -> None:
+    """A step of a resilient run (its ``started`` steps are left out of the metrics).
+
+    Args:
+        event: The step.
+    """
+    outcome = "" if event.outcome is None else event.outcome.value
+    if event.kind == "succeeded":
+        outcome = "success"
+    kind = "gave_up" if event.kind == "giving_up" else "attempt"
+    seconds = event.duration_s if event.kind in ("failed", "succeeded") else None
+    detail = f"attempt {event.attempt} {event.kind.replace('_', ' ')}"
+    if event.cause:
+        detail += f": {event.cause}"
+    if event.next_action:
+        detail += f"; next: {event.next_action}"
+    if event.evidence:
+        detail += f" [evidence: {event.evidence}]"
+    events.record(kind, slices=event.slice_names, seconds=seconds, outcome=outcome, detail=detail)
+    if event.kind in ("failed", "succeeded"):
+        metrics.attempt_ended(outcome)
+        metrics.run_ended("resilient_attempt", outcome, event.duration_s)

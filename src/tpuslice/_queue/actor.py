@@ -1,0 +1,361 @@
+"""The cluster-wide queue on Ray: one named detached actor, and the drivers' handle to it.
+
+The actor (``tpuslice-queue`` in namespace ``tpuslice``, on the head node, restarted by
+Ray if it dies) is an async actor running a :class:`~tpuslice._queue.runner.QueueRunner`
+over the live cluster: a driver's ask is held until its ticket is granted, decisions are
+made when something changes, and each decision's record goes to Ray's KV store. Drivers
+reach it through :class:`RayQueue`; when it cannot be reached they reserve as before
+(the claiming loop logs that once per process), so a cluster without it still works.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import ray
+
+from tpuslice import _ray
+from tpuslice._queue.book import LEASE_S, Answer
+from tpuslice._queue.runner import QueueRunner
+from tpuslice._queue.service import QueueService, Ticket
+from tpuslice._view.cluster import read_queue_record, read_snapshot
+from tpuslice._view.queue_record import QUEUE_KEY, QUEUE_NAMESPACE, QueueRecord
+from tpuslice.errors import QueueUnreachableError
+from tpuslice.metrics import ClusterReporter
+
+logger = logging.getLogger(__name__)
+
+NAME = "tpuslice-queue"
+NAMESPACE = QUEUE_NAMESPACE
+CALL_TIMEOUT_S = 10.0
+"""How long a driver waits for the queue to answer (it may be starting or restarting),
+beyond the time it asked the queue to hold the call."""
+MAX_ASKS = 100_000
+"""Calls the actor may hold at once (each waiter holds one)."""
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+"""The resource Ray gives the head node only; the queue asks for a sliver of it, so it
+does not live (and die) on a TPU host."""
+
+
+class SliceQueueActor:
+    """The queue actor's body: a :class:`QueueRunner` over the live cluster, publishing
+    to Ray's KV store, learning of dead drivers from Ray's job table. Restarted, it keeps
+    the places of the waiters its last record lists, while they come back."""
+
+    def __init__(self) -> None:
+        service = QueueService(read_snapshot, dead_jobs=_ray.dead_jobs, reprobe=_reprobe)
+        last = read_queue_record()  # by an earlier life of this actor
+        if last is not None and time.time() - last.at < LEASE_S:
+            service.expect(last.requests)
+        self.runner = QueueRunner(service, publish=_publish)
+        self._reporter = ClusterReporter(read_snapshot).start()  # the cluster's gauges
+
+    async def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
+        """See :meth:`QueueRunner.enqueue`.
+
+        Args:
+            ticket: The request.
+            arrival: Its original arrival number.
+
+        Returns:
+            Its arrival number.
+        """
+        return await self.runner.enqueue(ticket, arrival)
+
+    async def wait(self, ticket: str, timeout_s: float) -> Answer:
+        """See :meth:`QueueRunner.wait`.
+
+        Args:
+            ticket: The ticket.
+            timeout_s: How long to hold the call at most.
+
+        Returns:
+            The answer.
+        """
+        return await self.runner.wait(ticket, timeout_s)
+
+    async def claimed(self, ticket: str) -> None:
+        """See :meth:`QueueRunner.claimed`.
+
+        Args:
+            ticket: The ticket.
+        """
+        await self.runner.claimed(ticket)
+
+    async def leave(self, ticket: str) -> None:
+        """See :meth:`QueueRunner.leave`.
+
+        Args:
+            ticket: The ticket.
+        """
+        await self.runner.leave(ticket)
+
+    async def released(self, slices: Sequence[str]) -> None:
+        """See :meth:`QueueRunner.released`.
+
+        Args:
+            slices: Their names.
+        """
+        await self.runner.released(slices)
+
+    async def counts(self) -> dict[str, int]:
+        """How busy the queue has been (for benchmarks).
+
+        Returns:
+            ``calls`` from drivers, ``decisions`` and cluster ``reads`` so far.
+        """
+        runner = self.runner
+        return {
+            "calls": runner.calls,
+            "decisions": runner.decisions,
+            "reads": runner.service.reads,
+        }
+
+    async def pid(self) -> int:
+        """This process's id (tests kill it to see the queue come back).
+
+        Returns:
+            The pid.
+        """
+        import os
+
+        return os.getpid()
+
+
+def _publish(record: QueueRecord) -> None:
+    _ray.kv_put(QUEUE_KEY, record.to_json(), NAMESPACE)
+
+
+def _reprobe(node_ids: Sequence[str]) -> None:
+    from tpuslice._host.agent import start_probe  # the agents build on the queue's siblings
+
+    start_probe(node_ids)()
+
+
+_remote_queue = ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=MAX_ASKS)(SliceQueueActor)
+
+
+class RayQueue:
+    """A driver's handle to the queue actor (every call bounded by ``CALL_TIMEOUT_S``).
+
+    Args:
+        handle: The actor handle.
+    """
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
+        """Enqueue (again, with ``arrival``, to keep a place).
+
+        Args:
+            ticket: The request.
+            arrival: Its original arrival number.
+
+        Returns:
+            Its arrival number.
+
+        Raises:
+            QueueUnreachableError: the queue did not answer.
+        """
+        if not ticket.job:
+            ticket = replace(ticket, job=_ray.current_job_id())
+        number: int = self._get(self.handle.enqueue.remote(ticket, arrival))
+        return number
+
+    def wait(self, ticket: str, timeout_s: float) -> Answer:
+        """Where a ticket stands, once granted (or never grantable), or after at most
+        ``timeout_s``; asking renews its lease.
+
+        Args:
+            ticket: The ticket.
+            timeout_s: How long the actor may hold the call.
+
+        Returns:
+            The answer.
+
+        Raises:
+            QueueUnreachableError: the queue did not answer.
+        """
+        answer: Answer = self._get(
+            self.handle.wait.remote(ticket, timeout_s), timeout_s + CALL_TIMEOUT_S
+        )
+        return answer
+
+    def claimed(self, ticket: str) -> None:
+        """Report the grant held (not waited for).
+
+        Args:
+            ticket: The ticket.
+        """
+        self.handle.claimed.remote(ticket)
+
+    def leave(self, ticket: str) -> None:
+        """Leave the queue (not waited for).
+
+        Args:
+            ticket: The ticket.
+        """
+        self.handle.leave.remote(ticket)
+
+    def released(self, slices: Sequence[str]) -> None:
+        """A hand-back ended (not waited for).
+
+        Args:
+            slices: Their names.
+        """
+        self.handle.released.remote(list(slices))
+
+    def _get(self, ref: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
+        try:
+            return ray.get(ref, timeout=timeout_s)
+        except ray.exceptions.RayActorError as exc:
+            _forget(self)  # dead for good (killed, or past its restarts): look again next time
+            raise QueueUnreachableError(f"the slice queue is gone: {exc}") from exc
+        except (ray.exceptions.RayError, ConnectionError) as exc:
+            raise QueueUnreachableError(f"the slice queue did not answer: {exc}") from exc
+
+
+_lock = threading.Lock()
+_handle: RayQueue | None = None
+
+
+def slice_queue() -> RayQueue:
+    """The cluster's queue, created on the head node if there is none (cached).
+
+    Returns:
+        A handle to it.
+
+    Raises:
+        QueueUnreachableError: it could neither be found nor created.
+    """
+    global _handle
+    with _lock:
+        if _handle is not None and _handle_is_current():
+            return _handle
+        try:
+            try:
+                handle = ray.get_actor(NAME, namespace=NAMESPACE)
+            except ValueError:  # none yet
+                handle = _remote_queue.options(
+                    name=NAME,
+                    namespace=NAMESPACE,
+                    lifetime="detached",
+                    get_if_exists=True,
+                    resources={HEAD_NODE_RESOURCE: 0.001},
+                ).remote()
+        except (ray.exceptions.RayError, ConnectionError, ValueError) as exc:
+            raise QueueUnreachableError(f"could not find or start the slice queue: {exc}") from exc
+        _handle = RayQueue(handle)
+        _handle_cluster[0] = _cluster_id()
+        return _handle
+
+
+def notify_released(slices: Sequence[str]) -> None:
+    """Tell the cluster's queue, if one runs, that a hand-back of these slices ended, so
+    it decides now rather than at its next periodic look. Best effort (not waited for;
+    never starts a queue; a queue that misses it sees the slices at that look).
+
+    Args:
+        slices: The slices handed back.
+    """
+    if not slices or not ray.is_initialized():
+        return
+    with _lock:
+        queue = _handle if _handle is not None and _handle_is_current() else None
+    try:
+        if queue is None:
+            queue = RayQueue(ray.get_actor(NAME, namespace=NAMESPACE))
+        queue.released(slices)
+    except ValueError:  # no queue on this cluster: no one waits
+        return
+    except (ray.exceptions.RayError, ConnectionError) as exc:
+        logger.debug("could not tell the slice queue of a hand-back: %s", exc)
+
+
+def _forget(queue: RayQueue) -> None:
+    """Drop the cached handle if it is ``queue`` (whose actor died for good), so that the
+    next :func:`slice_queue` finds or starts the cluster's queue again."""
+    global _handle
+    with _lock:
+        if _handle is queue:
+            _handle = None
+
+
+_handle_cluster: list[str | None] = [None]
+_started_on: set[str | None] = set()
+_starting_lock = threading.Lock()
+_starters: list[threading.Thread] = []
+START_AT_EXIT_S = 5.0
+"""At interpreter exit, how long to wait for a queue start still in progress."""
+
+
+def start_in_background(at_exit: Callable[[Callable[[], None]], Any] = atexit.register) -> None:
+    """Have the cluster's queue actor running (it also reports the cluster's gauges,
+    :mod:`tpuslice.metrics`) without waiting: once per process and cluster, a daemon
+    thread finds or creates it (tried again next time if that failed).
+
+    The first call registers :func:`finish_starting` to run at exit. Registered after
+    ``ray.init``'s own exit hook, it runs first, so the thread never calls Ray after Ray
+    shut down (a process whose thread does dies with Ray's fatal "core worker has
+    already been shutdown").
+
+    Args:
+        at_exit: Registers the exit hook (default: :mod:`atexit`).
+    """
+    if not ray.is_initialized():
+        return
+    cluster = _cluster_id()
+    with _starting_lock:  # not _lock: the claiming loop may hold that while it asks Ray
+        if cluster in _started_on:
+            return
+        _started_on.add(cluster)
+        if not _starters:  # the first start of this process
+            at_exit(finish_starting)
+        thread = threading.Thread(
+            target=_start_quietly, args=(cluster,), name="tpuslice-queue-start", daemon=True
+        )
+        thread.start()  # under the lock: finish_starting never sees a thread not yet started
+        _starters[:] = [t for t in _starters if t.is_alive()] + [thread]
+
+
+def finish_starting(timeout_s: float = START_AT_EXIT_S) -> None:
+    """Wait, at most ``timeout_s`` in all, for every queue start in progress to end
+    (see :func:`start_in_background`).
+
+    Args:
+        timeout_s: The bound.
+    """
+    deadline = time.monotonic() + timeout_s
+    with _starting_lock:
+        threads = list(_starters)
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        logger.warning("the slice queue was still starting at exit after %.0f s", timeout_s)
+
+
+def _start_quietly(cluster: str | None) -> None:
+    try:
+        slice_queue()
+    except Exception as exc:  # noqa: BLE001 - a background nicety: log, try again later
+        with _starting_lock:
+            _started_on.discard(cluster)
+        logger.debug("the slice queue (and its cluster metrics) did not start: %s", exc)
+
+
+def _handle_is_current() -> bool:
+    """Whether the cached handle belongs to the cluster this process is connected to now
+    (tests connect to several clusters in turn)."""
+    return _handle_cluster[0] == _cluster_id()
+
+
+def _cluster_id() -> str | None:
+    address: str | None = ray.get_runtime_context().gcs_address
+    return address

@@ -1,0 +1,319 @@
+"""The cluster-wide queue's bookkeeping, pure: tickets, leases, grants.
+
+The queue actor holds one :class:`QueueBook` and calls :meth:`QueueBook.decide` with
+what the cluster shows. A waiting driver asks about its ticket (a long call that the
+actor answers when the ticket is granted); each ask renews the ticket's lease, as does
+every decision while the ask is held, and a ticket not renewed for ``lease_s`` leaves the
+queue with any grant (its driver is gone).
+A grant names the slices the driver may claim; until it reports them claimed they are no
+one else's. Arrival numbers are wall-clock nanoseconds, so after the queue restarts with
+an empty book, a driver whose ticket is unknown enqueues again with its original number
+and keeps its place ahead of everyone who arrived after it. So that the first driver to
+come back cannot take what an earlier one would have had, a restarted queue is told of
+the tickets it had (:meth:`QueueBook.expect`): each keeps its place, as a placeholder that
+polls answer :class:`Unknown` (so its driver enqueues again, taking it over, grant and
+all), until its driver is back or :data:`REJOIN_S` has passed.
+
+The policy itself (who gets what) is :func:`tpuslice._queue.schedule.decide`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from tpuslice._queue.schedule import Holding, Waiter, decide, queue_order
+from tpuslice.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from tpuslice._view.cluster import SliceInfo
+
+LEASE_S = 10.0
+"""A waiter that has not polled for this long has left (its driver hangs or died; the
+queue learns of a dead driver sooner, from Ray's job table)."""
+REJOIN_S = 5.0
+"""How long a restarted queue keeps the place of a ticket it had, for its driver to come
+back (drivers poll every 50 ms, and keep trying a queue that does not answer)."""
+SETTLE_S = 2.0
+"""After a grant is claimed, its slices may still show idle in the cluster's resource view
+for a moment; they are kept out of the idle ones until they show in use, or this long."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A ticket still waits.
+
+    Attributes:
+        position: Its place in the queue, from 1.
+        ahead: The tickets before it.
+        reason: Why it waits (what it needs, what is kept for it).
+    """
+
+    position: int
+    ahead: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Granted:
+    """A ticket may claim these slices now (and must report it, or they go back).
+
+    Attributes:
+        slices: The slice names, lowest first.
+        view: The slices as the queue's decision saw them, so the claimant need not read
+            the cluster again (empty when the queue did not attach them).
+    """
+
+    slices: tuple[str, ...]
+    view: tuple[SliceInfo, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class Never:
+    """A ticket can never be granted: the cluster has too few slices of its kind.
+
+    Attributes:
+        reason: What it asked for and what the cluster has.
+    """
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """The book has no such ticket (it left, expired, or the queue restarted): enqueue
+    again, with the original arrival number to keep the place."""
+
+
+Answer = Waiting | Granted | Never | Unknown
+
+
+@dataclass
+class _Entry:
+    waiter: Waiter
+    who: str
+    seen: float
+    granted: tuple[str, ...] = ()
+    rejoining: bool = False
+
+
+@dataclass
+class QueueBook:
+    """Every waiting ticket, its lease and any grant not yet claimed.
+
+    Args:
+        clock: Seconds, monotonic, for leases (injected for tests).
+        stamp: Wall-clock nanoseconds, for arrival numbers (injected for tests).
+        lease_s: See :data:`LEASE_S`.
+    """
+
+    clock: Callable[[], float] = time.monotonic
+    stamp: Callable[[], int] = time.time_ns
+    lease_s: float = LEASE_S
+    settle_s: float = SETTLE_S
+    _entries: dict[str, _Entry] = field(default_factory=dict)
+    _settling: dict[str, tuple[float, str]] = field(default_factory=dict)
+    _latest: int = 0
+    _last: dict[str, Answer] = field(default_factory=dict)
+
+    def enqueue(self, waiter: Waiter, who: str = "", *, arrival: int | None = None) -> int:
+        """Add a ticket (again, after a restart, with ``arrival`` to keep its place).
+
+        Args:
+            waiter: The request (its ``arrival`` is replaced).
+            who: The driver or job, for status.
+            arrival: Its original arrival number, if it had one.
+
+        Returns:
+            Its arrival number.
+
+        Raises:
+            InvalidArgumentError: the ticket is already in the book (other than as a
+                placeholder kept by :meth:`expect`, which it takes over, with any grant).
+        """
+        kept = self._entries.get(waiter.ticket)
+        if kept is not None and not kept.rejoining:
+            raise InvalidArgumentError(f"ticket {waiter.ticket} is already queued")
+        number = max(self.stamp(), self._latest + 1) if arrival is None else arrival
+        self._latest = max(self._latest, number)
+        entry = _Entry(replace(waiter, arrival=number), who, self.clock())
+        if kept is not None:
+            entry.granted = kept.granted
+        self._entries[waiter.ticket] = entry
+        return number
+
+    def expect(self, waiter: Waiter, who: str, rejoin_s: float = REJOIN_S) -> None:
+        """Keep a place for a ticket the queue had before it restarted, for ``rejoin_s``
+        seconds (see the module docstring).
+
+        Args:
+            waiter: The request, with its original arrival number.
+            who: The driver, for status.
+            rejoin_s: How long its driver has to enqueue again.
+        """
+        if waiter.ticket in self._entries:
+            return
+        self._latest = max(self._latest, waiter.arrival)
+        seen = self.clock() - self.lease_s + rejoin_s  # its lease runs out after rejoin_s
+        self._entries[waiter.ticket] = _Entry(waiter, who, seen, rejoining=True)
+
+    def poll(self, ticket: str) -> Answer:
+        """Renew a ticket's lease and say where it stands (as of the last decision).
+
+        Args:
+            ticket: The ticket.
+
+        Returns:
+            :class:`Granted`, :class:`Waiting`, :class:`Never`, or :class:`Unknown`.
+        """
+        entry = self._entries.get(ticket)
+        if entry is not None and not entry.rejoining:
+            entry.seen = self.clock()
+        return self.poll_quietly(ticket)
+
+    def touch(self, tickets: Iterable[str]) -> None:
+        """Renew the leases of tickets whose drivers are waiting on an ask right now.
+
+        Args:
+            tickets: The tickets.
+        """
+        now = self.clock()
+        for ticket in tickets:
+            entry = self._entries.get(ticket)
+            if entry is not None and not entry.rejoining:
+                entry.seen = now
+
+    def poll_quietly(self, ticket: str) -> Answer:
+        """Where a ticket stands, without renewing its lease (for status).
+
+        Args:
+            ticket: The ticket.
+
+        Returns:
+            As :meth:`poll`; :class:`Unknown` for a placeholder (its driver must enqueue
+            again).
+        """
+        entry = self._entries.get(ticket)
+        if entry is None or entry.rejoining:
+            return Unknown()
+        if entry.granted:
+            return Granted(entry.granted)
+        return self._last.get(ticket, Waiting(0, (), "not decided yet"))
+
+    def claimed(self, ticket: str) -> None:
+        """The driver holds its grant: the ticket leaves the book.
+
+        Args:
+            ticket: The ticket.
+        """
+        entry = self._entries.pop(ticket, None)
+        self._last.pop(ticket, None)
+        if entry is not None:
+            for name in entry.granted:
+                self._settling[name] = (self.clock() + self.settle_s, entry.waiter.kind)
+
+    def leave(self, ticket: str) -> None:
+        """The driver gave up (timeout, Ctrl-C): the ticket and any grant go.
+
+        Args:
+            ticket: The ticket.
+        """
+        self._entries.pop(ticket, None)
+        self._last.pop(ticket, None)
+
+    def entry(self, ticket: str) -> tuple[Waiter, str] | None:
+        """A ticket's request and who asked, if it is in the book.
+
+        Args:
+            ticket: The ticket.
+
+        Returns:
+            ``(request, who)``, or ``None``.
+        """
+        entry = self._entries.get(ticket)
+        return None if entry is None else (entry.waiter, entry.who)
+
+    def granted(self, ticket: str) -> tuple[str, ...]:
+        """The slices granted to a ticket and not yet claimed (empty if none).
+
+        Args:
+            ticket: The ticket.
+
+        Returns:
+            The slice names.
+        """
+        entry = self._entries.get(ticket)
+        return () if entry is None else entry.granted
+
+    def overdue(self, after_s: float) -> list[str]:
+        """Tickets not polled for ``after_s`` seconds (their drivers may be gone).
+
+        Args:
+            after_s: Seconds.
+
+        Returns:
+            The tickets.
+        """
+        now = self.clock()
+        return [t for t, e in self._entries.items() if now - e.seen > after_s]
+
+    def tickets(self) -> list[tuple[Waiter, str, float]]:
+        """What the queue holds, for status.
+
+        Returns:
+            ``(request, who, seconds since it last polled)`` in serving order.
+        """
+        now = self.clock()
+        return [
+            (w, self._entries[w.ticket].who, now - self._entries[w.ticket].seen)
+            for w in queue_order(self._waiters(granted=True))
+        ]
+
+    def _waiters(self, *, granted: bool) -> list[Waiter]:
+        return [e.waiter for e in self._entries.values() if granted or not e.granted]
+
+    def decide(
+        self, idle: Mapping[str, Sequence[str]], holding: Sequence[Holding] = ()
+    ) -> dict[str, tuple[str, ...]]:
+        """Drop tickets whose lease ran out (with their grants), then grant what the
+        policy says.
+
+        Args:
+            idle: Kind -> its idle slices as the cluster shows them (slices granted but
+                not yet claimed may still show idle; they are kept out here).
+            holding: The work holding the kinds' other slices.
+
+        Returns:
+            The new grants of this pass: ticket -> slices.
+        """
+        now = self.clock()
+        for ticket, entry in list(self._entries.items()):
+            if now - entry.seen > self.lease_s:
+                self.leave(ticket)
+        shown_idle = {s for names in idle.values() for s in names}
+        self._settling = {
+            s: (until, kind)
+            for s, (until, kind) in self._settling.items()
+            if s in shown_idle and until > now
+        }
+        pending = {s for e in self._entries.values() for s in e.granted} | set(self._settling)
+        free = {kind: [s for s in names if s not in pending] for kind, names in idle.items()}
+        # Slices granted but not claimed yet are held, for the others' purposes.
+        granted = [
+            Holding(e.waiter.kind, len(e.granted)) for e in self._entries.values() if e.granted
+        ] + [Holding(kind, 1) for _, kind in self._settling.values()]
+        decision = decide(self._waiters(granted=False), free, [*holding, *granted], now)
+        for ticket, slices in decision.grants.items():
+            self._entries[ticket].granted = slices
+        still = queue_order(self._waiters(granted=False))
+        self._last = {}
+        for place, waiter in enumerate(still, start=1):
+            ticket = waiter.ticket
+            if ticket in decision.never:
+                self._last[ticket] = Never(decision.never[ticket])
+            else:
+                ahead = tuple(w.ticket for w in still[: place - 1])
+                self._last[ticket] = Waiting(place, ahead, decision.blocked.get(ticket, ""))
+        return dict(decision.grants)

@@ -1,0 +1,128 @@
+"""A reservation's place in the cluster-wide queue, as the claiming loop holds it.
+
+:class:`QueuePlace` enqueues once, keeps the arrival number it was given, and enqueues
+again with it whenever the queue no longer knows the ticket (the queue restarted, or the
+grant was given back because a granted slice was taken meanwhile), so the reservation
+keeps its place. It remembers the last answer, for the timeout message and progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from dataclasses import replace
+
+from tpuslice._queue.book import Answer, Granted, Unknown, Waiting
+from tpuslice._queue.service import SliceKind, SliceQueue, Ticket
+
+logger = logging.getLogger(__name__)
+
+
+def this_driver() -> str:
+    """``pid 123 on host-a``: who is waiting, for status.
+
+    Returns:
+        The description.
+    """
+    return f"pid {os.getpid()} on {socket.gethostname()}"
+
+
+class QueuePlace:
+    """One reservation's ticket.
+
+    Args:
+        queue: The queue.
+        kind: The slices it waits for.
+        count: ``(min, max)`` slices.
+        priority: Higher first.
+    """
+
+    def __init__(
+        self, queue: SliceQueue, kind: SliceKind, count: tuple[int, int], priority: int
+    ) -> None:
+        self.queue = queue
+        self.ticket = Ticket(
+            ticket=uuid.uuid4().hex[:12],
+            kind=kind,
+            count=count,
+            priority=priority,
+            who=this_driver(),
+            job="",
+        )
+        self.arrival: int | None = None
+        self.last: Answer | None = None
+
+    def join(self) -> None:
+        """Enqueue (again, keeping the first arrival number).
+
+        Raises:
+            QueueUnreachableError: the queue did not answer.
+        """
+        self.arrival = self.queue.enqueue(self.ticket, self.arrival)
+
+    def wait(self, timeout_s: float) -> Answer:
+        """Where the ticket stands once it is granted or can never be, or after at most
+        ``timeout_s`` (the queue holds the call; a queue in memory answers at once). A
+        ticket the queue forgot is enqueued again, keeping its arrival number.
+
+        Args:
+            timeout_s: How long the queue may hold the call.
+
+        Returns:
+            The answer (never :class:`~tpuslice._queue.book.Unknown`).
+
+        Raises:
+            QueueUnreachableError: the queue did not answer.
+        """
+        answer = self.queue.wait(self.ticket.ticket, timeout_s)
+        if isinstance(answer, Unknown):
+            logger.info("the slice queue lost ticket %s; queueing again", self.ticket.ticket)
+            self.join()
+            answer = self.queue.wait(self.ticket.ticket, 0.0)
+        if isinstance(answer, Waiting) and answer != self.last:
+            logger.debug("queued for %s: position %d", self.ticket.kind.key, answer.position)
+        self.last = answer
+        return answer
+
+    def requeue(self) -> None:
+        """Give a grant back and wait again in the same place (a granted slice was taken
+        by someone who does not queue).
+
+        A new ticket with the old arrival number is enqueued before the granted one
+        leaves: were it the other way round, a decision between the two calls could
+        grant the slices given back to a later waiter.
+
+        Raises:
+            QueueUnreachableError: the queue did not answer.
+        """
+        old = self.ticket.ticket
+        self.ticket = replace(self.ticket, ticket=uuid.uuid4().hex[:12])
+        try:
+            self.join()
+        finally:
+            self.queue.leave(old)
+
+    def claimed(self) -> None:
+        """The grant is held: the ticket leaves the queue."""
+        self.queue.claimed(self.ticket.ticket)
+
+    def leave(self) -> None:
+        """Give up: the ticket, and any grant, leave the queue."""
+        self.queue.leave(self.ticket.ticket)
+
+    def describe(self) -> str:
+        """Where the reservation stood, for a timeout's message.
+
+        Returns:
+            ``position 3 in the cluster's queue, behind: ...; <why>``.
+        """
+        answer = self.last
+        if isinstance(answer, Waiting) and answer.position:
+            behind = "; ".join(answer.ahead) if answer.ahead else "nothing"
+            why = f"; {answer.reason}" if answer.reason else ""
+            return f"position {answer.position} in the cluster's queue, behind: {behind}{why}"
+        if isinstance(answer, Granted):
+            return f"granted {', '.join(answer.slices)} by the queue, not yet placed"
+        return "waiting in the cluster's queue"

@@ -1,0 +1,177 @@
+"""The queue's event loop: decisions when something changes, and long asks.
+
+:class:`QueueRunner` drives a :class:`~tpuslice._queue.service.QueueService` on an asyncio
+loop (the queue actor's, or a test's). A driver's :meth:`QueueRunner.wait` is held until
+its ticket is granted, can never be, or its time is up, so a waiter costs one call per
+grant (plus one per ``timeout_s`` it asks for), not a poll every few milliseconds. One
+task decides: it sleeps until something changed (an arrival, a departure, a claim, a
+hand-back) or, while anyone waits, until the service's next periodic look; then it reads
+the cluster once in a thread (the loop keeps answering meanwhile), applies the policy on
+the loop, wakes the waiters whose answers changed, and publishes the record in a thread.
+Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from tpuslice._queue.book import Answer, Waiting
+from tpuslice._queue.service import QueueService, Ticket
+from tpuslice._view.queue_record import QueueRecord
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RETRY_S = 1.0
+"""After a decision failed (the cluster could not be read), how long before the next."""
+
+
+async def _in_thread(call: Callable[..., T], *args: Any) -> T:
+    return await asyncio.to_thread(call, *args)
+
+
+class QueueRunner:
+    """One queue service, its waiters and its decisions, on the running asyncio loop.
+
+    Args:
+        service: The queue.
+        publish: Receives the record after each decision (run in a thread).
+        in_thread: Runs blocking work off the loop (default: :func:`asyncio.to_thread`).
+    """
+
+    def __init__(
+        self,
+        service: QueueService,
+        *,
+        publish: Callable[[QueueRecord], None] = lambda record: None,
+        in_thread: Callable[..., Awaitable[Any]] = _in_thread,
+    ) -> None:
+        self.service = service
+        self._publish = publish
+        self._in_thread = in_thread
+        self._wake: asyncio.Event | None = None
+        self._answered: dict[str, asyncio.Event] = {}
+        self._asking: dict[str, int] = {}
+        self._decider: asyncio.Task[None] | None = None
+        self.calls = 0
+        """Calls from drivers so far (every method but :meth:`stop`)."""
+        self.decisions = 0
+
+    # --- what drivers call ----------------------------------------------------------------
+
+    async def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
+        """Add a waiter (see :meth:`QueueService.enqueue`).
+
+        Args:
+            ticket: The request.
+            arrival: Its original arrival number, to keep its place.
+
+        Returns:
+            Its arrival number.
+        """
+        number = self.service.enqueue(ticket, arrival)
+        self._changed()
+        return number
+
+    async def wait(self, ticket: str, timeout_s: float) -> Answer:
+        """Where a ticket stands: answered once it is granted, can never be, or is not
+        known (enqueue again), or after ``timeout_s`` with where it waits.
+
+        Args:
+            ticket: The ticket.
+            timeout_s: How long to hold the call at most.
+
+        Returns:
+            The answer.
+        """
+        self._changed(decide=False)
+        answer = self.service.answer(ticket)
+        if not isinstance(answer, Waiting) or timeout_s <= 0:
+            return answer
+        event = self._answered.setdefault(ticket, asyncio.Event())
+        self._asking[ticket] = self._asking.get(ticket, 0) + 1
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._asking[ticket] -= 1
+            if not self._asking[ticket]:
+                del self._asking[ticket]
+                self._answered.pop(ticket, None)
+        return self.service.answer(ticket)
+
+    async def claimed(self, ticket: str) -> None:
+        """The driver holds its grant.
+
+        Args:
+            ticket: The ticket.
+        """
+        self.service.claimed(ticket)
+        self._changed()
+
+    async def leave(self, ticket: str) -> None:
+        """The driver gave up; any grant goes to the next.
+
+        Args:
+            ticket: The ticket.
+        """
+        self.service.leave(ticket)
+        self._changed()
+
+    async def released(self, slices: Sequence[str]) -> None:
+        """A hand-back of these slices ended: decide now.
+
+        Args:
+            slices: Their names.
+        """
+        self.service.released(slices)
+        self._changed()
+
+    def stop(self) -> None:
+        """Stop deciding (the loop is about to close)."""
+        if self._decider is not None:
+            self._decider.cancel()
+            self._decider = None
+
+    # --- deciding -------------------------------------------------------------------------
+
+    def _changed(self, *, decide: bool = True) -> None:
+        """Count the call, start the decider if needed, and (``decide``) wake it."""
+        self.calls += 1
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        if self._decider is None or self._decider.done():
+            self._decider = asyncio.get_running_loop().create_task(self._decide_forever())
+        if decide:
+            self._wake.set()
+
+    async def _decide_forever(self) -> None:
+        assert self._wake is not None
+        while True:
+            delay = self.service.next_due()
+            if delay is None or delay > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+            self._wake.clear()
+            if not self.service.due():
+                continue
+            try:
+                await self._decide()
+            except Exception as exc:  # noqa: BLE001 - the cluster may be briefly unreadable
+                logger.warning("the slice queue could not decide: %s; trying again", exc)
+                await asyncio.sleep(RETRY_S)
+
+    async def _decide(self) -> None:
+        self.service.book.touch(list(self._asking))
+        reading = await self._in_thread(self.service.reader())
+        self.service.apply(reading)
+        self.decisions += 1
+        for ticket, event in list(self._answered.items()):
+            if not isinstance(self.service.book.poll_quietly(ticket), Waiting):
+                event.set()
+        await self._in_thread(self._publish, self.service.record())

@@ -1,0 +1,472 @@
+"""The cluster-wide queue as a service, without Ray: what the queue actor runs.
+
+:class:`QueueService` keeps a :class:`~tpuslice._queue.book.QueueBook`, learns each kind of
+slice from the requests that wait for it (:class:`SliceKind`), and decides who gets what
+when something changed: a waiter arrived or left, a grant was claimed, a hand-back ended
+(:meth:`QueueService.released`). While anyone waits it also decides every
+``decide_every_s`` with no news, which is how it sees what no one reports: a host that
+died or came back, work of other tools ending. A decision reads the cluster once,
+whatever the number of waiters (:meth:`QueueService.read`, the only I/O), then applies
+the policy (:meth:`QueueService.apply`, pure). The cluster is the truth about what is
+held: every busy slice of a kind is running work, so after a restart nothing needs
+rebuilding but the waiters, who enqueue again with their arrival numbers.
+
+A waiter whose driver has died leaves as soon as ``dead_jobs`` (Ray's job table, on the
+actor) says so; one that merely stops asking leaves after the book's lease.
+Each decision's :class:`~tpuslice._view.queue_record.QueueRecord` goes to ``publish``, for
+status and for drivers deciding whether to queue at all. A grant carries the granted
+slices as the decision saw them, so the claimant need not read the cluster again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from tpuslice._queue.book import LEASE_S, Answer, Granted, QueueBook, Waiting
+from tpuslice._queue.schedule import Holding, Waiter
+from tpuslice._tpu.topology import SliceShape
+from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
+from tpuslice._view.queue_record import QueuedRequest, QueueRecord
+
+USUAL_CHIPS_PER_HOST = 4
+DECIDE_EVERY_S = 1.0
+"""While anyone waits, decide at least this often with no news (hosts dying or coming
+back, and work of other tools ending, are not reported to the queue)."""
+DEAD_CHECK_S = 1.0
+"""While anyone waits, how often the waiters' drivers are looked up in Ray's job table."""
+REPROBE_S = 2.0
+"""While anyone waits, how often hosts busy only by a TPU-owner record are asked again,
+so a record of a process that has since exited cannot keep its slice busy."""
+
+
+@dataclass(frozen=True)
+class SliceKind:
+    """The slices that can serve a request: one shape, on a cluster's ``TPU`` units.
+
+    Attributes:
+        shape: The slice shape.
+        tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+    """
+
+    shape: SliceShape
+    tpu_resource_per_chip: int
+
+    @property
+    def key(self) -> str:
+        """``v6e-16 4x4`` (with the chips per host or units per chip when not usual)."""
+        key = f"{self.shape.pod_type} {self.shape.topology}"
+        if self.shape.chips_per_host != USUAL_CHIPS_PER_HOST:
+            key += f" ({self.shape.chips_per_host} chips/host)"
+        if self.tpu_resource_per_chip != 1:
+            key += f" (TPU x{self.tpu_resource_per_chip})"
+        return key
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What a driver sends to enqueue.
+
+    Attributes:
+        ticket: Its id (unique per reservation).
+        kind: The slices it waits for.
+        count: ``(min, max)`` slices.
+        priority: Higher first.
+        who: The driver, for status (``pid 12 on host-a``).
+        job: The Ray job id (hex) of the driver, so the queue learns if it dies.
+    """
+
+    ticket: str
+    kind: SliceKind
+    count: tuple[int, int]
+    priority: int
+    who: str
+    job: str
+
+
+class SliceQueue(Protocol):
+    """What a reserving driver asks of the queue (the actor's handle, or a service in
+    memory). Calls raise :class:`~tpuslice.errors.QueueUnreachableError` when it cannot
+    be reached."""
+
+    def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
+        """Wait in the queue.
+
+        Args:
+            ticket: The request.
+            arrival: Its original arrival number, to keep its place after a restart.
+
+        Returns:
+            Its arrival number.
+        """
+        ...
+
+    def wait(self, ticket: str, timeout_s: float) -> Answer:
+        """Where a ticket stands, once it is granted or can never be, or after at most
+        ``timeout_s`` (a queue in memory answers at once).
+
+        Args:
+            ticket: The ticket.
+            timeout_s: How long the queue may hold the call.
+
+        Returns:
+            The answer.
+        """
+        ...
+
+    def claimed(self, ticket: str) -> None:
+        """The grant is held.
+
+        Args:
+            ticket: The ticket.
+        """
+        ...
+
+    def leave(self, ticket: str) -> None:
+        """Give up waiting.
+
+        Args:
+            ticket: The ticket.
+        """
+        ...
+
+    def released(self, slices: Sequence[str]) -> None:
+        """A hand-back of these slices ended: decide again now.
+
+        Args:
+            slices: Their names.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one decision read of the cluster.
+
+    Attributes:
+        snapshots: A snapshot per ``TPU`` units per chip of the kinds waited for.
+        dead: Of the waiters' Ray jobs, those that are dead (looked up now and then).
+    """
+
+    snapshots: Mapping[int, ClusterSnapshot]
+    dead: frozenset[str] = frozenset()
+
+
+class QueueService:
+    """One queue for every kind of slice (see the module docstring).
+
+    Args:
+        snapshot: Reads the cluster, given the ``TPU`` units per chip.
+        publish: Receives the record after each decision.
+        dead_jobs: Of the job ids given, those that are dead.
+        reprobe: Asks the given hosts' agents who owns their TPUs (updating the records
+            the snapshot reads); ``None`` to never ask.
+        clock: Monotonic seconds.
+        stamp: Wall-clock nanoseconds (arrival numbers).
+        wall: Wall-clock seconds (for records).
+        lease_s: See :data:`~tpuslice._queue.book.LEASE_S`.
+        decide_every_s: See :data:`DECIDE_EVERY_S`.
+    """
+
+    def __init__(
+        self,
+        snapshot: Callable[[int], ClusterSnapshot],
+        *,
+        publish: Callable[[QueueRecord], None] = lambda record: None,
+        dead_jobs: Callable[[Collection[str]], Collection[str]] = lambda jobs: (),
+        reprobe: Callable[[Sequence[str]], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        stamp: Callable[[], int] = time.time_ns,
+        wall: Callable[[], float] = time.time,
+        lease_s: float = LEASE_S,
+        decide_every_s: float = DECIDE_EVERY_S,
+    ) -> None:
+        self.book = QueueBook(clock, stamp, lease_s=lease_s)
+        self._snapshot = snapshot
+        self._publish = publish
+        self._dead_jobs = dead_jobs
+        self._reprobe = reprobe
+        self._clock = clock
+        self._wall = wall
+        self._every = decide_every_s
+        self._tickets: dict[str, Ticket] = {}
+        self._kinds: dict[str, SliceKind] = {}
+        self._views: dict[str, tuple[SliceInfo, ...]] = {}
+        self._changed = True
+        self._decided = -float("inf")
+        self._dead_checked = -float("inf")
+        self._reprobed = -float("inf")
+        self.reads = 0
+        """Cluster reads so far (one per decision)."""
+
+    # --- what drivers tell it -------------------------------------------------------
+
+    def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
+        """Add a waiter (again, after a restart, with its arrival number).
+
+        Args:
+            ticket: The request.
+            arrival: Its original arrival number, to keep its place.
+
+        Returns:
+            Its arrival number.
+
+        Raises:
+            InvalidArgumentError: the ticket is already queued, or its count is invalid.
+        """
+        waiter = Waiter(ticket.ticket, ticket.kind.key, ticket.count, ticket.priority)
+        number = self.book.enqueue(waiter, ticket.who, arrival=arrival)
+        self._tickets[ticket.ticket] = ticket
+        self._kinds.setdefault(ticket.kind.key, ticket.kind)
+        self._changed = True
+        return number
+
+    def expect(self, requests: Iterable[QueuedRequest]) -> None:
+        """Keep the places of the requests a previous queue held (this one restarted)
+        until their drivers enqueue again, or for
+        :data:`~tpuslice._queue.book.REJOIN_S`.
+
+        Args:
+            requests: The previous queue's last record's requests.
+        """
+        for request in requests:
+            arrival = request.arrival or round(request.since * 1e9)
+            waiter = Waiter(
+                request.ticket, request.kind, request.count, request.priority, arrival=arrival
+            )
+            self.book.expect(waiter, request.who)
+        self._changed = True
+
+    def answer(self, ticket: str) -> Answer:
+        """Where a ticket stands as of the last decision; asking renews its lease.
+
+        Args:
+            ticket: The ticket.
+
+        Returns:
+            The book's answer; a :class:`~tpuslice._queue.book.Waiting` names the requests
+            ahead (who and what) rather than their ticket ids, and a
+            :class:`~tpuslice._queue.book.Granted` carries the slices' view.
+        """
+        answer = self.book.poll(ticket)
+        if isinstance(answer, Waiting):
+            return replace(answer, ahead=tuple(self._describe(t) for t in answer.ahead))
+        if isinstance(answer, Granted):
+            return replace(answer, view=self._views.get(ticket, ()))
+        return answer
+
+    def wait(self, ticket: str, timeout_s: float = 0.0) -> Answer:
+        """Decide first if that is due, then answer (at once: this is the queue in one
+        process; the actor holds the call instead, see :mod:`tpuslice._queue.actor`).
+
+        Args:
+            ticket: The ticket.
+            timeout_s: Ignored here.
+
+        Returns:
+            As :meth:`answer`.
+        """
+        self.book.touch([ticket])
+        if self.due():
+            self.decide()
+        return self.answer(ticket)
+
+    poll = wait
+
+    def claimed(self, ticket: str) -> None:
+        """The driver holds its grant.
+
+        Args:
+            ticket: The ticket.
+        """
+        self.book.claimed(ticket)
+        self._forget(ticket)
+
+    def leave(self, ticket: str) -> None:
+        """The driver gave up; any grant goes to the next.
+
+        Args:
+            ticket: The ticket.
+        """
+        self.book.leave(ticket)
+        self._forget(ticket)
+
+    def released(self, slices: Sequence[str]) -> None:
+        """A hand-back of these slices ended (Ray's view shows them free): decide again.
+
+        Args:
+            slices: Their names.
+        """
+        self._changed = True
+
+    # --- deciding -------------------------------------------------------------------
+
+    def due(self) -> bool:
+        """Whether a decision is due: something changed, or someone waits and the last
+        decision is older than ``decide_every_s``.
+
+        Returns:
+            True if :meth:`decide` should run now.
+        """
+        wait = self.next_due()
+        return wait is not None and wait <= 0.0
+
+    def next_due(self) -> float | None:
+        """Seconds until a decision is due (0 or less: now).
+
+        Returns:
+            The seconds; ``None`` when nothing changed and no one waits.
+        """
+        if self._changed:
+            return 0.0
+        if not self.book.tickets():
+            return None
+        return self._decided + self._every - self._clock()
+
+    def decide(self) -> dict[str, tuple[str, ...]]:
+        """Read the cluster once, decide, publish (:meth:`read`, then :meth:`apply`).
+
+        Returns:
+            The new grants (ticket -> slices).
+        """
+        grants = self.apply(self.read())
+        self._publish(self.record())
+        return grants
+
+    def read(self) -> Reading:
+        """The I/O of one decision (see :meth:`reader`), done now.
+
+        Returns:
+            What was read.
+        """
+        return self.reader()()
+
+    def reader(self) -> Callable[[], Reading]:
+        """What the next decision must read, fixed now; the call returned does the I/O,
+        on any thread: a snapshot per ``TPU`` units per chip of the kinds waited for,
+        the waiters' dead jobs (now and then), and, now and then, the hosts busy only by
+        a TPU-owner record asked again.
+
+        Returns:
+            The read, to call once.
+        """
+        now = self._clock()
+        kinds = list({self._kinds[t.kind.key] for t in self._tickets.values()})
+        jobs = {t.job for t in self._tickets.values() if t.job}
+        if jobs and now - self._dead_checked >= DEAD_CHECK_S:
+            self._dead_checked = now
+        else:
+            jobs = set()
+        reprobe = self._reprobe if now - self._reprobed >= REPROBE_S else None
+        # The read covers every change so far; one reported while it runs must make
+        # the next decision due at once, not wait for the periodic look.
+        self._changed = False
+
+        def read() -> Reading:
+            per_chip = sorted({kind.tpu_resource_per_chip for kind in kinds})
+            snapshots = {unit: self._snapshot(unit) for unit in per_chip}
+            self.reads += 1
+            dead = frozenset(self._dead_jobs(jobs)) if jobs else frozenset()
+            owned = _owned_hosts(kinds, snapshots) if reprobe is not None else []
+            if reprobe is not None and owned:
+                self._reprobed = now
+                reprobe(owned)
+            return Reading(snapshots, dead)
+
+        return read
+
+    def apply(self, reading: Reading) -> dict[str, tuple[str, ...]]:
+        """Drop waiters of dead drivers, then grant what the policy says. Pure.
+
+        Args:
+            reading: What :meth:`read` returned (kinds it does not cover wait for the
+                next decision).
+
+        Returns:
+            The new grants (ticket -> slices).
+        """
+        changed_during_read = self._changed
+        for ticket, found in list(self._tickets.items()):
+            if found.job in reading.dead:
+                self.leave(ticket)
+        idle: dict[str, list[str]] = {}
+        holding: list[Holding] = []
+        infos: dict[str, SliceInfo] = {}
+        for key in sorted({t.kind.key for t in self._tickets.values()}):
+            kind = self._kinds[key]
+            snapshot = reading.snapshots.get(kind.tpu_resource_per_chip)
+            if snapshot is None:
+                continue
+            slices = snapshot.matching(kind.shape, kind.tpu_resource_per_chip)
+            infos.update((s.name, s) for s in slices)
+            idle[key] = [s.name for s in slices if s.state is SliceState.READY]
+            busy = sum(1 for s in slices if s.state is SliceState.BUSY)
+            if busy:
+                holding.append(Holding(key, busy))
+        grants = self.book.decide(idle, holding)
+        for ticket, names in grants.items():
+            self._views[ticket] = tuple(infos[n] for n in names if n in infos)
+        self._decided = self._clock()
+        for ticket in list(self._tickets):
+            if self.book.entry(ticket) is None:  # its lease ran out
+                self._forget(ticket)
+        # What this decision did itself (dropping dead or lapsed waiters) is decided;
+        # what was reported while it read is not.
+        self._changed = changed_during_read
+        return grants
+
+    def record(self) -> QueueRecord:
+        """What the queue holds now, for status and for drivers about to reserve.
+
+        Returns:
+            The record.
+        """
+        entries = []
+        for place, (waiter, who, _) in enumerate(self.book.tickets(), start=1):
+            granted = self.book.granted(waiter.ticket)
+            answer = self.book.poll_quietly(waiter.ticket)
+            entries.append(
+                QueuedRequest(
+                    ticket=waiter.ticket,
+                    kind=waiter.kind,
+                    count=waiter.count,
+                    priority=waiter.priority,
+                    who=who,
+                    since=waiter.arrival / 1e9,
+                    position=place,
+                    granted=granted,
+                    reason=getattr(answer, "reason", ""),
+                    arrival=waiter.arrival,
+                )
+            )
+        return QueueRecord(at=self._wall(), requests=tuple(entries))
+
+    def _describe(self, ticket: str) -> str:
+        found = self._tickets.get(ticket)
+        if found is None:
+            return ticket
+        low, high = found.count
+        count = str(low) if low == high else f"{low}..{high}"
+        priority = f", priority {found.priority}" if found.priority else ""
+        return f"{count} x {found.kind.key} for {found.who}{priority}"
+
+    def _forget(self, ticket: str) -> None:
+        self._tickets.pop(ticket, None)
+        self._views.pop(ticket, None)
+        self._changed = True
+
+
+def _owned_hosts(kinds: Iterable[SliceKind], snapshots: Mapping[int, ClusterSnapshot]) -> list[str]:
+    """Hosts of these kinds whose slice is busy and that a TPU-owner record marks (the
+    record may be stale)."""
+    nodes = []
+    for kind in kinds:
+        snapshot = snapshots.get(kind.tpu_resource_per_chip)
+        if snapshot is None:
+            continue
+        for info in snapshot.matching(kind.shape, kind.tpu_resource_per_chip):
+            if info.state is SliceState.BUSY:
+                nodes += [h.node_id for h in info.hosts.values() if h.tpu_owner]
+    return nodes

@@ -1,0 +1,6 @@
+"""Reserving slices: the validated request and its plan, the targets and the claiming
+loop, the cluster operations it goes through, placement groups, elastic demand, TPU
+ownership (owners and spares), ``SlicePlacementGroup`` and ``SubslicePlacementGroup``.
+
+May import: :mod:`tpuslice._queue` and below.
+"""

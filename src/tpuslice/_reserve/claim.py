@@ -1,0 +1,629 @@
+"""The claiming loop behind :class:`~tpuslice._reserve.reserve.SlicePlacementGroup`.
+
+Look at the cluster, pick every idle whole slice still needed, then place one worker
+group for them all (or one per slice) in one round: bundle *i* is pinned by label to
+worker *i* of its slice, and each slice's bundle 0 also holds worker 0's
+``TPU-<podtype>-head`` resource, the claim other reservers (Ray's own included) respect.
+A group is placed whole or not at all, so a slice someone takes meanwhile leaves nothing
+of ours on it: the group does not place within a short bound, the slice is given back,
+and another tried. Any failure or interrupt removes everything made so far.
+
+When the request cannot be met at once, or others already wait for its kind of slice,
+it waits in the cluster-wide queue (:mod:`tpuslice._queue.actor`) and claims exactly the
+slices the queue grants it, all at once: it never holds some slices while it waits for
+more. If no queue can be reached, it polls the cluster on its own (claiming what it
+can, in no arrival order) and the log says so once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from ray.util.placement_group import PlacementGroup
+
+from tpuslice._queue.book import Answer, Granted, Never, Waiting
+from tpuslice._queue.place import QueuePlace
+from tpuslice._queue.service import SliceKind
+from tpuslice._reserve.demand import AutoscalerDemand
+from tpuslice._reserve.ops import RAY_OPS, ClusterOps
+from tpuslice._reserve.plan import ReservationPlan
+from tpuslice._reserve.request import SliceRequest
+from tpuslice._reserve.targets import Targets, WholeSlices
+from tpuslice._tpu.clock import Clock
+from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
+from tpuslice._view.cluster import ClusterSnapshot, HostInfo, SliceInfo, SliceState
+from tpuslice.errors import (
+    InsufficientSlicesError,
+    QueueUnreachableError,
+    ReservationTimeoutError,
+)
+
+logger = logging.getLogger(__name__)
+
+CLAIM_BOUND_S = 2.0
+"""How long a claimed slice's groups may take to place before we give it back."""
+POLL_S = (0.05, 0.5)
+"""First and largest pause between looks at the cluster while waiting for a slice."""
+REPROBE_S = 2.0
+"""How often a waiting reservation re-asks about slices busy only by a TPU owner record."""
+QUEUE_POLL_S = 0.05
+"""Pause between asks of a queue that answers at once (in memory, or not answering)."""
+QUEUE_LOOK_S = 1.0
+"""While queued on a cluster that can grow, how often the cluster itself is read (to
+keep the autoscaler's demand)."""
+QUEUE_GRACE_S = 20.0
+"""How long a queued reservation keeps asking a queue that stopped answering (Ray
+restarts a dead queue in a few seconds) before it claims directly instead."""
+PROGRESS_S = 10.0
+"""While queued, how long the queue may hold one ask; then the log says where the
+reservation stands, and it asks again."""
+_said_unreachable: list[bool] = [False]
+
+
+@dataclass
+class Claim:
+    """One slice held by this reservation: its head group and its worker group(s)."""
+
+    index: int
+    target: SliceInfo
+    head_pg: PlacementGroup | None = None
+    worker_pg: PlacementGroup | None = None
+    owners: Callable[[], Mapping[str, str | None]] | None = None
+    """The answer, once waited for, of the hosts asked who owns their TPUs (``None``
+    once checked, or for a slice that was not asked)."""
+
+    @property
+    def slice_name(self) -> str:
+        return self.target.name
+
+
+@dataclass
+class Reservation:
+    """The groups of a finished reservation, in slice-index order."""
+
+    claims: list[Claim] = field(default_factory=list)
+    combined_pg: PlacementGroup | None = None
+    plan: ReservationPlan | None = None
+    """The plan reserved: for a range of slices, with the count granted."""
+
+
+class Reserver:
+    """Claims the slices of one request; on any failure or interrupt, removes all it made.
+
+    Every cluster operation goes through ``ops`` (Ray's by default) and all time through
+    ``clock``, so each step is tested against an in-memory cluster.
+    """
+
+    def __init__(
+        self,
+        request: SliceRequest,
+        *,
+        clock: Clock | None = None,
+        ops: ClusterOps = RAY_OPS,
+        heads_only: bool = False,
+        targets: Targets | None = None,
+    ) -> None:
+        self.request = request
+        self.plan = request.plan
+        self.timeout = request.head_reservation_timeout_s
+        self.clock = clock or Clock()
+        self.ops = ops
+        self.heads_only = heads_only
+        self.targets: Targets = targets or WholeSlices(request.plan)
+        self.claims: dict[int, Claim] = {}
+        self.in_flight: list[PlacementGroup] = []
+        """Groups created but not yet recorded in a claim: removed too if we stop."""
+        self._next_reprobe = 0.0
+        self.demand: AutoscalerDemand | None = None
+        self._can_grow: bool | None = None
+        self.place: QueuePlace | None = None
+        """Our ticket in the cluster-wide queue, while we wait there."""
+        self.queueable = isinstance(self.targets, WholeSlices) and not self.plan.user_selectors
+        """Whether this request waits in the queue (pinned or labelled requests, and
+        sub-slices, claim directly)."""
+        self.kind = SliceKind(self.plan.shape, self.plan.tpu_resource_per_chip)
+        self.low, self.high = request.slice_range
+        """Slices wanted: at least ``low``, as many as are idle up to ``high``. The plan
+        is for ``high`` until the count is fixed (:meth:`_fix_count`)."""
+
+    def can_grow(self) -> bool:
+        """Whether the cluster has an autoscaler (read once per reservation).
+
+        Returns:
+            True if it can grow.
+        """
+        if self._can_grow is None:
+            self._can_grow = self.ops.can_grow()
+        return self._can_grow
+
+    def run(self) -> Reservation:
+        """Claim every slice and place every worker bundle; return them in slice order.
+
+        Returns:
+            The held groups, head claims and worker groups, in slice-index order.
+
+        Raises:
+            InsufficientSlicesError: the cluster lacks the slices and cannot grow.
+            ReservationTimeoutError: the timeout passed first; the message says what the
+                cluster has and what this reservation held.
+            KeyboardInterrupt: as raised; like every error, after all groups are removed.
+        """
+        started = self.clock.now()
+        deadline = None if self.timeout is None else started + self.timeout
+        pause = POLL_S[0]
+        try:
+            while True:
+                granted = None
+                if self.place is not None:
+                    granted = self._wait_for_grant(deadline, started)
+                if granted is not None and granted.view:
+                    snapshot = ClusterSnapshot({s.name: s for s in granted.view})
+                else:
+                    snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
+                snapshot = self.targets.prepare(snapshot)
+                self._drop_broken(snapshot)
+                if granted is not None:
+                    self._fix_count(len(granted.slices))
+                    self._claim(_only(snapshot, granted.slices))
+                    if len(self.claims) < self.plan.num_slices:
+                        self._requeue("a granted slice was taken meanwhile")
+                        self._check_deadline(deadline, snapshot, started)
+                        self.clock.sleep(QUEUE_POLL_S)
+                        continue
+                elif self.place is None and self._should_queue(snapshot):
+                    self._join_queue(snapshot)
+                    continue
+                elif self.place is None and self._can_start(snapshot):
+                    self._claim(snapshot)
+                    if 0 < len(self.claims) < self.plan.num_slices and self._should_queue(
+                        snapshot, after_claiming=True
+                    ):
+                        self._join_queue(snapshot)
+                        continue
+                self._follow_demand(snapshot)
+                if self.claims and len(self.claims) == self.plan.num_slices:
+                    self._end_demand()
+                    reservation = (
+                        Reservation([self.claims[i] for i in sorted(self.claims)], plan=self.plan)
+                        if self.heads_only
+                        else self._place_workers()
+                    )
+                    if reservation is not None and self._free_of_owners(reservation):
+                        self.in_flight = []
+                        if self.place is not None:
+                            place, self.place = self.place, None
+                            _quietly(place.claimed)
+                        return reservation
+                    self._check_deadline(deadline, snapshot, started)
+                    if self.place is not None:
+                        self._requeue("a granted slice could not be placed")
+                    continue  # retry placing at once: the failed wait was the pause
+                if self.place is not None:
+                    continue
+                self._check_possible(snapshot)
+                self._check_deadline(deadline, snapshot, started)
+                wait = pause if deadline is None else min(pause, deadline - self.clock.now())
+                self.clock.sleep(max(0.0, wait))
+                pause = min(pause * 2, POLL_S[1])
+        except BaseException:
+            self.release_all()
+            raise
+
+    def release_all(self) -> None:
+        """Remove every group this reserver made (claims and autoscaler demand), and
+        leave the queue."""
+        place, self.place = self.place, None
+        self._end_demand()
+        self._give_back_all()
+        if place is not None:
+            _quietly(place.leave)
+
+    # --- the queue ---------------------------------------------------------------------
+
+    def _can_start(self, snapshot: ClusterSnapshot) -> bool:
+        """For a range, fix the count to what is idle now (up to ``high``), if at least
+        ``low`` is; an int request can always try."""
+        if not self.request.elastic or self.claims:
+            return True
+        idle = len(self.targets.pick(snapshot, {}))
+        if idle < self.low:
+            return False
+        self._fix_count(min(idle, self.high))
+        return True
+
+    def _fix_count(self, count: int) -> None:
+        """Reserve ``count`` slices (within the range): the plan and targets follow."""
+        if count != self.plan.num_slices and self.request.elastic:
+            self.plan = replace(self.request.plan, num_slices=count)
+            self.targets = WholeSlices(self.plan)
+
+    def _should_queue(self, snapshot: ClusterSnapshot, *, after_claiming: bool = False) -> bool:
+        """Wait in the queue when others already wait for this kind of slice, or when
+        there are not enough idle ones to take all at once (so none is held idle)."""
+        if not self.queueable:
+            return False
+        if after_claiming:
+            return True
+        if any(r for r in snapshot.queued(self.kind.key)):
+            return True
+        picks = self.targets.pick(snapshot, {})
+        return len(picks) < self.low
+
+    def _join_queue(self, snapshot: ClusterSnapshot) -> None:
+        """Give back anything claimed, then enqueue; if no queue answers, say so once
+        and claim directly from now on."""
+        self._check_possible(snapshot)
+        try:
+            queue = self.ops.slice_queue()
+        except QueueUnreachableError as exc:
+            self._fall_back(exc)
+            return
+        place = QueuePlace(queue, self.kind, (self.low, self.high), self.request.priority)
+        try:
+            place.join()
+        except QueueUnreachableError as exc:
+            _quietly(place.leave)  # it may have been enqueued after all
+            self._fall_back(exc)
+            return
+        self.place = place
+        self._give_back_all()
+
+    def _wait_for_grant(self, deadline: float | None, started: float) -> Granted | None:
+        """Ask the queue until it grants slices (returned); ``None`` if the queue stopped
+        answering and the reservation falls back to claiming directly. Each ask is held
+        by the queue until the grant, the deadline, or :data:`PROGRESS_S` (then the log
+        says where the reservation stands). The cluster is read only when the queue says
+        the request can never be met (to say why, or to wait for the autoscaler), and,
+        on a cluster that can grow, every :data:`QUEUE_LOOK_S` to keep the autoscaler's
+        demand. Raises at the deadline."""
+        assert self.place is not None
+        lost_at: float | None = None
+        growing = self.targets.autoscaling and self.can_grow()
+        if growing:  # the autoscaler sees the demand from the start
+            self._follow_demand(self.targets.prepare(self._read()))
+        while True:
+            now = self.clock.now()
+            if deadline is not None and now >= deadline:
+                raise self._timeout_error(self._read(), started)
+            hold = QUEUE_LOOK_S if growing else PROGRESS_S
+            if deadline is not None:
+                hold = min(hold, deadline - now)
+            try:
+                answer: Answer | None = self.place.wait(hold)
+                lost_at = None
+            except QueueUnreachableError as exc:
+                # It may be restarting: keep asking for a while before giving up on it.
+                lost_at = now if lost_at is None else lost_at
+                if self.clock.now() - lost_at >= QUEUE_GRACE_S:
+                    place, self.place = self.place, None
+                    _quietly(place.leave)
+                    self._fall_back(exc)
+                    return None
+                answer = None
+            if isinstance(answer, Granted):
+                return answer
+            if isinstance(answer, Never) or growing:
+                snapshot = self.targets.prepare(self._read())
+                self._check_possible(snapshot)
+                self._follow_demand(snapshot)
+            if isinstance(answer, Waiting) and self.clock.now() - now >= hold:
+                logger.info(
+                    "waiting %.0f s for %s: %s",
+                    self.clock.now() - started,
+                    self.plan.describe(),
+                    self.place.describe(),
+                )
+            if self.clock.now() - now < QUEUE_POLL_S:
+                # Answered at once (a queue in memory, or one not answering): pause.
+                self.clock.sleep(QUEUE_POLL_S)
+
+    def _read(self) -> ClusterSnapshot:
+        return self.ops.snapshot(self.plan.tpu_resource_per_chip)
+
+    def _requeue(self, why: str) -> None:
+        """Give the granted slices back and wait again in the same place."""
+        assert self.place is not None
+        logger.info("%s; queueing again in the same place", why)
+        self._give_back_all()
+        try:
+            self.place.requeue()
+        except QueueUnreachableError as exc:
+            place, self.place = self.place, None
+            _quietly(place.leave)
+            self._fall_back(exc)
+
+    def _fall_back(self, exc: QueueUnreachableError) -> None:
+        self.queueable = False
+        if not _said_unreachable[0]:
+            _said_unreachable[0] = True
+            logger.warning(
+                "%s; reservations wait without the cluster-wide queue (no arrival order)", exc
+            )
+
+    def _give_back_all(self) -> None:
+        for group in self.in_flight:
+            self.ops.remove_group(group)
+        self.in_flight = []
+        for claim in self.claims.values():
+            self.ops.remove_group(claim.worker_pg)
+            self.ops.remove_group(claim.head_pg)
+        self.claims.clear()
+
+    # --- steps -----------------------------------------------------------------------
+
+    def _drop_broken(self, snapshot: ClusterSnapshot) -> None:
+        """Give back claims one of whose hosts died or left while we waited for the rest."""
+        now = _hosts(snapshot)
+        for index, claim in list(self.claims.items()):
+            if any(
+                h.node_id not in now or not now[h.node_id].alive
+                for h in claim.target.hosts.values()
+            ):
+                logger.info("slice %s broke while reserving; giving it back", claim.slice_name)
+                self.ops.remove_group(claim.head_pg)
+                del self.claims[index]
+
+    def _claim(self, snapshot: ClusterSnapshot) -> None:
+        """Take every idle slice we still need, asking their hosts who owns their TPUs
+        (answered while the group places; checked once it placed). Nothing is placed
+        here: :meth:`_place_workers` places them all in one round, their heads in bundle
+        0 of each. Only ``reserve_tpu_slice`` (``heads_only``) places head groups, and
+        keeps those that place."""
+        picks = self.targets.pick(snapshot, {i: c.slice_name for i, c in self.claims.items()})
+        if not picks:
+            self._reprobe_owned(snapshot)
+            return
+        probe = functools.cache(
+            self.ops.start_owner_probe(
+                [h.node_id for target in picks.values() for h in target.hosts.values()]
+            )
+        )
+        fresh = [Claim(index, target, owners=probe) for index, target in picks.items()]
+        if not self.heads_only:
+            for claim in fresh:
+                self.claims[claim.index] = claim
+            return
+        for claim in fresh:
+            claim.head_pg = self._head_group(claim.target)
+            self.in_flight.append(claim.head_pg)
+        placed = self.ops.wait_placed(self.in_flight, CLAIM_BOUND_S)
+        self.in_flight = []
+        for claim, ok in zip(fresh, placed, strict=True):
+            if ok:
+                self.claims[claim.index] = claim
+            else:
+                logger.info("head of %s was taken meanwhile; trying another", claim.slice_name)
+                self.ops.remove_group(claim.head_pg)
+
+    def _free_of_owners(self, reservation: Reservation) -> bool:
+        """Whether no host of the placed reservation has its TPU owned by a process (the
+        answers were asked for when the slices were picked). If some do, those slices are
+        given back, the others' worker groups removed for the next round, and ``False``.
+        The groups stay in flight (removed if we are interrupted) until this returns."""
+        held: dict[int, list[str]] = {}
+        for claim in reservation.claims:
+            if claim.owners is None:
+                continue
+            answers, claim.owners = claim.owners(), None
+            owned = [
+                f"host {w}: TPU held by {answers[h.node_id]}"
+                for w, h in claim.target.hosts.items()
+                if answers.get(h.node_id)
+            ]
+            if owned:
+                held[claim.index] = owned
+        if not held:
+            return True
+        self.ops.remove_group(reservation.combined_pg)
+        self.in_flight = []
+        for claim in reservation.claims:
+            self.ops.remove_group(claim.worker_pg)
+            claim.worker_pg = None
+            if claim.index in held:
+                reason = "; ".join(held[claim.index])
+                logger.info("slice %s is not free (%s); trying another", claim.slice_name, reason)
+                self._give_back(claim)
+        return False
+
+    def _reprobe_owned(self, snapshot: ClusterSnapshot) -> None:
+        """No idle slice: ask again, now and then, about slices busy only because a
+        process was seen owning a TPU there, so a record of one that has since exited
+        cannot keep its slice busy. The agents update the records the view reads."""
+        now = self.clock.now()
+        if now < self._next_reprobe:
+            return
+        self._next_reprobe = now + REPROBE_S
+        nodes = [
+            host.node_id
+            for info in snapshot.matching(self.plan.shape, self.plan.tpu_resource_per_chip)
+            if info.state is SliceState.BUSY
+            for host in info.hosts.values()
+            if host.tpu_owner
+        ]
+        if nodes:
+            self.ops.start_owner_probe(nodes)()
+
+    def _follow_demand(self, snapshot: ClusterSnapshot) -> None:
+        """On a cluster that can grow, keep the missing slices visible to the autoscaler
+        and adopt the idle slices its demand groups land on (while queued, a landed
+        group is let go instead: the queue grants the new slice in its order)."""
+        missing = self.plan.num_slices - len(self.claims)
+        if not missing or not self.targets.autoscaling:
+            return
+        if self.plan.pinned_slice_name(0) or not self.can_grow():
+            return
+        if self.demand is None:
+            self.demand = AutoscalerDemand(self.plan, self.ops)
+        existing = {
+            s.name for s in snapshot.matching(self.plan.shape, self.plan.tpu_resource_per_chip)
+        }
+        for group, target in self.demand.landed(snapshot):
+            if self.place is not None:
+                # Queued: the new slice is the queue's to grant, in its order; our demand
+                # only made the autoscaler add it.
+                self.ops.remove_group(group)
+                continue
+            free = [i for i in range(self.plan.num_slices) if i not in self.claims]
+            claimed = {c.slice_name for c in self.claims.values()}
+            idle = target.chips_free == target.chips_total and not target.missing_workers
+            if (
+                free
+                and idle
+                and target.name not in claimed
+                and target.matches(self.plan.shape, self.plan.tpu_resource_per_chip)
+            ):
+                self.claims[free[0]] = Claim(free[0], target, head_pg=group)
+            else:
+                self.ops.remove_group(group)
+        self.demand.keep(self.plan.num_slices - len(self.claims), existing)
+
+    def _end_demand(self) -> None:
+        if self.demand is not None:
+            self.demand.release()
+            self.demand = None
+
+    def _head_group(self, target: SliceInfo) -> PlacementGroup:
+        selector = {SLICE_NAME_LABEL: target.name, WORKER_ID_LABEL: "0"}
+        return self.ops.create_group(
+            [{self.plan.shape.head_resource: 1}], [selector], lifetime=self.plan.lifetime
+        )
+
+    def _place_workers(self) -> Reservation | None:
+        """Create every worker group at once and wait for them; ``None`` (and the
+        slices someone else took given back) if they did not place within the bound."""
+        claims = [self.claims[i] for i in sorted(self.claims)]
+        if self.plan.pg_per_slice:
+            for claim in claims:
+                claim.worker_pg = self._worker_group([claim], f"_slice_{claim.index}")
+            groups = [c.worker_pg for c in claims if c.worker_pg]
+            self.in_flight = list(groups)  # until the caller has checked the TPU owners too
+            placed = self.ops.wait_placed(groups, CLAIM_BOUND_S)
+            if all(placed):
+                return Reservation(claims, plan=self.plan)
+            for claim in claims:  # the workers go first: a claim given back no longer has them
+                self.ops.remove_group(claim.worker_pg)
+                claim.worker_pg = None
+            self.in_flight = []
+            self._give_back_busy([c for c, ok in zip(claims, placed, strict=True) if not ok])
+            return None
+        combined = self._worker_group(claims, "")
+        self.in_flight = [combined]  # until the caller has checked the TPU owners too
+        if all(self.ops.wait_placed([combined], CLAIM_BOUND_S)):
+            return Reservation(claims, combined, self.plan)
+        self.ops.remove_group(combined)
+        self.in_flight = []
+        self._give_back_busy(claims)
+        return None
+
+    def _worker_group(self, claims: Sequence[Claim], suffix: str) -> PlacementGroup:
+        """One group for these slices: each host's bundles pinned to it by label, and,
+        for a slice claimed through its head with no head group of its own, the head
+        resource in its bundle 0 (worker 0's first bundle)."""
+        bundles: list[dict[str, float]] = []
+        selectors: list[dict[str, str]] = []
+        head = self.plan.shape.head_resource
+        for claim in claims:
+            selectors += self.plan.worker_selectors(claim.index, claim.target)
+            block = [dict(self.plan.bundle_resources) for _ in range(self.plan.bundles_per_slice)]
+            if self.targets.head_claims and claim.head_pg is None:
+                block[0][head] = 1.0
+            bundles += block
+        name = f"{self.plan.name}{suffix}" if self.plan.name else ""
+        return self.ops.create_group(
+            bundles,
+            selectors,
+            strategy=self.plan.strategy,
+            name=name,
+            lifetime=self.plan.lifetime,
+        )
+
+    def _give_back(self, claim: Claim) -> None:
+        logger.info("could not place the hosts of %s; giving it back", claim.slice_name)
+        self.ops.remove_group(claim.head_pg)
+        self.claims.pop(claim.index, None)
+
+    def _give_back_busy(self, claims: Sequence[Claim]) -> None:
+        """After a group failed to place: drop the slices someone else took meanwhile
+        (a host gone, dead or in use); keep the rest for the next round."""
+        now = _hosts(self.ops.snapshot(self.plan.tpu_resource_per_chip))
+        for claim in claims:
+            # A head held by a group of our own (adopted demand) is not someone else's.
+            ours = claim.head_pg is not None
+            if any(_taken(now.get(h.node_id), ours) for h in claim.target.hosts.values()):
+                self._give_back(claim)
+
+    def _check_possible(self, snapshot: ClusterSnapshot) -> None:
+        """Fail at once if the cluster lacks the slices (the minimum of a range) and
+        cannot grow to have them."""
+        least = (
+            WholeSlices(replace(self.request.plan, num_slices=self.low))
+            if self.request.elastic
+            else self.targets
+        )
+        reason = least.shortage(snapshot)
+        if not reason:
+            return
+        if not self.targets.autoscaling:  # new slices would not help (sub-slices)
+            raise InsufficientSlicesError(f"cannot reserve {self.plan.describe()}: {reason}")
+        if not self.can_grow():
+            raise InsufficientSlicesError(
+                f"cannot reserve {self.plan.describe()}: {reason}; "
+                f"{self.targets.explain(snapshot)}. The cluster has no autoscaler, so waiting "
+                "would not help: add slices, or ask for fewer"
+            )
+
+    def _check_deadline(
+        self, deadline: float | None, snapshot: ClusterSnapshot, started: float
+    ) -> None:
+        if deadline is not None and self.clock.now() >= deadline:
+            raise self._timeout_error(snapshot, started)
+
+    def _timeout_error(self, snapshot: ClusterSnapshot, started: float) -> ReservationTimeoutError:
+        waited = self.clock.now() - started
+        unplaced = (
+            f"; their worker bundles ({dict(self.plan.bundle_resources)}) did not place: check "
+            "resources_per_bundle and bundle_label_selector against the hosts"
+            if len(self.claims) == self.plan.num_slices
+            else ""
+        )
+        held = (
+            self.place.describe()
+            if self.place is not None
+            else f"holding {len(self.claims)} of {self.plan.num_slices}{unplaced}"
+        )
+        return ReservationTimeoutError(
+            f"no {self.plan.describe()} within {waited:.0f} s: {self.targets.explain(snapshot)}; "
+            f"{held}. Wait for work to finish, or pass a longer head_reservation_timeout_s"
+        )
+
+
+def _quietly(call: Callable[[], None]) -> None:
+    """A best-effort call to the queue (leaving, reporting a claim): a queue that does
+    not answer forgets the ticket by its lease."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001  (best effort; the lease covers it)
+        logger.debug("the slice queue did not take a call: %s", exc)
+
+
+def _only(snapshot: ClusterSnapshot, names: Sequence[str]) -> ClusterSnapshot:
+    """The snapshot with only the named slices (those the queue granted)."""
+    slices = {n: snapshot.slices[n] for n in names if n in snapshot.slices}
+    return ClusterSnapshot(slices, snapshot.taken_at, snapshot.queue)
+
+
+def _hosts(snapshot: ClusterSnapshot) -> dict[str, HostInfo]:
+    """Every TPU host of the snapshot by node id."""
+    return {h.node_id: h for info in snapshot.slices.values() for h in info.hosts.values()}
+
+
+def _taken(host: HostInfo | None, own_head: bool = False) -> bool:
+    """Gone, dead, some TPU in use, its head in use (unless ``own_head``: we hold it), or
+    the TPU owned by a process."""
+    if host is None or not host.alive:
+        return True
+    head_taken = host.head_free is False and not own_head
+    return host.tpu_available < host.tpu_total or head_taken or bool(host.tpu_owner)

@@ -1,0 +1,54 @@
+"""Small helpers over Ray placement groups: remove idempotently, wait for several."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+logger = logging.getLogger(__name__)
+
+
+def live_placement_groups() -> list[dict[str, Any]]:
+    """Placement groups of the connected cluster that are not removed.
+
+    Returns:
+        Their rows of ``ray.util.placement_group_table()``.
+    """
+    table = ray.util.placement_group_table()
+    return [pg for pg in table.values() if pg.get("state") != "REMOVED"]
+
+
+def remove_group(pg: PlacementGroup | None) -> None:
+    """Remove a placement group; a group already gone is fine (idempotent).
+
+    Args:
+        pg: The group; ``None`` does nothing.
+    """
+    if pg is None:
+        return
+    try:
+        remove_placement_group(pg)
+    except (ValueError, ray.exceptions.RaySystemError) as exc:  # already removed / cluster gone
+        logger.debug("placement group %s already removed: %s", pg.id.hex(), exc)
+
+
+def wait_all(pgs: Sequence[PlacementGroup], timeout: float) -> list[bool]:
+    """Wait until every group is placed or ``timeout`` passes; return which are ready.
+
+    Args:
+        pgs: The groups.
+        timeout: Seconds to wait at most (a negative value waits not at all).
+
+    Returns:
+        Whether each group is placed, in the order of ``pgs``.
+    """
+    if not pgs:
+        return []
+    refs = [pg.ready() for pg in pgs]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, timeout))
+    done = set(ready)
+    return [ref in done for ref in refs]

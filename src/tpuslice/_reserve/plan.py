@@ -1,0 +1,238 @@
+"""Pure planning for a slice reservation: pick slices, build bundles, explain shortfalls.
+
+Nothing here talks to Ray. A :class:`~tpuslice._reserve.request.SliceRequest` derives its
+:class:`ReservationPlan` on creation; :func:`pick_slices` chooses idle whole slices from a
+:class:`~tpuslice._view.cluster.ClusterSnapshot`; :meth:`ReservationPlan.worker_selectors` pins
+bundle *i* to TPU worker *i*; :func:`shortage` and :func:`explain` say what is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
+from tpuslice._tpu.topology import SliceShape
+from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
+
+NODE_ID_LABEL = "ray.io/node-id"
+
+
+@dataclass(frozen=True)
+class ReservationPlan:
+    """Everything about a reservation that does not depend on the cluster.
+
+    Attributes:
+        shape: The shape of each slice.
+        num_slices: Slices to reserve.
+        tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+        bundle_resources: Resources of each bundle.
+        bundles_per_host: Bundles that tile one host.
+        user_selectors: The user's label selector per bundle; empty if none were given.
+        strategy: Ray placement strategy of the worker groups.
+        name: Name of the worker placement group(s).
+        lifetime: ``None`` or ``"detached"``.
+        pg_per_slice: One worker placement group per slice instead of one in all.
+    """
+
+    shape: SliceShape
+    num_slices: int
+    tpu_resource_per_chip: int
+    bundle_resources: Mapping[str, float]
+    bundles_per_host: int
+    user_selectors: tuple[Mapping[str, str], ...]
+    strategy: str
+    name: str
+    lifetime: str | None
+    pg_per_slice: bool
+    subslice: bool = False
+    """The shape is a sub-slice of a bigger slice (no head claim: worker 0 may be
+    another sub-slice's)."""
+
+    @property
+    def devices_per_host(self) -> int:
+        """``TPU`` resource of one host: chips per host x units per chip."""
+        return self.shape.chips_per_host * self.tpu_resource_per_chip
+
+    @property
+    def bundles_per_slice(self) -> int:
+        """Bundles of one slice."""
+        return self.shape.num_hosts * self.bundles_per_host
+
+    @property
+    def num_bundles(self) -> int:
+        """Bundles of the whole reservation."""
+        return self.bundles_per_slice * self.num_slices
+
+    @property
+    def needs_head_claim(self) -> bool:
+        """Multi-host slices are claimed through worker 0's head resource, as in Ray; a
+        sub-slice is not (Ray claims none for it either)."""
+        return not self.shape.is_single_host and not self.subslice
+
+    def user_selector(self, bundle_index: int) -> Mapping[str, str]:
+        """The user's label selector for one bundle.
+
+        Args:
+            bundle_index: The bundle's index in the whole reservation.
+
+        Returns:
+            The selector; empty if the user gave none.
+        """
+        if bundle_index < len(self.user_selectors):
+            return self.user_selectors[bundle_index] or {}
+        return {}
+
+    def pinned_slice_name(self, slice_index: int) -> str | None:
+        """The slice name the user's label selectors fix for this slice index, if any.
+
+        Args:
+            slice_index: Which slice of the reservation, from 0.
+
+        Returns:
+            The first ``ray.io/tpu-slice-name`` among that slice's bundles' selectors;
+            None if none names one.
+        """
+        first = slice_index * self.bundles_per_slice
+        for bundle in range(first, first + self.bundles_per_slice):
+            name = self.user_selector(bundle).get(SLICE_NAME_LABEL)
+            if name:
+                return name
+        return None
+
+    def worker_selectors(self, slice_index: int, target: SliceInfo) -> list[dict[str, str]]:
+        """Label selectors for one slice's bundles: bundle ``k`` of the slice lands on TPU
+        worker ``k // bundles_per_host``. Our pins win over the user's labels, as in Ray.
+
+        Args:
+            slice_index: Which slice of the reservation, from 0.
+            target: The slice chosen for it (every worker id present).
+
+        Returns:
+            One selector per bundle of the slice, in bundle order.
+        """
+        first = slice_index * self.bundles_per_slice
+        selectors = []
+        for k in range(self.bundles_per_slice):
+            worker = k // self.bundles_per_host
+            pin = _pin(target, worker)
+            selectors.append({**self.user_selector(first + k), **pin})
+        return selectors
+
+    def describe(self) -> str:
+        """``2 idle v6e 4x4 slices (v6e-16, 4 host(s) each)``, for messages.
+
+        Returns:
+            What the plan asks for.
+        """
+        count = f"{self.num_slices} " if self.num_slices > 1 else ""
+        plural = "s" if self.num_slices > 1 else ""
+        what = f"{self.shape.generation.name} {self.shape.topology}"
+        if self.subslice:
+            return f"idle {what} sub-slice ({self.shape.num_hosts} host(s) of a bigger slice)"
+        return (
+            f"{count}idle {what} slice{plural} "
+            f"({self.shape.pod_type}, {self.shape.num_hosts} host(s) each)"
+        )
+
+
+def _pin(target: SliceInfo, worker: int) -> dict[str, str]:
+    """Labels that select exactly one host of the target: the ``worker``-th, by its own
+    slice name and TPU worker id (for a sub-slice, its place in the parent slice)."""
+    host = target.hosts[worker]
+    if target.name == host.node_id:  # a single-host VM without a slice-name label
+        return {NODE_ID_LABEL: host.node_id}
+    worker_id = worker if host.worker_id is None else host.worker_id
+    return {SLICE_NAME_LABEL: host.slice_name or target.name, WORKER_ID_LABEL: str(worker_id)}
+
+
+def pick_slices(
+    snapshot: ClusterSnapshot, plan: ReservationPlan, taken: Mapping[int, str]
+) -> dict[int, SliceInfo]:
+    """Choose an idle whole slice for every slice index not in ``taken``.
+
+    Honours slice names pinned by the user's selectors; never picks a slice that is
+    busy, broken, of another shape, or already taken. Pure.
+
+    Args:
+        snapshot: The cluster as read.
+        plan: The reservation.
+        taken: Slice index to the name of the slice already held for it.
+
+    Returns:
+        Slice index to the slice chosen for it; indices for which no idle slice (or not
+        the pinned one) is free are left out.
+    """
+    ready = {s.name: s for s in snapshot.ready(plan.shape, plan.tpu_resource_per_chip)}
+    used = set(taken.values())
+    chosen: dict[int, SliceInfo] = {}
+    open_indices = [i for i in range(plan.num_slices) if i not in taken]
+    for index in open_indices:  # pinned first, so free picks do not steal them
+        pinned = plan.pinned_slice_name(index)
+        if pinned and pinned in ready and pinned not in used:
+            chosen[index] = ready[pinned]
+            used.add(pinned)
+    free = [s for name, s in ready.items() if name not in used]
+    for index in open_indices:
+        if index not in chosen and not plan.pinned_slice_name(index) and free:
+            chosen[index] = free.pop(0)
+    return chosen
+
+
+def shortage(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str | None:
+    """Why the request can never be met by this cluster as it is, or ``None`` if it can
+    (slices exist, perhaps busy). Pure.
+
+    Args:
+        snapshot: The cluster as read.
+        plan: The reservation.
+
+    Returns:
+        The reason (pinned slices that do not exist, or too few whole slices), or None.
+    """
+    whole = snapshot.whole(plan.shape, plan.tpu_resource_per_chip)
+    names = {s.name for s in whole}
+    missing = [
+        pin
+        for i in range(plan.num_slices)
+        if (pin := plan.pinned_slice_name(i)) and pin not in names
+    ]
+    if missing:
+        return f"slice(s) {', '.join(missing)} named in bundle_label_selector do not exist"
+    if len(whole) < plan.num_slices:
+        return f"asked for {plan.num_slices}, the cluster has {len(whole)} whole"
+    return None
+
+
+def explain(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str:
+    """What the cluster has for this request: ``2 whole slices, both busy (...); 1 broken
+    (...)``; or the shapes it does have when none match. Pure.
+
+    Args:
+        snapshot: The cluster as read.
+        plan: The reservation.
+
+    Returns:
+        The explanation, for error messages.
+    """
+    matching = snapshot.matching(plan.shape, plan.tpu_resource_per_chip)
+    if not matching:
+        shapes = sorted({f"{s.pod_type} {s.topology}" for s in snapshot.slices.values()})
+        have = ", ".join(shapes) if shapes else "no TPU slices at all"
+        return (
+            f"the cluster has no {plan.shape.pod_type} {plan.shape.topology} slice (it has: {have})"
+        )
+    groups: dict[SliceState, list[SliceInfo]] = {state: [] for state in SliceState}
+    for s in matching:
+        groups[s.state].append(s)
+    whole = groups[SliceState.READY] + groups[SliceState.BUSY]
+    parts = [f"{len(whole)} whole slice(s)"]
+    if groups[SliceState.BUSY]:
+        busy = "; ".join(s.describe() for s in groups[SliceState.BUSY])
+        parts[0] += f", {len(groups[SliceState.BUSY])} busy ({busy})"
+    if groups[SliceState.READY]:
+        parts[0] += f", {len(groups[SliceState.READY])} idle"
+    if groups[SliceState.BROKEN]:
+        broken = "; ".join(s.describe() for s in groups[SliceState.BROKEN])
+        parts.append(f"{len(groups[SliceState.BROKEN])} broken ({broken})")
+    return "; ".join(parts)

@@ -1,0 +1,132 @@
+"""What a reservation claims: whole slices, or (see :mod:`tpuslice._run.subslices`) parts of
+them. The claiming loop (:mod:`tpuslice._reserve.claim`) asks its targets which idle ones to take,
+whether they need head claims and autoscaler demand, and how to say what is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from tpuslice._reserve.plan import ReservationPlan, explain, pick_slices, shortage
+from tpuslice._view.cluster import ClusterSnapshot, SliceInfo
+
+
+class Targets(Protocol):
+    """The kind of thing a reservation claims."""
+
+    @property
+    def head_claims(self) -> bool:
+        """Whether each target is claimed through worker 0's head resource first."""
+        ...
+
+    @property
+    def autoscaling(self) -> bool:
+        """Whether a waiting reservation shows the autoscaler what it lacks."""
+        ...
+
+    def prepare(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
+        """Learn what picking needs (may ask the cluster); the snapshot to pick from.
+
+        Args:
+            snapshot: The cluster now.
+
+        Returns:
+            The snapshot to use (a fresh one if preparing changed the cluster).
+        """
+        ...
+
+    def pick(self, snapshot: ClusterSnapshot, taken: Mapping[int, str]) -> dict[int, SliceInfo]:
+        """Idle targets for every slice index not in ``taken``.
+
+        Args:
+            snapshot: The cluster now.
+            taken: Indices already held, with their slice names.
+
+        Returns:
+            ``{slice index: target}`` for those it found.
+        """
+        ...
+
+    def shortage(self, snapshot: ClusterSnapshot) -> str | None:
+        """Why the cluster can never hold the request as it is, or ``None``.
+
+        Args:
+            snapshot: The cluster now.
+
+        Returns:
+            The reason, or ``None``.
+        """
+        ...
+
+    def explain(self, snapshot: ClusterSnapshot) -> str:
+        """What the cluster has for this request (for timeouts and errors).
+
+        Args:
+            snapshot: The cluster now.
+
+        Returns:
+            One sentence.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class WholeSlices:
+    """Idle whole slices of the plan's shape (the usual target)."""
+
+    plan: ReservationPlan
+
+    @property
+    def head_claims(self) -> bool:
+        return self.plan.needs_head_claim
+
+    @property
+    def autoscaling(self) -> bool:
+        return True
+
+    def prepare(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
+        """Nothing to learn first.
+
+        Args:
+            snapshot: The cluster now.
+
+        Returns:
+            ``snapshot`` itself.
+        """
+        return snapshot
+
+    def pick(self, snapshot: ClusterSnapshot, taken: Mapping[int, str]) -> dict[int, SliceInfo]:
+        """Idle whole slices for the indices not yet held (:func:`plan.pick_slices`).
+
+        Args:
+            snapshot: The cluster now.
+            taken: Indices already held, with their slice names.
+
+        Returns:
+            ``{slice index: slice}``.
+        """
+        return pick_slices(snapshot, self.plan, taken)
+
+    def shortage(self, snapshot: ClusterSnapshot) -> str | None:
+        """Why the cluster can never hold the plan (:func:`plan.shortage`).
+
+        Args:
+            snapshot: The cluster now.
+
+        Returns:
+            The reason, or None.
+        """
+        return shortage(snapshot, self.plan)
+
+    def explain(self, snapshot: ClusterSnapshot) -> str:
+        """Each slice of the shape and why it is not idle (:func:`plan.explain`).
+
+        Args:
+            snapshot: The cluster now.
+
+        Returns:
+            One line for a timeout's message.
+        """
+        return explain(snapshot, self.plan)

@@ -1,0 +1,5 @@
+"""Running work on reserved slices: ``run_on_slice``, actor groups, shell commands,
+resilient runs and their watchdog, and recording each run's outcome.
+
+May import: :mod:`tpuslice._reserve` and below.
+"""

@@ -1,0 +1,282 @@
+"""One actor per host of a reserved slice, ordered by rank: for stateful work over many steps.
+
+Each actor starts with the same slice context as :func:`tpuslice.run_on_slice` tasks
+(``TPUSLICE_*`` and, for several slices, ``MEGASCALE_*``). :meth:`SliceActorGroup.call`
+fans a method out and returns refs in rank order; :meth:`SliceActorGroup.get` turns a
+dead actor into a :class:`~tpuslice.errors.HostLostError` naming the host, and, with
+``heartbeat_timeout_s`` / ``startup_timeout_s``, silent actors (their methods stopped
+calling :func:`tpuslice.heartbeat`) into a :class:`~tpuslice.errors.HostHungError`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from tpuslice import _ray
+from tpuslice._host.context import MEGASCALE_VARS, HostContext
+from tpuslice._host.heartbeats import BEAT_ENV, NAMESPACE
+from tpuslice._reserve.request import SliceRequest
+from tpuslice._reserve.reserve import ShutsDownOnExit, SlicePlacementGroup
+from tpuslice._run.run import call_env, host_contexts
+from tpuslice._run.watchdog import BEAT_PREFIX, CHECK_S, WatchConfig, describe_hang
+from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
+from tpuslice._tpu.labels import CallEnv
+from tpuslice.errors import (
+    HostHungError,
+    HostLostError,
+    InvalidArgumentError,
+    SliceShutdownError,
+    first_line,
+)
+
+
+class SliceActorGroup(ShutsDownOnExit):
+    """Actors of ``actor_cls`` on every bundle of ``tpu_slice``, in rank order.
+
+    With ``owns_slice=True`` (the default when you pass topology arguments to
+    :meth:`create`), :meth:`shutdown` also gives the slice back.
+    """
+
+    def __init__(
+        self,
+        actor_cls: Any,
+        tpu_slice: SlicePlacementGroup,
+        *args: Any,
+        owns_slice: bool = False,
+        heartbeat_timeout_s: float | None = None,
+        startup_timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Start one actor per bundle of ``tpu_slice``, in rank order.
+
+        Args:
+            actor_cls: A class, or a ``@ray.remote`` actor class.
+            tpu_slice: A held reservation.
+            *args: Passed to every actor's constructor.
+            owns_slice: :meth:`shutdown` also gives ``tpu_slice`` back.
+            heartbeat_timeout_s: With the actors' methods calling
+                :func:`tpuslice.heartbeat`: :meth:`get` raises
+                :class:`~tpuslice.errors.HostHungError` when an actor that beat has been
+                silent this long. ``None``: not watched.
+            startup_timeout_s: :meth:`get` raises it too when an actor has not beaten
+                this long after the group started. ``None``: not watched.
+            **kwargs: Passed to every actor's constructor.
+
+        Raises:
+            SliceShutdownError: ``tpu_slice`` was shut down.
+            InvalidArgumentError: a timeout is not finite seconds > 0.
+        """
+        if tpu_slice.is_shut_down:
+            raise SliceShutdownError("tpu_slice has been shut down; reserve a new one")
+        self.watching = WatchConfig(heartbeat_timeout_s, startup_timeout_s)
+        self._beats = f"{BEAT_PREFIX}{uuid.uuid4().hex[:12]}/"
+        self._started = time.time()
+        # One process per host owns a TPU: earlier run_on_slice calls' owners step aside
+        # (their TPUs confirmed free) before this group's actors start.
+        tpu_slice.ownership.retire()
+        remote_cls = actor_cls if hasattr(actor_cls, "remote") else ray.remote(actor_cls)
+        self.slice = tpu_slice
+        self.owns_slice = owns_slice
+        self.contexts: list[HostContext] = host_contexts(tpu_slice)
+        tpu = tpu_slice.bundle_resources.get("TPU", tpu_slice.devices_per_host)
+        self.actors: list[Any] = []
+        try:
+            for context, (pg, bundle) in zip(self.contexts, tpu_slice.worker_groups(), strict=True):
+                self.actors.append(
+                    remote_cls.options(
+                        num_cpus=0,
+                        resources={"TPU": tpu},
+                        max_restarts=0,
+                        runtime_env={"env_vars": self._env(context)},
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(
+                            placement_group=pg, placement_group_bundle_index=bundle
+                        ),
+                    ).remote(*args, **kwargs)
+                )
+            tpu_slice.ownership.adopt(self.actors)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @classmethod
+    def create(
+        cls,
+        actor_cls: Any,
+        *args: Any,
+        topology: str,
+        accelerator_version: str,
+        num_slices: int | tuple[int, int] = 1,
+        chips_per_vm: int | None = None,
+        head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
+        priority: int = 0,
+        heartbeat_timeout_s: float | None = None,
+        startup_timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> SliceActorGroup:
+        """Reserve slices and start the group on them; :meth:`shutdown` gives them back.
+
+        Args:
+            actor_cls: A class, or a ``@ray.remote`` actor class.
+            *args: Passed to every actor's constructor.
+            topology: Chip grid of one slice, such as ``"4x4"``.
+            accelerator_version: TPU generation, such as ``"v6e"``.
+            num_slices: Whole slices to reserve, all at once, or a ``(min, max)``
+                range (as many as are idle, at least ``min``).
+            chips_per_vm: Chips per host, for shapes offered in more than one form.
+            head_reservation_timeout_s: Seconds to wait for idle slices (``None``: no
+                limit).
+            priority: Place in the cluster-wide queue when slices are short: higher is
+                served first, arrival order within a priority.
+            heartbeat_timeout_s: See the constructor.
+            startup_timeout_s: See the constructor.
+            **kwargs: Passed to every actor's constructor.
+
+        Returns:
+            The group, owning its slices.
+
+        Raises:
+            InvalidArgumentError: an invalid shape or count.
+            NotConnectedError: Ray is not initialised.
+            InsufficientSlicesError: the cluster cannot have the slices.
+            ReservationTimeoutError: no idle slices in time.
+        """
+        request = SliceRequest(
+            topology=topology,
+            accelerator_version=accelerator_version,
+            num_slices=num_slices,
+            chips_per_vm=chips_per_vm,
+            head_reservation_timeout_s=head_reservation_timeout_s,
+            priority=priority,
+        )
+        WatchConfig(heartbeat_timeout_s, startup_timeout_s)  # checked before reserving
+        spg = SlicePlacementGroup.from_request(request)
+        try:
+            return cls(
+                actor_cls,
+                spg,
+                *args,
+                owns_slice=True,
+                heartbeat_timeout_s=heartbeat_timeout_s,
+                startup_timeout_s=startup_timeout_s,
+                **kwargs,
+            )
+        except BaseException:
+            spg.shutdown()
+            raise
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
+        """Call ``method`` on every actor.
+
+        Args:
+            method: Name of the actors' method.
+            *args: Passed to every call.
+            **kwargs: Passed to every call.
+
+        Returns:
+            One ref per actor, in rank order.
+
+        Raises:
+            SliceShutdownError: the group was shut down.
+            InvalidArgumentError: the actors have no such method.
+        """
+        if not self.actors:
+            raise SliceShutdownError("this SliceActorGroup has been shut down")
+        if not hasattr(self.actors[0], method):
+            raise InvalidArgumentError(f"the actors have no method {method!r}")
+        return [getattr(actor, method).remote(*args, **kwargs) for actor in self.actors]
+
+    def get(self, refs: Sequence[ray.ObjectRef], timeout: float | None = None) -> list[Any]:
+        """``ray.get`` the refs in rank order.
+
+        Args:
+            refs: Refs from :meth:`call`, in rank order.
+            timeout: Seconds to wait for each (``None``: no limit).
+
+        Returns:
+            The values, in rank order.
+
+        Raises:
+            HostLostError: an actor died (its slice, worker id and rank are named).
+            HostHungError: with heartbeats watched, actors went silent (named).
+            ray.exceptions.RayTaskError: a method raised (as ``ray.get`` raises it).
+            ray.exceptions.GetTimeoutError: ``timeout`` passed.
+        """
+        if self.watching.beats:
+            self._wait_watching(refs, timeout)
+        results = []
+        for rank, ref in enumerate(refs):
+            try:
+                results.append(ray.get(ref, timeout=timeout))
+            except ray.exceptions.RayActorError as exc:
+                context = self.contexts[rank]
+                raise HostLostError(
+                    f"host {context.worker_id} of slice {context.slice_name} (rank {rank}) "
+                    f"lost its actor ({type(exc).__name__}): {first_line(exc)}"
+                ) from exc
+        return results
+
+    def _env(self, context: HostContext) -> dict[str, str]:
+        env = _actor_env(call_env(self.slice, context))
+        if self.watching.beats:
+            env[BEAT_ENV] = f"{self._beats}{context.rank}"
+        return env
+
+    def _wait_watching(self, refs: Sequence[ray.ObjectRef], timeout: float | None) -> None:
+        """Wait for the refs, checking the actors' heartbeats every ``CHECK_S``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = list(refs)
+        keys = [f"{self._beats}{rank}" for rank in range(len(self.contexts))]
+        while pending:
+            wait = CHECK_S if deadline is None else min(CHECK_S, deadline - time.monotonic())
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, wait))
+            if not pending:
+                return
+            hang = describe_hang(
+                self.watching,
+                keys,
+                _ray.kv_get_many(keys, NAMESPACE),
+                [context.describe() for context in self.contexts],
+                self._started,
+                time.time(),
+            )
+            if hang is not None:
+                raise HostHungError(
+                    f"{hang[0]}: {hang[1]}. Shut the group down (its actors are killed) and "
+                    "start a new one"
+                )
+            if deadline is not None and time.monotonic() >= deadline:
+                return  # the ray.get below raises GetTimeoutError, as without watching
+
+    def shutdown(self) -> None:
+        """Kill every actor and, if the group owns it, give the slice back; otherwise
+        confirm the actors' TPUs are free for the slice's next calls. Idempotent."""
+        actors, self.actors = self.actors, []
+        if actors:
+            self.slice.ownership.disown(actors)
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        if self.watching.beats:  # after the kills: a live actor could still publish one
+            _ray.kv_delete(self._beats, NAMESPACE, prefix=True)
+        if self.owns_slice:
+            self.slice.shutdown()
+        elif actors and not self.slice.is_shut_down:
+            self.slice.ownership.confirm_free()
+
+
+def _actor_env(call: CallEnv) -> dict[str, str]:
+    """A rank's call environment for the actor's ``runtime_env``; with one slice,
+    MEGASCALE_* set empty so none leaks from the driver. A runtime environment cannot
+    unset a variable, so one the call unsets is left as the host has it (for a sub-slice:
+    ``TPU_PROCESS_ADDRESSES``, which TPU VMs do not set unless run multi-process)."""
+    env = {name: "" for name in MEGASCALE_VARS}
+    env.update({k: v for k, v in call.items() if v is not None})
+    return env

@@ -1,0 +1,686 @@
+"""Resilient runs: when a host is lost, give the slices back and rerun the gang from the start.
+
+An SPMD gang cannot go on with a missing host, so every attempt reserves whole idle slices,
+runs ``fn`` on every host, and either returns all results or ends at the first failed task.
+One loop (:func:`run_resilient`), one policy (:class:`RetryPolicy`, a budget per outcome),
+one boundary that maps exceptions to outcomes (:func:`classify`, by type, never message
+text), refined by evidence (:mod:`tpuslice._run.watchdog`): a lost host whose slice had a
+preemption or maintenance notice is a preemption, one lost without notice a host failure.
+While the gang runs, a notice on one of its hosts makes the run call ``on_notice`` and
+leave before the hosts go, and silent heartbeats make it a hang.
+Each attempt's reservation is shut down (the rest of its gang cancelled) before the next.
+Other runners (the CLI's shell commands) reuse the same loop with their own attempt body:
+``ResilientRun(body, SliceRequest(...), RetryPolicy(...)).until_done()``.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import ray
+from ray.exceptions import (
+    LocalRayletDiedError,
+    NodeDiedError,
+    ObjectFreedError,
+    ObjectLostError,
+    RayActorError,
+    RayError,
+    RayTaskError,
+    ReferenceCountingAssertionError,
+    TaskCancelledError,
+    WorkerCrashedError,
+)
+
+from tpuslice import _observe as observe
+from tpuslice._host.notices import Notice
+from tpuslice._reserve.request import SliceRequest
+from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._run.run import check_run_args, host_contexts, launch
+from tpuslice._run.watchdog import AttemptWatch, Broken, WatchConfig
+from tpuslice._tpu.clock import Clock
+from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
+from tpuslice.errors import (
+    AttemptRecord,
+    HostHungError,
+    HostLostError,
+    InvalidArgumentError,
+    ReservationTimeoutError,
+    RetriesExhaustedError,
+    first_line,
+)
+
+logger = logging.getLogger(__name__)
+
+READY_BOUND_S = 30.0
+"""How long a fresh reservation may take to report ready before we call its host lost."""
+WAIT_SLICE_S = 1.0
+"""Longest single ``ray.wait``, so Ctrl-C is seen promptly while the gang runs."""
+
+
+class Outcome(str, enum.Enum):
+    """How a failed attempt ended; it decides which retry budget the attempt uses."""
+
+    PREEMPTION = "preemption"
+    """A host was preempted or taken for maintenance: its slice had a notice (the run
+    left before the hosts went, or a host was lost after the notice)."""
+    FAILURE = "failure"
+    """The user's code raised, or something we do not recognise went wrong."""
+    HOST_FAILURE = "host_failure"
+    """A host was lost with no notice: the VM died, a worker crashed or was OOM-killed."""
+    HANG = "hang"
+    """Hosts stopped making progress (heartbeats), or never started (start-up timeout)."""
+
+
+HOST_LOSS: tuple[type[BaseException], ...] = (
+    NodeDiedError,
+    LocalRayletDiedError,
+    WorkerCrashedError,
+    RayActorError,  # ActorDiedError, ActorUnavailableError
+    ObjectLostError,  # OwnerDiedError, ObjectFetchTimedOutError, ...
+    TaskCancelledError,  # we cancel the rest of a gang once it broke
+    HostLostError,
+)
+"""Exception types that mean "a host of the gang is gone"."""
+NOT_HOST_LOSS: tuple[type[BaseException], ...] = (ObjectFreedError, ReferenceCountingAssertionError)
+"""Subclasses of :data:`HOST_LOSS` types that a program (or a Ray bug) causes, not a host."""
+
+
+def classify(exc: BaseException) -> Outcome:
+    """The outcome of a task's exception, by type only (never its message).
+
+    A ``RayTaskError`` (user code raised) is judged by its ``cause``, which may itself be
+    a host loss seen by user code (a nested ``ray.get``); an actor whose ``__init__``
+    raised is a user failure.
+
+    Args:
+        exc: The exception a task's ref raised.
+
+    Returns:
+        :attr:`Outcome.HOST_FAILURE` for a lost host (evidence of a notice makes it a
+        preemption, see :class:`~tpuslice._run.watchdog.AttemptWatch`), else
+        :attr:`Outcome.FAILURE`.
+    """
+    if isinstance(exc, RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException) and cause is not exc:
+            return classify(cause)
+        return Outcome.FAILURE
+    if isinstance(exc, RayActorError) and exc.actor_init_failed:
+        return Outcome.FAILURE
+    if isinstance(exc, HostHungError):
+        return Outcome.HANG
+    if isinstance(exc, HOST_LOSS) and not isinstance(exc, NOT_HOST_LOSS):
+        return Outcome.HOST_FAILURE
+    return Outcome.FAILURE
+
+
+def summarize(exc: BaseException) -> str:
+    """``ValueError: first line``: the innermost cause's type and message's first line
+    (a ``RayTaskError``'s own text is a traceback, so it is unwrapped).
+
+    Args:
+        exc: Any exception.
+
+    Returns:
+        One line for logs, events and error messages.
+    """
+    seen: set[int] = set()
+    while isinstance(exc, RayTaskError) and id(exc) not in seen:
+        seen.add(id(exc))
+        cause = getattr(exc, "cause", None)
+        if not isinstance(cause, BaseException):
+            break
+        exc = cause
+    line = first_line(exc, limit=10_000)
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+# --- the policy ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after a failed attempt, and why (for logs, events and errors)."""
+
+    retry: bool
+    delay_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """A budget per outcome, counted separately. Pure.
+
+    ``max_retries_host_failure`` defaults to ``max_retries_preemption`` (host loss was one
+    budget before it could be told from preemption); ``max_retries_hang`` defaults to the
+    host-failure budget. ``backoff_s`` is the pause before the first retry and its cap;
+    it doubles per retry.
+    """
+
+    max_retries_failure: int = 0
+    max_retries_preemption: int = 3
+    backoff_s: tuple[float, float] = (0.2, 5.0)
+    max_retries_host_failure: int | None = None
+    max_retries_hang: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_retries_failure",
+            "max_retries_preemption",
+            "max_retries_host_failure",
+            "max_retries_hang",
+        ):
+            value = getattr(self, name)
+            if value is None and name in ("max_retries_host_failure", "max_retries_hang"):
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
+        first, cap = self.backoff_s
+        if not 0 <= first <= cap:
+            raise InvalidArgumentError(
+                f"backoff_s must be (first, cap) with 0 <= first <= cap, got {self.backoff_s!r}"
+            )
+
+    def budget(self, outcome: Outcome) -> int:
+        """Retries allowed for failed attempts of this outcome.
+
+        Args:
+            outcome: How an attempt failed.
+
+        Returns:
+            That outcome's budget (see the class docstring for the defaults).
+        """
+        host_failure = (
+            self.max_retries_preemption
+            if self.max_retries_host_failure is None
+            else self.max_retries_host_failure
+        )
+        if outcome is Outcome.PREEMPTION:
+            return self.max_retries_preemption
+        if outcome is Outcome.HOST_FAILURE:
+            return host_failure
+        if outcome is Outcome.HANG:
+            return host_failure if self.max_retries_hang is None else self.max_retries_hang
+        return self.max_retries_failure
+
+    def decide(self, outcome: Outcome, failures: Mapping[Outcome, int]) -> Decision:
+        """What to do after a failed attempt: retry while that outcome's count is within
+        its budget, after a backoff that doubles per retry up to the cap.
+
+        Args:
+            outcome: How the attempt failed.
+            failures: Failed attempts so far by outcome, this one included.
+
+        Returns:
+            Whether to retry, after how long, and why.
+        """
+        used, budget = failures.get(outcome, 0), self.budget(outcome)
+        if used > budget:
+            plural = "retry" if budget == 1 else "retries"
+            return Decision(False, 0.0, f"{outcome.value} budget of {budget} {plural} used up")
+        retries = sum(failures.values())
+        first, cap = self.backoff_s
+        delay = min(first * 2 ** (retries - 1), cap)
+        return Decision(True, delay, f"{outcome.value} retry {used} of {budget}")
+
+
+# --- events -------------------------------------------------------------------------------
+
+EventKind = Literal["started", "notice", "failed", "succeeded", "giving_up"]
+
+
+@dataclass(frozen=True)
+class AttemptEvent:
+    """One step of a resilient run, passed to ``on_event`` (and a ``notice`` also to
+    ``on_notice``) as it happens.
+
+    Attributes:
+        kind: ``started``, ``notice`` (a host of the attempt was warned), ``failed``,
+            ``succeeded`` or ``giving_up``.
+        attempt: The attempt's number, from 1.
+        slice_names: Its slices.
+        outcome: How it failed (``failed``, ``giving_up``).
+        cause: What happened, in one line.
+        next_action: What the run does next.
+        duration_s: Seconds since the attempt started (``failed``, ``succeeded``).
+        evidence: What decided the outcome (the notice seen, none seen, silent hosts).
+        notice: The notice (``notice`` events).
+    """
+
+    kind: EventKind
+    attempt: int
+    slice_names: tuple[str, ...] = ()
+    outcome: Outcome | None = None
+    cause: str = ""
+    next_action: str = ""
+    duration_s: float = 0.0
+    evidence: str = ""
+    notice: Notice | None = None
+
+    def describe(self) -> str:
+        """One log line: ``attempt 2 on v4-16-b: failed after 3.1 s: preemption (...); ...``.
+
+        Returns:
+            The event as one line of text.
+        """
+        where = f" on {', '.join(self.slice_names)}" if self.slice_names else ""
+        text = f"attempt {self.attempt}{where}: {self.kind.replace('_', ' ')}"
+        if self.kind in ("failed", "succeeded"):
+            text += f" after {self.duration_s:.1f} s"
+        if self.outcome is not None and self.kind == "failed":
+            text += f": {self.outcome.value} ({self.cause}); next: {self.next_action}"
+        elif self.cause:
+            text += f": {self.cause}"
+            if self.next_action:
+                text += f"; next: {self.next_action}"
+        if self.evidence and self.kind == "failed":
+            text += f" [evidence: {self.evidence}]"
+        return text
+
+
+EventCallback = Callable[[AttemptEvent], None]
+
+
+# --- the loop -----------------------------------------------------------------------------
+
+
+class GangBrokenError(Exception):
+    """Raised by an attempt body when the gang failed: the outcome, a one-line cause and
+    the evidence for the outcome. Chain the task's exception (``raise ... from exc``);
+    the final error keeps it."""
+
+    def __init__(self, outcome: Outcome, cause: str, evidence: str = "") -> None:
+        super().__init__(cause)
+        self.outcome = outcome
+        self.cause = cause
+        self.evidence = evidence
+
+    @classmethod
+    def from_task(cls, spg: SlicePlacementGroup, rank: int, exc: BaseException) -> GangBrokenError:
+        """For the task of ``rank`` that raised ``exc``: classified, and named by host.
+
+        Args:
+            spg: The attempt's reservation.
+            rank: The failed task's rank.
+            exc: What its ref raised.
+
+        Returns:
+            The error to raise (chain ``exc`` to it).
+        """
+        where = host_contexts(spg)[rank].describe()
+        return cls(classify(exc), f"{where}: {summarize(exc)}")
+
+
+AttemptBody = Callable[[SlicePlacementGroup, AttemptWatch], list[Any]]
+"""One attempt on a held reservation, watched: the results in rank order, or
+:class:`GangBrokenError` at the first failed task (a body calls ``watch.check()`` while it
+waits, and passes a lost host through :func:`judged`). :func:`run_function` is the usual
+one."""
+
+
+def watch_gang(
+    config: WatchConfig, spg: SlicePlacementGroup, notice_event: Callable[[Notice], object]
+) -> AttemptWatch:
+    """The watch of a gang on ``spg``'s hosts, reading Ray's KV store.
+
+    Args:
+        config: What to watch for.
+        spg: The attempt's reservation.
+        notice_event: Emits the run's ``notice`` event.
+
+    Returns:
+        The watch.
+    """
+    ranks = [context.describe() for context in host_contexts(spg)]
+    return AttemptWatch(config, spg.rank_nodes(), ranks, notice_event)
+
+
+def judged(broken: GangBrokenError, watch: AttemptWatch) -> GangBrokenError:
+    """A lost host's outcome, decided by the evidence: a preemption if a host of the
+    attempt had a notice, else a host failure. Other outcomes pass unchanged.
+
+    Args:
+        broken: What the failed task made of it (:meth:`GangBrokenError.from_task`).
+        watch: The attempt's watch.
+
+    Returns:
+        The error to raise, with its evidence.
+    """
+    if broken.outcome is not Outcome.HOST_FAILURE:
+        return broken
+    preempted, evidence = watch.judge_host_loss()
+    outcome = Outcome.PREEMPTION if preempted else Outcome.HOST_FAILURE
+    return GangBrokenError(outcome, broken.cause, evidence)
+
+
+def watched(watch: AttemptWatch) -> None:
+    """Check the gang's watch; a notice or a hang becomes the loop's signal.
+
+    Args:
+        watch: The attempt's watch.
+
+    Raises:
+        GangBrokenError: a preemption (notice) or a hang.
+    """
+    try:
+        watch.check()
+    except Broken as stop:
+        outcome = Outcome.PREEMPTION if stop.kind == "notice" else Outcome.HANG
+        raise GangBrokenError(outcome, stop.cause, stop.evidence) from None
+
+
+@dataclass
+class ResilientRun:
+    """One resilient run: an attempt body retried under a policy, with its history."""
+
+    body: AttemptBody
+    request: SliceRequest
+    policy: RetryPolicy
+    on_event: EventCallback | None = None
+    clock: Clock = field(default_factory=Clock)
+    history: list[AttemptRecord] = field(default_factory=list)
+    last_error: BaseException | None = None
+    """The exception that ended the latest failed attempt (chained to the final error)."""
+    reserve: Callable[[SliceRequest], SlicePlacementGroup] = SlicePlacementGroup.from_request
+    """How each attempt reserves its slices (a seam for tests)."""
+    watching: WatchConfig = field(default_factory=WatchConfig)
+    """What each attempt's gang is watched for (notices always; heartbeats if set)."""
+    make_watch: Callable[
+        [WatchConfig, SlicePlacementGroup, Callable[[Notice], object]], AttemptWatch
+    ] = watch_gang
+    """How each attempt's watch is made (a seam for tests)."""
+
+    def until_done(self) -> list[Any]:
+        """The one retry loop: attempt, and on failure ask the policy whether to go on.
+
+        Returns:
+            The successful attempt's results, in rank order.
+
+        Raises:
+            RetriesExhaustedError: a budget ran out (``history`` has every attempt).
+            ReservationTimeoutError: an attempt could not reserve its slices.
+        """
+        failures: Counter[Outcome] = Counter()
+        while True:
+            attempt = len(self.history) + 1
+            try:
+                result = self.attempt(attempt)
+            except ReservationTimeoutError as exc:
+                self.give_up(attempt, f"could not reserve: {summarize(exc)}", None)
+                raise
+            if not isinstance(result, AttemptRecord):
+                return result
+            self.history.append(result)
+            outcome = Outcome(result.outcome)
+            failures[outcome] += 1
+            decision = self.policy.decide(outcome, failures)
+            self.report_failure(result, outcome, decision)
+            if not decision.retry:
+                message = self.give_up(attempt, decision.reason, outcome)
+                raise RetriesExhaustedError(message, self.history) from self.last_error
+            self.clock.sleep(decision.delay_s)
+
+    def attempt(self, number: int) -> list[Any] | AttemptRecord:
+        """Reserve, run on every host, wait.
+
+        Args:
+            number: The attempt's number (1 for the first).
+
+        Returns:
+            The results in rank order, or the record of a failed attempt once its slices
+            are given back (leaving the ``with``).
+
+        Raises:
+            ReservationTimeoutError: the slices could not be reserved.
+        """
+        started = self.clock.now()
+        with self.reserve(self.request) as spg:
+            names = tuple(spg.slice_names)
+            self.emit(AttemptEvent("started", number, names))
+            watch = self.watch_for(spg, number, names, started)
+            try:
+                results = self.body(spg, watch)
+            except GangBrokenError as broken:
+                failed, self.last_error = broken, broken.__cause__
+            else:
+                elapsed = self.clock.now() - started
+                self.emit(AttemptEvent("succeeded", number, names, duration_s=elapsed))
+                return results
+            finally:
+                watch.close()
+        elapsed = self.clock.now() - started
+        return AttemptRecord(
+            number, names, spg.num_hosts, failed.outcome, failed.cause, elapsed, failed.evidence
+        )
+
+    def watch_for(
+        self, spg: SlicePlacementGroup, number: int, names: tuple[str, ...], started: float
+    ) -> AttemptWatch:
+        """The watch of one attempt's gang: its hosts, and the ``notice`` event.
+
+        Args:
+            spg: The attempt's reservation.
+            number: The attempt's number.
+            names: Its slices.
+            started: When it started (the run's clock).
+
+        Returns:
+            The watch.
+        """
+
+        def notice_event(notice: Notice) -> AttemptEvent:
+            hook = "on_notice, then " if self.watching.on_notice is not None else ""
+            event = AttemptEvent(
+                "notice",
+                number,
+                names,
+                Outcome.PREEMPTION,
+                notice.describe(),
+                f"{hook}leave the slices and retry on others",
+                self.clock.now() - started,
+                evidence=f"{notice.event} on {notice.slice_name} host {notice.worker_id}",
+                notice=notice,
+            )
+            self.emit(event)
+            return event
+
+        return self.make_watch(self.watching, spg, notice_event)
+
+    def report_failure(self, record: AttemptRecord, outcome: Outcome, decision: Decision) -> None:
+        """Emit the ``failed`` event of an attempt, with what happens next.
+
+        Args:
+            record: The failed attempt.
+            outcome: Its class.
+            decision: The policy's answer.
+        """
+        action = (
+            f"retry in {decision.delay_s:.1f} s on whole idle slices ({decision.reason})"
+            if decision.retry
+            else f"give up ({decision.reason})"
+        )
+        self.emit(
+            AttemptEvent(
+                "failed",
+                record.attempt,
+                record.slice_names,
+                outcome,
+                record.cause,
+                action,
+                record.duration_s,
+                evidence=record.evidence,
+            )
+        )
+
+    def give_up(self, attempt: int, reason: str, outcome: Outcome | None) -> str:
+        """Emit the final event.
+
+        Args:
+            attempt: The last attempt's number.
+            reason: Why the run stops.
+            outcome: The last attempt's class, if it ran.
+
+        Returns:
+            The error message, naming every attempt.
+        """
+        self.emit(AttemptEvent("giving_up", attempt, (), outcome, reason, "raise"))
+        attempts = "; ".join(
+            f"#{r.attempt} on {', '.join(r.slice_names)}: {Outcome(r.outcome).value} after "
+            f"{r.duration_s:.1f} s ({r.cause})"
+            for r in self.history
+        )
+        return (
+            f"gave up after {len(self.history)} failed attempt(s): {reason}"
+            + (f". Attempts: {attempts}" if attempts else "")
+            + ". Raise max_retries_failure / max_retries_preemption to retry more"
+        )
+
+    def emit(self, event: AttemptEvent) -> None:
+        """Log the event at INFO and pass it on to ``on_event``.
+
+        Args:
+            event: What happened.
+        """
+        logger.info("%s", event.describe())
+        observe.attempt(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+
+def run_function(
+    fn: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    spg: SlicePlacementGroup,
+    watch: AttemptWatch,
+) -> list[Any]:
+    """The attempt body of :func:`run_resilient`: start ``fn`` on every host and collect
+    the results as tasks finish, checking the watch while waiting.
+
+    Args:
+        fn: A ``@ray.remote`` function.
+        args: Passed to every call.
+        kwargs: Passed to every call.
+        spg: The attempt's reservation.
+        watch: The attempt's watch (notices, heartbeats).
+
+    Returns:
+        The results, in rank order.
+
+    Raises:
+        GangBrokenError: at the first task that fails (or a host dead at the start), a
+            notice on a host of the gang, or a hang.
+    """
+    # One call per attempt: plain tasks on warm workers (no owner processes to start);
+    # the attempt's hand-back stops any of them that opened a TPU.
+    if not spg.wait_ready(READY_BOUND_S):  # a host died between reserving and starting
+        lost = HostLostError(f"a host of {', '.join(spg.slice_names)} died before the start")
+        raise judged(GangBrokenError(Outcome.HOST_FAILURE, summarize(lost)), watch)
+    refs = launch(fn, spg, args, kwargs, rank_env=watch.rank_env)
+    rank_of = {ref: rank for rank, ref in enumerate(refs)}
+    results: dict[int, Any] = {}
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=WAIT_SLICE_S)
+        for ref in ready:
+            try:
+                results[rank_of[ref]] = ray.get(ref)
+            except RayError as exc:
+                raise judged(GangBrokenError.from_task(spg, rank_of[ref], exc), watch) from exc
+        if pending:
+            watched(watch)
+    return [results[rank] for rank in range(len(refs))]
+
+
+def run_resilient(
+    fn: Any,
+    *args: Any,
+    topology: str,
+    accelerator_version: str,
+    num_slices: int | tuple[int, int] = 1,
+    chips_per_vm: int | None = None,
+    max_retries_failure: int = 0,
+    max_retries_preemption: int = 3,
+    head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
+    backoff_s: tuple[float, float] = (0.2, 5.0),
+    on_event: EventCallback | None = None,
+    priority: int = 0,
+    max_retries_host_failure: int | None = None,
+    max_retries_hang: int | None = None,
+    on_notice: EventCallback | None = None,
+    heartbeat_timeout_s: float | None = None,
+    startup_timeout_s: float | None = None,
+    _clock: Clock | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Run ``fn`` on every host of whole slices and return its results in rank order,
+    rerunning the whole gang from the start on fresh slices when a host is lost, warned
+    of preemption or maintenance, hangs, or the code raises, each within its budget.
+
+    Args:
+        fn: A ``@ray.remote`` function.
+        *args: Passed to every call of ``fn``.
+        topology: Chip grid of one slice, such as ``"4x4"``.
+        accelerator_version: TPU generation, such as ``"v6e"``.
+        num_slices: Whole slices per attempt, or a ``(min, max)`` range: each
+            attempt takes as many as are idle (at least ``min``), so after a lost slice
+            with no replacement idle the run goes on with fewer, and grows back at the
+            next attempt that finds more.
+        chips_per_vm: Chips per host, for shapes offered in more than one form.
+        max_retries_failure: Reruns after the code raised.
+        max_retries_preemption: Reruns after a preemption: a notice on a host of the
+            gang (the run leaves before the hosts go), or a host lost after one.
+        head_reservation_timeout_s: Seconds each attempt waits for idle slices
+            (``None``: no limit).
+        backoff_s: ``(first, cap)`` pause before a retry; it doubles per retry.
+        on_event: Called with each :class:`AttemptEvent` as it happens.
+        priority: Place in the cluster-wide queue when slices are short, for every
+            attempt: higher is served first, arrival order within a priority.
+        max_retries_host_failure: Reruns after a host was lost with no notice (VM died,
+            worker crashed or OOM-killed); ``None``: as ``max_retries_preemption``.
+        max_retries_hang: Reruns after a hang; ``None``: as the host-failure budget.
+        on_notice: Called with the ``notice`` event when a host of the gang is warned of
+            preemption or maintenance, while the hosts still live (to checkpoint); the
+            run waits for it until the notice's deadline less 2 s, then leaves.
+        heartbeat_timeout_s: With ``fn`` calling :func:`tpuslice.heartbeat` each step:
+            a rank silent this long after a beat is a hang (the gang is cancelled and
+            rerun). ``None``: not watched.
+        startup_timeout_s: A rank that has not beaten this long after the start is stuck
+            starting (a hang). ``None``: not watched.
+        **kwargs: Passed to every call of ``fn``.
+
+    Returns:
+        The successful attempt's results, in rank order.
+
+    Raises:
+        TypeError: ``fn`` is not a remote function.
+        InvalidArgumentError: an invalid shape, count, budget or backoff.
+        RetriesExhaustedError: a budget ran out (``history`` lists every attempt).
+        ReservationTimeoutError: an attempt could not reserve its slices in time.
+    """
+    check_run_args(fn, None, None)
+    policy = RetryPolicy(
+        max_retries_failure,
+        max_retries_preemption,
+        backoff_s,
+        max_retries_host_failure,
+        max_retries_hang,
+    )
+    watching = WatchConfig(heartbeat_timeout_s, startup_timeout_s, on_notice)
+    request = SliceRequest(
+        topology=topology,
+        accelerator_version=accelerator_version,
+        num_slices=num_slices,
+        chips_per_vm=chips_per_vm,
+        head_reservation_timeout_s=head_reservation_timeout_s,
+        priority=priority,
+    )
+    body = functools.partial(run_function, fn, args, kwargs)
+    run = ResilientRun(body, request, policy, on_event, _clock or Clock(), watching=watching)
+    return run.until_done()

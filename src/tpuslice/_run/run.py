@@ -1,0 +1,497 @@
+"""Run one function on every host of one or more slices, in rank order.
+
+``refs[i]`` is the task of global rank *i* (slice-major, then TPU worker id). Inside each
+task, before user code runs, the environment holds the slice context
+(:class:`HostContext`) and, for two or more slices, all four ``MEGASCALE_*`` variables.
+The context rides into an already-running worker (no fresh process per call): we wrap
+the user's function once and set ``os.environ`` around each call.
+A one-shot call (no ``tpu_slice``) gives its slice back as soon as the work ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from tpuslice import _observe as observe
+from tpuslice import _ray
+from tpuslice._host.context import HostContext, with_context
+from tpuslice._reserve.request import SliceRequest
+from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
+from tpuslice._tpu.labels import CallEnv
+from tpuslice.errors import (
+    InvalidArgumentError,
+    ReservationTimeoutError,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Wrapped:
+    """A remote function running the user's in its slice context, made once per function
+    so Ray exports it once and warm workers are reused."""
+
+    remote: Any
+    returns: int | None
+    """The user's ``num_returns`` when the pid rides along as one more return, else
+    ``None`` (a streaming or dynamic function: no pid is reported)."""
+
+
+_WRAPPED: weakref.WeakKeyDictionary[Any, _Wrapped] = weakref.WeakKeyDictionary()
+_WRAPPED_LOCK = threading.Lock()
+
+
+def _context_remote(fn: Any) -> _Wrapped:
+    with _WRAPPED_LOCK:
+        wrapped = _WRAPPED.get(fn)
+        if wrapped is None:
+            function, options = _ray.remote_function_parts(fn)
+            declared = options.get("num_returns", 1)
+            returns = declared if isinstance(declared, int) and declared >= 1 else None
+            if returns is not None:
+                options["num_returns"] = returns + 1
+            remote = ray.remote(**options)(with_context(function, returns))
+            wrapped = _Wrapped(remote, returns)
+            _WRAPPED[fn] = wrapped
+        return wrapped
+
+
+def host_contexts(spg: SlicePlacementGroup) -> list[HostContext]:
+    """One context per bundle, in rank order. Pure given the reservation.
+
+    Args:
+        spg: A reservation (shut down or not: only its plan and slices are read).
+
+    Returns:
+        ``contexts[i]`` for rank *i*: slice-major, then TPU worker id.
+    """
+    plan = spg.plan
+    slices = spg.slices
+    coordinator = slices[0].hosts[0].address if slices else ""
+    contexts: list[HostContext] = []
+    for slice_index, info in enumerate(slices):
+        for k in range(plan.bundles_per_slice):
+            contexts.append(
+                HostContext(
+                    rank=len(contexts),
+                    world_size=plan.num_bundles,
+                    slice_index=slice_index,
+                    num_slices=plan.num_slices,
+                    slice_name=info.name,
+                    worker_id=k // plan.bundles_per_host,
+                    hosts_per_slice=plan.shape.num_hosts,
+                    coordinator_address=coordinator,
+                )
+            )
+    return contexts
+
+
+def call_env(spg: SlicePlacementGroup, context: HostContext) -> CallEnv:
+    """Everything a rank's call sees set: its slice context, and what the reservation
+    adds for that rank (a sub-slice's own ``TPU_*`` values, see
+    :meth:`~tpuslice.SlicePlacementGroup.rank_env`).
+
+    Args:
+        spg: The reservation.
+        context: One of its ranks.
+
+    Returns:
+        The variables, to be set around the call (None: unset for the call).
+    """
+    return {**context.env(), **spg.rank_env(context.rank)}
+
+
+def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
+    """Check ``run_on_slice``'s arguments as Ray 2.60 does, with the same errors.
+
+    Args:
+        fn: Must be a ``@ray.remote`` function.
+        tpu_slice: The caller's reservation, or ``None``.
+        slice_index: One slice of a ``pg_per_slice`` reservation, or ``None``.
+
+    Raises:
+        TypeError: ``fn`` is not a remote function.
+        InvalidArgumentError: ``slice_index`` without a ``pg_per_slice`` slice, or out of
+            range.
+    """
+    if not hasattr(fn, "options") or not hasattr(fn, "remote"):
+        raise TypeError(
+            f"fn must be a @ray.remote-decorated function, but got {type(fn).__name__!r} "
+            "which has no .options() method."
+        )
+    if slice_index is None:
+        return
+    if tpu_slice is None:
+        raise InvalidArgumentError(
+            "slice_index can only be used when an existing tpu_slice is provided."
+        )
+    if not tpu_slice.plan.pg_per_slice:
+        raise InvalidArgumentError(
+            "slice_index can only be used when tpu_slice was created with pg_per_slice=True."
+        )
+    if not 0 <= slice_index < tpu_slice.num_slices:
+        raise InvalidArgumentError(
+            f"Invalid slice_index {slice_index}. Must be between 0 and {tpu_slice.num_slices - 1}."
+        )
+
+
+def placements(
+    spg: SlicePlacementGroup, slice_index: int | None = None
+) -> list[tuple[HostContext, dict[str, Any]]]:
+    """``(context, task options)`` per rank: the bundle's TPU, no CPU, pinned to its
+    bundle, never retried (a retried host task would run outside its gang).
+
+    Args:
+        spg: A held reservation.
+        slice_index: Only that slice's ranks (``None``: every rank).
+
+    Returns:
+        One pair per rank, in rank order.
+
+    Raises:
+        SliceShutdownError: ``spg`` was shut down.
+    """
+    tpu = spg.bundle_resources.get("TPU", spg.devices_per_host)
+    result = []
+    for context, (pg, bundle) in zip(host_contexts(spg), spg.worker_groups(), strict=True):
+        if slice_index is not None and context.slice_index != slice_index:
+            continue
+        options = {
+            "num_cpus": 0,
+            "resources": {"TPU": tpu},
+            "max_retries": 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=bundle
+            ),
+        }
+        result.append((context, options))
+    return result
+
+
+def launch(
+    fn: Any,
+    spg: SlicePlacementGroup,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    slice_index: int | None = None,
+    *,
+    rank_env: Callable[[int], Mapping[str, str]] | None = None,
+) -> list[ray.ObjectRef]:
+    """Start ``fn`` on every bundle of ``spg`` (or one slice of it), in rank order.
+
+    Args:
+        fn: A ``@ray.remote`` function.
+        spg: A held reservation; it tracks the tasks so its shutdown cancels them.
+        args: Positional arguments for every call.
+        kwargs: Keyword arguments for every call.
+        slice_index: Only that slice's hosts.
+        rank_env: More variables per rank, set around its call (a heartbeat key).
+
+    Returns:
+        One ref per rank, in rank order.
+    """
+    wrapped = _context_remote(fn)
+    refs: list[Any] = []
+    pids: list[tuple[int, ray.ObjectRef]] = []
+    for context, options in placements(spg, slice_index):
+        env = call_env(spg, context)
+        if rank_env is not None:
+            env = {**env, **rank_env(context.rank)}
+        out = wrapped.remote.options(**options).remote(env, *args, **kwargs)
+        if wrapped.returns is None:
+            refs.append(out)
+            continue
+        *values, pid = out
+        refs.append(values[0] if wrapped.returns == 1 else values)
+        pids.append((context.rank, pid))
+    spg.track([r for ref in refs for r in (ref if isinstance(ref, list) else [ref])], pids)
+    return refs
+
+
+def run_on_slice(
+    fn: Any,
+    *args: Any,
+    topology: str | None = None,
+    accelerator_version: str | None = None,
+    tpu_slice: SlicePlacementGroup | None = None,
+    slice_index: int | None = None,
+    num_slices: int | tuple[int, int] = 1,
+    chips_per_vm: int | None = None,
+    head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
+    pg_ready_timeout_s: float | None = None,
+    priority: int = 0,
+    **kwargs: Any,
+) -> list[ray.ObjectRef]:
+    """Run ``fn`` once on every host of one or more slices; ``refs[i]`` is rank *i*.
+
+    Each call sees its slice context (:func:`current_host`; ``MEGASCALE_*`` for two or
+    more slices). With ``tpu_slice`` the caller's reservation is used and never shut down.
+    Without it, slices are reserved (a one-shot) and given back as soon as every task has
+    finished, or any task failed.
+
+    Args:
+        fn: A ``@ray.remote`` function.
+        *args: Passed to every call of ``fn``.
+        topology: Chip grid of one slice (``"4x4"``); required without ``tpu_slice``.
+        accelerator_version: TPU generation (``"v6e"``); required without ``tpu_slice``.
+        tpu_slice: A held :class:`~tpuslice.SlicePlacementGroup` to run on.
+        slice_index: With a ``pg_per_slice`` ``tpu_slice``: run on that slice only.
+        num_slices: Slices for a one-shot (ignored with ``tpu_slice``, whose count
+            holds), or a ``(min, max)`` range: as many as are idle, at least ``min``.
+        chips_per_vm: Chips per host for a one-shot (ignored with ``tpu_slice``).
+        head_reservation_timeout_s: Seconds a one-shot waits for idle slices (``None``:
+            no limit); ignored with ``tpu_slice``.
+        pg_ready_timeout_s: With ``tpu_slice``: first wait this long for its groups to
+            be placed (``None``, the default: do not check; tasks wait for their bundles).
+        priority: A one-shot's place in the cluster-wide queue when slices are short:
+            higher is served first, arrival order within a priority (tpuslice only: an
+            argument of ``fn``'s own named ``priority`` cannot be passed through here).
+        **kwargs: Passed to every call of ``fn``.
+
+    Returns:
+        One ``ObjectRef`` per host, in rank order (slice-major, then TPU worker id).
+
+    Raises:
+        TypeError: ``fn`` is not a remote function.
+        InvalidArgumentError: no topology/accelerator without ``tpu_slice``, a
+            ``tpu_slice`` already shut down, or a bad ``slice_index`` or shape.
+        NotConnectedError: Ray is not initialised.
+        InsufficientSlicesError: a one-shot asks for slices the cluster cannot have.
+        ReservationTimeoutError: no idle slices in time, or ``tpu_slice`` not ready
+            within ``pg_ready_timeout_s``.
+    """
+    check_run_args(fn, tpu_slice, slice_index)
+    if tpu_slice is None:
+        if topology is None or accelerator_version is None:
+            raise InvalidArgumentError(
+                "topology and accelerator_version are required when tpu_slice is not provided."
+            )
+        request = SliceRequest(
+            topology=topology,
+            accelerator_version=accelerator_version,
+            num_slices=num_slices,
+            chips_per_vm=chips_per_vm,
+            head_reservation_timeout_s=head_reservation_timeout_s,
+            priority=priority,
+        )
+        spg = SlicePlacementGroup.from_request(request)
+        try:
+            refs = launch(fn, spg, args, kwargs)
+        except BaseException:
+            spg.shutdown()
+            raise
+        RELEASER.release_when_done(refs, spg)
+        return refs
+    if tpu_slice.is_shut_down:
+        raise InvalidArgumentError(
+            "The provided tpu_slice has already been shut down. Create a new "
+            "SlicePlacementGroup or pass tpu_slice=None to reserve one automatically."
+        )
+    # With no timeout, Ray blocks until the group is placed; queued tasks wait for their
+    # bundles just the same, so we skip that round trip (it is most of our per-call cost).
+    if pg_ready_timeout_s is not None and not tpu_slice.wait_ready(pg_ready_timeout_s):
+        raise ReservationTimeoutError(
+            f"TPU slice placement group was not ready within {pg_ready_timeout_s}s: a host of "
+            f"{', '.join(tpu_slice.slice_names)} may have died"
+        )
+    return call_owned(fn, tpu_slice, args, kwargs, slice_index)
+
+
+def call_owned(
+    fn: Any,
+    spg: SlicePlacementGroup,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    slice_index: int | None = None,
+) -> list[ray.ObjectRef]:
+    """Run ``fn`` on a held slice, each rank in the process that owns its bundle's TPU
+    (started at the first call; see :mod:`tpuslice._reserve.owners`).
+
+    Args:
+        fn: A ``@ray.remote`` function.
+        spg: A held reservation.
+        args: Positional arguments for every rank.
+        kwargs: Keyword arguments for every rank.
+        slice_index: Only that slice's ranks.
+
+    Returns:
+        One ref per rank, in rank order.
+
+    Raises:
+        InvalidArgumentError: ``fn``'s runtime_env differs from the owners'.
+    """
+    function, options = _ray.remote_function_parts(fn)
+    owners = spg.ownership.owners(options.get("runtime_env"))
+    envs = [
+        (context.rank, call_env(spg, context))
+        for context in host_contexts(spg)
+        if slice_index is None or context.slice_index == slice_index
+    ]
+    num_returns = options.get("num_returns")
+    return owners.submit(function, envs, args, kwargs, num_returns)
+
+
+dispatch = run_on_slice
+"""The original name of :func:`run_on_slice` (a plain alias, no deprecation warning)."""
+
+
+@dataclass
+class _OneShot:
+    remaining: list[ray.ObjectRef]
+    spg: SlicePlacementGroup
+    started: float = field(default_factory=time.monotonic)
+
+
+CLOSE_TIMEOUT_S = 30.0
+"""At exit, how long to wait for a hand-back in progress (each is bounded by the host
+agents' release timeout)."""
+
+
+class Releaser:
+    """One daemon thread that shuts one-shot slices down when their tasks end.
+
+    Ends means: every task finished, or any task failed (the gang is broken; removing
+    the groups stops the rest, whose refs then fail promptly since we never retry them).
+
+    At interpreter exit (:meth:`close`, registered after ``ray.init``'s own exit hook, so
+    it runs first) the thread is stopped between two Ray calls and every one-shot still
+    held is given back on the exiting thread: the thread never calls Ray after Ray shut
+    down (which ends the process with a fatal error), and nothing stays reserved.
+
+    Args:
+        at_exit: Registers :meth:`close` to run at exit (default: :mod:`atexit`).
+    """
+
+    def __init__(self, at_exit: Callable[[Callable[[], None]], Any] = atexit.register) -> None:
+        self._queue: queue.Queue[_OneShot] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._working = threading.Lock()
+        """Held by the thread while it calls Ray."""
+        self._closed = False
+        self._at_exit = at_exit
+        self._registered = False
+        self.pending: list[_OneShot] = []
+
+    def release_when_done(self, refs: list[ray.ObjectRef], spg: SlicePlacementGroup) -> None:
+        """Shut ``spg`` down once every ref is done, or any failed (in the background).
+
+        Args:
+            refs: The one-shot's tasks.
+            spg: Its reservation.
+        """
+        self._queue.put(_OneShot(list(refs), spg))
+        with self._lock:
+            if not self._registered:
+                self._registered = True
+                self._at_exit(self.close)
+            if self._closed:
+                return  # exiting: close() gives it back
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, name="tpuslice-releaser", daemon=True
+                )
+                self._thread.start()
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop the thread, then give back every one-shot still held (their tasks are
+        stopped with their groups), here. Waits for a hand-back in progress at most
+        ``timeout_s``.
+
+        Args:
+            timeout_s: Seconds to wait for the thread to be between two Ray calls.
+        """
+        with self._lock:
+            self._closed = True
+        if not self._working.acquire(timeout=timeout_s):
+            logger.warning("a one-shot hand-back still running at exit after %.0f s", timeout_s)
+            return
+        try:
+            self._take_new(block=False)
+            pending, self.pending = self.pending, []
+            for job in pending:
+                if not ray.is_initialized():
+                    return
+                seconds = time.monotonic() - job.started
+                observe.run_ended("one_shot", "interrupted", seconds, job.spg.slice_names)
+                job.spg.shutdown()
+        finally:
+            self._working.release()
+
+    def _loop(self) -> None:
+        while True:
+            self._take_new(block=not self.pending)
+            with self._working:
+                if self._closed:
+                    return
+                if not ray.is_initialized():
+                    self.pending.clear()
+                    continue
+                self._poll()
+
+    def _poll(self) -> None:
+        refs = [ref for job in self.pending for ref in job.remaining]
+        try:
+            ready, _ = ray.wait(refs, num_returns=1, timeout=0.2, fetch_local=False)
+            if ready:
+                self._settle(set(ready))
+        except (ray.exceptions.RayError, ConnectionError) as exc:
+            # The cluster went away under us: nothing is left to give back.
+            logger.warning(
+                "one-shot releaser stopped tracking %d run(s): %s", len(self.pending), exc
+            )
+            self.pending.clear()
+
+    def _take_new(self, block: bool) -> None:
+        try:
+            self.pending.append(self._queue.get(block=block))
+            while True:
+                self.pending.append(self._queue.get_nowait())
+        except queue.Empty:
+            return
+
+    def _settle(self, ready: set[ray.ObjectRef]) -> None:
+        still = []
+        for job in self.pending:
+            finished = [r for r in job.remaining if r in ready]
+            job.remaining = [r for r in job.remaining if r not in ready]
+            failed = any(_failed(r) for r in finished)
+            if not job.remaining or failed:
+                seconds = time.monotonic() - job.started
+                outcome = "failure" if failed else "success"
+                observe.run_ended("one_shot", outcome, seconds, job.spg.slice_names)
+                job.spg.shutdown()
+            else:
+                still.append(job)
+        self.pending = still
+
+
+def _failed(ref: ray.ObjectRef) -> bool:
+    """Whether a finished task raised. ``ray.wait`` said it is done, so this returns
+    quickly (an error, or a value the caller is about to fetch anyway)."""
+    try:
+        ray.get(ref, timeout=FETCH_BOUND_S)
+    except ray.exceptions.GetTimeoutError:
+        logger.warning("could not fetch a finished result within %ss", FETCH_BOUND_S)
+        return False
+    except ray.exceptions.RayError:
+        return True
+    return False
+
+
+FETCH_BOUND_S = 10.0
+
+
+RELEASER = Releaser()

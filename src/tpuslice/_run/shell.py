@@ -1,0 +1,271 @@
+"""Run a shell command on every host of a reserved slice, like ``gcloud ... ssh
+--worker=all``: output streamed back line by line, exit codes collected per host.
+
+Each host runs the command in its own process group with the slice context in its
+environment (``TPUSLICE_*``, ``MEGASCALE_*``); cancelling the task kills the group.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from tpuslice._host.context import MEGASCALE_VARS, HostContext
+from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._run.run import call_env, placements
+from tpuslice._tpu.labels import CallEnv
+from tpuslice.errors import first_line
+
+KILLED = 128 + signal.SIGKILL
+CANCEL_GRACE_S = 5.0
+"""How long Ctrl-C waits for the hosts to kill their commands before giving up."""
+
+
+@dataclass(frozen=True)
+class HostResult:
+    """How the command ended on one host.
+
+    Attributes:
+        context: The host's place in the gang (rank, slice, worker id).
+        exit_code: The command's exit code; 128 + signal number if a signal ended it,
+            :data:`KILLED` if the host's task ended before reporting one.
+        seconds: From the start of the run to this host's end.
+        error: The Ray error that ended the host's task, in one line; ``""`` if none.
+    """
+
+    context: HostContext
+    exit_code: int
+    seconds: float
+    error: str = ""
+    exception: BaseException | None = None
+    """The Ray error that ended the host's task (host lost, cancelled), if any."""
+
+
+def command_on_host(env: CallEnv, command: str) -> Iterator[tuple[str, str | int]]:
+    """Yield ``("line", text)`` for each output line, then ``("exit", code)``.
+
+    Runs on the host (as a Ray streaming task); stdout and stderr are merged.
+
+    Args:
+        env: Variables added to this process's environment (minus stale
+            ``MEGASCALE_*``) for the command.
+        command: A shell command line.
+
+    Yields:
+        Each output line without its newline, then the exit code (128 + signal number
+        for a command a signal ended).
+    """
+    child_env = {k: v for k, v in os.environ.items() if k not in MEGASCALE_VARS}
+    for key, value in env.items():
+        if value is None:
+            child_env.pop(key, None)
+        else:
+            child_env[key] = value
+    proc = subprocess.Popen(
+        command,
+        shell=True,
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, killed as one below
+    )
+    guard = _guard(proc.pid)
+    try:
+        assert proc.stdout is not None
+        for line in _lines(proc.stdout.fileno()):
+            yield ("line", line)
+        code = proc.wait()
+        yield ("exit", 128 - code if code < 0 else code)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        guard.kill()
+        guard.wait()
+
+
+GUARD = """
+import os, signal, sys, time
+worker, group = int(sys.argv[1]), int(sys.argv[2])
+while os.getppid() == worker:
+    time.sleep(0.2)
+try:
+    os.killpg(group, signal.SIGKILL)
+except ProcessLookupError:
+    pass
+"""
+"""Kills the command's process group once the host task's process is gone (reparented:
+its parent changed). Ray ends a task's process with SIGKILL when its placement group is
+removed before the task handled its cancel (a loaded host); the command, in a session of
+its own, would otherwise run on for ever."""
+
+
+def _guard(group: int) -> subprocess.Popen[bytes]:
+    """Start the :data:`GUARD` for ``group`` (its own session; no site packages)."""
+    return subprocess.Popen(
+        [sys.executable, "-S", "-c", GUARD, str(os.getpid()), str(group)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+READ_WAIT_S = 0.2
+"""Longest time the task sits in one ``select`` on the command's output. Ray cancels a
+running task (``force=False``) by flagging the main thread for ``KeyboardInterrupt``,
+which Python acts on only between bytecodes: a task blocked in ``read()`` on a silent
+command would never see it, and its command would outlive the run."""
+
+
+def _lines(fd: int) -> Iterator[str]:
+    """Yield the lines read from ``fd`` until end of file, without the newline (a last
+    unterminated line too), returning to Python at least every :data:`READ_WAIT_S`."""
+    pending = b""
+    while True:
+        readable, _, _ = select.select([fd], [], [], READ_WAIT_S)
+        if not readable:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        pieces = (pending + chunk).splitlines(keepends=True)
+        pending = b""
+        if not pieces[-1].endswith(b"\n"):  # unterminated, or a \r whose \n may follow
+            pending = pieces.pop()
+        for line in pieces:
+            yield line.rstrip(b"\r\n").decode(errors="replace")
+    if pending:
+        yield pending.rstrip(b"\r\n").decode(errors="replace")
+
+
+_command_on_host = ray.remote(num_returns="streaming")(command_on_host)
+
+
+Printer = Callable[[HostContext, str], None]
+
+
+def run_command(spg: SlicePlacementGroup, command: str, on_line: Printer) -> list[HostResult]:
+    """Run the shell command line ``command`` on every host of ``spg`` and wait;
+    ``on_line`` gets each output line as it arrives. If a host is lost, the other hosts'
+    commands are cancelled (an SPMD gang cannot go on without it). On Ctrl-C all are
+    cancelled (process groups killed) before ``KeyboardInterrupt`` propagates.
+    Results are in rank order.
+
+    Args:
+        spg: The reserved slices.
+        command: A shell command line, run on every host.
+        on_line: Called with the host's context and each output line.
+
+    Returns:
+        One result per host, in rank order; a lost host's is there with its error,
+        not raised.
+
+    Raises:
+        KeyboardInterrupt: on Ctrl-C, once every host's command is cancelled (or
+            :data:`CANCEL_GRACE_S` has passed).
+        SliceShutdownError: ``spg`` was shut down.
+    """
+    started = time.monotonic()
+    streams = [
+        (context, _command_on_host.options(**options).remote(call_env(spg, context), command))
+        for context, options in placements(spg)
+    ]
+
+    def cancel_all() -> None:
+        for _, stream in streams:
+            ray.cancel(stream, force=False)
+
+    results: list[HostResult | None] = [None] * len(streams)
+    threads = [
+        threading.Thread(
+            target=_follow,
+            args=(rank, context, stream, on_line, results, started, cancel_all),
+            name=f"tpuslice-run-{rank}",
+            daemon=True,
+        )
+        for rank, (context, stream) in enumerate(streams)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(timeout=0.1)
+    except KeyboardInterrupt:
+        cancel_all()
+        # Let each host's task run its cleanup (kill its command's process group) before
+        # the caller removes the slice, which would SIGKILL the task first.
+        deadline = time.monotonic() + CANCEL_GRACE_S
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        raise
+    return [r for r in results if r is not None]
+
+
+def _follow(
+    rank: int,
+    context: HostContext,
+    stream: Any,
+    on_line: Printer,
+    results: list[HostResult | None],
+    started: float,
+    on_lost: Callable[[], None],
+) -> None:
+    """Drain one host's stream into ``on_line``; record its exit code, or the error that
+    ended it (then ``on_lost`` stops the rest of the gang)."""
+    code, error, lost = KILLED, "", None
+    try:
+        for ref in stream:
+            kind, payload = ray.get(ref)
+            if kind == "line":
+                on_line(context, str(payload))
+            else:
+                code = int(payload)
+    except ray.exceptions.RayError as exc:
+        lost = exc
+        error = f"{type(exc).__name__}: {first_line(exc)}"
+    results[rank] = HostResult(context, code, time.monotonic() - started, error, lost)
+    if lost is not None and not isinstance(lost, ray.exceptions.TaskCancelledError):
+        on_lost()
+
+
+def program_name(command: str) -> str:
+    """The program a shell command line runs first, for logs others read (arguments can
+    hold secrets). Never raises: a line the shell would reject still has a first word.
+
+    Args:
+        command: A shell command line.
+
+    Returns:
+        Its first word, unquoted when it can be; ``""`` for a blank line.
+    """
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: the shell's error to report, not ours
+        words = command.split()
+    return words[0] if words else ""
+
+
+def worst_exit_code(results: Sequence[HostResult]) -> int:
+    """The exit code a ``--worker=all`` run reports: the largest, 0 only if all are 0.
+
+    Args:
+        results: Every host's result.
+
+    Returns:
+        The largest exit code; 0 for no results.
+    """
+    return max((r.exit_code for r in results), default=0)

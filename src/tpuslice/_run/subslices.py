@@ -1,0 +1,579 @@
+"""Sub-slices: some hosts of a bigger slice, reserved as a slice of their own (Ray 2.60's
+``subslice_placement_group``, drop-in, and then better).
+
+A sub-slice reservation goes through the same claiming loop as a whole slice
+(:mod:`tpuslice._reserve.claim`), with :class:`SubSlices` as its targets:
+
+- only sub-slices whose every host is idle are picked, so a busy host blocks its own
+  sub-slices and no others; parts of one slice are held by different jobs at once, and a
+  sub-slice another job took between the look and the claim is given back, not waited on;
+- a slice's layout is learned once (:mod:`tpuslice._view.layouts`): only when no known
+  sub-slice is idle and the slice is wholly idle, through an ordinary whole-slice
+  reservation pinned to it (so never while anyone holds part of it), again when its hosts
+  are replaced;
+- the result is a :class:`SubslicePlacementGroup`, a :class:`~tpuslice.SlicePlacementGroup`
+  of the sub-slice's hosts in rank order (physical order, see
+  ``compat.SUBSLICE_DIFFERENCES``): ``run_on_slice`` and ``SliceActorGroup`` run on it
+  with the sub-slice's own ranks and coordinator, and its hand-back confirms its TPUs
+  free like any other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup
+
+from tpuslice._reserve.ops import RAY_OPS, ClusterOps
+from tpuslice._reserve.request import SliceRequest
+from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._tpu import subslice
+from tpuslice._tpu.clock import Clock
+from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
+from tpuslice._tpu.labels import SLICE_NAME_LABEL, CallEnv
+from tpuslice._tpu.topology import SliceShape
+from tpuslice._view import layouts
+from tpuslice._view.cluster import ClusterSnapshot, HostInfo, HostState, SliceInfo, SliceState
+from tpuslice.errors import (
+    DiscoveryFailedError,
+    InsufficientSlicesError,
+    InvalidArgumentError,
+    NoSubsliceParentError,
+    ReservationTimeoutError,
+    SubsliceUnavailableError,
+)
+
+logger = logging.getLogger(__name__)
+
+TPU_SUBSLICE_LABEL_PREFIX = subslice.SUBSLICE_LABEL_PREFIX
+DISCOVERY_TIMEOUT_S = 30.0
+RELEARN_S = 10.0
+"""After a failed attempt to learn a slice's layout, wait this long before trying again."""
+"""Longest wait to reserve an idle slice for discovery (it was idle a moment ago)."""
+
+
+class SubSlices:
+    """The targets of a sub-slice reservation (see the module docstring).
+
+    Args:
+        request: A ``subslice=True`` request.
+        ops: The cluster (Ray's by default).
+        discover: Learns a slice's layout (default: :func:`discover_layout`).
+        load: Reads a slice's recorded layout (default: :func:`tpuslice._view.layouts.load`).
+        now: Monotonic seconds (the claiming loop's clock, for tests).
+    """
+
+    def __init__(
+        self,
+        request: SliceRequest,
+        ops: ClusterOps = RAY_OPS,
+        discover: Callable[[SliceInfo, SliceRequest], layouts.Layout] | None = None,
+        load: Callable[[SliceInfo], layouts.Layout | None] | None = None,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.request = request
+        self.plan = request.plan
+        self.ops = ops
+        self._discover = discover or discover_layout
+        self._load = load or layouts.load
+        self.layouts: dict[str, layouts.Layout] = {}
+        self.chosen: dict[tuple[str, tuple[int, ...]], tuple[str, int]] = {}
+        """``(slice, worker ids)`` of each picked sub-slice -> its parent topology, index."""
+        self.now = now
+        timeout = request.head_reservation_timeout_s
+        self.deadline = None if timeout is None else now() + timeout
+        self.failed: dict[str, float] = {}
+        """Slices whose layout could not be learned, with when (tried again after
+        :data:`RELEARN_S`)."""
+
+    @property
+    def head_claims(self) -> bool:
+        return False
+
+    @property
+    def autoscaling(self) -> bool:
+        return False
+
+    # --- picking -----------------------------------------------------------------------
+
+    def parents(self, snapshot: ClusterSnapshot) -> list[SliceInfo]:
+        """Slices that can hold the sub-slice: same generation, 4-chip hosts, a topology
+        whose worker grid contains it.
+
+        Args:
+            snapshot: The cluster now.
+
+        Returns:
+            Them, smallest topology first, then by name.
+        """
+        shape = self.plan.shape
+        per_host = shape.chips_per_host * self.plan.tpu_resource_per_chip
+        candidates = [
+            s
+            for s in snapshot.slices.values()
+            if s.shape is not None
+            and s.shape.generation == shape.generation
+            and s.shape.chips_per_host == shape.chips_per_host
+            and all(h.tpu_total == per_host for h in s.hosts.values() if h.alive)
+        ]
+        order = subslice.valid_parents(shape.topology, [s.topology for s in candidates])
+        rank = {t: i for i, t in enumerate(order)}
+        return sorted(
+            (s for s in candidates if s.topology in rank), key=lambda s: (rank[s.topology], s.name)
+        )
+
+    def prepare(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
+        """Load the parents' recorded layouts; if no known sub-slice is idle, discover
+        one wholly idle parent whose layout is unknown, and look again.
+
+        Args:
+            snapshot: The cluster now.
+
+        Returns:
+            The snapshot to pick from (a new one after a discovery).
+        """
+        parents = self.parents(snapshot)
+        for info in parents:
+            known = self.layouts.get(info.name)
+            if known is None or not known.current_for(info):
+                found = self._load(info)
+                if found is not None:
+                    self.layouts[info.name] = found
+                else:
+                    self.layouts.pop(info.name, None)
+        if self.pick(snapshot, {}):
+            return snapshot
+        for info in parents:
+            failed_at = self.failed.get(info.name)
+            retry = failed_at is None or self.now() - failed_at >= RELEARN_S
+            unknown = info.name not in self.layouts and retry
+            if unknown and info.state is SliceState.READY:
+                self._learn(info)
+                return self.ops.snapshot(self.plan.tpu_resource_per_chip)
+        return snapshot
+
+    def _learn(self, info: SliceInfo) -> None:
+        # Learning is bounded by what is left of the caller's timeout too.
+        budget = DISCOVERY_TIMEOUT_S
+        if self.deadline is not None:
+            budget = max(1.0, min(budget, self.deadline - self.now()))
+        request = dataclasses.replace(self.request, head_reservation_timeout_s=budget)
+        try:
+            self.layouts[info.name] = self._discover(info, request)
+        except DiscoveryFailedError as exc:
+            logger.warning("could not learn the layout of %s: %s", info.name, exc)
+            self.failed[info.name] = self.now()
+
+    def pick(self, snapshot: ClusterSnapshot, taken: Mapping[int, str]) -> dict[int, SliceInfo]:
+        """The first idle sub-slice (slice index 0 only: one per reservation).
+
+        Args:
+            snapshot: The cluster now.
+            taken: Indices already held.
+
+        Returns:
+            ``{0: view of the sub-slice's hosts}``, or ``{}`` if none is idle or one is held.
+        """
+        if taken:
+            return {}
+        for info in self.parents(snapshot):
+            layout = self.layouts.get(info.name)
+            if layout is None or not layout.current_for(info):
+                continue
+            for index, members in self._members(info, layout).items():
+                # Ranks follow the physical layout (libtpu's host order), not worker ids.
+                workers = sorted(members, key=lambda w: layout.physical[w])
+                hosts = [info.hosts.get(w) for w in workers]
+                if all(h is not None and h.alive and h.state is HostState.FREE for h in hosts):
+                    self.chosen[(info.name, tuple(workers))] = (info.topology, index)
+                    return {0: self._view(info, [h for h in hosts if h is not None])}
+        return {}
+
+    def _members(self, info: SliceInfo, layout: layouts.Layout) -> dict[int, list[int]]:
+        found = subslice.members(layout.physical, info.topology, self.plan.shape.topology)
+        wanted = self.request.subslice_index
+        return found if wanted is None else {i: w for i, w in found.items() if i == wanted}
+
+    def _view(self, parent: SliceInfo, hosts: list[HostInfo]) -> SliceInfo:
+        """The sub-slice as a slice of its own: the parent's name, its hosts by rank."""
+        shape = self.plan.shape
+        return SliceInfo(
+            name=parent.name,
+            pod_type=shape.pod_type,
+            topology=shape.topology,
+            shape=shape,
+            hosts=dict(enumerate(hosts)),
+            state=SliceState.READY,
+            reason="",
+            expected_hosts=len(hosts),
+        )
+
+    def placement(self, target: SliceInfo) -> tuple[str, int]:
+        """The parent topology and index of a picked sub-slice.
+
+        Args:
+            target: A view returned by :meth:`pick`.
+
+        Returns:
+            ``(parent topology, sub-slice index)``.
+        """
+        workers = tuple(h.worker_id for h in target.hosts.values() if h.worker_id is not None)
+        return self.chosen[(target.name, workers)]
+
+    # --- explaining --------------------------------------------------------------------
+
+    def shortage(self, snapshot: ClusterSnapshot) -> str | None:
+        """Why no slice of the cluster can ever hold this sub-slice (or its index).
+
+        Args:
+            snapshot: The cluster now.
+
+        Returns:
+            The reason, or None if some slice can.
+        """
+        parents = self.parents(snapshot)
+        if not parents:
+            have = sorted({f"{s.pod_type} {s.topology}" for s in snapshot.slices.values()})
+            return (
+                f"no slice can hold a {self.plan.shape.generation.name} "
+                f"{self.plan.shape.topology} sub-slice (the cluster has: "
+                f"{', '.join(have) or 'no TPU slices'}); use slice_placement_group for a "
+                "slice of exactly that shape"
+            )
+        wanted = self.request.subslice_index
+        known = [len(self._all_members(p)) for p in parents if p.name in self.layouts]
+        if wanted is not None and known and wanted >= max(known):
+            return (
+                f"subslice_index {wanted} is out of range: the slices here have "
+                f"{max(known)} {self.plan.shape.topology} sub-slices (valid: 0..{max(known) - 1})"
+            )
+        return None
+
+    def _all_members(self, info: SliceInfo) -> dict[int, list[int]]:
+        layout = self.layouts[info.name]
+        return subslice.members(layout.physical, info.topology, self.plan.shape.topology)
+
+    def explain(self, snapshot: ClusterSnapshot) -> str:
+        """Each parent and how many of its sub-slices are busy, naming a busy host of each.
+
+        Args:
+            snapshot: The cluster now.
+
+        Returns:
+            One line for a timeout's message.
+        """
+        parts = []
+        for info in self.parents(snapshot):
+            layout = self.layouts.get(info.name)
+            if layout is None and info.name in self.failed:
+                parts.append(f"{info.name}: its layout could not be learned (see the log)")
+                continue
+            if layout is None:
+                parts.append(f"{info.name}: layout not known yet ({info.reason or 'idle'})")
+                continue
+            found = self._members(info, layout)
+            busy: dict[int, str] = {}
+            for i, workers in found.items():
+                for w in workers:
+                    h = info.hosts.get(w)
+                    if h is None or h.state is not HostState.FREE:
+                        why = "missing" if h is None else _why(h)
+                        busy[i] = f"#{i}: worker {w} {why}"
+                        break
+            detail = f" ({', '.join(busy.values())})" if busy else ""
+            parts.append(f"{info.name}: {len(busy)} of {len(found)} busy{detail}")
+        topology = self.plan.shape.topology
+        return f"sub-slices of {topology}: " + ("; ".join(parts) or "no slice can hold one")
+
+
+def _why(host: HostInfo) -> str:
+    if host.state is HostState.DEAD:
+        return "dead"
+    return f"TPU held by {host.tpu_owner}" if host.tpu_owner else "in use"
+
+
+def discover_layout(info: SliceInfo, request: SliceRequest) -> layouts.Layout:
+    """Learn a slice's layout: reserve it whole (idle only), ask every host's libtpu for
+    its chips' coordinates, give it back (its TPUs confirmed free), record the result.
+
+    Args:
+        info: The slice (idle a moment ago).
+        request: The sub-slice request (for the resource per chip, and its
+            ``head_reservation_timeout_s``, which bounds the learning, at most
+            :data:`DISCOVERY_TIMEOUT_S`).
+
+    Returns:
+        The layout, also recorded in Ray's KV store for every program to read.
+
+    Raises:
+        DiscoveryFailedError: the slice could not be reserved in time, or a host gave no
+            coordinates (no libtpu on it).
+    """
+    shape = info.shape
+    assert shape is not None
+    bound = min(DISCOVERY_TIMEOUT_S, request.head_reservation_timeout_s or DISCOVERY_TIMEOUT_S)
+    whole = SliceRequest(
+        topology=shape.topology,
+        accelerator_version=shape.generation.name,
+        chips_per_vm=shape.chips_per_host,
+        tpu_resource_per_chip=request.tpu_resource_per_chip,
+        head_reservation_timeout_s=bound,
+        bundle_label_selector=[{SLICE_NAME_LABEL: info.name}] * shape.num_hosts,
+    )
+    from tpuslice._run.run import launch
+
+    started = time.monotonic()
+    try:
+        with SlicePlacementGroup.from_request(whole) as spg:
+            refs = launch(layouts.coordinates_task, spg, (), {})
+            answers = ray.get(refs, timeout=max(1.0, bound - (time.monotonic() - started)))
+            nodes = {w: h.node_id for w, h in spg.slices[0].hosts.items()}
+    except (TimeoutError, ray.exceptions.RayError) as exc:
+        raise DiscoveryFailedError(f"learning the layout of {info.name} failed: {exc}") from exc
+    try:
+        physical = layouts.positions_from_coordinates(dict(enumerate(answers)), shape.topology)
+    except ValueError as exc:
+        raise DiscoveryFailedError(str(exc)) from exc
+    layout = layouts.Layout(info.name, shape.topology, physical, nodes)
+    layouts.save(layout)
+    logger.info(
+        "learned the layout of %s (%s) in %.1f s",
+        info.name,
+        shape.topology,
+        time.monotonic() - started,
+    )
+    return layout
+
+
+class SubslicePlacementGroup(SlicePlacementGroup):
+    """A reservation of some hosts of a bigger slice that form a slice of their own (Ray
+    2.60's ``SubslicePlacementGroup``); made by :func:`subslice_placement_group`.
+
+    It is a :class:`~tpuslice.SlicePlacementGroup` of the sub-slice's hosts in rank order
+    (in physical order, not Ray's worker-id order), so ``run_on_slice(fn, tpu_slice=...)``
+    and ``SliceActorGroup`` work on it; Ray's properties are offered too.
+    """
+
+    _parent_topology: str
+    _subslice_index: int
+    _selectors: list[dict[str, str]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Not constructed directly: use :func:`subslice_placement_group`.
+
+        Args:
+            *args: Ignored.
+            **kwargs: Ignored.
+
+        Raises:
+            InvalidArgumentError: always.
+        """
+        raise InvalidArgumentError(
+            "SubslicePlacementGroup is made by tpuslice.subslice_placement_group(...); "
+            "it reserves and returns one"
+        )
+
+    @classmethod
+    def reserve(
+        cls, request: SliceRequest, *, clock: Clock | None = None, ops: ClusterOps = RAY_OPS
+    ) -> SubslicePlacementGroup:
+        """Reserve an idle sub-slice for ``request`` (``subslice=True``).
+
+        Args:
+            request: The sub-slice request.
+            clock: Injected time for tests.
+            ops: The cluster (Ray's by default).
+
+        Returns:
+            The reservation.
+
+        Raises:
+            InvalidArgumentError: ``request`` is not a sub-slice request.
+            NotConnectedError: Ray is not initialised.
+            NoSubsliceParentError: no slice of the cluster can hold it (a ValueError and
+                an InsufficientSlicesError).
+            SubsliceUnavailableError: none idle in time; the message says what is busy (a
+                RuntimeError and a ReservationTimeoutError).
+        """
+        if not request.subslice:
+            raise InvalidArgumentError("SubslicePlacementGroup.reserve needs subslice=True")
+        targets = SubSlices(request, ops)
+        spg = cls.__new__(cls)
+        try:
+            spg._start(request, clock, targets)
+        except InsufficientSlicesError as exc:
+            raise NoSubsliceParentError(str(exc)) from None
+        except ReservationTimeoutError as exc:
+            raise SubsliceUnavailableError(str(exc)) from None
+        try:
+            spg._parent_topology, spg._subslice_index = targets.placement(spg.slices[0])
+            spg._selectors = SlicePlacementGroup.bundle_label_selector.fget(spg)  # type: ignore[attr-defined]
+        except BaseException:
+            spg.shutdown()
+            raise
+        return spg
+
+    # --- Ray 2.60's properties ---------------------------------------------------------
+
+    @property
+    def placement_group(self) -> PlacementGroup | None:
+        """The worker placement group (one bundle per host of the sub-slice, in rank
+        order); None after :meth:`shutdown`, as Ray's."""
+        return self._reservation.combined_pg
+
+    @property
+    def parent_topology(self) -> str:
+        """The topology of the slice it is part of."""
+        return self._parent_topology
+
+    @property
+    def subslice_topology(self) -> str:
+        """Its own topology."""
+        return self._plan.shape.topology
+
+    @property
+    def subslice_index(self) -> int:
+        """Its index within the parent slice (Ray's label value)."""
+        return self._subslice_index
+
+    @property
+    def bundle_label_selector(self) -> list[dict[str, str]]:
+        """One selector per bundle, in rank order (slice name and worker id); kept after
+        :meth:`shutdown`, as Ray's is."""
+        return [dict(s) for s in self._selectors]
+
+    @property
+    def slice_name(self) -> str:
+        """The parent slice's name (kept after :meth:`shutdown`, as Ray's is)."""
+        return self._selectors[0][SLICE_NAME_LABEL]
+
+    def rank_env(self, rank: int) -> CallEnv:
+        """The ``TPU_*`` values that make libtpu and JAX on this rank's host see the
+        sub-slice as the whole slice: its hosts in rank order, this host's place, its
+        accelerator type, topology and bounds; and no metadata server, which would describe
+        the parent (see :func:`subslice_env`).
+
+        Args:
+            rank: A rank of this reservation.
+
+        Returns:
+            Variables to set around the call.
+        """
+        hosts = [h.address for h in self.slices[0].hosts.values()] if self.slices else []
+        return subslice_env(self._plan.shape, hosts, rank // self._plan.bundles_per_host)
+
+    def __repr__(self) -> str:
+        state = "shut down" if self.is_shut_down else f"{self.slice_name} #{self.subslice_index}"
+        return (
+            f"SubslicePlacementGroup({self.subslice_topology} of {self._parent_topology}: {state})"
+        )
+
+
+def subslice_env(shape: SliceShape, hosts: list[str], worker: int) -> CallEnv:
+    """What a host of a sub-slice needs set so that libtpu and JAX treat the sub-slice as
+    the slice (Ray 2.60 sets none of it). Pure.
+
+    The names are those libtpu, JAX's Cloud TPU cluster detection and GKE's TPU device
+    plugin read (../shared/REFERENCE.md; jax ``clusters/cloud_tpu_cluster.py``):
+    ``TPU_WORKER_HOSTNAMES`` / ``TPU_WORKER_ID`` (the peers and this host's index among
+    them; ``CLOUD_TPU_TASK_ID`` too), ``TPU_ACCELERATOR_TYPE`` and ``TPU_TOPOLOGY`` of the
+    sub-slice, host and chip bounds (``TPU_HOST_BOUNDS`` / ``TPU_PROCESS_BOUNDS``: its
+    worker grid; ``TPU_CHIPS_PER_*_BOUNDS``: one 2x2 host), no wrap-around links,
+    ``TPU_SKIP_MDS_QUERY`` (the metadata server describes the parent slice), and
+    ``TPU_PROCESS_ADDRESSES`` unset: when set (multi-process hosts) it lists the parent's
+    processes, and JAX's ``GkeTpuCluster`` takes it, even empty, before the host names.
+
+    Args:
+        shape: The sub-slice's shape.
+        hosts: Its hosts' addresses, in rank order.
+        worker: This host's index among them.
+
+    Returns:
+        The variables.
+    """
+    grid = list(subslice.worker_dims(shape.topology))
+    bounds = ",".join(map(str, [*grid, 1][:3] if len(grid) == 2 else grid))
+    chips = ",".join(map(str, subslice.HOST_BLOCK[3]))
+    return {
+        "TPU_WORKER_ID": str(worker),
+        "CLOUD_TPU_TASK_ID": str(worker),
+        "TPU_WORKER_HOSTNAMES": ",".join(hosts),
+        "TPU_PROCESS_ADDRESSES": None,
+        "TPU_ACCELERATOR_TYPE": shape.pod_type,
+        "TPU_TOPOLOGY": shape.topology,
+        "TPU_HOST_BOUNDS": bounds,
+        "TPU_PROCESS_BOUNDS": bounds,
+        "TPU_CHIPS_PER_HOST_BOUNDS": chips,
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": chips,
+        "TPU_TOPOLOGY_WRAP": "false,false,false",
+        "TPU_SKIP_MDS_QUERY": "true",
+    }
+
+
+def subslice_placement_group(
+    subslice_topology: str,
+    accelerator_version: str,
+    chips_per_vm: int | None = None,
+    resources_per_bundle: dict[str, float] | None = None,
+    strategy: str = "STRICT_SPREAD",
+    name: str = "",
+    lifetime: str | None = None,
+    head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
+    subslice_index: int | None = None,
+) -> SubslicePlacementGroup:
+    """Reserve an idle sub-slice of ``subslice_topology`` in any bigger slice (Ray 2.60
+    ``subslice_placement_group``, with the same parameters and defaults).
+
+    Unlike Ray: it returns once the sub-slice is placed; it picks only sub-slices whose
+    every host is idle and gives back one taken meanwhile; it learns a slice's layout only
+    while the whole slice is idle; and a timeout says which sub-slices are busy.
+
+    Args:
+        subslice_topology: The sub-slice's chip grid, such as ``"2x4"``.
+        accelerator_version: TPU generation, such as ``"v6e"``.
+        chips_per_vm: Chips per host (sub-slices are cut from 4-chip hosts; leave out).
+        resources_per_bundle: Resources of each bundle (default: one whole host).
+        strategy: Placement strategy (Ray's default for sub-slices, ``STRICT_SPREAD``).
+        name: Name of the placement group.
+        lifetime: ``None`` or ``"detached"``.
+        head_reservation_timeout_s: Seconds to wait (``None``: no limit).
+        subslice_index: Only that sub-slice of a parent.
+
+    Returns:
+        The reservation.
+
+    Raises:
+        InvalidArgumentError: an invalid topology, index or option (a ``ValueError``).
+        NotConnectedError: Ray is not initialised.
+        NoSubsliceParentError: no slice of the cluster can hold such a sub-slice (a
+            ``ValueError``, as Ray's; and an ``InsufficientSlicesError``).
+        SubsliceUnavailableError: none was idle in time (a ``RuntimeError``, as Ray's; and
+            a ``ReservationTimeoutError``).
+    """
+    request = SliceRequest(
+        topology=subslice_topology,
+        accelerator_version=accelerator_version,
+        chips_per_vm=chips_per_vm,
+        resources_per_bundle=resources_per_bundle,
+        strategy=strategy,
+        name=name,
+        lifetime=lifetime,
+        head_reservation_timeout_s=head_reservation_timeout_s,
+        subslice=True,
+        subslice_index=subslice_index,
+    )
+    return SubslicePlacementGroup.reserve(request)
+
+
+__all__ = [
+    "TPU_SUBSLICE_LABEL_PREFIX",
+    "SubSlices",
+    "SubslicePlacementGroup",
+    "discover_layout",
+    "subslice_placement_group",
+]

@@ -1,0 +1,343 @@
+"""What a running gang is watched for, besides its tasks' own errors.
+
+- **Notices.** A host of the attempt warned of preemption or maintenance (its agent's
+  record, :mod:`tpuslice._host.notices`): the run says so (a ``notice`` event), gives the user's
+  ``on_notice`` hook the time left (less a margin) to checkpoint, then leaves the slices
+  before the hosts go; the attempt counts as a preemption.
+- **Hangs.** With ``heartbeat_timeout_s``, a rank whose code stopped calling
+  :func:`tpuslice.heartbeat` for longer than that is a hang; with ``startup_timeout_s``,
+  so is a rank that never beat that long after the start. The gang is cancelled and the
+  attempt classified ``hang``, naming the silent hosts.
+- **Evidence for a lost host.** A host lost on a slice that had a notice is a preemption;
+  one lost with no notice anywhere in the attempt is a ``host_failure``.
+
+:func:`find_hang` is pure; :class:`AttemptWatch` reads Ray's KV store (through readers a
+test can replace), at most once per :data:`CHECK_S`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tpuslice import _ray
+from tpuslice._host.heartbeats import BEAT_ENV, NAMESPACE
+from tpuslice._host.notices import Notice
+from tpuslice.errors import InvalidArgumentError
+
+logger = logging.getLogger(__name__)
+
+CHECK_S = 1.0
+"""How often a running gang's notices and heartbeats are read (one or two KV calls)."""
+NOTICE_MARGIN_S = 2.0
+"""Time kept back from a notice's deadline to cancel the gang and give the slices back."""
+BEAT_PREFIX = "beat/"
+
+
+@dataclass(frozen=True)
+class Hang:
+    """Ranks that stopped making progress.
+
+    Attributes:
+        ranks: The silent ranks.
+        startup: Whether they never beat at all (stuck starting up).
+        reason: What was seen, in one line.
+    """
+
+    ranks: tuple[int, ...]
+    startup: bool
+    reason: str
+
+
+def find_hang(
+    beats: Sequence[float | None],
+    now: float,
+    started: float,
+    heartbeat_timeout_s: float | None,
+    startup_timeout_s: float | None,
+) -> Hang | None:
+    """Whether a gang hangs, from each rank's last heartbeat. Pure.
+
+    A rank that never beat is stuck starting once ``startup_timeout_s`` has passed since
+    the start. A rank that beat is silent once its last beat is older than
+    ``heartbeat_timeout_s``, whether the others still beat or not (a collective stuck on
+    one host blocks the others too).
+
+    Args:
+        beats: Per rank, the wall-clock time of its last heartbeat, or ``None``.
+        now: Wall-clock seconds.
+        started: When the gang was started (wall clock).
+        heartbeat_timeout_s: Longest silence after a first beat (``None``: not watched).
+        startup_timeout_s: Longest wait for a first beat (``None``: not watched).
+
+    Returns:
+        The hang, or ``None``.
+    """
+    never = tuple(r for r, at in enumerate(beats) if at is None)
+    if startup_timeout_s is not None and never and now - started > startup_timeout_s:
+        return Hang(
+            never,
+            True,
+            f"{len(never)} of {len(beats)} rank(s) sent no heartbeat within "
+            f"startup_timeout_s={startup_timeout_s:g} s of the start",
+        )
+    if heartbeat_timeout_s is None:
+        return None
+    silent = tuple(
+        r for r, at in enumerate(beats) if at is not None and now - at > heartbeat_timeout_s
+    )
+    if not silent:
+        return None
+    beating = sum(1 for at in beats if at is not None and now - at <= heartbeat_timeout_s)
+    longest = max(now - at for at in beats if at is not None and now - at > heartbeat_timeout_s)
+    others = f"while {beating} other(s) still beat" if beating else "as did every other rank"
+    return Hang(
+        silent,
+        False,
+        f"{len(silent)} rank(s) silent for up to {longest:.1f} s "
+        f"(heartbeat_timeout_s={heartbeat_timeout_s:g}) {others}",
+    )
+
+
+def describe_hang(
+    config: WatchConfig,
+    keys: Sequence[str],
+    published: Mapping[str, bytes],
+    ranks: Sequence[str],
+    started: float,
+    now: float,
+) -> tuple[str, str] | None:
+    """Whether a gang hangs, from the heartbeats published under its keys. Pure.
+
+    Args:
+        config: The timeouts.
+        keys: Each rank's heartbeat key, in rank order.
+        published: Key -> the last beat published (wall-clock seconds, as text).
+        ranks: Each rank with its host (``rank 1 (v4-16-a host 1)``).
+        started: When the gang started (wall clock).
+        now: Wall-clock seconds.
+
+    Returns:
+        ``(cause, evidence)`` naming the silent ranks, or ``None``.
+    """
+    beats = [_beat(published.get(key)) for key in keys]
+    hang = find_hang(beats, now, started, config.heartbeat_timeout_s, config.startup_timeout_s)
+    if hang is None:
+        return None
+    what = "stuck starting" if hang.startup else "silent"
+    return f"{what}: {', '.join(ranks[r] for r in hang.ranks)}", hang.reason
+
+
+def check_timeout(name: str, value: float | None) -> None:
+    """Refuse a timeout that is not ``None`` or finite seconds > 0.
+
+    Args:
+        name: The argument's name, for the message.
+        value: Its value.
+
+    Raises:
+        InvalidArgumentError: it is not.
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(f"{name} must be seconds > 0 or None, got {value!r}")
+    if not 0 < value < math.inf:
+        raise InvalidArgumentError(f"{name} must be finite seconds > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    """What a resilient run watches its gangs for.
+
+    Attributes:
+        heartbeat_timeout_s: See :func:`find_hang`.
+        startup_timeout_s: See :func:`find_hang`.
+        on_notice: Called with the ``notice`` event while the hosts still live.
+    """
+
+    heartbeat_timeout_s: float | None = None
+    startup_timeout_s: float | None = None
+    on_notice: Callable[[Any], None] | None = None
+
+    def __post_init__(self) -> None:
+        check_timeout("heartbeat_timeout_s", self.heartbeat_timeout_s)
+        check_timeout("startup_timeout_s", self.startup_timeout_s)
+
+    @property
+    def beats(self) -> bool:
+        """Whether ranks are given heartbeat keys."""
+        return self.heartbeat_timeout_s is not None or self.startup_timeout_s is not None
+
+
+class Broken(Exception):
+    """Raised by :meth:`AttemptWatch.check`: the gang must stop.
+
+    Args:
+        kind: ``notice`` or ``hang``.
+        cause: One line.
+        evidence: What decided it.
+    """
+
+    def __init__(self, kind: str, cause: str, evidence: str) -> None:
+        super().__init__(cause)
+        self.kind = kind
+        self.cause = cause
+        self.evidence = evidence
+
+
+ReadNotices = Callable[[Sequence[str]], Mapping[str, Notice]]
+ReadBeats = Callable[[Sequence[str]], Mapping[str, bytes]]
+
+
+class AttemptWatch:
+    """Watches one attempt's gang (see the module docstring).
+
+    Args:
+        config: What to watch for.
+        nodes: Each rank's Ray node id, in rank order.
+        ranks: Each rank with its host, for messages (``rank 1 (v4-16-a host 1)``).
+        on_notice_event: Called with the notice (to emit the run's ``notice`` event);
+            returns what is passed to the user's hook.
+        read_notices: Node ids -> the notices recorded for them (default: the agents'
+            records in Ray's KV store).
+        read_beats: Keys -> the heartbeats published under them (default: Ray's KV).
+        forget: Deletes every heartbeat under a prefix (default: Ray's KV).
+        clock: Wall-clock seconds.
+    """
+
+    def __init__(
+        self,
+        config: WatchConfig,
+        nodes: Sequence[str],
+        ranks: Sequence[str],
+        on_notice_event: Callable[[Notice], object],
+        *,
+        read_notices: ReadNotices | None = None,
+        read_beats: ReadBeats | None = None,
+        forget: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.nodes = list(nodes)
+        self.ranks = list(ranks)
+        self._on_notice_event = on_notice_event
+        if read_notices is None:
+            from tpuslice._host.agent import notices_for  # agent.py imports Ray actors
+
+            read_notices = notices_for
+        self._read_notices = read_notices
+        self._read_beats = read_beats or (lambda keys: _ray.kv_get_many(list(keys), NAMESPACE))
+        self._forget = forget or (lambda prefix: _ray.kv_delete(prefix, NAMESPACE, prefix=True))
+        self._clock = clock
+        self.started = clock()
+        self._next = self.started
+        self.prefix = f"{BEAT_PREFIX}{uuid.uuid4().hex[:12]}/"
+        self.seen: list[Notice] = []
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        """What rank ``rank``'s call gets set: its heartbeat key, if beats are watched.
+
+        Args:
+            rank: The rank.
+
+        Returns:
+            The variables.
+        """
+        return {BEAT_ENV: f"{self.prefix}{rank}"} if self.config.beats else {}
+
+    def check(self) -> None:
+        """Read notices and heartbeats (at most once per :data:`CHECK_S`).
+
+        Raises:
+            Broken: a notice stands on a host of the gang (after the hook ran or its time
+                ran out), or the gang hangs.
+        """
+        now = self._clock()
+        if now < self._next:
+            return
+        self._next = now + CHECK_S
+        notices = self._read_notices(sorted(set(self.nodes)))
+        if notices:
+            self._leave_on_notice(min(notices.values(), key=lambda n: n.deadline))
+        if self.config.beats:
+            keys = [f"{self.prefix}{rank}" for rank in range(len(self.ranks))]
+            hang = describe_hang(
+                self.config, keys, self._read_beats(keys), self.ranks, self.started, now
+            )
+            if hang is not None:
+                raise Broken("hang", *hang)
+
+    def close(self) -> None:
+        """Forget this attempt's heartbeats (best effort)."""
+        if not self.config.beats:
+            return
+        try:
+            self._forget(self.prefix)
+        except _ray.kv_errors() as exc:  # Ray may be gone: the keys go with the cluster
+            logger.debug("could not delete heartbeats %s: %s", self.prefix, exc)
+
+    def judge_host_loss(self) -> tuple[bool, str]:
+        """Whether a lost host was a preemption: some host of the attempt had a notice
+        (seen while running, or recorded by its agent before it died).
+
+        Returns:
+            ``(preempted, evidence)``.
+        """
+        try:
+            recorded = list(self._read_notices(sorted(set(self.nodes))).values())
+        except _ray.kv_errors() as exc:  # best effort: the loss stands anyway
+            logger.debug("could not read notices: %s", exc)
+            recorded = []
+        found = self.seen + recorded
+        if found:
+            first = min(found, key=lambda n: n.since)
+            return True, f"notice before the loss: {first.describe(first.since)}"
+        return False, "no preemption or maintenance notice on any host of the attempt"
+
+    def _leave_on_notice(self, notice: Notice) -> None:
+        self.seen.append(notice)
+        event = self._on_notice_event(notice)
+        hook = self.config.on_notice
+        if hook is not None:
+            budget = max(0.0, notice.left(self._clock()) - NOTICE_MARGIN_S)
+            _run_hook(hook, event, budget)
+        left = notice.describe(self._clock())
+        raise Broken("notice", f"left before the hosts go: {left}", notice.event)
+
+
+def _beat(raw: bytes | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        return None
+
+
+def _run_hook(hook: Callable[[Any], None], event: object, budget_s: float) -> None:
+    """Call the user's hook in a thread and wait up to ``budget_s``: the run leaves at
+    the deadline whether or not the hook is done (its errors are logged)."""
+
+    def call() -> None:
+        try:
+            hook(event)
+        except Exception:
+            logger.exception("the on_notice hook raised")
+
+    thread = threading.Thread(target=call, name="tpuslice-on-notice", daemon=True)
+    thread.start()
+    thread.join(budget_s)
+    if thread.is_alive():
+        logger.warning(
+            "the on_notice hook is still running %.1f s later, at the notice's deadline "
+            "less %.0f s; leaving the slices now",
+            budget_s,
+            NOTICE_MARGIN_S,
+        )

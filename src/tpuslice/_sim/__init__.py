@@ -1,0 +1,7 @@
+"""The simulator, which ships as the embedded default: simulated TPU hosts as real Ray
+nodes on this machine, their metadata server, a simulated libtpu that takes the TPU as
+the real one does, and the process helpers they use.
+
+May import: :mod:`tpuslice._host` and below (never :mod:`tpuslice.testing`, which builds
+on it).
+"""

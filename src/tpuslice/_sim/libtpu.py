@@ -1,0 +1,141 @@
+"""libtpu's TPU lock on a simulated host: what JAX's first use of the TPU does there.
+
+On a real TPU VM, the first process that starts the TPU backend (JAX's first
+``jax.devices()``) opens ``/tmp/libtpu_lockfile`` (``O_CREAT|O_RDWR``, mode 0600), takes
+``lockf(F_TLOCK)`` on it and never releases it: the lock ends with the process. At a
+normal exit the file is unlinked; after a crash it stays, harmless since nobody holds it.
+A second process is refused: JAX raises ``RuntimeError: Unable to initialize backend
+'tpu': ABORTED: The TPU is already in use by process with pid N. Not attempting to load
+libtpu.so in this process.``, N being the process libtpu finds holding chip 0's device.
+
+:func:`open_tpu` does the same on a simulated host, under its host root
+(:func:`tpuslice._host.tpu_lock.host_root`), so code under test meets the ownership rules it
+would meet on a TPU VM. :func:`tpuslice.jax.initialize` calls it on simulated hosts. The
+escape hatches behave as in libtpu (:func:`tpuslice._host.tpu_lock.lock_wanted`), and
+``TPU_LOAD_LIBRARY=0`` fails as libtpu does.
+
+Sources: XLA ``xla/stream_executor/tpu/tpu_initialize_util.cc`` (``TryAcquireTpuLock``,
+``FindLibtpuProcess``: the lock, its messages, the escape hatches, the holder looked up on
+chip 0's device only), JAX ``jax/_src/xla_bridge.py`` (the ``Unable to initialize
+backend`` prefix), jax-ml/jax issues 10192 and 22070. libtpu's own source is closed. Its
+versions differ on the unlink at exit; this follows the newest released form (unlink if
+the lock was held).
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import fcntl
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from tpuslice._host.tpu_lock import (
+    SIM_ROOT_ENV,
+    device_holders,
+    host_root,
+    lock_wanted,
+    lockfile,
+    tpu_devices,
+)
+
+BACKEND = "Unable to initialize backend 'tpu': "
+"""How JAX reports a TPU backend that failed to start (a ``RuntimeError``)."""
+IN_USE = (
+    "ABORTED: The TPU is already in use by process with pid {pid}. "
+    "Not attempting to load libtpu.so in this process."
+)
+"""libtpu's message when another process holds the lock (``{pid}``: chip 0's holder)."""
+IN_USE_OTHER_USER = (
+    "ABORTED: The TPU is already in use by another process probably owned by another "
+    'user. Run "$ sudo lsof -w {device}" to figure out which process is using the TPU. '
+    'If you still get this message, run "$ sudo rm /tmp/libtpu_lockfile".'
+)
+"""libtpu's message when the lockfile cannot be opened (another user's file)."""
+LOCK_ERROR = (
+    "ABORTED: Internal error when accessing libtpu multi-process lockfile. "
+    'Run "$ sudo rm /tmp/libtpu_lockfile".'
+)
+"""libtpu's message when the lock is held but nobody holds chip 0's device."""
+NOT_LOADING = "FAILED_PRECONDITION: TPU_LOAD_LIBRARY=0, not loading libtpu"
+
+_held: dict[str, object] = {}
+"""This process's TPU once opened: ``path`` of the lock it holds (or ``None``), and the
+device descriptors it keeps open in ``devices``."""
+
+
+class LibtpuError(RuntimeError):
+    """What JAX raises when libtpu refuses to start (the text is JAX's and libtpu's)."""
+
+
+def open_tpu(environ: Mapping[str, str] | None = None) -> Path | None:
+    """Start this simulated host's TPU backend in this process, as libtpu would.
+
+    Idempotent within a process (JAX starts its backend once).
+
+    Args:
+        environ: The environment to read (default: ``os.environ``); it must name a
+            simulated host root (``TPUSLICE_SIM_HOST_ROOT``).
+
+    Returns:
+        The lockfile now held by this process, or ``None`` when an escape hatch says not
+        to take it (the devices are still opened).
+
+    Raises:
+        LibtpuError: another process holds this host's TPU, or ``TPU_LOAD_LIBRARY=0``
+            (libtpu's own messages, with JAX's prefix).
+        RuntimeError: this is not a simulated host.
+    """
+    environ = os.environ if environ is None else environ
+    if not environ.get(SIM_ROOT_ENV):
+        raise RuntimeError(
+            f"{SIM_ROOT_ENV} is not set: open_tpu stands in for libtpu on simulated hosts only"
+        )
+    root = host_root(environ)
+    if "devices" in _held:
+        held = _held.get("path")
+        return None if held is None else Path(str(held))
+    if environ.get("TPU_LOAD_LIBRARY") == "0":
+        raise LibtpuError(BACKEND + NOT_LOADING)
+    if not lock_wanted(environ):
+        _hold_devices(root, None)
+        return None
+    path = lockfile(root)
+    devices = tpu_devices(root)
+    first = str(devices[0]) if devices else "/dev/accel0"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    except PermissionError as exc:
+        raise LibtpuError(BACKEND + IN_USE_OTHER_USER.format(device=first)) from exc
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno not in (errno.EACCES, errno.EAGAIN):
+            raise
+        holders = [p for p in device_holders(root, only=devices[:1]) if p != os.getpid()]
+        if not holders:
+            raise LibtpuError(BACKEND + LOCK_ERROR) from exc
+        raise LibtpuError(BACKEND + IN_USE.format(pid=holders[0])) from exc
+    _hold_devices(root, path)
+    _held["fd"] = fd
+    atexit.register(_unlink_at_exit)
+    return path
+
+
+def _hold_devices(root: Path, lock: Path | None) -> None:
+    """Keep the host's device files open, as libtpu keeps ``/dev/accel*`` open: that is
+    how another process's libtpu (and :func:`tpuslice._host.tpu_lock.find_owner`) finds us."""
+    _held["devices"] = [os.open(path, os.O_RDONLY) for path in tpu_devices(root)]
+    _held["path"] = lock
+
+
+def _unlink_at_exit() -> None:
+    """libtpu removes the lockfile it held at a normal exit (a crash leaves it)."""
+    path = _held.get("path")
+    if path is not None:
+        try:
+            os.unlink(str(path))
+        except FileNotFoundError:
+            return

@@ -1,0 +1,1013 @@
+"""SimulatedCluster: a real local Ray cluster whose nodes look exactly like TPU VMs.
+
+A head node with CPUs only, plus one Ray node per simulated TPU VM carrying the labels,
+resources and environment Ray gives a real one (see :mod:`tpuslice._tpu.labels`). Faults are
+real too: :meth:`SimulatedCluster.kill_host` SIGKILLs a node's processes, so its tasks
+fail with Ray's own node-died errors. Each host has its own GCE metadata server on a
+loopback port (``GCE_METADATA_HOST``, :mod:`tpuslice._sim.metadata_server`), through
+which :meth:`~SimulatedCluster.preempt_slice` and
+:meth:`~SimulatedCluster.schedule_maintenance` give notice before the hosts go, as GCE
+does; :meth:`~SimulatedCluster.hang_host` makes a host's work hang without dying.
+
+Settings that differ from Ray's defaults, for speed on a laptop, all documented:
+every host gets ``cpus_per_host`` logical CPUs (a real TPU VM has 100+; with 1, Ray's
+idle-worker soft limit kills warm workers), and node-death detection is tightened from
+~15 s to ~1.5 s (``health_check_period_ms=500``, ``health_check_failure_threshold=3``).
+A third, for tests: processes push metrics to their node's agent every 2 s, not 10 s.
+And a fourth: the TPU hosts run Ray's minimal agent (the head keeps the full one, which
+exports the metrics of drivers and of tpuslice's queue actor); an idle 15-host cluster's
+agents then cost about half as much CPU, and cluster tests run about 13% faster on 2
+cores. ``full_host_agents=True`` gives every host the full agent, as with ``ray[default]``
+on a real TPU VM, for code that records metrics on the hosts.
+
+Nothing leaves the machine on our account. Adding a node runs Ray's TPU detection in this
+process; it finds the host's identity in the environment, as on a GKE TPU host, instead of
+asking the GCE metadata server (which it would do with no timeout). Ray's usage stats
+(a report to usage-stats.ray.io) are off and their one "disabled" ping goes to a loopback
+port, unless ``RAY_USAGE_STATS_ENABLED`` / ``RAY_USAGE_STATS_REPORT_URL`` are set. One probe
+remains that no setting turns off: Ray's dashboard asks the cloud
+metadata addresses once at start which cloud it is on (1 s timeout each).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import string
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import ray
+from ray.cluster_utils import Cluster
+
+from tpuslice import _ray
+from tpuslice._host.metadata import METADATA_HOST_ENV
+from tpuslice._host.tpu_lock import SIM_ROOT_ENV, TPUOwner, find_owner
+from tpuslice._sim.metadata_server import (
+    MAINTENANCE_EVENT,
+    PREEMPTED,
+    MetadataServer,
+    host_values,
+)
+from tpuslice._sim.procs import (
+    descendants,
+    kill_and_wait,
+    pid_alive,
+    process_title,
+    send_signal,
+    sigkill,
+)
+from tpuslice._tpu.labels import (
+    HOST_ENV_VARS,
+    SLICE_NAME_LABEL,
+    WORKER_ID_LABEL,
+    host_env,
+    host_labels,
+    host_resources,
+)
+from tpuslice._tpu.subslice import chip_coordinates
+from tpuslice._tpu.topology import SliceShape, slice_shape
+from tpuslice.errors import InvalidArgumentError, TPUSliceError
+
+logger = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+FAST_FAILURE_DETECTION = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
+
+FAST_METRICS = {"metrics_report_interval_ms": 2000}
+"""Processes push their metrics to their node's agent every 2 s instead of Ray's 10 s, so
+tests see them sooner (:mod:`tpuslice.metrics`)."""
+
+
+HANG_SIGNAL = signal.SIGUSR2
+"""What :meth:`SimulatedCluster.hang_host` sends (``sim_site/sitecustomize.py`` handles it)."""
+TERMINATE_ON_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
+MIGRATE_ON_MAINTENANCE = "MIGRATE_ON_HOST_MAINTENANCE"
+
+HEAD_ENV_DEFAULTS = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # With usage stats off, Ray's dashboard still sends one "disabled" report; Ray offers
+    # this variable for tests: point it at a loopback port where nothing listens.
+    "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:1/",
+}
+"""Environment of the head's processes, unless the user set these variables."""
+_ENV_LOCK = threading.Lock()
+
+
+@contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the block, restored after (one block at a time)."""
+    with _ENV_LOCK:
+        saved = {key: os.environ.get(key) for key in values}
+        os.environ.update(values)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+class SimulatorError(TPUSliceError, RuntimeError):
+    """The simulated cluster could not start or was used wrongly."""
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """``count`` slices of one generation and topology (``v6e:4x4:2`` on the CLI).
+
+    Attributes:
+        accelerator: TPU generation, in any accepted spelling.
+        topology: Chip grid of each slice.
+        count: How many such slices.
+        chips_per_vm: Chips on each host; ``None`` for the shape's default.
+        layout_seed: Scramble the hosts' physical positions against their TPU worker
+            ids with this seed (as on real slices, where they need not agree); ``None``:
+            host *i* sits at position *i*.
+    """
+
+    accelerator: str
+    topology: str
+    count: int = 1
+    chips_per_vm: int | None = None
+    layout_seed: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> SliceSpec:
+        """``"v6e:4x4"``, ``"v6e:4x4:2"``, ``"v6e:2x4:1:4"`` (chips per VM) or
+        ``"v6e:4x4:1::7"`` (default chips per VM, layout scrambled with seed 7).
+
+        Args:
+            text: ``GENERATION:TOPOLOGY[:COUNT[:CHIPS_PER_VM[:LAYOUT_SEED]]]``.
+
+        Returns:
+            The spec; its shape is not checked yet (see :meth:`shape`).
+
+        Raises:
+            InvalidArgumentError: ``text`` does not have that form, or the count or chips
+                per VM is not an integer.
+        """
+        parts = text.strip().split(":")
+        if not 2 <= len(parts) <= 5 or not all(parts[:3]) or (len(parts) == 5 and not parts[4]):
+            raise InvalidArgumentError(
+                f"slice spec {text!r} is malformed; expected GENERATION:TOPOLOGY[:COUNT"
+                "[:CHIPS_PER_VM[:LAYOUT_SEED]]], such as 'v6e:4x4:2' or 'v6e:4x4:1::7'"
+            )
+        try:
+            numbers = [int(p) if p else None for p in parts[2:]]
+        except ValueError as exc:
+            raise InvalidArgumentError(
+                f"slice spec {text!r}: count, chips per VM and layout seed must be integers"
+            ) from exc
+        count = numbers[0] if numbers and numbers[0] is not None else 1
+        return cls(parts[0], parts[1], count, *numbers[1:])
+
+    def shape(self) -> SliceShape:
+        """The validated shape of each of these slices.
+
+        Returns:
+            The shape.
+
+        Raises:
+            InvalidArgumentError: ``count`` is below 1.
+            InvalidAcceleratorError: the generation is unknown.
+            InvalidTopologyError: the topology is malformed or not offered for it.
+            InvalidResourceError: ``chips_per_vm`` is not valid for the topology.
+        """
+        if self.count < 1:
+            raise InvalidArgumentError(f"slice count must be >= 1, got {self.count}")
+        return slice_shape(self.topology, self.accelerator, self.chips_per_vm)
+
+
+SliceLike = SliceSpec | tuple[Any, ...] | str
+
+
+def as_spec(item: SliceLike) -> SliceSpec:
+    """A :class:`SliceSpec` from any of the forms a simulated cluster accepts.
+
+    Args:
+        item: A spec, a ``"v6e:4x4:2"`` string, or the spec's fields as a tuple
+            (``("v6e", "4x4", 2)``).
+
+    Returns:
+        The spec; its shape is not checked yet.
+
+    Raises:
+        InvalidArgumentError: a string that is not a slice spec.
+    """
+    if isinstance(item, SliceSpec):
+        return item
+    if isinstance(item, str):
+        return SliceSpec.parse(item)
+    return SliceSpec(*item)
+
+
+@dataclass
+class SimulatedHost:
+    """One simulated TPU VM. ``node`` is ``None`` while the host is dead.
+
+    Attributes:
+        slice_name: The slice it belongs to.
+        worker_id: Its TPU worker id.
+        node: Its Ray node (``ray.cluster_utils`` node object).
+        metadata: Its metadata server.
+    """
+
+    slice_name: str
+    worker_id: int
+    node: Any = None
+    metadata: MetadataServer | None = None
+    """Its GCE metadata server (``GCE_METADATA_HOST`` on the host points at it)."""
+
+    @property
+    def alive(self) -> bool:
+        """Whether the host has a running Ray node."""
+        return self.node is not None
+
+
+@dataclass
+class SimulatedSlice:
+    """One simulated TPU slice.
+
+    Attributes:
+        name: The slice name (``v6e-16-a``).
+        shape: Its shape.
+        tpu_resource_per_chip: ``TPU`` units per chip on its hosts.
+        hosts: Its hosts, by worker id.
+    """
+
+    name: str
+    shape: SliceShape
+    tpu_resource_per_chip: int = 1
+    hosts: list[SimulatedHost] = field(default_factory=list)
+    physical: dict[int, int] = field(default_factory=dict)
+    """Each TPU worker id's physical position (where its chips sit in the slice)."""
+
+
+class SimulatedCluster:
+    """Context manager running a local Ray cluster of simulated TPU slices.
+
+    Examples:
+        >>> with SimulatedCluster([("v6e", "4x4", 2)], connect=True) as sim:
+        ...     run_on_slice(fn, topology="4x4", accelerator_version="v6e")
+
+    Args:
+        slices: The slices, each a :class:`SliceSpec`, a ``"v6e:4x4:2"`` string or an
+            ``(accelerator, topology[, count[, chips_per_vm]])`` tuple.
+        cpus_per_host: Logical CPUs of each simulated host.
+        head_cpus: Logical CPUs of the head node.
+        tpu_resource_per_chip: ``TPU`` units per chip on every host.
+        object_store_mb: Object store size of each node, in MiB.
+        connect: ``ray.init`` this process to the cluster once it has started.
+        fast_failure_detection: Detect dead nodes in ~1.5 s instead of Ray's ~15 s.
+        full_host_agents: Run Ray's full agent on every TPU host (metrics export from
+            the hosts' processes), not its minimal one (see the module docstring).
+        progress: Called with each startup step's message (default: logged at INFO).
+
+    Raises:
+        InvalidArgumentError: a slice spec is malformed or names no valid shape (every
+            such error subclasses it). Nothing is started until :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        slices: Iterable[SliceLike] = (("v6e", "4x4", 2),),
+        *,
+        cpus_per_host: int = 8,
+        head_cpus: int = 2,
+        tpu_resource_per_chip: int = 1,
+        object_store_mb: int = 80,
+        connect: bool = False,
+        fast_failure_detection: bool = True,
+        full_host_agents: bool = False,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        """Check every slice spec; nothing starts until :meth:`start`."""
+        self.specs = [as_spec(s) for s in slices]
+        for spec in self.specs:
+            spec.shape()  # validate before starting anything
+        self.cpus_per_host = cpus_per_host
+        self.head_cpus = head_cpus
+        self.tpu_resource_per_chip = tpu_resource_per_chip
+        self.object_store_bytes = object_store_mb * MiB
+        self._connect_on_start = connect
+        self._fast_failure_detection = fast_failure_detection
+        self._full_host_agents = full_host_agents
+        self._progress = progress or (lambda message: logger.info("%s", message))
+        self._cluster: Cluster | None = None
+        self._connected = False
+        self._known_pids: set[int] = set()
+        self.slices: dict[str, SimulatedSlice] = {}
+        self.startup_seconds: float | None = None
+        self._root: Path | None = None
+        """Every host's own root (its ``dev/accel*`` and ``tmp/``), under one directory."""
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> SimulatedCluster:
+        """Start the head and every host; return when all are alive and registered.
+
+        On any failure everything started so far is shut down before the error propagates.
+
+        Returns:
+            This cluster.
+
+        Raises:
+            SimulatorError: it is already running, a ``TPU_*`` variable is set in this
+                process, or a host did not start or register in time.
+        """
+        if self._cluster is not None:
+            raise SimulatorError("this SimulatedCluster is already running")
+        _check_driver_env()
+        self._root = Path(tempfile.mkdtemp(prefix="tpuslice-sim-"))
+        started = time.monotonic()
+        try:
+            self._start_head()
+            for spec in self.specs:
+                for _ in range(spec.count):
+                    self._add_slice_nodes(spec.shape(), None, None, spec.layout_seed)
+            self._wait_for_alive_nodes()
+        except BaseException:
+            self.shutdown()
+            raise
+        self.startup_seconds = time.monotonic() - started
+        self._progress(f"simulated cluster ready in {self.startup_seconds:.1f} s")
+        if self._connect_on_start:
+            self.connect()
+        return self
+
+    def __enter__(self) -> SimulatedCluster:
+        """Start the cluster unless it is running; return it."""
+        return self.start() if self._cluster is None else self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Shut down; an error in the block propagates unchanged, even if shutting down
+        fails too (that failure is logged, and every process is still killed)."""
+        try:
+            self.shutdown()
+        except Exception:
+            if exc is None:
+                raise
+            logger.exception("shutting the simulated cluster down failed (after: %r)", exc)
+
+    @property
+    def address(self) -> str:
+        """The head's address; raises :class:`SimulatorError` if the cluster is not running."""
+        if self._cluster is None:
+            raise SimulatorError("the simulated cluster is not running; call start() first")
+        return str(self._cluster.address)
+
+    def connect(self, namespace: str | None = None) -> None:
+        """``ray.init`` this process to the simulated cluster, and start every host's TPU
+        agent in the background (:mod:`tpuslice._host.agent`; a real cluster's agents exist
+        after their first use, so this keeps a fresh simulated one comparable).
+
+        Args:
+            namespace: Ray namespace of this driver (default: an anonymous one).
+
+        Raises:
+            SimulatorError: the cluster is not running.
+        """
+        ray.init(
+            address=self.address,
+            namespace=namespace,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+        self._connected = True
+        from tpuslice._host.agent import agent
+
+        for sim_slice in self.slices.values():
+            for host in sim_slice.hosts:
+                if host.alive:
+                    agent(host.node.node_id)
+
+    def shutdown(self) -> None:
+        """Disconnect this process if it is connected to this cluster (through
+        :meth:`connect` or its own ``ray.init``), then stop every process we started.
+        Idempotent. If Ray's own teardown fails, the processes are killed by pid and the
+        error is raised."""
+        cluster, self._cluster = self._cluster, None
+        if ray.is_initialized() and (self._connected or _driver_on(cluster)):
+            ray.shutdown()
+        self._connected = False
+        for sim_slice in self.slices.values():
+            _close_metadata(sim_slice)
+        self.slices.clear()
+        if cluster is None:
+            return
+        self._known_pids |= self.pids(cluster)
+        try:
+            cluster.shutdown()
+        finally:
+            stuck = kill_and_wait(self.leftover_pids())
+            if stuck:
+                logger.error("simulator processes survived SIGKILL: %s", sorted(stuck))
+            root, self._root = self._root, None
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)
+
+    def pids(self, cluster: Cluster | None = None) -> set[int]:
+        """Pids of every Ray process of this cluster (nodes and their workers).
+
+        Args:
+            cluster: The Ray cluster to look at (default: this one's, if running).
+
+        Returns:
+            The pids; empty when the cluster is not running.
+        """
+        cluster = cluster or self._cluster
+        if cluster is None:
+            return set()
+        roots = [pid for node in cluster.list_all_nodes() for pid in _ray.node_process_pids(node)]
+        return descendants(roots)
+
+    def leftover_pids(self) -> set[int]:
+        """Pids this cluster ever had that are still alive (empty after a clean shutdown).
+
+        Returns:
+            The live pids.
+        """
+        return {pid for pid in self._known_pids | self.pids() if pid_alive(pid)}
+
+    # --- faults and growth -------------------------------------------------------------
+
+    def add_slice(
+        self,
+        accelerator: str,
+        topology: str,
+        chips_per_vm: int | None = None,
+        tpu_resource_per_chip: int | None = None,
+        *,
+        layout_seed: int | None = None,
+    ) -> str:
+        """A slice arriving later, as from an autoscaler. Returns its name.
+
+        ``tpu_resource_per_chip`` overrides the cluster's for this slice's hosts (as
+        ``RAY_TPU_RESOURCE_PER_CHIP`` would on those VMs).
+
+        Args:
+            accelerator: TPU generation, in any accepted spelling.
+            topology: The slice's chip grid.
+            chips_per_vm: Chips on each host; ``None`` for the shape's default.
+            tpu_resource_per_chip: ``TPU`` units per chip on its hosts (default: the
+                cluster's).
+            layout_seed: Scramble its hosts' physical positions (see
+                :class:`SliceSpec`).
+
+        Returns:
+            The new slice's name (``v6e-16-c``).
+
+        Raises:
+            InvalidAcceleratorError: the generation is unknown.
+            InvalidTopologyError: the topology is malformed or not offered for it.
+            InvalidResourceError: ``chips_per_vm`` is not valid for the topology.
+            SimulatorError: a host did not start or register in time.
+        """
+        shape = slice_shape(topology, accelerator, chips_per_vm)
+        name = self._add_slice_nodes(shape, None, tpu_resource_per_chip, layout_seed)
+        self._wait_for_alive_nodes()
+        return name
+
+    def kill_host(self, slice_name: str, worker_id: int) -> None:
+        """SIGKILL one host and every process on it, like a VM dying: its tasks and actors
+        fail with Ray's node-died / actor-died errors.
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: The host's TPU worker id.
+
+        Raises:
+            SimulatorError: no such slice or worker, or the host is already dead.
+        """
+        host = self._host(slice_name, worker_id)
+        if not host.alive:
+            raise SimulatorError(f"host {worker_id} of {slice_name} is already dead")
+        assert self._cluster is not None
+        doomed = descendants(_ray.node_process_pids(host.node))
+        self._known_pids |= doomed
+        for pid in doomed:  # workers first: a VM's processes all die at once
+            sigkill(pid)
+        self._cluster.remove_node(host.node, allow_graceful=False)
+        host.node = None
+
+    def preempt_slice(
+        self, slice_name: str, notice_s: float = 30.0, *, wait: bool = True
+    ) -> threading.Thread | None:
+        """Preempt a slice as GCE does a Spot TPU: every host's ``instance/preempted``
+        turns ``TRUE`` (the notice), then after ``notice_s`` every host dies at once.
+
+        Args:
+            slice_name: The slice; hosts already dead are left as they are.
+            notice_s: Seconds of notice (GCE gives about 30; 0 for none).
+            wait: Block until the hosts are dead; else return at once, the hosts dying
+                in a background thread (join it to know they are).
+
+        Returns:
+            The background thread when ``wait`` is false, else ``None``.
+
+        Raises:
+            SimulatorError: no such slice, or ``notice_s`` is negative.
+        """
+        sim_slice = self._slice(slice_name)
+        _check_notice(notice_s)
+        if notice_s > 0:
+            for host in sim_slice.hosts:
+                if host.alive and host.metadata is not None:
+                    host.metadata.set(PREEMPTED, "TRUE")
+
+        def die() -> None:
+            time.sleep(notice_s)
+            for host in sim_slice.hosts:
+                if host.alive:
+                    self.kill_host(slice_name, host.worker_id)
+
+        return self._later(die, wait, f"preempt {slice_name}")
+
+    def schedule_maintenance(
+        self,
+        slice_name: str,
+        worker_id: int,
+        notice_s: float = 60.0,
+        *,
+        event: str = TERMINATE_ON_MAINTENANCE,
+        wait: bool = True,
+    ) -> threading.Thread | None:
+        """Host maintenance as GCE announces it: the host's ``instance/maintenance-event``
+        becomes ``event`` ``notice_s`` before; then a ``TERMINATE_ON_HOST_MAINTENANCE``
+        host dies, and a ``MIGRATE_ON_HOST_MAINTENANCE`` one lives on (the value goes
+        back to ``NONE``).
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+            notice_s: Seconds of notice (GCE gives 60).
+            event: ``TERMINATE_ON_HOST_MAINTENANCE`` or ``MIGRATE_ON_HOST_MAINTENANCE``.
+            wait: Block until the maintenance is over; else return a background thread.
+
+        Returns:
+            The background thread when ``wait`` is false, else ``None``.
+
+        Raises:
+            SimulatorError: no such host, it is dead, ``event`` is not one of the two, or
+                ``notice_s`` is negative.
+        """
+        host = self._host(slice_name, worker_id)
+        if event not in (TERMINATE_ON_MAINTENANCE, MIGRATE_ON_MAINTENANCE):
+            raise SimulatorError(
+                f"maintenance event {event!r} is not one GCE sends: use "
+                f"{TERMINATE_ON_MAINTENANCE} or {MIGRATE_ON_MAINTENANCE}"
+            )
+        _check_notice(notice_s)
+        if not host.alive or host.metadata is None:
+            raise SimulatorError(f"host {worker_id} of {slice_name} is dead")
+        server = host.metadata
+        server.set(MAINTENANCE_EVENT, event)
+
+        def maintain() -> None:
+            time.sleep(notice_s)
+            if event == TERMINATE_ON_MAINTENANCE and host.alive:
+                self.kill_host(slice_name, worker_id)
+            else:
+                server.set(MAINTENANCE_EVENT, "NONE")
+
+        return self._later(maintain, wait, f"maintain {slice_name}/{worker_id}")
+
+    def hang_host(self, slice_name: str, worker_id: int) -> list[int]:
+        """Make the host's running work hang, like a collective stuck on a lost peer:
+        every worker process running a task or actor of the user's gets ``SIGUSR2``, on
+        which its main thread blocks for ever (``sim_site/sitecustomize.py``). The
+        processes stay alive and Ray sees the host healthy; Ray can still cancel or kill
+        them (its own threads run on), and nothing else ends them.
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+
+        Returns:
+            The pids made to hang.
+
+        Raises:
+            SimulatorError: no such host, or it is dead.
+        """
+        host = self._host(slice_name, worker_id)
+        if not host.alive:
+            raise SimulatorError(f"host {worker_id} of {slice_name} is dead")
+        hung = [
+            pid
+            for pid in sorted(descendants(_ray.node_process_pids(host.node)))
+            if _is_user_work(pid)
+        ]
+        for pid in hung:
+            send_signal(pid, HANG_SIGNAL)
+        return hung
+
+    def metadata_server(self, slice_name: str, worker_id: int) -> MetadataServer:
+        """A host's GCE metadata server (to read or set its values).
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+
+        Returns:
+            The server.
+
+        Raises:
+            SimulatorError: no such host.
+        """
+        server = self._host(slice_name, worker_id).metadata
+        if server is None:
+            raise SimulatorError(f"host {worker_id} of {slice_name} has no metadata server")
+        return server
+
+    def _later(self, action: Callable[[], None], wait: bool, what: str) -> threading.Thread | None:
+        if wait:
+            action()
+            return None
+
+        def run() -> None:
+            try:
+                action()
+            except Exception:  # the cluster may have been shut down meanwhile
+                logger.exception("simulated %s failed", what)
+
+        thread = threading.Thread(target=run, name=f"simulated {what}", daemon=True)
+        thread.start()
+        return thread
+
+    def restore_slice(self, slice_name: str) -> None:
+        """Bring every dead host of the slice back (new Ray nodes, same labels).
+
+        Args:
+            slice_name: The slice.
+
+        Raises:
+            SimulatorError: no such slice, or a host did not start or register in time.
+        """
+        sim_slice = self._slice(slice_name)
+        for host in sim_slice.hosts:
+            if not host.alive:
+                if host.metadata is not None:  # a new VM: no notice stands
+                    host.metadata.set(PREEMPTED, "FALSE")
+                    host.metadata.set(MAINTENANCE_EVENT, "NONE")
+                host.node = self._start_host(sim_slice, host.worker_id)
+        self._wait_for_alive_nodes()
+
+    def remove_slice(self, slice_name: str) -> None:
+        """Kill the slice and forget it (for tests that added one).
+
+        Args:
+            slice_name: The slice.
+
+        Raises:
+            SimulatorError: no such slice.
+        """
+        self.preempt_slice(slice_name, notice_s=0)
+        _close_metadata(self.slices.pop(slice_name))
+
+    def host_root(self, slice_name: str, worker_id: int) -> Path:
+        """The simulated host's own root: its ``dev/accel*`` and its ``tmp/`` (where
+        libtpu's lockfile lives), as ``TPUSLICE_SIM_HOST_ROOT`` tells its processes.
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+
+        Returns:
+            The directory.
+
+        Raises:
+            SimulatorError: no such host, or the cluster is not running.
+        """
+        self._host(slice_name, worker_id)
+        if self._root is None:
+            raise SimulatorError("the simulated cluster is not running; call start() first")
+        return self._root / slice_name / str(worker_id)
+
+    def physical_positions(self, slice_name: str) -> dict[int, int]:
+        """Where each host's chips sit in the slice (its physical position), by TPU worker
+        id; what the hosts' ``libtpu.sdk`` reports, in coordinates.
+
+        Args:
+            slice_name: The slice.
+
+        Returns:
+            ``{worker id: physical position}``.
+
+        Raises:
+            SimulatorError: no such slice.
+        """
+        return dict(self._slice(slice_name).physical)
+
+    def tpu_owners(self) -> dict[tuple[str, int], TPUOwner]:
+        """Every simulated host whose TPU a process owns now, and that process (read
+        directly: the hosts share this machine).
+
+        Returns:
+            ``{(slice name, worker id): owner}`` for each owned TPU.
+        """
+        owners = {}
+        for name, sim_slice in self.slices.items():
+            for host in sim_slice.hosts:
+                owner = find_owner(self.host_root(name, host.worker_id))
+                if owner is not None:
+                    owners[(name, host.worker_id)] = owner
+        return owners
+
+    def wait_tpus_free(self, timeout: float = 30.0) -> None:
+        """Wait (bounded) until no process owns any simulated host's TPU.
+
+        Args:
+            timeout: Seconds to wait.
+
+        Raises:
+            SimulatorError: some TPU is still owned; the message names host and owner.
+        """
+        deadline = time.monotonic() + timeout
+        while (owned := self.tpu_owners()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if owned:
+            held = "; ".join(f"{s}/{w}: {o.describe()}" for (s, w), o in sorted(owned.items()))
+            raise SimulatorError(f"TPUs still owned after {timeout:.0f} s: {held}")
+
+    def wait_until_dead(self, slice_name: str, worker_id: int, timeout: float = 30.0) -> None:
+        """Block until Ray's view marks a killed host dead (bounded poll).
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: The host's TPU worker id.
+            timeout: Seconds to wait at most.
+
+        Raises:
+            SimulatorError: Ray still sees the host alive after ``timeout``.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not any(n["Alive"] and _is_host(n, slice_name, worker_id) for n in ray.nodes()):
+                return
+            time.sleep(0.05)
+        raise SimulatorError(f"host {worker_id} of {slice_name} still alive after {timeout}s")
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _start_head(self) -> None:
+        self._progress("starting head node")
+        head_args: dict[str, Any] = {
+            "num_cpus": self.head_cpus,
+            "include_dashboard": False,
+            "object_store_memory": self.object_store_bytes,
+        }
+        system_config = dict(FAST_METRICS)
+        if self._fast_failure_detection:
+            system_config.update(FAST_FAILURE_DETECTION)
+        head_args["_system_config"] = system_config
+        # The head's processes (its dashboard reports usage) inherit this environment.
+        head_env = {key: os.environ.get(key, value) for key, value in HEAD_ENV_DEFAULTS.items()}
+        with _environment(head_env):
+            self._cluster = Cluster(initialize_head=True, head_node_args=head_args)
+
+    def _add_slice_nodes(
+        self,
+        shape: SliceShape,
+        name: str | None,
+        per_chip: int | None = None,
+        layout_seed: int | None = None,
+    ) -> str:
+        name = name or self._next_name(shape)
+        sim_slice = SimulatedSlice(name, shape, per_chip or self.tpu_resource_per_chip)
+        sim_slice.physical = physical_layout(shape, name, layout_seed)
+        self.slices[name] = sim_slice
+        for worker_id in range(shape.num_hosts):
+            values = host_values(name, worker_id, shape.pod_type, shape.topology)
+            host = SimulatedHost(name, worker_id, metadata=MetadataServer(values).start())
+            sim_slice.hosts.append(host)
+            host.node = self._start_host(sim_slice, worker_id)
+        return name
+
+    def _start_host(self, sim_slice: SimulatedSlice, worker_id: int) -> Any:
+        assert self._cluster is not None
+        shape, name = sim_slice.shape, sim_slice.name
+        self._progress(f"starting {name} host {worker_id + 1}/{shape.num_hosts}")
+        root = self._host_dir(name, worker_id)
+        paths = [str(SIM_SITE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        server = sim_slice.hosts[worker_id].metadata
+        env = {
+            **host_env(shape, name, worker_id),
+            SIM_ROOT_ENV: str(root),
+            "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+            **({METADATA_HOST_ENV: server.host} if server is not None else {}),
+        }
+        try:
+            # Ray resolves a node's TPU resources in this process, from the environment
+            # (as on GKE) or else the GCE metadata server; give it the environment.
+            agents: AbstractContextManager[None] = (
+                nullcontext() if self._full_host_agents else _ray.minimal_node_agents()
+            )
+            with _environment(env), agents:
+                return self._cluster.add_node(
+                    wait=False,
+                    num_cpus=self.cpus_per_host,
+                    object_store_memory=self.object_store_bytes,
+                    resources=host_resources(
+                        shape, name, worker_id, sim_slice.tpu_resource_per_chip
+                    ),
+                    labels=host_labels(shape, name, worker_id),
+                    env_vars=env,
+                )
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            raise SimulatorError(
+                f"could not start {name} host {worker_id}: {exc}\n{self._log_tail()}"
+            ) from exc
+
+    def _host_dir(self, slice_name: str, worker_id: int) -> Path:
+        """Make (if new) and return a host's root: ``dev/accel0..N-1`` and ``tmp/``."""
+        assert self._root is not None
+        sim_slice = self.slices[slice_name]
+        path = self._root / slice_name / str(worker_id)
+        make_host_root(path, sim_slice.shape, slice_name, worker_id, sim_slice.physical)
+        return path
+
+    def _next_name(self, shape: SliceShape) -> str:
+        for suffix in _suffixes():
+            name = f"{shape.pod_type}-{suffix}"
+            if name not in self.slices:
+                return name
+        raise AssertionError("unreachable: suffixes are unbounded")
+
+    def _wait_for_alive_nodes(self, timeout: float = 120.0) -> None:
+        assert self._cluster is not None
+        try:
+            self._cluster.wait_for_nodes(timeout=timeout)
+        except (TimeoutError, RuntimeError) as exc:
+            raise SimulatorError(
+                f"simulated hosts did not all register within {timeout}s: {exc}\n{self._log_tail()}"
+            ) from exc
+
+    def _log_tail(self, lines: int = 20) -> str:
+        if self._cluster is None or self._cluster.head_node is None:
+            return ""
+        logs = _ray.node_logs_dir(self._cluster.head_node)
+        if not logs:
+            return ""
+        tails = []
+        for path in sorted(Path(logs).glob("raylet*.err"))[-2:]:
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            tails.append(f"--- {path} ---\n" + "\n".join(text))
+        return "\n".join(tails)
+
+    def _slice(self, slice_name: str) -> SimulatedSlice:
+        if slice_name not in self.slices:
+            raise SimulatorError(
+                f"no simulated slice {slice_name!r}; have: {', '.join(self.slices) or 'none'}"
+            )
+        return self.slices[slice_name]
+
+    def _host(self, slice_name: str, worker_id: int) -> SimulatedHost:
+        hosts = self._slice(slice_name).hosts
+        if not 0 <= worker_id < len(hosts):
+            raise SimulatorError(
+                f"slice {slice_name} has workers 0..{len(hosts) - 1}, not {worker_id}"
+            )
+        return hosts[worker_id]
+
+
+SIM_SITE = Path(__file__).parent / "sim_site"
+"""Stand-ins for what simulated hosts import from a TPU VM (libtpu.sdk), put on their
+``PYTHONPATH``."""
+
+
+def _close_metadata(sim_slice: SimulatedSlice) -> None:
+    for host in sim_slice.hosts:
+        if host.metadata is not None:
+            host.metadata.close()
+            host.metadata = None
+
+
+def _check_notice(notice_s: float) -> None:
+    if not notice_s >= 0:
+        raise SimulatorError(f"notice_s must be seconds >= 0, got {notice_s!r}")
+
+
+USER_WORK_EXCLUDED = (
+    "ray::IDLE",
+    "ray::DashboardAgent",
+    "ray::RuntimeEnvAgent",
+    "ray::HostAgent",
+    "ray::SliceQueueActor",
+)
+"""Process titles :meth:`SimulatedCluster.hang_host` leaves running: idle workers, the
+node's Ray agents and tpuslice's own actors (a stuck collective does not stop those)."""
+
+
+def _is_user_work(pid: int) -> bool:
+    """Whether a process is a Ray worker running a user's task or actor."""
+    title = process_title(pid)
+    return title.startswith("ray::") and not title.startswith(USER_WORK_EXCLUDED)
+
+
+def physical_layout(shape: SliceShape, name: str, seed: int | None) -> dict[int, int]:
+    """Each TPU worker id's physical position in a simulated slice: in worker-id order,
+    or, with a seed, shuffled by ``random.Random(f"{seed}:{name}")``.
+
+    Args:
+        shape: The slice's shape.
+        name: Its name (so slices with one seed differ).
+        seed: The scrambling seed, or None for worker-id order.
+
+    Returns:
+        ``{worker id: physical position}``.
+    """
+    positions = list(range(shape.num_hosts))
+    if seed is not None:
+        random.Random(f"{seed}:{name}").shuffle(positions)
+    return dict(enumerate(positions))
+
+
+def make_host_root(
+    path: Path, shape: SliceShape, slice_name: str, worker_id: int, physical: Mapping[int, int]
+) -> None:
+    """Make (if new) a simulated host's root: ``dev/accel0..N-1``, ``tmp/``, and the
+    ``chip_coords.json`` that its ``libtpu.sdk`` stand-in reports (chips placed at the
+    host's physical position).
+
+    Args:
+        path: The host root.
+        shape: Its slice's shape.
+        slice_name: Its slice's name.
+        worker_id: Its TPU worker id.
+        physical: The slice's layout (see :func:`physical_layout`).
+    """
+    (path / "tmp").mkdir(parents=True, exist_ok=True)
+    (path / "dev").mkdir(exist_ok=True)
+    for chip in range(shape.chips_per_host):
+        (path / "dev" / f"accel{chip}").touch()
+    coordinates = _chip_coordinates(shape, physical[worker_id])
+    if coordinates is not None:
+        (path / "chip_coords.json").write_text(
+            json.dumps({"hostname": f"{slice_name}-w-{worker_id}", "coordinates": coordinates})
+        )
+
+
+def _chip_coordinates(shape: SliceShape, physical: int) -> list[list[int]] | None:
+    """The coordinates of the chips of the host at ``physical`` (see
+    :func:`tpuslice._tpu.subslice.chip_coordinates`); ``None`` for a shape whose hosts do not
+    tile its chip grid."""
+    grid = shape.worker_grid
+    if len(grid) != len(shape.dims):
+        return None
+    return chip_coordinates(physical, shape.topology, grid)
+
+
+def _driver_on(cluster: Cluster | None) -> bool:
+    """Whether this (connected) process's driver is on ``cluster``."""
+    if cluster is None:
+        return False
+    return str(ray.get_runtime_context().gcs_address) == str(cluster.address)
+
+
+def _suffixes() -> Iterable[str]:
+    """a, b, ..., z, aa, ab, ..., zz, aaa, ... (readable, unique, unbounded)."""
+    for length in itertools.count(1):
+        for letters in itertools.product(string.ascii_lowercase, repeat=length):
+            yield "".join(letters)
+
+
+def _is_host(node: dict[str, Any], slice_name: str, worker_id: int) -> bool:
+    labels = node.get("Labels") or {}
+    return bool(
+        labels.get(SLICE_NAME_LABEL) == slice_name and labels.get(WORKER_ID_LABEL) == str(worker_id)
+    )
+
+
+def _check_driver_env(env: Sequence[str] = (*HOST_ENV_VARS, SIM_ROOT_ENV)) -> None:
+    """Simulated nodes inherit the driver's env: a TPU_* there would leak into every host."""
+    leaked = [name for name in env if name in os.environ]
+    if leaked:
+        raise SimulatorError(
+            f"{', '.join(leaked)} set in this process; simulated hosts would inherit it. "
+            "Unset it before starting a SimulatedCluster."
+        )

@@ -1,0 +1,91 @@
+"""What Ray gives a TPU VM: node labels, resources and environment. Pure.
+
+These are Ray's conventions (GCE TPU VMs and KubeRay alike), spelled out once here so
+the simulator, host detection and the cluster view agree. tests/test_labels.py pins the
+keys against Ray's own constants.
+"""
+
+from __future__ import annotations
+
+from tpuslice._tpu.topology import SliceShape
+
+CallEnv = dict[str, str | None]
+"""Variables set on a host around one call of the user's work; None unsets one for it."""
+
+SLICE_NAME_LABEL = "ray.io/tpu-slice-name"
+WORKER_ID_LABEL = "ray.io/tpu-worker-id"
+POD_TYPE_LABEL = "ray.io/tpu-pod-type"
+TOPOLOGY_LABEL = "ray.io/tpu-topology"
+ACCELERATOR_TYPE_LABEL = "ray.io/accelerator-type"
+
+TPU_RESOURCE = "TPU"
+
+ENV_TPU_NAME = "TPU_NAME"
+ENV_TPU_WORKER_ID = "TPU_WORKER_ID"
+ENV_TPU_ACCELERATOR_TYPE = "TPU_ACCELERATOR_TYPE"
+ENV_TPU_TOPOLOGY = "TPU_TOPOLOGY"
+HOST_ENV_VARS = (ENV_TPU_NAME, ENV_TPU_WORKER_ID, ENV_TPU_ACCELERATOR_TYPE, ENV_TPU_TOPOLOGY)
+
+
+def host_labels(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str, str]:
+    """The node labels Ray sets on TPU worker ``worker_id`` of slice ``slice_name``.
+
+    Args:
+        shape: The slice's shape.
+        slice_name: The slice's name.
+        worker_id: The host's TPU worker id.
+
+    Returns:
+        Slice name, worker id, pod type, topology and accelerator type labels.
+    """
+    return {
+        SLICE_NAME_LABEL: slice_name,
+        WORKER_ID_LABEL: str(worker_id),
+        POD_TYPE_LABEL: shape.pod_type,
+        TOPOLOGY_LABEL: shape.topology,
+        ACCELERATOR_TYPE_LABEL: shape.accelerator_type,
+    }
+
+
+def host_resources(
+    shape: SliceShape, slice_name: str, worker_id: int, tpu_resource_per_chip: int = 1
+) -> dict[str, float]:
+    """``TPU`` (chips x resource per chip), the slice-name resource,
+    ``accelerator_type:TPU-V6E``, and ``TPU-<podtype>-head`` on worker 0 only.
+
+    Args:
+        shape: The slice's shape.
+        slice_name: The slice's name (also a resource of each of its hosts).
+        worker_id: The host's TPU worker id.
+        tpu_resource_per_chip: ``TPU`` units per chip.
+
+    Returns:
+        Resource name to amount.
+    """
+    resources: dict[str, float] = {
+        TPU_RESOURCE: float(shape.chips_per_host * tpu_resource_per_chip),
+        slice_name: 1.0,
+        f"accelerator_type:{shape.accelerator_type}": 1.0,
+    }
+    if worker_id == 0:
+        resources[shape.head_resource] = 1.0
+    return resources
+
+
+def host_env(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str, str]:
+    """The environment a TPU VM's processes see (GKE sets these; GCE has them in metadata).
+
+    Args:
+        shape: The slice's shape.
+        slice_name: The slice's name.
+        worker_id: The host's TPU worker id.
+
+    Returns:
+        ``TPU_NAME``, ``TPU_WORKER_ID``, ``TPU_ACCELERATOR_TYPE`` and ``TPU_TOPOLOGY``.
+    """
+    return {
+        ENV_TPU_NAME: slice_name,
+        ENV_TPU_WORKER_ID: str(worker_id),
+        ENV_TPU_ACCELERATOR_TYPE: shape.pod_type,
+        ENV_TPU_TOPOLOGY: shape.topology,
+    }

@@ -1,0 +1,307 @@
+"""Sub-slices of a TPU slice: which hosts form each smaller slice. Pure: no Ray.
+
+A multi-host slice's hosts sit on a grid (the *worker grid*: 4-chip hosts tile the chip
+grid in 2x2 or 2x2x1 blocks). libtpu reports each host's chips' physical coordinates; the
+smallest of them, divided by the block, is the host's *physical position*, which need not
+follow its TPU worker id. A sub-slice is a box of the worker grid: sub-slices of one
+topology cut the grid into equal boxes, numbered row-major.
+
+These are Ray 2.60's conventions (``ray.util.tpu.subslice_placement_group``), so that each
+side reads what the other discovered: node "labels" ``ray.io/tpu-subslice-<topology>: <n>``
+kept in Ray's internal KV store (namespace ``tpu_subslice``, key ``tpu_subslice/<slice>``,
+value ``{worker id: {label: index}}``). Ray's coordinate reading: a topology ``AxB`` is
+``(y, x)`` and a chip's coordinates are ``[x, y]``; ``AxBxC`` is ``(z, y, x)`` and
+coordinates are ``[x, y, z]`` (a missing ``z`` counts as 0).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+
+from tpuslice._tpu.topology import GENERATIONS, parse_dims
+from tpuslice.errors import InvalidTopologyError, listing
+
+SUBSLICE_LABEL_PREFIX = "ray.io/tpu-subslice-"
+KV_NAMESPACE = "tpu_subslice"
+HOST_BLOCK = {2: (2, 2), 3: (2, 2, 1)}
+"""Chips of one 4-chip host along each side of the chip grid (Ray assumes 4-chip hosts
+for every multi-host slice; a single-host v5e/v6e 2x4 of 8 chips has no sub-slices)."""
+
+
+def kv_key(slice_name: str) -> bytes:
+    """Ray's KV key for a slice's sub-slice labels: ``tpu_subslice/<slice name>``.
+
+    Args:
+        slice_name: The parent slice.
+
+    Returns:
+        The key, as bytes (Ray's internal KV takes bytes or str).
+    """
+    return f"tpu_subslice/{slice_name}".encode()
+
+
+def label_key(subslice_topology: str) -> str:
+    """``ray.io/tpu-subslice-<topology>``.
+
+    Args:
+        subslice_topology: The sub-slice's topology.
+
+    Returns:
+        The label key.
+    """
+    return f"{SUBSLICE_LABEL_PREFIX}{subslice_topology}"
+
+
+@functools.lru_cache(maxsize=512)
+def worker_dims(topology: str) -> tuple[int, ...]:
+    """Hosts along each side of a slice of ``topology`` made of 4-chip hosts, in the
+    topology's own order (Ray's ``(y, x)`` / ``(z, y, x)``): ``4x8`` -> ``(2, 4)``.
+
+    Args:
+        topology: A 2D or 3D topology.
+
+    Returns:
+        The worker grid.
+
+    Raises:
+        InvalidTopologyError: malformed, or a side the host block does not divide.
+    """
+    dims = parse_dims(topology)
+    block = HOST_BLOCK[len(dims)]
+    if any(d % b for d, b in zip(dims, block, strict=True)):
+        raise InvalidTopologyError(
+            f"topology '{topology}' is not a grid of 4-chip hosts "
+            f"({'x'.join(map(str, block))} chips each), so it has no worker grid"
+        )
+    return tuple(d // b for d, b in zip(dims, block, strict=True))
+
+
+@functools.lru_cache(maxsize=4)
+def _known_topologies(ndim: int) -> tuple[str, ...]:
+    """Every topology of any generation with ``ndim`` sides that 4-chip hosts tile,
+    by host count, then by sides."""
+    found = set()
+    for gen in GENERATIONS.values():
+        for topology in gen.topologies:
+            dims = parse_dims(topology)
+            block = HOST_BLOCK[len(dims)]
+            if len(dims) == ndim and all(d % b == 0 for d, b in zip(dims, block, strict=True)):
+                found.add(topology)
+    return tuple(sorted(found, key=lambda t: (math.prod(worker_dims(t)), worker_dims(t))))
+
+
+def subslice_topologies(parent_topology: str) -> list[str]:
+    """The smaller topologies a slice of ``parent_topology`` is cut into: those whose
+    worker grid fits inside the parent's on every side and has fewer hosts.
+
+    Args:
+        parent_topology: The parent slice's topology.
+
+    Returns:
+        The sub-topologies, by host count (ascending).
+
+    Raises:
+        InvalidTopologyError: the parent has no worker grid.
+    """
+    return list(_subslice_topologies(parent_topology))
+
+
+@functools.lru_cache(maxsize=512)
+def _subslice_topologies(parent_topology: str) -> tuple[str, ...]:
+    parent = worker_dims(parent_topology)
+    count = math.prod(parent)
+    return tuple(
+        t
+        for t in _known_topologies(len(parent))
+        if math.prod(sub := worker_dims(t)) < count
+        and all(s <= p for s, p in zip(sub, parent, strict=True))
+    )
+
+
+def physical_position(coordinates: Sequence[Sequence[int]], parent_topology: str) -> int:
+    """A host's place in the parent's worker grid, row-major, from its chips' coordinates.
+
+    Args:
+        coordinates: Each chip's ``[x, y]`` or ``[x, y, z]``, as libtpu reports them.
+        parent_topology: The slice's topology.
+
+    Returns:
+        The host's physical position (0-based).
+
+    Raises:
+        InvalidTopologyError: no coordinates, or a position outside the grid.
+    """
+    if not coordinates:
+        raise InvalidTopologyError("a host reported no chip coordinates")
+    grid = worker_dims(parent_topology)
+    chips = parse_dims(parent_topology)
+    # Ray's reading: sides are (y, x) or (z, y, x); coordinates are [x, y(, z)].
+    axis_of_coordinate = [len(grid) - 1 - i for i in range(len(grid))]  # x, y, z -> side
+    position = [0] * len(grid)
+    for coordinate_index, side in enumerate(axis_of_coordinate):
+        lowest = min(c[coordinate_index] if len(c) > coordinate_index else 0 for c in coordinates)
+        block = max(1, chips[side] // grid[side])
+        position[side] = lowest // block
+    if any(p >= g for p, g in zip(position, grid, strict=True)):
+        raise InvalidTopologyError(
+            f"chip coordinates {list(map(list, coordinates))} put a host at {position}, "
+            f"outside the {'x'.join(map(str, grid))} worker grid of '{parent_topology}'"
+        )
+    return _row_major(position, grid)
+
+
+def chip_coordinates(
+    physical: int, parent_topology: str, grid: Sequence[int] | None = None
+) -> list[list[int]]:
+    """The coordinates libtpu reports for the chips of the host at ``physical`` (the
+    inverse of :func:`physical_position`, in Ray's reading): the simulator's source.
+
+    Args:
+        physical: The host's physical position.
+        parent_topology: The slice's topology.
+        grid: Its worker grid (default: 4-chip hosts, :func:`worker_dims`).
+
+    Returns:
+        One ``[x, y]`` or ``[x, y, z]`` per chip of the host.
+    """
+    grid = tuple(grid) if grid is not None else worker_dims(parent_topology)
+    chips = parse_dims(parent_topology)
+    block = [c // g for c, g in zip(chips, grid, strict=True)]
+    corner = [p * b for p, b in zip(_position(physical, grid), block, strict=True)]
+    sides = [range(c, c + b) for c, b in zip(corner, block, strict=True)]
+    return [list(reversed(chip)) for chip in itertools.product(*sides)]
+
+
+def _row_major(position: Sequence[int], grid: Sequence[int]) -> int:
+    index = 0
+    for p, g in zip(position, grid, strict=True):
+        index = index * g + p
+    return index
+
+
+def _position(index: int, grid: Sequence[int]) -> list[int]:
+    position = []
+    for g in reversed(grid):
+        position.append(index % g)
+        index //= g
+    return list(reversed(position))
+
+
+def subslice_index(physical: int, parent_topology: str, subslice_topology: str) -> int:
+    """Which sub-slice of ``subslice_topology`` the host at ``physical`` belongs to: the
+    parent's grid cut into boxes of the sub-slice's grid, numbered row-major.
+
+    Args:
+        physical: The host's physical position.
+        parent_topology: The slice's topology.
+        subslice_topology: The sub-slice's topology.
+
+    Returns:
+        The index.
+    """
+    grid = worker_dims(parent_topology)
+    sub = worker_dims(subslice_topology)
+    position = _position(physical, grid)
+    boxes = [g // s for g, s in zip(grid, sub, strict=True)]
+    return _row_major([p // s for p, s in zip(position, sub, strict=True)], boxes)
+
+
+def host_labels(physical: int, parent_topology: str) -> dict[str, str]:
+    """Every sub-slice label of the host at ``physical``: ``{label key: index}``.
+
+    Args:
+        physical: The host's physical position.
+        parent_topology: The slice's topology.
+
+    Returns:
+        One label per sub-topology of the parent.
+    """
+    return {
+        label_key(sub): str(subslice_index(physical, parent_topology, sub))
+        for sub in subslice_topologies(parent_topology)
+    }
+
+
+def physical_from_labels(labels: Mapping[str, str], parent_topology: str) -> int | None:
+    """A host's physical position read back from its labels (the one-host sub-slice's
+    index is the position), for labels another program (Ray) discovered.
+
+    Args:
+        labels: The host's sub-slice labels.
+        parent_topology: The slice's topology.
+
+    Returns:
+        The position, or ``None`` if the labels do not say.
+    """
+    smallest = subslice_topologies(parent_topology)
+    if not smallest or math.prod(worker_dims(smallest[0])) != 1:
+        return None
+    raw = labels.get(label_key(smallest[0]))
+    return int(raw) if raw is not None and raw.isdecimal() else None
+
+
+def members(
+    physical_by_worker: Mapping[int, int],
+    parent_topology: str,
+    subslice_topology: str,
+) -> dict[int, list[int]]:
+    """Each sub-slice's hosts: ``{index: [TPU worker ids, ascending]}``; hosts in the
+    ragged rest of a side the sub-slice does not divide are left out.
+
+    Args:
+        physical_by_worker: Each TPU worker id's physical position.
+        parent_topology: The slice's topology.
+        subslice_topology: The sub-slice's topology.
+
+    Returns:
+        The whole sub-slices, by index.
+    """
+    size = math.prod(worker_dims(subslice_topology))
+    grid, sub = worker_dims(parent_topology), worker_dims(subslice_topology)
+    boxes = [g // s for g, s in zip(grid, sub, strict=True)]
+    found: dict[int, list[int]] = {}
+    for worker, physical in physical_by_worker.items():
+        box = [p // s for p, s in zip(_position(physical, grid), sub, strict=True)]
+        if any(b >= n for b, n in zip(box, boxes, strict=True)):
+            continue  # in the ragged rest of a side (Ray gives it a whole box's index)
+        found.setdefault(_row_major(box, boxes), []).append(worker)
+    return {i: sorted(ws) for i, ws in sorted(found.items()) if len(ws) == size}
+
+
+def valid_parents(subslice_topology: str, topologies: Sequence[str]) -> list[str]:
+    """Which of ``topologies`` can hold a ``subslice_topology``, smallest first.
+
+    Args:
+        subslice_topology: The sub-slice wanted.
+        topologies: The topologies the cluster has.
+
+    Returns:
+        Those whose worker grid is at least the sub-slice's on every side (not the
+        sub-topology itself), by host count.
+
+    Raises:
+        InvalidTopologyError: the sub-slice has no worker grid (the message lists
+            the shapes that do).
+    """
+    try:
+        sub = worker_dims(subslice_topology)
+    except InvalidTopologyError as exc:
+        valid = [t for n in (2, 3) for t in _known_topologies(n)]
+        raise InvalidTopologyError(
+            f"sub-slice topology '{subslice_topology}' is not a grid of 4-chip hosts; "
+            f"valid: {listing(valid)}"
+        ) from exc
+    parents = []
+    for topology in set(topologies):
+        if topology == subslice_topology:
+            continue
+        try:
+            grid = worker_dims(topology)
+        except InvalidTopologyError:
+            continue
+        if len(grid) == len(sub) and all(g >= s for g, s in zip(grid, sub, strict=True)):
+            parents.append(topology)
+    return sorted(parents, key=lambda t: (math.prod(worker_dims(t)), worker_dims(t)))

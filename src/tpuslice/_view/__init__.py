@@ -1,0 +1,5 @@
+"""Reading the cluster: one snapshot of every TPU host and slice, their states, physical
+layouts, and the queue's published record.
+
+May import: :mod:`tpuslice._host` and below.
+"""

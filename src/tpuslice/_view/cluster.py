@@ -1,0 +1,676 @@
+"""Read-only view of the TPU slices in a Ray cluster: which exist, and which are idle.
+
+The core, :func:`build_snapshot`, is pure: it turns node records (``ray.nodes()`` shape)
+and per-node available resources into a :class:`ClusterSnapshot`. :func:`read_snapshot`
+is the one place that reads Ray: one read of the nodes, one of available resources.
+
+A host whose TPUs are all in use has *no* ``TPU`` key in its available resources; that
+means 0 free, not "all free" (Ray 2.60's ``get_num_ready_tpu_slices`` gets this wrong).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import ray
+
+from tpuslice import _ray
+from tpuslice._host.notices import Notice
+from tpuslice._tpu.clock import Clock
+from tpuslice._tpu.compat import resolve_resource_per_chip
+from tpuslice._tpu.labels import (
+    POD_TYPE_LABEL,
+    SLICE_NAME_LABEL,
+    TOPOLOGY_LABEL,
+    TPU_RESOURCE,
+    WORKER_ID_LABEL,
+)
+from tpuslice._tpu.topology import SliceShape, parse_pod_type, slice_shape
+from tpuslice._view.queue_record import QUEUE_KEY, QUEUE_NAMESPACE, QueuedRequest, QueueRecord
+from tpuslice.errors import InvalidArgumentError
+
+logger = logging.getLogger(__name__)
+
+NodeRecord = Mapping[str, Any]
+Available = Mapping[str, Mapping[str, float]]
+
+
+class HostState(str, enum.Enum):
+    """One TPU host in a snapshot: free, busy (some TPU or its head resource in use), dead."""
+
+    FREE = "free"
+    BUSY = "busy"
+    DEAD = "dead"
+
+
+class SliceState(str, enum.Enum):
+    """One TPU slice in a snapshot: ready to reserve, whole but busy, or broken."""
+
+    READY = "ready"
+    """Every host alive, worker 0 present, every TPU and the head resource free."""
+    BUSY = "busy"
+    """Whole, but some TPU (or the head resource) is in use."""
+    BROKEN = "broken"
+    """A host missing or dead, no worker 0, or labels that do not add up."""
+    NOTICE = "notice"
+    """Whole, but a host was warned of preemption or maintenance (:mod:`tpuslice._host.notices`):
+    about to go, so never reserved; work on it should move."""
+
+
+class HostInfo(NamedTuple):
+    """One Ray node that carries TPU labels or resources. A named tuple, not a frozen
+    dataclass: there is one per TPU VM, and it is built in half the time (benchmarks/).
+
+    Attributes:
+        node_id: Ray's node id (hex).
+        address: The node's IP address.
+        slice_name: The slice it belongs to.
+        worker_id: Its TPU worker id; None if its label is missing or not a number.
+        alive: Whether Ray sees the node alive.
+        tpu_total: ``TPU`` resource the node has.
+        tpu_available: ``TPU`` resource free now (0 on a dead node).
+        tpu_owner: The process its TPU agent last saw owning the TPU (``pid 4242
+            (python train.py)``), if any: such a host is busy even when Ray's resources
+            say it is free (a process outside Ray, or a leftover, holds the TPU).
+        notice: The preemption or maintenance notice its metadata server gave, if any.
+    """
+
+    node_id: str
+    address: str
+    slice_name: str
+    worker_id: int | None
+    alive: bool
+    tpu_total: float
+    tpu_available: float
+    head_free: bool | None
+    """Whether the ``TPU-<podtype>-head`` resource is free (worker 0 only)."""
+    tpu_owner: str | None = None
+    notice: Notice | None = None
+
+    @property
+    def state(self) -> HostState:
+        """Dead, busy (any TPU or the head resource in use, or the TPU owned), or free."""
+        if not self.alive:
+            return HostState.DEAD
+        busy = self.tpu_available < self.tpu_total or self.head_free is False
+        return HostState.BUSY if busy or self.tpu_owner else HostState.FREE
+
+
+@dataclass(frozen=True)
+class SliceInfo:
+    """One TPU slice: its shape (when the labels give it) and its hosts by worker id.
+
+    Attributes:
+        name: The slice name (for a single-host VM without one, its node id).
+        pod_type: The pod type (``v6e-16``), as labelled when it names no valid shape.
+        topology: The chip grid (``4x4``), as labelled when it names no valid shape.
+        shape: The shape; None when the labels name no valid one.
+        hosts: The chosen host per worker id, in worker-id order.
+        state: Ready, busy or broken.
+        reason: Why it is busy or broken; ``""`` when ready.
+        expected_hosts: Hosts the shape has (the hosts found, without a shape).
+    """
+
+    name: str
+    pod_type: str
+    topology: str
+    shape: SliceShape | None
+    hosts: Mapping[int, HostInfo]
+    state: SliceState
+    reason: str
+    expected_hosts: int
+
+    @property
+    def generation(self) -> str | None:
+        """The generation's name (``v6e``); None without a shape."""
+        return self.shape.generation.name if self.shape else None
+
+    @property
+    def alive_hosts(self) -> int:
+        """Hosts Ray sees alive."""
+        return sum(1 for h in self.hosts.values() if h.alive)
+
+    @property
+    def busy_hosts(self) -> int:
+        """Live hosts with some TPU or the head resource in use."""
+        return sum(1 for h in self.hosts.values() if h.state is HostState.BUSY)
+
+    @property
+    def missing_workers(self) -> list[int]:
+        """Worker ids the shape has but no node claims, in order."""
+        return [w for w in range(self.expected_hosts) if w not in self.hosts]
+
+    @property
+    def chips_total(self) -> float:
+        """``TPU`` resource of the live hosts (chips x TPU units per chip)."""
+        return sum(h.tpu_total for h in self.hosts.values() if h.alive)
+
+    @property
+    def chips_free(self) -> float:
+        """Free ``TPU`` resource of the live hosts."""
+        return sum(h.tpu_available for h in self.hosts.values() if h.alive)
+
+    @property
+    def notice(self) -> Notice | None:
+        """The most urgent notice on a live host of the slice, if any."""
+        found = [h.notice for h in self.hosts.values() if h.notice is not None and h.alive]
+        return min(found, key=lambda n: n.deadline) if found else None
+
+    @property
+    def head_node_id(self) -> str | None:
+        """Node id of worker 0; None if there is no worker 0."""
+        head = self.hosts.get(0)
+        return head.node_id if head else None
+
+    def matches(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> bool:
+        """Same generation, topology and chips per VM as ``shape`` (so the 1-VM and 2-VM
+        forms of a v6e 2x4 differ), and every live host with that VM's ``TPU``. Dead
+        hosts are not compared: ``ray.nodes()`` reports no resources for a dead node.
+
+        Args:
+            shape: The shape asked for.
+            tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+
+        Returns:
+            Whether this slice has exactly that shape.
+        """
+        per_host = shape.chips_per_host * tpu_resource_per_chip
+        return self.shape == shape and all(
+            h.tpu_total == per_host for h in self.hosts.values() if h.alive
+        )
+
+    def describe(self) -> str:
+        """``v6e-16-a: 4/4 hosts in use`` style summary for error messages.
+
+        Returns:
+            The name, with its reason: hosts in use (and any TPU owner seen), or what
+            is broken.
+        """
+        return f"{self.name}: {self.reason}" if self.reason else self.name
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """Every TPU slice of a cluster at one moment.
+
+    Attributes:
+        slices: Every slice, by name.
+        taken_at: When the cluster was read (``time.time()`` seconds).
+        queue: The cluster-wide queue as last published (``None`` if none was).
+    """
+
+    slices: Mapping[str, SliceInfo]
+    taken_at: float = field(default_factory=time.time)
+    queue: QueueRecord | None = None
+
+    def queued(self, kind: str | None = None) -> list[QueuedRequest]:
+        """The requests waiting in the cluster-wide queue, if its record is fresh.
+
+        Args:
+            kind: Only those waiting for this kind of slice (``v6e-16 4x4``).
+
+        Returns:
+            Them in serving order.
+        """
+        if self.queue is None or not self.queue.fresh(self.taken_at):
+            return []
+        return [r for r in self.queue.requests if kind is None or r.kind == kind]
+
+    def matching(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
+        """Slices of exactly this shape, in name order.
+
+        Args:
+            shape: The shape asked for (see :meth:`SliceInfo.matches`).
+            tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+
+        Returns:
+            The matching slices in any state.
+        """
+        found = [s for s in self.slices.values() if s.matches(shape, tpu_resource_per_chip)]
+        return sorted(found, key=lambda s: s.name)
+
+    def ready(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
+        """Slices of this shape that are idle and whole (ready to reserve), in name order.
+
+        Args:
+            shape: The shape asked for (see :meth:`SliceInfo.matches`).
+            tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+
+        Returns:
+            The ready slices.
+        """
+        return [
+            s for s in self.matching(shape, tpu_resource_per_chip) if s.state is SliceState.READY
+        ]
+
+    def whole(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
+        """Slices of this shape that are not broken (ready or busy).
+
+        Args:
+            shape: The shape asked for (see :meth:`SliceInfo.matches`).
+            tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+
+        Returns:
+            The whole slices, in name order.
+        """
+        matching = self.matching(shape, tpu_resource_per_chip)
+        return [s for s in matching if s.state is not SliceState.BROKEN]
+
+
+# --- pure core ------------------------------------------------------------------------
+
+
+def build_snapshot(
+    nodes: Sequence[NodeRecord],
+    available: Available,
+    tpu_resource_per_chip: int = 1,
+    taken_at: float | None = None,
+    tpu_owners: Mapping[str, str] | None = None,
+    notices: Mapping[str, Notice] | None = None,
+) -> ClusterSnapshot:
+    """Group TPU nodes into slices and classify each. Pure; linear in the node count.
+
+    Args:
+        nodes: Node records, as ``ray.nodes()`` returns them; nodes without TPU labels
+            or resources are ignored.
+        available: Free resources per node id; a node missing here counts as all free, a
+            ``TPU`` key missing from its entry as none free.
+        tpu_resource_per_chip: The cluster's ``RAY_TPU_RESOURCE_PER_CHIP`` (TPU resource
+            units per physical chip), needed to tell chips per VM from the ``TPU`` resource.
+        taken_at: When the records were read (default: now).
+        tpu_owners: Per node id, the process seen owning its TPU (described); such a
+            host is busy whatever its resources say.
+        notices: Per node id, a preemption or maintenance notice standing on it; its
+            slice is :attr:`SliceState.NOTICE` unless broken.
+
+    Returns:
+        Every TPU slice, each classified; nodes that do not add up make a slice broken,
+        never an error.
+    """
+    groups: dict[str, list[NodeRecord]] = {}
+    for node in nodes:
+        key = _slice_key(node)
+        if key is not None:
+            groups.setdefault(key, []).append(node)
+    now = taken_at if taken_at is not None else time.time()
+    slices = {
+        name: _classify(
+            name, members, available, tpu_resource_per_chip, tpu_owners or {}, notices or {}, now
+        )
+        for name, members in groups.items()
+    }
+    return ClusterSnapshot(slices, now)
+
+
+def node_labels_of(node: NodeRecord) -> Mapping[str, str]:
+    """The node labels of a ``ray.nodes()`` record.
+
+    Args:
+        node: One record of ``ray.nodes()``.
+
+    Returns:
+        Its labels; empty when it has none.
+    """
+    labels: Mapping[str, str] = node.get("Labels") or {}
+    return labels
+
+
+def _resources(node: NodeRecord) -> Mapping[str, float]:
+    resources: Mapping[str, float] = node.get("Resources") or {}
+    return resources
+
+
+def _slice_key(node: NodeRecord) -> str | None:
+    """The slice a node belongs to: its slice-name label, else (a single-host TPU VM
+    without one) its node id. ``None`` for nodes that are not TPU hosts."""
+    labels = node_labels_of(node)
+    if labels.get(SLICE_NAME_LABEL):
+        return labels[SLICE_NAME_LABEL]
+    if labels.get(POD_TYPE_LABEL) and _resources(node).get(TPU_RESOURCE):
+        return str(node.get("NodeID"))
+    return None
+
+
+def _host(
+    node: NodeRecord,
+    slice_name: str,
+    available: Available,
+    head: str | None,
+    owners: Mapping[str, str],
+    notices: Mapping[str, Notice],
+) -> HostInfo:
+    """One node as a :class:`HostInfo`; ``head`` is the slice's head resource, if known."""
+    node_id: str = node.get("NodeID", "")
+    address: str = node.get("NodeManagerAddress", "")
+    resources: Mapping[str, float] = node.get("Resources") or {}
+    alive: bool = node.get("Alive", False)
+    tpu_total = float(resources.get(TPU_RESOURCE, 0.0))
+    reported = available.get(node_id)
+    # Absent node entry: registered but not yet reported, so nothing can be using it.
+    # Absent TPU key in a reported entry: every TPU is in use.
+    free = tpu_total if reported is None else float(reported.get(TPU_RESOURCE, 0.0))
+    tpu_available = free if alive else 0.0
+    head_free = None
+    if head is not None and head in resources:
+        head_free = reported is None or reported.get(head, 0.0) >= 1.0
+    worker_id = _worker_id((node.get("Labels") or {}).get(WORKER_ID_LABEL))
+    # Positional on purpose (same names, same order as the fields): keyword arguments
+    # make a named tuple three times slower to build, and there is one per TPU VM.
+    owner = owners.get(node_id) if owners else None
+    notice = notices.get(node_id) if notices else None
+    return HostInfo(
+        node_id,
+        address,
+        slice_name,
+        worker_id,
+        alive,
+        tpu_total,
+        tpu_available,
+        head_free,
+        owner,
+        notice,
+    )
+
+
+def _worker_id(raw: str | None) -> int | None:
+    """The worker-id label as an int; ``None`` if absent or not a plain number
+    (``isdecimal``, not ``isdigit``: ``"²".isdigit()`` is true but ``int("²")`` fails)."""
+    return int(raw) if raw and raw.isdecimal() else None
+
+
+class _Claimed(NamedTuple):
+    """A valid slice shape named by labels, with the facts classification needs
+    computed once (``SliceShape`` derives them from the topology string on each access)."""
+
+    shape: SliceShape
+    num_hosts: int
+    pod_type: str
+    head_resource: str
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_of(
+    pod_type: str | None, topology: str | None, chips_per_host: int | None
+) -> _Claimed | None:
+    """The slice shape the labels claim, or ``None`` if they do not name a valid one.
+    Cached: a cluster has a few shapes, and parsing them per slice was most of the time."""
+    if not pod_type:
+        return None
+    prefix, _, size = pod_type.rpartition("-")
+    try:
+        if topology:
+            shape = slice_shape(topology, prefix, chips_per_host)
+        else:
+            shape = parse_pod_type(pod_type, chips_per_host)
+    except InvalidArgumentError:
+        return None
+    if size != str(shape.cores):
+        return None  # topology and pod type disagree (``v6e-8`` labelled ``4x4``)
+    return _Claimed(shape, shape.num_hosts, shape.pod_type, shape.head_resource)
+
+
+def _chips_per_host(node: NodeRecord, per_chip: int) -> int | None:
+    """Chips per VM as this node reports them, if that is a whole number of chips."""
+    chips = float(_resources(node).get(TPU_RESOURCE, 0.0)) / per_chip
+    return int(chips) if chips.is_integer() and chips > 0 else None
+
+
+def _first_alive(members: list[NodeRecord]) -> NodeRecord:
+    """The node that speaks for the slice: the first live one (a dead one may be a VM
+    that was since replaced), else the first."""
+    for node in members:
+        if node.get("Alive"):
+            return node
+    return members[0]
+
+
+def _classify(
+    name: str,
+    members: list[NodeRecord],
+    available: Available,
+    per_chip: int,
+    owners: Mapping[str, str],
+    notices: Mapping[str, Notice],
+    now: float,
+) -> SliceInfo:
+    """Pick the live node per worker id, then decide READY / BUSY / BROKEN / NOTICE and
+    why."""
+    reference = _first_alive(members)
+    labels = node_labels_of(reference)
+    pod_type, topology = labels.get(POD_TYPE_LABEL), labels.get(TOPOLOGY_LABEL)
+    claimed = _shape_of(pod_type, topology, _chips_per_host(reference, per_chip))
+    head = claimed.head_resource if claimed else None
+    # A single-host VM with no worker-id label is its own worker 0.
+    default_worker = 0 if claimed and claimed.num_hosts == 1 else None
+    found = [_host(n, name, available, head, owners, notices) for n in members]
+    hosts, problems = _pick_hosts(found, default_worker)
+    if claimed is None:
+        problems.insert(
+            0, f"labels do not name a valid slice (pod type {pod_type!r}, topology {topology!r})"
+        )
+    if not reference.get("Alive"):
+        # Dead nodes report no resources, so the shape is a guess: say what is known.
+        problems.insert(0, f"every host dead ({len(members)} known)")
+    expected = claimed.num_hosts if claimed else len(hosts)
+    state, reason = _state(hosts, expected, problems, now)
+    return SliceInfo(
+        name=name,
+        pod_type=claimed.pod_type if claimed else pod_type or "",
+        topology=claimed.shape.topology if claimed else topology or "",
+        shape=claimed.shape if claimed else None,
+        hosts=dict(sorted(hosts.items())),
+        state=state,
+        reason=reason,
+        expected_hosts=expected,
+    )
+
+
+def _pick_hosts(
+    found: list[HostInfo], default_worker: int | None
+) -> tuple[dict[int, HostInfo], list[str]]:
+    """One host per worker id, preferring a live node over a dead one it replaced.
+
+    Returns the hosts and what does not add up: live hosts without a worker-id label,
+    and worker ids claimed by more than one live host.
+    """
+    hosts: dict[int, HostInfo] = {}
+    unlabelled = 0
+    doubled: set[int] = set()
+    for host in found:
+        worker = host.worker_id if host.worker_id is not None else default_worker
+        if worker is None:
+            unlabelled += host.alive
+            continue
+        if host.worker_id is None:
+            host = host._replace(worker_id=worker)
+        held = hosts.get(worker)
+        if held is None or (host.alive and not held.alive):
+            hosts[worker] = host
+        elif host.alive:
+            doubled.add(worker)
+    problems = [f"{unlabelled} live host(s) without a worker-id label"] if unlabelled else []
+    if doubled:
+        problems.append(f"worker id(s) {sorted(doubled)} on more than one live host")
+    return hosts, problems
+
+
+def _state(
+    hosts: Mapping[int, HostInfo], expected: int, problems: list[str], now: float
+) -> tuple[SliceState, str]:
+    """BROKEN (with the first thing wrong), else NOTICE if a live host was warned, else
+    BUSY if any host is in use, else READY."""
+    if problems:
+        return SliceState.BROKEN, problems[0]
+    extra, dead, busy = [], [], 0
+    warned: Notice | None = None
+    for worker, host in hosts.items():  # one pass: this runs once per slice
+        if worker >= expected:
+            extra.append(worker)
+        elif not host.alive:
+            dead.append(worker)
+        else:
+            busy += host.state is HostState.BUSY
+            if host.notice is not None and (
+                warned is None or host.notice.deadline < warned.deadline
+            ):
+                warned = host.notice
+    if extra:
+        return SliceState.BROKEN, f"worker id(s) {sorted(extra)} outside 0..{expected - 1}"
+    # Every key is now in 0..expected-1, so a full count means nothing is missing.
+    missing = [] if len(hosts) == expected else [w for w in range(expected) if w not in hosts]
+    if 0 in missing or 0 in dead:
+        return SliceState.BROKEN, "no live worker 0"
+    if missing or dead:
+        parts = [f"host {', '.join(map(str, sorted(dead)))} dead"] if dead else []
+        parts += [f"host {', '.join(map(str, missing))} missing"] if missing else []
+        return SliceState.BROKEN, ", ".join(parts)
+    if warned is not None:
+        return SliceState.NOTICE, warned.describe(now)
+    if busy:
+        held = [
+            f"host {worker}: TPU held by {host.tpu_owner}"
+            for worker, host in hosts.items()
+            if host.tpu_owner and host.alive
+        ]
+        return SliceState.BUSY, "; ".join([f"{busy}/{expected} hosts in use", *held])
+    return SliceState.READY, ""
+
+
+# --- the one Ray read -------------------------------------------------------------------
+
+
+def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
+    """Read the connected cluster: one available-resources call (``ray.nodes()`` too
+    when the set of alive nodes changed), and, alongside, the TPU owners and notices the
+    hosts' agents recorded (:mod:`tpuslice._host.agent`) and the queue's record from Ray's KV
+    store.
+
+    Args:
+        tpu_resource_per_chip: The cluster's ``TPU`` units per chip; ``None`` reads
+            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+
+    Returns:
+        Every TPU slice of the cluster now.
+
+    Raises:
+        InvalidArgumentError: the TPU units per chip is not a positive integer.
+    """
+    per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
+    # The KV read goes through another GCS client than the node and resource reads, so
+    # it runs alongside them (they share one client and would only queue behind it).
+    from tpuslice._host.agent import recorded_notes  # agent.py builds on this module's siblings
+
+    recorded = _reader().submit(recorded_notes)
+    queued = _reader().submit(read_queue_record)
+    available = _ray.available_resources_per_node()
+    nodes = _node_records(available)
+    found_owners, notices = recorded.result()
+    owners = {node: owner.describe() for node, owner in found_owners.items()}
+    queue = queued.result()
+    snapshot = build_snapshot(nodes, available, per_chip, tpu_owners=owners, notices=notices)
+    return dataclasses.replace(snapshot, queue=queue)
+
+
+FREED_BOUND_S = 2.0
+"""How long a hand-back waits for Ray's resource view to show its hosts free."""
+FREED_POLL_S = 0.01
+
+
+def wait_freed(
+    hosts: Iterable[HostInfo],
+    head_resource: str | None,
+    *,
+    timeout_s: float = FREED_BOUND_S,
+    read: Callable[[], Available] | None = None,
+    clock: Clock | None = None,
+) -> bool:
+    """Wait until Ray's resource view has shown each host's TPU free (and, on a host
+    that has it, the head resource), once: the groups of a hand-back are gone then.
+
+    Removing a placement group returns before its hosts report their resources back
+    (about 100 ms on an idle cluster). A group asked for on those hosts meanwhile does
+    not place until the GCS retries it, 0.3-0.9 s later (benchmarks/RESULTS.md), so a
+    hand-back that waits for the view ends with its slice claimable at once. Each host
+    counts once seen free, even if someone takes it again at once; a host the view no
+    longer lists (dead) counts as free.
+
+    Args:
+        hosts: The hosts handed back, with their ``TPU`` totals.
+        head_resource: The slice's head resource (``TPU-v6e-16-head``), or ``None``.
+        timeout_s: Bound on the wait.
+        read: Reads the available resources per node (default: Ray's view).
+        clock: Injected time.
+
+    Returns:
+        True once every host was seen free; False if the bound passed first.
+    """
+    read = read or _ray.available_resources_per_node
+    clock = clock or Clock()
+    waiting = {h.node_id: h for h in hosts}
+    deadline = clock.now() + timeout_s
+    while True:
+        available = read()
+        for node, host in list(waiting.items()):
+            free = available.get(node)
+            head_ok = head_resource is None or host.head_free is None
+            if free is None or (
+                free.get(TPU_RESOURCE, 0.0) >= host.tpu_total
+                and (head_ok or free.get(head_resource or "", 0.0) >= 1.0)
+            ):
+                del waiting[node]
+        if not waiting:
+            return True
+        if clock.now() >= deadline:
+            return False
+        clock.sleep(FREED_POLL_S)
+
+
+_nodes_seen: list[tuple[frozenset[str], list[NodeRecord]] | None] = [None]
+
+
+def _node_records(available: Available) -> list[NodeRecord]:
+    """``ray.nodes()``, read again only when the set of alive nodes changed.
+
+    A node's labels and total resources are fixed for its life, and ``available`` lists
+    exactly the alive nodes, so while that set is unchanged the last records still
+    describe every node (and every dead one, whose records do not change either). This
+    saves the largest read of a snapshot on every look of a reservation.
+    """
+    alive = frozenset(available)
+    seen = _nodes_seen[0]  # one read: another thread may replace it meanwhile
+    if seen is not None and seen[0] == alive:
+        return seen[1]
+    nodes: list[NodeRecord] = ray.nodes()
+    now_alive = frozenset(n["NodeID"] for n in nodes if n.get("Alive"))
+    _nodes_seen[0] = (now_alive, nodes) if now_alive == alive else None
+    return nodes
+
+
+def read_queue_record() -> QueueRecord | None:
+    """The cluster-wide queue's last record (:mod:`tpuslice._view.queue_record`).
+
+    Returns:
+        The record; ``None`` if there is none, or it cannot be read (logged at debug).
+    """
+    raw = _ray.kv_get(QUEUE_KEY, QUEUE_NAMESPACE)
+    if raw is None:
+        return None
+    try:
+        return QueueRecord.from_json(raw)
+    except ValueError as exc:
+        logger.debug("ignoring an unreadable queue record: %s", exc)
+        return None
+
+
+@functools.cache
+def _reader() -> ThreadPoolExecutor:
+    """Background threads for the snapshot's KV reads (owners, queue)."""
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="tpuslice-snapshot")

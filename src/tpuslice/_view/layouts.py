@@ -1,0 +1,234 @@
+"""Where each host of a slice physically sits: learned once per slice, kept in Ray's KV.
+
+A slice's *layout* maps each TPU worker id to its physical position (see
+:mod:`tpuslice._tpu.subslice`). It is learned by *discovery*: reserve the whole slice (only
+when it is idle, so no job holds any part of it), ask libtpu on every host for its chips'
+coordinates, give the slice back. That happens once per slice per cluster lifetime:
+
+- Ray's record: its format (namespace ``tpu_subslice``, key ``tpu_subslice/<slice>``,
+  ``{worker id: {ray.io/tpu-subslice-<topology>: index}}``), written for Ray to read, and
+  read when Ray discovered the slice first (the one-host sub-slice's index is the host's
+  position);
+- tpuslice's record (namespace ``tpuslice``, ``subslice-layout/<slice>``): the positions
+  and the node ids they were learned on, so that a slice whose hosts were replaced (same
+  name, new nodes) is discovered again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import ray
+
+from tpuslice import _ray
+from tpuslice._tpu import subslice
+from tpuslice._view.cluster import SliceInfo
+from tpuslice.errors import DiscoveryFailedError
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "tpuslice"
+KEY_PREFIX = "subslice-layout/"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One slice's physical layout.
+
+    Attributes:
+        slice_name: The slice.
+        topology: Its topology.
+        physical: Each TPU worker id's physical position.
+        nodes: The node id of each worker when the layout was learned (``None`` when
+            Ray's record was all there was).
+    """
+
+    slice_name: str
+    topology: str
+    physical: Mapping[int, int]
+    nodes: Mapping[int, str] | None
+
+    def current_for(self, info: SliceInfo) -> bool:
+        """Whether this layout still describes ``info`` (same hosts, if known).
+
+        Args:
+            info: The slice as the cluster shows it now.
+
+        Returns:
+            True if every worker id is known and, where recorded, on the same node.
+        """
+        if set(self.physical) != set(range(info.expected_hosts)) or info.topology != self.topology:
+            return False
+        if self.nodes is None:
+            return True
+        return all(self.nodes.get(w) == h.node_id for w, h in info.hosts.items() if h.alive)
+
+    def ray_labels(self) -> dict[str, dict[str, str]]:
+        """Ray's record: every worker's sub-slice labels.
+
+        Returns:
+            ``{worker id: {label key: index}}``, worker ids as strings.
+        """
+        return {
+            str(w): subslice.host_labels(p, self.topology) for w, p in sorted(self.physical.items())
+        }
+
+
+def positions_from_coordinates(
+    coordinates: Mapping[int, list[list[int]]], topology: str
+) -> dict[int, int]:
+    """Each worker's physical position from its chips' coordinates. Pure.
+
+    Args:
+        coordinates: Per TPU worker id, its chips' coordinates (libtpu's report).
+        topology: The slice's topology.
+
+    Returns:
+        ``{worker id: physical position}``.
+
+    Raises:
+        DiscoveryFailedError: a worker reported nothing, or two share a position.
+    """
+    found: dict[int, int] = {}
+    for worker, coords in sorted(coordinates.items()):
+        if not coords:
+            raise DiscoveryFailedError(f"TPU worker {worker} reported no chip coordinates")
+        found[worker] = subslice.physical_position(coords, topology)
+    if len(set(found.values())) != len(found):
+        raise DiscoveryFailedError(
+            f"chip coordinates put two workers at one place in {topology}: {found}"
+        )
+    return found
+
+
+_known: dict[str, Layout] = {}
+"""Layouts this process has read or learned, by slice name. A layout tied to node ids
+cannot change while those nodes live (it is where their chips are), so it is reused
+without reading the KV store again while :meth:`Layout.current_for` holds."""
+
+
+def forget(slice_name: str) -> None:
+    """Drop this process's copy of a slice's layout (the records stay; see :func:`load`).
+
+    Args:
+        slice_name: The slice.
+    """
+    _known.pop(slice_name, None)
+
+
+def load(info: SliceInfo, *, record: bool = True) -> Layout | None:
+    """The layout of a slice: this process's copy if it still describes the slice, else
+    as recorded.
+
+    Args:
+        info: The slice now.
+        record: When only Ray's record exists, write tpuslice's (with today's nodes).
+
+    Returns:
+        tpuslice's record if current, else one read from Ray's (recorded now as ours,
+        with today's nodes), else ``None``: the slice must be discovered.
+    """
+    cached = _known.get(info.name)
+    if cached is not None and cached.current_for(info):
+        return cached
+    found = _read(info, record)
+    if found is not None and found.nodes is not None:
+        _known[info.name] = found
+    return found
+
+
+def _read(info: SliceInfo, record: bool) -> Layout | None:
+    raw = _ray.kv_get(KEY_PREFIX + info.name, NAMESPACE)
+    if raw is not None:
+        try:
+            data = json.loads(raw)
+            layout = Layout(
+                info.name,
+                str(data["topology"]),
+                {int(w): int(p) for w, p in data["physical"].items()},
+                {int(w): str(n) for w, n in data["nodes"].items()},
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("ignoring the unreadable layout record of %s: %s", info.name, exc)
+        else:
+            return layout if layout.current_for(info) else None
+    from_ray = _from_ray_record(info)
+    if from_ray is not None and record:
+        layout = Layout(info.name, info.topology, from_ray.physical, _nodes(info))
+        save(layout, ray_too=False, source="ray")
+        return layout
+    return from_ray
+
+
+def _from_ray_record(info: SliceInfo) -> Layout | None:
+    raw = _ray.kv_get(subslice.kv_key(info.name).decode(), subslice.KV_NAMESPACE)
+    if raw is None:
+        return None
+    try:
+        labels = json.loads(raw)
+        physical = {
+            int(w): subslice.physical_from_labels(ls, info.topology) for w, ls in labels.items()
+        }
+    except (ValueError, TypeError, AttributeError) as exc:
+        logger.warning("ignoring Ray's unreadable sub-slice record of %s: %s", info.name, exc)
+        return None
+    if any(p is None for p in physical.values()):
+        return None
+    layout = Layout(
+        info.name, info.topology, {w: p for w, p in physical.items() if p is not None}, None
+    )
+    return layout if layout.current_for(info) else None
+
+
+def _nodes(info: SliceInfo) -> dict[int, str]:
+    return {w: h.node_id for w, h in info.hosts.items() if h.alive}
+
+
+def save(layout: Layout, *, ray_too: bool = True, source: str = "tpuslice") -> None:
+    """Record a layout: tpuslice's record, and Ray's (so Ray's API reads it).
+
+    Args:
+        layout: What discovery learned.
+        ray_too: Also write Ray's record.
+        source: Who learned it: ``tpuslice``, or ``ray`` (read from Ray's record).
+    """
+    data = {
+        "topology": layout.topology,
+        "physical": {str(w): p for w, p in layout.physical.items()},
+        "nodes": {str(w): n for w, n in (layout.nodes or {}).items()},
+        "source": source,
+        "learned_at": time.time(),
+    }
+    _ray.kv_put(KEY_PREFIX + layout.slice_name, json.dumps(data).encode(), NAMESPACE)
+    if layout.nodes is not None:
+        _known[layout.slice_name] = layout
+    if ray_too:
+        record = json.dumps(layout.ray_labels()).encode()
+        _ray.kv_put(subslice.kv_key(layout.slice_name).decode(), record, subslice.KV_NAMESPACE)
+
+
+def chip_coordinates_here() -> list[list[int]]:
+    """This host's chips' coordinates, from libtpu's SDK (on a simulated host, its
+    stand-in); runs on the host, in a discovery task.
+
+    Returns:
+        One ``[x, y]`` / ``[x, y, z]`` per chip.
+
+    Raises:
+        RuntimeError: libtpu is not installed on this host.
+    """
+    try:
+        from libtpu import sdk
+    except ImportError as exc:
+        raise RuntimeError(
+            "libtpu is needed on TPU hosts to learn a slice's physical layout "
+            "(pip install libtpu on every TPU host)"
+        ) from exc
+    return [list(chip.coordinates()) for chip in sdk.slice.get_chip_coordinates()]
+
+
+coordinates_task = ray.remote(num_cpus=0, max_retries=0)(chip_coordinates_here)

@@ -1,0 +1,154 @@
+"""What the cluster-wide queue publishes after each decision (issue 15). Pure.
+
+The queue actor writes one :class:`QueueRecord` to Ray's KV store (namespace
+``tpuslice``, key :data:`QUEUE_KEY`). ``tpuslice status`` shows it, and every snapshot
+carries it, so a driver about to reserve knows, at no extra cost, whether others already
+wait for its kind of slice (then it queues behind them) or not (then it claims at once).
+A record older than :data:`FRESH_S` is ignored: the queue writes one at every decision
+while anyone waits, so an old one means its actor is gone or idle.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+QUEUE_KEY = "queue"
+QUEUE_NAMESPACE = "tpuslice"
+FRESH_S = 3.0
+"""A record older than this no longer describes a live queue."""
+
+
+@dataclass(frozen=True)
+class QueuedRequest:
+    """One request waiting in the queue (or granted, not yet claimed).
+
+    Attributes:
+        ticket: Its id.
+        kind: The slices it waits for (``v6e-16 4x4``).
+        count: ``(min, max)`` slices.
+        priority: Higher first.
+        who: The driver (``pid 12 on host-a (job 01000000)``).
+        since: When it first enqueued (wall-clock seconds).
+        position: Its place in the queue, from 1.
+        granted: Slices granted to it and not yet claimed.
+        reason: Why it waits.
+        arrival: Its arrival number (a restarted queue keeps its place for it).
+    """
+
+    ticket: str
+    kind: str
+    count: tuple[int, int]
+    priority: int
+    who: str
+    since: float
+    position: int
+    granted: tuple[str, ...] = ()
+    reason: str = ""
+    arrival: int = 0
+
+    @property
+    def wanted(self) -> str:
+        """``2`` or ``1..3`` slices."""
+        low, high = self.count
+        return str(low) if low == high else f"{low}..{high}"
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready form (``count`` as ``[min, max]``).
+
+        Returns:
+            The fields.
+        """
+        return {
+            "ticket": self.ticket,
+            "kind": self.kind,
+            "count": list(self.count),
+            "priority": self.priority,
+            "who": self.who,
+            "since": self.since,
+            "position": self.position,
+            "granted": list(self.granted),
+            "reason": self.reason,
+            "arrival": self.arrival,
+        }
+
+
+@dataclass(frozen=True)
+class QueueRecord:
+    """The queue at one moment.
+
+    Attributes:
+        at: When it was written (wall-clock seconds).
+        requests: Every ticket, in serving order.
+    """
+
+    at: float
+    requests: tuple[QueuedRequest, ...] = ()
+
+    def fresh(self, now: float) -> bool:
+        """Whether the record still describes a live queue.
+
+        Args:
+            now: Wall-clock seconds.
+
+        Returns:
+            True if it was written less than :data:`FRESH_S` ago.
+        """
+        return now - self.at < FRESH_S
+
+    def waiting_for(self, kind: str, now: float) -> list[QueuedRequest]:
+        """The requests of a kind, if the record is fresh.
+
+        Args:
+            kind: A kind key (:attr:`tpuslice._queue.service.SliceKind.key`).
+            now: Wall-clock seconds.
+
+        Returns:
+            Them in serving order; empty if none, or the record is stale.
+        """
+        if not self.fresh(now):
+            return []
+        return [r for r in self.requests if r.kind == kind]
+
+    def to_json(self) -> bytes:
+        """Encode for the KV store.
+
+        Returns:
+            UTF-8 JSON.
+        """
+        data = {"at": self.at, "requests": [r.to_dict() for r in self.requests]}
+        return json.dumps(data).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> QueueRecord:
+        """Decode what :meth:`to_json` wrote.
+
+        Args:
+            raw: The stored bytes.
+
+        Returns:
+            The record.
+
+        Raises:
+            ValueError: it is not such a record (``json.JSONDecodeError`` is one).
+        """
+        data = json.loads(raw)
+        try:
+            requests = tuple(
+                QueuedRequest(
+                    ticket=str(r["ticket"]),
+                    kind=str(r["kind"]),
+                    count=(int(r["count"][0]), int(r["count"][1])),
+                    priority=int(r["priority"]),
+                    who=str(r["who"]),
+                    since=float(r["since"]),
+                    position=int(r["position"]),
+                    granted=tuple(str(s) for s in r.get("granted", ())),
+                    reason=str(r.get("reason", "")),
+                    arrival=int(r.get("arrival", 0)),
+                )
+                for r in data["requests"]
+            )
+            return cls(at=float(data["at"]), requests=requests)
+        except (KeyError, TypeError, IndexError) as exc:
+            raise ValueError(f"not a queue record: {exc}") from exc

@@ -1,0 +1,109 @@
+"""Ray 2.60's cluster-reading TPU functions, same names and signatures, on our cluster view.
+
+Unlike Ray, a host whose TPUs are all in use counts as busy, and a slice counts only if
+its shape (pod type, topology, TPU per host) matches exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from tpuslice._tpu.compat import resolve_resource_per_chip
+from tpuslice._tpu.labels import SLICE_NAME_LABEL
+from tpuslice._tpu.topology import slice_shape
+from tpuslice._view.cluster import SliceState, node_labels_of, read_snapshot
+
+
+def get_tpu_slice_name_from_node(node: dict[str, Any]) -> str | None:
+    """The slice-name label of a ``ray.nodes()`` record, or ``None``.
+
+    Args:
+        node: One record of ``ray.nodes()``.
+
+    Returns:
+        The ``ray.io/tpu-slice-name`` label; ``None``, not an error, if it has none.
+    """
+    return node_labels_of(node).get(SLICE_NAME_LABEL)
+
+
+def get_tpu_nodes_for_slice(
+    slice_name: str, nodes: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Alive nodes of the slice; ``[]`` when Ray is not initialised and no nodes are given.
+
+    Args:
+        slice_name: The slice's name.
+        nodes: Node records to search (default: ``ray.nodes()``).
+
+    Returns:
+        The records of the slice's live nodes, in the order given; ``[]``, not an error,
+        when Ray is not initialised and ``nodes`` is None (as in Ray).
+    """
+    if nodes is None:
+        if not ray.is_initialized():
+            return []
+        nodes = ray.nodes()
+    return [n for n in nodes if n.get("Alive") and get_tpu_slice_name_from_node(n) == slice_name]
+
+
+def _count(
+    topology: str, accelerator_type: str, per_chip: int | None, states: set[SliceState]
+) -> int:
+    if not ray.is_initialized():
+        return 0
+    shape = slice_shape(topology, accelerator_type)
+    resolved = resolve_resource_per_chip(per_chip)
+    snapshot = read_snapshot(resolved)
+    return sum(1 for s in snapshot.matching(shape, resolved) if s.state in states)
+
+
+def get_num_ready_tpu_slices(
+    topology: str, accelerator_type: str, tpu_resource_per_chip: int | None = None
+) -> int:
+    """Slices of this shape that are whole and idle (every TPU free); 0 without Ray.
+
+    Args:
+        topology: The slice's chip grid (``"4x4"``).
+        accelerator_type: Its TPU generation, in any accepted spelling.
+        tpu_resource_per_chip: The cluster's ``TPU`` units per chip; ``None`` reads
+            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+
+    Returns:
+        The count; 0, not an error, when Ray is not initialised (as in Ray; the
+        arguments are then not checked). Invalid arguments raise, where Ray 2.60 logs a
+        warning and returns 0.
+
+    Raises:
+        InvalidAcceleratorError: the generation is unknown.
+        InvalidTopologyError: the topology is malformed or not offered for it.
+        InvalidArgumentError: the TPU units per chip is not a positive integer.
+    """
+    return _count(topology, accelerator_type, tpu_resource_per_chip, {SliceState.READY})
+
+
+def get_num_tpu_slices(
+    topology: str, accelerator_type: str, tpu_resource_per_chip: int | None = None
+) -> int:
+    """Slices of this shape that are whole (idle or busy); 0 without Ray.
+
+    Args:
+        topology: The slice's chip grid (``"4x4"``).
+        accelerator_type: Its TPU generation, in any accepted spelling.
+        tpu_resource_per_chip: The cluster's ``TPU`` units per chip; ``None`` reads
+            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+
+    Returns:
+        The count; 0, not an error, when Ray is not initialised (as in Ray; the
+        arguments are then not checked). Invalid arguments raise, where Ray 2.60 logs a
+        warning and returns 0.
+
+    Raises:
+        InvalidAcceleratorError: the generation is unknown.
+        InvalidTopologyError: the topology is malformed or not offered for it.
+        InvalidArgumentError: the TPU units per chip is not a positive integer.
+    """
+    return _count(
+        topology, accelerator_type, tpu_resource_per_chip, {SliceState.READY, SliceState.BUSY}
+    )

@@ -1,0 +1,251 @@
+"""``tpuslice`` command line: a thin layer over the library (click + rich).
+
+Errors from the library become one red line and an exit code: 2 for bad input
+(click's usage code), 1 for anything the cluster refused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import click
+from rich.console import Console, RenderableType
+from rich.live import Live
+from rich.table import Table
+
+import tpuslice
+from tpuslice import events
+from tpuslice._tpu import topology as topo
+from tpuslice._view import cluster
+from tpuslice.cli import jobs as cli_jobs
+from tpuslice.cli import owners as cli_owners
+from tpuslice.cli import status
+from tpuslice.cli.connect import UsageError, connected
+from tpuslice.errors import InvalidArgumentError
+
+console = Console()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(tpuslice.__version__, prog_name="tpuslice")
+def main() -> None:
+    """Run SPMD work on whole TPU slices with Ray (or on a simulated cluster)."""
+
+
+@main.command()
+@click.argument("generation", required=False)
+def topologies(generation: str | None) -> None:
+    """List valid slice shapes: chips, hosts, pod type and head resource.
+
+    GENERATION may be any accepted spelling (v6e, TPU-V6E, v5e, tpu7x, ...).
+    """
+    try:
+        gens = [topo.generation(generation)] if generation else list(topo.GENERATIONS.values())
+    except InvalidArgumentError as exc:
+        raise UsageError(str(exc)) from exc
+    for gen in gens:
+        table = Table(
+            title=f"{gen.name}: {gen.cores_per_chip} TensorCore(s)/chip, "
+            f"pod type counts {gen.pod_type_counts}, {gen.dims}D",
+            title_justify="left",
+        )
+        for column in ("topology", "chips", "hosts", "pod type", "head resource"):
+            table.add_column(
+                column,
+                justify="right" if column in ("chips", "hosts") else "left",
+                overflow="fold",
+            )
+        for name in gen.sorted_topologies():
+            shape = topo.slice_shape(name, gen.name)
+            table.add_row(
+                name,
+                str(shape.chips),
+                str(shape.num_hosts),
+                shape.pod_type,
+                shape.head_resource,
+            )
+        console.print(table)
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+def pause(seconds: float) -> None:
+    """The wait between ``--watch`` refreshes (a seam for tests).
+
+    Args:
+        seconds: How long to wait.
+    """
+    time.sleep(seconds)
+
+
+def watch(show: Callable[[], None], interval: float) -> None:
+    """Call ``show`` now and then every ``interval`` seconds, until Ctrl-C.
+
+    Args:
+        show: Draws one refresh.
+        interval: Seconds between refreshes.
+
+    Raises:
+        KeyboardInterrupt: how the loop ends.
+    """
+    while True:
+        show()
+        pause(interval)
+
+
+@main.command(name="status")
+@click.option(
+    "--address",
+    default=None,
+    help="Ray cluster address (default: RAY_ADDRESS, else the cluster running on this machine).",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON for scripts (one object per line with --watch).",
+)
+@click.option(
+    "--watch",
+    "interval",
+    type=click.FloatRange(min=0.1),
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    metavar="[SECONDS]",
+    help="Refresh every SECONDS (default 2) until Ctrl-C.",
+)
+@click.option(
+    "--tpu-resource-per-chip",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Ray TPU resource units per chip (default: RAY_TPU_RESOURCE_PER_CHIP or 1).",
+)
+@click.option(
+    "--owners",
+    is_flag=True,
+    help="Ask every TPU host which process owns its TPU (pid, command, Ray job) and show it.",
+)
+@click.option(
+    "--events",
+    "event_count",
+    type=click.IntRange(min=1, max=events.MAX_EVENTS),
+    is_flag=False,
+    flag_value=50,
+    default=None,
+    metavar="[N]",
+    help="Show the last N (default 50) events of the slice timeline instead: reservations, "
+    "waits, hand-backs, runs, notices, host losses and retries, from any driver.",
+)
+def status_command(
+    address: str | None,
+    as_json: bool,
+    interval: float | None,
+    tpu_resource_per_chip: int | None,
+    owners: bool,
+    event_count: int | None,
+) -> None:
+    """Show every TPU slice: state, hosts and free TPUs, and each slice's host grid."""
+    if event_count is not None and (interval is not None or owners):
+        raise click.UsageError("--events shows the timeline alone: drop --watch and --owners")
+    with connected(address):
+        if event_count is not None:
+            history = events.read_events(event_count)
+            if as_json:
+                click.echo(json.dumps({"events": [e.to_dict() for e in history]}, indent=2))
+            else:
+                console.print(status.timeline_table(history))
+            return
+
+        def read() -> cluster.ClusterSnapshot:
+            snapshot = cluster.read_snapshot(tpu_resource_per_chip)
+            if owners:  # the agents record what they see; read again to show it
+                ask_owners(snapshot)
+                snapshot = cluster.read_snapshot(tpu_resource_per_chip)
+            return snapshot
+
+        if interval is None:
+            snapshot = read()
+            _print_status(snapshot, as_json)
+            if owners and not as_json:
+                console.print(status.owners_table(snapshot))
+            return
+        try:
+            if as_json:
+                watch(lambda: click.echo(json.dumps(_status_json(read()))), interval)
+            else:
+                _watch_live(read, interval)
+        except KeyboardInterrupt:
+            pass  # Ctrl-C is how a watch ends
+
+
+def ask_owners(snapshot: cluster.ClusterSnapshot) -> None:
+    """Have every live TPU host's agent look for its TPU's owner now (they record it).
+
+    Args:
+        snapshot: The cluster's hosts.
+    """
+    from tpuslice._host.agent import describe_errors, probe_owners
+
+    nodes = [h.node_id for s in snapshot.slices.values() for h in s.hosts.values() if h.alive]
+    with console.status(f"asking {len(nodes)} TPU host(s) who owns their TPU"):
+        failed = describe_errors(probe_owners(nodes))
+    for line in failed:
+        console.print(f"[yellow]no answer from {line}[/yellow]")
+
+
+def known_layouts(snapshot: cluster.ClusterSnapshot) -> dict[str, dict[int, int]]:
+    """Each slice's physical layout where it was learned (Ray's record or ours); read
+    only. Slices that cannot have sub-slices are not looked up.
+
+    Args:
+        snapshot: The cluster.
+
+    Returns:
+        ``{slice name: {worker id: physical position}}``.
+    """
+    from tpuslice._view import layouts
+
+    found = {}
+    for info in snapshot.slices.values():
+        if info.shape is None or info.shape.chips_per_host != 4 or info.shape.is_single_host:
+            continue
+        layout = layouts.load(info, record=False)
+        if layout is not None:
+            found[info.name] = dict(layout.physical)
+    return found
+
+
+def _print_status(snapshot: cluster.ClusterSnapshot, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(_status_json(snapshot), indent=2))
+    else:
+        console.print(status.render_status(snapshot, console.width, known_layouts(snapshot)))
+
+
+def _status_json(snapshot: cluster.ClusterSnapshot) -> dict[str, object]:
+    return status.status_dict(snapshot, known_layouts(snapshot))
+
+
+def _render(snapshot: cluster.ClusterSnapshot) -> RenderableType:
+    return status.render_status(snapshot, console.width, known_layouts(snapshot))
+
+
+def _watch_live(read: Callable[[], cluster.ClusterSnapshot], interval: float) -> None:
+    """Redraw the status screen in place (rich Live) every ``interval`` seconds."""
+    with Live(console=console, auto_refresh=False) as live:
+        watch(
+            lambda: live.update(_render(read()), refresh=True),
+            interval,
+        )
+
+
+cli_jobs.register(main)
+cli_owners.register(main)
+
+
+if __name__ == "__main__":
+    main()

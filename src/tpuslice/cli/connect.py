@@ -1,0 +1,141 @@
+"""Joining a running Ray cluster from the CLI, and the CLI's error types.
+
+Shared by :mod:`tpuslice.cli.commands` and :mod:`tpuslice.cli.jobs` (which import it, never each
+other's internals). Never starts a cluster; an address nobody answers fails in seconds,
+not after Ray's minutes of retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import click
+import ray
+
+from tpuslice import _ray
+
+NO_CLUSTER_HINT = "start one with `tpuslice simulate`, or pass --address HOST:PORT"
+PROBE_TIMEOUT_S = 3.0
+
+
+class UsageError(click.UsageError):
+    """Bad input shown as a click usage error (exit code 2)."""
+
+
+class NoClusterError(click.ClickException):
+    """There is no running Ray cluster to connect to (exit code 1)."""
+
+
+def connect(address: str | None) -> bool:
+    """Join a running Ray cluster: ``address``, else ``RAY_ADDRESS``, else the one this
+    machine last started. Never starts one.
+
+    Args:
+        address: ``HOST:PORT`` (or ``ray://HOST:PORT``), or ``None``.
+
+    Returns:
+        Whether this call connected, in which case the caller owns the ``ray.shutdown()``
+        (see :func:`connected`); ``False`` if this process was already connected.
+
+    Raises:
+        UsageError: ``address`` is malformed, or ``local`` (which would start a cluster).
+        NoClusterError: nothing answers at the address (or none is running here).
+    """
+    if ray.is_initialized():
+        return False
+    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    if target == "local":
+        raise UsageError(
+            "address 'local' would start a new Ray cluster; pass HOST:PORT of a running one, "
+            "or leave --address out to find the one on this machine"
+        )
+    if target != "auto":
+        probe(target)
+    else:
+        recorded = _ray.recorded_cluster_address()
+        if recorded:  # Ray would retry this one for minutes if it is gone
+            probe(recorded, stale=True)
+    try:
+        # "auto" (not None): with no cluster found, None would start a new local one.
+        ray.init(address=target, log_to_driver=False, logging_level=logging.WARNING)
+    except ConnectionError as exc:  # Ray's "no running instance" / "failed to connect"
+        where = "on this machine" if target == "auto" else f"at {target}"
+        raise NoClusterError(f"no running Ray cluster {where}; {NO_CLUSTER_HINT}") from exc
+    except ValueError as exc:  # a malformed address: the only argument the user gave
+        raise UsageError(f"Ray address {target!r} is not valid: {exc}") from exc
+    return True
+
+
+def connect_or_none(address: str | None) -> bool | None:
+    """Like :func:`connect`, but ``None`` (not an error) when no cluster is running and
+    no address was given. An address that does not answer is still an error.
+
+    Args:
+        address: ``HOST:PORT``, or ``None``.
+
+    Returns:
+        As :func:`connect`, or ``None`` when there is no cluster to join.
+
+    Raises:
+        UsageError: a malformed address.
+        NoClusterError: an address was given (argument or ``RAY_ADDRESS``) and nothing
+            answers there.
+    """
+    try:
+        return connect(address)
+    except NoClusterError:
+        if address or os.environ.get("RAY_ADDRESS"):
+            raise
+        return None
+
+
+def probe(target: str, timeout: float = PROBE_TIMEOUT_S, *, stale: bool = False) -> None:
+    """Fail fast when nothing listens at ``target`` (Ray itself retries for minutes).
+
+    Args:
+        target: ``HOST:PORT`` or ``ray://HOST:PORT``.
+        timeout: Seconds to wait for the TCP connection.
+        stale: ``target`` is the address Ray recorded for the last cluster started here
+            (the message then says so).
+
+    Raises:
+        UsageError: ``target`` is not ``HOST:PORT``.
+        NoClusterError: nothing accepts a connection there.
+    """
+    host, _, port = target.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"Ray address {target!r} is not valid: expected HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        if stale:
+            raise NoClusterError(
+                f"no running Ray cluster on this machine: the last one started here "
+                f"({target}, recorded by Ray) does not answer ({exc}); {NO_CLUSTER_HINT}"
+            ) from exc
+        raise NoClusterError(
+            f"no running Ray cluster at {target} ({exc}); {NO_CLUSTER_HINT}"
+        ) from exc
+
+
+@contextmanager
+def connected(address: str | None) -> Iterator[None]:
+    """Be connected for the block; disconnect afterwards only if we connected.
+
+    Args:
+        address: As for :func:`connect`.
+
+    Raises:
+        UsageError: as :func:`connect`.
+        NoClusterError: as :func:`connect`.
+    """
+    ours = connect(address)
+    try:
+        yield
+    finally:
+        if ours:
+            ray.shutdown()

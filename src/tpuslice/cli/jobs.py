@@ -1,0 +1,491 @@
+"""The CLI commands that start or use clusters: ``simulate``, ``run`` and ``demo``.
+
+Kept apart from ``cli.py`` (parsing, ``topologies``, ``status``) so each stays small.
+All three are thin: the work is in :mod:`tpuslice.testing`, :mod:`tpuslice._run.shell`,
+:mod:`tpuslice._run.run` and :mod:`tpuslice.cli.status`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import click
+import ray
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tpuslice import _observe as observe
+from tpuslice import events
+from tpuslice._host.context import HostContext, current_host
+from tpuslice._reserve.groups import live_placement_groups
+from tpuslice._reserve.request import SliceRequest
+from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._run.resilient import (
+    AttemptEvent,
+    GangBrokenError,
+    Outcome,
+    ResilientRun,
+    RetryPolicy,
+    judged,
+)
+from tpuslice._run.run import run_on_slice
+from tpuslice._run.shell import HostResult, program_name, run_command, worst_exit_code
+from tpuslice._run.watchdog import AttemptWatch
+from tpuslice._sim.simulated import SimulatedCluster, SliceSpec
+from tpuslice._view import cluster
+from tpuslice.cli import status
+from tpuslice.cli.connect import UsageError, connect_or_none
+from tpuslice.errors import InvalidArgumentError, RetriesExhaustedError, TPUSliceError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C for the block, so both clean up the same way."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def start_simulator(specs: list[SliceSpec]) -> SimulatedCluster:
+    """Start a SimulatedCluster, showing its progress on stderr.
+
+    Args:
+        specs: The slices to simulate.
+
+    Returns:
+        The running cluster (not connected).
+
+    Raises:
+        SimulatorError: a host could not start.
+    """
+    total = sum(spec.shape().num_hosts * spec.count for spec in specs)
+    with err_console.status(f"starting a simulated cluster ({total} TPU hosts)") as spinner:
+
+        def progress(message: str) -> None:
+            spinner.update(f"{escape(message)} [dim](of {total} TPU hosts)[/dim]")
+
+        sim = SimulatedCluster(specs, progress=progress)
+        sim.start()
+    err_console.print(
+        f"[green]simulated cluster ready[/green] in {sim.startup_seconds:.1f} s: "
+        f"{', '.join(sim.slices)}"
+    )
+    return sim
+
+
+def parse_specs(texts: tuple[str, ...], default: str) -> list[SliceSpec]:
+    """Parse ``--slices`` values (``GEN:TOPOLOGY[:COUNT[:CHIPS_PER_VM]]``).
+
+    Args:
+        texts: The values given (none: ``default``).
+        default: The spec used when none is given.
+
+    Returns:
+        The validated specs.
+
+    Raises:
+        click.UsageError: a spec is malformed or names an invalid shape.
+    """
+    try:
+        specs = [SliceSpec.parse(t) for t in (texts or (default,))]
+        for spec in specs:
+            spec.shape()
+    except InvalidArgumentError as exc:
+        raise click.UsageError(str(exc)) from exc
+    return specs
+
+
+# --- simulate ----------------------------------------------------------------------------
+
+
+@click.command()
+@click.option(
+    "--slices",
+    "slice_texts",
+    multiple=True,
+    metavar="GEN:TOPOLOGY[:COUNT[:CHIPS_PER_VM]]",
+    help="Slices to simulate (repeatable). Default: v6e:4x4:2.",
+)
+def simulate(slice_texts: tuple[str, ...]) -> None:
+    """Start a simulated TPU cluster in the foreground; Ctrl-C stops it."""
+    specs = parse_specs(slice_texts, "v6e:4x4:2")
+    with sigterm_as_interrupt():
+        sim = start_simulator(specs)
+        try:
+            console.print(f"address: [bold]{sim.address}[/bold]")
+            console.print(f'connect: [bold]ray.init(address="{sim.address}")[/bold]')
+            console.print(f"status:  [bold]tpuslice status --address {sim.address}[/bold]")
+            sim.connect()
+            _status_line_until_interrupted()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            err_console.print("shutting down the simulated cluster ...")
+            sim.shutdown()
+            err_console.print("[green]stopped[/green]: no Ray process of ours is left")
+
+
+def _status_line_until_interrupted(interval: float = 1.0) -> None:
+    with err_console.status("") as line:
+        while True:
+            line.update(
+                f"{status.summary_line(cluster.read_snapshot())}; "
+                f"{len(live_placement_groups())} placement group(s) — Ctrl-C to stop"
+            )
+            time.sleep(interval)
+
+
+# --- run ---------------------------------------------------------------------------------
+
+
+if TYPE_CHECKING:
+    _CountType = click.ParamType[int | tuple[int, int]]
+else:  # click before 8.2 has no generic ParamType
+    _CountType = click.ParamType
+
+
+class SliceCount(_CountType):
+    """``N`` (an int) or ``MIN..MAX`` (a tuple), each at least 1, min <= max."""
+
+    name = "N|MIN..MAX"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | tuple[int, int]:
+        """Parse the option.
+
+        Args:
+            value: The text (or an already converted value).
+            param: The option.
+            ctx: The click context.
+
+        Returns:
+            An int, or ``(min, max)``.
+        """
+        if isinstance(value, (int, tuple)):
+            return value
+        text = str(value).strip()
+        low, sep, high = text.partition("..")
+        try:
+            bounds = (int(low), int(high)) if sep else (int(text), int(text))
+        except ValueError:
+            self.fail(f"{text!r} is not N or MIN..MAX (e.g. 2 or 1..4)", param, ctx)
+        if not 1 <= bounds[0] <= bounds[1]:
+            self.fail(f"{text!r}: need 1 <= MIN <= MAX", param, ctx)
+        return bounds if sep else bounds[0]
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--topology", required=True, help="Slice topology, e.g. 4x4.")
+@click.option("--accelerator", required=True, help="TPU generation, e.g. v6e.")
+@click.option(
+    "--slices",
+    "num_slices",
+    default="1",
+    type=SliceCount(),
+    show_default=True,
+    help="Slices: N, or MIN..MAX to take as many as are idle (at least MIN).",
+)
+@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+@click.option("--simulate", is_flag=True, help="Without a cluster, start a simulated one.")
+@click.option(
+    "--timeout",
+    default=100.0,
+    type=click.FloatRange(min=0),
+    show_default=True,
+    help="Seconds to wait for idle slices.",
+)
+@click.option(
+    "--retries",
+    default=0,
+    type=click.IntRange(min=0),
+    show_default=True,
+    help="Rerun the whole gang on fresh slices up to N times after a host loss or a failure.",
+)
+@click.option(
+    "--priority",
+    default=0,
+    type=int,
+    show_default=True,
+    help="Place in the cluster's queue when slices are short: higher first.",
+)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(
+    topology: str,
+    accelerator: str,
+    num_slices: int | tuple[int, int],
+    address: str | None,
+    simulate: bool,
+    timeout: float,
+    retries: int,
+    priority: int,
+    command: tuple[str, ...],
+) -> None:
+    """Run COMMAND on every host of N slices (--slices); exit with the worst exit code.
+
+    Example: tpuslice run --topology 4x4 --accelerator v6e -- hostname
+    """
+    try:
+        most = num_slices[1] if isinstance(num_slices, tuple) else num_slices
+        shape_spec = SliceSpec(accelerator, topology, most)
+        shape_spec.shape()
+    except InvalidArgumentError as exc:
+        raise UsageError(str(exc)) from exc
+    sim = None
+    with sigterm_as_interrupt():
+        ours = connect_or_none(address)
+        try:
+            if ours is None:
+                sim = _offer_simulator(shape_spec, simulate)
+                sim.connect()
+            request = SliceRequest(
+                topology=topology,
+                accelerator_version=accelerator,
+                num_slices=num_slices,
+                head_reservation_timeout_s=timeout,
+                priority=priority,
+            )
+            code = _run_everywhere(request, command, retries)
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/yellow]: commands cancelled, slices freed")
+            code = 130
+        finally:
+            events.flush()  # the timeline outlives this driver
+            if sim is not None:
+                sim.shutdown()
+            elif ours:
+                ray.shutdown()
+    sys.exit(code)
+
+
+def _offer_simulator(spec: SliceSpec, simulate: bool) -> SimulatedCluster:
+    if not simulate and not (
+        sys.stdin.isatty()
+        and click.confirm("No Ray cluster is running. Start a simulated one?", err=True)
+    ):
+        raise click.ClickException(
+            "no running Ray cluster; pass --simulate to start a simulated one, "
+            "start one with `tpuslice simulate`, or pass --address"
+        )
+    return start_simulator([spec])
+
+
+def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: int) -> int:
+    """Run the command through the resilient-run loop (``retries`` = 0: one attempt);
+    print the last attempt's exit codes; return the worst."""
+    # One argument is a shell command line (as with gcloud --command); several are argv.
+    text = command[0] if len(command) == 1 else shlex.join(command)
+    last: list[HostResult] = []
+
+    def attempt(spg: SlicePlacementGroup, watch: AttemptWatch) -> list[HostResult]:
+        last[:] = run_command(spg, text, _print_line())
+        raise_if_broken(spg, last, watch)
+        return last
+
+    policy = RetryPolicy(max_retries_failure=retries, max_retries_preemption=retries)
+    on_event = _show_event if retries else None
+    started, outcome = time.monotonic(), "failure"
+    try:
+        try:
+            ResilientRun(attempt, request, policy, on_event).until_done()
+        except RetriesExhaustedError as exc:
+            if retries:
+                err_console.print(f"[red]{escape(str(exc))}[/red]")
+        except TPUSliceError as exc:
+            raise click.ClickException(str(exc)) from exc
+        if not worst_exit_code(last):
+            outcome = "success"
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+        raise
+    finally:
+        if last:  # commands ran (not, say, a reservation that timed out)
+            slices = list(dict.fromkeys(r.context.slice_name for r in last))
+            seconds = time.monotonic() - started
+            observe.run_ended("command", outcome, seconds, slices, program_name(text))
+    console.print(_summary(last))
+    return worst_exit_code(last)
+
+
+def raise_if_broken(
+    spg: SlicePlacementGroup, results: list[HostResult], watch: AttemptWatch | None = None
+) -> None:
+    """Turn a lost host or a non-zero exit code into the resilient loop's signal.
+
+    Args:
+        spg: The attempt's reservation.
+        results: Every host's result.
+        watch: The attempt's watch, whose evidence tells a preemption from a host
+            failure.
+
+    Raises:
+        GangBrokenError: a host was lost, or a command exited non-zero.
+    """
+    for result in results:
+        if result.exception is not None:
+            broken = GangBrokenError.from_task(spg, result.context.rank, result.exception)
+            raise broken if watch is None else judged(broken, watch)
+    worst = worst_exit_code(results)
+    if worst:
+        ranks = [r.context.rank for r in results if r.exit_code]
+        raise GangBrokenError(Outcome.FAILURE, f"exit code {worst} (ranks {ranks})")
+
+
+def _show_event(event: AttemptEvent) -> None:
+    err_console.print(f"[yellow]{escape(event.describe())}[/yellow]")
+
+
+def _print_line() -> Callable[[HostContext, str], None]:
+    lock = threading.Lock()
+
+    def show(context: HostContext, line: str) -> None:
+        with lock:
+            console.print(
+                f"[cyan]{escape(f'[{context.slice_name}/{context.worker_id}]')}[/cyan] "
+                f"{escape(line)}",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+    return show
+
+
+def _summary(results: list[HostResult]) -> Table:
+    table = Table(title="exit codes", title_justify="left")
+    for column in ("rank", "slice", "worker", "exit", "seconds", "error"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        colour = "green" if r.exit_code == 0 else "red"
+        table.add_row(
+            str(r.context.rank),
+            r.context.slice_name,
+            str(r.context.worker_id),
+            f"[{colour}]{r.exit_code}[/{colour}]",
+            f"{r.seconds:.1f}",
+            escape(r.error),
+        )
+    return table
+
+
+# --- demo --------------------------------------------------------------------------------
+
+
+def where_am_i() -> dict[str, str]:
+    """What one host sees: its place in the gang and its TPU / MEGASCALE environment.
+
+    Returns:
+        Rank, slice, worker id, pid and the environment values, as strings.
+
+    Raises:
+        NotConnectedError: outside a tpuslice task.
+    """
+    host = current_host()
+    keys = (
+        "TPU_NAME",
+        "TPU_WORKER_ID",
+        "MEGASCALE_COORDINATOR_ADDRESS",
+        "MEGASCALE_NUM_SLICES",
+        "MEGASCALE_SLICE_ID",
+    )
+    return {
+        "rank": str(host.rank),
+        "slice": host.slice_name,
+        "worker": str(host.worker_id),
+        "pid": str(os.getpid()),
+        **{k: os.environ.get(k, "-") for k in keys},
+    }
+
+
+where = ray.remote(where_am_i)
+
+
+@click.command()
+def demo() -> None:
+    """Tour tpuslice on a simulated cluster of two v4 2x2x2 slices (about half a minute)."""
+    started = time.monotonic()
+    with sigterm_as_interrupt():
+        sim = start_simulator([SliceSpec("v4", "2x2x2", 2)])  # 2 hosts each: quick to start
+        try:
+            sim.connect()
+            _demo_steps()
+        finally:
+            sim.shutdown()
+    console.print(f"[green]done[/green] in {time.monotonic() - started:.0f} s; cluster stopped.")
+
+
+def _demo_steps() -> None:
+    console.rule("1. the cluster, as tpuslice sees it")
+    console.print(status.render_status(cluster.read_snapshot(), console.width))
+    console.rule("2. one function on every host of one slice (refs in rank order)")
+    rows = ray.get(run_on_slice(where, topology="2x2x2", accelerator_version="v4"))
+    console.print(_rows_table(rows, ("rank", "slice", "worker", "TPU_NAME", "TPU_WORKER_ID")))
+    console.rule("3. a two-slice job: MEGASCALE_* set on every host")
+    rows = ray.get(run_on_slice(where, topology="2x2x2", accelerator_version="v4", num_slices=2))
+    console.print(
+        _rows_table(
+            rows,
+            (
+                "rank",
+                "slice",
+                "worker",
+                "MEGASCALE_NUM_SLICES",
+                "MEGASCALE_SLICE_ID",
+                "MEGASCALE_COORDINATOR_ADDRESS",
+            ),
+        )
+    )
+    console.rule("4. everything given back")
+    snapshot = _wait_until_idle(timeout=10)
+    console.print(f"placement groups left: {len(live_placement_groups())}")
+    console.print(status.render_status(snapshot, console.width))
+
+
+def _wait_until_idle(timeout: float) -> cluster.ClusterSnapshot:
+    """Poll (bounded) until no group is left and Ray's resource view shows every slice
+    idle again; it trails a removal by about one resource-report period (~100 ms)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        snapshot = cluster.read_snapshot()
+        idle = all(s.state is cluster.SliceState.READY for s in snapshot.slices.values())
+        if (idle and not live_placement_groups()) or time.monotonic() > deadline:
+            return snapshot
+        time.sleep(0.05)
+
+
+def _rows_table(rows: list[dict[str, str]], columns: tuple[str, ...]) -> Table:
+    table = Table(title_justify="left")
+    for column in columns:
+        short = column.replace("MEGASCALE_", "MS_").replace("COORDINATOR_ADDRESS", "COORD")
+        table.add_column(short, overflow="fold")
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
+    return table
+
+
+def register(group: click.Group) -> None:
+    """Add ``simulate``, ``run`` and ``demo`` to the ``tpuslice`` command group.
+
+    Args:
+        group: The CLI's top-level group.
+    """
+    for command in (simulate, run, demo):
+        group.add_command(command)

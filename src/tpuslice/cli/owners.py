@@ -1,0 +1,84 @@
+"""``tpuslice release-tpu``: stop a process that owns a host's TPU, on request only.
+
+tpuslice never stops a process it did not start (a notebook, a crashed driver's leftover
+worker, a job run outside Ray). When one holds a TPU, the host shows busy with the reason,
+and this command stops it: after a confirmation, and only a process of the same user.
+"""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from tpuslice._view import cluster
+from tpuslice.cli.connect import UsageError, connected
+
+console = Console()
+
+
+def find_host(snapshot: cluster.ClusterSnapshot, host: str) -> cluster.HostInfo:
+    """The live host named ``SLICE/WORKER``.
+
+    Args:
+        snapshot: The cluster.
+        host: ``<slice name>/<worker id>``, such as ``v6e-16-a/2``.
+
+    Returns:
+        That host.
+
+    Raises:
+        UsageError: malformed, or no live host of that name (the message lists some).
+    """
+    name, _, worker = host.rpartition("/")
+    info = snapshot.slices.get(name)
+    found = info.hosts.get(int(worker)) if info and worker.isdecimal() else None
+    if found is None or not found.alive:
+        known = [
+            f"{s.name}/{w}" for s in snapshot.slices.values() for w, h in s.hosts.items() if h.alive
+        ]
+        listed = ", ".join(sorted(known)[:8]) + (", ..." if len(known) > 8 else "")
+        raise UsageError(
+            f"no live TPU host {host!r}; give SLICE/WORKER, such as {listed or 'v6e-16-a/0'}"
+        )
+    return found
+
+
+@click.command(name="release-tpu")
+@click.option("--host", "host", required=True, metavar="SLICE/WORKER", help="The TPU host.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+def release_tpu(host: str, yes: bool, address: str | None) -> None:
+    """Stop the process that owns HOST's TPU (your own processes only; asks first)."""
+    from tpuslice._host.agent import kill_owner, probe_owners
+
+    with connected(address):
+        target = find_host(cluster.read_snapshot(), host)
+        found = probe_owners([target.node_id])[target.node_id]
+        if isinstance(found, Exception):
+            raise click.ClickException(f"the TPU agent of {host} did not answer: {found}")
+        if found is None:
+            console.print(f"The TPU of {escape(host)} is free; nothing to stop.")
+            return
+        console.print(f"The TPU of {escape(host)} is owned by {escape(found.describe())}.")
+        if not yes and not click.confirm(f"Stop pid {found.pid}?", err=True):
+            raise click.ClickException("nothing stopped")
+        try:
+            left = kill_owner(target.node_id, found.pid)
+        except PermissionError as exc:
+            raise click.ClickException(str(exc)) from exc
+        if left is not None and left.pid == found.pid:
+            raise click.ClickException(f"pid {found.pid} still owns the TPU of {host}")
+        console.print(
+            f"[green]stopped[/green] pid {found.pid}; the TPU of {escape(host)} "
+            + ("is free." if left is None else f"is now owned by {left.describe()}.")
+        )
+
+
+def register(group: click.Group) -> None:
+    """Add ``release-tpu`` to the ``tpuslice`` command group.
+
+    Args:
+        group: The CLI's top-level group.
+    """
+    group.add_command(release_tpu)

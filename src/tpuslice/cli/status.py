@@ -1,0 +1,538 @@
+"""What ``tpuslice status`` shows: a :class:`ClusterSnapshot` as rich renderables or JSON.
+
+Pure: no Ray, no I/O. The table lists every slice; below it, each slice's hosts are drawn
+on its worker grid (``SliceShape.worker_grid``; 3D grids flattened to rows of the last
+side), one coloured cell per host. Everything fits the width it is given, folding text
+rather than eliding it, so a script or an 80-column terminal sees every word.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from tpuslice._host.notices import Notice
+from tpuslice._tpu import subslice
+from tpuslice._view.cluster import ClusterSnapshot, HostInfo, SliceInfo, SliceState
+from tpuslice.events import SliceEvent
+
+STATE_STYLES = {
+    SliceState.READY: "bold green",
+    SliceState.BUSY: "bold yellow",
+    SliceState.BROKEN: "bold red",
+    SliceState.NOTICE: "bold magenta",
+}
+HOST_STYLES = {
+    "free": "black on green",
+    "busy": "black on yellow",
+    "dead": "white on red",
+    "missing": "dim",
+}
+COMPACT_GLYPHS = {"free": "o", "busy": "*", "dead": "x", "missing": "?"}
+"""Cells for grids too wide to number: the glyph keeps the state readable without colour."""
+MARKS = {**COMPACT_GLYPHS, "free": " "}
+"""What follows the worker id in a numbered cell (``12*`` busy, ``3x`` dead), for the same
+reason; a free host's cell is just its number."""
+
+GRID_INDENT = 2
+MAX_GRID_LINES = 32
+"""Taller grids (slices of more than ~1,000 hosts) are summarised, not drawn."""
+
+
+def _num(value: float) -> str:
+    """``16.0`` -> ``"16"``; fractional TPU amounts keep their decimals."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _sorted_slices(snapshot: ClusterSnapshot) -> list[SliceInfo]:
+    return [info for _, info in sorted(snapshot.slices.items())]
+
+
+def state_counts(snapshot: ClusterSnapshot) -> dict[str, int]:
+    """Slices per state, every state present: ``{"ready": 2, "busy": 1, "broken": 0}``.
+
+    Args:
+        snapshot: The cluster as read.
+
+    Returns:
+        State name to slice count, in :class:`SliceState` order.
+    """
+    counts = {state.value: 0 for state in SliceState}
+    for info in snapshot.slices.values():
+        counts[info.state.value] += 1
+    return counts
+
+
+def summary_line(snapshot: ClusterSnapshot) -> str:
+    """``4 TPU slice(s): 2 ready, 1 busy, 1 broken``.
+
+    Args:
+        snapshot: The cluster as read.
+
+    Returns:
+        The one-line summary.
+    """
+    counts = state_counts(snapshot)
+    if not counts[SliceState.NOTICE.value]:
+        del counts[SliceState.NOTICE.value]  # shown only when a notice stands
+    parts = ", ".join(f"{n} {state}" for state, n in counts.items())
+    return f"{len(snapshot.slices)} TPU slice(s): {parts}"
+
+
+def state_label(info: SliceInfo) -> str:
+    """The slice's state as shown: ``ready``, ``busy``, ``broken``, or for a slice under
+    notice ``PREEMPTING`` / ``MAINTENANCE`` (the reason gives the time left).
+
+    Args:
+        info: One slice.
+
+    Returns:
+        The label.
+    """
+    notice = info.notice
+    if info.state is SliceState.NOTICE and notice is not None:
+        return notice.state
+    return info.state.value
+
+
+def shape_label(info: SliceInfo) -> str:
+    """``v6e 4x4``; the raw labels (or ``?``) when they name no valid shape.
+
+    Args:
+        info: One slice.
+
+    Returns:
+        Its generation and topology.
+    """
+    if info.shape is not None:
+        return f"{info.shape.generation.name} {info.topology}"
+    return f"{info.pod_type or '?'} {info.topology or '?'}"
+
+
+def slice_table(snapshot: ClusterSnapshot) -> Table:
+    """One row per slice: name, shape, state, reason, hosts alive/expected, TPU free/total.
+
+    Args:
+        snapshot: The cluster as read.
+
+    Returns:
+        The table, titled with :func:`summary_line`, slices in name order.
+    """
+    table = Table(title=summary_line(snapshot), title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("slice", "shape", "state", "reason", "hosts", "TPU free"):
+        right = column in ("hosts", "TPU free")
+        table.add_column(column, justify="right" if right else "left", overflow="fold")
+    for info in _sorted_slices(snapshot):
+        table.add_row(
+            info.name,
+            shape_label(info),
+            Text(state_label(info), style=STATE_STYLES[info.state]),
+            info.reason,
+            f"{info.alive_hosts}/{info.expected_hosts}",
+            f"{_num(info.chips_free)}/{_num(info.chips_total)}",
+        )
+    return table
+
+
+def host_state(host: HostInfo | None) -> str:
+    """``free``, ``busy``, ``dead``, or ``missing`` when no node has that worker id.
+
+    Args:
+        host: The host of a worker id, or None if no node has it.
+
+    Returns:
+        The state's name, a key of :data:`HOST_STYLES`.
+    """
+    return "missing" if host is None else host.state.value
+
+
+def grid_rows(info: SliceInfo, physical: Mapping[int, int] | None = None) -> list[list[int]]:
+    """Worker ids laid out on the worker grid: rows are the leading grid sides
+    flattened, columns the last side. A slice with no usable shape is one row.
+
+    Args:
+        info: One slice.
+        physical: Each worker's physical position, when the slice's layout is known:
+            hosts are then drawn where their chips are (a sub-slice is a box); else
+            worker *i* is drawn at position *i*.
+
+    Returns:
+        Rows of worker ids; every expected and every found worker id appears once.
+    """
+    shape = info.shape
+    if shape is None or any(w >= shape.num_hosts for w in info.hosts):
+        return [sorted(set(range(info.expected_hosts)) | set(info.hosts))]
+    at = {p: w for w, p in (physical or {}).items()}
+    if sorted(at) != list(range(shape.num_hosts)):
+        at = {w: w for w in range(shape.num_hosts)}
+    cols = shape.worker_grid[-1]
+    rows: list[list[int]] = [[] for _ in range(shape.num_hosts // cols)]
+    for position in range(shape.num_hosts):
+        worker = at[position]
+        coords = shape.worker_coords(position)
+        row = 0
+        for side, coord in zip(shape.worker_grid[:-1], coords[:-1], strict=True):
+            row = row * side + coord
+        rows[row].append(worker)
+    return rows
+
+
+def _cells(info: SliceInfo, workers: list[int], compact: bool, digits: int) -> Iterator[Text]:
+    for worker in workers:
+        state = host_state(info.hosts.get(worker))
+        text = COMPACT_GLYPHS[state] if compact else f" {worker:>{digits}}{MARKS[state]}"
+        yield Text(text, style=HOST_STYLES[state])
+
+
+def subslice_summary(info: SliceInfo, physical: Mapping[int, int]) -> str:
+    """How many sub-slices of each shape are free: ``sub-slices: 2x2 3/4 free, 2x4 1/2
+    free`` (hosts by physical position, see :mod:`tpuslice._tpu.subslice`).
+
+    Args:
+        info: One slice whose layout is known.
+        physical: Each worker's physical position.
+
+    Returns:
+        One line, empty if the slice has no sub-slices.
+    """
+    topologies = subslice_dict(info, physical)["topologies"]
+    parts = [f"{sub} {len(t['free'])}/{len(t['members'])} free" for sub, t in topologies.items()]
+    return f"sub-slices: {', '.join(parts)}" if parts else ""
+
+
+def host_grid(info: SliceInfo, width: int, physical: Mapping[int, int] | None = None) -> Text:
+    """The slice's hosts as coloured cells on its worker grid, numbered by worker id
+    when that fits in ``width`` columns, else one glyph per host; rows wrap if needed.
+    A grid taller than :data:`MAX_GRID_LINES` becomes a one-line tally instead.
+
+    Args:
+        info: One slice.
+        width: Columns available, indent included.
+        physical: Each worker's physical position, when the slice's layout is known.
+
+    Returns:
+        The grid (or tally) as styled text, one line per row or wrapped part of one.
+    """
+    rows = grid_rows(info, physical)
+    digits = len(str(max((w for row in rows for w in row), default=0)))
+    room = max(1, width - GRID_INDENT)
+    widest = max((len(row) for row in rows), default=0)
+    compact = widest * (digits + 3) - 1 > room
+    per_line = max(1, (room + 1) // (2 if compact else digits + 3))
+    if sum(math.ceil(len(row) / per_line) for row in rows) > MAX_GRID_LINES:
+        return Text(" " * GRID_INDENT + f"{_tally(info, rows)} (too many hosts to draw)")
+    lines: list[Text] = []
+    for row in rows:
+        for start in range(0, len(row), per_line):
+            line = Text(" " * GRID_INDENT)
+            line.append(
+                Text(" ").join(_cells(info, row[start : start + per_line], compact, digits))
+            )
+            lines.append(line)
+    return Text("\n").join(lines)
+
+
+def _tally(info: SliceInfo, rows: list[list[int]]) -> str:
+    """``1436 free, 100 busy``: hosts per state, in legend order."""
+    counts = {state: 0 for state in HOST_STYLES}
+    for row in rows:
+        for worker in row:
+            counts[host_state(info.hosts.get(worker))] += 1
+    return ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+
+
+def slice_heading(info: SliceInfo) -> Text:
+    """``v6e-16-a  v6e 4x4, 4 hosts (2x2)  busy``: the line above a slice's grid.
+
+    Args:
+        info: One slice.
+
+    Returns:
+        The styled heading; the worker grid is shown only for multi-host shapes.
+    """
+    heading = Text(info.name, style="bold")
+    grid = ""
+    if info.shape is not None and info.shape.num_hosts > 1:
+        grid = f" ({'x'.join(map(str, info.shape.worker_grid))})"
+    heading.append(f"  {shape_label(info)}, {info.expected_hosts} host(s){grid}  ")
+    heading.append(state_label(info), style=STATE_STYLES[info.state])
+    return heading
+
+
+def legend() -> Text:
+    """Which colour (and, in compact grids, which glyph) means which host state.
+
+    Returns:
+        The one-line legend.
+    """
+    text = Text("hosts:")
+    for state, style in HOST_STYLES.items():
+        text.append(" ")
+        text.append(f" {COMPACT_GLYPHS[state]} ", style=style)
+        text.append(f" {state}")
+    return text
+
+
+def render_status(
+    snapshot: ClusterSnapshot,
+    width: int = 80,
+    layouts: Mapping[str, Mapping[int, int]] | None = None,
+) -> RenderableType:
+    """The whole ``tpuslice status`` screen for a console ``width`` columns wide.
+
+    Args:
+        snapshot: The cluster as read.
+        width: The console's width in columns.
+        layouts: Per slice, each worker's physical position where it is known (its
+            grid is then drawn by position, with a line of free sub-slices).
+
+    Returns:
+        The table, each slice's heading and grid, and the legend; a one-line message
+        when the cluster has no TPU slice.
+    """
+    if not snapshot.slices:
+        return Text("No TPU slices in this cluster (no node has TPU labels or resources).")
+    parts: list[RenderableType] = [slice_table(snapshot)]
+    for info in _sorted_slices(snapshot):
+        physical = (layouts or {}).get(info.name)
+        parts += [slice_heading(info), host_grid(info, width, physical)]
+        if physical:
+            parts.append(Text(" " * GRID_INDENT + subslice_summary(info, physical)))
+    parts.append(legend())
+    queue = queue_table(snapshot)
+    if queue is not None:
+        parts.append(queue)
+    return Group(*parts)
+
+
+def queue_table(snapshot: ClusterSnapshot) -> Table | None:
+    """The cluster-wide queue: one row per waiting request, in serving order.
+
+    Args:
+        snapshot: The cluster as read (its queue record, if fresh).
+
+    Returns:
+        The table (position, priority, wanted, waited, driver, why), or None when no
+        request waits.
+    """
+    waiting = snapshot.queued()
+    if not waiting:
+        return None
+    table = Table(
+        title=f"queue: {len(waiting)} request(s) waiting",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    for column in ("#", "priority", "wants", "waited", "driver", "why"):
+        right = column in ("#", "priority", "waited")
+        table.add_column(column, justify="right" if right else "left", overflow="fold")
+    for request in waiting:
+        why = f"granted {', '.join(request.granted)}" if request.granted else request.reason
+        table.add_row(
+            str(request.position),
+            str(request.priority),
+            f"{request.wanted} x {request.kind}",
+            f"{max(0.0, snapshot.taken_at - request.since):.0f} s",
+            request.who,
+            why,
+        )
+    return table
+
+
+# --- JSON --------------------------------------------------------------------------------
+
+
+def host_dict(host: HostInfo) -> dict[str, Any]:
+    """One host as JSON-able data.
+
+    Args:
+        host: One host of a slice.
+
+    Returns:
+        Its worker id, node id, address, liveness, state, TPU resources, the process
+        seen owning its TPU and the notice standing on it (``None`` if none).
+    """
+    notice = host.notice
+    return {
+        "worker_id": host.worker_id,
+        "node_id": host.node_id,
+        "address": host.address,
+        "alive": host.alive,
+        "state": host.state.value,
+        "tpu_total": host.tpu_total,
+        "tpu_available": host.tpu_available,
+        "head_free": host.head_free,
+        "tpu_owner": host.tpu_owner,
+        "notice": None if notice is None else notice_dict(notice),
+    }
+
+
+def notice_dict(notice: Notice) -> dict[str, Any]:
+    """A notice as JSON-able data.
+
+    Args:
+        notice: A preemption or maintenance notice.
+
+    Returns:
+        Its kind, shown state, metadata event, when it was seen, the expected deadline
+        and the seconds left (wall clock).
+    """
+    return {
+        "kind": notice.kind,
+        "state": notice.state,
+        "event": notice.event,
+        "since": notice.since,
+        "deadline": notice.deadline,
+        "left_s": round(notice.left(time.time()), 1),
+    }
+
+
+def slice_dict(info: SliceInfo) -> dict[str, Any]:
+    """One slice as JSON-able data, its hosts included.
+
+    Args:
+        info: One slice.
+
+    Returns:
+        Its name, state, shape, host counts, TPU resources and hosts (see
+        :func:`host_dict`); shape fields are None when the labels name no valid shape.
+    """
+    shape = info.shape
+    return {
+        "name": info.name,
+        "state": info.state.value,
+        "shown_state": state_label(info),
+        "reason": info.reason,
+        "generation": info.generation,
+        "pod_type": info.pod_type,
+        "topology": info.topology,
+        "chips_per_host": shape.chips_per_host if shape else None,
+        "worker_grid": list(shape.worker_grid) if shape else None,
+        "expected_hosts": info.expected_hosts,
+        "alive_hosts": info.alive_hosts,
+        "busy_hosts": info.busy_hosts,
+        "missing_workers": info.missing_workers,
+        "tpu_total": info.chips_total,
+        "tpu_available": info.chips_free,
+        "hosts": [host_dict(h) for h in info.hosts.values()],
+    }
+
+
+def status_dict(
+    snapshot: ClusterSnapshot, layouts: Mapping[str, Mapping[int, int]] | None = None
+) -> dict[str, Any]:
+    """Everything the screen shows, as JSON-able data for scripts (``--json``).
+
+    Args:
+        snapshot: The cluster as read.
+        layouts: Each slice's physical layout, where known: such a slice also gets
+            ``subslices`` (see :func:`subslice_dict`).
+
+    Returns:
+        ``taken_at``, the slice counts per state, every slice (see :func:`slice_dict`)
+        in name order, and ``queue``: the waiting requests in serving order, each with
+        ``waited_s``.
+    """
+    slices = []
+    for info in _sorted_slices(snapshot):
+        entry = slice_dict(info)
+        physical = (layouts or {}).get(info.name)
+        if physical is not None:
+            entry["subslices"] = subslice_dict(info, physical)
+        slices.append(entry)
+    queue = [
+        {**r.to_dict(), "waited_s": max(0.0, snapshot.taken_at - r.since)}
+        for r in snapshot.queued()
+    ]
+    return {
+        "taken_at": snapshot.taken_at,
+        "counts": state_counts(snapshot),
+        "slices": slices,
+        "queue": queue,
+    }
+
+
+def subslice_dict(info: SliceInfo, physical: Mapping[int, int]) -> dict[str, Any]:
+    """A slice's sub-slices as data: where each worker sits, and for each sub-topology
+    its sub-slices (Ray's index -> worker ids) and which of them are free.
+
+    Args:
+        info: One slice whose layout is known.
+        physical: Each worker's physical position.
+
+    Returns:
+        ``{"physical": {worker: position}, "topologies": {topology: {"members": {index:
+        [workers]}, "free": [indices]}}}`` (keys as strings, for JSON).
+    """
+    topologies = {}
+    for sub in subslice.subslice_topologies(info.topology):
+        found = subslice.members(physical, info.topology, sub)
+        free = [
+            i
+            for i, workers in found.items()
+            if all(host_state(info.hosts.get(w)) == "free" for w in workers)
+        ]
+        topologies[sub] = {"members": {str(i): ws for i, ws in found.items()}, "free": free}
+    return {"physical": {str(w): p for w, p in sorted(physical.items())}, "topologies": topologies}
+
+
+def owners_table(snapshot: ClusterSnapshot) -> RenderableType:
+    """Which process owns each host's TPU, for hosts where one was seen.
+
+    Args:
+        snapshot: The cluster, with the owners its hosts' agents recorded.
+
+    Returns:
+        A table (slice, worker, node, owner), or a line saying no TPU is owned.
+    """
+    rows = [
+        (info.name, str(worker), host.node_id[:12], host.tpu_owner)
+        for info in _sorted_slices(snapshot)
+        for worker, host in info.hosts.items()
+        if host.tpu_owner
+    ]
+    if not rows:
+        return Text("No process owns a TPU on any live host.")
+    table = Table(title="TPU owners", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("slice", "worker", "node", "owner"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def timeline_table(events: list[SliceEvent], now: float | None = None) -> RenderableType:
+    """The recent history of reservations and runs, oldest first.
+
+    Args:
+        events: From :func:`tpuslice.events.read_events`.
+        now: Wall-clock seconds (default: now), for the "ago" column.
+
+    Returns:
+        A table (time, ago, event, job), or a line saying there is no history.
+    """
+    if not events:
+        return Text("No events recorded on this cluster yet.")
+    now = time.time() if now is None else now
+    table = Table(title="Slice timeline", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("time", "ago", "event", "job"):
+        table.add_column(column, overflow="fold")
+    for event in events:
+        clock = time.strftime("%H:%M:%S", time.localtime(event.at))
+        table.add_row(clock, _ago(now - event.at), event.describe(), event.job)
+    return table
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(0, round(seconds))} s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"

@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.cluster
 
-TPUSLICE = [sys.executable, "-m", "tpuslice.cli.commands"]
+TPUSLICE = [sys.executable, "-m", "tpuslice.cli"]
 
 
 def clean_env() -> dict[str, str]:

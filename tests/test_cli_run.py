@@ -82,7 +82,7 @@ def test_ctrl_c_cancels_the_commands_and_frees_the_slices(
         [
             sys.executable,
             "-m",
-            "tpuslice.cli.commands",
+            "tpuslice.cli",
             "run",
             "--address",
             tpu_cluster.address,

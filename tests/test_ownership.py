@@ -202,7 +202,7 @@ def test_ctrl_c_of_tpuslice_run_then_a_new_run(tpu_cluster: SimulatedCluster) ->
             [
                 sys.executable,
                 "-m",
-                "tpuslice.cli.commands",
+                "tpuslice.cli",
                 *argv,
                 "--accelerator",
                 "v4",

@@ -179,7 +179,7 @@ def test_reads_do_not_grow_with_waiters_and_each_ask_is_answered_by_its_grant() 
     frees = 3
     one = asyncio.run(served_in_turn(1, frees))
     many = asyncio.run(served_in_turn(100, frees))
-    assert many.service.reads - one.service.reads in (0, 1)
+    assert many.service.reads <= one.service.reads + 1  # fewer is fine: reads coalesce
     for world, waiters in ((one, 1), (many, 100)):
         assert world.asks == waiters + frees  # one ask per waiter, and one per grant
         assert world.runner.calls == world.calls  # the runner counts every driver call

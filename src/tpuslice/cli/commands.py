@@ -245,7 +245,3 @@ def _watch_live(read: Callable[[], cluster.ClusterSnapshot], interval: float) ->
 
 cli_jobs.register(main)
 cli_owners.register(main)
-
-
-if __name__ == "__main__":
-    main()

@@ -92,7 +92,7 @@ from rich.table import Table
 
 import tpuslice
 from tpuslice import _ray
-from tpuslice._tpu import subslice
+from tpuslice._tpu import keys, subslice
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice._tpu.topology import SliceShape, slice_shape
 from tpuslice._view import layouts
@@ -578,7 +578,7 @@ def forget_layouts(setup: Setup) -> None:
     """Drop every record of the slices' layouts: both KV records, both in-process copies."""
     for name in setup.names:
         layouts.forget(name)
-        _ray.kv_delete(layouts.KEY_PREFIX + name, layouts.NAMESPACE)
+        _ray.kv_delete(keys.LAYOUT_KEY_PREFIX + name, keys.NAMESPACE)
         _ray.kv_delete(subslice.kv_key(name).decode(), subslice.KV_NAMESPACE)
         with ray_tpu._tpu_subslice_cache_lock:
             ray_tpu._tpu_subslice_cache.pop(name, None)

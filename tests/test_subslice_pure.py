@@ -11,7 +11,7 @@ import pytest
 import ray._private.accelerators.tpu as ray_accel
 import ray.util.tpu as ray_tpu
 
-from tpuslice._tpu import compat, subslice
+from tpuslice._tpu import compat, keys, subslice
 from tpuslice.errors import InvalidTopologyError
 
 RAY_2D = dict(ray_accel._VALID_TOPOLOGY_WORKER_DIMS_2D)
@@ -117,7 +117,7 @@ def test_a_sub_topology_without_a_worker_grid_names_the_valid_ones() -> None:
 
 def test_kv_key_and_label_key_are_rays() -> None:
     assert subslice.kv_key("v6e-16-a") == ray_tpu._get_subslice_kv_key("v6e-16-a")
-    assert subslice.KV_NAMESPACE == ray_tpu._TPU_SUBSLICE_KV_NAMESPACE
+    assert keys.RAY_SUBSLICE_NAMESPACE == ray_tpu._TPU_SUBSLICE_KV_NAMESPACE
     assert subslice.label_key("2x4") == f"{ray_accel.TPU_SUBSLICE_LABEL_PREFIX}2x4"
 
 

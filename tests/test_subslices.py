@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 import tpuslice
 from clusterutil import free_ports, hold_host, spmd_allgather_function, wait_for
 from tpuslice import _ray
-from tpuslice._tpu import subslice
+from tpuslice._tpu import keys, subslice
 from tpuslice._view import layouts
 from tpuslice.cli.commands import main
 from tpuslice.testing import SimulatedCluster
@@ -36,14 +36,14 @@ PARENT = "v6e-16-a"
 def forget(name: str) -> None:
     """Forget every record of a slice's layout (ours, Ray's, and both in-process copies)."""
     layouts.forget(name)
-    _ray.kv_delete(layouts.KEY_PREFIX + name, layouts.NAMESPACE)
-    _ray.kv_delete(subslice.kv_key(name).decode(), subslice.KV_NAMESPACE)
+    _ray.kv_delete(keys.LAYOUT_KEY_PREFIX + name, keys.NAMESPACE)
+    _ray.kv_delete(subslice.kv_key(name).decode(), keys.RAY_SUBSLICE_NAMESPACE)
     with ray_tpu._tpu_subslice_cache_lock:
         ray_tpu._tpu_subslice_cache.pop(name, None)
 
 
 def record(name: str) -> dict[str, object] | None:
-    raw = _ray.kv_get(layouts.KEY_PREFIX + name, layouts.NAMESPACE)
+    raw = _ray.kv_get(keys.LAYOUT_KEY_PREFIX + name, keys.NAMESPACE)
     return None if raw is None else json.loads(raw)
 
 
@@ -85,7 +85,7 @@ def test_every_sub_slice_of_the_4x4_matches_rays_labels(
     finally:
         for sg in held:
             sg.shutdown()
-    raw = _ray.kv_get(subslice.kv_key(parent).decode(), subslice.KV_NAMESPACE)
+    raw = _ray.kv_get(subslice.kv_key(parent).decode(), keys.RAY_SUBSLICE_NAMESPACE)
     assert raw is not None
     theirs = {str(w): ray_accel._build_subslice_labels(p, "4x4") for w, p in physical.items()}
     assert json.loads(raw) == theirs
@@ -228,13 +228,13 @@ def test_tpuslice_reads_the_layout_ray_learned(fresh: SimulatedCluster) -> None:
 @ray.remote
 def where() -> dict[str, object]:
     host = tpuslice.current_host()
-    keys = ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "TPU_HOST_BOUNDS")
+    names = ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "TPU_HOST_BOUNDS")
     return {
         "rank": host.rank,
         "world": host.world_size,
         "coordinator": host.coordinator_address,
         "name": os.environ["TPU_NAME"],
-        **{k: os.environ.get(k) for k in keys},
+        **{k: os.environ.get(k) for k in names},
     }
 
 

@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tpuslice import _ray
+from tpuslice._tpu.keys import EVENT_KEY_PREFIX as KEY_PREFIX
+from tpuslice._tpu.keys import NAMESPACE
 
 logger = logging.getLogger(__name__)
 
-NAMESPACE = "tpuslice"
-KEY_PREFIX = "event/"
 MAX_EVENTS = 1000
 """The store keeps about this many (the newest); each writer trims after it writes."""
 TRIM_EVERY_S = 5.0

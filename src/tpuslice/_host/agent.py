@@ -34,22 +34,18 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tpuslice import _ray
 from tpuslice._host.notices import (
     MAINTENANCE_PATH,
-    NOTICE_KEY_PREFIX,
     PREEMPTED_PATH,
     Notice,
     notice_period,
     watch_value,
 )
 from tpuslice._host.tpu_lock import TPUOwner, find_owner, host_root
+from tpuslice._tpu.keys import AGENT_NAME_PREFIX as NAME_PREFIX
+from tpuslice._tpu.keys import HOST_KEY_PREFIX, NAMESPACE, NOTICE_KEY_PREFIX, OWNER_KEY_PREFIX
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 
 logger = logging.getLogger(__name__)
 
-NAMESPACE = "tpuslice"
-NAME_PREFIX = "tpuslice-host:"
-HOST_KEY_PREFIX = "tpu-"
-"""What the agents' records' keys start with (owners and notices)."""
-OWNER_KEY_PREFIX = "tpu-owner/"
 PROBE_TIMEOUT_S = 60.0
 """Bound on one round of agent calls; the first on a host includes starting its agent."""
 GRACE_S = 2.0

@@ -16,11 +16,11 @@ import threading
 import time
 
 from tpuslice import _ray
+from tpuslice._tpu.keys import NAMESPACE
 
 logger = logging.getLogger(__name__)
 
 BEAT_ENV = "TPUSLICE_HEARTBEAT_KEY"
-NAMESPACE = "tpuslice"
 PUBLISH_S = 0.5
 """How often this process publishes its beats (a beat reaches the driver this late)."""
 FORGET_S = 600.0

@@ -25,13 +25,13 @@ from tpuslice._host.metadata import Watched, watch
 
 logger = logging.getLogger(__name__)
 
+
 PREEMPTED_PATH = "instance/preempted"
 MAINTENANCE_PATH = "instance/maintenance-event"
 PREEMPTION_NOTICE_S = 30.0
 """How long before a preemption GCE warns (Spot: "about 30 seconds")."""
 MAINTENANCE_NOTICE_S = 60.0
 """How long before host maintenance ``maintenance-event`` changes."""
-NOTICE_KEY_PREFIX = "tpu-notice/"
 WATCH_TIMEOUT_S = 60.0
 """How long one long-poll may be held before it is asked again."""
 STALE_S = 300.0

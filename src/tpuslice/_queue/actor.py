@@ -24,15 +24,15 @@ from tpuslice import _ray
 from tpuslice._queue.book import LEASE_S, Answer
 from tpuslice._queue.runner import QueueRunner
 from tpuslice._queue.service import QueueService, Ticket
+from tpuslice._tpu.keys import NAMESPACE, QUEUE_KEY
+from tpuslice._tpu.keys import QUEUE_ACTOR_NAME as NAME
 from tpuslice._view.cluster import read_queue_record, read_snapshot
-from tpuslice._view.queue_record import QUEUE_KEY, QUEUE_NAMESPACE, QueueRecord
+from tpuslice._view.queue_record import QueueRecord
 from tpuslice.errors import QueueUnreachableError
 from tpuslice.metrics import ClusterReporter
 
 logger = logging.getLogger(__name__)
 
-NAME = "tpuslice-queue"
-NAMESPACE = QUEUE_NAMESPACE
 CALL_TIMEOUT_S = 10.0
 """How long a driver waits for the queue to answer (it may be starting or restarting),
 beyond the time it asked the queue to hold the call."""

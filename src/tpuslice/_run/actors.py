@@ -20,12 +20,14 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tpuslice import _ray
 from tpuslice._host.context import MEGASCALE_VARS, HostContext
-from tpuslice._host.heartbeats import BEAT_ENV, NAMESPACE
+from tpuslice._host.heartbeats import BEAT_ENV
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import ShutsDownOnExit, SlicePlacementGroup
 from tpuslice._run.run import call_env, host_contexts
-from tpuslice._run.watchdog import BEAT_PREFIX, CHECK_S, WatchConfig, describe_hang
+from tpuslice._run.watchdog import CHECK_S, WatchConfig, describe_hang
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
+from tpuslice._tpu.keys import BEAT_KEY_PREFIX as BEAT_PREFIX
+from tpuslice._tpu.keys import NAMESPACE
 from tpuslice._tpu.labels import CallEnv
 from tpuslice.errors import (
     HostHungError,

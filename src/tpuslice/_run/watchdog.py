@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuslice import _ray
-from tpuslice._host.heartbeats import BEAT_ENV, NAMESPACE
+from tpuslice._host.heartbeats import BEAT_ENV
 from tpuslice._host.notices import Notice
+from tpuslice._tpu.keys import BEAT_KEY_PREFIX as BEAT_PREFIX
+from tpuslice._tpu.keys import NAMESPACE
 from tpuslice.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
@@ -37,7 +39,6 @@ CHECK_S = 1.0
 """How often a running gang's notices and heartbeats are read (one or two KV calls)."""
 NOTICE_MARGIN_S = 2.0
 """Time kept back from a notice's deadline to cancel the gang and give the slices back."""
-BEAT_PREFIX = "beat/"
 
 
 @dataclass(frozen=True)

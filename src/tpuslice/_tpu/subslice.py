@@ -25,7 +25,6 @@ from tpuslice._tpu.topology import GENERATIONS, parse_dims
 from tpuslice.errors import InvalidTopologyError, listing
 
 SUBSLICE_LABEL_PREFIX = "ray.io/tpu-subslice-"
-KV_NAMESPACE = "tpu_subslice"
 HOST_BLOCK = {2: (2, 2), 3: (2, 2, 1)}
 """Chips of one 4-chip host along each side of the chip grid (Ray assumes 4-chip hosts
 for every multi-host slice; a single-host v5e/v6e 2x4 of 8 chips has no sub-slices)."""

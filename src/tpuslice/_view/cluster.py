@@ -26,6 +26,8 @@ from tpuslice import _ray
 from tpuslice._host.notices import Notice
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import resolve_resource_per_chip
+from tpuslice._tpu.keys import NAMESPACE as QUEUE_NAMESPACE
+from tpuslice._tpu.keys import QUEUE_KEY
 from tpuslice._tpu.labels import (
     POD_TYPE_LABEL,
     SLICE_NAME_LABEL,
@@ -34,7 +36,7 @@ from tpuslice._tpu.labels import (
     WORKER_ID_LABEL,
 )
 from tpuslice._tpu.topology import SliceShape, parse_pod_type, slice_shape
-from tpuslice._view.queue_record import QUEUE_KEY, QUEUE_NAMESPACE, QueuedRequest, QueueRecord
+from tpuslice._view.queue_record import QueuedRequest, QueueRecord
 from tpuslice.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)

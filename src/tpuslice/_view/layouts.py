@@ -26,13 +26,12 @@ import ray
 
 from tpuslice import _ray
 from tpuslice._tpu import subslice
+from tpuslice._tpu.keys import LAYOUT_KEY_PREFIX as KEY_PREFIX
+from tpuslice._tpu.keys import NAMESPACE, RAY_SUBSLICE_NAMESPACE
 from tpuslice._view.cluster import SliceInfo
 from tpuslice.errors import DiscoveryFailedError
 
 logger = logging.getLogger(__name__)
-
-NAMESPACE = "tpuslice"
-KEY_PREFIX = "subslice-layout/"
 
 
 @dataclass(frozen=True)
@@ -165,7 +164,7 @@ def _read(info: SliceInfo, record: bool) -> Layout | None:
 
 
 def _from_ray_record(info: SliceInfo) -> Layout | None:
-    raw = _ray.kv_get(subslice.kv_key(info.name).decode(), subslice.KV_NAMESPACE)
+    raw = _ray.kv_get(subslice.kv_key(info.name).decode(), RAY_SUBSLICE_NAMESPACE)
     if raw is None:
         return None
     try:
@@ -208,7 +207,7 @@ def save(layout: Layout, *, ray_too: bool = True, source: str = "tpuslice") -> N
         _known[layout.slice_name] = layout
     if ray_too:
         record = json.dumps(layout.ray_labels()).encode()
-        _ray.kv_put(subslice.kv_key(layout.slice_name).decode(), record, subslice.KV_NAMESPACE)
+        _ray.kv_put(subslice.kv_key(layout.slice_name).decode(), record, RAY_SUBSLICE_NAMESPACE)
 
 
 def chip_coordinates_here() -> list[list[int]]:

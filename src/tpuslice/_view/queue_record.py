@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-QUEUE_KEY = "queue"
-QUEUE_NAMESPACE = "tpuslice"
 FRESH_S = 3.0
 """A record older than this no longer describes a live queue."""
 

@@ -1,0 +1,32 @@
+"""Every name tpuslice gives things in Ray's GCS: KV namespaces and keys, and named actors.
+
+One place, so that a reader of the cluster (``tpuslice status``, the docs' table in
+``docs/internals.md``) and its writers cannot disagree. The sub-slice labels are the one
+entry in Ray's own namespace, in the format Ray 2.60 reads.
+"""
+
+NAMESPACE = "tpuslice"
+"""tpuslice's KV namespace, and the namespace of its named actors."""
+
+OWNER_KEY_PREFIX = "tpu-owner/"
+"""``tpu-owner/<node id>``: the process that owns the host's TPU (a host agent writes it)."""
+NOTICE_KEY_PREFIX = "tpu-notice/"
+"""``tpu-notice/<node id>``: the host's most urgent notice standing (its agent writes it)."""
+HOST_KEY_PREFIX = "tpu-"
+"""What both host records above start with, so one listing reads every host's records."""
+QUEUE_KEY = "queue"
+"""The queue's record after each decision (the queue actor writes it)."""
+EVENT_KEY_PREFIX = "event/"
+"""``event/<ns since epoch>-<writer>-<n>``: one timeline event (every driver writes them)."""
+BEAT_KEY_PREFIX = "beat/"
+"""``beat/<run id>/<rank>``: a watched rank's newest heartbeat."""
+LAYOUT_KEY_PREFIX = "subslice-layout/"
+"""``subslice-layout/<slice>``: a slice's physical layout, once learned."""
+
+RAY_SUBSLICE_NAMESPACE = "tpu_subslice"
+"""Ray 2.60's namespace for a slice's sub-slice labels (``tpu_subslice/<slice>``)."""
+
+AGENT_NAME_PREFIX = "tpuslice-host:"
+"""``tpuslice-host:<node id>``: the detached host agent of one TPU host."""
+QUEUE_ACTOR_NAME = "tpuslice-queue"
+"""The cluster's detached queue actor."""

@@ -2,9 +2,9 @@
 
 Only code running on a host can see who holds its TPU (``/proc``, libtpu's lockfile).
 Asking through tasks would start a worker process on every host for every new driver
-(2-3 s measured here), so tpuslice keeps one detached actor per TPU host instead,
-``tpuslice-host:<node id>`` in the ``tpuslice`` namespace, created on first use and shared
-by every driver. It uses no resources and dies with its host.
+(2-3 s on the simulator, where hosts share 2 cores), so tpuslice keeps one detached
+actor per TPU host instead, ``tpuslice-host:<node id>`` in the ``tpuslice`` namespace,
+created on first use and shared by every driver. It uses no resources and dies with its host.
 
 - :func:`probe_owners`: each host's TPU owner, if any.
 - :func:`release_tpus`: on each host, stop this job's processes that still own the TPU
@@ -228,7 +228,7 @@ def agent(node_id: str) -> Any:
 
     An existing agent is looked up by name (well under a millisecond); only a missing one
     is created, since creating (even ``get_if_exists``) makes a new driver export the
-    actor class first (about 100 ms measured here).
+    actor class first (about 100 ms on the simulator).
 
     Args:
         node_id: Hex id of a live node.

@@ -4,7 +4,7 @@ The actor (``tpuslice-queue`` in namespace ``tpuslice``, on the head node, resta
 Ray if it dies) is an async actor running a :class:`~tpuslice._queue.runner.QueueRunner`
 over the live cluster: a driver's ask is held until its ticket is granted, decisions are
 made when something changes, and each decision's record goes to Ray's KV store. Drivers
-reach it through :class:`RayQueue`; when it cannot be reached they reserve as before
+reach it through :class:`RayQueue`; when it cannot be reached they claim idle slices directly
 (the claiming loop logs that once per process), so a cluster without it still works.
 """
 

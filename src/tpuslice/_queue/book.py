@@ -304,7 +304,7 @@ class QueueBook:
         granted = [
             Holding(e.waiter.kind, len(e.granted)) for e in self._entries.values() if e.granted
         ] + [Holding(kind, 1) for _, kind in self._settling.values()]
-        decision = decide(self._waiters(granted=False), free, [*holding, *granted], now)
+        decision = decide(self._waiters(granted=False), free, [*holding, *granted])
         for ticket, slices in decision.grants.items():
             self._entries[ticket].granted = slices
         still = queue_order(self._waiters(granted=False))

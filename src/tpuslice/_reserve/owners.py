@@ -44,7 +44,7 @@ from tpuslice.errors import InvalidArgumentError
 
 CLEAN_WAIT_S = 2.0
 """How long a hand-back waits for its idle owners to say whether they are clean (one
-actor call each); an owner that has not answered by then is killed, as before."""
+actor call each); an owner that has not answered by then is killed with the rest."""
 
 
 class Owners:

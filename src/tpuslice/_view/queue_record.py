@@ -1,4 +1,4 @@
-"""What the cluster-wide queue publishes after each decision (issue 15). Pure.
+"""What the cluster-wide queue publishes after each decision. Pure.
 
 The queue actor writes one :class:`QueueRecord` to Ray's KV store (namespace
 ``tpuslice``, key :data:`QUEUE_KEY`). ``tpuslice status`` shows it, and every snapshot

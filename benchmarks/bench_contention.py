@@ -268,9 +268,10 @@ def trace_phases(jobs: list[Job]) -> None:
     """Record each job's grant, hold and hand-back times in this driver (jobs run one
     after another, so the latest job is the one being reserved)."""
     from tpuslice._reserve import claim, reserve
+    from tpuslice._run import run
 
     wait_for_grant = claim.Reserver._wait_for_grant
-    from_request = reserve.SlicePlacementGroup.from_request.__func__  # type: ignore[attr-defined]
+    reserve_slices = run.reserve_slices  # what a one-shot reserves through
     shutdown = reserve.SlicePlacementGroup.shutdown
     owner: dict[int, Job] = {}
 
@@ -280,8 +281,8 @@ def trace_phases(jobs: list[Job]) -> None:
             jobs[-1].granted = time.time()
         return granted
 
-    def traced_from_request(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        spg = from_request(cls, *args, **kwargs)
+    def traced_reserve(*args: Any, **kwargs: Any) -> Any:
+        spg = reserve_slices(*args, **kwargs)
         if jobs:
             jobs[-1].reserved = time.time()
             jobs[-1].slices_held = list(spg.slice_names)
@@ -299,7 +300,7 @@ def trace_phases(jobs: list[Job]) -> None:
             job.back_end = time.time()
 
     claim.Reserver._wait_for_grant = traced_wait  # type: ignore[method-assign]
-    reserve.SlicePlacementGroup.from_request = classmethod(traced_from_request)  # type: ignore[method-assign,assignment]
+    run.reserve_slices = traced_reserve  # type: ignore[assignment]
     reserve.SlicePlacementGroup.shutdown = traced_shutdown  # type: ignore[method-assign]
 
 

@@ -25,6 +25,7 @@ import tpuslice
 from clusterutil import hold_host, wait_for
 from tpuslice._host.agent import FRESH_S
 from tpuslice._host.tpu_lock import SIM_ROOT_ENV
+from tpuslice._reserve.reserve import plumbing
 from tpuslice.cli.commands import main
 from tpuslice.testing import SimulatedCluster
 
@@ -297,7 +298,7 @@ def raw_task(spg: tpuslice.SlicePlacementGroup, **env: str) -> object:
             return f"TPUInUseError: {exc}"
         return "opened"
 
-    pg, bundle = spg.worker_groups()[0]
+    pg, bundle = plumbing(spg).worker_groups()[0]
     options = {"runtime_env": {"env_vars": env}} if env else {}
     strategy = PlacementGroupSchedulingStrategy(pg, bundle)
     return ray.get(

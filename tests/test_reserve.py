@@ -17,6 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import tpuslice
 from clusterutil import hold_host, wait_for, where_am_i
+from tpuslice._reserve.reserve import plumbing
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
 pytestmark = pytest.mark.cluster
@@ -33,7 +34,7 @@ def run_everywhere(spg: tpuslice.SlicePlacementGroup) -> list[dict[str, object]]
             resources={"TPU": tpu},
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, bundle),
         ).remote()
-        for pg, bundle in spg.worker_groups()
+        for pg, bundle in plumbing(spg).worker_groups()
     ]
     return ray.get(refs, timeout=60)
 
@@ -55,7 +56,7 @@ def test_reserve_ready_shutdown(tpu_cluster: SimulatedCluster) -> None:
     spg.shutdown()  # idempotent
     assert spg.is_shut_down
     with pytest.raises(tpuslice.SliceShutdownError):
-        spg.worker_groups()
+        plumbing(spg).worker_groups()
 
 
 def test_context_manager_gives_the_slice_back(tpu_cluster: SimulatedCluster) -> None:

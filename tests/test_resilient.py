@@ -14,6 +14,7 @@ import ray
 import tpuslice
 from clusterutil import hold_host, markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome
+from tpuslice._run import resilient
 from tpuslice._tpu.clock import Clock
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
@@ -161,10 +162,11 @@ def test_same_slice_lost_twice_with_a_budget_of_one_gives_up_with_history(
 
 
 def test_user_exception_is_retried_exactly_max_retries_failure_times(
-    tpu_cluster: SimulatedCluster,
+    tpu_cluster: SimulatedCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pgs_at_start: list[int] = []
     sleeps: list[float] = []
+    monkeypatch.setattr(resilient, "new_clock", lambda: Clock(sleep=sleeps.append))
 
     def on_event(event: AttemptEvent) -> None:
         if event.kind == "started":  # only this attempt's group (head in bundle 0) may exist
@@ -177,7 +179,6 @@ def test_user_exception_is_retried_exactly_max_retries_failure_times(
             **V4,
             max_retries_failure=2,
             on_event=on_event,
-            _clock=Clock(sleep=sleeps.append),
         )
     assert time.monotonic() - begin < 30, "rank 0 of each attempt was cancelled, not awaited"
     history = info.value.history

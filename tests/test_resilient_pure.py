@@ -268,7 +268,7 @@ REQUEST = SliceRequest(topology="2x2x2", accelerator_version="v4")
 
 
 class FakeReserver:
-    """Stands in for ``SlicePlacementGroup.from_request``: scripted slices, a log."""
+    """Stands in for ``reserve_slices``: scripted slices, a log."""
 
     def __init__(self, log: list[str], fail_on: int | None = None) -> None:
         self.log, self.fail_on, self.count = log, fail_on, 0

@@ -13,6 +13,7 @@ import ray
 import tpuslice
 from clusterutil import exit_cleanly, wait_for, where_am_i
 from tpuslice._host.context import MEGASCALE_VARS, HostContext
+from tpuslice._reserve.reserve import plumbing
 from tpuslice._run.run import launch
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
@@ -79,7 +80,7 @@ def test_stale_megascale_values_never_leak(tpu_cluster: SimulatedCluster) -> Non
                     plant_stale_env.options(
                         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, bundle)
                     ).remote()
-                    for pg, bundle in spg.worker_groups()
+                    for pg, bundle in plumbing(spg).worker_groups()
                 ]
             )
         )
@@ -101,7 +102,7 @@ def test_env_is_restored_after_the_task(tpu_cluster: SimulatedCluster) -> None:
                 where_am_i.options(
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, bundle)
                 ).remote()
-                for pg, bundle in spg.worker_groups()
+                for pg, bundle in plumbing(spg).worker_groups()
             ]
         )
 
@@ -275,7 +276,7 @@ def test_owners_run_every_held_call_in_one_process_with_its_own_context(
         assert [r["pid"] for r in first] == [r["pid"] for r in second]
         assert [r["host"].rank for r in second] == [0, 1, 2, 3]
         assert {r["env"]["MEGASCALE_NUM_SLICES"] for r in second} == {"2"}
-        owners = spg.ownership.current
+        owners = plumbing(spg).ownership.current
         assert owners is not None and len(owners.handles) == 4
         leftover = [ray.get(h.call.remote(env_now._function, {}, (), {})) for h in owners.handles]
     assert leftover == [{}] * 4  # nothing of a call's context stays in the owner

@@ -86,7 +86,6 @@ class SlicePlacementGroup(ShutsDownOnExit):
         tpu_resource_per_chip: int | None = None,
         *,
         priority: int = 0,
-        _clock: Clock | None = None,
     ) -> None:
         """Reserve the slices; returns once every slice is claimed and placed.
 
@@ -133,29 +132,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
             tpu_resource_per_chip=tpu_resource_per_chip,
             priority=priority,
         )
-        self._start(request, _clock)
-
-    @classmethod
-    def from_request(
-        cls, request: SliceRequest, *, clock: Clock | None = None
-    ) -> SlicePlacementGroup:
-        """Reserve what ``request`` asks for (the path every tpuslice runner takes).
-
-        Args:
-            request: The validated request.
-            clock: Injected time for tests (default: the real clock).
-
-        Returns:
-            The reservation, holding every slice.
-
-        Raises:
-            NotConnectedError: Ray is not initialised.
-            InsufficientSlicesError: the cluster does not have the slices and cannot grow.
-            ReservationTimeoutError: no idle slices within the request's timeout.
-        """
-        spg = cls.__new__(cls)
-        spg._start(request, clock)
-        return spg
+        self._start(request, None)
 
     def _start(
         self, request: SliceRequest, clock: Clock | None, targets: Targets | None = None
@@ -188,10 +165,10 @@ class SlicePlacementGroup(ShutsDownOnExit):
         observe.reservation_ended(
             request, "granted", self._reserved_at - asked, slices=self.slice_names
         )
-        self.ownership = SliceOwnership(
-            self.worker_groups,
+        self._ownership = SliceOwnership(
+            self._worker_groups,
             self._plan.bundle_resources.get("TPU", self._plan.devices_per_host),
-            self.rank_nodes,
+            self._rank_nodes,
             whole_hosts=self._plan.bundles_per_host == 1,
         )
 
@@ -267,16 +244,6 @@ class SlicePlacementGroup(ShutsDownOnExit):
     # --- additions -------------------------------------------------------------------
 
     @property
-    def plan(self) -> ReservationPlan:
-        """What was derived from the request: shape, bundles, selectors."""
-        return self._plan
-
-    @property
-    def request(self) -> SliceRequest:
-        """The request this reservation was made from."""
-        return self._request
-
-    @property
     def slice_names(self) -> list[str]:
         """Names of the reserved slices, in slice-index order."""
         return [c.slice_name for c in self._reservation.claims]
@@ -290,7 +257,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
     def is_shut_down(self) -> bool:
         return not self._reservation.claims
 
-    def worker_groups(self) -> list[tuple[PlacementGroup, int]]:
+    def _worker_groups(self) -> list[tuple[PlacementGroup, int]]:
         """Where each rank's bundle is.
 
         Returns:
@@ -326,7 +293,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         Raises:
             SliceShutdownError: the reservation was shut down.
         """
-        groups = {pg.id: pg for pg, _ in self.worker_groups()}
+        groups = {pg.id: pg for pg, _ in self._worker_groups()}
         return all(wait_all(list(groups.values()), timeout if timeout is not None else 1e9))
 
     def release_head_pgs(self, slice_index: int | None = None) -> None:
@@ -352,12 +319,13 @@ class SlicePlacementGroup(ShutsDownOnExit):
             remove_group(claim.head_pg)
             claim.head_pg = None
 
-    def track(
+    def _track(
         self,
         refs: Sequence[ray.ObjectRef],
         worker_pids: Sequence[tuple[int, ray.ObjectRef]] = (),
     ) -> None:
-        """Remember tasks started on this slice, so :meth:`shutdown` can stop them.
+        """Remember tasks started on this slice, so :meth:`shutdown` can stop them (see
+        :meth:`Plumbing.track`).
 
         Args:
             refs: The tasks' refs.
@@ -382,7 +350,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         for ref in running:
             ray.cancel(ref, force=True)
 
-    def rank_env(self, rank: int) -> CallEnv:
+    def _rank_env(self, rank: int) -> CallEnv:
         """What this reservation sets for rank ``rank``'s calls besides its slice context
         (nothing for whole slices: their hosts' own ``TPU_*`` values hold).
 
@@ -404,7 +372,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         """
         from tpuslice._host.agent import notices_for  # agent.py builds on reserve's siblings
 
-        found = notices_for(sorted(set(self.rank_nodes())))
+        found = notices_for(sorted(set(self._rank_nodes())))
         return sorted(found.values(), key=lambda n: n.deadline)
 
     def _lasting(self, nodes: list[str]) -> list[str]:
@@ -421,7 +389,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         }
         return [node for node in nodes if node not in going]
 
-    def rank_nodes(self) -> list[str]:
+    def _rank_nodes(self) -> list[str]:
         """The Ray node id of each rank's host.
 
         Returns:
@@ -441,7 +409,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         reports, self._worker_pids = self._worker_pids, []
         if not reports or not ray.is_initialized():
             return {}
-        nodes = self.rank_nodes()
+        nodes = self._rank_nodes()
         refs = [ref for _, ref in reports]
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
         ready = set(done)
@@ -463,7 +431,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         at once when this returns (see :func:`tpuslice._view.cluster.wait_freed`). Idempotent."""
         pids = self._reported_pids()
         self._cancel_launched()
-        left = self.ownership.hand_back(pids) if self._reservation.claims else None
+        left = self._ownership.hand_back(pids) if self._reservation.claims else None
         restock: list[str] = []
         if left is not None:
             lasting = set(self._lasting([*left.kept, *left.restock]))
@@ -584,3 +552,109 @@ def reserve_tpu_slice(
     claim = Reserver(request, heads_only=True).run().claims[0]
     assert claim.head_pg is not None  # multi-host claims always hold their head
     return claim.slice_name, claim.head_pg
+
+
+def reserve_slices(request: SliceRequest, *, clock: Clock | None = None) -> SlicePlacementGroup:
+    """Reserve what ``request`` asks for: the path every tpuslice runner takes.
+
+    Args:
+        request: The validated request.
+        clock: Injected time for tests (default: the real clock).
+
+    Returns:
+        The reservation, holding every slice.
+
+    Raises:
+        NotConnectedError: Ray is not initialised.
+        InsufficientSlicesError: the cluster does not have the slices and cannot grow.
+        ReservationTimeoutError: no idle slices within the request's timeout.
+    """
+    spg = SlicePlacementGroup.__new__(SlicePlacementGroup)
+    spg._start(request, clock)
+    return spg
+
+
+class Plumbing:
+    """What tpuslice's own runners (``run_on_slice``, actor groups, resilient runs, the
+    CLI) use of a reservation, kept off its public handle so that the handle shows
+    Ray's names and our documented additions only.
+
+    Args:
+        spg: The reservation (a :class:`SlicePlacementGroup` or a subclass).
+    """
+
+    __slots__ = ("_spg",)
+
+    def __init__(self, spg: SlicePlacementGroup) -> None:
+        self._spg = spg
+
+    @property
+    def plan(self) -> ReservationPlan:
+        """What was derived from the request: shape, bundles, selectors."""
+        return self._spg._plan
+
+    @property
+    def request(self) -> SliceRequest:
+        """The request the reservation was made from."""
+        return self._spg._request
+
+    @property
+    def ownership(self) -> SliceOwnership:
+        """Who owns the reservation's TPUs (its owners), and handing them back."""
+        return self._spg._ownership
+
+    def worker_groups(self) -> list[tuple[PlacementGroup, int]]:
+        """Where each rank's bundle is.
+
+        Returns:
+            ``(group, bundle index)`` for every bundle, in rank order (slice-major).
+
+        Raises:
+            SliceShutdownError: the reservation was shut down.
+        """
+        return self._spg._worker_groups()
+
+    def track(
+        self,
+        refs: Sequence[ray.ObjectRef],
+        worker_pids: Sequence[tuple[int, ray.ObjectRef]] = (),
+    ) -> None:
+        """Remember tasks started on the reservation, so its shutdown can stop them.
+
+        Args:
+            refs: The tasks' refs.
+            worker_pids: ``(rank, ref of the pid that ran it)`` per task: the hand-back
+                stops those processes on the rank's host if they still own its TPU.
+        """
+        self._spg._track(refs, worker_pids)
+
+    def rank_env(self, rank: int) -> CallEnv:
+        """What the reservation sets for rank ``rank``'s calls besides its slice context.
+
+        Args:
+            rank: A rank of the reservation.
+
+        Returns:
+            Variables to set (or, as None, unset) around the call.
+        """
+        return self._spg._rank_env(rank)
+
+    def rank_nodes(self) -> list[str]:
+        """The Ray node id of each rank's host.
+
+        Returns:
+            One node id per rank, in rank order.
+        """
+        return self._spg._rank_nodes()
+
+
+def plumbing(spg: SlicePlacementGroup) -> Plumbing:
+    """The runners' view of a reservation (see :class:`Plumbing`).
+
+    Args:
+        spg: The reservation.
+
+    Returns:
+        Its plumbing.
+    """
+    return Plumbing(spg)

@@ -22,7 +22,7 @@ from tpuslice import _ray
 from tpuslice._host.context import MEGASCALE_VARS, HostContext
 from tpuslice._host.heartbeats import BEAT_ENV
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._reserve.reserve import ShutsDownOnExit, SlicePlacementGroup
+from tpuslice._reserve.reserve import ShutsDownOnExit, SlicePlacementGroup, plumbing, reserve_slices
 from tpuslice._run.run import call_env, host_contexts
 from tpuslice._run.watchdog import CHECK_S, WatchConfig, describe_hang
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
@@ -81,7 +81,7 @@ class SliceActorGroup(ShutsDownOnExit):
         self._started = time.time()
         # One process per host owns a TPU: earlier run_on_slice calls' owners step aside
         # (their TPUs confirmed free) before this group's actors start.
-        tpu_slice.ownership.retire()
+        plumbing(tpu_slice).ownership.retire()
         remote_cls = actor_cls if hasattr(actor_cls, "remote") else ray.remote(actor_cls)
         self.slice = tpu_slice
         self.owns_slice = owns_slice
@@ -89,7 +89,9 @@ class SliceActorGroup(ShutsDownOnExit):
         tpu = tpu_slice.bundle_resources.get("TPU", tpu_slice.devices_per_host)
         self.actors: list[Any] = []
         try:
-            for context, (pg, bundle) in zip(self.contexts, tpu_slice.worker_groups(), strict=True):
+            for context, (pg, bundle) in zip(
+                self.contexts, plumbing(tpu_slice).worker_groups(), strict=True
+            ):
                 self.actors.append(
                     remote_cls.options(
                         num_cpus=0,
@@ -101,7 +103,7 @@ class SliceActorGroup(ShutsDownOnExit):
                         ),
                     ).remote(*args, **kwargs)
                 )
-            tpu_slice.ownership.adopt(self.actors)
+            plumbing(tpu_slice).ownership.adopt(self.actors)
         except BaseException:
             self.shutdown()
             raise
@@ -157,7 +159,7 @@ class SliceActorGroup(ShutsDownOnExit):
             priority=priority,
         )
         WatchConfig(heartbeat_timeout_s, startup_timeout_s)  # checked before reserving
-        spg = SlicePlacementGroup.from_request(request)
+        spg = reserve_slices(request)
         try:
             return cls(
                 actor_cls,
@@ -263,7 +265,7 @@ class SliceActorGroup(ShutsDownOnExit):
         confirm the actors' TPUs are free for the slice's next calls. Idempotent."""
         actors, self.actors = self.actors, []
         if actors:
-            self.slice.ownership.disown(actors)
+            plumbing(self.slice).ownership.disown(actors)
         for actor in actors:
             ray.kill(actor, no_restart=True)
         if self.watching.beats:  # after the kills: a live actor could still publish one
@@ -271,7 +273,7 @@ class SliceActorGroup(ShutsDownOnExit):
         if self.owns_slice:
             self.slice.shutdown()
         elif actors and not self.slice.is_shut_down:
-            self.slice.ownership.confirm_free()
+            plumbing(self.slice).ownership.confirm_free()
 
 
 def _actor_env(call: CallEnv) -> dict[str, str]:

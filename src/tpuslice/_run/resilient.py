@@ -40,7 +40,7 @@ from ray.exceptions import (
 from tpuslice import _observe as observe
 from tpuslice._host.notices import Notice
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing, reserve_slices
 from tpuslice._run.run import check_run_args, host_contexts, launch
 from tpuslice._run.watchdog import AttemptWatch, Broken, WatchConfig
 from tpuslice._tpu.clock import Clock
@@ -338,7 +338,7 @@ def watch_gang(
         The watch.
     """
     ranks = [context.describe() for context in host_contexts(spg)]
-    return AttemptWatch(config, spg.rank_nodes(), ranks, notice_event)
+    return AttemptWatch(config, plumbing(spg).rank_nodes(), ranks, notice_event)
 
 
 def judged(broken: GangBrokenError, watch: AttemptWatch) -> GangBrokenError:
@@ -387,7 +387,7 @@ class ResilientRun:
     history: list[AttemptRecord] = field(default_factory=list)
     last_error: BaseException | None = None
     """The exception that ended the latest failed attempt (chained to the final error)."""
-    reserve: Callable[[SliceRequest], SlicePlacementGroup] = SlicePlacementGroup.from_request
+    reserve: Callable[[SliceRequest], SlicePlacementGroup] = reserve_slices
     """How each attempt reserves its slices (a seam for tests)."""
     watching: WatchConfig = field(default_factory=WatchConfig)
     """What each attempt's gang is watched for (notices always; heartbeats if set)."""
@@ -598,6 +598,11 @@ def run_function(
     return [results[rank] for rank in range(len(refs))]
 
 
+new_clock: Callable[[], Clock] = Clock
+"""Makes each resilient run's clock. Tests replace it here, in the private layer, so that
+the clock is not a parameter of the public ``run_resilient``."""
+
+
 def run_resilient(
     fn: Any,
     *args: Any,
@@ -616,7 +621,6 @@ def run_resilient(
     on_notice: EventCallback | None = None,
     heartbeat_timeout_s: float | None = None,
     startup_timeout_s: float | None = None,
-    _clock: Clock | None = None,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn`` on every host of whole slices and return its results in rank order,
@@ -682,5 +686,5 @@ def run_resilient(
         priority=priority,
     )
     body = functools.partial(run_function, fn, args, kwargs)
-    run = ResilientRun(body, request, policy, on_event, _clock or Clock(), watching=watching)
+    run = ResilientRun(body, request, policy, on_event, new_clock(), watching=watching)
     return run.until_done()

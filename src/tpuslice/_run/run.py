@@ -27,7 +27,7 @@ from tpuslice import _observe as observe
 from tpuslice import _ray
 from tpuslice._host.context import HostContext, with_context
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing, reserve_slices
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import CallEnv
 from tpuslice.errors import (
@@ -77,7 +77,7 @@ def host_contexts(spg: SlicePlacementGroup) -> list[HostContext]:
     Returns:
         ``contexts[i]`` for rank *i*: slice-major, then TPU worker id.
     """
-    plan = spg.plan
+    plan = plumbing(spg).plan
     slices = spg.slices
     coordinator = slices[0].hosts[0].address if slices else ""
     contexts: list[HostContext] = []
@@ -110,7 +110,7 @@ def call_env(spg: SlicePlacementGroup, context: HostContext) -> CallEnv:
     Returns:
         The variables, to be set around the call (None: unset for the call).
     """
-    return {**context.env(), **spg.rank_env(context.rank)}
+    return {**context.env(), **plumbing(spg).rank_env(context.rank)}
 
 
 def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
@@ -137,7 +137,7 @@ def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
         raise InvalidArgumentError(
             "slice_index can only be used when an existing tpu_slice is provided."
         )
-    if not tpu_slice.plan.pg_per_slice:
+    if not plumbing(tpu_slice).plan.pg_per_slice:
         raise InvalidArgumentError(
             "slice_index can only be used when tpu_slice was created with pg_per_slice=True."
         )
@@ -165,7 +165,9 @@ def placements(
     """
     tpu = spg.bundle_resources.get("TPU", spg.devices_per_host)
     result = []
-    for context, (pg, bundle) in zip(host_contexts(spg), spg.worker_groups(), strict=True):
+    for context, (pg, bundle) in zip(
+        host_contexts(spg), plumbing(spg).worker_groups(), strict=True
+    ):
         if slice_index is not None and context.slice_index != slice_index:
             continue
         options = {
@@ -216,7 +218,9 @@ def launch(
         *values, pid = out
         refs.append(values[0] if wrapped.returns == 1 else values)
         pids.append((context.rank, pid))
-    spg.track([r for ref in refs for r in (ref if isinstance(ref, list) else [ref])], pids)
+    plumbing(spg).track(
+        [r for ref in refs for r in (ref if isinstance(ref, list) else [ref])], pids
+    )
     return refs
 
 
@@ -286,7 +290,7 @@ def run_on_slice(
             head_reservation_timeout_s=head_reservation_timeout_s,
             priority=priority,
         )
-        spg = SlicePlacementGroup.from_request(request)
+        spg = reserve_slices(request)
         try:
             refs = launch(fn, spg, args, kwargs)
         except BaseException:
@@ -333,7 +337,7 @@ def call_owned(
         InvalidArgumentError: ``fn``'s runtime_env differs from the owners'.
     """
     function, options = _ray.remote_function_parts(fn)
-    owners = spg.ownership.owners(options.get("runtime_env"))
+    owners = plumbing(spg).ownership.owners(options.get("runtime_env"))
     envs = [
         (context.rank, call_env(spg, context))
         for context in host_contexts(spg)

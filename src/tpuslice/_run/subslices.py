@@ -31,7 +31,7 @@ from ray.util.placement_group import PlacementGroup
 
 from tpuslice._reserve.ops import RAY_OPS, ClusterOps
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._reserve.reserve import SlicePlacementGroup, reserve_slices
 from tpuslice._tpu import subslice
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
@@ -329,7 +329,7 @@ def discover_layout(info: SliceInfo, request: SliceRequest) -> layouts.Layout:
 
     started = time.monotonic()
     try:
-        with SlicePlacementGroup.from_request(whole) as spg:
+        with reserve_slices(whole) as spg:
             refs = launch(layouts.coordinates_task, spg, (), {})
             answers = ray.get(refs, timeout=max(1.0, bound - (time.monotonic() - started)))
             nodes = {w: h.node_id for w, h in spg.slices[0].hosts.items()}
@@ -452,7 +452,7 @@ class SubslicePlacementGroup(SlicePlacementGroup):
         """The parent slice's name (kept after :meth:`shutdown`, as Ray's is)."""
         return self._selectors[0][SLICE_NAME_LABEL]
 
-    def rank_env(self, rank: int) -> CallEnv:
+    def _rank_env(self, rank: int) -> CallEnv:
         """The ``TPU_*`` values that make libtpu and JAX on this rank's host see the
         sub-slice as the whole slice: its hosts in rank order, this host's place, its
         accelerator type, topology and bounds; and no metadata server, which would describe

@@ -253,8 +253,8 @@ def test_sphinx_roles_become_optional_cross_references() -> None:
     griffe = pytest.importorskip("griffe")  # installed with the docs extra
     roles = load_hooks("sphinx_roles")
     package = griffe.load("tpuslice", search_paths=[str(ROOT / "src")])
-    spg = package["reserve.SlicePlacementGroup"]
-    sub = package["subslices.SubslicePlacementGroup"]
+    spg = package["_reserve.reserve.SlicePlacementGroup"]
+    sub = package["_run.subslices.SubslicePlacementGroup"]
     assert (
         roles.resolve(spg, "shutdown") == "tpuslice._reserve.reserve.SlicePlacementGroup.shutdown"
     )

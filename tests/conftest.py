@@ -5,6 +5,7 @@ tried to reach an address off this machine."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -16,6 +17,11 @@ GUARD_DIR = Path(__file__).parent / "netguard"
 sys.path.insert(0, str(GUARD_DIR))
 
 import sitecustomize as netguard  # noqa: E402  (tests/netguard, found through the line above)
+
+# A suite started in the background by a non-interactive shell inherits SIGINT ignored,
+# and so would every driver and CLI it starts: the tests of Ctrl-C would then send a
+# signal nobody hears. Python's own handler is reset to the default in each child.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -4,12 +4,44 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from tpuslice._host.context import HostContext
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    """Where one rank of a held reservation runs: its context, its bundle, and the TPU
+    the bundle holds. Tasks, actor groups and owners all place a rank from this.
+
+    Attributes:
+        context: The rank's slice context.
+        group: The placement group holding its bundle.
+        bundle: The bundle's index in ``group``.
+        tpu: ``TPU`` resources the bundle holds.
+    """
+
+    context: HostContext
+    group: PlacementGroup
+    bundle: int
+    tpu: float
+
+    def strategy(self) -> PlacementGroupSchedulingStrategy:
+        """Ray's scheduling strategy that puts work in this rank's bundle.
+
+        Returns:
+            The strategy.
+        """
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.group, placement_group_bundle_index=self.bundle
+        )
 
 
 def live_placement_groups() -> list[dict[str, Any]]:

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tpuslice._host.host_owner import RemoteOwner, call_in_actor, pid_of_actor
+from tpuslice._reserve.groups import RankPlacement
 from tpuslice._reserve.spares import SPARES, Spare
 from tpuslice._tpu.labels import CallEnv
 from tpuslice.errors import InvalidArgumentError
@@ -94,8 +94,7 @@ class Owners:
     @classmethod
     def start(
         cls,
-        placements: Sequence[tuple[Any, int]],
-        tpu: float,
+        ranks: Sequence[RankPlacement],
         runtime_env: Any = None,
         *,
         pinned_to: Sequence[str] | None = None,
@@ -104,8 +103,7 @@ class Owners:
         (``pinned_to``), or in its bundle, holding the bundle's TPU.
 
         Args:
-            placements: ``(placement group, bundle index)`` per rank.
-            tpu: ``TPU`` resources each bundle holds.
+            ranks: Where each rank runs, in rank order.
             runtime_env: The runtime environment of the owners' processes, if any.
             pinned_to: Each rank's node id when every bundle is a whole host's TPU and
                 the owners run in the job's runtime environment: they are then taken
@@ -119,17 +117,12 @@ class Owners:
             owners = cls([spare.handle for spare in started])
             owners._pid_refs = [spare.pid for spare in started]
             return owners
-        options: dict[str, Any] = {"resources": {"TPU": tpu}}
-        if runtime_env:
-            options["runtime_env"] = runtime_env
+        extra: dict[str, Any] = {"runtime_env": runtime_env} if runtime_env else {}
         handles = [
             RemoteOwner.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=bundle
-                ),
-                **options,
+                scheduling_strategy=rank.strategy(), resources={"TPU": rank.tpu}, **extra
             ).remote()
-            for pg, bundle in placements
+            for rank in ranks
         ]
         owners = cls(handles)
         owners._pid_refs = [handle.ping.remote() for handle in handles]
@@ -241,8 +234,7 @@ class SliceOwnership:
     """Who owns the TPUs of one held slice, and handing them back.
 
     Args:
-        placements: ``(placement group, bundle index)`` per rank (called when needed).
-        tpu: ``TPU`` resources each bundle holds.
+        ranks: Where each rank runs, in rank order (called when needed).
         rank_nodes: The node id of each rank's host (for the agents' hand-back check).
         whole_hosts: Each bundle is a whole host's TPU, so the owners can be this
             driver's spares, pinned to the hosts (see the module docstring).
@@ -250,14 +242,12 @@ class SliceOwnership:
 
     def __init__(
         self,
-        placements: Callable[[], Sequence[tuple[Any, int]]],
-        tpu: float,
+        ranks: Callable[[], Sequence[RankPlacement]],
         rank_nodes: Callable[[], Sequence[str]],
         *,
         whole_hosts: bool = False,
     ) -> None:
-        self._placements = placements
-        self._tpu = tpu
+        self._ranks = ranks
         self._rank_nodes = rank_nodes
         self._whole_hosts = whole_hosts
         self._lock = threading.Lock()
@@ -287,9 +277,7 @@ class SliceOwnership:
         with self._lock:
             if self._owners is None:
                 pinned = list(self._rank_nodes()) if self._whole_hosts else None
-                self._owners = Owners.start(
-                    self._placements(), self._tpu, runtime_env, pinned_to=pinned
-                )
+                self._owners = Owners.start(self._ranks(), runtime_env, pinned_to=pinned)
                 self._runtime_env = runtime_env
             elif runtime_env and runtime_env != self._runtime_env:
                 raise InvalidArgumentError(

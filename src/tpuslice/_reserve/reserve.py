@@ -19,10 +19,11 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from tpuslice import _observe as observe
+from tpuslice._host.context import HostContext
 from tpuslice._host.notices import Notice
 from tpuslice._queue.actor import notify_released, start_in_background
 from tpuslice._reserve.claim import Reservation, Reserver
-from tpuslice._reserve.groups import remove_group, wait_all
+from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
 from tpuslice._reserve.owners import SliceOwnership
 from tpuslice._reserve.plan import ReservationPlan
 from tpuslice._reserve.request import SliceRequest
@@ -166,8 +167,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
             request, "granted", self._reserved_at - asked, slices=self.slice_names
         )
         self._ownership = SliceOwnership(
-            self._worker_groups,
-            self._plan.bundle_resources.get("TPU", self._plan.devices_per_host),
+            self._ranks,
             self._rank_nodes,
             whole_hosts=self._plan.bundles_per_host == 1,
         )
@@ -278,6 +278,17 @@ class SlicePlacementGroup(ShutsDownOnExit):
             (pg, i)
             for pg in self.slice_placement_groups
             for i in range(self._plan.bundles_per_slice)
+        ]
+
+    def _ranks(self, slice_index: int | None = None) -> list[RankPlacement]:
+        """Where each rank runs (see :meth:`Plumbing.ranks`)."""
+        tpu = self.bundle_resources.get("TPU", self.devices_per_host)
+        return [
+            RankPlacement(context, group, bundle, tpu)
+            for context, (group, bundle) in zip(
+                host_contexts(self), self._worker_groups(), strict=True
+            )
+            if slice_index is None or context.slice_index == slice_index
         ]
 
     def wait_ready(self, timeout: float | None = None) -> bool:
@@ -628,6 +639,21 @@ class Plumbing:
         """
         self._spg._track(refs, worker_pids)
 
+    def ranks(self, slice_index: int | None = None) -> list[RankPlacement]:
+        """Where each rank runs: its context, its bundle and the bundle's TPU. Tasks,
+        actor groups and owners are all placed from this.
+
+        Args:
+            slice_index: Only that slice's ranks (``None``: every rank).
+
+        Returns:
+            One per rank, in rank order (slice-major, then TPU worker id).
+
+        Raises:
+            SliceShutdownError: the reservation was shut down.
+        """
+        return self._spg._ranks(slice_index)
+
     def rank_env(self, rank: int) -> CallEnv:
         """What the reservation sets for rank ``rank``'s calls besides its slice context.
 
@@ -658,3 +684,33 @@ def plumbing(spg: SlicePlacementGroup) -> Plumbing:
         Its plumbing.
     """
     return Plumbing(spg)
+
+
+def host_contexts(spg: SlicePlacementGroup) -> list[HostContext]:
+    """One context per bundle, in rank order. Pure given the reservation.
+
+    Args:
+        spg: A reservation (shut down or not: only its plan and slices are read).
+
+    Returns:
+        ``contexts[i]`` for rank *i*: slice-major, then TPU worker id.
+    """
+    plan = spg._plan
+    slices = spg.slices
+    coordinator = slices[0].hosts[0].address if slices else ""
+    contexts: list[HostContext] = []
+    for slice_index, info in enumerate(slices):
+        for k in range(plan.bundles_per_slice):
+            contexts.append(
+                HostContext(
+                    rank=len(contexts),
+                    world_size=plan.num_bundles,
+                    slice_index=slice_index,
+                    num_slices=plan.num_slices,
+                    slice_name=info.name,
+                    worker_id=k // plan.bundles_per_host,
+                    hosts_per_slice=plan.shape.num_hosts,
+                    coordinator_address=coordinator,
+                )
+            )
+    return contexts

@@ -16,14 +16,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tpuslice import _ray
 from tpuslice._host.context import MEGASCALE_VARS, HostContext
 from tpuslice._host.heartbeats import BEAT_ENV
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import ShutsDownOnExit, SlicePlacementGroup, plumbing, reserve_slices
-from tpuslice._run.run import call_env, host_contexts
+from tpuslice._run.run import call_env
 from tpuslice._run.watchdog import CHECK_S, WatchConfig, describe_hang
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX as BEAT_PREFIX
@@ -85,22 +84,18 @@ class SliceActorGroup(ShutsDownOnExit):
         remote_cls = actor_cls if hasattr(actor_cls, "remote") else ray.remote(actor_cls)
         self.slice = tpu_slice
         self.owns_slice = owns_slice
-        self.contexts: list[HostContext] = host_contexts(tpu_slice)
-        tpu = tpu_slice.bundle_resources.get("TPU", tpu_slice.devices_per_host)
+        ranks = plumbing(tpu_slice).ranks()
+        self.contexts: list[HostContext] = [rank.context for rank in ranks]
         self.actors: list[Any] = []
         try:
-            for context, (pg, bundle) in zip(
-                self.contexts, plumbing(tpu_slice).worker_groups(), strict=True
-            ):
+            for rank in ranks:
                 self.actors.append(
                     remote_cls.options(
                         num_cpus=0,
-                        resources={"TPU": tpu},
+                        resources={"TPU": rank.tpu},
                         max_restarts=0,
-                        runtime_env={"env_vars": self._env(context)},
-                        scheduling_strategy=PlacementGroupSchedulingStrategy(
-                            placement_group=pg, placement_group_bundle_index=bundle
-                        ),
+                        runtime_env={"env_vars": self._env(rank.context)},
+                        scheduling_strategy=rank.strategy(),
                     ).remote(*args, **kwargs)
                 )
             plumbing(tpu_slice).ownership.adopt(self.actors)

@@ -21,13 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tpuslice import _observe as observe
 from tpuslice import _ray
 from tpuslice._host.context import HostContext, with_context
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing, reserve_slices
+from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbing, reserve_slices
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import CallEnv
 from tpuslice.errors import (
@@ -66,36 +65,6 @@ def _context_remote(fn: Any) -> _Wrapped:
             wrapped = _Wrapped(remote, returns)
             _WRAPPED[fn] = wrapped
         return wrapped
-
-
-def host_contexts(spg: SlicePlacementGroup) -> list[HostContext]:
-    """One context per bundle, in rank order. Pure given the reservation.
-
-    Args:
-        spg: A reservation (shut down or not: only its plan and slices are read).
-
-    Returns:
-        ``contexts[i]`` for rank *i*: slice-major, then TPU worker id.
-    """
-    plan = plumbing(spg).plan
-    slices = spg.slices
-    coordinator = slices[0].hosts[0].address if slices else ""
-    contexts: list[HostContext] = []
-    for slice_index, info in enumerate(slices):
-        for k in range(plan.bundles_per_slice):
-            contexts.append(
-                HostContext(
-                    rank=len(contexts),
-                    world_size=plan.num_bundles,
-                    slice_index=slice_index,
-                    num_slices=plan.num_slices,
-                    slice_name=info.name,
-                    worker_id=k // plan.bundles_per_host,
-                    hosts_per_slice=plan.shape.num_hosts,
-                    coordinator_address=coordinator,
-                )
-            )
-    return contexts
 
 
 def call_env(spg: SlicePlacementGroup, context: HostContext) -> CallEnv:
@@ -163,23 +132,18 @@ def placements(
     Raises:
         SliceShutdownError: ``spg`` was shut down.
     """
-    tpu = spg.bundle_resources.get("TPU", spg.devices_per_host)
-    result = []
-    for context, (pg, bundle) in zip(
-        host_contexts(spg), plumbing(spg).worker_groups(), strict=True
-    ):
-        if slice_index is not None and context.slice_index != slice_index:
-            continue
-        options = {
-            "num_cpus": 0,
-            "resources": {"TPU": tpu},
-            "max_retries": 0,
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=bundle
-            ),
-        }
-        result.append((context, options))
-    return result
+    return [
+        (
+            rank.context,
+            {
+                "num_cpus": 0,
+                "resources": {"TPU": rank.tpu},
+                "max_retries": 0,
+                "scheduling_strategy": rank.strategy(),
+            },
+        )
+        for rank in plumbing(spg).ranks(slice_index)
+    ]
 
 
 def launch(

@@ -97,12 +97,18 @@ def total(samples: list[tuple[str, dict[str, str], float]], name: str, **tags: s
     )
 
 
+def driver_log(marks: Path) -> str:
+    """The end of the driver's stderr (a file: a pipe nobody reads fills up, and then
+    the driver blocks on its next warning)."""
+    return (marks / "driver.err").read_text(errors="replace")[-3000:]
+
+
 @pytest.fixture
 def driver(tpu_cluster: SimulatedCluster, tmp_path: Path) -> Iterator[dict[str, Any]]:
     proc = subprocess.Popen(
         [sys.executable, "-c", DRIVER, tpu_cluster.address, str(tmp_path)],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=(tmp_path / "driver.err").open("w"),
         text=True,
     )
     assert proc.stdout is not None
@@ -123,7 +129,7 @@ def test_a_scripted_history_shows_in_the_metrics_and_the_timeline(
     tpu_cluster: SimulatedCluster, driver: dict[str, Any]
 ) -> None:
     proc, marks = driver["proc"], driver["marks"]
-    assert driver.get("worker"), proc.stderr.read()[-3000:]
+    assert driver.get("worker"), driver_log(marks)
     started = wait_for(
         lambda: sorted(p.name for p in marks.iterdir() if p.name.startswith("v4-")),
         timeout=120,
@@ -143,7 +149,15 @@ def test_a_scripted_history_shows_in_the_metrics_and_the_timeline(
             )
 
         wait_for(lambda: dead_and_broken(scrape()), timeout=60, what="the dead host in the gauges")
-        wait_for(lambda: (marks / "done").exists(), timeout=120, what="the driver's script")
+        try:
+            wait_for(
+                lambda: (marks / "done").exists() or proc.poll() is not None,
+                timeout=120,
+                what="the driver's script",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its stderr ends:\n{driver_log(marks)}") from None
+        assert (marks / "done").exists(), driver_log(marks)
     finally:
         tpu_cluster.restore_slice(victim)
 
@@ -206,7 +220,7 @@ def test_a_scripted_history_shows_in_the_metrics_and_the_timeline(
     assert "impossible (1 x v6e 8x8)" in text and f"released {victim}" in text
 
     (marks / "exit").touch()
-    assert proc.wait(timeout=30) == 0, proc.stderr.read()[-3000:]
+    assert proc.wait(timeout=30) == 0, driver_log(marks)
     wait_for(lambda: not live_placement_groups(), timeout=10, what="slices released")
     tpu_cluster.wait_tpus_free()
 

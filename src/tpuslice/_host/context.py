@@ -99,6 +99,20 @@ TPU_IN_USE = "The TPU is already in use"
 """What libtpu says when another process owns the host's TPU."""
 
 
+def apply_env(values: Mapping[str, str | None]) -> None:
+    """Set each variable in ``os.environ``, or unset it where its value is ``None`` (what
+    a saved copy of ``os.environ.get`` gives back for a variable that was not set).
+
+    Args:
+        values: Variable -> value, or ``None`` to unset.
+    """
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def with_context(function: Callable[..., Any], returns: int | None = None) -> Callable[..., Any]:
     """The user's function, called with the slice context in ``os.environ`` (stale
     ``MEGASCALE_*`` the context does not set are dropped; all is restored after).
@@ -125,11 +139,7 @@ def with_context(function: Callable[..., Any], returns: int | None = None) -> Ca
         saved = {key: os.environ.get(key) for key in {*__tpuslice_env, *MEGASCALE_VARS}}
         for key in MEGASCALE_VARS:
             os.environ.pop(key, None)
-        for key, value in __tpuslice_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        apply_env(__tpuslice_env)
         try:
             result = function(*args, **kwargs)
         except Exception as exc:
@@ -139,11 +149,7 @@ def with_context(function: Callable[..., Any], returns: int | None = None) -> Ca
                 raise in_use_error(exc) from exc
             raise
         finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            apply_env(saved)
         if returns is None:
             return result
         return (result, os.getpid()) if returns == 1 else (*result, os.getpid())

@@ -8,8 +8,8 @@ on a held slice (``tpu_slice=``) runs each rank's call in that bundle's *owner*:
 - one actor per bundle. Where a bundle is a whole host's TPU (the usual case) the
   owner is pinned to that host and holds no Ray resources: the bundle keeps the TPU
   reserved, and Ray's environment for a task holding every chip of a host is the host's
-  own. Such an owner can start before its slice is reserved, so the first call runs in
-  a spare the driver started after an earlier hand-back there (:mod:`tpuslice._reserve.spares`),
+  own. Such an owner can outlive its slice or start before one is reserved, so the
+  first call runs in the driver's spare on that host (:mod:`tpuslice._reserve.spares`),
   not in a process started for it on every host. Where a bundle is part of a host, the
   owner is created in the bundle at the first call, holding its TPU, so Ray gives it
   that bundle's chips;

@@ -53,6 +53,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from tpuslice import _ray
+from tpuslice._host.context import apply_env
 from tpuslice._host.metadata import METADATA_HOST_ENV
 from tpuslice._host.tpu_lock import SIM_ROOT_ENV, TPUOwner, find_owner
 from tpuslice._sim.metadata_server import (
@@ -120,11 +121,7 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
         try:
             yield
         finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            apply_env(saved)
 
 
 class SimulatorError(TPUSliceError, RuntimeError):

@@ -179,7 +179,13 @@ def test_reads_do_not_grow_with_waiters_and_each_ask_is_answered_by_its_grant() 
     frees = 3
     one = asyncio.run(served_in_turn(1, frees))
     many = asyncio.run(served_in_turn(100, frees))
-    assert many.service.reads <= one.service.reads + 1  # fewer is fine: reads coalesce
+    # A read follows a change, never a waiter: the first enqueue, then per freed slice
+    # its hand-back, the claim of its grant and the next enqueue. How many of those
+    # coalesce into one read depends on thread timing, so the bound is the changes' count;
+    # a read per waiter would be over a hundred.
+    changes = 1 + 3 * frees
+    assert one.service.reads <= changes
+    assert many.service.reads <= changes
     for world, waiters in ((one, 1), (many, 100)):
         assert world.asks == waiters + frees  # one ask per waiter, and one per grant
         assert world.runner.calls == world.calls  # the runner counts every driver call

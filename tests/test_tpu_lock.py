@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from tpuslice._host.tpu_lock import SIM_ROOT_ENV, find_owner, lock_wanted, lockfile, tpu_devices
+from tpuslice._host.tpu_lock import (
+    SIM_ROOT_ENV,
+    find_owner,
+    find_owners,
+    lock_wanted,
+    lockfile,
+    tpu_devices,
+)
 from tpuslice._sim import libtpu
 
 HOLDER = textwrap.dedent(
@@ -158,6 +165,28 @@ def test_a_process_that_skipped_the_lock_is_still_found_by_its_open_devices(
     owner = find_owner(root)
     assert owner is not None and owner.pid == holders[0].proc.pid
     assert not owner.holds_lock
+
+
+def test_owners_of_many_hosts_in_one_pass_agree_with_each_hosts_own_answer(
+    tmp_path: Path, holders: list[Holder]
+) -> None:
+    """Hosts sharing a machine (the simulator's): one holds the lock, one has its devices
+    open by a process that skipped the lock, one is free."""
+    roots = []
+    for name in ("locked", "open", "free"):
+        (tmp_path / name / "dev").mkdir(parents=True)
+        (tmp_path / name / "tmp").mkdir()
+        for chip in range(4):
+            (tmp_path / name / "dev" / f"accel{chip}").touch()
+        roots.append(tmp_path / name)
+    holders.append(Holder(roots[0]))
+    holders.append(Holder(roots[1], ALLOW_MULTIPLE_LIBTPU_LOAD="1"))
+    found = find_owners(roots)
+    assert set(found) == set(roots[:2])
+    assert found[roots[0]].pid == holders[0].proc.pid and found[roots[0]].holds_lock
+    assert found[roots[1]].pid == holders[1].proc.pid and not found[roots[1]].holds_lock
+    assert {root: find_owner(root) for root in roots[:2]} == found
+    assert find_owner(roots[2]) is None
 
 
 def test_tpu_load_library_0_fails_as_libtpu_does(root: Path, holders: list[Holder]) -> None:

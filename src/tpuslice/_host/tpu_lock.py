@@ -156,19 +156,35 @@ def lock_holder(root: Path, proc: Path = PROC) -> int | None:
     Returns:
         The pid, or ``None`` if the file is missing or nobody holds it.
     """
+    key = _lock_key(root)
+    if key is None:
+        return None
     try:
-        stat = lockfile(root).stat()
         table = (proc / "locks").read_text()
     except OSError:
         return None
-    device = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    return _posix_lock_holders(table).get(key)
+
+
+def _lock_key(root: Path) -> str | None:
+    """How ``/proc/locks`` names ``root``'s lockfile (``major:minor:inode``), if it exists."""
+    try:
+        stat = lockfile(root).stat()
+    except OSError:
+        return None
+    return f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+
+
+def _posix_lock_holders(table: str) -> dict[str, int]:
+    """Each locked file's ``major:minor:inode`` and its holder, from ``/proc/locks``."""
+    holders: dict[str, int] = {}
     for line in table.splitlines():
         fields = line.split()
         # "1: POSIX  ADVISORY  WRITE 4242 fd:01:1234 0 EOF"
         posix = len(fields) >= 6 and fields[1] == "POSIX"  # a waiter has "->" there
-        if posix and fields[5] == device and fields[4].isdigit():
-            return int(fields[4])
-    return None
+        if posix and fields[4].isdigit():
+            holders.setdefault(fields[5], int(fields[4]))
+    return holders
 
 
 def device_holders(root: Path, proc: Path = PROC, only: Sequence[Path] | None = None) -> list[int]:
@@ -260,6 +276,45 @@ def find_owner(
         devices = {str(path) for path in tpu_devices(root)}
         holders = [pid for pid in sorted(set(among)) if _holds(pid, devices, proc)]
     return describe_process(holders[0], False, proc) if holders else None
+
+
+def find_owners(roots: Sequence[Path], proc: Path = PROC) -> dict[Path, TPUOwner]:
+    """:func:`find_owner` for many host roots on one machine (the simulator's hosts share
+    one): ``/proc/locks`` is read once and every process's descriptors are scanned once
+    for all of them, where a call per root would scan every process once per root.
+
+    Args:
+        roots: The host roots.
+        proc: Where procfs is mounted.
+
+    Returns:
+        The owner of each root whose TPU is owned; free roots are left out.
+    """
+    try:
+        locks = _posix_lock_holders((proc / "locks").read_text())
+    except OSError:
+        locks = {}
+    owners: dict[Path, TPUOwner] = {}
+    device_root: dict[str, Path] = {}
+    for root in roots:
+        key = _lock_key(root)
+        if key is not None and key in locks:
+            owners[root] = describe_process(locks[key], True, proc)
+            continue
+        device_root.update({str(path): root for path in tpu_devices(root)})
+    if not device_root:
+        return owners
+    holders: dict[Path, int] = {}
+    for pid in sorted(_pids(proc)):
+        with contextlib.suppress(OSError):
+            for fd in os.scandir(proc / str(pid) / "fd"):
+                with contextlib.suppress(OSError):
+                    root = device_root.get(os.readlink(fd.path))
+                    if root is not None:
+                        holders.setdefault(root, pid)
+    for root, pid in holders.items():
+        owners[root] = describe_process(pid, False, proc)
+    return owners
 
 
 def holds_tpu(pid: int, root: Path, proc: Path = PROC) -> bool:

@@ -55,7 +55,7 @@ from ray.cluster_utils import Cluster
 from tpuslice import _ray
 from tpuslice._host.context import apply_env
 from tpuslice._host.metadata import METADATA_HOST_ENV
-from tpuslice._host.tpu_lock import SIM_ROOT_ENV, TPUOwner, find_owner
+from tpuslice._host.tpu_lock import SIM_ROOT_ENV, TPUOwner, find_owners
 from tpuslice._sim.metadata_server import (
     MAINTENANCE_EVENT,
     PREEMPTED,
@@ -727,13 +727,12 @@ class SimulatedCluster:
         Returns:
             ``{(slice name, worker id): owner}`` for each owned TPU.
         """
-        owners = {}
-        for name, sim_slice in self.slices.items():
-            for host in sim_slice.hosts:
-                owner = find_owner(self.host_root(name, host.worker_id))
-                if owner is not None:
-                    owners[(name, host.worker_id)] = owner
-        return owners
+        roots = {
+            self.host_root(name, host.worker_id): (name, host.worker_id)
+            for name, sim_slice in self.slices.items()
+            for host in sim_slice.hosts
+        }
+        return {roots[root]: owner for root, owner in find_owners(list(roots)).items()}
 
     def wait_tpus_free(self, timeout: float = 30.0) -> None:
         """Wait (bounded) until no process owns any simulated host's TPU.

@@ -309,9 +309,9 @@ def find_owners(roots: Sequence[Path], proc: Path = PROC) -> dict[Path, TPUOwner
         with contextlib.suppress(OSError):
             for fd in os.scandir(proc / str(pid) / "fd"):
                 with contextlib.suppress(OSError):
-                    root = device_root.get(os.readlink(fd.path))
-                    if root is not None:
-                        holders.setdefault(root, pid)
+                    held = device_root.get(os.readlink(fd.path))
+                    if held is not None:
+                        holders.setdefault(held, pid)
     for root, pid in holders.items():
         owners[root] = describe_process(pid, False, proc)
     return owners

@@ -94,6 +94,23 @@ def no_stray_timeline_events(
     monkeypatch.setattr(events, "WRITER", kept)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that need no cluster run first, so a whole run reports their failures
+    within its first minute; the cluster-tier tests keep their order after them."""
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
+
+
+@pytest.fixture(autouse=True)
+def no_cluster_in_the_pure_tier(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test outside the cluster tier must not connect to Ray: the pure tier runs
+    without a cluster, and one left connected would hide that."""
+    yield
+    if request.node.get_closest_marker("cluster") is None and "ray" in sys.modules:
+        import ray
+
+        assert not ray.is_initialized(), "a test outside the cluster tier connected to Ray"
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A refused connection logged after the last test's check still fails the run."""
     late = NetGuardLog().read_from(0) if os.environ.get(netguard.LOG_ENV) else ""

@@ -21,6 +21,36 @@ if TYPE_CHECKING:  # imported inside the fixtures: a pytest run that uses none p
     from tpuslice._sim.simulated import SimulatedCluster
 
 
+CLUSTER_MARK = "cluster"
+CLUSTER_FIXTURES = frozenset({"simulated_cluster", "tpu_cluster"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Declare the ``cluster`` marker (so ``--strict-markers`` accepts it).
+
+    Args:
+        config: pytest's configuration.
+    """
+    config.addinivalue_line(
+        "markers",
+        f"{CLUSTER_MARK}: needs a simulated Ray cluster (set on every test that uses "
+        "simulated_cluster or tpu_cluster)",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the simulated cluster ``cluster``: a test that needs the
+    cluster cannot end up in the tier that runs without one.
+
+    Args:
+        items: The collected tests.
+    """
+    for item in items:
+        if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(CLUSTER_MARK)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Declare the ini options ``tpuslice_slices`` and ``tpuslice_cpus_per_host``.
 

@@ -246,13 +246,13 @@ def run_on_slice(
             raise InvalidArgumentError(
                 "topology and accelerator_version are required when tpu_slice is not provided."
             )
-        request = SliceRequest(
-            topology=topology,
-            accelerator_version=accelerator_version,
-            num_slices=num_slices,
-            chips_per_vm=chips_per_vm,
-            head_reservation_timeout_s=head_reservation_timeout_s,
-            priority=priority,
+        request = SliceRequest.for_run(
+            topology,
+            accelerator_version,
+            num_slices,
+            chips_per_vm,
+            head_reservation_timeout_s,
+            priority,
         )
         spg = reserve_slices(request)
         try:

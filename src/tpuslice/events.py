@@ -274,6 +274,7 @@ class EventWriter:
 
 
 WRITER = EventWriter()
+"""This process's event writer."""
 atexit.register(WRITER.flush)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=WRITER.after_fork)

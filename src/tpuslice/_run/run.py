@@ -48,23 +48,39 @@ class _Wrapped:
     ``None`` (a streaming or dynamic function: no pid is reported)."""
 
 
-_WRAPPED: weakref.WeakKeyDictionary[Any, _Wrapped] = weakref.WeakKeyDictionary()
-_WRAPPED_LOCK = threading.Lock()
+class ContextRemotes:
+    """The remote function made for each user function (:class:`_Wrapped`), kept as long
+    as the user's function lives."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._made: weakref.WeakKeyDictionary[Any, _Wrapped] = weakref.WeakKeyDictionary()
+
+    def of(self, fn: Any) -> _Wrapped:
+        """The remote function that runs ``fn`` in its slice context (made on first use).
+
+        Args:
+            fn: The user's ``@ray.remote`` function.
+
+        Returns:
+            The remote function, and how many returns the user's function declared.
+        """
+        with self._lock:
+            wrapped = self._made.get(fn)
+            if wrapped is None:
+                function, options = _ray.remote_function_parts(fn)
+                declared = options.get("num_returns", 1)
+                returns = declared if isinstance(declared, int) and declared >= 1 else None
+                if returns is not None:
+                    options["num_returns"] = returns + 1
+                remote = ray.remote(**options)(with_context(function, returns))
+                wrapped = _Wrapped(remote, returns)
+                self._made[fn] = wrapped
+            return wrapped
 
 
-def _context_remote(fn: Any) -> _Wrapped:
-    with _WRAPPED_LOCK:
-        wrapped = _WRAPPED.get(fn)
-        if wrapped is None:
-            function, options = _ray.remote_function_parts(fn)
-            declared = options.get("num_returns", 1)
-            returns = declared if isinstance(declared, int) and declared >= 1 else None
-            if returns is not None:
-                options["num_returns"] = returns + 1
-            remote = ray.remote(**options)(with_context(function, returns))
-            wrapped = _Wrapped(remote, returns)
-            _WRAPPED[fn] = wrapped
-        return wrapped
+CONTEXT_REMOTES = ContextRemotes()
+"""This process's remote functions made for user functions."""
 
 
 def call_env(spg: SlicePlacementGroup, context: HostContext) -> CallEnv:
@@ -168,7 +184,7 @@ def launch(
     Returns:
         One ref per rank, in rank order.
     """
-    wrapped = _context_remote(fn)
+    wrapped = CONTEXT_REMOTES.of(fn)
     refs: list[Any] = []
     pids: list[tuple[int, ray.ObjectRef]] = []
     for context, options in placements(spg, slice_index):
@@ -463,3 +479,4 @@ FETCH_BOUND_S = 10.0
 
 
 RELEASER = Releaser()
+"""This process's releaser of one-shot slices."""

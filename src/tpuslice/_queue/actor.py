@@ -10,11 +10,10 @@ reach it through :class:`RayQueue`; when it cannot be reached they claim idle sl
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -310,20 +309,14 @@ class QueueLink:
             if self._handle is queue:
                 self._handle = None
 
-    def start_in_background(
-        self, at_exit: Callable[[Callable[[], None]], Any] = atexit.register
-    ) -> None:
+    def start_in_background(self) -> None:
         """Have the cluster's queue actor running (it also reports the cluster's gauges,
         :mod:`tpuslice.metrics`) without waiting: once per process and cluster, a daemon
         thread finds or creates it (tried again next time if that failed).
 
-        The first call registers :meth:`finish_starting` to run at exit. Registered after
-        ``ray.init``'s own exit hook, it runs first, so the thread never calls Ray after
-        Ray shut down (a process whose thread does dies with Ray's fatal "core worker has
-        already been shutdown").
-
-        Args:
-            at_exit: Registers the exit hook (default: :mod:`atexit`).
+        :meth:`finish_starting` is an exit hook (:data:`tpuslice._ray.EXIT_HOOKS`), so it
+        runs before Ray shuts down, and the thread never calls Ray after that (a process
+        whose thread does dies with Ray's fatal "core worker has already been shutdown").
         """
         if not ray.is_initialized():
             return
@@ -332,8 +325,7 @@ class QueueLink:
             if cluster in self._started_on:
                 return
             self._started_on.add(cluster)
-            if not self._starters:  # the first start of this process
-                at_exit(self.finish_starting)
+            _ray.EXIT_HOOKS.add(self.finish_starting)
             thread = threading.Thread(
                 target=self._start_quietly,
                 args=(cluster,),

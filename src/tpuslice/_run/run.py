@@ -10,7 +10,6 @@ A one-shot call (no ``tpu_slice``) gives its slice back as soon as the work ends
 
 from __future__ import annotations
 
-import atexit
 import logging
 import queue
 import threading
@@ -349,24 +348,20 @@ class Releaser:
     Ends means: every task finished, or any task failed (the gang is broken; removing
     the groups stops the rest, whose refs then fail promptly since we never retry them).
 
-    At interpreter exit (:meth:`close`, registered after ``ray.init``'s own exit hook, so
-    it runs first) the thread is stopped between two Ray calls and every one-shot still
-    held is given back on the exiting thread: the thread never calls Ray after Ray shut
-    down (which ends the process with a fatal error), and nothing stays reserved.
-
-    Args:
-        at_exit: Registers :meth:`close` to run at exit (default: :mod:`atexit`).
+    At interpreter exit (:meth:`close`, an exit hook from the first one-shot on, which
+    runs before Ray shuts down: :data:`tpuslice._ray.EXIT_HOOKS`) the thread is stopped
+    between two Ray calls and every one-shot still held is given back on the exiting
+    thread: the thread never calls Ray after Ray shut down (which ends the process with a
+    fatal error), and nothing stays reserved.
     """
 
-    def __init__(self, at_exit: Callable[[Callable[[], None]], Any] = atexit.register) -> None:
+    def __init__(self) -> None:
         self._queue: queue.Queue[_OneShot] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._working = threading.Lock()
         """Held by the thread while it calls Ray."""
         self._closed = False
-        self._at_exit = at_exit
-        self._registered = False
         self.pending: list[_OneShot] = []
 
     def release_when_done(self, refs: list[ray.ObjectRef], spg: SlicePlacementGroup) -> None:
@@ -378,9 +373,7 @@ class Releaser:
         """
         self._queue.put(_OneShot(list(refs), spg))
         with self._lock:
-            if not self._registered:
-                self._registered = True
-                self._at_exit(self.close)
+            _ray.EXIT_HOOKS.add(self.close)
             if self._closed:
                 return  # exiting: close() gives it back
             if self._thread is None or not self._thread.is_alive():

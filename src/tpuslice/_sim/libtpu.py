@@ -24,7 +24,6 @@ the lock was held).
 
 from __future__ import annotations
 
-import atexit
 import errno
 import fcntl
 import os
@@ -40,6 +39,7 @@ from tpuslice._host.tpu_lock import (
     lockfile,
     tpu_devices,
 )
+from tpuslice._ray import EXIT_HOOKS
 
 BACKEND = "Unable to initialize backend 'tpu': "
 """How JAX reports a TPU backend that failed to start (a ``RuntimeError``)."""
@@ -127,7 +127,7 @@ class OpenedTPU:
             path = lockfile(root)
             self._lock_fd = _take_lock(root, path)
             self._devices, self._lockfile = _open_devices(root), path
-        atexit.register(self.unlink_lock)
+        EXIT_HOOKS.add(self.unlink_lock)
         return path
 
     def unlink_lock(self) -> None:

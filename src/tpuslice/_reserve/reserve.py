@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from tpuslice import _observe as observe
 from tpuslice._host.context import HostContext
 from tpuslice._host.notices import Notice
 from tpuslice._queue.actor import QUEUE_LINK
+from tpuslice._reserve import observe
 from tpuslice._reserve.claim import Reservation, Reserver
 from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
 from tpuslice._reserve.owners import SliceOwnership

@@ -37,10 +37,10 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
-from tpuslice import _observe as observe
 from tpuslice._host.notices import Notice
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbing, reserve_slices
+from tpuslice._run import observe
 from tpuslice._run.run import check_run_args, launch
 from tpuslice._run.watchdog import AttemptWatch, Broken, WatchConfig
 from tpuslice._tpu.clock import Clock

@@ -21,11 +21,11 @@ from typing import Any
 
 import ray
 
-from tpuslice import _observe as observe
 from tpuslice import _ray
 from tpuslice._host.context import HostContext, with_context
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbing, reserve_slices
+from tpuslice._run import observe
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import CallEnv
 from tpuslice.errors import (

@@ -24,12 +24,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tpuslice import _observe as observe
 from tpuslice import events
 from tpuslice._host.context import HostContext, current_host
 from tpuslice._reserve.groups import live_placement_groups
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._run import observe
 from tpuslice._run.resilient import (
     AttemptEvent,
     GangBrokenError,

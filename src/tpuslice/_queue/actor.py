@@ -215,9 +215,8 @@ class RayQueue:
         try:
             return ray.get(ref, timeout=timeout_s)
         except ray.exceptions.RayActorError as exc:
-            QUEUE_LINK.forget(
-                self
-            )  # dead for good (killed, or past its restarts): look again next time
+            # Dead for good (killed, or past its restarts): look again next time.
+            QUEUE_LINK.forget(self)
             raise QueueUnreachableError(f"the slice queue is gone: {exc}") from exc
         except (ray.exceptions.RayError, ConnectionError) as exc:
             raise QueueUnreachableError(f"the slice queue did not answer: {exc}") from exc

@@ -187,7 +187,7 @@ def test_without_a_queue_it_claims_directly_and_says_so_once(
     """No queue: it waits for the second slice by looking again (no arrival order), with
     nothing placed meanwhile (the idle slice is only picked), takes both together, and
     one warning is logged for the process however many reservations wait."""
-    monkeypatch.setattr(claim, "_said_unreachable", [False])
+    monkeypatch.setattr(claim, "FALLBACK_WARNING", claim.FallbackWarning())
     cluster = InMemoryCluster([("v6e", "4x4", 2)])
     busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
     held = free_later(cluster, 2, busy)

@@ -1,4 +1,5 @@
-"""The ``tpuslice topologies`` command and ``--version``, driven through click's CliRunner."""
+"""The ``tpuslice topologies`` command, ``--version`` and ``--help``, driven through click's
+CliRunner."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from click.testing import CliRunner, Result
 
 import tpuslice
 from tpuslice._tpu import topology as topo
+from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice.cli.commands import main
 
 
@@ -114,3 +116,9 @@ def test_help_lists_the_topologies_command() -> None:
     result = invoke("--help")
     assert result.exit_code == 0
     assert "topologies" in result.output
+
+
+def test_run_help_shows_the_default_timeout_of_every_reservation() -> None:
+    result = invoke("run", "--help")
+    assert result.exit_code == 0
+    assert f"[default: {DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S}" in result.output

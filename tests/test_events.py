@@ -140,14 +140,15 @@ def test_a_put_failing_any_way_drops_that_event_and_the_writer_lives_on() -> Non
 
 
 def test_observing_never_raises_into_the_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tpuslice import _observe as observe
+    from tpuslice._reserve import observe as reserve_observe
+    from tpuslice._run import observe as run_observe
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(events, "record", broken)
-    observe.released(["v4-16-a"], 3.0)  # e.g. in the middle of a hand-back: no exception
-    observe.run_ended("one_shot", "success", 1.0)
+    reserve_observe.released(["v4-16-a"], 3.0)  # e.g. in the middle of a hand-back
+    run_observe.run_ended("one_shot", "success", 1.0)  # no exception from either
 
 
 def test_record_rejects_an_unknown_kind() -> None:

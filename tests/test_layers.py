@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"_host"},
     {"_sim"},
     {"_view"},
-    {"events", "metrics", "_observe"},
+    {"events", "metrics"},
     {"_queue"},
     {"_reserve"},
     {"_run"},

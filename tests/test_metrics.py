@@ -6,7 +6,7 @@ import pytest
 
 from test_status import mixed_snapshot, queued_snapshot
 from tpuslice import metrics
-from tpuslice._observe import describe_request
+from tpuslice._reserve.observe import describe_request
 from tpuslice._reserve.request import SliceRequest
 
 

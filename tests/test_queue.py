@@ -252,7 +252,7 @@ STARTS_AT_EXIT = textwrap.dedent(
                 f.write("finished")
 
     ray.get_actor = slow_get_actor
-    queue_actor.start_in_background()
+    queue_actor.QUEUE_LINK.start_in_background()
     assert entered.wait(30)
     print("exiting", flush=True)
     """
@@ -284,11 +284,11 @@ def test_a_driver_whose_queue_was_killed_for_good_finds_a_new_one(
     from tpuslice._queue.book import Unknown
     from tpuslice.errors import QueueUnreachableError
 
-    queue = queue_actor.slice_queue()
+    queue = queue_actor.QUEUE_LINK.slice_queue()
     old_pid = ray.get(queue.handle.pid.remote())
     ray.kill(queue.handle, no_restart=True)
     with pytest.raises(QueueUnreachableError):
         wait_for(lambda: queue.wait("no-such-ticket", 0.0) and None, timeout=30, what="its death")
-    again = queue_actor.slice_queue()
+    again = queue_actor.QUEUE_LINK.slice_queue()
     assert isinstance(again.wait("no-such-ticket", 0.0), Unknown)
     assert ray.get(again.handle.pid.remote()) != old_pid

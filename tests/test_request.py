@@ -138,3 +138,32 @@ def test_a_range_cannot_take_per_bundle_selectors() -> None:
 def test_priority_must_be_an_integer(value: object) -> None:
     with pytest.raises(InvalidArgumentError, match="priority must be an integer"):
         SliceRequest(topology="4x4", accelerator_version="v6e", priority=value)  # type: ignore[arg-type]
+
+
+def test_a_runs_request_is_the_request_of_its_options() -> None:
+    request = SliceRequest.for_run("4x4", "v6e", (1, 2), None, 30.0, 5)
+    assert request == SliceRequest(
+        topology="4x4",
+        accelerator_version="v6e",
+        num_slices=(1, 2),
+        head_reservation_timeout_s=30.0,
+        priority=5,
+    )
+    with pytest.raises(InvalidArgumentError, match="valid"):
+        SliceRequest.for_run("v6e", "4x4", 1, None, 30.0, 0)  # the two strings swapped
+
+
+def test_every_run_takes_each_option_of_a_runs_request_with_the_requests_default() -> None:
+    """An option added to ``SliceRequest.for_run`` fails here until every run takes it."""
+    from tpuslice._run.actors import SliceActorGroup
+    from tpuslice._run.resilient import run_resilient
+    from tpuslice._run.run import run_on_slice
+
+    options = list(inspect.signature(SliceRequest.for_run).parameters)
+    defaults = {f.name: f.default for f in dataclasses.fields(SliceRequest)}
+    for run in (run_on_slice, run_resilient, SliceActorGroup.create):
+        params = inspect.signature(run).parameters
+        for name in options:
+            assert name in params, (run.__qualname__, name)
+            if name not in ("topology", "accelerator_version"):
+                assert params[name].default == defaults[name], (run.__qualname__, name)

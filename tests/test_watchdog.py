@@ -300,9 +300,9 @@ def test_heartbeat_is_the_function_and_does_nothing_outside_a_watched_call(
 
     assert tpuslice.heartbeat is heartbeats.heartbeat  # not shadowed by a module
     monkeypatch.delenv(BEAT_ENV, raising=False)
-    monkeypatch.setattr(heartbeats, "_beats", {})
+    monkeypatch.setattr(heartbeats, "BEATS", heartbeats.Beats())
     tpuslice.heartbeat()
-    assert heartbeats._beats == {}
+    assert heartbeats.BEATS.latest == {}
 
 
 def test_a_beat_is_noted_in_memory_and_published_in_the_background(
@@ -313,16 +313,16 @@ def test_a_beat_is_noted_in_memory_and_published_in_the_background(
     from tpuslice._host import heartbeats
 
     puts: list[tuple[str, float, str | None]] = []
-    monkeypatch.setattr(heartbeats, "_beats", {})
+    monkeypatch.setattr(heartbeats, "BEATS", heartbeats.Beats())
     monkeypatch.setattr(
         heartbeats._ray, "kv_put", lambda key, value, ns: puts.append((key, float(value), ns))
     )
     monkeypatch.setenv(BEAT_ENV, "beat/run/0")
     tpuslice.heartbeat()
-    assert list(heartbeats._beats) == ["beat/run/0"]  # noted at once, no call made
+    assert list(heartbeats.BEATS.latest) == ["beat/run/0"]  # noted at once, no call made
     wait_for(lambda: puts, 5, "the beat published")
     assert puts[0][0] == "beat/run/0" and puts[0][2] == "tpuslice"
-    assert puts[0][1] == heartbeats._beats["beat/run/0"]
+    assert puts[0][1] == heartbeats.BEATS.latest["beat/run/0"]
 
 
 def test_a_beat_of_a_call_that_ended_is_not_published(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -331,10 +331,11 @@ def test_a_beat_of_a_call_that_ended_is_not_published(monkeypatch: pytest.Monkey
     from tpuslice._host import heartbeats
 
     puts: list[str] = []
-    monkeypatch.setattr(heartbeats, "_beats", {"beat/a/0": 1.0e12, "beat/b/0": 1.0e12})
+    beats = heartbeats.Beats()
+    beats.latest.update({"beat/a/0": 1.0e12, "beat/b/0": 1.0e12})
     monkeypatch.setattr(heartbeats._ray, "kv_put", lambda key, value, ns: puts.append(key))
     monkeypatch.setenv(BEAT_ENV, "beat/b/0")  # the call of beat/a/0 has ended
     sent: dict[str, float] = {}
-    heartbeats.publish_due(sent)
-    heartbeats.publish_due(sent)  # unchanged: not published again
-    assert puts == ["beat/b/0"] and list(heartbeats._beats) == ["beat/b/0"]
+    beats.publish_due(sent)
+    beats.publish_due(sent)  # unchanged: not published again
+    assert puts == ["beat/b/0"] and list(beats.latest) == ["beat/b/0"]

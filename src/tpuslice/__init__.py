@@ -1,8 +1,10 @@
 """tpuslice: run SPMD work on whole Google Cloud TPU slices with Ray.
 
-Layers, bottom up: ``topology`` (pure shapes) -> ``cluster`` (read-only view of slices)
--> ``reserve`` (whole-slice placement groups) -> ``run`` (one task per host, in rank order).
-``testing.SimulatedCluster`` stands in for real TPU VMs; ``cli`` is a thin shell over it all.
+Layers, lowest first; a module imports only its layer and those below (tests/test_layers.py):
+``errors``, ``_lazy``, ``_ray`` -> ``_tpu`` (pure facts) -> ``_host`` (one host) -> ``_sim``
+(the simulator) -> ``_view`` (reading the cluster) -> ``events``, ``metrics`` -> ``_queue``
+(the cluster's queue) -> ``_reserve`` (reserving) -> ``_run`` (running) -> ``jax`` -> ``cli``
+-> ``testing``; this ``__init__`` offers the public names of them all.
 
 The public names load on first use (PEP 562), so ``import tpuslice`` (and the pytest
 plugin, which every pytest run in an environment with tpuslice loads) does not import Ray.

@@ -10,7 +10,6 @@ writes the events (the caller never waits on the GCS) and trims the store to the
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
@@ -274,7 +273,11 @@ class EventWriter:
 
 
 WRITER = EventWriter()
-atexit.register(WRITER.flush)
+"""This process's event writer."""
+# Added when this module is imported, so before the exit hook of any code that records
+# events (that code imports this module first): the flush runs after those hooks, and
+# writes what they record.
+_ray.EXIT_HOOKS.add(WRITER.flush)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=WRITER.after_fork)
 

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-import atexit
+import functools
 import logging
 import os
 import socket
@@ -119,7 +119,7 @@ def register_profiler_port(port: int) -> str | None:
     key = profiler_key(_ray.current_node_id(), os.getpid())
     namespace = _ray.dashboard_kv_namespace()
     _ray.kv_put(key, str(port).encode(), namespace)
-    atexit.register(_ray.kv_delete, key, namespace)
+    _ray.EXIT_HOOKS.add(functools.partial(_ray.kv_delete, key, namespace))
     return key
 
 

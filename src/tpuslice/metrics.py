@@ -131,6 +131,7 @@ def _make(name: str) -> Any:
 
 
 _REGISTRY = _Registry()
+"""This process's Ray metric objects (private: this module's functions are its API)."""
 
 
 def _apply(name: str, value: float, tags: Mapping[str, str]) -> None:

@@ -202,62 +202,111 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 
 # --- the driver's side --------------------------------------------------------------------
 
-_handles: dict[str, Any] = {}
-_handles_lock = threading.Lock()
-_free_at: dict[str, float] = {}
-"""Node id -> when this driver last saw its TPU free (monotonic seconds)."""
-_up: set[str] = set()
-"""Nodes whose agents have answered this process: they are up."""
-
-
-def _note(node: str, owner: object) -> None:
-    """Remember that the node's agent answered, and when its host was seen free (forget
-    that as soon as it was seen owned)."""
-    _up.add(node)
-    if owner is None:
-        _free_at[node] = time.monotonic()
-    else:
-        _free_at.pop(node, None)
-
-
 _remote_agent = ray.remote(num_cpus=0, max_restarts=-1)(HostAgent)
 
 
-def agent(node_id: str) -> Any:
-    """The agent actor of one node, created there if it has none (cached per process).
+class Agents:
+    """This driver's handles to the host agents, and what their answers told it: which
+    agents are up, and when each host's TPU was last seen free.
 
-    An existing agent is looked up by name (well under a millisecond); only a missing one
-    is created, since creating (even ``get_if_exists``) makes a new driver export the
-    actor class first (about 100 ms on the simulator).
-
-    Args:
-        node_id: Hex id of a live node.
-
-    Returns:
-        Its actor handle.
+    The lock is held while a handle is found or created, so that a host gets one agent;
+    the notes are single dict and set operations, taken without it.
     """
-    with _handles_lock:
-        handle = _handles.get(node_id)
-        if handle is None:
-            try:
-                handle = ray.get_actor(NAME_PREFIX + node_id, namespace=NAMESPACE)
-            except ValueError:  # no agent there yet
-                handle = _remote_agent.options(
-                    name=NAME_PREFIX + node_id,
-                    namespace=NAMESPACE,
-                    lifetime="detached",
-                    get_if_exists=True,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                ).remote(node_id)
-            _handles[node_id] = handle
-        return handle
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handles: dict[str, Any] = {}
+        self._free_at: dict[str, float] = {}
+        """Node id -> when this driver last saw its TPU free (monotonic seconds)."""
+        self._up: set[str] = set()
+        """Nodes whose agents have answered this process: they are up."""
+
+    def handle(self, node_id: str) -> Any:
+        """The agent actor of one node, created there if it has none (cached).
+
+        An existing agent is looked up by name (well under a millisecond); only a missing
+        one is created, since creating (even ``get_if_exists``) makes a new driver export
+        the actor class first (about 100 ms on the simulator).
+
+        Args:
+            node_id: Hex id of a live node.
+
+        Returns:
+            Its actor handle.
+        """
+        with self._lock:
+            handle = self._handles.get(node_id)
+            if handle is None:
+                try:
+                    handle = ray.get_actor(NAME_PREFIX + node_id, namespace=NAMESPACE)
+                except ValueError:  # no agent there yet
+                    handle = _remote_agent.options(
+                        name=NAME_PREFIX + node_id,
+                        namespace=NAMESPACE,
+                        lifetime="detached",
+                        get_if_exists=True,
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                    ).remote(node_id)
+                self._handles[node_id] = handle
+            return handle
+
+    def forget(self, node_id: str) -> None:
+        """Drop a node's handle after a failed call (found or created again next time).
+
+        Args:
+            node_id: The node.
+        """
+        with self._lock:
+            self._handles.pop(node_id, None)
+
+    def note(self, node_id: str, owner: object) -> None:
+        """Remember that the node's agent answered, and when its host was seen free
+        (forget that as soon as it was seen owned).
+
+        Args:
+            node_id: The node.
+            owner: What the agent answered: ``None`` when the TPU is free.
+        """
+        self._up.add(node_id)
+        if owner is None:
+            self._free_at[node_id] = time.monotonic()
+        else:
+            self._free_at.pop(node_id, None)
+
+    def is_up(self, node_id: str) -> bool:
+        """Whether the node's agent has answered this process.
+
+        Args:
+            node_id: The node.
+
+        Returns:
+            True once it answered.
+        """
+        return node_id in self._up
+
+    def seen_free_within(self, node_id: str, seconds: float, now: float) -> bool:
+        """Whether this driver saw the node's TPU free less than ``seconds`` before ``now``.
+
+        Args:
+            node_id: The node.
+            seconds: How recent the finding must be.
+            now: Monotonic seconds.
+
+        Returns:
+            True if it was seen free that recently.
+        """
+        return now - self._free_at.get(node_id, -seconds) < seconds
+
+
+AGENTS = Agents()
+"""This driver's agent handles."""
 
 
 def _round(
     node_ids: Sequence[str], call: Callable[[str, Any], Any], timeout_s: float
 ) -> dict[str, TPUOwner | Exception | None]:
     """Call every node's agent at once; each node's owner, or the error its call met."""
-    refs = {node: call(node, agent(node)) for node in node_ids}
+    refs = {node: call(node, AGENTS.handle(node)) for node in node_ids}
     if not refs:
         return {}
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
@@ -270,12 +319,11 @@ def _round(
         try:
             data = ray.get(ref)
         except ray.exceptions.RayError as exc:
-            with _handles_lock:
-                _handles.pop(node, None)  # recreated next time, if the node still lives
+            AGENTS.forget(node)  # recreated next time, if the node still lives
             results[node] = exc
             continue
         results[node] = None if data is None else TPUOwner.from_dict(data)
-        _note(node, data)
+        AGENTS.note(node, data)
     return results
 
 
@@ -318,8 +366,8 @@ def start_probe(
         ``None`` when the TPU is free or the agent could not answer (logged).
     """
     now = time.monotonic()
-    asked = [n for n in node_ids if now - _free_at.get(n, -FRESH_S) >= FRESH_S]
-    refs = {node: agent(node).owner.remote() for node in asked}
+    asked = [n for n in node_ids if not AGENTS.seen_free_within(n, FRESH_S, now)]
+    refs = {node: AGENTS.handle(node).owner.remote() for node in asked}
 
     def answers() -> dict[str, str | None]:
         found: dict[str, str | None] = dict.fromkeys(node_ids)  # seen free just now
@@ -329,7 +377,7 @@ def start_probe(
         for node, ref in refs.items():
             found[node] = None
             if ref not in done:
-                if node in _up:
+                if AGENTS.is_up(node):
                     logger.warning("TPU agent on node %s did not answer; assuming free", node[:12])
                 else:
                     logger.info("TPU agent on node %s is starting; TPU not checked", node[:12])
@@ -337,12 +385,11 @@ def start_probe(
             try:
                 data = ray.get(ref)
             except ray.exceptions.RayError as exc:
-                with _handles_lock:
-                    _handles.pop(node, None)
+                AGENTS.forget(node)
                 logger.warning("TPU agent on node %s failed: %s", node[:12], exc)
                 continue
             found[node] = None if data is None else TPUOwner.from_dict(data).describe()
-            _note(node, data)
+            AGENTS.note(node, data)
         return found
 
     return answers
@@ -354,7 +401,7 @@ def _wait_for(refs: Mapping[str, Any], timeout_s: float) -> set[Any]:
     started = time.monotonic()
     pending = list(refs.values())
     ready, pending = ray.wait(pending, num_returns=len(pending), timeout=START_WAIT_S)
-    known = [refs[n] for n in refs if n in _up and refs[n] in pending]
+    known = [refs[n] for n in refs if AGENTS.is_up(n) and refs[n] in pending]
     if known:
         rest = max(0.0, timeout_s - (time.monotonic() - started))
         more, _ = ray.wait(known, num_returns=len(known), timeout=rest)
@@ -413,7 +460,7 @@ def kill_owner(node_id: str, pid: int, timeout_s: float = 5.0) -> TPUOwner | Non
         PermissionError: the process belongs to another user.
         ray.exceptions.RayError: the agent could not be reached.
     """
-    data = ray.get(agent(node_id).kill.remote(pid, os.getuid(), timeout_s))
+    data = ray.get(AGENTS.handle(node_id).kill.remote(pid, os.getuid(), timeout_s))
     return None if data is None else TPUOwner.from_dict(data)
 
 

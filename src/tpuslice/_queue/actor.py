@@ -10,11 +10,10 @@ reach it through :class:`RayQueue`; when it cannot be reached they claim idle sl
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -216,144 +215,155 @@ class RayQueue:
         try:
             return ray.get(ref, timeout=timeout_s)
         except ray.exceptions.RayActorError as exc:
-            _forget(self)  # dead for good (killed, or past its restarts): look again next time
+            # Dead for good (killed, or past its restarts): look again next time.
+            QUEUE_LINK.forget(self)
             raise QueueUnreachableError(f"the slice queue is gone: {exc}") from exc
         except (ray.exceptions.RayError, ConnectionError) as exc:
             raise QueueUnreachableError(f"the slice queue did not answer: {exc}") from exc
 
 
-_lock = threading.Lock()
-_handle: RayQueue | None = None
-
-
-def slice_queue() -> RayQueue:
-    """The cluster's queue, created on the head node if there is none (cached).
-
-    Returns:
-        A handle to it.
-
-    Raises:
-        QueueUnreachableError: it could neither be found nor created.
-    """
-    global _handle
-    with _lock:
-        if _handle is not None and _handle_is_current():
-            return _handle
-        try:
-            try:
-                handle = ray.get_actor(NAME, namespace=NAMESPACE)
-            except ValueError:  # none yet
-                handle = _remote_queue.options(
-                    name=NAME,
-                    namespace=NAMESPACE,
-                    lifetime="detached",
-                    get_if_exists=True,
-                    resources={HEAD_NODE_RESOURCE: 0.001},
-                ).remote()
-        except (ray.exceptions.RayError, ConnectionError, ValueError) as exc:
-            raise QueueUnreachableError(f"could not find or start the slice queue: {exc}") from exc
-        _handle = RayQueue(handle)
-        _handle_cluster[0] = _cluster_id()
-        return _handle
-
-
-def notify_released(slices: Sequence[str]) -> None:
-    """Tell the cluster's queue, if one runs, that a hand-back of these slices ended, so
-    it decides now rather than at its next periodic look. Best effort (not waited for;
-    never starts a queue; a queue that misses it sees the slices at that look).
-
-    Args:
-        slices: The slices handed back.
-    """
-    if not slices or not ray.is_initialized():
-        return
-    with _lock:
-        queue = _handle if _handle is not None and _handle_is_current() else None
-    try:
-        if queue is None:
-            queue = RayQueue(ray.get_actor(NAME, namespace=NAMESPACE))
-        queue.released(slices)
-    except ValueError:  # no queue on this cluster: no one waits
-        return
-    except (ray.exceptions.RayError, ConnectionError) as exc:
-        logger.debug("could not tell the slice queue of a hand-back: %s", exc)
-
-
-def _forget(queue: RayQueue) -> None:
-    """Drop the cached handle if it is ``queue`` (whose actor died for good), so that the
-    next :func:`slice_queue` finds or starts the cluster's queue again."""
-    global _handle
-    with _lock:
-        if _handle is queue:
-            _handle = None
-
-
-_handle_cluster: list[str | None] = [None]
-_started_on: set[str | None] = set()
-_starting_lock = threading.Lock()
-_starters: list[threading.Thread] = []
 START_AT_EXIT_S = 5.0
 """At interpreter exit, how long to wait for a queue start still in progress."""
 
 
-def start_in_background(at_exit: Callable[[Callable[[], None]], Any] = atexit.register) -> None:
-    """Have the cluster's queue actor running (it also reports the cluster's gauges,
-    :mod:`tpuslice.metrics`) without waiting: once per process and cluster, a daemon
-    thread finds or creates it (tried again next time if that failed).
+class QueueLink:
+    """This process's way to the cluster's queue: the cached handle (and the cluster it
+    belongs to; tests connect to several in turn), and the background starts of the
+    queue, once per cluster.
 
-    The first call registers :func:`finish_starting` to run at exit. Registered after
-    ``ray.init``'s own exit hook, it runs first, so the thread never calls Ray after Ray
-    shut down (a process whose thread does dies with Ray's fatal "core worker has
-    already been shutdown").
-
-    Args:
-        at_exit: Registers the exit hook (default: :mod:`atexit`).
+    Two locks: ``_lock`` guards the handle and is held while Ray finds or creates the
+    actor; the starts have their own, so that starting never waits behind a claiming
+    loop that is asking Ray for the queue.
     """
-    if not ray.is_initialized():
-        return
-    cluster = _cluster_id()
-    with _starting_lock:  # not _lock: the claiming loop may hold that while it asks Ray
-        if cluster in _started_on:
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handle: RayQueue | None = None
+        self._handle_cluster: str | None = None
+        self._starting_lock = threading.Lock()
+        self._started_on: set[str | None] = set()
+        self._starters: list[threading.Thread] = []
+
+    def slice_queue(self) -> RayQueue:
+        """The cluster's queue, created on the head node if there is none (cached).
+
+        Returns:
+            A handle to it.
+
+        Raises:
+            QueueUnreachableError: it could neither be found nor created.
+        """
+        with self._lock:
+            if self._handle is not None and self._handle_is_current():
+                return self._handle
+            try:
+                try:
+                    handle = ray.get_actor(NAME, namespace=NAMESPACE)
+                except ValueError:  # none yet
+                    handle = _remote_queue.options(
+                        name=NAME,
+                        namespace=NAMESPACE,
+                        lifetime="detached",
+                        get_if_exists=True,
+                        resources={HEAD_NODE_RESOURCE: 0.001},
+                    ).remote()
+            except (ray.exceptions.RayError, ConnectionError, ValueError) as exc:
+                raise QueueUnreachableError(
+                    f"could not find or start the slice queue: {exc}"
+                ) from exc
+            self._handle = RayQueue(handle)
+            self._handle_cluster = _cluster_id()
+            return self._handle
+
+    def notify_released(self, slices: Sequence[str]) -> None:
+        """Tell the cluster's queue, if one runs, that a hand-back of these slices ended,
+        so it decides now rather than at its next periodic look. Best effort (not waited
+        for; never starts a queue; a queue that misses it sees the slices at that look).
+
+        Args:
+            slices: The slices handed back.
+        """
+        if not slices or not ray.is_initialized():
             return
-        _started_on.add(cluster)
-        if not _starters:  # the first start of this process
-            at_exit(finish_starting)
-        thread = threading.Thread(
-            target=_start_quietly, args=(cluster,), name="tpuslice-queue-start", daemon=True
-        )
-        thread.start()  # under the lock: finish_starting never sees a thread not yet started
-        _starters[:] = [t for t in _starters if t.is_alive()] + [thread]
+        with self._lock:
+            current = self._handle is not None and self._handle_is_current()
+            queue = self._handle if current else None
+        try:
+            if queue is None:
+                queue = RayQueue(ray.get_actor(NAME, namespace=NAMESPACE))
+            queue.released(slices)
+        except ValueError:  # no queue on this cluster: no one waits
+            return
+        except (ray.exceptions.RayError, ConnectionError) as exc:
+            logger.debug("could not tell the slice queue of a hand-back: %s", exc)
+
+    def forget(self, queue: RayQueue) -> None:
+        """Drop the cached handle if it is ``queue`` (whose actor died for good), so that
+        the next :meth:`slice_queue` finds or starts the cluster's queue again.
+
+        Args:
+            queue: The handle whose actor died.
+        """
+        with self._lock:
+            if self._handle is queue:
+                self._handle = None
+
+    def start_in_background(self) -> None:
+        """Have the cluster's queue actor running (it also reports the cluster's gauges,
+        :mod:`tpuslice.metrics`) without waiting: once per process and cluster, a daemon
+        thread finds or creates it (tried again next time if that failed).
+
+        :meth:`finish_starting` is an exit hook (:data:`tpuslice._ray.EXIT_HOOKS`), so it
+        runs before Ray shuts down, and the thread never calls Ray after that (a process
+        whose thread does dies with Ray's fatal "core worker has already been shutdown").
+        """
+        if not ray.is_initialized():
+            return
+        cluster = _cluster_id()
+        with self._starting_lock:
+            if cluster in self._started_on:
+                return
+            self._started_on.add(cluster)
+            _ray.EXIT_HOOKS.add(self.finish_starting)
+            thread = threading.Thread(
+                target=self._start_quietly,
+                args=(cluster,),
+                name="tpuslice-queue-start",
+                daemon=True,
+            )
+            thread.start()  # under the lock: finish_starting never sees it not yet started
+            self._starters[:] = [t for t in self._starters if t.is_alive()] + [thread]
+
+    def finish_starting(self, timeout_s: float = START_AT_EXIT_S) -> None:
+        """Wait, at most ``timeout_s`` in all, for every queue start in progress to end
+        (see :meth:`start_in_background`).
+
+        Args:
+            timeout_s: The bound.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._starting_lock:
+            threads = list(self._starters)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in threads):
+            logger.warning("the slice queue was still starting at exit after %.0f s", timeout_s)
+
+    def _start_quietly(self, cluster: str | None) -> None:
+        try:
+            self.slice_queue()
+        except Exception as exc:  # noqa: BLE001 - a background nicety: log, try again later
+            with self._starting_lock:
+                self._started_on.discard(cluster)
+            logger.debug("the slice queue (and its cluster metrics) did not start: %s", exc)
+
+    def _handle_is_current(self) -> bool:
+        """Whether the cached handle belongs to the cluster this process is connected to."""
+        return self._handle_cluster == _cluster_id()
 
 
-def finish_starting(timeout_s: float = START_AT_EXIT_S) -> None:
-    """Wait, at most ``timeout_s`` in all, for every queue start in progress to end
-    (see :func:`start_in_background`).
-
-    Args:
-        timeout_s: The bound.
-    """
-    deadline = time.monotonic() + timeout_s
-    with _starting_lock:
-        threads = list(_starters)
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() for t in threads):
-        logger.warning("the slice queue was still starting at exit after %.0f s", timeout_s)
-
-
-def _start_quietly(cluster: str | None) -> None:
-    try:
-        slice_queue()
-    except Exception as exc:  # noqa: BLE001 - a background nicety: log, try again later
-        with _starting_lock:
-            _started_on.discard(cluster)
-        logger.debug("the slice queue (and its cluster metrics) did not start: %s", exc)
-
-
-def _handle_is_current() -> bool:
-    """Whether the cached handle belongs to the cluster this process is connected to now
-    (tests connect to several clusters in turn)."""
-    return _handle_cluster[0] == _cluster_id()
+QUEUE_LINK = QueueLink()
+"""This process's way to the cluster's queue."""
 
 
 def _cluster_id() -> str | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -60,7 +61,33 @@ restarts a dead queue in a few seconds) before it claims directly instead."""
 PROGRESS_S = 10.0
 """While queued, how long the queue may hold one ask; then the log says where the
 reservation stands, and it asks again."""
-_said_unreachable: list[bool] = [False]
+
+
+class FallbackWarning:
+    """The warning that reservations wait without the cluster-wide queue: logged once per
+    process, however many reservations fall back."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._said = False
+
+    def say(self, exc: QueueUnreachableError) -> None:
+        """Log the warning, with why the queue could not be reached, if not said yet.
+
+        Args:
+            exc: Why the queue could not be reached.
+        """
+        with self._lock:
+            if self._said:
+                return
+            self._said = True
+        logger.warning(
+            "%s; reservations wait without the cluster-wide queue (no arrival order)", exc
+        )
+
+
+FALLBACK_WARNING = FallbackWarning()
+"""This process's warning that it claims without the queue."""
 
 
 @dataclass
@@ -337,11 +364,7 @@ class Reserver:
 
     def _fall_back(self, exc: QueueUnreachableError) -> None:
         self.queueable = False
-        if not _said_unreachable[0]:
-            _said_unreachable[0] = True
-            logger.warning(
-                "%s; reservations wait without the cluster-wide queue (no arrival order)", exc
-            )
+        FALLBACK_WARNING.say(exc)
 
     def _give_back_all(self) -> None:
         for group in self.in_flight:

@@ -224,7 +224,7 @@ class RayOps:
         return start_probe(node_ids)
 
     def slice_queue(self) -> SliceQueue:
-        """The queue actor (:func:`tpuslice._queue.actor.slice_queue`), created if needed.
+        """The queue actor (:meth:`tpuslice._queue.actor.QueueLink.slice_queue`), created if needed.
 
         Returns:
             A handle to it.
@@ -232,9 +232,10 @@ class RayOps:
         Raises:
             QueueUnreachableError: it could neither be found nor created.
         """
-        from tpuslice._queue.actor import slice_queue
+        from tpuslice._queue.actor import QUEUE_LINK
 
-        return slice_queue()
+        return QUEUE_LINK.slice_queue()
 
 
 RAY_OPS: ClusterOps = RayOps()
+"""The cluster operations on the connected Ray cluster."""

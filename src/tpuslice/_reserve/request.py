@@ -2,9 +2,10 @@
 
 :class:`SliceRequest` holds everything a caller can say about the slices it wants;
 building one validates it and derives its :class:`~tpuslice._reserve.plan.ReservationPlan` (shape,
-bundles, selectors). ``SlicePlacementGroup``, ``run_on_slice``, ``SliceActorGroup``,
-``run_resilient`` and ``tpuslice run`` all build one, so a new reservation option is a new
-field here and nowhere else. Pure: no Ray.
+bundles, selectors). ``SlicePlacementGroup`` and the sub-slice calls build one from all
+their arguments; the runs that reserve their own slices (``run_on_slice``,
+``SliceActorGroup``, ``run_resilient``, ``tpuslice run``) through
+:meth:`SliceRequest.for_run`. A new reservation option is a new field here. Pure: no Ray.
 """
 
 from __future__ import annotations
@@ -92,6 +93,47 @@ class SliceRequest:
             selectors = tuple(MappingProxyType(dict(s or {})) for s in self.bundle_label_selector)
             object.__setattr__(self, "bundle_label_selector", selectors)
         object.__setattr__(self, "plan", _plan(self))
+
+    @classmethod
+    def for_run(
+        cls,
+        topology: str,
+        accelerator_version: str,
+        num_slices: int | tuple[int, int],
+        chips_per_vm: int | None,
+        head_reservation_timeout_s: float | None,
+        priority: int,
+        /,
+    ) -> SliceRequest:
+        """The request of a run that reserves its own slices: the options that
+        ``run_on_slice``, ``run_resilient``, ``SliceActorGroup.create`` and ``tpuslice run``
+        all take, in the order their signatures list them (their defaults are there, as in
+        Ray's). An option every run takes is added here, and the type checker then names
+        each run that does not pass it.
+
+        Positional, unlike the class, so that a run passes its own parameters by order: a
+        swap of the two strings fails validation (neither is the other's kind), and a swap
+        of the others does not type-check.
+
+        Args:
+            topology: Chip grid of one slice.
+            accelerator_version: TPU generation.
+            num_slices: Slices, or a ``(min, max)`` range.
+            chips_per_vm: Chips per host; ``None`` for the shape's default.
+            head_reservation_timeout_s: Seconds to wait for idle slices; ``None``: no limit.
+            priority: Place in the cluster-wide queue.
+
+        Returns:
+            The request, validated.
+        """
+        return cls(
+            topology=topology,
+            accelerator_version=accelerator_version,
+            num_slices=num_slices,
+            chips_per_vm=chips_per_vm,
+            head_reservation_timeout_s=head_reservation_timeout_s,
+            priority=priority,
+        )
 
     @property
     def slice_range(self) -> tuple[int, int]:

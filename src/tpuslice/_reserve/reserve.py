@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from tpuslice import _observe as observe
 from tpuslice._host.context import HostContext
 from tpuslice._host.notices import Notice
-from tpuslice._queue.actor import notify_released, start_in_background
+from tpuslice._queue.actor import QUEUE_LINK
+from tpuslice._reserve import observe
 from tpuslice._reserve.claim import Reservation, Reserver
 from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
 from tpuslice._reserve.owners import SliceOwnership
@@ -151,7 +151,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
             )
         # The cluster's queue (which also reports the cluster's gauges) starts off this
         # path, so that on a fresh cluster it is up by the time anyone has to wait.
-        start_in_background()
+        QUEUE_LINK.start_in_background()
         asked = time.monotonic()
         try:
             self._reservation = Reserver(request, clock=clock, targets=targets).run()
@@ -462,7 +462,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
             hosts = [h for claim in reservation.claims for h in claim.target.hosts.values()]
             head = self._plan.shape.head_resource if self._plan.needs_head_claim else None
             wait_freed(hosts, head)
-            notify_released([claim.slice_name for claim in reservation.claims])
+            QUEUE_LINK.notify_released([claim.slice_name for claim in reservation.claims])
             SPARES.refill(restock)  # last: their processes would slow the steps above
         if reservation.claims:
             held = time.monotonic() - self._reserved_at

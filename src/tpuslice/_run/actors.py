@@ -145,13 +145,13 @@ class SliceActorGroup(ShutsDownOnExit):
             InsufficientSlicesError: the cluster cannot have the slices.
             ReservationTimeoutError: no idle slices in time.
         """
-        request = SliceRequest(
-            topology=topology,
-            accelerator_version=accelerator_version,
-            num_slices=num_slices,
-            chips_per_vm=chips_per_vm,
-            head_reservation_timeout_s=head_reservation_timeout_s,
-            priority=priority,
+        request = SliceRequest.for_run(
+            topology,
+            accelerator_version,
+            num_slices,
+            chips_per_vm,
+            head_reservation_timeout_s,
+            priority,
         )
         WatchConfig(heartbeat_timeout_s, startup_timeout_s)  # checked before reserving
         spg = reserve_slices(request)

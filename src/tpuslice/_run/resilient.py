@@ -37,10 +37,10 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
-from tpuslice import _observe as observe
 from tpuslice._host.notices import Notice
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbing, reserve_slices
+from tpuslice._run import observe
 from tpuslice._run.run import check_run_args, launch
 from tpuslice._run.watchdog import AttemptWatch, Broken, WatchConfig
 from tpuslice._tpu.clock import Clock
@@ -677,13 +677,13 @@ def run_resilient(
         max_retries_hang,
     )
     watching = WatchConfig(heartbeat_timeout_s, startup_timeout_s, on_notice)
-    request = SliceRequest(
-        topology=topology,
-        accelerator_version=accelerator_version,
-        num_slices=num_slices,
-        chips_per_vm=chips_per_vm,
-        head_reservation_timeout_s=head_reservation_timeout_s,
-        priority=priority,
+    request = SliceRequest.for_run(
+        topology,
+        accelerator_version,
+        num_slices,
+        chips_per_vm,
+        head_reservation_timeout_s,
+        priority,
     )
     body = functools.partial(run_function, fn, args, kwargs)
     run = ResilientRun(body, request, policy, on_event, new_clock(), watching=watching)

@@ -10,7 +10,6 @@ A one-shot call (no ``tpu_slice``) gives its slice back as soon as the work ends
 
 from __future__ import annotations
 
-import atexit
 import logging
 import queue
 import threading
@@ -22,11 +21,11 @@ from typing import Any
 
 import ray
 
-from tpuslice import _observe as observe
 from tpuslice import _ray
 from tpuslice._host.context import HostContext, with_context
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbing, reserve_slices
+from tpuslice._run import observe
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import CallEnv
 from tpuslice.errors import (
@@ -48,23 +47,39 @@ class _Wrapped:
     ``None`` (a streaming or dynamic function: no pid is reported)."""
 
 
-_WRAPPED: weakref.WeakKeyDictionary[Any, _Wrapped] = weakref.WeakKeyDictionary()
-_WRAPPED_LOCK = threading.Lock()
+class ContextRemotes:
+    """The remote function made for each user function (:class:`_Wrapped`), kept as long
+    as the user's function lives."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._made: weakref.WeakKeyDictionary[Any, _Wrapped] = weakref.WeakKeyDictionary()
+
+    def of(self, fn: Any) -> _Wrapped:
+        """The remote function that runs ``fn`` in its slice context (made on first use).
+
+        Args:
+            fn: The user's ``@ray.remote`` function.
+
+        Returns:
+            The remote function, and how many returns the user's function declared.
+        """
+        with self._lock:
+            wrapped = self._made.get(fn)
+            if wrapped is None:
+                function, options = _ray.remote_function_parts(fn)
+                declared = options.get("num_returns", 1)
+                returns = declared if isinstance(declared, int) and declared >= 1 else None
+                if returns is not None:
+                    options["num_returns"] = returns + 1
+                remote = ray.remote(**options)(with_context(function, returns))
+                wrapped = _Wrapped(remote, returns)
+                self._made[fn] = wrapped
+            return wrapped
 
 
-def _context_remote(fn: Any) -> _Wrapped:
-    with _WRAPPED_LOCK:
-        wrapped = _WRAPPED.get(fn)
-        if wrapped is None:
-            function, options = _ray.remote_function_parts(fn)
-            declared = options.get("num_returns", 1)
-            returns = declared if isinstance(declared, int) and declared >= 1 else None
-            if returns is not None:
-                options["num_returns"] = returns + 1
-            remote = ray.remote(**options)(with_context(function, returns))
-            wrapped = _Wrapped(remote, returns)
-            _WRAPPED[fn] = wrapped
-        return wrapped
+CONTEXT_REMOTES = ContextRemotes()
+"""This process's remote functions made for user functions."""
 
 
 def call_env(spg: SlicePlacementGroup, context: HostContext) -> CallEnv:
@@ -168,7 +183,7 @@ def launch(
     Returns:
         One ref per rank, in rank order.
     """
-    wrapped = _context_remote(fn)
+    wrapped = CONTEXT_REMOTES.of(fn)
     refs: list[Any] = []
     pids: list[tuple[int, ray.ObjectRef]] = []
     for context, options in placements(spg, slice_index):
@@ -246,13 +261,13 @@ def run_on_slice(
             raise InvalidArgumentError(
                 "topology and accelerator_version are required when tpu_slice is not provided."
             )
-        request = SliceRequest(
-            topology=topology,
-            accelerator_version=accelerator_version,
-            num_slices=num_slices,
-            chips_per_vm=chips_per_vm,
-            head_reservation_timeout_s=head_reservation_timeout_s,
-            priority=priority,
+        request = SliceRequest.for_run(
+            topology,
+            accelerator_version,
+            num_slices,
+            chips_per_vm,
+            head_reservation_timeout_s,
+            priority,
         )
         spg = reserve_slices(request)
         try:
@@ -333,24 +348,20 @@ class Releaser:
     Ends means: every task finished, or any task failed (the gang is broken; removing
     the groups stops the rest, whose refs then fail promptly since we never retry them).
 
-    At interpreter exit (:meth:`close`, registered after ``ray.init``'s own exit hook, so
-    it runs first) the thread is stopped between two Ray calls and every one-shot still
-    held is given back on the exiting thread: the thread never calls Ray after Ray shut
-    down (which ends the process with a fatal error), and nothing stays reserved.
-
-    Args:
-        at_exit: Registers :meth:`close` to run at exit (default: :mod:`atexit`).
+    At interpreter exit (:meth:`close`, an exit hook from the first one-shot on, which
+    runs before Ray shuts down: :data:`tpuslice._ray.EXIT_HOOKS`) the thread is stopped
+    between two Ray calls and every one-shot still held is given back on the exiting
+    thread: the thread never calls Ray after Ray shut down (which ends the process with a
+    fatal error), and nothing stays reserved.
     """
 
-    def __init__(self, at_exit: Callable[[Callable[[], None]], Any] = atexit.register) -> None:
+    def __init__(self) -> None:
         self._queue: queue.Queue[_OneShot] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._working = threading.Lock()
         """Held by the thread while it calls Ray."""
         self._closed = False
-        self._at_exit = at_exit
-        self._registered = False
         self.pending: list[_OneShot] = []
 
     def release_when_done(self, refs: list[ray.ObjectRef], spg: SlicePlacementGroup) -> None:
@@ -362,9 +373,7 @@ class Releaser:
         """
         self._queue.put(_OneShot(list(refs), spg))
         with self._lock:
-            if not self._registered:
-                self._registered = True
-                self._at_exit(self.close)
+            _ray.EXIT_HOOKS.add(self.close)
             if self._closed:
                 return  # exiting: close() gives it back
             if self._thread is None or not self._thread.is_alive():
@@ -463,3 +472,4 @@ FETCH_BOUND_S = 10.0
 
 
 RELEASER = Releaser()
+"""This process's releaser of one-shot slices."""

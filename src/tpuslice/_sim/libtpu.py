@@ -24,10 +24,10 @@ the lock was held).
 
 from __future__ import annotations
 
-import atexit
 import errno
 import fcntl
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from tpuslice._host.tpu_lock import (
     lockfile,
     tpu_devices,
 )
+from tpuslice._ray import EXIT_HOOKS
 
 BACKEND = "Unable to initialize backend 'tpu': "
 """How JAX reports a TPU backend that failed to start (a ``RuntimeError``)."""
@@ -59,10 +60,6 @@ LOCK_ERROR = (
 )
 """libtpu's message when the lock is held but nobody holds chip 0's device."""
 NOT_LOADING = "FAILED_PRECONDITION: TPU_LOAD_LIBRARY=0, not loading libtpu"
-
-_held: dict[str, object] = {}
-"""This process's TPU once opened: ``path`` of the lock it holds (or ``None``), and the
-device descriptors it keeps open in ``devices``."""
 
 
 class LibtpuError(RuntimeError):
@@ -92,16 +89,63 @@ def open_tpu(environ: Mapping[str, str] | None = None) -> Path | None:
         raise RuntimeError(
             f"{SIM_ROOT_ENV} is not set: open_tpu stands in for libtpu on simulated hosts only"
         )
-    root = host_root(environ)
-    if "devices" in _held:
-        held = _held.get("path")
-        return None if held is None else Path(str(held))
-    if environ.get("TPU_LOAD_LIBRARY") == "0":
-        raise LibtpuError(BACKEND + NOT_LOADING)
-    if not lock_wanted(environ):
-        _hold_devices(root, None)
-        return None
-    path = lockfile(root)
+    return OPENED.open(host_root(environ), environ)
+
+
+class OpenedTPU:
+    """This process's TPU once opened: the lock it holds (if any), and the device files it
+    keeps open, as libtpu keeps ``/dev/accel*`` open: that is how another process's libtpu
+    (and :func:`tpuslice._host.tpu_lock.find_owner`) finds it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._devices: list[int] | None = None
+        self._lockfile: Path | None = None
+        self._lock_fd: int | None = None
+
+    def open(self, root: Path, environ: Mapping[str, str]) -> Path | None:
+        """Open the TPU under ``root`` once (see :func:`open_tpu`).
+
+        Args:
+            root: The simulated host's root.
+            environ: The process's environment (for libtpu's escape hatches).
+
+        Returns:
+            The lockfile held, or ``None`` when an escape hatch says not to take it.
+
+        Raises:
+            LibtpuError: another process holds the TPU, or ``TPU_LOAD_LIBRARY=0``.
+        """
+        with self._lock:
+            if self._devices is not None:
+                return self._lockfile
+            if environ.get("TPU_LOAD_LIBRARY") == "0":
+                raise LibtpuError(BACKEND + NOT_LOADING)
+            if not lock_wanted(environ):
+                self._devices = _open_devices(root)
+                return None
+            path = lockfile(root)
+            self._lock_fd = _take_lock(root, path)
+            self._devices, self._lockfile = _open_devices(root), path
+        EXIT_HOOKS.add(self.unlink_lock)
+        return path
+
+    def unlink_lock(self) -> None:
+        """libtpu removes the lockfile it held at a normal exit (a crash leaves it)."""
+        path = self._lockfile
+        if path is not None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                return
+
+
+OPENED = OpenedTPU()
+"""This process's TPU, once opened."""
+
+
+def _take_lock(root: Path, path: Path) -> int:
+    """libtpu's lock on ``path``, as its descriptor; refused as libtpu refuses."""
     devices = tpu_devices(root)
     first = str(devices[0]) if devices else "/dev/accel0"
     try:
@@ -118,24 +162,8 @@ def open_tpu(environ: Mapping[str, str] | None = None) -> Path | None:
         if not holders:
             raise LibtpuError(BACKEND + LOCK_ERROR) from exc
         raise LibtpuError(BACKEND + IN_USE.format(pid=holders[0])) from exc
-    _hold_devices(root, path)
-    _held["fd"] = fd
-    atexit.register(_unlink_at_exit)
-    return path
+    return fd
 
 
-def _hold_devices(root: Path, lock: Path | None) -> None:
-    """Keep the host's device files open, as libtpu keeps ``/dev/accel*`` open: that is
-    how another process's libtpu (and :func:`tpuslice._host.tpu_lock.find_owner`) finds us."""
-    _held["devices"] = [os.open(path, os.O_RDONLY) for path in tpu_devices(root)]
-    _held["path"] = lock
-
-
-def _unlink_at_exit() -> None:
-    """libtpu removes the lockfile it held at a normal exit (a crash leaves it)."""
-    path = _held.get("path")
-    if path is not None:
-        try:
-            os.unlink(str(path))
-        except FileNotFoundError:
-            return
+def _open_devices(root: Path) -> list[int]:
+    return [os.open(path, os.O_RDONLY) for path in tpu_devices(root)]

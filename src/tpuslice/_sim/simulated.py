@@ -396,12 +396,12 @@ class SimulatedCluster:
             logging_level=logging.WARNING,
         )
         self._connected = True
-        from tpuslice._host.agent import agent
+        from tpuslice._host.agent import AGENTS
 
         for sim_slice in self.slices.values():
             for host in sim_slice.hosts:
                 if host.alive:
-                    agent(host.node.node_id)
+                    AGENTS.handle(host.node.node_id)
 
     def shutdown(self) -> None:
         """Disconnect this process if it is connected to this cluster (through

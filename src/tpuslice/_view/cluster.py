@@ -570,10 +570,10 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     # it runs alongside them (they share one client and would only queue behind it).
     from tpuslice._host.agent import recorded_notes  # agent.py builds on this module's siblings
 
-    recorded = _reader().submit(recorded_notes)
-    queued = _reader().submit(read_queue_record)
+    recorded = SNAPSHOT_READS.kv_reader.submit(recorded_notes)
+    queued = SNAPSHOT_READS.kv_reader.submit(read_queue_record)
     available = _ray.available_resources_per_node()
-    nodes = _node_records(available)
+    nodes = SNAPSHOT_READS.node_records(available)
     found_owners, notices = recorded.result()
     owners = {node: owner.describe() for node, owner in found_owners.items()}
     queue = queued.result()
@@ -635,25 +635,46 @@ def wait_freed(
         clock.sleep(FREED_POLL_S)
 
 
-_nodes_seen: list[tuple[frozenset[str], list[NodeRecord]] | None] = [None]
+class SnapshotReads:
+    """What this process keeps from one snapshot to the next: the last ``ray.nodes()``
+    with the alive nodes it was read for, and two threads for the KV reads made alongside.
 
-
-def _node_records(available: Available) -> list[NodeRecord]:
-    """``ray.nodes()``, read again only when the set of alive nodes changed.
-
-    A node's labels and total resources are fixed for its life, and ``available`` lists
-    exactly the alive nodes, so while that set is unchanged the last records still
-    describe every node (and every dead one, whose records do not change either). This
-    saves the largest read of a snapshot on every look of a reservation.
+    No lock: the records are one reference, read once and replaced whole; two threads
+    that both find them stale both read ``ray.nodes()``, and either result is right.
     """
-    alive = frozenset(available)
-    seen = _nodes_seen[0]  # one read: another thread may replace it meanwhile
-    if seen is not None and seen[0] == alive:
-        return seen[1]
-    nodes: list[NodeRecord] = ray.nodes()
-    now_alive = frozenset(n["NodeID"] for n in nodes if n.get("Alive"))
-    _nodes_seen[0] = (now_alive, nodes) if now_alive == alive else None
-    return nodes
+
+    def __init__(self) -> None:
+        self._nodes_seen: tuple[frozenset[str], list[NodeRecord]] | None = None
+        self.kv_reader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tpuslice-snapshot")
+        """Background threads for the snapshot's KV reads (owners, queue); started on the
+        first read."""
+
+    def node_records(self, available: Available) -> list[NodeRecord]:
+        """``ray.nodes()``, read again only when the set of alive nodes changed.
+
+        A node's labels and total resources are fixed for its life, and ``available``
+        lists exactly the alive nodes, so while that set is unchanged the last records
+        still describe every node (and every dead one, whose records do not change
+        either). This saves the largest read of a snapshot on every look of a reservation.
+
+        Args:
+            available: The available resources of every alive node, just read.
+
+        Returns:
+            Every node's record, as ``ray.nodes()`` gives them.
+        """
+        alive = frozenset(available)
+        seen = self._nodes_seen  # one read: another thread may replace it meanwhile
+        if seen is not None and seen[0] == alive:
+            return seen[1]
+        nodes: list[NodeRecord] = ray.nodes()
+        now_alive = frozenset(n["NodeID"] for n in nodes if n.get("Alive"))
+        self._nodes_seen = (now_alive, nodes) if now_alive == alive else None
+        return nodes
+
+
+SNAPSHOT_READS = SnapshotReads()
+"""This process's snapshot reads."""
 
 
 def read_queue_record() -> QueueRecord | None:
@@ -670,9 +691,3 @@ def read_queue_record() -> QueueRecord | None:
     except ValueError as exc:
         logger.debug("ignoring an unreadable queue record: %s", exc)
         return None
-
-
-@functools.cache
-def _reader() -> ThreadPoolExecutor:
-    """Background threads for the snapshot's KV reads (owners, queue)."""
-    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="tpuslice-snapshot")

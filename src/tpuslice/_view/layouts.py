@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -104,10 +105,48 @@ def positions_from_coordinates(
     return found
 
 
-_known: dict[str, Layout] = {}
-"""Layouts this process has read or learned, by slice name. A layout tied to node ids
-cannot change while those nodes live (it is where their chips are), so it is reused
-without reading the KV store again while :meth:`Layout.current_for` holds."""
+class KnownLayouts:
+    """Layouts this process has read or learned, by slice name. A layout tied to node ids
+    cannot change while those nodes live (it is where their chips are), so it is reused
+    without reading the KV store again while :meth:`Layout.current_for` holds."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._layouts: dict[str, Layout] = {}
+
+    def get(self, slice_name: str) -> Layout | None:
+        """This process's copy of a slice's layout.
+
+        Args:
+            slice_name: The slice.
+
+        Returns:
+            The layout, or ``None`` if this process has none.
+        """
+        with self._lock:
+            return self._layouts.get(slice_name)
+
+    def keep(self, layout: Layout) -> None:
+        """Keep a layout tied to node ids (replacing the slice's copy).
+
+        Args:
+            layout: The layout.
+        """
+        with self._lock:
+            self._layouts[layout.slice_name] = layout
+
+    def forget(self, slice_name: str) -> None:
+        """Drop the copy of a slice's layout.
+
+        Args:
+            slice_name: The slice.
+        """
+        with self._lock:
+            self._layouts.pop(slice_name, None)
+
+
+KNOWN_LAYOUTS = KnownLayouts()
+"""This process's copies of slice layouts."""
 
 
 def forget(slice_name: str) -> None:
@@ -116,7 +155,7 @@ def forget(slice_name: str) -> None:
     Args:
         slice_name: The slice.
     """
-    _known.pop(slice_name, None)
+    KNOWN_LAYOUTS.forget(slice_name)
 
 
 def load(info: SliceInfo, *, record: bool = True) -> Layout | None:
@@ -131,12 +170,12 @@ def load(info: SliceInfo, *, record: bool = True) -> Layout | None:
         tpuslice's record if current, else one read from Ray's (recorded now as ours,
         with today's nodes), else ``None``: the slice must be discovered.
     """
-    cached = _known.get(info.name)
+    cached = KNOWN_LAYOUTS.get(info.name)
     if cached is not None and cached.current_for(info):
         return cached
     found = _read(info, record)
     if found is not None and found.nodes is not None:
-        _known[info.name] = found
+        KNOWN_LAYOUTS.keep(found)
     return found
 
 
@@ -204,7 +243,7 @@ def save(layout: Layout, *, ray_too: bool = True, source: str = "tpuslice") -> N
     }
     _ray.kv_put(KEY_PREFIX + layout.slice_name, json.dumps(data).encode(), NAMESPACE)
     if layout.nodes is not None:
-        _known[layout.slice_name] = layout
+        KNOWN_LAYOUTS.keep(layout)
     if ray_too:
         record = json.dumps(layout.ray_labels()).encode()
         _ray.kv_put(subslice.kv_key(layout.slice_name).decode(), record, RAY_SUBSLICE_NAMESPACE)

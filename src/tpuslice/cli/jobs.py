@@ -24,12 +24,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tpuslice import _observe as observe
 from tpuslice import events
 from tpuslice._host.context import HostContext, current_host
 from tpuslice._reserve.groups import live_placement_groups
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._run import observe
 from tpuslice._run.resilient import (
     AttemptEvent,
     GangBrokenError,
@@ -42,6 +42,7 @@ from tpuslice._run.run import run_on_slice
 from tpuslice._run.shell import HostResult, program_name, run_command, worst_exit_code
 from tpuslice._run.watchdog import AttemptWatch
 from tpuslice._sim.simulated import SimulatedCluster, SliceSpec
+from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._view import cluster
 from tpuslice.cli import status
 from tpuslice.cli.connect import UsageError, connect_or_none
@@ -209,7 +210,7 @@ class SliceCount(_CountType):
 @click.option("--simulate", is_flag=True, help="Without a cluster, start a simulated one.")
 @click.option(
     "--timeout",
-    default=100.0,
+    default=DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
     type=click.FloatRange(min=0),
     show_default=True,
     help="Seconds to wait for idle slices.",
@@ -257,12 +258,8 @@ def run(
             if ours is None:
                 sim = _offer_simulator(shape_spec, simulate)
                 sim.connect()
-            request = SliceRequest(
-                topology=topology,
-                accelerator_version=accelerator,
-                num_slices=num_slices,
-                head_reservation_timeout_s=timeout,
-                priority=priority,
+            request = SliceRequest.for_run(
+                topology, accelerator, num_slices, None, timeout, priority
             )
             code = _run_everywhere(request, command, retries)
         except KeyboardInterrupt:

@@ -1,6 +1,7 @@
-"""What tpuslice tells its observers as things happen: each call here adds an event to
-the timeline (:mod:`tpuslice.events`) and records the matching metrics
+"""What a reservation tells its observers as things happen: each call here adds an event
+to the timeline (:mod:`tpuslice.events`) and records the matching metrics
 (:mod:`tpuslice.metrics`). Neither waits on the GCS nor raises into the caller's work.
+A run's outcomes are recorded by :mod:`tpuslice._run.observe`, the same way.
 """
 
 from __future__ import annotations
@@ -8,13 +9,10 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from tpuslice import events, metrics
-
-if TYPE_CHECKING:
-    from tpuslice._reserve.request import SliceRequest
-    from tpuslice._run.resilient import AttemptEvent
+from tpuslice._reserve.request import SliceRequest
 
 logger = logging.getLogger(__name__)
 DETAIL_CHARS = 120
@@ -22,8 +20,16 @@ DETAIL_CHARS = 120
 _F = TypeVar("_F", bound=Callable[..., None])
 
 
-def _never_raises(function: _F) -> _F:
-    """Observing must not break what is observed (a hand-back, a release): log instead."""
+def never_raises(function: _F) -> _F:
+    """Wrap a function that records an outcome: observing must not break what is
+    observed (a hand-back, a release), so a failure is logged instead.
+
+    Args:
+        function: Records something; returns nothing.
+
+    Returns:
+        The same function, logging what it raises.
+    """
 
     @functools.wraps(function)
     def observed(*args: Any, **kwargs: Any) -> None:
@@ -51,7 +57,7 @@ def describe_request(request: SliceRequest) -> tuple[str, str]:
     return f"{counted} x {shape}", shape
 
 
-@_never_raises
+@never_raises
 def reservation_ended(
     request: SliceRequest,
     outcome: str,
@@ -78,7 +84,7 @@ def reservation_ended(
     metrics.reservation_ended(shape, outcome, wait_s)
 
 
-@_never_raises
+@never_raises
 def released(slices: Sequence[str], held_s: float, what: str = "") -> None:
     """Slices were handed back.
 
@@ -88,47 +94,3 @@ def released(slices: Sequence[str], held_s: float, what: str = "") -> None:
         what: The request, as :func:`describe_request` names it.
     """
     events.record("released", slices=tuple(slices), what=what, seconds=held_s)
-
-
-@_never_raises
-def run_ended(
-    kind: str, outcome: str, seconds: float, slices: Sequence[str] = (), detail: str = ""
-) -> None:
-    """A one-shot run or a ``tpuslice run`` command ended.
-
-    Args:
-        kind: ``one_shot`` or ``command``.
-        outcome: ``success``, ``failure`` or (a command) ``interrupted``.
-        seconds: Its duration.
-        slices: Where it ran.
-        detail: One line (for a command, its program's name only: arguments can hold
-            secrets, and everyone reading the timeline sees this).
-    """
-    text = f"{kind}; {detail}" if detail else kind
-    events.record("run", slices=tuple(slices), seconds=seconds, outcome=outcome, detail=text)
-    metrics.run_ended(kind, outcome, seconds)
-
-
-@_never_raises
-def attempt(event: AttemptEvent) -> None:
-    """A step of a resilient run (its ``started`` steps are left out of the metrics).
-
-    Args:
-        event: The step.
-    """
-    outcome = "" if event.outcome is None else event.outcome.value
-    if event.kind == "succeeded":
-        outcome = "success"
-    kind = "gave_up" if event.kind == "giving_up" else "attempt"
-    seconds = event.duration_s if event.kind in ("failed", "succeeded") else None
-    detail = f"attempt {event.attempt} {event.kind.replace('_', ' ')}"
-    if event.cause:
-        detail += f": {event.cause}"
-    if event.next_action:
-        detail += f"; next: {event.next_action}"
-    if event.evidence:
-        detail += f" [evidence: {event.evidence}]"
-    events.record(kind, slices=event.slice_names, seconds=seconds, outcome=outcome, detail=detail)
-    if event.kind in ("failed", "succeeded"):
-        metrics.attempt_ended(outcome)
-        metrics.run_ended("resilient_attempt", outcome, event.duration_s)

@@ -1,0 +1,60 @@
+"""What a run tells its observers as it ends: each call here adds an event to the
+timeline (:mod:`tpuslice.events`) and records the matching metrics
+(:mod:`tpuslice.metrics`), never raising into the caller's work
+(:func:`tpuslice._reserve.observe.never_raises`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tpuslice import events, metrics
+from tpuslice._reserve.observe import never_raises
+
+if TYPE_CHECKING:
+    from tpuslice._run.resilient import AttemptEvent
+
+
+@never_raises
+def run_ended(
+    kind: str, outcome: str, seconds: float, slices: Sequence[str] = (), detail: str = ""
+) -> None:
+    """A one-shot run or a ``tpuslice run`` command ended.
+
+    Args:
+        kind: ``one_shot`` or ``command``.
+        outcome: ``success``, ``failure`` or (a command) ``interrupted``.
+        seconds: Its duration.
+        slices: Where it ran.
+        detail: One line (for a command, its program's name only: arguments can hold
+            secrets, and everyone reading the timeline sees this).
+    """
+    text = f"{kind}; {detail}" if detail else kind
+    events.record("run", slices=tuple(slices), seconds=seconds, outcome=outcome, detail=text)
+    metrics.run_ended(kind, outcome, seconds)
+
+
+@never_raises
+def attempt(event: AttemptEvent) -> None:
+    """A step of a resilient run (its ``started`` steps are left out of the metrics).
+
+    Args:
+        event: The step.
+    """
+    outcome = "" if event.outcome is None else event.outcome.value
+    if event.kind == "succeeded":
+        outcome = "success"
+    kind = "gave_up" if event.kind == "giving_up" else "attempt"
+    seconds = event.duration_s if event.kind in ("failed", "succeeded") else None
+    detail = f"attempt {event.attempt} {event.kind.replace('_', ' ')}"
+    if event.cause:
+        detail += f": {event.cause}"
+    if event.next_action:
+        detail += f"; next: {event.next_action}"
+    if event.evidence:
+        detail += f" [evidence: {event.evidence}]"
+    events.record(kind, slices=event.slice_names, seconds=seconds, outcome=outcome, detail=detail)
+    if event.kind in ("failed", "succeeded"):
+        metrics.attempt_ended(outcome)
+        metrics.run_ended("resilient_attempt", outcome, event.duration_s)

@@ -8,7 +8,7 @@ import inspect
 import ray._private.worker
 
 from test_layers import sources
-from tpuslice._ray import ExitHooks
+from tpuslice._process import ExitHooks
 
 
 def test_each_hook_is_registered_once_in_the_order_added() -> None:
@@ -29,7 +29,8 @@ def test_each_hook_is_registered_once_in_the_order_added() -> None:
 
 def test_ray_registers_its_shutdown_when_imported() -> None:
     """The order of every tpuslice exit hook rests on this: Ray's ``shutdown`` hook is
-    registered by importing ``ray`` (not by ``ray.init``), before ``_ray.py`` can add one."""
+    registered by importing ``ray`` (not by ``ray.init``), so a hook added by a module
+    that imported Ray runs before it."""
     tree = ast.parse(inspect.getsource(ray._private.worker))
     at_import = [
         ast.unparse(node.value)
@@ -39,15 +40,15 @@ def test_ray_registers_its_shutdown_when_imported() -> None:
     assert any(call.startswith("atexit.register(shutdown") for call in at_import)
 
 
-def test_only_the_ray_module_imports_atexit() -> None:
+def test_only_the_process_module_imports_atexit() -> None:
     users = [
         f"{path}:{node.lineno}"
         for name, (path, text) in sources().items()
         for node in ast.walk(ast.parse(text))
-        if name != "tpuslice._ray"
+        if name != "tpuslice._process"
         and (
             (isinstance(node, ast.Import) and any(a.name == "atexit" for a in node.names))
             or (isinstance(node, ast.ImportFrom) and node.module == "atexit")
         )
     ]
-    assert users == [], "register exit hooks through tpuslice._ray.EXIT_HOOKS"
+    assert users == [], "register exit hooks through tpuslice._process.EXIT_HOOKS"

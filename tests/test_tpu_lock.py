@@ -235,3 +235,11 @@ def test_open_tpu_refuses_a_process_that_is_not_on_a_simulated_host(
     monkeypatch.delenv(SIM_ROOT_ENV, raising=False)
     with pytest.raises(RuntimeError, match="simulated hosts only"):
         libtpu.open_tpu()
+
+
+def test_the_simulated_libtpu_imports_no_ray() -> None:
+    """A simulated host's process that opens its TPU outside Ray (a notebook, a script)
+    pays no Ray import for it, as with the real libtpu."""
+    code = "import sys; from tpuslice._sim.libtpu import open_tpu; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

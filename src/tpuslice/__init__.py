@@ -1,7 +1,7 @@
 """tpuslice: run SPMD work on whole Google Cloud TPU slices with Ray.
 
 Layers, lowest first; a module imports only its layer and those below (tests/test_layers.py):
-``errors``, ``_lazy``, ``_ray`` -> ``_tpu`` (pure facts) -> ``_host`` (one host) -> ``_sim``
+``errors``, ``_process``, ``_ray`` -> ``_tpu`` (pure facts) -> ``_host`` (one host) -> ``_sim``
 (the simulator) -> ``_view`` (reading the cluster) -> ``events``, ``metrics`` -> ``_queue``
 (the cluster's queue) -> ``_reserve`` (reserving) -> ``_run`` (running) -> ``jax`` -> ``cli``
 -> ``testing``; this ``__init__`` offers the public names of them all.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tpuslice import _lazy
+from tpuslice import _process
 
 __version__ = "0.1.0"
 
@@ -177,11 +177,11 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    return _lazy.load(__name__, _EXPORTS, name, globals())
+    return _process.load(__name__, _EXPORTS, name, globals())
 
 
 def __dir__() -> list[str]:
-    return _lazy.listing(globals(), __all__)
+    return _process.listing(globals(), __all__)
 
 
 __all__ = [

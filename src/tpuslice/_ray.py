@@ -1,6 +1,4 @@
-"""The only module that touches Ray's private names (``ray._private``, ``ray._raylet``), and
-the one place tpuslice's exit hooks are registered, ordered against Ray's own
-(:data:`EXIT_HOOKS`).
+"""The only module that touches Ray's private names (``ray._private``, ``ray._raylet``).
 
 Each function says which public API we would use if Ray had one. Keep this file small:
 everything else in tpuslice talks to Ray through its public API.
@@ -8,10 +6,8 @@ everything else in tpuslice talks to Ray through its public API.
 
 from __future__ import annotations
 
-import atexit
 import os
-import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -211,41 +207,3 @@ def dead_jobs(job_ids: Collection[str]) -> set[str]:
 def current_job_id() -> str:
     """Hex id of this process's Ray job."""
     return str(ray.get_runtime_context().get_job_id())
-
-
-class ExitHooks:
-    """What tpuslice runs at interpreter exit: each hook once, all before Ray shuts down.
-
-    ``atexit`` runs hooks last registered first. Ray registers ``ray.shutdown`` (which
-    disconnects this process, and stops the cluster if ``ray.init`` started one here) when
-    ``ray`` is imported, and this module imports ``ray`` before anyone can add a hook: so
-    every hook added here runs while this process can still call Ray, the last added
-    first. ``docs/internals.md`` ("At exit") lists the hooks and why each needs Ray.
-
-    Args:
-        register: Registers one hook with the interpreter (default: :mod:`atexit`).
-    """
-
-    def __init__(
-        self, register: Callable[[Callable[[], object]], object] = atexit.register
-    ) -> None:
-        self._lock = threading.Lock()
-        self._added: list[Callable[[], object]] = []
-        self._register = register
-
-    def add(self, hook: Callable[[], object]) -> None:
-        """Run ``hook`` at exit, once however often it is added (an equal bound method
-        counts as the same hook).
-
-        Args:
-            hook: Called with no arguments; what it returns is ignored.
-        """
-        with self._lock:
-            if hook in self._added:
-                return
-            self._added.append(hook)
-            self._register(hook)
-
-
-EXIT_HOOKS = ExitHooks()
-"""This process's exit hooks."""

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tpuslice import _ray
+from tpuslice._process import EXIT_HOOKS
 from tpuslice._tpu.keys import EVENT_KEY_PREFIX as KEY_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
 
@@ -277,7 +278,7 @@ WRITER = EventWriter()
 # Added when this module is imported, so before the exit hook of any code that records
 # events (that code imports this module first): the flush runs after those hooks, and
 # writes what they record.
-_ray.EXIT_HOOKS.add(WRITER.flush)
+EXIT_HOOKS.add(WRITER.flush)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=WRITER.after_fork)
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tpuslice import _ray
+from tpuslice._process import EXIT_HOOKS
 from tpuslice.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def register_profiler_port(port: int) -> str | None:
     key = profiler_key(_ray.current_node_id(), os.getpid())
     namespace = _ray.dashboard_kv_namespace()
     _ray.kv_put(key, str(port).encode(), namespace)
-    _ray.EXIT_HOOKS.add(functools.partial(_ray.kv_delete, key, namespace))
+    EXIT_HOOKS.add(functools.partial(_ray.kv_delete, key, namespace))
     return key
 
 

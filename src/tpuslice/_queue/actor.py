@@ -20,6 +20,7 @@ from typing import Any
 import ray
 
 from tpuslice import _ray
+from tpuslice._process import EXIT_HOOKS
 from tpuslice._queue.book import LEASE_S, Answer
 from tpuslice._queue.runner import QueueRunner
 from tpuslice._queue.service import QueueService, Ticket
@@ -313,7 +314,7 @@ class QueueLink:
         :mod:`tpuslice.metrics`) without waiting: once per process and cluster, a daemon
         thread finds or creates it (tried again next time if that failed).
 
-        :meth:`finish_starting` is an exit hook (:data:`tpuslice._ray.EXIT_HOOKS`), so it
+        :meth:`finish_starting` is an exit hook (:data:`tpuslice._process.EXIT_HOOKS`), so it
         runs before Ray shuts down, and the thread never calls Ray after that (a process
         whose thread does dies with Ray's fatal "core worker has already been shutdown").
         """
@@ -324,7 +325,7 @@ class QueueLink:
             if cluster in self._started_on:
                 return
             self._started_on.add(cluster)
-            _ray.EXIT_HOOKS.add(self.finish_starting)
+            EXIT_HOOKS.add(self.finish_starting)
             thread = threading.Thread(
                 target=self._start_quietly,
                 args=(cluster,),

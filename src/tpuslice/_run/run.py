@@ -23,6 +23,7 @@ import ray
 
 from tpuslice import _ray
 from tpuslice._host.context import HostContext, with_context
+from tpuslice._process import EXIT_HOOKS
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbing, reserve_slices
 from tpuslice._run import observe
@@ -349,7 +350,7 @@ class Releaser:
     the groups stops the rest, whose refs then fail promptly since we never retry them).
 
     At interpreter exit (:meth:`close`, an exit hook from the first one-shot on, which
-    runs before Ray shuts down: :data:`tpuslice._ray.EXIT_HOOKS`) the thread is stopped
+    runs before Ray shuts down: :data:`tpuslice._process.EXIT_HOOKS`) the thread is stopped
     between two Ray calls and every one-shot still held is given back on the exiting
     thread: the thread never calls Ray after Ray shut down (which ends the process with a
     fatal error), and nothing stays reserved.
@@ -373,7 +374,7 @@ class Releaser:
         """
         self._queue.put(_OneShot(list(refs), spg))
         with self._lock:
-            _ray.EXIT_HOOKS.add(self.close)
+            EXIT_HOOKS.add(self.close)
             if self._closed:
                 return  # exiting: close() gives it back
             if self._thread is None or not self._thread.is_alive():

@@ -39,7 +39,7 @@ from tpuslice._host.tpu_lock import (
     lockfile,
     tpu_devices,
 )
-from tpuslice._ray import EXIT_HOOKS
+from tpuslice._process import EXIT_HOOKS
 
 BACKEND = "Unable to initialize backend 'tpu': "
 """How JAX reports a TPU backend that failed to start (a ``RuntimeError``)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tpuslice import _lazy
+from tpuslice import _process
 
 _EXPORTS: dict[str, str] = {
     "InMemoryCluster": "tpuslice.testing.memory",
@@ -41,11 +41,11 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    return _lazy.load(__name__, _EXPORTS, name, globals())
+    return _process.load(__name__, _EXPORTS, name, globals())
 
 
 def __dir__() -> list[str]:
-    return _lazy.listing(globals(), __all__)
+    return _process.listing(globals(), __all__)
 
 
 __all__ = [

@@ -54,16 +54,28 @@ def run_in_background(*args: Any, go: Path, **kwargs: Any) -> Iterator[Future[li
 
 @contextmanager
 def hold_host(slice_name: str, worker_id: int, tpu: float = 1) -> Iterator[PlacementGroup]:
-    """Keep ``tpu`` TPUs of one host in use (a placement group), as another user would."""
+    """Keep ``tpu`` TPUs of one host in use (a placement group), as another user would;
+    yields once the cluster's resource view shows them taken (a group is placed before
+    its host's next resource report reaches that view)."""
     pg = placement_group(
         [{"TPU": tpu}],
         bundle_label_selector=[{SLICE_NAME_LABEL: slice_name, WORKER_ID_LABEL: str(worker_id)}],
     )
     try:
         ray.get(pg.ready(), timeout=30)
+        wait_for(
+            lambda: _tpu_taken(slice_name, worker_id, tpu),
+            timeout=30,
+            what=f"{slice_name} host {worker_id}'s held TPUs in the resource view",
+        )
         yield pg
     finally:
         remove_placement_group(pg)
+
+
+def _tpu_taken(slice_name: str, worker_id: int, tpu: float) -> bool:
+    host = tpuslice.read_snapshot().slices[slice_name].hosts[worker_id]
+    return host.tpu_total - host.tpu_available >= tpu
 
 
 @ray.remote(num_cpus=0)

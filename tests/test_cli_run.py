@@ -16,8 +16,7 @@ from click.testing import CliRunner
 
 from clusterutil import wait_for
 from tpuslice.cli.commands import main
-from tpuslice.cli.jobs import _offer_simulator
-from tpuslice.testing import SimulatedCluster, SliceSpec, live_placement_groups
+from tpuslice.testing import SimulatedCluster, live_placement_groups
 
 pytestmark = pytest.mark.cluster
 
@@ -58,11 +57,6 @@ def test_run_impossible_request_exits_1_with_the_reason(tpu_cluster: SimulatedCl
     result = invoke("run", "--topology", "4x8", "--accelerator", "v6e", "--", "true")
     assert result.exit_code == 1
     assert "no v6e-32 4x8 slice" in result.output
-
-
-def test_without_a_cluster_and_no_tty_it_says_how_to_get_one() -> None:
-    with pytest.raises(click.ClickException, match="--simulate"):
-        _offer_simulator(SliceSpec("v6e", "4x4"), simulate=False)
 
 
 def test_status_json_on_the_live_cluster(tpu_cluster: SimulatedCluster) -> None:

@@ -138,3 +138,25 @@ def test_a_range_cannot_take_per_bundle_selectors() -> None:
 def test_priority_must_be_an_integer(value: object) -> None:
     with pytest.raises(InvalidArgumentError, match="priority must be an integer"):
         SliceRequest(topology="4x4", accelerator_version="v6e", priority=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_slices": 0}, "num_slices must be a positive integer"),
+        ({"num_slices": -1}, "num_slices must be a positive integer"),
+        ({"topology": "3x3"}, "did you mean '4x4'"),
+        ({"resources_per_bundle": {"TPU": 8}}, "does not fit the 4 TPU"),
+        ({"strategy": "STRICT_PACK"}, "STRICT_PACK"),
+        ({"strategy": "BOGUS"}, "valid: PACK, SPREAD"),
+        ({"lifetime": "forever"}, "lifetime"),
+        ({"chips_per_vm": 3}, "chips_per_vm=3"),
+    ],
+)
+def test_slice_placement_group_refuses_bad_input_before_reserving(
+    kwargs: dict[str, object], match: str
+) -> None:
+    """The public constructor raises before it needs Ray (none runs here)."""
+    args: dict[str, object] = {"topology": "4x4", "accelerator_version": "v6e", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        tpuslice.SlicePlacementGroup(**args)  # type: ignore[arg-type]

@@ -188,25 +188,6 @@ def test_impossible_request_fails_at_once(tpu_cluster: SimulatedCluster) -> None
     assert time.monotonic() - start < 2.0
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"num_slices": 0}, "num_slices must be a positive integer"),
-        ({"num_slices": -1}, "num_slices must be a positive integer"),
-        ({"topology": "3x3"}, "did you mean '4x4'"),
-        ({"resources_per_bundle": {"TPU": 8}}, "does not fit the 4 TPU"),
-        ({"strategy": "STRICT_PACK"}, "STRICT_PACK"),
-        ({"strategy": "BOGUS"}, "valid: PACK, SPREAD"),
-        ({"lifetime": "forever"}, "lifetime"),
-        ({"chips_per_vm": 3}, "chips_per_vm=3"),
-    ],
-)
-def test_bad_input_is_a_clear_value_error(kwargs: dict[str, object], match: str) -> None:
-    args: dict[str, object] = {"topology": "4x4", "accelerator_version": "v6e", **kwargs}
-    with pytest.raises(ValueError, match=match):
-        tpuslice.SlicePlacementGroup(**args)  # type: ignore[arg-type]
-
-
 def queued_here() -> bool:
     """Whether a request of this process waits in the cluster-wide queue."""
     mine = f"pid {os.getpid()} "

@@ -21,31 +21,10 @@ from tpuslice._view.cluster import SliceState, read_snapshot
 from tpuslice.testing import (
     SimulatedCluster,
     SimulatorError,
-    SliceSpec,
     remove_placement_groups,
 )
 
 pytestmark = pytest.mark.cluster
-
-
-def test_slice_spec_parses_cli_forms() -> None:
-    assert SliceSpec.parse("v6e:4x4") == SliceSpec("v6e", "4x4", 1)
-    assert SliceSpec.parse("v6e:2x4:1:4") == SliceSpec("v6e", "2x4", 1, 4)
-    with pytest.raises(ValueError, match="GENERATION:TOPOLOGY"):
-        SliceSpec.parse("v6e")
-    with pytest.raises(ValueError, match="integers"):
-        SliceSpec.parse("v6e:4x4:two")
-
-
-def test_bad_slices_fail_before_anything_starts() -> None:
-    with pytest.raises(ValueError, match="did you mean '4x4'"):
-        SimulatedCluster([("v6e", "3x3", 1)])
-
-
-def test_driver_tpu_env_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TPU_NAME", "leaky")
-    with pytest.raises(SimulatorError, match="TPU_NAME"):
-        SimulatedCluster([("v4", "2x2x1", 1)]).start()
 
 
 def test_every_host_has_labels_resources_and_env(tpu_cluster: SimulatedCluster) -> None:
@@ -282,14 +261,3 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def test_slice_name_suffixes_never_repeat() -> None:
-    from itertools import islice
-
-    from tpuslice._sim.simulated import _suffixes
-
-    names = list(islice(_suffixes(), 800))
-    assert names[:3] == ["a", "b", "c"] and names[26] == "aa" and names[701] == "zz"
-    assert names[702] == "aaa"
-    assert len(set(names)) == 800

@@ -145,6 +145,7 @@ def test_tpu_resource_per_chip(tpu_cluster: SimulatedCluster) -> None:
             assert spg.bundle_resources["TPU"] == 8
     finally:
         tpu_cluster.remove_slice(name)
+    tpu_cluster.wait_until_dead(name, 0)  # gone from Ray's view, as a scaled-down slice
 
 
 def test_user_label_selectors_merge_and_pin(tpu_cluster: SimulatedCluster) -> None:

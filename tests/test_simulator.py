@@ -155,23 +155,6 @@ def test_preempt_slice_kills_every_host_and_restore_brings_it_back(
     assert info.alive_hosts == 2
 
 
-def test_add_slice_arrives_like_an_autoscaled_one(tpu_cluster: SimulatedCluster) -> None:
-    name = tpu_cluster.add_slice("v7x", "2x2x1", tpu_resource_per_chip=2)
-    try:
-        assert name == "v7x-8-a"
-        node = next(
-            n
-            for n in ray.nodes()
-            if n["Alive"] and n["Labels"].get("ray.io/tpu-slice-name") == name
-        )
-        assert node["Resources"]["TPU"] == 8  # 4 chips x 2 logical devices
-        assert node["Labels"]["ray.io/tpu-pod-type"] == "v7x-8"
-        assert read_snapshot(tpu_resource_per_chip=2).slices[name].state is SliceState.READY
-    finally:
-        tpu_cluster.remove_slice(name)
-    tpu_cluster.wait_until_dead(name, 0)
-
-
 def test_fault_injection_rejects_unknown_hosts(tpu_cluster: SimulatedCluster) -> None:
     with pytest.raises(SimulatorError, match="no simulated slice 'nope'"):
         tpu_cluster.kill_host("nope", 0)

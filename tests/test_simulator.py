@@ -137,24 +137,6 @@ def test_kill_host_fails_its_tasks_with_node_died(
     assert wait_for(lambda: read_snapshot().slices["v4-16-d"].state is SliceState.READY)
 
 
-def test_preempt_slice_kills_every_host_and_restore_brings_it_back(
-    tpu_cluster: SimulatedCluster,
-) -> None:
-    tpu_cluster.preempt_slice("v4-16-c", notice_s=0)
-    try:
-        for worker in (0, 1):
-            tpu_cluster.wait_until_dead("v4-16-c", worker)
-        info = read_snapshot().slices["v4-16-c"]
-        assert info.state is SliceState.BROKEN
-        assert info.alive_hosts == 0
-    finally:
-        tpu_cluster.restore_slice("v4-16-c")
-    info = wait_for(
-        lambda: (s := read_snapshot().slices["v4-16-c"]).state is SliceState.READY and s
-    )
-    assert info.alive_hosts == 2
-
-
 def test_fault_injection_rejects_unknown_hosts(tpu_cluster: SimulatedCluster) -> None:
     with pytest.raises(SimulatorError, match="no simulated slice 'nope'"):
         tpu_cluster.kill_host("nope", 0)

@@ -101,17 +101,6 @@ def test_an_actor_group_then_run_on_slice_in_one_job(tpu_cluster: SimulatedClust
         assert again == after  # warm: the same owners, no new process per call
 
 
-def test_two_slice_placement_groups_in_sequence(tpu_cluster: SimulatedCluster) -> None:
-    with tpuslice.SlicePlacementGroup(**V6E) as first:
-        one = ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=first), timeout=120)
-        owners = tpu_cluster.tpu_owners()
-        assert sorted(o.pid for (s, _), o in owners.items() if s == "v6e-16-a") == sorted(one)
-    assert tpu_cluster.tpu_owners() == {}  # confirmed free before the slice was given back
-    with tpuslice.SlicePlacementGroup(**V6E) as second:
-        two = ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=second), timeout=120)
-    assert len(two) == 4 and not set(one) & set(two)
-
-
 def test_concurrent_calls_on_a_held_slice_share_its_owners(
     tpu_cluster: SimulatedCluster,
 ) -> None:

@@ -306,17 +306,14 @@ def test_code_meeting_an_owned_tpu_fails_with_tpuslices_error_naming_the_owner(
     assert "release-tpu --host v6e-16-a/0" in said
 
 
-def test_escape_hatches_let_a_second_process_open_an_owned_tpu(
+def test_an_escape_hatch_lets_a_second_process_open_an_owned_tpu(
     tpu_cluster: SimulatedCluster,
 ) -> None:
-    hatches = [
-        {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
-        {"TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1"},
-        {"TPU_LOAD_LIBRARY": "1"},
-    ]
+    """A hatch set in a task's runtime environment reaches libtpu's check on the host.
+    Which settings are hatches is test_tpu_lock's (each of them, in real processes)."""
     with tpuslice.SlicePlacementGroup(**V6E) as spg:
         ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=spg))
-        assert [raw_task(spg, **hatch) for hatch in hatches] == ["opened"] * 3
+        assert raw_task(spg, ALLOW_MULTIPLE_LIBTPU_LOAD="1") == "opened"
 
 
 @ray.remote

@@ -353,7 +353,7 @@ QUEUE_DIFFERENCES: tuple[Difference, ...] = (
         "waits for the rest (three 2-slice requests on three slices can all time out)",
         "waiting reservations queue in one cluster-wide queue (priority, then arrival) and "
         "are granted all their slices at once; nothing is held while waiting",
-        "tests/test_queue.py::test_three_two_slice_requests_on_three_slices_all_complete",
+        "tests/test_schedule.py::test_three_two_slice_requests_on_three_slices_all_complete",
     ),
     Difference(
         "num_slices=(min, max)",

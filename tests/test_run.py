@@ -244,6 +244,9 @@ def test_actor_group_names_a_dead_host(tpu_cluster: SimulatedCluster) -> None:
             tpu_cluster.kill_host(name, 1)
             with pytest.raises(tpuslice.HostLostError, match=f"host 1 of slice {name}"):
                 group.get(group.call("step", 1), timeout=60)
+        tpu_cluster.wait_until_dead(name, 1)
+        lost = tpuslice.read_snapshot().slices[name]
+        assert lost.state is tpuslice.SliceState.BROKEN and "host 1 dead" in lost.reason
     finally:
         spg.shutdown()
         tpu_cluster.restore_slice(name)

@@ -8,16 +8,14 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import ray
 import ray.util.tpu as ray_tpu
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from clusterutil import exported_metrics, wait_for, where_am_i
+from clusterutil import exported_metrics, where_am_i
 from tpuslice._tpu.labels import HOST_ENV_VARS
-from tpuslice._view.cluster import SliceState, read_snapshot
 from tpuslice.testing import (
     SimulatedCluster,
     SimulatorError,
@@ -101,40 +99,6 @@ def test_rays_own_slice_placement_group_works(tpu_cluster: SimulatedCluster) -> 
         assert ray_tpu.get_num_tpu_slices("2x2x2", "TPU-V4") == 4
     finally:
         spg.shutdown()
-
-
-def test_kill_host_fails_its_tasks_with_node_died(
-    tpu_cluster: SimulatedCluster, tmp_path: Path
-) -> None:
-    victim = tpu_cluster.slices["v4-16-d"].hosts[1]
-    started = tmp_path / "started"
-
-    @ray.remote(num_cpus=0, max_retries=0)
-    def block(marker: str) -> None:
-        import pathlib
-        import time
-
-        pathlib.Path(marker).touch()
-        time.sleep(300)
-
-    ref = block.options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(victim.node.node_id, soft=False)
-    ).remote(str(started))
-    wait_for(started.exists, timeout=60, what="the task to start")
-    try:
-        tpu_cluster.kill_host("v4-16-d", 1)
-        with pytest.raises(ray.exceptions.RayError) as info:
-            ray.get(ref, timeout=60)
-        assert isinstance(
-            info.value, (ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError)
-        )
-        tpu_cluster.wait_until_dead("v4-16-d", 1)
-        snapshot = read_snapshot()
-        assert snapshot.slices["v4-16-d"].state is SliceState.BROKEN
-        assert "host 1 dead" in snapshot.slices["v4-16-d"].reason
-    finally:
-        tpu_cluster.restore_slice("v4-16-d")
-    assert wait_for(lambda: read_snapshot().slices["v4-16-d"].state is SliceState.READY)
 
 
 def test_fault_injection_rejects_unknown_hosts(tpu_cluster: SimulatedCluster) -> None:

@@ -27,29 +27,29 @@ pytestmark = pytest.mark.cluster
 
 def test_every_host_has_labels_resources_and_env(tpu_cluster: SimulatedCluster) -> None:
     nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
-    for name, sim_slice in tpu_cluster.slices.items():
-        shape = sim_slice.shape
-        for host in sim_slice.hosts:
-            node_id = host.node.node_id
-            seen = ray.get(
-                where_am_i.options(
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
-                ).remote()
-            )
-            assert seen["TPU_NAME"] == name
-            assert seen["TPU_WORKER_ID"] == str(host.worker_id)
-            assert seen["TPU_ACCELERATOR_TYPE"] == shape.pod_type
-            assert seen["TPU_TOPOLOGY"] == shape.topology
-            labels = nodes[node_id]["Labels"]
-            assert labels["ray.io/tpu-slice-name"] == name
-            assert labels["ray.io/tpu-worker-id"] == str(host.worker_id)
-            assert labels["ray.io/tpu-pod-type"] == shape.pod_type
-            assert labels["ray.io/tpu-topology"] == shape.topology
-            assert labels["ray.io/accelerator-type"] == shape.accelerator_type
-            resources = nodes[node_id]["Resources"]
-            assert resources["TPU"] == shape.chips_per_host
-            assert resources[name] == 1
-            assert (shape.head_resource in resources) == (host.worker_id == 0)
+    hosts = [(name, s.shape, host) for name, s in tpu_cluster.slices.items() for host in s.hosts]
+    refs = [  # one task per host, all at once: each host starts a worker of its own
+        where_am_i.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(host.node.node_id, soft=False)
+        ).remote()
+        for _, _, host in hosts
+    ]
+    for (name, shape, host), seen in zip(hosts, ray.get(refs, timeout=120), strict=True):
+        node_id = host.node.node_id
+        assert seen["TPU_NAME"] == name
+        assert seen["TPU_WORKER_ID"] == str(host.worker_id)
+        assert seen["TPU_ACCELERATOR_TYPE"] == shape.pod_type
+        assert seen["TPU_TOPOLOGY"] == shape.topology
+        labels = nodes[node_id]["Labels"]
+        assert labels["ray.io/tpu-slice-name"] == name
+        assert labels["ray.io/tpu-worker-id"] == str(host.worker_id)
+        assert labels["ray.io/tpu-pod-type"] == shape.pod_type
+        assert labels["ray.io/tpu-topology"] == shape.topology
+        assert labels["ray.io/accelerator-type"] == shape.accelerator_type
+        resources = nodes[node_id]["Resources"]
+        assert resources["TPU"] == shape.chips_per_host
+        assert resources[name] == 1
+        assert (shape.head_resource in resources) == (host.worker_id == 0)
 
 
 def test_tpu_hosts_run_rays_minimal_agent_and_the_head_the_full_one(

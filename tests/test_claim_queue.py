@@ -94,6 +94,29 @@ def test_a_newcomer_queues_behind_earlier_waiters_even_with_a_slice_idle() -> No
     assert cluster.live_groups("reserver") == []
 
 
+def test_a_host_dying_while_the_request_waits_is_named_in_its_timeout() -> None:
+    """Two slices wanted, one idle (kept for the request while it waits in the queue); a
+    host of that one dies meanwhile: the timeout names the broken slice and the place."""
+    cluster = queued_cluster(3)
+    cluster.take("v6e-16-1", 0, {"TPU": 4})
+    cluster.take("v6e-16-2", 3, {"TPU": 4})
+    queued_at_death: list[list[str]] = []
+
+    def die() -> None:
+        queued_at_death.append(tickets(cluster))
+        cluster.kill_host("v6e-16-0", 1)
+
+    cluster.script("sleep", 2, die)
+    with pytest.raises(ReservationTimeoutError) as raised:
+        reserver(cluster, num_slices=2, head_reservation_timeout_s=6).run()
+    message = str(raised.value)
+    assert [len(t) for t in queued_at_death] == [1]  # it died while we were queued
+    assert "1 broken (v6e-16-0: host 1 dead)" in message
+    assert "position 1 in the cluster's queue" in message
+    assert tickets(cluster) == []
+    assert cluster.live_groups("reserver") == []
+
+
 def test_a_higher_priority_request_is_served_first() -> None:
     cluster = queued_cluster(1)
     busy = cluster.take("v6e-16-0", 0, {"TPU": 4})

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 import ray.exceptions
 
+import tpuslice
 from tpuslice._host.context import HostContext
 from tpuslice._run.shell import HostResult, _follow
 from tpuslice.errors import first_line
@@ -45,3 +46,8 @@ def test_a_host_error_with_a_blank_message_is_recorded_not_an_index_error() -> N
     result = results[0]
     assert result is not None and result.error == "RayError: "
     assert lost == [True]
+
+
+def test_current_host_outside_a_task_says_so() -> None:
+    with pytest.raises(tpuslice.NotConnectedError, match="inside a task"):
+        tpuslice.current_host({})

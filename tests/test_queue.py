@@ -1,10 +1,11 @@
-"""The cluster-wide queue on the simulator, with real driver processes: priority then
-arrival order, all-or-nothing grants (three 2-slice requests on three slices complete),
-a dead waiter leaving at once, and the queue surviving its own death."""
+"""The cluster-wide queue on the simulator, with real driver processes: priority before
+arrival, a blocked two-slice request keeping its slice and granted whole, a dead waiter
+leaving at once, and the queue surviving its own death with its order. The policy
+(all-or-nothing grants, order, leases) is the pure tier's: test_schedule,
+test_queue_book, test_queue_service, test_queue_runner, test_claim_queue."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -108,43 +109,25 @@ def nothing_left() -> None:
     assert_no_placement_groups()
 
 
-def test_priority_then_arrival_order_across_processes(tpu_cluster: SimulatedCluster) -> None:
-    """Every v4 slice busy; three drivers queue for one: a, b, then c at a higher
-    priority. One slice is freed: c, then a, then b hold it in turn (each after the
-    last gave it back), though a and b have waited longer than c."""
+def test_priority_across_processes(tpu_cluster: SimulatedCluster) -> None:
+    """Every v4 slice busy; two drivers queue for one: a, then c at a higher priority.
+    One slice is freed: c, then a, hold it in turn (each after the last gave it back),
+    though a has waited longer. (Arrival order across processes is shown by the queue's
+    restart below; the policy is test_queue_runner's
+    test_priority_then_arrival_order_is_kept_through_held_asks.)"""
     with busy(*V4_SLICES) as held:
         procs = [
             start_driver(tpu_cluster.address, "a"),
-            start_driver(tpu_cluster.address, "b"),
             start_driver(tpu_cluster.address, "c", priority=5),
         ]
-        a, b, c = (str(p.pid) for p in procs)
-        assert [r.who.split()[1] for r in queued()] == [c, a, b]
-        assert [r.position for r in queued()] == [1, 2, 3]
+        a, c = (str(p.pid) for p in procs)
+        assert [r.who.split()[1] for r in queued()] == [c, a]
+        assert [r.position for r in queued()] == [1, 2]
         held["v4-16-a"].close()
         ran = results(procs)
-    assert sorted(ran, key=lambda label: ran[label].start) == ["c", "a", "b"]
+    assert sorted(ran, key=lambda label: ran[label].start) == ["c", "a"]
+    assert ran["c"].end <= ran["a"].start
     assert {tuple(r.slices) for r in ran.values()} == {("v4-16-a",)}
-    nothing_left()
-
-
-def test_three_two_slice_requests_on_three_slices_all_complete(
-    tpu_cluster: SimulatedCluster,
-) -> None:
-    """The hold-and-wait case: three free slices, three requests for two each. Claiming
-    one slice each and waiting for a second would stall them all; the queue grants two
-    slices to one at a time, and all three finish."""
-    with busy("v4-16-d"), busy(*V4_SLICES[:3]) as held:
-        procs = [
-            start_driver(tpu_cluster.address, label, count=2, hold=0.5) for label in ("x", "y", "z")
-        ]
-        for stack in held.values():
-            stack.close()
-        ran = results(procs)
-    spans = sorted((r.start, r.end) for r in ran.values())
-    assert all(len(r.slices) == 2 for r in ran.values())
-    for (_, end), (start, _) in itertools.pairwise(spans):
-        assert end <= start  # two slices each on three: one request at a time
     nothing_left()
 
 
@@ -152,21 +135,17 @@ def test_a_waiter_whose_driver_dies_leaves_the_queue_at_once(
     tpu_cluster: SimulatedCluster,
 ) -> None:
     """Killed without a word: its ticket goes as soon as Ray marks its job dead, long
-    before its lease would run out, and the next waiter moves up."""
+    before its lease would run out. (The next waiter moving up is the pure tier's:
+    test_queue_runner::test_a_waiter_whose_driver_died_leaves_while_asking_and_the_next_is_granted.)"""
     from tpuslice._queue.book import LEASE_S
 
-    with busy(*V4_SLICES) as held:
+    with busy(*V4_SLICES):
         doomed = start_driver(tpu_cluster.address, "doomed")
-        survivor = start_driver(tpu_cluster.address, "survivor")
         doomed.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         doomed.wait(timeout=10)
-        wait_for(lambda: len(queued()) == 1, LEASE_S, "the dead waiter to leave")
+        wait_for(lambda: not queued(), LEASE_S, "the dead waiter to leave")
         assert time.monotonic() - killed < LEASE_S / 2
-        assert queued()[0].who.split()[1] == str(survivor.pid)
-        held["v4-16-b"].close()
-        ran = results([survivor])
-    assert ran["survivor"].slices == ["v4-16-b"]
     nothing_left()
 
 
@@ -195,22 +174,6 @@ def test_the_queue_comes_back_after_its_own_death_with_the_order_kept(
         held["v4-16-c"].close()
         ran = results([first, second])
     assert ran["first"].start < ran["second"].start, (ran["first"].log, ran["second"].log)
-    nothing_left()
-
-
-def test_a_timeout_in_the_queue_names_the_place_and_what_is_ahead(
-    tpu_cluster: SimulatedCluster,
-) -> None:
-    with busy(*V4_SLICES):
-        ahead = start_driver(tpu_cluster.address, "ahead")
-        with pytest.raises(tpuslice.ReservationTimeoutError) as raised:
-            tpuslice.SlicePlacementGroup("2x2x2", "v4", head_reservation_timeout_s=1.5)
-        ahead.send_signal(signal.SIGTERM)
-        ahead.communicate(timeout=30)
-    message = str(raised.value)
-    assert "position 2 in the cluster's queue" in message
-    assert f"1 x {KIND} for pid {ahead.pid}" in message
-    assert "4 busy" in message
     nothing_left()
 
 

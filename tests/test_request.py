@@ -167,3 +167,25 @@ def test_every_run_takes_each_option_of_a_runs_request_with_the_requests_default
             assert name in params, (run.__qualname__, name)
             if name not in ("topology", "accelerator_version"):
                 assert params[name].default == defaults[name], (run.__qualname__, name)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_slices": 0}, "num_slices must be a positive integer"),
+        ({"num_slices": -1}, "num_slices must be a positive integer"),
+        ({"topology": "3x3"}, "did you mean '4x4'"),
+        ({"resources_per_bundle": {"TPU": 8}}, "does not fit the 4 TPU"),
+        ({"strategy": "STRICT_PACK"}, "STRICT_PACK"),
+        ({"strategy": "BOGUS"}, "valid: PACK, SPREAD"),
+        ({"lifetime": "forever"}, "lifetime"),
+        ({"chips_per_vm": 3}, "chips_per_vm=3"),
+    ],
+)
+def test_slice_placement_group_refuses_bad_input_before_reserving(
+    kwargs: dict[str, object], match: str
+) -> None:
+    """The public constructor raises before it needs Ray (none runs here)."""
+    args: dict[str, object] = {"topology": "4x4", "accelerator_version": "v6e", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        tpuslice.SlicePlacementGroup(**args)  # type: ignore[arg-type]

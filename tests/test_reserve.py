@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 
@@ -148,6 +145,7 @@ def test_tpu_resource_per_chip(tpu_cluster: SimulatedCluster) -> None:
             assert spg.bundle_resources["TPU"] == 8
     finally:
         tpu_cluster.remove_slice(name)
+    tpu_cluster.wait_until_dead(name, 0)  # gone from Ray's view, as a scaled-down slice
 
 
 def test_user_label_selectors_merge_and_pin(tpu_cluster: SimulatedCluster) -> None:
@@ -188,25 +186,6 @@ def test_impossible_request_fails_at_once(tpu_cluster: SimulatedCluster) -> None
     assert time.monotonic() - start < 2.0
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"num_slices": 0}, "num_slices must be a positive integer"),
-        ({"num_slices": -1}, "num_slices must be a positive integer"),
-        ({"topology": "3x3"}, "did you mean '4x4'"),
-        ({"resources_per_bundle": {"TPU": 8}}, "does not fit the 4 TPU"),
-        ({"strategy": "STRICT_PACK"}, "STRICT_PACK"),
-        ({"strategy": "BOGUS"}, "valid: PACK, SPREAD"),
-        ({"lifetime": "forever"}, "lifetime"),
-        ({"chips_per_vm": 3}, "chips_per_vm=3"),
-    ],
-)
-def test_bad_input_is_a_clear_value_error(kwargs: dict[str, object], match: str) -> None:
-    args: dict[str, object] = {"topology": "4x4", "accelerator_version": "v6e", **kwargs}
-    with pytest.raises(ValueError, match=match):
-        tpuslice.SlicePlacementGroup(**args)  # type: ignore[arg-type]
-
-
 def queued_here() -> bool:
     """Whether a request of this process waits in the cluster-wide queue."""
     mine = f"pid {os.getpid()} "
@@ -232,31 +211,6 @@ def test_ctrl_c_while_waiting_removes_everything(tpu_cluster: SimulatedCluster) 
         after = {pg["placement_group_id"] for pg in live_placement_groups()}
         assert after == before
         wait_for(lambda: not queued_here(), what="our ticket to leave")
-
-
-def test_host_killed_while_waiting(tpu_cluster: SimulatedCluster) -> None:
-    """We wait in the queue for two slices with only v4-16-d idle (kept for us); d loses
-    a host: the timeout message reports the broken slice and our place."""
-    try:
-        with hold_host("v4-16-a", 1), hold_host("v4-16-b", 1), hold_host("v4-16-c", 1):
-            queued = threading.Event()
-
-            def kill_once_queued() -> None:
-                wait_for(queued_here, what="our ticket in the queue")
-                queued.set()
-                tpu_cluster.kill_host("v4-16-d", 1)
-
-            thread = threading.Thread(target=kill_once_queued)
-            thread.start()
-            with pytest.raises(tpuslice.ReservationTimeoutError) as info:
-                tpuslice.SlicePlacementGroup(**V4, num_slices=2, head_reservation_timeout_s=6)
-            thread.join()
-        assert queued.is_set()
-        assert "v4-16-d: host 1 dead" in str(info.value)
-        assert "position 1 in the cluster's queue" in str(info.value)
-    finally:
-        tpu_cluster.restore_slice("v4-16-d")
-    wait_for(lambda: tpuslice.get_num_ready_tpu_slices("2x2x2", "v4") == 4, timeout=30)
 
 
 def test_threads_racing_for_fewer_slices(tpu_cluster: SimulatedCluster) -> None:
@@ -286,46 +240,6 @@ def test_threads_racing_for_fewer_slices(tpu_cluster: SimulatedCluster) -> None:
     assert overlaps == []
     assert len(got) == 6
     assert set(got) <= set(V4_SLICES)
-
-
-RACER = textwrap.dedent(
-    """
-    import json, sys, time, ray, tpuslice
-    ray.init(address=sys.argv[1], log_to_driver=False)
-    with tpuslice.SlicePlacementGroup("2x2x2", "v4", head_reservation_timeout_s=90) as spg:
-        name, start = spg.slice_names[0], time.time()
-        time.sleep(0.5)
-        end = time.time()
-    print(json.dumps({"slice": name, "start": start, "end": end}))
-    """
-)
-
-
-def test_processes_racing_for_fewer_slices(tpu_cluster: SimulatedCluster) -> None:
-    """Three driver processes race for the two idle v4 slices: every one succeeds, and no
-    two hold the same slice at the same time."""
-    import json
-
-    with hold_host("v4-16-a", 1), hold_host("v4-16-b", 1):
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", RACER, tpu_cluster.address],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(3)
-        ]
-        results = []
-        for proc in procs:
-            out, err = proc.communicate(timeout=120)
-            assert proc.returncode == 0, err[-2000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    assert {r["slice"] for r in results} <= {"v4-16-c", "v4-16-d"}
-    for a in results:
-        for b in results:
-            if a is not b and a["slice"] == b["slice"]:
-                assert a["end"] <= b["start"] or b["end"] <= a["start"]
 
 
 def test_reserve_tpu_slice_claims_an_idle_head(tpu_cluster: SimulatedCluster) -> None:

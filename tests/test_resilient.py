@@ -12,10 +12,11 @@ import pytest
 import ray
 
 import tpuslice
-from clusterutil import hold_host, markers_written, run_in_background, wait_for
+from clusterutil import markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome
 from tpuslice._run import resilient
 from tpuslice._tpu.clock import Clock
+from tpuslice._view.cluster import SliceState, read_snapshot
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
 pytestmark = pytest.mark.cluster
@@ -110,54 +111,59 @@ def test_host_killed_mid_run_restarts_on_another_slice(
     wait_all_v4_ready()
 
 
-def test_same_slice_lost_twice_with_a_budget_of_one_gives_up_with_history(
+def test_a_slice_lost_with_a_budget_of_zero_gives_up_with_its_history(
     tpu_cluster: SimulatedCluster, tmp_path: Path
 ) -> None:
-    """Only v4-16-d is idle: the run must wait for it to come back, rerun on it, and give
-    up when it is lost a second time (killed without notice: host failures, whose budget
-    follows max_retries_preemption when not set)."""
+    """The attempt's whole slice is preempted with no notice: a host failure, whose budget
+    follows max_retries_preemption when not set. With a budget of 0 the run gives up at
+    once, naming the attempt. The preempted slice shows broken with no host alive, and
+    comes back whole when restored."""
     markers, go = tmp_path / "started", tmp_path / "go"
     markers.mkdir()
     events: list[AttemptEvent] = []
-    target = "v4-16-d"
+    target = ""
     try:
-        with (
-            hold_host("v4-16-a", 1),
-            hold_host("v4-16-b", 1),
-            hold_host("v4-16-c", 1),
-            run_in_background(
-                wait_for_go,
-                str(markers),
-                str(go),
-                **V4,
-                max_retries_preemption=1,
-                head_reservation_timeout_s=60,
-                on_event=events.append,
-                go=go,
-            ) as future,
-        ):
-            assert wait_for(lambda: markers_written(markers, 2), timeout=60) == [target] * 2
-            tpu_cluster.preempt_slice(target, notice_s=0)
-            for worker in (0, 1):
-                tpu_cluster.wait_until_dead(target, worker)
-            tpu_cluster.restore_slice(target)
-            assert wait_for(lambda: markers_written(markers, 4), timeout=60) == [target] * 4
+        with run_in_background(
+            wait_for_go,
+            str(markers),
+            str(go),
+            **V4,
+            max_retries_preemption=0,
+            head_reservation_timeout_s=60,
+            on_event=events.append,
+            go=go,
+        ) as future:
+            first = wait_for(lambda: markers_written(markers, 2), timeout=60, what="attempt 1")
+            target = first[0]
+            assert first == [target, target]
             tpu_cluster.preempt_slice(target, notice_s=0)
             with pytest.raises(tpuslice.RetriesExhaustedError) as info:
                 future.result(timeout=60)
+        for worker in (0, 1):
+            tpu_cluster.wait_until_dead(target, worker)
+        lost = read_snapshot().slices[target]
+        assert lost.state is SliceState.BROKEN and lost.alive_hosts == 0
     finally:
-        tpu_cluster.restore_slice(target)
-    history = info.value.history
-    assert [r.attempt for r in history] == [1, 2]
-    assert [r.outcome for r in history] == [Outcome.HOST_FAILURE, Outcome.HOST_FAILURE]
-    assert [r.slice_names for r in history] == [(target,), (target,)]
-    assert {r.num_hosts for r in history} == {2}
-    assert all(r.cause.startswith("rank ") and r.duration_s > 0 for r in history)
-    assert "host_failure budget of 1 retry used up" in str(info.value)
+        if target:
+            tpu_cluster.restore_slice(target)
+    (record,) = info.value.history
+    assert (record.attempt, record.outcome, record.slice_names, record.num_hosts) == (
+        1,
+        Outcome.HOST_FAILURE,
+        (target,),
+        2,
+    )
+    assert record.cause.startswith("rank ") and record.duration_s > 0
+    assert "host_failure budget of 0 retries used up" in str(info.value)
     cause = info.value.__cause__
     assert tpuslice.classify(cause) is Outcome.HOST_FAILURE  # type: ignore[arg-type]
-    kinds = [e.kind for e in events]
-    assert kinds == ["started", "failed", "started", "failed", "giving_up"]
+    assert [e.kind for e in events] == ["started", "failed", "giving_up"]
+    back = wait_for(
+        lambda: (s := read_snapshot().slices[target]).state is SliceState.READY and s,
+        timeout=30,
+        what=f"{target} back",
+    )
+    assert back.alive_hosts == 2
     wait_all_v4_ready()
 
 

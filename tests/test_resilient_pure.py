@@ -9,6 +9,7 @@ import pytest
 from ray import exceptions as rex
 
 import tpuslice
+from tpuslice._reserve import claim
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._run.resilient import (
     AttemptEvent,
@@ -28,6 +29,7 @@ from tpuslice.errors import (
     RetriesExhaustedError,
     SliceShutdownError,
 )
+from tpuslice.testing.memory import InMemoryCluster
 
 PREEMPTION, FAILURE = Outcome.PREEMPTION, Outcome.FAILURE
 HOST_FAILURE, HANG = Outcome.HOST_FAILURE, Outcome.HANG
@@ -376,3 +378,60 @@ def test_a_reservation_that_times_out_ends_the_run_with_its_own_error() -> None:
     assert events[-1].kind == "giving_up"
     assert events[-1].cause == "could not reserve: ReservationTimeoutError: no v4-16 within 5 s"
     assert len(run.history) == 1
+
+
+class HeldSlices:
+    """A reservation of an in-memory cluster as the loop holds it: its slices, every
+    group of the reservation removed when the attempt leaves."""
+
+    def __init__(self, cluster: InMemoryCluster, request: SliceRequest) -> None:
+        clock = Clock(cluster.clock.now, cluster.clock.sleep)
+        reservation = claim.Reserver(request, clock=clock, ops=cluster).run()
+        assert reservation.plan is not None
+        self.cluster = cluster
+        self.slice_names = [c.slice_name for c in reservation.claims]
+        self.num_hosts = reservation.plan.num_slices * reservation.plan.shape.num_hosts
+
+    def __enter__(self) -> HeldSlices:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for group in self.cluster.live_groups("reserver"):
+            self.cluster.remove_group(group)
+
+
+def test_a_run_over_a_range_shrinks_when_a_slice_is_lost_and_grows_back() -> None:
+    """num_slices=(1, 3) with two of four slices busy: attempt 1 holds the two idle ones.
+    A host of one dies and no slice is idle to replace it: attempt 2 goes on with the one
+    left. The busy slices are freed and a host of that one dies too: attempt 3 grows to
+    the two idle ones."""
+    cluster = InMemoryCluster([("v4", "2x2x2", 4)])
+    busy = [cluster.take(name, 1, {"TPU": 4}) for name in ("v4-16-2", "v4-16-3")]
+    held: list[list[str]] = []
+
+    def body(spg: HeldSlices, watch: object) -> list[str]:
+        held.append(list(spg.slice_names))
+        if len(held) == 3:
+            return ["done"]
+        if len(held) == 2:
+            for group in busy:
+                cluster.remove_group(group)
+        cluster.kill_host(spg.slice_names[-1], 1)
+        raise GangBrokenError(HOST_FAILURE, f"rank 1 ({spg.slice_names[-1]} host 1): lost")
+
+    request = SliceRequest(topology="2x2x2", accelerator_version="v4", num_slices=(1, 3))
+    run = ResilientRun(
+        body,  # type: ignore[arg-type]
+        request,
+        RetryPolicy(),
+        clock=Clock(cluster.clock.now, cluster.clock.sleep),
+        reserve=lambda r: HeldSlices(cluster, r),  # type: ignore[arg-type,return-value]
+        make_watch=no_watch,  # type: ignore[arg-type]
+    )
+    assert run.until_done() == ["done"]
+    assert held == [["v4-16-0", "v4-16-1"], ["v4-16-0"], ["v4-16-2", "v4-16-3"]]
+    assert [(r.slice_names, r.num_hosts) for r in run.history] == [
+        (("v4-16-0", "v4-16-1"), 4),
+        (("v4-16-0",), 2),
+    ]
+    assert cluster.live_groups("reserver") == []

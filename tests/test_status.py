@@ -3,10 +3,12 @@ the command through CliRunner with Ray's connection and reads replaced. No clust
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 from typing import Any
 
+import click
 import pytest
 import ray
 from click.testing import CliRunner, Result
@@ -22,6 +24,8 @@ from tpuslice._view.cluster import ClusterSnapshot, SliceState, build_snapshot
 from tpuslice.cli import commands as cli
 from tpuslice.cli import connect as cli_connect
 from tpuslice.cli import status
+from tpuslice.cli.jobs import _offer_simulator
+from tpuslice.testing import SliceSpec
 
 LONG_NAME = "tpu-v6e-128-training-pool-europe-west4-a-0001"
 
@@ -567,3 +571,11 @@ def test_json_has_the_queue() -> None:
         ("t3", 3, [1, 1], 1.0),
     ]
     assert queue[0]["who"] == "pid 11 on host-a" and queue[0]["priority"] == 5
+
+
+def test_run_without_a_cluster_and_no_tty_says_how_to_get_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO())  # not a terminal: nobody to ask
+    with pytest.raises(click.ClickException, match="--simulate"):
+        _offer_simulator(SliceSpec("v6e", "4x4"), simulate=False)

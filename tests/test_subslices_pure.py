@@ -1,9 +1,11 @@
 """Sub-slice reservations (tpuslice._run.subslices) through the claiming loop, against an
 in-memory cluster: picking idle sub-slices by physical layout, busy hosts, discovery only
-of wholly idle slices and only once, the sub-slice's own environment. Pure: no Ray."""
+of wholly idle slices and only once (again after a host is replaced), layout records read
+back by another driver, the sub-slice's own environment. Pure: no Ray."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from typing import Any
@@ -14,9 +16,10 @@ from tpuslice._host.context import with_context
 from tpuslice._reserve import claim
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._run.subslices import SubSlices, subslice_env
-from tpuslice._tpu import subslice
+from tpuslice._tpu import keys, subslice
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.topology import slice_shape
+from tpuslice._view import layouts
 from tpuslice._view.cluster import SliceInfo
 from tpuslice._view.layouts import Layout, positions_from_coordinates
 from tpuslice.errors import (
@@ -25,7 +28,7 @@ from tpuslice.errors import (
     InvalidArgumentError,
     ReservationTimeoutError,
 )
-from tpuslice.testing.memory import InMemoryCluster
+from tpuslice.testing.memory import NODE_ID_LABEL, InMemoryCluster, MemoryNode
 
 
 class Layouts:
@@ -47,6 +50,50 @@ class Layouts:
     def load(self, info: SliceInfo) -> Layout | None:
         found = self.recorded.get(info.name)
         return found if found is not None and found.current_for(info) else None
+
+
+class RecordedLayouts(Layouts):
+    """As :class:`Layouts`, but each layout learned is recorded, and read back, by
+    tpuslice's own records (:mod:`tpuslice._view.layouts`) in a :class:`Store`."""
+
+    def discover(self, info: SliceInfo, request: SliceRequest) -> Layout:
+        learned = super().discover(info, request)
+        layouts.save(learned)
+        return learned
+
+    def load(self, info: SliceInfo) -> Layout | None:
+        return layouts.load(info)
+
+
+class Store:
+    """Stands in for Ray's KV store where the layout records live; this process starts
+    with no copy of any layout."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.data: dict[tuple[str, str | None], bytes] = {}
+        monkeypatch.setattr(layouts._ray, "kv_get", lambda k, ns: self.data.get((k, ns)))
+        monkeypatch.setattr(layouts._ray, "kv_put", self.put)
+        monkeypatch.setattr(layouts, "_known", {})
+
+    def put(self, key: str, value: bytes, namespace: str | None) -> None:
+        self.data[key, namespace] = value
+
+    def record(self, slice_name: str) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(
+            self.data[keys.LAYOUT_KEY_PREFIX + slice_name, keys.NAMESPACE]
+        )
+        return found
+
+
+def replace_host(cluster: InMemoryCluster, slice_name: str, worker_id: int) -> str:
+    """The host dies and a new VM takes its place: the same labels, a new node id."""
+    cluster.kill_host(slice_name, worker_id)
+    old = cluster.nodes[cluster.slice_hosts[slice_name][worker_id]]
+    node_id = f"{old.node_id}-new"
+    labels = {**old.labels, NODE_ID_LABEL: node_id}
+    cluster.nodes[node_id] = MemoryNode(node_id, labels, dict(old.resources))
+    cluster.slice_hosts[slice_name][worker_id] = node_id
+    return node_id
 
 
 def scrambled(hosts: int, seed: int) -> dict[int, int]:
@@ -142,6 +189,44 @@ def test_a_layout_learned_on_hosts_since_replaced_is_learned_again() -> None:
     moved = {w: f"new-{n}" for w, n in (stale.nodes or {}).items()}
     assert not Layout(stale.slice_name, stale.topology, stale.physical, moved).current_for(info)
     assert stale.current_for(info)
+
+
+def test_a_slice_whose_host_was_replaced_is_learned_again_before_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Learned once and reused while its hosts live; after a host is replaced (same
+    name, new node) neither this process's copy nor the record describes the slice, so
+    the next reservation learns it again, on the new node."""
+    store = Store(monkeypatch)
+    cluster = InMemoryCluster([("v6e", "4x4")])
+    known = RecordedLayouts({"v6e-16-0": scrambled(4, 4)})
+    for _ in range(2):
+        held, _ = reserve(cluster, known)
+        cluster.remove_group(held.combined_pg)
+    assert known.discovered == ["v6e-16-0"]
+    new_node = replace_host(cluster, "v6e-16-0", 2)
+    reservation, _ = reserve(cluster, known)
+    assert known.discovered == ["v6e-16-0", "v6e-16-0"]
+    assert store.record("v6e-16-0")["nodes"]["2"] == new_node
+    assert len(workers(reservation)) == 2
+
+
+def test_a_layout_another_driver_recorded_is_read_not_learned_until_a_host_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A driver that never learned the slice reads the record another one wrote (its
+    own and Ray's); once a host is replaced, that record is not used, and nor is Ray's
+    (it names no nodes)."""
+    Store(monkeypatch)
+    cluster = InMemoryCluster([("v6e", "4x4")])
+    info = cluster.snapshot(1).slices["v6e-16-0"]
+    nodes = {w: h.node_id for w, h in info.hosts.items()}
+    learned = Layout("v6e-16-0", "4x4", scrambled(4, 9), nodes)
+    layouts.save(learned)  # by the other driver
+    layouts.forget("v6e-16-0")  # this one has no copy
+    assert layouts.load(info) == learned
+    replace_host(cluster, "v6e-16-0", 1)
+    assert layouts.load(cluster.snapshot(1).slices["v6e-16-0"]) is None
 
 
 def test_subslice_index_picks_that_sub_slice_and_out_of_range_fails_at_once() -> None:

@@ -267,6 +267,49 @@ def test_the_loop_reports_a_notice_then_retries_it_as_a_preemption_with_evidence
     assert len(notices) == 1  # the hook got the run's event
 
 
+def test_run_resilient_hands_its_watch_and_budgets_to_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What run_resilient is given reaches the loop: the heartbeat and start-up bounds
+    and the hook its gangs are watched with, and each outcome's budget."""
+    import ray
+
+    import tpuslice
+
+    @ray.remote
+    def work() -> int:
+        return 1
+
+    def hook(event: object) -> None:
+        pass
+
+    runs: list[ResilientRun] = []
+
+    def until_done(run: ResilientRun) -> list[str]:
+        runs.append(run)
+        return ["ok"]
+
+    monkeypatch.setattr(ResilientRun, "until_done", until_done)
+    assert tpuslice.run_resilient(
+        work,
+        topology="2x2x2",
+        accelerator_version="v4",
+        max_retries_failure=4,
+        max_retries_preemption=3,
+        max_retries_host_failure=1,
+        max_retries_hang=2,
+        on_notice=hook,
+        heartbeat_timeout_s=2.0,
+        startup_timeout_s=8.0,
+    ) == ["ok"]
+    (run,) = runs
+    assert run.watching == WatchConfig(
+        heartbeat_timeout_s=2.0, startup_timeout_s=8.0, on_notice=hook
+    )
+    outcomes = (Outcome.FAILURE, Outcome.PREEMPTION, Outcome.HOST_FAILURE, Outcome.HANG)
+    assert [run.policy.budget(o) for o in outcomes] == [4, 3, 1, 2]
+
+
 def test_the_notice_event_describes_itself() -> None:
     event = AttemptEvent(
         "notice",

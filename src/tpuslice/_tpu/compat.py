@@ -307,7 +307,7 @@ SUBSLICE_DIFFERENCES: tuple[Difference, ...] = (
         "maps the worker id to whichever node ray.nodes() lists last, which can be the dead "
         "one, so sub-slices with that host are never offered again (RuntimeError)",
         "the live node stands for the worker id; the slice's layout is learned again",
-        "tests/test_subslices.py::test_a_replaced_host_makes_the_slice_learned_again",
+        "tests/test_subslices_pure.py::test_a_slice_whose_host_was_replaced_is_learned_again_before_use",
     ),
     Difference(
         "every sub-slice busy",
@@ -353,7 +353,7 @@ QUEUE_DIFFERENCES: tuple[Difference, ...] = (
         "waits for the rest (three 2-slice requests on three slices can all time out)",
         "waiting reservations queue in one cluster-wide queue (priority, then arrival) and "
         "are granted all their slices at once; nothing is held while waiting",
-        "tests/test_queue.py::test_three_two_slice_requests_on_three_slices_all_complete",
+        "tests/test_schedule.py::test_three_two_slice_requests_on_three_slices_all_complete",
     ),
     Difference(
         "num_slices=(min, max)",

@@ -73,7 +73,7 @@ class Store:
         self.data: dict[tuple[str, str | None], bytes] = {}
         monkeypatch.setattr(layouts._ray, "kv_get", lambda k, ns: self.data.get((k, ns)))
         monkeypatch.setattr(layouts._ray, "kv_put", self.put)
-        monkeypatch.setattr(layouts, "_known", {})
+        monkeypatch.setattr(layouts, "KNOWN_LAYOUTS", layouts.KnownLayouts())
 
     def put(self, key: str, value: bytes, namespace: str | None) -> None:
         self.data[key, namespace] = value

@@ -596,8 +596,9 @@ class SimulatedCluster:
 
     def hang_host(self, slice_name: str, worker_id: int) -> list[int]:
         """Make the host's running work hang, like a collective stuck on a lost peer:
-        every worker process running a task or actor of the user's gets ``SIGUSR2``, on
-        which its main thread blocks for ever (``sim_site/sitecustomize.py``). The
+        every worker process running a task or actor of the user's (not an idle owner)
+        gets ``SIGUSR2``, on which its main thread blocks for ever
+        (``sim_site/sitecustomize.py``). The
         processes stay alive and Ray sees the host healthy; Ray can still cancel or kill
         them (its own threads run on), and nothing else ends them.
 
@@ -917,11 +918,16 @@ USER_WORK_EXCLUDED = (
 )
 """Process titles :meth:`SimulatedCluster.hang_host` leaves running: idle workers, the
 node's Ray agents and tpuslice's own actors (a stuck collective does not stop those)."""
+IDLE_OWNER_TITLE = "ray::HostOwner"
+"""An owner running no call (Ray titles it ``ray::HostOwner.call`` while it runs one):
+a driver's spare on the host, in no collective, so a stuck collective leaves it be."""
 
 
 def _is_user_work(pid: int) -> bool:
     """Whether a process is a Ray worker running a user's task or actor."""
-    title = process_title(pid)
+    title = process_title(pid).strip()
+    if title == IDLE_OWNER_TITLE:
+        return False
     return title.startswith("ray::") and not title.startswith(USER_WORK_EXCLUDED)
 
 

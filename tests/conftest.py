@@ -94,10 +94,20 @@ def no_stray_timeline_events(
     monkeypatch.setattr(events, "WRITER", kept)
 
 
+SESSION_CLUSTER_FIXTURES = frozenset({"simulated_cluster", "tpu_cluster"})
+
+
+def _tier(item: pytest.Item) -> int:
+    if item.get_closest_marker("cluster") is None:
+        return 0
+    return 2 if SESSION_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())) else 1
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that need no cluster run first, so a whole run reports their failures
-    within its first minute; the cluster-tier tests keep their order after them."""
-    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
+    within its first minute; then those that start clusters of their own, before the
+    session's cluster is up to share the 2 cores with them; then the rest, in order."""
+    items.sort(key=_tier)
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,8 @@ libtpu.so in this process.``, N being the process libtpu finds holding chip 0's 
 (:func:`tpuslice._host.tpu_lock.host_root`), so code under test meets the ownership rules it
 would meet on a TPU VM. :func:`tpuslice.jax.initialize` calls it on simulated hosts. The
 escape hatches behave as in libtpu (:func:`tpuslice._host.tpu_lock.lock_wanted`), and
-``TPU_LOAD_LIBRARY=0`` fails as libtpu does.
+``TPU_LOAD_LIBRARY=0`` fails as libtpu does. On a host whose TPU hangs
+(:data:`tpuslice._sim.faults.TPU_HANGS`), the process opens it and then hangs.
 
 Sources: XLA ``xla/stream_executor/tpu/tpu_initialize_util.cc`` (``TryAcquireTpuLock``,
 ``FindLibtpuProcess``: the lock, its messages, the escape hatches, the holder looked up on
@@ -40,6 +41,7 @@ from tpuslice._host.tpu_lock import (
     tpu_devices,
 )
 from tpuslice._process import EXIT_HOOKS
+from tpuslice._sim.faults import TPU_HANGS, hang_forever, has_fault
 
 BACKEND = "Unable to initialize backend 'tpu': "
 """How JAX reports a TPU backend that failed to start (a ``RuntimeError``)."""
@@ -123,11 +125,15 @@ class OpenedTPU:
                 raise LibtpuError(BACKEND + NOT_LOADING)
             if not lock_wanted(environ):
                 self._devices = _open_devices(root)
+                if has_fault(root, TPU_HANGS):
+                    hang_forever()
                 return None
             path = lockfile(root)
             self._lock_fd = _take_lock(root, path)
             self._devices, self._lockfile = _open_devices(root), path
         EXIT_HOOKS.add(self.unlink_lock)
+        if has_fault(root, TPU_HANGS):
+            hang_forever()  # a wedged chip: this process owns the TPU and never gets on
         return path
 
     def unlink_lock(self) -> None:

@@ -56,6 +56,7 @@ from tpuslice import _ray
 from tpuslice._host.context import apply_env
 from tpuslice._host.metadata import METADATA_HOST_ENV
 from tpuslice._host.tpu_lock import SIM_ROOT_ENV, TPUOwner, find_owners
+from tpuslice._sim.faults import TPU_HANGS, UNREACHABLE, clear_faults, set_fault
 from tpuslice._sim.metadata_server import (
     MAINTENANCE_EVENT,
     PREEMPTED,
@@ -624,6 +625,57 @@ class SimulatedCluster:
             send_signal(pid, HANG_SIGNAL)
         return hung
 
+    def wedge_tpu(self, slice_name: str, worker_id: int) -> list[int]:
+        """Make the host's TPU hang whoever touches it, now and later, like a bad chip or
+        a wedged driver (:mod:`tpuslice._sim.faults`): the work running there hangs as
+        with :meth:`hang_host`, and every process that opens the TPU afterwards hangs
+        too, owning it. It lasts until the host is replaced (killed, then restored) or
+        :meth:`repair_host`.
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+
+        Returns:
+            The pids of the running work made to hang.
+
+        Raises:
+            SimulatorError: no such host, or it is dead.
+        """
+        if not self._host(slice_name, worker_id).alive:
+            raise SimulatorError(f"host {worker_id} of {slice_name} is dead")
+        set_fault(self.host_root(slice_name, worker_id), TPU_HANGS)
+        return self.hang_host(slice_name, worker_id)
+
+    def cut_off_host(self, slice_name: str, worker_id: int) -> None:
+        """Make the host unreachable from its peers for the user's work, as a firewall
+        dropping the coordinator's traffic would (:mod:`tpuslice._sim.faults`): Ray
+        still sees it healthy. Processes started from now on obey it.
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+
+        Raises:
+            SimulatorError: no such host.
+        """
+        self._host(slice_name, worker_id)
+        set_fault(self.host_root(slice_name, worker_id), UNREACHABLE)
+
+    def repair_host(self, slice_name: str, worker_id: int) -> None:
+        """End the host's standing faults (:meth:`wedge_tpu`, :meth:`cut_off_host`), as an
+        operator's fix would; processes already hung stay hung.
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+
+        Raises:
+            SimulatorError: no such host.
+        """
+        self._host(slice_name, worker_id)
+        clear_faults(self.host_root(slice_name, worker_id))
+
     def metadata_server(self, slice_name: str, worker_id: int) -> MetadataServer:
         """A host's GCE metadata server (to read or set its values).
 
@@ -672,6 +724,7 @@ class SimulatedCluster:
                 if host.metadata is not None:  # a new VM: no notice stands
                     host.metadata.set(PREEMPTED, "FALSE")
                     host.metadata.set(MAINTENANCE_EVENT, "NONE")
+                clear_faults(self.host_root(slice_name, host.worker_id))  # nor a fault
                 host.node = self._start_host(sim_slice, host.worker_id)
         self._wait_for_alive_nodes()
 

@@ -3,7 +3,9 @@
 It lets :meth:`tpuslice.testing.SimulatedCluster.hang_host` make a worker hang the way a
 host stuck in a collective does: on ``SIGUSR2`` the process's main thread (where Ray runs
 the task or actor method) blocks for ever, while its other threads (Ray's core worker,
-tpuslice's heartbeat publisher) go on, so Ray can still cancel or kill it. Then it runs the
+tpuslice's heartbeat publisher) go on, so Ray can still cancel or kill it. On a host cut
+off from its peers (:mod:`tpuslice._sim.faults`), the TCP connections of the user's work
+are dropped. Then it runs the
 next ``sitecustomize`` on the path, if there is one (a test suite's own), as Python would
 have without this one.
 """
@@ -25,6 +27,21 @@ def _hang(signum: int, frame: object) -> None:
 
 if threading.current_thread() is threading.main_thread():
     signal.signal(HANG_SIGNAL, _hang)
+
+
+def _network_faults() -> None:
+    """A host its peers cannot reach drops the TCP traffic of the user's work
+    (:mod:`tpuslice._sim.faults`); only Ray's workers for a job are affected."""
+    root = os.environ.get("TPUSLICE_SIM_HOST_ROOT")
+    if root and os.environ.get("RAY_JOB_ID"):
+        from pathlib import Path
+
+        from tpuslice._sim.faults import install_network_faults
+
+        install_network_faults(Path(root))
+
+
+_network_faults()
 
 
 def _run_next() -> None:

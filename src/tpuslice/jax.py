@@ -17,13 +17,12 @@ from typing import Any
 
 from tpuslice import _ray
 from tpuslice._process import EXIT_HOOKS
+from tpuslice._tpu.compat import DEFAULT_COORDINATOR_PORT
 from tpuslice.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROFILER_PORT = 9999
-DEFAULT_COORDINATOR_PORT = 8476
-"""Port of the ``jax.distributed`` coordinator on rank 0 (JAX's own default)."""
 
 
 def profiler_key(node_id: str, pid: int) -> str:

@@ -15,6 +15,9 @@ from tpuslice._tpu import topology as topo
 from tpuslice.errors import InvalidArgumentError, InvalidResourceError
 
 DEFAULT_MEGASCALE_PORT = "8081"
+DEFAULT_COORDINATOR_PORT = 8476
+"""Port of the ``jax.distributed`` coordinator on rank 0 (JAX's default on Cloud TPU, and a
+port GCP's firewall rule for TPU VMs opens: jax-ml/jax issue 35905)."""
 DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S: float = 100.0
 VALID_TPU_TYPES = tuple(topo.GENERATIONS)
 RAY_TPU_RESOURCE_PER_CHIP_ENV_VAR = "RAY_TPU_RESOURCE_PER_CHIP"

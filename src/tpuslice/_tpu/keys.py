@@ -22,6 +22,9 @@ BEAT_KEY_PREFIX = "beat/"
 """``beat/<run id>/<rank>``: a watched rank's newest heartbeat."""
 LAYOUT_KEY_PREFIX = "subslice-layout/"
 """``subslice-layout/<slice>``: a slice's physical layout, once learned."""
+HEALTH_KEY_PREFIX = "health/"
+"""``health/<check id>/<slice>``: where a health check's rank 0 listens (``ip:port``),
+for the other ranks to connect to; deleted when the check ends."""
 
 RAY_SUBSLICE_NAMESPACE = "tpu_subslice"
 """Ray 2.60's namespace for a slice's sub-slice labels (``tpu_subslice/<slice>``)."""

@@ -1,0 +1,424 @@
+"""Health checks of whole slices: is each host fit to run SPMD work now?
+
+A hang or a lost host on a TPU slice often means hardware (a bad chip, an ICI link down,
+a host slow to die), and a retry on the same hosts can hang again. axlearn checks every
+TPU before its trainer starts (apple/axlearn PR 803); Marin keeps work off workers it
+marked unhealthy. :func:`check_slice` reserves an idle slice and runs one probe per host,
+at once, in rank order:
+
+- **answers**: the probe starts and reports, within the check's bound;
+- **TPU**: no other process owns the host's TPU, and a new process can start the TPU
+  backend within :data:`TPU_OPEN_S` (``jax.devices()`` on a TPU VM; the simulated libtpu
+  on a simulated host). It runs in a child process, which is killed if it does not
+  finish, so no process of the check keeps the TPU;
+- **reach**: every rank connects to rank 0's coordinator port within :data:`REACH_S`,
+  the first thing ``jax.distributed.initialize`` needs (rank 0 listens on JAX's port,
+  or on any free port when that one is taken on the host);
+- optionally, the caller's own check (a remote function, run as a one-shot runs), once
+  the probes pass.
+
+A host fails when it does not answer, its TPU is owned by another process or does not
+start, or the peers cannot reach it. Each verdict says why, with timings. Recording the
+result (suspect hosts) is the caller's: see :func:`tpuslice.check_slice`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import ray
+
+from tpuslice import _ray
+from tpuslice._host.context import current_host
+from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._run.run import launch
+from tpuslice._tpu.compat import DEFAULT_COORDINATOR_PORT
+from tpuslice._tpu.keys import HEALTH_KEY_PREFIX, NAMESPACE
+from tpuslice.errors import first_line
+
+TPU_OPEN_S = 30.0
+"""How long a host's TPU backend may take to start in a new process (libtpu's start-up on
+a TPU VM takes seconds; a wedged chip never finishes)."""
+REACH_S = 10.0
+"""How long a rank may take to connect to rank 0's coordinator port."""
+ANSWER_MARGIN_S = 15.0
+"""What a probe may take beyond its TPU and reach bounds (a worker process to start, the
+imports) before its host counts as not answering."""
+USER_CHECK_S = 60.0
+"""Bound on the caller's own check."""
+
+OPEN_BACKEND = """
+import os
+if os.environ.get("TPUSLICE_SIM_HOST_ROOT"):
+    from tpuslice._sim.libtpu import open_tpu
+    open_tpu()
+else:
+    import jax
+    jax.devices("tpu")
+"""
+"""Run in a child process: start the TPU backend as a JAX program's first use does."""
+
+
+@dataclass(frozen=True)
+class HostVerdict:
+    """One host's result in a health check.
+
+    Attributes:
+        worker_id: The host's TPU worker id.
+        node_id: Its Ray node id.
+        ok: Whether it passed every check.
+        answered_s: Seconds from the check's start to the probe's report; ``None`` if it
+            never reported.
+        tpu: What the TPU check found (``"started in 0.41 s"``, ``"owned by pid 4242
+            (python train.py)"``, ``"did not start in 30 s"``).
+        reach: What the reach check found (``"reached rank 0 in 3 ms"``, ...).
+        check: The caller's check: ``"passed"``, why it failed, or ``""`` if none ran.
+        reason: Why the host failed; ``""`` when it passed.
+    """
+
+    worker_id: int
+    node_id: str
+    ok: bool
+    answered_s: float | None
+    tpu: str
+    reach: str
+    check: str
+    reason: str
+
+    def describe(self) -> str:
+        """One line: the host, its verdict and what each check found.
+
+        Returns:
+            The line.
+        """
+        answered = "-" if self.answered_s is None else f"{self.answered_s:.2f} s"
+        verdict = "ok" if self.ok else f"FAILED: {self.reason}"
+        parts = [f"host {self.worker_id}: {verdict}", f"answered {answered}"]
+        parts += [f"tpu {self.tpu}", f"reach {self.reach}"]
+        if self.check:
+            parts.append(f"check {self.check}")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class SliceHealth:
+    """A slice's health check: a verdict per host, in worker-id order.
+
+    Attributes:
+        slice_name: The slice.
+        hosts: One verdict per host.
+        seconds: How long the check took, its reservation included.
+    """
+
+    slice_name: str
+    hosts: tuple[HostVerdict, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """Whether every host passed."""
+        return all(h.ok for h in self.hosts)
+
+    @property
+    def failed(self) -> tuple[HostVerdict, ...]:
+        """The hosts that failed."""
+        return tuple(h for h in self.hosts if not h.ok)
+
+    def describe(self) -> str:
+        """A few lines: the slice's verdict, then each host's.
+
+        Returns:
+            The text.
+        """
+        head = "healthy" if self.ok else f"{len(self.failed)} host(s) failed"
+        lines = [f"{self.slice_name}: {head} (checked in {self.seconds:.1f} s)"]
+        return "\n".join([*lines, *(f"  {h.describe()}" for h in self.hosts)])
+
+
+# --- on each host ---------------------------------------------------------------------
+
+
+def probe(check_key: str, tpu_open_s: float, reach_s: float) -> dict[str, Any]:
+    """Body of one host's probe (a task in the check's reservation, in rank context).
+
+    Args:
+        check_key: The KV key where this slice's rank 0 publishes its address.
+        tpu_open_s: Bound on starting the TPU backend.
+        reach_s: Bound on reaching rank 0.
+
+    Returns:
+        What the host found: its worker id, the TPU check and the reach check.
+    """
+    host = current_host()
+    started = time.monotonic()
+    first = host.worker_id == 0
+    listener = _Listener(check_key, host.hosts_per_slice - 1, reach_s) if first else None
+    try:
+        reach_ok, reach = listener.wait() if listener else _reach(check_key, reach_s)
+    finally:
+        if listener is not None:
+            listener.close()
+    tpu_ok, tpu = _start_backend(tpu_open_s)
+    return {
+        "worker_id": host.worker_id,
+        "tpu_ok": tpu_ok,
+        "tpu": tpu,
+        "reach_ok": reach_ok,
+        "reach": reach,
+        "seconds": time.monotonic() - started,
+    }
+
+
+def _start_backend(bound_s: float) -> tuple[bool, str]:
+    """Start the TPU backend in a child process (so no process of the check keeps it)."""
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", OPEN_BACKEND],
+            capture_output=True,
+            text=True,
+            timeout=bound_s,
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"did not start in {bound_s:g} s (a process that opens it hangs)"
+    took = time.monotonic() - started
+    if done.returncode == 0:
+        return True, f"started in {took:.2f} s"
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    return False, f"refused: {lines[-1] if lines else f'exit code {done.returncode}'}"
+
+
+class _Listener:
+    """Rank 0's side of the reach check: listen on the coordinator's port (or any free
+    one), publish the address, count the peers that connect."""
+
+    def __init__(self, key: str, peers: int, bound_s: float) -> None:
+        self.key, self.peers, self.bound_s = key, peers, bound_s
+        self.sock = socket.socket()
+        self.note = ""
+        try:
+            self.sock.bind(("", DEFAULT_COORDINATOR_PORT))
+        except OSError:
+            self.sock.bind(("", 0))
+            self.note = f" (port {DEFAULT_COORDINATOR_PORT} taken here: a free one)"
+        self.sock.listen()
+        self.sock.settimeout(0.2)
+        port = self.sock.getsockname()[1]
+        _ray.kv_put(key, f"{ray.util.get_node_ip_address()}:{port}".encode(), NAMESPACE)
+
+    def wait(self) -> tuple[bool, str]:
+        """Accept peers until all came or the bound passed.
+
+        Returns:
+            Whether every peer reached this rank, and what was seen.
+        """
+        deadline = time.monotonic() + self.bound_s
+        came = 0
+        while came < self.peers and time.monotonic() < deadline:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            conn.close()
+            came += 1
+        ok = came == self.peers
+        seen = f"{came} of {self.peers} peer(s) reached this coordinator port{self.note}"
+        return ok, seen if ok else f"{seen} within {self.bound_s:g} s"
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _reach(key: str, bound_s: float) -> tuple[bool, str]:
+    """A peer's side: find rank 0's address, then connect within the bound."""
+    deadline = time.monotonic() + bound_s
+    address = None
+    while address is None and time.monotonic() < deadline:
+        address = _ray.kv_get(key, NAMESPACE)
+        if address is None:
+            time.sleep(0.05)
+    if address is None:
+        return False, f"rank 0 published no address within {bound_s:g} s"
+    ip, port = address.decode().rsplit(":", 1)
+    started = time.monotonic()
+    try:
+        with socket.create_connection((ip, int(port)), timeout=max(0.1, deadline - started)):
+            pass
+    except OSError as exc:
+        return False, f"could not reach rank 0 at {ip}:{port}: {exc}"
+    return True, f"reached rank 0 in {(time.monotonic() - started) * 1000:.0f} ms"
+
+
+# --- on the driver ----------------------------------------------------------------------
+
+
+def check_held(
+    spg: SlicePlacementGroup,
+    *,
+    check: Any = None,
+    tpu_open_s: float = TPU_OPEN_S,
+    reach_s: float = REACH_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[SliceHealth]:
+    """Check every slice of a held reservation (the probes of all slices at once).
+
+    Args:
+        spg: The reservation; its slices must be idle of other work.
+        check: A ``@ray.remote`` function run on every host once the probes pass, or
+            ``None``.
+        tpu_open_s: Bound on starting a host's TPU backend.
+        reach_s: Bound on reaching rank 0.
+        clock: Monotonic seconds.
+
+    Returns:
+        One result per slice, in slice order.
+    """
+    started = clock()
+    check_id = uuid.uuid4().hex[:12]
+    keys = [f"{HEALTH_KEY_PREFIX}{check_id}/{name}" for name in spg.slice_names]
+    refs = [
+        launch(ray.remote(num_cpus=0)(probe), spg, (keys[i], tpu_open_s, reach_s), {}, i)
+        for i in range(len(keys))
+    ]
+    bound = tpu_open_s + reach_s + ANSWER_MARGIN_S
+    try:
+        reports = [_collect(slice_refs, started + bound, clock) for slice_refs in refs]
+    finally:
+        for key in keys:
+            with contextlib.suppress(*_ray.kv_errors()):
+                _ray.kv_delete(key, NAMESPACE)
+    verdicts = [_judge(spg, i, answers, started, clock) for i, answers in enumerate(reports)]
+    if check is not None and all(h.ok for hosts in verdicts for h in hosts):
+        verdicts = _user_check(spg, check, verdicts, clock)
+    elapsed = clock() - started
+    return [
+        SliceHealth(name, tuple(hosts), elapsed)
+        for name, hosts in zip(spg.slice_names, verdicts, strict=True)
+    ]
+
+
+def _collect(
+    refs: Sequence[Any], deadline: float, clock: Callable[[], float]
+) -> list[tuple[dict[str, Any] | None, float | None, str]]:
+    """Each rank's report, when it came, or why there is none."""
+    out: list[tuple[dict[str, Any] | None, float | None, str]] = []
+    for ref in refs:
+        try:
+            report = ray.get(ref, timeout=max(0.0, deadline - clock()))
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref, force=True)
+            out.append((None, None, "did not answer in time"))
+        except ray.exceptions.RayError as exc:
+            out.append((None, None, f"its probe failed: {first_line(str(exc))}"))
+        else:
+            out.append((report, clock(), ""))
+    return out
+
+
+def _judge(
+    spg: SlicePlacementGroup,
+    index: int,
+    answers: list[tuple[dict[str, Any] | None, float | None, str]],
+    started: float,
+    clock: Callable[[], float],
+) -> list[HostVerdict]:
+    """Turn one slice's reports into verdicts, blaming whom the reach results point at."""
+    info = spg.slices[index]
+    nodes = {w: h.node_id for w, h in info.hosts.items()}
+    reports = {w: a for w, a in zip(sorted(nodes), answers, strict=True)}
+    unreached = reach_blame(
+        [w for w, (r, _, _) in reports.items() if w != 0 and r and not r["reach_ok"]],
+        len(nodes) - 1,
+    )
+    verdicts = []
+    for worker, (report, at, why) in reports.items():
+        if report is None:
+            verdicts.append(HostVerdict(worker, nodes[worker], False, None, "-", "-", "", why))
+            continue
+        reasons = [] if report["tpu_ok"] else [f"TPU {report['tpu']}"]
+        if worker in unreached:
+            reasons.append(unreached[worker] or f"reach: {report['reach']}")
+        answered = None if at is None else at - started
+        verdicts.append(
+            HostVerdict(
+                worker,
+                nodes[worker],
+                not reasons,
+                answered,
+                report["tpu"],
+                report["reach"],
+                "",
+                "; ".join(reasons),
+            )
+        )
+    return verdicts
+
+
+def reach_blame(unreached: Sequence[int], peers: int) -> dict[int, str]:
+    """Which hosts a failed reach check points at.
+
+    - some peers could not reach rank 0 while others could: those peers;
+    - none of two or more peers could: rank 0 (its port is what they share);
+    - the only peer could not: both, since one link cannot tell which end is at fault.
+
+    Args:
+        unreached: Worker ids of the peers (not 0) that could not reach rank 0.
+        peers: How many peers the slice has.
+
+    Returns:
+        The blamed worker ids, each with a reason (``""``: its own reach result says it).
+    """
+    if not unreached:
+        return {}
+    if peers == 1:
+        both = (
+            "rank 0 and its only peer could not reach each other (which end is at fault "
+            "cannot be told with two hosts)"
+        )
+        return {0: both, unreached[0]: both}
+    if len(unreached) == peers:
+        return {0: f"none of its {peers} peers reached rank 0's coordinator port"}
+    return dict.fromkeys(unreached, "")
+
+
+def _user_check(
+    spg: SlicePlacementGroup,
+    check: Any,
+    verdicts: list[list[HostVerdict]],
+    clock: Callable[[], float],
+) -> list[list[HostVerdict]]:
+    """Run the caller's check on every host; each host's verdict gets its result."""
+    refs = launch(check, spg, (), {})
+    deadline = clock() + USER_CHECK_S
+    flat = [h for hosts in verdicts for h in hosts]
+    results = []
+    for ref, host in zip(refs, flat, strict=True):
+        try:
+            ray.get(ref, timeout=max(0.0, deadline - clock()))
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref, force=True)
+            results.append(_with_check(host, f"did not finish in {USER_CHECK_S:g} s"))
+        except ray.exceptions.RayError as exc:
+            results.append(_with_check(host, f"failed: {first_line(str(exc))}"))
+        else:
+            results.append(_with_check(host, "passed"))
+    out, at = [], 0
+    for hosts in verdicts:
+        out.append(results[at : at + len(hosts)])
+        at += len(hosts)
+    return out
+
+
+def _with_check(host: HostVerdict, result: str) -> HostVerdict:
+    if result == "passed":
+        return replace(host, check=result)
+    reason = "; ".join(filter(None, [host.reason, f"own check {result}"]))
+    return replace(host, ok=False, check=result, reason=reason)

@@ -21,7 +21,8 @@ PANELS: list[tuple[str, str, str, bool, list[tuple[str, str]]]] = [
     (
         "TPU slices by state",
         "Whole slices: ready (idle), busy, broken (a host dead or missing), notice "
-        "(preemption or maintenance announced), and queued (slices waiting requests want).",
+        "(preemption or maintenance announced), suspect (a host failed a run lately: taken "
+        "only as a last resort), and queued (slices waiting requests want).",
         "short",
         True,
         [
@@ -33,7 +34,7 @@ PANELS: list[tuple[str, str, str, bool, list[tuple[str, str]]]] = [
     ),
     (
         "TPU hosts by state",
-        "TPU VMs: free, busy, dead, notice.",
+        "TPU VMs: free, busy, dead, notice, suspect (failed a run lately).",
         "short",
         True,
         [

@@ -48,6 +48,8 @@ CHECKED_MODULES: tuple[str, ...] = (
     "tpuslice._queue.place",
     "tpuslice._queue.actor",
     "tpuslice._host.notices",
+    "tpuslice._host.suspects",
+    "tpuslice._reserve.suspects",
     "tpuslice._run.watchdog",
     "tpuslice._host.heartbeats",
     "tpuslice._sim.metadata_server",

@@ -25,12 +25,14 @@ def test_slices_and_hosts_are_counted_by_state_and_pod_type() -> None:
     assert got[series("slices", state="ready", **v6e16)] == 1
     assert got[series("slices", state="busy", **v6e16)] == 1
     assert got[series("slices", state="notice", **v6e16)] == 1
+    assert got[series("slices", state="suspect", **v6e16)] == 1
     assert got[series("slices", state="broken", **v6e16)] == 0
     assert got[series("slices", state="broken", pod_type="v5p-32")] == 1
-    # 12 hosts of v6e-16: one busy, one warned, the rest free
-    assert got[series("hosts", state="free", **v6e16)] == 10
+    # 16 hosts of v6e-16: one busy, one warned, one suspect, the rest free
+    assert got[series("hosts", state="free", **v6e16)] == 13
     assert got[series("hosts", state="busy", **v6e16)] == 1
     assert got[series("hosts", state="notice", **v6e16)] == 1
+    assert got[series("hosts", state="suspect", **v6e16)] == 1
     # v5p-32: one host killed, one missing (not a host Ray knows, so not counted)
     assert got[series("hosts", state="dead", pod_type="v5p-32")] == 1
     assert got[series("hosts", state="free", pod_type="v5p-32")] == 2

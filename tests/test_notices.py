@@ -153,8 +153,8 @@ def test_the_cluster_view_drops_notices_left_by_hosts_long_gone(
         _ray, "kv_get_many", lambda keys, ns: {k: store[k] for k in keys if k in store}
     )
     monkeypatch.setattr(_ray, "kv_delete", lambda key, ns: store.pop(key))
-    owners, notices = agent.recorded_notes()
-    assert owners == {} and notices == {"n2": fresh}
+    notes = agent.recorded_notes()
+    assert notes.owners == {} and notes.notices == {"n2": fresh} and notes.suspects == {}
     assert list(store) == ["tpu-notice/n2"]
 
 

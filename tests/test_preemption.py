@@ -23,6 +23,8 @@ import ray
 import tpuslice
 from clusterutil import hold_host, markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome, _ray
+from tpuslice._host.suspects import SuspectReason
+from tpuslice._reserve.suspects import clear_slice
 from tpuslice._sim.procs import pid_alive
 from tpuslice._sim.simulated import MIGRATE_ON_MAINTENANCE
 from tpuslice._view.cluster import SliceState, read_snapshot
@@ -165,8 +167,9 @@ def test_a_hang_is_caught_by_heartbeats_and_the_gang_restarts(
     tpu_cluster: SimulatedCluster, tmp_path: Path
 ) -> None:
     """Attempt 1 beats, then one host's work hangs (its main thread blocks): the other
-    beats on, the silent one is named, the gang cancelled. Attempt 2 finishes, and the
-    run's heartbeat keys go with it. (A gang stuck starting, with no beat at all, is
+    beats on, the silent one is named, the gang cancelled, and that host marked suspect,
+    so attempt 2 runs on another slice. Attempt 2 finishes, and the run's heartbeat keys
+    go with it. (A gang stuck starting, with no beat at all, is
     test_watchdog's: the same watch, with no key to read.)"""
     markers, go = tmp_path / "started", tmp_path / "go"
     markers.mkdir()
@@ -206,6 +209,13 @@ def test_a_hang_is_caught_by_heartbeats_and_the_gang_restarts(
     assert silent.cause == f"silent: rank 1 ({first} host 1)"
     assert "while 1 other(s) still beat" in silent.evidence
     assert len(results) == 2
+    assert events[2].slice_names != (first,)  # trusted slices were idle: not the suspect one
+    info = read_snapshot().slices[first]
+    assert info.state is SliceState.SUSPECT and info.idle
+    (record,) = info.suspects
+    assert (record.worker_id, record.reason) == (1, SuspectReason.HANG)
+    assert record.evidence.startswith(f"rank 1 ({first} host 1) silent: ")
+    assert [r.worker_id for r in clear_slice(first, "the test is over")] == [1]
     all_back()
 
 

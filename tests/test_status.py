@@ -18,6 +18,7 @@ from rich.text import Text
 from test_cluster_view import cpu_node, idle, killed, take, tpu_node, tpu_slice
 from tpuslice import _ray
 from tpuslice._host.notices import Notice
+from tpuslice._host.suspects import Blame, Suspect, SuspectReason
 from tpuslice._tpu.topology import slice_shape
 from tpuslice._view import cluster
 from tpuslice._view.cluster import ClusterSnapshot, SliceState, build_snapshot
@@ -31,7 +32,8 @@ LONG_NAME = "tpu-v6e-128-training-pool-europe-west4-a-0001"
 
 
 def mixed_snapshot() -> ClusterSnapshot:
-    """Ready, busy, broken (dead + missing), invalid labels, single-host, and a long name."""
+    """Ready, busy, broken (dead + missing), invalid labels, single-host, a long name, under
+    notice, and suspect."""
     ready = tpu_slice("v6e-16-a", "v6e-16", "4x4", 4, 4)
     busy = tpu_slice("v6e-16-b", "v6e-16", "4x4", 4, 4)
     broken = tpu_slice("v5p-32-a", "v5p-32", "2x2x4", 4, 4)
@@ -42,13 +44,16 @@ def mixed_snapshot() -> ClusterSnapshot:
     big = tpu_slice(LONG_NAME, "v6e-128", "8x16", 32, 4)
     big[9] = killed(big[9])
     warned = tpu_slice("v6e-16-c", "v6e-16", "4x4", 4, 4)
-    nodes = [cpu_node(), *ready, *busy, *broken, *odd, *single, *big, *warned]
+    failed = tpu_slice("v6e-16-d", "v6e-16", "4x4", 4, 4)
+    nodes = [cpu_node(), *ready, *busy, *broken, *odd, *single, *big, *warned, *failed]
     available = idle(nodes)
     take(available, busy[1], tpu=4)
     take(available, big[5], tpu=2)
     notice = Notice("preemption", "TRUE", 994.0, 1024.0, warned[1]["NodeID"], "v6e-16-c", 1)
     notices = {warned[1]["NodeID"]: notice}
-    return build_snapshot(nodes, available, taken_at=1000.0, notices=notices)
+    hung = Blame(failed[2]["NodeID"], "v6e-16-d", 2, SuspectReason.HANG, "rank 2 silent")
+    suspects = {hung.node_id: Suspect.of(hung, 990.0, 600.0)}
+    return build_snapshot(nodes, available, taken_at=1000.0, notices=notices, suspects=suspects)
 
 
 def render(renderable: Any, width: int = 80) -> str:
@@ -74,7 +79,7 @@ def test_table_has_one_row_per_slice_with_state_hosts_and_tpu() -> None:
     assert rows["v5p-32-a"] == "v5p-32-a v5p 2x2x4 broken host 2 dead, host 3 missing 2/4 8/8"
     assert rows["odd-labels"].startswith("odd-labels v6e-17 4x4 broken labels do not name")
     assert rows["v6e-8-a"] == "v6e-8-a v6e 2x4 ready 1/1 8/8"
-    assert "7 TPU slice(s): 2 ready, 1 busy, 3 broken, 1 notice" in out
+    assert "8 TPU slice(s): 2 ready, 1 busy, 3 broken, 1 notice, 1 suspect" in out
     assert rows["v6e-16-c"] == (
         "v6e-16-c v6e 4x4 PREEMPTING preemption notice on v6e-16-c host 1 "
         "(instance/preempted=TRUE), 24 s left 4/4 16/16"
@@ -90,6 +95,7 @@ def test_state_column_is_coloured_by_state() -> None:
         "busy": "bold yellow",
         "broken": "bold red",
         "PREEMPTING": "bold magenta",
+        "suspect": "bold dark_orange",
     }
 
 
@@ -223,7 +229,7 @@ def test_json_has_every_slice_state_reason_and_host() -> None:
     data = status.status_dict(snapshot)
     assert json.loads(json.dumps(data)) == data
     assert data["taken_at"] == 1000.0
-    assert data["counts"] == {"ready": 2, "busy": 1, "broken": 3, "notice": 1}
+    assert data["counts"] == {"ready": 2, "busy": 1, "broken": 3, "notice": 1, "suspect": 1}
     names = [s["name"] for s in data["slices"]]
     assert names == sorted(snapshot.slices)
     warned = next(s for s in data["slices"] if s["name"] == "v6e-16-c")
@@ -254,6 +260,7 @@ def test_json_has_every_slice_state_reason_and_host() -> None:
         "head_free": True,
         "tpu_owner": None,
         "notice": None,
+        "suspect": None,
     }
     assert [h["state"] for h in broken["hosts"]] == ["free", "free", "dead"]
     odd = next(s for s in data["slices"] if s["name"] == "odd-labels")
@@ -312,7 +319,7 @@ def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
 def test_status_prints_the_screen(snapshot: ClusterSnapshot) -> None:
     result = invoke()
     assert result.exit_code == 0, result.output
-    assert "7 TPU slice(s): 2 ready, 1 busy, 3 broken, 1 notice" in result.output
+    assert "8 TPU slice(s): 2 ready, 1 busy, 3 broken, 1 notice, 1 suspect" in result.output
     assert max(len(line) for line in result.output.splitlines()) <= 80
     for name in snapshot.slices:
         assert name in result.output
@@ -357,7 +364,7 @@ def test_watch_refreshes_until_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
     result = invoke("--watch", "0.5")
     assert result.exit_code == 0, result.output
     assert (len(reads), pauses) == (3, [0.5, 0.5, 0.5])
-    assert "7 TPU slice(s)" in result.output
+    assert "8 TPU slice(s)" in result.output
     assert fake.shutdowns == 1
 
 

@@ -1,5 +1,6 @@
 """The slice timeline: who reserved which slices and when, waits, hand-backs, runs, notices,
-host losses and retries, kept in Ray's GCS KV store so it outlives the driver.
+host losses and retries, hosts marked suspect and slices cleared, kept in Ray's GCS KV
+store so it outlives the driver.
 
 Each event is one key, ``event/<nanoseconds>-<writer>-<n>`` in namespace ``tpuslice``, so
 keys sort in time order. :func:`record` only appends to a list in memory: a daemon thread
@@ -40,6 +41,8 @@ KINDS = (
     "run",  # a one-shot or `tpuslice run` ended: seconds = its duration, outcome
     "attempt",  # a resilient attempt started, was warned, failed or succeeded
     "gave_up",  # a resilient run used up its budget
+    "suspect",  # a host was marked suspect: seconds = its cool-down, outcome = the reason
+    "cleared",  # a slice's suspect hosts were trusted again
 )
 
 
@@ -124,7 +127,7 @@ class SliceEvent:
         return text
 
 
-_SECONDS_WORD = {"released": "held", "run": "ran", "attempt": "ran"}
+_SECONDS_WORD = {"released": "held", "run": "ran", "attempt": "ran", "suspect": "for"}
 
 
 def event_key(event: SliceEvent, writer: str, number: int) -> str:

@@ -43,18 +43,24 @@ RUN_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 2
 
 SLICE_STATES = (*(s.value for s in SliceState), "queued")
 """``queued``: slices that waiting requests want (each request's least count)."""
-HOST_STATES = (*(s.value for s in HostState), "notice")
-"""``notice``: alive, and warned of preemption or maintenance."""
+HOST_STATES = (*(s.value for s in HostState), "notice", "suspect")
+"""``notice``: alive, and warned of preemption or maintenance; ``suspect``: alive, not
+warned, and failed a run lately."""
 
 # name -> (kind, description, tag keys, histogram buckets)
 DEFINITIONS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
     "slices": (
         "gauge",
-        "TPU slices by state (ready, busy, broken, notice; queued: wanted by waiters).",
+        "TPU slices by state (ready, busy, broken, notice, suspect; queued: wanted by waiters).",
         ("state", "pod_type"),
         (),
     ),
-    "hosts": ("gauge", "TPU hosts by state (free, busy, dead, notice).", ("state", "pod_type"), ()),
+    "hosts": (
+        "gauge",
+        "TPU hosts by state (free, busy, dead, notice, suspect).",
+        ("state", "pod_type"),
+        (),
+    ),
     "queue_length": ("gauge", "Requests waiting in the cluster-wide slice queue.", (), ()),
     "reservations": (
         "counter",
@@ -231,6 +237,8 @@ def cluster_values(
 def _host_state(host: HostInfo) -> str:
     if host.alive and host.notice is not None:
         return "notice"
+    if host.alive and host.suspect is not None:
+        return "suspect"
     return host.state.value
 
 

@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -39,9 +39,16 @@ from tpuslice._host.notices import (
     notice_period,
     watch_value,
 )
+from tpuslice._host.suspects import Suspect, forget, live_suspects
 from tpuslice._host.tpu_lock import TPUOwner, find_owner, host_root
 from tpuslice._tpu.keys import AGENT_NAME_PREFIX as NAME_PREFIX
-from tpuslice._tpu.keys import HOST_KEY_PREFIX, NAMESPACE, NOTICE_KEY_PREFIX, OWNER_KEY_PREFIX
+from tpuslice._tpu.keys import (
+    HOST_KEY_PREFIX,
+    NAMESPACE,
+    NOTICE_KEY_PREFIX,
+    OWNER_KEY_PREFIX,
+    SUSPECT_KEY_PREFIX,
+)
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 
 logger = logging.getLogger(__name__)
@@ -464,25 +471,52 @@ def kill_owner(node_id: str, pid: int, timeout_s: float = 5.0) -> TPUOwner | Non
     return None if data is None else TPUOwner.from_dict(data)
 
 
-def recorded_notes() -> tuple[dict[str, TPUOwner], dict[str, Notice]]:
-    """The TPU owners and the notices the agents last recorded, by node id (Ray's KV
-    store: one listing and one read for both, so a cluster with neither costs one call).
+class HostNotes(NamedTuple):
+    """What is recorded about the hosts in Ray's KV store, by node id.
+
+    Attributes:
+        owners: The process each host's agent last saw owning its TPU.
+        notices: The notice standing on each warned host.
+        suspects: The live suspect record of each suspect host
+            (:mod:`tpuslice._host.suspects`).
+    """
+
+    owners: dict[str, TPUOwner]
+    notices: dict[str, Notice]
+    suspects: dict[str, Suspect]
+
+
+def recorded_notes(now: float | None = None) -> HostNotes:
+    """The TPU owners and notices the agents last recorded, and the suspect records, by
+    node id (Ray's KV store: one listing and one read for all, so a cluster with none
+    costs one call).
 
     A notice more than :data:`~tpuslice._host.notices.STALE_S` past its deadline is deleted:
-    its host died (its agent with it) or was replaced, and nobody else would.
+    its host died (its agent with it) or was replaced, and nobody else would. So is a
+    suspect record whose cool-down ended.
+
+    Args:
+        now: Wall-clock seconds (default: now).
 
     Returns:
-        ``(owners, notices)``; both empty when Ray is not connected.
+        The records; all empty when Ray is not connected.
     """
     owners: dict[str, TPUOwner] = {}
     notices: dict[str, Notice] = {}
     keys = [
         key
         for key in _ray.kv_list(HOST_KEY_PREFIX, NAMESPACE)
-        if key.startswith((OWNER_KEY_PREFIX, NOTICE_KEY_PREFIX))
+        if key.startswith((OWNER_KEY_PREFIX, NOTICE_KEY_PREFIX, SUSPECT_KEY_PREFIX))
     ]
-    now = time.time()
-    for key, raw in _ray.kv_get_many(keys, NAMESPACE).items():
+    now = time.time() if now is None else now
+    stored = _ray.kv_get_many(keys, NAMESPACE)
+    suspects, ended = live_suspects(
+        {k: v for k, v in stored.items() if k.startswith(SUSPECT_KEY_PREFIX)}, now
+    )
+    forget(ended)
+    for key, raw in stored.items():
+        if key.startswith(SUSPECT_KEY_PREFIX):
+            continue
         try:
             if key.startswith(OWNER_KEY_PREFIX):
                 owners[key.removeprefix(OWNER_KEY_PREFIX)] = TPUOwner.from_dict(json.loads(raw))
@@ -495,7 +529,7 @@ def recorded_notes() -> tuple[dict[str, TPUOwner], dict[str, Notice]]:
             _ray.kv_delete(key, NAMESPACE)
         else:
             notices[key.removeprefix(NOTICE_KEY_PREFIX)] = notice
-    return owners, notices
+    return HostNotes(owners, notices, suspects)
 
 
 def notices_for(node_ids: Sequence[str]) -> dict[str, Notice]:

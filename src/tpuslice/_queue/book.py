@@ -275,15 +275,23 @@ class QueueBook:
         return [e.waiter for e in self._entries.values() if granted or not e.granted]
 
     def decide(
-        self, idle: Mapping[str, Sequence[str]], holding: Sequence[Holding] = ()
+        self,
+        idle: Mapping[str, Sequence[str]],
+        holding: Sequence[Holding] = (),
+        *,
+        suspects: Mapping[str, Sequence[str]] | None = None,
+        trusted: Mapping[str, int] | None = None,
     ) -> dict[str, tuple[str, ...]]:
         """Drop tickets whose lease ran out (with their grants), then grant what the
         policy says.
 
         Args:
-            idle: Kind -> its idle slices as the cluster shows them (slices granted but
-                not yet claimed may still show idle; they are kept out here).
+            idle: Kind -> its idle trusted slices as the cluster shows them (slices
+                granted but not yet claimed may still show idle; they are kept out here).
             holding: The work holding the kinds' other slices.
+            suspects: Kind -> its idle slices with a suspect host (kept out the same way).
+            trusted: Kind -> its trusted slices, idle or busy (see
+                :func:`~tpuslice._queue.schedule.decide`).
 
         Returns:
             The new grants of this pass: ticket -> slices.
@@ -292,7 +300,8 @@ class QueueBook:
         for ticket, entry in list(self._entries.items()):
             if now - entry.seen > self.lease_s:
                 self.leave(ticket)
-        shown_idle = {s for names in idle.values() for s in names}
+        suspects = suspects or {}
+        shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}
         self._settling = {
             s: (until, kind)
             for s, (until, kind) in self._settling.items()
@@ -300,11 +309,19 @@ class QueueBook:
         }
         pending = {s for e in self._entries.values() for s in e.granted} | set(self._settling)
         free = {kind: [s for s in names if s not in pending] for kind, names in idle.items()}
+        spare = {kind: [s for s in names if s not in pending] for kind, names in suspects.items()}
         # Slices granted but not claimed yet are held, for the others' purposes.
         granted = [
             Holding(e.waiter.kind, len(e.granted)) for e in self._entries.values() if e.granted
         ] + [Holding(kind, 1) for _, kind in self._settling.values()]
-        decision = decide(self._waiters(granted=False), free, [*holding, *granted])
+        decision = decide(
+            self._waiters(granted=False),
+            free,
+            [*holding, *granted],
+            suspects=spare,
+            trusted=trusted,
+            now=now,
+        )
         for ticket, slices in decision.grants.items():
             self._entries[ticket].granted = slices
         still = queue_order(self._waiters(granted=False))

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 
 from tpuslice._queue.book import Answer, Granted, Unknown, Waiting
@@ -37,12 +38,20 @@ class QueuePlace:
         kind: The slices it waits for.
         count: ``(min, max)`` slices.
         priority: Higher first.
+        time_left: Seconds to the request's deadline, now (``None``: it has none); sent
+            with each enqueue.
     """
 
     def __init__(
-        self, queue: SliceQueue, kind: SliceKind, count: tuple[int, int], priority: int
+        self,
+        queue: SliceQueue,
+        kind: SliceKind,
+        count: tuple[int, int],
+        priority: int,
+        time_left: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.queue = queue
+        self.time_left = time_left
         self.ticket = Ticket(
             ticket=uuid.uuid4().hex[:12],
             kind=kind,
@@ -60,6 +69,7 @@ class QueuePlace:
         Raises:
             QueueUnreachableError: the queue did not answer.
         """
+        self.ticket = replace(self.ticket, time_left_s=self.time_left())
         self.arrival = self.queue.enqueue(self.ticket, self.arrival)
 
     def wait(self, timeout_s: float) -> Answer:

@@ -76,6 +76,10 @@ class Ticket:
         priority: Higher first.
         who: The driver, for status (``pid 12 on host-a``).
         job: The Ray job id (hex) of the driver, so the queue learns if it dies.
+        time_left_s: Seconds to the request's deadline as it is sent; ``None``: none. The
+            queue makes it a deadline on its own clock when the ticket arrives, so the
+            driver's and the queue's clocks need not agree. Near it, the request may be
+            granted a suspect slice (:func:`~tpuslice._queue.schedule.last_resort`).
     """
 
     ticket: str
@@ -84,6 +88,7 @@ class Ticket:
     priority: int
     who: str
     job: str
+    time_left_s: float | None = None
 
 
 class SliceQueue(Protocol):
@@ -216,7 +221,11 @@ class QueueService:
         Raises:
             InvalidArgumentError: the ticket is already queued, or its count is invalid.
         """
-        waiter = Waiter(ticket.ticket, ticket.kind.key, ticket.count, ticket.priority)
+        left = ticket.time_left_s
+        deadline = None if left is None else self._clock() + left
+        waiter = Waiter(
+            ticket.ticket, ticket.kind.key, ticket.count, ticket.priority, deadline=deadline
+        )
         number = self.book.enqueue(waiter, ticket.who, arrival=arrival)
         self._tickets[ticket.ticket] = ticket
         self._kinds.setdefault(ticket.kind.key, ticket.kind)
@@ -378,7 +387,8 @@ class QueueService:
         return read
 
     def apply(self, reading: Reading) -> dict[str, tuple[str, ...]]:
-        """Drop waiters of dead drivers, then grant what the policy says. Pure.
+        """Drop waiters of dead drivers, then grant what the policy says: ready slices, and
+        idle ones with a suspect host only as a last resort. Pure.
 
         Args:
             reading: What :meth:`read` returned (kinds it does not cover wait for the
@@ -392,6 +402,8 @@ class QueueService:
             if found.job in reading.dead:
                 self.leave(ticket)
         idle: dict[str, list[str]] = {}
+        suspects: dict[str, list[str]] = {}
+        trusted: dict[str, int] = {}
         holding: list[Holding] = []
         infos: dict[str, SliceInfo] = {}
         for key in sorted({t.kind.key for t in self._tickets.values()}):
@@ -402,10 +414,12 @@ class QueueService:
             slices = snapshot.matching(kind.shape, kind.tpu_resource_per_chip)
             infos.update((s.name, s) for s in slices)
             idle[key] = [s.name for s in slices if s.state is SliceState.READY]
-            busy = sum(1 for s in slices if s.state is SliceState.BUSY)
+            suspects[key] = [s.name for s in slices if s.state is SliceState.SUSPECT and s.idle]
+            trusted[key] = sum(1 for s in slices if s.state in _TRUSTED)
+            busy = sum(1 for s in slices if s.state in _HELD and not s.idle)
             if busy:
                 holding.append(Holding(key, busy))
-        grants = self.book.decide(idle, holding)
+        grants = self.book.decide(idle, holding, suspects=suspects, trusted=trusted)
         for ticket, names in grants.items():
             self._views[ticket] = tuple(infos[n] for n in names if n in infos)
         self._decided = self._clock()
@@ -458,6 +472,12 @@ class QueueService:
         self._changed = True
 
 
+_TRUSTED = (SliceState.READY, SliceState.BUSY)
+"""Slices that serve a request without a last resort."""
+_HELD = (SliceState.BUSY, SliceState.SUSPECT)
+"""Slices whose hosts, when some are in use, are running work that will give them back."""
+
+
 def _owned_hosts(kinds: Iterable[SliceKind], snapshots: Mapping[int, ClusterSnapshot]) -> list[str]:
     """Hosts of these kinds whose slice is busy and that a TPU-owner record marks (the
     record may be stale)."""
@@ -467,6 +487,6 @@ def _owned_hosts(kinds: Iterable[SliceKind], snapshots: Mapping[int, ClusterSnap
         if snapshot is None:
             continue
         for info in snapshot.matching(kind.shape, kind.tpu_resource_per_chip):
-            if info.state is SliceState.BUSY:
+            if info.state in _HELD:
                 nodes += [h.node_id for h in info.hosts.values() if h.tpu_owner]
     return nodes

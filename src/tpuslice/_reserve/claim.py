@@ -8,6 +8,10 @@ A group is placed whole or not at all, so a slice someone takes meanwhile leaves
 of ours on it: the group does not place within a short bound, the slice is given back,
 and another tried. Any failure or interrupt removes everything made so far.
 
+Slices with a suspect host (one that failed a run lately) are picked only as a last
+resort (:func:`tpuslice._queue.schedule.last_resort`); a claim of one says so
+(:attr:`Claim.suspect`), and the log says why it was taken.
+
 When the request cannot be met at once, or others already wait for its kind of slice,
 it waits in the cluster-wide queue (:mod:`tpuslice._queue.actor`) and claims exactly the
 slices the queue grants it, all at once: it never holds some slices while it waits for
@@ -106,6 +110,12 @@ class Claim:
     def slice_name(self) -> str:
         return self.target.name
 
+    @property
+    def suspect(self) -> bool:
+        """Whether the slice was taken as a last resort: a host of it is suspect (its
+        records are the target's :attr:`~tpuslice._view.cluster.SliceInfo.suspects`)."""
+        return self.target.state is SliceState.SUSPECT
+
 
 @dataclass
 class Reservation:
@@ -115,6 +125,11 @@ class Reservation:
     combined_pg: PlacementGroup | None = None
     plan: ReservationPlan | None = None
     """The plan reserved: for a range of slices, with the count granted."""
+
+    @property
+    def suspects(self) -> list[SliceInfo]:
+        """The slices taken as a last resort (a host of each is suspect), in slice order."""
+        return [c.target for c in self.claims if c.suspect]
 
 
 class Reserver:
@@ -139,7 +154,12 @@ class Reserver:
         self.clock = clock or Clock()
         self.ops = ops
         self.heads_only = heads_only
-        self.targets: Targets = targets or WholeSlices(request.plan)
+        self.low, self.high = request.slice_range
+        """Slices wanted: at least ``low``, as many as are idle up to ``high``. The plan
+        is for ``high`` until the count is fixed (:meth:`_fix_count`)."""
+        self.deadline: float | None = None
+        """When the reservation gives up (on :attr:`clock`), once it runs."""
+        self.targets: Targets = targets or WholeSlices(request.plan, self.low, self.time_left)
         self.claims: dict[int, Claim] = {}
         self.in_flight: list[PlacementGroup] = []
         """Groups created but not yet recorded in a claim: removed too if we stop."""
@@ -152,9 +172,6 @@ class Reserver:
         """Whether this request waits in the queue (pinned or labelled requests, and
         sub-slices, claim directly)."""
         self.kind = SliceKind(self.plan.shape, self.plan.tpu_resource_per_chip)
-        self.low, self.high = request.slice_range
-        """Slices wanted: at least ``low``, as many as are idle up to ``high``. The plan
-        is for ``high`` until the count is fixed (:meth:`_fix_count`)."""
 
     def can_grow(self) -> bool:
         """Whether the cluster has an autoscaler (read once per reservation).
@@ -165,6 +182,14 @@ class Reserver:
         if self._can_grow is None:
             self._can_grow = self.ops.can_grow()
         return self._can_grow
+
+    def time_left(self) -> float | None:
+        """Seconds to the deadline now (never below 0).
+
+        Returns:
+            The seconds; ``None`` before the reservation runs, or without a deadline.
+        """
+        return None if self.deadline is None else max(0.0, self.deadline - self.clock.now())
 
     def run(self) -> Reservation:
         """Claim every slice and place every worker bundle; return them in slice order.
@@ -180,6 +205,7 @@ class Reserver:
         """
         started = self.clock.now()
         deadline = None if self.timeout is None else started + self.timeout
+        self.deadline = deadline
         pause = POLL_S[0]
         try:
             while True:
@@ -265,7 +291,7 @@ class Reserver:
         """Reserve ``count`` slices (within the range): the plan and targets follow."""
         if count != self.plan.num_slices and self.request.elastic:
             self.plan = replace(self.request.plan, num_slices=count)
-            self.targets = WholeSlices(self.plan)
+            self.targets = WholeSlices(self.plan, count, self.time_left)
 
     def _should_queue(self, snapshot: ClusterSnapshot, *, after_claiming: bool = False) -> bool:
         """Wait in the queue when others already wait for this kind of slice, or when
@@ -288,7 +314,9 @@ class Reserver:
         except QueueUnreachableError as exc:
             self._fall_back(exc)
             return
-        place = QueuePlace(queue, self.kind, (self.low, self.high), self.request.priority)
+        place = QueuePlace(
+            queue, self.kind, (self.low, self.high), self.request.priority, self.time_left
+        )
         try:
             place.join()
         except QueueUnreachableError as exc:
@@ -405,6 +433,14 @@ class Reserver:
             )
         )
         fresh = [Claim(index, target, owners=probe) for index, target in picks.items()]
+        for claim in fresh:
+            if claim.suspect:
+                logger.info(
+                    "taking %s as a last resort (no trusted slice could serve %s in time): %s",
+                    claim.slice_name,
+                    self.plan.describe(),
+                    claim.target.reason,
+                )
         if not self.heads_only:
             for claim in fresh:
                 self.claims[claim.index] = claim
@@ -462,7 +498,7 @@ class Reserver:
         nodes = [
             host.node_id
             for info in snapshot.matching(self.plan.shape, self.plan.tpu_resource_per_chip)
-            if info.state is SliceState.BUSY
+            if info.state in (SliceState.BUSY, SliceState.SUSPECT)
             for host in info.hosts.values()
             if host.tpu_owner
         ]

@@ -1,7 +1,8 @@
 """What a reservation tells its observers as things happen: each call here adds an event
 to the timeline (:mod:`tpuslice.events`) and records the matching metrics
-(:mod:`tpuslice.metrics`). Neither waits on the GCS nor raises into the caller's work.
-A run's outcomes are recorded by :mod:`tpuslice._run.observe`, the same way.
+(:mod:`tpuslice.metrics`), as do hosts marked suspect and slices cleared. Neither waits on
+the GCS nor raises into the caller's work. A run's outcomes are recorded by
+:mod:`tpuslice._run.observe`, the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from tpuslice import events, metrics
+from tpuslice._host.suspects import Suspect
 from tpuslice._reserve.request import SliceRequest
 
 logger = logging.getLogger(__name__)
@@ -94,3 +96,34 @@ def released(slices: Sequence[str], held_s: float, what: str = "") -> None:
         what: The request, as :func:`describe_request` names it.
     """
     events.record("released", slices=tuple(slices), what=what, seconds=held_s)
+
+
+@never_raises
+def host_suspected(record: Suspect) -> None:
+    """A host was marked suspect.
+
+    Args:
+        record: Its suspect record.
+    """
+    where = f"host {record.worker_id} (node {record.node_id[:12]})"
+    events.record(
+        "suspect",
+        slices=(record.slice_name,),
+        seconds=record.until - record.since,
+        outcome=record.reason.value,
+        detail=f"{where}: {record.evidence}" if record.evidence else where,
+    )
+
+
+@never_raises
+def slice_cleared(slice_name: str, records: Sequence[Suspect], why: str = "") -> None:
+    """A slice's suspect hosts were trusted again.
+
+    Args:
+        slice_name: The slice.
+        records: The records deleted.
+        why: What cleared it (``health check passed``), if known.
+    """
+    hosts = ", ".join(str(r.worker_id) for r in records)
+    detail = f"host(s) {hosts} trusted again" + (f": {why}" if why else "")
+    events.record("cleared", slices=(slice_name,), detail=detail)

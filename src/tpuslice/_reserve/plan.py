@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tpuslice._queue.schedule import last_resort
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice._tpu.topology import SliceShape
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
@@ -147,32 +148,50 @@ def _pin(target: SliceInfo, worker: int) -> dict[str, str]:
 
 
 def pick_slices(
-    snapshot: ClusterSnapshot, plan: ReservationPlan, taken: Mapping[int, str]
+    snapshot: ClusterSnapshot,
+    plan: ReservationPlan,
+    taken: Mapping[int, str],
+    *,
+    least: int | None = None,
+    time_left_s: float | None = None,
 ) -> dict[int, SliceInfo]:
-    """Choose an idle whole slice for every slice index not in ``taken``.
+    """Choose an idle whole slice for every slice index not in ``taken``: a ready one,
+    or, as a last resort (:func:`~tpuslice._queue.schedule.last_resort`), one whose hosts
+    are all free but one is suspect. A slice pinned by name is taken even if suspect: no
+    other could serve its index.
 
     Honours slice names pinned by the user's selectors; never picks a slice that is
-    busy, broken, of another shape, or already taken. Pure.
+    busy, broken, under notice, of another shape, or already taken. Pure.
 
     Args:
         snapshot: The cluster as read.
         plan: The reservation.
         taken: Slice index to the name of the slice already held for it.
+        least: The least count that serves the request (a range's minimum); default:
+            the plan's count.
+        time_left_s: Seconds to the request's deadline; ``None``: it has none.
 
     Returns:
-        Slice index to the slice chosen for it; indices for which no idle slice (or not
-        the pinned one) is free are left out.
+        Slice index to the slice chosen for it (ready ones first); indices for which no
+        idle slice (or not the pinned one) is free are left out.
     """
-    ready = {s.name: s for s in snapshot.ready(plan.shape, plan.tpu_resource_per_chip)}
+    per_chip = plan.tpu_resource_per_chip
+    ready = {s.name: s for s in snapshot.ready(plan.shape, per_chip)}
+    suspects = {s.name: s for s in snapshot.idle_suspects(plan.shape, per_chip)}
+    trusted = len(snapshot.trusted(plan.shape, per_chip))
+    least = plan.num_slices if least is None else least
     used = set(taken.values())
     chosen: dict[int, SliceInfo] = {}
     open_indices = [i for i in range(plan.num_slices) if i not in taken]
     for index in open_indices:  # pinned first, so free picks do not steal them
         pinned = plan.pinned_slice_name(index)
-        if pinned and pinned in ready and pinned not in used:
-            chosen[index] = ready[pinned]
+        found = ready.get(pinned or "") or suspects.get(pinned or "")
+        if pinned and found is not None and pinned not in used:
+            chosen[index] = found
             used.add(pinned)
     free = [s for name, s in ready.items() if name not in used]
+    if suspects and last_resort(trusted, least, time_left_s):
+        free += [s for name, s in suspects.items() if name not in used]
     for index in open_indices:
         if index not in chosen and not plan.pinned_slice_name(index) and free:
             chosen[index] = free.pop(0)
@@ -225,11 +244,17 @@ def explain(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str:
     groups: dict[SliceState, list[SliceInfo]] = {state: [] for state in SliceState}
     for s in matching:
         groups[s.state].append(s)
-    whole = groups[SliceState.READY] + groups[SliceState.BUSY]
+    whole = groups[SliceState.READY] + groups[SliceState.BUSY] + groups[SliceState.SUSPECT]
     parts = [f"{len(whole)} whole slice(s)"]
     if groups[SliceState.BUSY]:
         busy = "; ".join(s.describe() for s in groups[SliceState.BUSY])
         parts[0] += f", {len(groups[SliceState.BUSY])} busy ({busy})"
+    if groups[SliceState.SUSPECT]:
+        suspect = "; ".join(s.describe() for s in groups[SliceState.SUSPECT])
+        parts[0] += (
+            f", {len(groups[SliceState.SUSPECT])} with a suspect host, taken only as a last "
+            f"resort ({suspect})"
+        )
     if groups[SliceState.READY]:
         parts[0] += f", {len(groups[SliceState.READY])} idle"
     if groups[SliceState.BROKEN]:

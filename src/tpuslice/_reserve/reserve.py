@@ -32,7 +32,7 @@ from tpuslice._reserve.targets import Targets
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, CallEnv
-from tpuslice._view.cluster import SliceInfo, wait_freed
+from tpuslice._view.cluster import HostInfo, SliceInfo, wait_freed
 from tpuslice.errors import (
     InsufficientSlicesError,
     InvalidArgumentError,
@@ -406,9 +406,17 @@ class SlicePlacementGroup(ShutsDownOnExit):
         Returns:
             One node id per rank, in rank order.
         """
+        return [host.node_id for host in self._rank_hosts()]
+
+    def _rank_hosts(self) -> list[HostInfo]:
+        """Each rank's host, as it was when reserved.
+
+        Returns:
+            One host per rank, in rank order.
+        """
         per_host = self._plan.bundles_per_host
         return [
-            host.node_id
+            host
             for claim in self._reservation.claims
             for host in claim.target.hosts.values()
             for _ in range(per_host)
@@ -672,6 +680,23 @@ class Plumbing:
             One node id per rank, in rank order.
         """
         return self._spg._rank_nodes()
+
+    def rank_hosts(self) -> list[HostInfo]:
+        """Each rank's host, as it was when reserved (its slice, worker id and node id).
+
+        Returns:
+            One host per rank, in rank order.
+        """
+        return self._spg._rank_hosts()
+
+    def suspect_slices(self) -> list[SliceInfo]:
+        """The slices taken as a last resort: a host of each is suspect
+        (:attr:`~tpuslice._view.cluster.SliceState.SUSPECT`), so work may check them first.
+
+        Returns:
+            Them, in slice order; empty as a rule.
+        """
+        return self._spg._reservation.suspects
 
 
 def plumbing(spg: SlicePlacementGroup) -> Plumbing:

@@ -5,7 +5,7 @@ whether they need head claims and autoscaler demand, and how to say what is miss
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,7 +38,9 @@ class Targets(Protocol):
         ...
 
     def pick(self, snapshot: ClusterSnapshot, taken: Mapping[int, str]) -> dict[int, SliceInfo]:
-        """Idle targets for every slice index not in ``taken``.
+        """Idle targets for every slice index not in ``taken``; a target with a suspect
+        host (its state :attr:`~tpuslice._view.cluster.SliceState.SUSPECT`) only as a last
+        resort.
 
         Args:
             snapshot: The cluster now.
@@ -72,11 +74,29 @@ class Targets(Protocol):
         ...
 
 
+def no_deadline() -> float | None:
+    """The time left of a request without a deadline.
+
+    Returns:
+        ``None``.
+    """
+    return None
+
+
 @dataclass(frozen=True)
 class WholeSlices:
-    """Idle whole slices of the plan's shape (the usual target)."""
+    """Idle whole slices of the plan's shape (the usual target).
+
+    Attributes:
+        plan: The reservation.
+        least: The least count that serves the request (a range's minimum); ``None``:
+            the plan's count.
+        time_left: Seconds to the request's deadline, now (``None``: it has none).
+    """
 
     plan: ReservationPlan
+    least: int | None = None
+    time_left: Callable[[], float | None] = no_deadline
 
     @property
     def head_claims(self) -> bool:
@@ -98,7 +118,8 @@ class WholeSlices:
         return snapshot
 
     def pick(self, snapshot: ClusterSnapshot, taken: Mapping[int, str]) -> dict[int, SliceInfo]:
-        """Idle whole slices for the indices not yet held (:func:`plan.pick_slices`).
+        """Idle whole slices for the indices not yet held (:func:`plan.pick_slices`):
+        ready ones, and suspect ones as a last resort.
 
         Args:
             snapshot: The cluster now.
@@ -107,7 +128,9 @@ class WholeSlices:
         Returns:
             ``{slice index: slice}``.
         """
-        return pick_slices(snapshot, self.plan, taken)
+        return pick_slices(
+            snapshot, self.plan, taken, least=self.least, time_left_s=self.time_left()
+        )
 
     def shortage(self, snapshot: ClusterSnapshot) -> str | None:
         """Why the cluster can never hold the plan (:func:`plan.shortage`).

@@ -8,6 +8,9 @@ text), refined by evidence (:mod:`tpuslice._run.watchdog`): a lost host whose sl
 preemption or maintenance notice is a preemption, one lost without notice a host failure.
 While the gang runs, a notice on one of its hosts makes the run call ``on_notice`` and
 leave before the hosts go, and silent heartbeats make it a hang.
+A hang, a host lost without notice, or a worker that crashed marks the hosts the evidence
+names suspect (:mod:`tpuslice._reserve.suspects`) before the slices are given back, so the
+retry, and everyone's next reservation, prefer other slices.
 Each attempt's reservation is shut down (the rest of its gang cancelled) before the next.
 Other runners (the CLI's shell commands) reuse the same loop with their own attempt body:
 ``ResilientRun(body, SliceRequest(...), RetryPolicy(...)).until_done()``.
@@ -38,8 +41,10 @@ from ray.exceptions import (
 )
 
 from tpuslice._host.notices import Notice
+from tpuslice._host.suspects import Blame, SuspectReason
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbing, reserve_slices
+from tpuslice._reserve.suspects import mark_suspects
 from tpuslice._run import observe
 from tpuslice._run.run import check_run_args, launch
 from tpuslice._run.watchdog import AttemptWatch, Broken, WatchConfig
@@ -118,6 +123,24 @@ def classify(exc: BaseException) -> Outcome:
     if isinstance(exc, HOST_LOSS) and not isinstance(exc, NOT_HOST_LOSS):
         return Outcome.HOST_FAILURE
     return Outcome.FAILURE
+
+
+def pinned_on_host(exc: BaseException) -> SuspectReason | None:
+    """Whether a task's own exception pins the failure on the host it ran on, by type
+    only: its node died, or its worker process crashed there. A wrapped one (user code
+    that saw a nested task fail) does not: that task may have run anywhere.
+
+    Args:
+        exc: The exception a task's ref raised.
+
+    Returns:
+        Why its host is suspect, or ``None``.
+    """
+    if isinstance(exc, WorkerCrashedError):
+        return SuspectReason.WORKER_CRASH
+    if isinstance(exc, NodeDiedError):
+        return SuspectReason.HOST_FAILURE
+    return None
 
 
 def summarize(exc: BaseException) -> str:
@@ -291,19 +314,23 @@ EventCallback = Callable[[AttemptEvent], None]
 
 
 class GangBrokenError(Exception):
-    """Raised by an attempt body when the gang failed: the outcome, a one-line cause and
-    the evidence for the outcome. Chain the task's exception (``raise ... from exc``);
-    the final error keeps it."""
+    """Raised by an attempt body when the gang failed: the outcome, a one-line cause, the
+    evidence for the outcome, and the hosts it pins the failure on (marked suspect by the
+    loop). Chain the task's exception (``raise ... from exc``); the final error keeps it."""
 
-    def __init__(self, outcome: Outcome, cause: str, evidence: str = "") -> None:
+    def __init__(
+        self, outcome: Outcome, cause: str, evidence: str = "", blamed: tuple[Blame, ...] = ()
+    ) -> None:
         super().__init__(cause)
         self.outcome = outcome
         self.cause = cause
         self.evidence = evidence
+        self.blamed = blamed
 
     @classmethod
     def from_task(cls, spg: SlicePlacementGroup, rank: int, exc: BaseException) -> GangBrokenError:
-        """For the task of ``rank`` that raised ``exc``: classified, and named by host.
+        """For the task of ``rank`` that raised ``exc``: classified, named by host, and
+        blamed on that host if the exception pins it there (:func:`pinned_on_host`).
 
         Args:
             spg: The attempt's reservation.
@@ -314,7 +341,14 @@ class GangBrokenError(Exception):
             The error to raise (chain ``exc`` to it).
         """
         where = host_contexts(spg)[rank].describe()
-        return cls(classify(exc), f"{where}: {summarize(exc)}")
+        cause = f"{where}: {summarize(exc)}"
+        reason = pinned_on_host(exc)
+        if reason is None:
+            return cls(classify(exc), cause)
+        host = plumbing(spg).rank_hosts()[rank]
+        worker = -1 if host.worker_id is None else host.worker_id
+        blame = Blame(host.node_id, host.slice_name, worker, reason, cause)
+        return cls(classify(exc), cause, blamed=(blame,))
 
 
 AttemptBody = Callable[[SlicePlacementGroup, AttemptWatch], list[Any]]
@@ -338,25 +372,31 @@ def watch_gang(
         The watch.
     """
     ranks = [context.describe() for context in host_contexts(spg)]
-    return AttemptWatch(config, plumbing(spg).rank_nodes(), ranks, notice_event)
+    hosts = plumbing(spg).rank_hosts()
+    nodes = [host.node_id for host in hosts]
+    return AttemptWatch(config, nodes, ranks, notice_event, hosts=hosts)
 
 
 def judged(broken: GangBrokenError, watch: AttemptWatch) -> GangBrokenError:
     """A lost host's outcome, decided by the evidence: a preemption if a host of the
-    attempt had a notice, else a host failure. Other outcomes pass unchanged.
+    attempt had a notice (nobody is blamed: the notice explains it), else a host failure,
+    blamed on the host the task's error pinned it on, or else on the hosts of the attempt
+    that Ray sees dead. Other outcomes pass unchanged.
 
     Args:
         broken: What the failed task made of it (:meth:`GangBrokenError.from_task`).
         watch: The attempt's watch.
 
     Returns:
-        The error to raise, with its evidence.
+        The error to raise, with its evidence and the hosts blamed.
     """
     if broken.outcome is not Outcome.HOST_FAILURE:
         return broken
     preempted, evidence = watch.judge_host_loss()
-    outcome = Outcome.PREEMPTION if preempted else Outcome.HOST_FAILURE
-    return GangBrokenError(outcome, broken.cause, evidence)
+    if preempted:
+        return GangBrokenError(Outcome.PREEMPTION, broken.cause, evidence)
+    blamed = broken.blamed or watch.lost_hosts(broken.cause)
+    return GangBrokenError(Outcome.HOST_FAILURE, broken.cause, evidence, blamed)
 
 
 def watched(watch: AttemptWatch) -> None:
@@ -372,7 +412,7 @@ def watched(watch: AttemptWatch) -> None:
         watch.check()
     except Broken as stop:
         outcome = Outcome.PREEMPTION if stop.kind == "notice" else Outcome.HANG
-        raise GangBrokenError(outcome, stop.cause, stop.evidence) from None
+        raise GangBrokenError(outcome, stop.cause, stop.evidence, stop.blamed) from None
 
 
 @dataclass
@@ -395,6 +435,8 @@ class ResilientRun:
         [WatchConfig, SlicePlacementGroup, Callable[[Notice], object]], AttemptWatch
     ] = watch_gang
     """How each attempt's watch is made (a seam for tests)."""
+    mark: Callable[[Sequence[Blame]], object] = mark_suspects
+    """Marks the hosts a failed attempt is blamed on suspect (a seam for tests)."""
 
     def until_done(self) -> list[Any]:
         """The one retry loop: attempt, and on failure ask the policy whether to go on.
@@ -448,6 +490,8 @@ class ResilientRun:
                 results = self.body(spg, watch)
             except GangBrokenError as broken:
                 failed, self.last_error = broken, broken.__cause__
+                if broken.blamed:  # before the hand-back: nobody is granted them meanwhile
+                    self.mark(broken.blamed)
             else:
                 elapsed = self.clock.now() - started
                 self.emit(AttemptEvent("succeeded", number, names, duration_s=elapsed))

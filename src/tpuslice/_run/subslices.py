@@ -5,8 +5,10 @@ A sub-slice reservation goes through the same claiming loop as a whole slice
 (:mod:`tpuslice._reserve.claim`), with :class:`SubSlices` as its targets:
 
 - only sub-slices whose every host is idle are picked, so a busy host blocks its own
-  sub-slices and no others; parts of one slice are held by different jobs at once, and a
-  sub-slice another job took between the look and the claim is given back, not waited on;
+  sub-slices and no others; one with a suspect host only as a last resort (no other
+  sub-slice, idle or busy, could serve, or the deadline is near); parts of one slice are
+  held by different jobs at once, and a sub-slice another job took between the look and
+  the claim is given back, not waited on;
 - a slice's layout is learned once (:mod:`tpuslice._view.layouts`): only when no known
   sub-slice is idle and the slice is wholly idle, through an ordinary whole-slice
   reservation pinned to it (so never while anyone holds part of it), again when its hosts
@@ -29,6 +31,7 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup
 
+from tpuslice._queue.schedule import last_resort
 from tpuslice._reserve.ops import RAY_OPS, ClusterOps
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, reserve_slices
@@ -148,11 +151,12 @@ class SubSlices:
                     self.layouts.pop(info.name, None)
         if self.pick(snapshot, {}):
             return snapshot
-        for info in parents:
+        # A wholly idle parent with a suspect host is learned too, after the trusted ones.
+        for info in sorted(parents, key=lambda p: p.state is SliceState.SUSPECT):
             failed_at = self.failed.get(info.name)
             retry = failed_at is None or self.now() - failed_at >= RELEARN_S
             unknown = info.name not in self.layouts and retry
-            if unknown and info.state is SliceState.READY:
+            if unknown and info.idle and info.state in (SliceState.READY, SliceState.SUSPECT):
                 self._learn(info)
                 return self.ops.snapshot(self.plan.tpu_resource_per_chip)
         return snapshot
@@ -170,7 +174,8 @@ class SubSlices:
             self.failed[info.name] = self.now()
 
     def pick(self, snapshot: ClusterSnapshot, taken: Mapping[int, str]) -> dict[int, SliceInfo]:
-        """The first idle sub-slice (slice index 0 only: one per reservation).
+        """The first idle sub-slice (slice index 0 only: one per reservation) with no
+        suspect host; else, as a last resort, the first idle one with a suspect host.
 
         Args:
             snapshot: The cluster now.
@@ -181,6 +186,8 @@ class SubSlices:
         """
         if taken:
             return {}
+        trusted = 0
+        fallback: tuple[SliceInfo, int, list[int], list[HostInfo], float] | None = None
         for info in self.parents(snapshot):
             layout = self.layouts.get(info.name)
             if layout is None or not layout.current_for(info):
@@ -188,28 +195,43 @@ class SubSlices:
             for index, members in self._members(info, layout).items():
                 # Ranks follow the physical layout (libtpu's host order), not worker ids.
                 workers = sorted(members, key=lambda w: layout.physical[w])
-                hosts = [info.hosts.get(w) for w in workers]
-                if all(h is not None and h.alive and h.state is HostState.FREE for h in hosts):
-                    self.chosen[(info.name, tuple(workers))] = (info.topology, index)
-                    return {0: self._view(info, [h for h in hosts if h is not None])}
+                hosts = [h for w in workers if (h := info.hosts.get(w)) is not None]
+                suspect = any(h.suspect is not None for h in hosts)
+                trusted += not suspect
+                if len(hosts) < len(workers) or any(h.state is not HostState.FREE for h in hosts):
+                    continue
+                if not suspect:
+                    return self._chose(info, index, workers, hosts, snapshot.taken_at)
+                fallback = fallback or (info, index, workers, hosts, snapshot.taken_at)
+        left = None if self.deadline is None else self.deadline - self.now()
+        if fallback is not None and last_resort(trusted, 1, left):
+            return self._chose(*fallback)
         return {}
+
+    def _chose(
+        self, info: SliceInfo, index: int, workers: list[int], hosts: list[HostInfo], now: float
+    ) -> dict[int, SliceInfo]:
+        self.chosen[(info.name, tuple(workers))] = (info.topology, index)
+        return {0: self._view(info, hosts, now)}
 
     def _members(self, info: SliceInfo, layout: layouts.Layout) -> dict[int, list[int]]:
         found = subslice.members(layout.physical, info.topology, self.plan.shape.topology)
         wanted = self.request.subslice_index
         return found if wanted is None else {i: w for i, w in found.items() if i == wanted}
 
-    def _view(self, parent: SliceInfo, hosts: list[HostInfo]) -> SliceInfo:
-        """The sub-slice as a slice of its own: the parent's name, its hosts by rank."""
+    def _view(self, parent: SliceInfo, hosts: list[HostInfo], now: float) -> SliceInfo:
+        """The sub-slice as a slice of its own: the parent's name, its hosts by rank;
+        suspect if one of them is (as of ``now``, wall-clock seconds)."""
         shape = self.plan.shape
+        suspects = [h.suspect for h in hosts if h.suspect is not None]
         return SliceInfo(
             name=parent.name,
             pod_type=shape.pod_type,
             topology=shape.topology,
             shape=shape,
             hosts=dict(enumerate(hosts)),
-            state=SliceState.READY,
-            reason="",
+            state=SliceState.SUSPECT if suspects else SliceState.READY,
+            reason="; ".join(s.describe(now) for s in suspects),
             expected_hosts=len(hosts),
         )
 

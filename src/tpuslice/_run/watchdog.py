@@ -10,6 +10,9 @@
   attempt classified ``hang``, naming the silent hosts.
 - **Evidence for a lost host.** A host lost on a slice that had a notice is a preemption;
   one lost with no notice anywhere in the attempt is a ``host_failure``.
+- **Blame.** A hang names the silent hosts, and a host failure the hosts Ray now sees
+  dead: the run marks them suspect (:mod:`tpuslice._host.suspects`), so that its retry,
+  and everyone else's next reservation, go to other slices while there are any.
 
 :func:`find_hang` is pure; :class:`AttemptWatch` reads Ray's KV store (through readers a
 test can replace), at most once per :data:`CHECK_S`.
@@ -22,15 +25,19 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import ray
 
 from tpuslice import _ray
 from tpuslice._host.heartbeats import BEAT_ENV
 from tpuslice._host.notices import Notice
+from tpuslice._host.suspects import Blame, SuspectReason
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX as BEAT_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
+from tpuslice._view.cluster import HostInfo
 from tpuslice.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
@@ -106,6 +113,22 @@ def find_hang(
     )
 
 
+class HangSeen(NamedTuple):
+    """A hang as a gang's watch reports it.
+
+    Attributes:
+        cause: ``silent: rank 1 (v4-16-a host 1)``.
+        evidence: What was seen (:attr:`Hang.reason`).
+        ranks: The silent (or never started) ranks.
+        what: ``silent`` or ``stuck starting``.
+    """
+
+    cause: str
+    evidence: str
+    ranks: tuple[int, ...]
+    what: str
+
+
 def describe_hang(
     config: WatchConfig,
     keys: Sequence[str],
@@ -113,7 +136,7 @@ def describe_hang(
     ranks: Sequence[str],
     started: float,
     now: float,
-) -> tuple[str, str] | None:
+) -> HangSeen | None:
     """Whether a gang hangs, from the heartbeats published under its keys. Pure.
 
     Args:
@@ -125,14 +148,15 @@ def describe_hang(
         now: Wall-clock seconds.
 
     Returns:
-        ``(cause, evidence)`` naming the silent ranks, or ``None``.
+        The cause and evidence naming the silent ranks, and the ranks; or ``None``.
     """
     beats = [_beat(published.get(key)) for key in keys]
     hang = find_hang(beats, now, started, config.heartbeat_timeout_s, config.startup_timeout_s)
     if hang is None:
         return None
     what = "stuck starting" if hang.startup else "silent"
-    return f"{what}: {', '.join(ranks[r] for r in hang.ranks)}", hang.reason
+    cause = f"{what}: {', '.join(ranks[r] for r in hang.ranks)}"
+    return HangSeen(cause, hang.reason, hang.ranks, what)
 
 
 def check_timeout(name: str, value: float | None) -> None:
@@ -184,17 +208,37 @@ class Broken(Exception):
         kind: ``notice`` or ``hang``.
         cause: One line.
         evidence: What decided it.
+        blamed: The hosts it is pinned on (a hang's silent hosts).
     """
 
-    def __init__(self, kind: str, cause: str, evidence: str) -> None:
+    def __init__(
+        self, kind: str, cause: str, evidence: str, blamed: tuple[Blame, ...] = ()
+    ) -> None:
         super().__init__(cause)
         self.kind = kind
         self.cause = cause
         self.evidence = evidence
+        self.blamed = blamed
 
 
 ReadNotices = Callable[[Sequence[str]], Mapping[str, Notice]]
 ReadBeats = Callable[[Sequence[str]], Mapping[str, bytes]]
+ReadDead = Callable[[Sequence[str]], Collection[str]]
+
+
+def dead_nodes(nodes: Sequence[str]) -> set[str]:
+    """Those of ``nodes`` that Ray sees dead (one ``ray.nodes()``).
+
+    Args:
+        nodes: Ray node ids.
+
+    Returns:
+        The dead ones; empty when Ray is not connected.
+    """
+    if not ray.is_initialized():
+        return set()
+    dead = {str(n.get("NodeID")) for n in ray.nodes() if not n.get("Alive")}
+    return dead & set(nodes)
 
 
 class AttemptWatch:
@@ -211,6 +255,9 @@ class AttemptWatch:
         read_beats: Keys -> the heartbeats published under them (default: Ray's KV).
         forget: Deletes every heartbeat under a prefix (default: Ray's KV).
         clock: Wall-clock seconds.
+        hosts: Each rank's host as reserved, in rank order, to name a blamed host's slice
+            and worker id (without them: unknown).
+        read_dead: Node ids -> those Ray sees dead (default: :func:`dead_nodes`).
     """
 
     def __init__(
@@ -224,10 +271,14 @@ class AttemptWatch:
         read_beats: ReadBeats | None = None,
         forget: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
+        hosts: Sequence[HostInfo] = (),
+        read_dead: ReadDead = dead_nodes,
     ) -> None:
         self.config = config
         self.nodes = list(nodes)
         self.ranks = list(ranks)
+        self.hosts = list(hosts)
+        self._read_dead = read_dead
         self._on_notice_event = on_notice_event
         if read_notices is None:
             from tpuslice._host.agent import notices_for  # agent.py imports Ray actors
@@ -273,7 +324,8 @@ class AttemptWatch:
                 self.config, keys, self._read_beats(keys), self.ranks, self.started, now
             )
             if hang is not None:
-                raise Broken("hang", *hang)
+                blamed = self.blame(hang.ranks, SuspectReason.HANG, f"{hang.what}: {hang.evidence}")
+                raise Broken("hang", hang.cause, hang.evidence, blamed)
 
     def close(self) -> None:
         """Forget this attempt's heartbeats (best effort)."""
@@ -283,6 +335,48 @@ class AttemptWatch:
             self._forget(self.prefix)
         except _ray.kv_errors() as exc:  # Ray may be gone: the keys go with the cluster
             logger.debug("could not delete heartbeats %s: %s", self.prefix, exc)
+
+    def blame(
+        self, ranks: Sequence[int], reason: SuspectReason, evidence: str
+    ) -> tuple[Blame, ...]:
+        """The hosts of these ranks, blamed (each host once, however many of its ranks).
+
+        Args:
+            ranks: Ranks of the gang.
+            reason: Why.
+            evidence: What was seen; each host's evidence starts with its first rank.
+
+        Returns:
+            One blame per host, in rank order.
+        """
+        found: dict[str, Blame] = {}
+        for rank in ranks:
+            node = self.nodes[rank]
+            host = self.hosts[rank] if rank < len(self.hosts) else None
+            worker = host.worker_id if host is not None and host.worker_id is not None else -1
+            slice_name = host.slice_name if host is not None else ""
+            found.setdefault(
+                node, Blame(node, slice_name, worker, reason, f"{self.ranks[rank]} {evidence}")
+            )
+        return tuple(found.values())
+
+    def lost_hosts(self, cause: str) -> tuple[Blame, ...]:
+        """The hosts of the gang that Ray now sees dead, blamed for a host failure (best
+        effort: none if Ray cannot be asked).
+
+        Args:
+            cause: What the failed task said, for the evidence.
+
+        Returns:
+            One blame per dead host, in rank order.
+        """
+        try:
+            dead = self._read_dead(sorted(set(self.nodes)))
+        except _ray.kv_errors() as exc:
+            logger.debug("could not read which hosts died: %s", exc)
+            return ()
+        ranks = [rank for rank, node in enumerate(self.nodes) if node in dead]
+        return self.blame(ranks, SuspectReason.HOST_FAILURE, f"died with no notice: {cause}")
 
     def judge_host_loss(self) -> tuple[bool, str]:
         """Whether a lost host was a preemption: some host of the attempt had a notice

@@ -24,6 +24,7 @@ import ray
 
 from tpuslice import _ray
 from tpuslice._host.notices import Notice
+from tpuslice._host.suspects import Suspect
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import resolve_resource_per_chip
 from tpuslice._tpu.keys import NAMESPACE as QUEUE_NAMESPACE
@@ -54,7 +55,8 @@ class HostState(str, enum.Enum):
 
 
 class SliceState(str, enum.Enum):
-    """One TPU slice in a snapshot: ready to reserve, whole but busy, or broken."""
+    """One TPU slice in a snapshot: ready to reserve, whole but busy, broken, under notice,
+    or suspect. BROKEN comes first, then NOTICE, then SUSPECT, then BUSY or READY."""
 
     READY = "ready"
     """Every host alive, worker 0 present, every TPU and the head resource free."""
@@ -65,6 +67,10 @@ class SliceState(str, enum.Enum):
     NOTICE = "notice"
     """Whole, but a host was warned of preemption or maintenance (:mod:`tpuslice._host.notices`):
     about to go, so never reserved; work on it should move."""
+    SUSPECT = "suspect"
+    """Whole and alive, but a host failed a run lately (:mod:`tpuslice._host.suspects`):
+    reserved only as a last resort, and only when every host is free
+    (:attr:`SliceInfo.idle`)."""
 
 
 class HostInfo(NamedTuple):
@@ -83,6 +89,7 @@ class HostInfo(NamedTuple):
             (python train.py)``), if any: such a host is busy even when Ray's resources
             say it is free (a process outside Ray, or a leftover, holds the TPU).
         notice: The preemption or maintenance notice its metadata server gave, if any.
+        suspect: Its live suspect record, if it failed a run lately.
     """
 
     node_id: str
@@ -96,6 +103,7 @@ class HostInfo(NamedTuple):
     """Whether the ``TPU-<podtype>-head`` resource is free (worker 0 only)."""
     tpu_owner: str | None = None
     notice: Notice | None = None
+    suspect: Suspect | None = None
 
     @property
     def state(self) -> HostState:
@@ -116,8 +124,9 @@ class SliceInfo:
         topology: The chip grid (``4x4``), as labelled when it names no valid shape.
         shape: The shape; None when the labels name no valid one.
         hosts: The chosen host per worker id, in worker-id order.
-        state: Ready, busy or broken.
-        reason: Why it is busy or broken; ``""`` when ready.
+        state: Ready, busy, broken, under notice or suspect.
+        reason: Why it is not ready (for a suspect slice: which hosts, why, the time
+            left, and whether its hosts are in use); ``""`` when ready.
         expected_hosts: Hosts the shape has (the hosts found, without a shape).
     """
 
@@ -165,6 +174,19 @@ class SliceInfo:
         """The most urgent notice on a live host of the slice, if any."""
         found = [h.notice for h in self.hosts.values() if h.notice is not None and h.alive]
         return min(found, key=lambda n: n.deadline) if found else None
+
+    @property
+    def suspects(self) -> list[Suspect]:
+        """The live suspect records of its live hosts, in worker-id order."""
+        return [h.suspect for h in self.hosts.values() if h.suspect is not None and h.alive]
+
+    @property
+    def idle(self) -> bool:
+        """Whether every host it should have is there, alive and free (a ready slice is;
+        a suspect one that is can be reserved as a last resort)."""
+        return len(self.hosts) == self.expected_hosts and all(
+            h.state is HostState.FREE for h in self.hosts.values()
+        )
 
     @property
     def head_node_id(self) -> str | None:
@@ -254,7 +276,7 @@ class ClusterSnapshot:
         ]
 
     def whole(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
-        """Slices of this shape that are not broken (ready or busy).
+        """Slices of this shape that are not broken (ready, busy, suspect, under notice).
 
         Args:
             shape: The shape asked for (see :meth:`SliceInfo.matches`).
@@ -265,6 +287,40 @@ class ClusterSnapshot:
         """
         matching = self.matching(shape, tpu_resource_per_chip)
         return [s for s in matching if s.state is not SliceState.BROKEN]
+
+    def trusted(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
+        """Slices of this shape that could serve a request without a last resort: ready
+        or busy (neither suspect, broken nor under notice).
+
+        Args:
+            shape: The shape asked for (see :meth:`SliceInfo.matches`).
+            tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+
+        Returns:
+            Them, in name order.
+        """
+        return [
+            s
+            for s in self.matching(shape, tpu_resource_per_chip)
+            if s.state in (SliceState.READY, SliceState.BUSY)
+        ]
+
+    def idle_suspects(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
+        """Suspect slices of this shape whose every host is free: reservable as a last
+        resort (:func:`tpuslice._queue.schedule.last_resort`).
+
+        Args:
+            shape: The shape asked for (see :meth:`SliceInfo.matches`).
+            tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
+
+        Returns:
+            Them, in name order.
+        """
+        return [
+            s
+            for s in self.matching(shape, tpu_resource_per_chip)
+            if s.state is SliceState.SUSPECT and s.idle
+        ]
 
 
 # --- pure core ------------------------------------------------------------------------
@@ -277,6 +333,7 @@ def build_snapshot(
     taken_at: float | None = None,
     tpu_owners: Mapping[str, str] | None = None,
     notices: Mapping[str, Notice] | None = None,
+    suspects: Mapping[str, Suspect] | None = None,
 ) -> ClusterSnapshot:
     """Group TPU nodes into slices and classify each. Pure; linear in the node count.
 
@@ -292,6 +349,8 @@ def build_snapshot(
             host is busy whatever its resources say.
         notices: Per node id, a preemption or maintenance notice standing on it; its
             slice is :attr:`SliceState.NOTICE` unless broken.
+        suspects: Per node id, its suspect record; one still live at ``taken_at`` makes
+            its slice :attr:`SliceState.SUSPECT` unless broken or under notice.
 
     Returns:
         Every TPU slice, each classified; nodes that do not add up make a slice broken,
@@ -303,10 +362,13 @@ def build_snapshot(
         if key is not None:
             groups.setdefault(key, []).append(node)
     now = taken_at if taken_at is not None else time.time()
+    notes = _Notes(
+        tpu_owners or {},
+        notices or {},
+        {node: s for node, s in (suspects or {}).items() if s.live(now)},
+    )
     slices = {
-        name: _classify(
-            name, members, available, tpu_resource_per_chip, tpu_owners or {}, notices or {}, now
-        )
+        name: _classify(name, members, available, tpu_resource_per_chip, notes, now)
         for name, members in groups.items()
     }
     return ClusterSnapshot(slices, now)
@@ -341,13 +403,16 @@ def _slice_key(node: NodeRecord) -> str | None:
     return None
 
 
+class _Notes(NamedTuple):
+    """What the KV store says of the hosts, by node id: owners, notices, live suspects."""
+
+    owners: Mapping[str, str]
+    notices: Mapping[str, Notice]
+    suspects: Mapping[str, Suspect]
+
+
 def _host(
-    node: NodeRecord,
-    slice_name: str,
-    available: Available,
-    head: str | None,
-    owners: Mapping[str, str],
-    notices: Mapping[str, Notice],
+    node: NodeRecord, slice_name: str, available: Available, head: str | None, notes: _Notes
 ) -> HostInfo:
     """One node as a :class:`HostInfo`; ``head`` is the slice's head resource, if known."""
     node_id: str = node.get("NodeID", "")
@@ -366,8 +431,9 @@ def _host(
     worker_id = _worker_id((node.get("Labels") or {}).get(WORKER_ID_LABEL))
     # Positional on purpose (same names, same order as the fields): keyword arguments
     # make a named tuple three times slower to build, and there is one per TPU VM.
-    owner = owners.get(node_id) if owners else None
-    notice = notices.get(node_id) if notices else None
+    owner = notes.owners.get(node_id) if notes.owners else None
+    notice = notes.notices.get(node_id) if notes.notices else None
+    suspect = notes.suspects.get(node_id) if notes.suspects else None
     return HostInfo(
         node_id,
         address,
@@ -379,6 +445,7 @@ def _host(
         head_free,
         owner,
         notice,
+        suspect,
     )
 
 
@@ -439,12 +506,11 @@ def _classify(
     members: list[NodeRecord],
     available: Available,
     per_chip: int,
-    owners: Mapping[str, str],
-    notices: Mapping[str, Notice],
+    notes: _Notes,
     now: float,
 ) -> SliceInfo:
-    """Pick the live node per worker id, then decide READY / BUSY / BROKEN / NOTICE and
-    why."""
+    """Pick the live node per worker id, then decide READY / BUSY / BROKEN / NOTICE /
+    SUSPECT and why."""
     reference = _first_alive(members)
     labels = node_labels_of(reference)
     pod_type, topology = labels.get(POD_TYPE_LABEL), labels.get(TOPOLOGY_LABEL)
@@ -452,7 +518,7 @@ def _classify(
     head = claimed.head_resource if claimed else None
     # A single-host VM with no worker-id label is its own worker 0.
     default_worker = 0 if claimed and claimed.num_hosts == 1 else None
-    found = [_host(n, name, available, head, owners, notices) for n in members]
+    found = [_host(n, name, available, head, notes) for n in members]
     hosts, problems = _pick_hosts(found, default_worker)
     if claimed is None:
         problems.insert(
@@ -508,11 +574,13 @@ def _state(
     hosts: Mapping[int, HostInfo], expected: int, problems: list[str], now: float
 ) -> tuple[SliceState, str]:
     """BROKEN (with the first thing wrong), else NOTICE if a live host was warned, else
-    BUSY if any host is in use, else READY."""
+    SUSPECT if a live host failed a run lately, else BUSY if any host is in use, else
+    READY."""
     if problems:
         return SliceState.BROKEN, problems[0]
     extra, dead, busy = [], [], 0
     warned: Notice | None = None
+    suspects: list[Suspect] = []
     for worker, host in hosts.items():  # one pass: this runs once per slice
         if worker >= expected:
             extra.append(worker)
@@ -520,6 +588,8 @@ def _state(
             dead.append(worker)
         else:
             busy += host.state is HostState.BUSY
+            if host.suspect is not None:
+                suspects.append(host.suspect)
             if host.notice is not None and (
                 warned is None or host.notice.deadline < warned.deadline
             ):
@@ -536,13 +606,16 @@ def _state(
         return SliceState.BROKEN, ", ".join(parts)
     if warned is not None:
         return SliceState.NOTICE, warned.describe(now)
+    in_use = f"{busy}/{expected} hosts in use" if busy else "every host free"
+    if suspects:
+        return SliceState.SUSPECT, "; ".join([*(s.describe(now) for s in suspects), in_use])
     if busy:
         held = [
             f"host {worker}: TPU held by {host.tpu_owner}"
             for worker, host in hosts.items()
             if host.tpu_owner and host.alive
         ]
-        return SliceState.BUSY, "; ".join([f"{busy}/{expected} hosts in use", *held])
+        return SliceState.BUSY, "; ".join([in_use, *held])
     return SliceState.READY, ""
 
 
@@ -552,8 +625,8 @@ def _state(
 def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     """Read the connected cluster: one available-resources call (``ray.nodes()`` too
     when the set of alive nodes changed), and, alongside, the TPU owners and notices the
-    hosts' agents recorded (:mod:`tpuslice._host.agent`) and the queue's record from Ray's KV
-    store.
+    hosts' agents recorded (:mod:`tpuslice._host.agent`), the suspect hosts
+    (:mod:`tpuslice._host.suspects`) and the queue's record from Ray's KV store.
 
     Args:
         tpu_resource_per_chip: The cluster's ``TPU`` units per chip; ``None`` reads
@@ -574,10 +647,17 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     queued = SNAPSHOT_READS.kv_reader.submit(read_queue_record)
     available = _ray.available_resources_per_node()
     nodes = SNAPSHOT_READS.node_records(available)
-    found_owners, notices = recorded.result()
-    owners = {node: owner.describe() for node, owner in found_owners.items()}
+    notes = recorded.result()
+    owners = {node: owner.describe() for node, owner in notes.owners.items()}
     queue = queued.result()
-    snapshot = build_snapshot(nodes, available, per_chip, tpu_owners=owners, notices=notices)
+    snapshot = build_snapshot(
+        nodes,
+        available,
+        per_chip,
+        tpu_owners=owners,
+        notices=notes.notices,
+        suspects=notes.suspects,
+    )
     return dataclasses.replace(snapshot, queue=queue)
 
 

@@ -62,7 +62,8 @@ def _count(
 def get_num_ready_tpu_slices(
     topology: str, accelerator_type: str, tpu_resource_per_chip: int | None = None
 ) -> int:
-    """Slices of this shape that are whole and idle (every TPU free); 0 without Ray.
+    """Slices of this shape that are whole and idle (every TPU free), none with a suspect
+    host (one that failed a run lately); 0 without Ray.
 
     Args:
         topology: The slice's chip grid (``"4x4"``).
@@ -86,7 +87,8 @@ def get_num_ready_tpu_slices(
 def get_num_tpu_slices(
     topology: str, accelerator_type: str, tpu_resource_per_chip: int | None = None
 ) -> int:
-    """Slices of this shape that are whole (idle or busy); 0 without Ray.
+    """Slices of this shape that are whole (idle or busy, suspect hosts or not); 0 without
+    Ray.
 
     Args:
         topology: The slice's chip grid (``"4x4"``).
@@ -105,5 +107,8 @@ def get_num_tpu_slices(
         InvalidArgumentError: the TPU units per chip is not a positive integer.
     """
     return _count(
-        topology, accelerator_type, tpu_resource_per_chip, {SliceState.READY, SliceState.BUSY}
+        topology,
+        accelerator_type,
+        tpu_resource_per_chip,
+        {SliceState.READY, SliceState.BUSY, SliceState.SUSPECT},
     )

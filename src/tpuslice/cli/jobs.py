@@ -457,12 +457,12 @@ def _demo_steps() -> None:
 
 
 def _wait_until_idle(timeout: float) -> cluster.ClusterSnapshot:
-    """Poll (bounded) until no group is left and Ray's resource view shows every slice
-    idle again; it trails a removal by about one resource-report period (~100 ms)."""
+    """Poll (bounded) until no group is left and Ray's resource view shows every slice's
+    hosts free again; it trails a removal by about one resource-report period (~100 ms)."""
     deadline = time.monotonic() + timeout
     while True:
         snapshot = cluster.read_snapshot()
-        idle = all(s.state is cluster.SliceState.READY for s in snapshot.slices.values())
+        idle = all(s.idle for s in snapshot.slices.values())  # suspect or not
         if (idle and not live_placement_groups()) or time.monotonic() > deadline:
             return snapshot
         time.sleep(0.05)

@@ -19,8 +19,9 @@ from rich.table import Table
 from rich.text import Text
 
 from tpuslice._host.notices import Notice
+from tpuslice._host.suspects import Suspect, duration
 from tpuslice._tpu import subslice
-from tpuslice._view.cluster import ClusterSnapshot, HostInfo, SliceInfo, SliceState
+from tpuslice._view.cluster import ClusterSnapshot, HostInfo, HostState, SliceInfo, SliceState
 from tpuslice.events import SliceEvent
 
 STATE_STYLES = {
@@ -28,14 +29,16 @@ STATE_STYLES = {
     SliceState.BUSY: "bold yellow",
     SliceState.BROKEN: "bold red",
     SliceState.NOTICE: "bold magenta",
+    SliceState.SUSPECT: "bold dark_orange",
 }
 HOST_STYLES = {
     "free": "black on green",
     "busy": "black on yellow",
     "dead": "white on red",
+    "suspect": "black on dark_orange",
     "missing": "dim",
 }
-COMPACT_GLYPHS = {"free": "o", "busy": "*", "dead": "x", "missing": "?"}
+COMPACT_GLYPHS = {"free": "o", "busy": "*", "dead": "x", "suspect": "!", "missing": "?"}
 """Cells for grids too wide to number: the glyph keeps the state readable without colour."""
 MARKS = {**COMPACT_GLYPHS, "free": " "}
 """What follows the worker id in a numbered cell (``12*`` busy, ``3x`` dead), for the same
@@ -80,15 +83,17 @@ def summary_line(snapshot: ClusterSnapshot) -> str:
         The one-line summary.
     """
     counts = state_counts(snapshot)
-    if not counts[SliceState.NOTICE.value]:
-        del counts[SliceState.NOTICE.value]  # shown only when a notice stands
+    for shown_if_any in (SliceState.NOTICE, SliceState.SUSPECT):  # rare: shown only if any
+        if not counts[shown_if_any.value]:
+            del counts[shown_if_any.value]
     parts = ", ".join(f"{n} {state}" for state, n in counts.items())
     return f"{len(snapshot.slices)} TPU slice(s): {parts}"
 
 
 def state_label(info: SliceInfo) -> str:
-    """The slice's state as shown: ``ready``, ``busy``, ``broken``, or for a slice under
-    notice ``PREEMPTING`` / ``MAINTENANCE`` (the reason gives the time left).
+    """The slice's state as shown: ``ready``, ``busy``, ``broken``, ``suspect`` (the reason
+    names the hosts, why and the time left), or for a slice under notice ``PREEMPTING`` /
+    ``MAINTENANCE`` (the reason gives the time left).
 
     Args:
         info: One slice.
@@ -142,7 +147,8 @@ def slice_table(snapshot: ClusterSnapshot) -> Table:
 
 
 def host_state(host: HostInfo | None) -> str:
-    """``free``, ``busy``, ``dead``, or ``missing`` when no node has that worker id.
+    """``free``, ``busy``, ``dead``, ``suspect`` (alive, and failed a run lately), or
+    ``missing`` when no node has that worker id.
 
     Args:
         host: The host of a worker id, or None if no node has it.
@@ -150,7 +156,11 @@ def host_state(host: HostInfo | None) -> str:
     Returns:
         The state's name, a key of :data:`HOST_STYLES`.
     """
-    return "missing" if host is None else host.state.value
+    if host is None:
+        return "missing"
+    if host.alive and host.suspect is not None:
+        return "suspect"
+    return host.state.value
 
 
 def grid_rows(info: SliceInfo, physical: Mapping[int, int] | None = None) -> list[list[int]]:
@@ -266,6 +276,25 @@ def slice_heading(info: SliceInfo) -> Text:
     return heading
 
 
+def suspect_line(record: Suspect, now: float) -> Text:
+    """``host 1 (node 4f2a...) suspect: hang, 9 min left; <evidence>``, under its grid.
+
+    Args:
+        record: A host's suspect record.
+        now: Wall-clock seconds (the snapshot's).
+
+    Returns:
+        One line, indented as the grid.
+    """
+    line = (
+        f"host {record.worker_id} (node {record.node_id[:12]}) suspect: "
+        f"{record.reason.value}, {duration(record.left(now))} left"
+    )
+    if record.evidence:
+        line += f"; {record.evidence}"
+    return Text(" " * GRID_INDENT + line, style="dark_orange")
+
+
 def legend() -> Text:
     """Which colour (and, in compact grids, which glyph) means which host state.
 
@@ -303,6 +332,7 @@ def render_status(
     for info in _sorted_slices(snapshot):
         physical = (layouts or {}).get(info.name)
         parts += [slice_heading(info), host_grid(info, width, physical)]
+        parts += [suspect_line(s, snapshot.taken_at) for s in info.suspects]
         if physical:
             parts.append(Text(" " * GRID_INDENT + subslice_summary(info, physical)))
     parts.append(legend())
@@ -349,17 +379,19 @@ def queue_table(snapshot: ClusterSnapshot) -> Table | None:
 # --- JSON --------------------------------------------------------------------------------
 
 
-def host_dict(host: HostInfo) -> dict[str, Any]:
+def host_dict(host: HostInfo, now: float | None = None) -> dict[str, Any]:
     """One host as JSON-able data.
 
     Args:
         host: One host of a slice.
+        now: Wall-clock seconds, for a suspect record's time left (default: now).
 
     Returns:
         Its worker id, node id, address, liveness, state, TPU resources, the process
-        seen owning its TPU and the notice standing on it (``None`` if none).
+        seen owning its TPU, the notice standing on it and its suspect record (each
+        ``None`` if none).
     """
-    notice = host.notice
+    notice, suspect = host.notice, host.suspect
     return {
         "worker_id": host.worker_id,
         "node_id": host.node_id,
@@ -371,6 +403,30 @@ def host_dict(host: HostInfo) -> dict[str, Any]:
         "head_free": host.head_free,
         "tpu_owner": host.tpu_owner,
         "notice": None if notice is None else notice_dict(notice),
+        "suspect": None if suspect is None else suspect_dict(suspect, now),
+    }
+
+
+def suspect_dict(record: Suspect, now: float | None = None) -> dict[str, Any]:
+    """A suspect record as JSON-able data.
+
+    Args:
+        record: A host's suspect record.
+        now: Wall-clock seconds (default: now).
+
+    Returns:
+        Its host (node id, slice, worker id), reason, evidence, when it was marked,
+        when its cool-down ends and the seconds left.
+    """
+    return {
+        "node_id": record.node_id,
+        "slice_name": record.slice_name,
+        "worker_id": record.worker_id,
+        "reason": record.reason.value,
+        "evidence": record.evidence,
+        "since": record.since,
+        "until": record.until,
+        "left_s": round(record.left(time.time() if now is None else now), 1),
     }
 
 
@@ -394,15 +450,18 @@ def notice_dict(notice: Notice) -> dict[str, Any]:
     }
 
 
-def slice_dict(info: SliceInfo) -> dict[str, Any]:
+def slice_dict(info: SliceInfo, now: float | None = None) -> dict[str, Any]:
     """One slice as JSON-able data, its hosts included.
 
     Args:
         info: One slice.
+        now: Wall-clock seconds, for suspect records' time left (default: now).
 
     Returns:
-        Its name, state, shape, host counts, TPU resources and hosts (see
-        :func:`host_dict`); shape fields are None when the labels name no valid shape.
+        Its name, state, shape, host counts, whether every host is free (``idle``: a
+        suspect slice that is can be taken as a last resort), TPU resources, its suspect
+        records and hosts (see :func:`host_dict`); shape fields are None when the
+        labels name no valid shape.
     """
     shape = info.shape
     return {
@@ -418,10 +477,12 @@ def slice_dict(info: SliceInfo) -> dict[str, Any]:
         "expected_hosts": info.expected_hosts,
         "alive_hosts": info.alive_hosts,
         "busy_hosts": info.busy_hosts,
+        "idle": info.idle,
         "missing_workers": info.missing_workers,
         "tpu_total": info.chips_total,
         "tpu_available": info.chips_free,
-        "hosts": [host_dict(h) for h in info.hosts.values()],
+        "suspects": [suspect_dict(s, now) for s in info.suspects],
+        "hosts": [host_dict(h, now) for h in info.hosts.values()],
     }
 
 
@@ -442,7 +503,7 @@ def status_dict(
     """
     slices = []
     for info in _sorted_slices(snapshot):
-        entry = slice_dict(info)
+        entry = slice_dict(info, snapshot.taken_at)
         physical = (layouts or {}).get(info.name)
         if physical is not None:
             entry["subslices"] = subslice_dict(info, physical)
@@ -474,13 +535,15 @@ def subslice_dict(info: SliceInfo, physical: Mapping[int, int]) -> dict[str, Any
     topologies = {}
     for sub in subslice.subslice_topologies(info.topology):
         found = subslice.members(physical, info.topology, sub)
-        free = [
-            i
-            for i, workers in found.items()
-            if all(host_state(info.hosts.get(w)) == "free" for w in workers)
-        ]
+        free = [i for i, workers in found.items() if all(_free(info, w) for w in workers)]
         topologies[sub] = {"members": {str(i): ws for i, ws in found.items()}, "free": free}
     return {"physical": {str(w): p for w, p in sorted(physical.items())}, "topologies": topologies}
+
+
+def _free(info: SliceInfo, worker: int) -> bool:
+    """Whether a worker's host is there and free (suspect or not)."""
+    host = info.hosts.get(worker)
+    return host is not None and host.state is HostState.FREE
 
 
 def owners_table(snapshot: ClusterSnapshot) -> RenderableType:

@@ -8,6 +8,10 @@ hold it (``STRICT_SPREAD`` on distinct nodes, ``STRICT_PACK`` on one); removing 
 frees it and is idempotent; a dead node fails its groups. Time is the cluster's own
 :class:`FakeClock`: waiting for a group that cannot place advances it by the whole timeout.
 
+Hosts are marked suspect as a run would mark them (:meth:`InMemoryCluster.mark_suspects`,
+on the cluster's clock), and the snapshot shows their slices
+:attr:`~tpuslice._view.cluster.SliceState.SUSPECT` until the cool-down ends.
+
 Other parties act through :meth:`InMemoryCluster.script`: run an action on the *n*-th call
 of an operation, before it takes effect or after (``"snapshot"`` after = between the look
 and the claim). Raising ``KeyboardInterrupt`` there is a Ctrl-C at that step.
@@ -24,6 +28,7 @@ from typing import Any, TypeVar
 import ray
 from ray.util.placement_group import PlacementGroup
 
+from tpuslice._host.suspects import DEFAULT_COOLDOWN_S, Blame, Suspect, SuspectReason
 from tpuslice._queue.service import QueueService, SliceQueue
 from tpuslice._tpu.labels import host_labels, host_resources
 from tpuslice._tpu.topology import slice_shape
@@ -185,6 +190,10 @@ class InMemoryCluster:
         """Node id -> the process owning its TPU, as the hosts' agents would see it."""
         self.recorded_owners: dict[str, str] = {}
         """What the agents last recorded (the cluster view reads this)."""
+        self.suspects: dict[str, Suspect] = {}
+        """Node id -> its suspect record, as written to the KV store (the view reads it)."""
+        self.cooldown_s = DEFAULT_COOLDOWN_S
+        """The cluster's cool-down of a suspect host."""
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self._scripts: list[tuple[str, int, Callable[[], None], bool]] = []
         self._names = itertools.count()
@@ -447,6 +456,56 @@ class InMemoryCluster:
 
         return self._call("slice_queue", find)
 
+    def mark_suspects(self, blames: Sequence[Blame]) -> list[Suspect]:
+        """Mark hosts suspect for :attr:`cooldown_s` from the clock's time now, as
+        :func:`tpuslice._reserve.suspects.mark_suspects` does in Ray's KV store (a seam of
+        ``ResilientRun``).
+
+        Args:
+            blames: The hosts and why.
+
+        Returns:
+            The records.
+        """
+        records = [Suspect.of(b, self.clock.t, self.cooldown_s) for b in blames]
+        self.suspects.update((r.node_id, r) for r in records)
+        return records
+
+    def suspect(
+        self,
+        slice_name: str,
+        worker_id: int,
+        reason: SuspectReason = SuspectReason.HANG,
+        evidence: str = "",
+    ) -> Suspect:
+        """Mark one host suspect (see :meth:`mark_suspects`).
+
+        Args:
+            slice_name: The host's slice.
+            worker_id: Its TPU worker id.
+            reason: Why.
+            evidence: What was seen.
+
+        Returns:
+            The record.
+        """
+        node_id = self.slice_hosts[slice_name][worker_id]
+        return self.mark_suspects([Blame(node_id, slice_name, worker_id, reason, evidence)])[0]
+
+    def clear_suspects(self, slice_name: str) -> list[Suspect]:
+        """Trust a slice's hosts again.
+
+        Args:
+            slice_name: The slice.
+
+        Returns:
+            The records deleted.
+        """
+        cleared = [r for r in self.suspects.values() if r.slice_name == slice_name]
+        for record in cleared:
+            del self.suspects[record.node_id]
+        return cleared
+
     def own_tpu(self, slice_name: str, worker_id: int, owner: str | None) -> None:
         """A process takes that host's TPU (``owner`` describes it); ``None``: it exits.
 
@@ -507,7 +566,12 @@ class InMemoryCluster:
             if n.alive
         }
         snapshot = build_snapshot(
-            records, available, per_chip, taken_at=self.clock.t, tpu_owners=self.recorded_owners
+            records,
+            available,
+            per_chip,
+            taken_at=self.clock.t,
+            tpu_owners=self.recorded_owners,
+            suspects=self.suspects,
         )
         if self.queue is None:
             return snapshot

@@ -7,7 +7,8 @@ Fixtures:
 - ``tpu_cluster`` (function): the same cluster, and after the test two checks: no
   placement group left (:func:`assert_no_placement_groups`) and every simulated TPU free
   (:meth:`SimulatedCluster.wait_tpus_free`), so a test that leaks a reservation or leaves
-  a process owning a TPU fails.
+  a process owning a TPU fails. Then every host is trusted again (its suspect record
+  deleted), so a run that failed in one test does not steer the next test's reservations.
 """
 
 from __future__ import annotations
@@ -85,9 +86,12 @@ def simulated_cluster(request: pytest.FixtureRequest) -> Iterator[SimulatedClust
 @pytest.fixture
 def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluster]:
     """The session's cluster; fails the test if it leaves a placement group behind, or
-    a simulated TPU owned (a process still holding its libtpu lock or devices)."""
+    a simulated TPU owned (a process still holding its libtpu lock or devices). Hosts a
+    test's runs marked suspect are trusted again after it."""
+    from tpuslice._host.suspects import clear_all
     from tpuslice.testing.checks import assert_no_placement_groups
 
     yield simulated_cluster
+    clear_all()
     assert_no_placement_groups()
     simulated_cluster.wait_tpus_free()

@@ -1,0 +1,378 @@
+"""Suspect hosts: a TPU host that just failed someone's run, avoided for a cool-down.
+
+When a run hangs on a host, loses it without notice, or a worker crashes there, whoever
+saw it writes a :class:`Suspect` record in Ray's KV store (``tpu-suspect/<node id>``,
+namespace ``tpuslice``). The cluster view reads the records in the same listing as the
+agents' owner and notice records (:func:`tpuslice._host.agent.recorded_notes`), so a slice
+with a suspect host shows as such to status, to new reservations and to the queue, at no
+extra cost. Placement then prefers other slices, and takes a suspect one only as a last
+resort (:func:`tpuslice._queue.schedule.last_resort`).
+
+A record is keyed by the host's Ray node id: a VM replaced by a new one (same slice name,
+new node id) is not suspect. A record ends at its ``until``; a reader that sees an ended
+one deletes it. The cool-down is the cluster's: one KV key (:func:`set_cooldown`), read
+when a host is marked.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tpuslice import _ray
+from tpuslice._tpu.keys import NAMESPACE, SUSPECT_COOLDOWN_KEY, SUSPECT_KEY_PREFIX
+from tpuslice.errors import InvalidArgumentError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_COOLDOWN_S = 600.0
+"""How long a host stays suspect when the cluster sets no cool-down of its own: long
+enough that a run's retries (seconds to minutes apart) go elsewhere, short enough that a
+host with a passing fault is trusted again within the hour."""
+MAX_EVIDENCE_CHARS = 400
+"""A record keeps this much of its evidence: every snapshot reads every record."""
+
+
+class SuspectReason(str, enum.Enum):
+    """Why a host is suspect."""
+
+    HANG = "hang"
+    """A rank on it stopped making progress (silent heartbeats, or stuck starting)."""
+    HOST_FAILURE = "host_failure"
+    """It was lost with no preemption or maintenance notice."""
+    WORKER_CRASH = "worker_crash"
+    """The worker process running a rank on it crashed (segfault, killed)."""
+    HEALTH_CHECK = "health_check"
+    """It failed a health check."""
+
+
+@dataclass(frozen=True)
+class Blame:
+    """A host the evidence pins a failure on: what marking it suspect needs.
+
+    Attributes:
+        node_id: The host's Ray node id.
+        slice_name: Its slice.
+        worker_id: Its TPU worker id (-1 if not known).
+        reason: Why.
+        evidence: What was seen, in one line.
+    """
+
+    node_id: str
+    slice_name: str
+    worker_id: int
+    reason: SuspectReason
+    evidence: str
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """One host's suspect record.
+
+    Attributes:
+        node_id: The host's Ray node id (the record's key).
+        slice_name: Its slice.
+        worker_id: Its TPU worker id (-1 if not known).
+        reason: Why it is suspect.
+        evidence: What was seen, in one line.
+        since: When it was marked (wall-clock seconds).
+        until: When the cool-down ends (wall-clock seconds).
+    """
+
+    node_id: str
+    slice_name: str
+    worker_id: int
+    reason: SuspectReason
+    evidence: str
+    since: float
+    until: float
+
+    @classmethod
+    def of(cls, blame: Blame, since: float, cooldown_s: float) -> Suspect:
+        """The record that marks a blamed host for a cool-down.
+
+        Args:
+            blame: The host and why.
+            since: Now (wall-clock seconds).
+            cooldown_s: How long it stays suspect.
+
+        Returns:
+            The record, its evidence cut to :data:`MAX_EVIDENCE_CHARS`.
+        """
+        evidence = blame.evidence
+        if len(evidence) > MAX_EVIDENCE_CHARS:
+            evidence = evidence[: MAX_EVIDENCE_CHARS - 1].rstrip() + "…"
+        return cls(
+            blame.node_id,
+            blame.slice_name,
+            blame.worker_id,
+            blame.reason,
+            evidence,
+            since,
+            since + cooldown_s,
+        )
+
+    def live(self, now: float) -> bool:
+        """Whether the cool-down still runs.
+
+        Args:
+            now: Wall-clock seconds.
+
+        Returns:
+            True until :attr:`until`.
+        """
+        return now < self.until
+
+    def left(self, now: float) -> float:
+        """Seconds of cool-down left (never below 0).
+
+        Args:
+            now: Wall-clock seconds.
+
+        Returns:
+            The time left.
+        """
+        return max(0.0, self.until - now)
+
+    def describe(self, now: float | None = None) -> str:
+        """``host 1 suspect (hang), 9 min left``, as a slice's reason shows it.
+
+        Args:
+            now: Wall-clock seconds (default: now).
+
+        Returns:
+            One phrase.
+        """
+        left = self.left(time.time() if now is None else now)
+        return f"host {self.worker_id} suspect ({self.reason.value}), {duration(left)} left"
+
+    def to_json(self) -> bytes:
+        """Encode for the KV store.
+
+        Returns:
+            UTF-8 JSON.
+        """
+        data = {
+            "node_id": self.node_id,
+            "slice_name": self.slice_name,
+            "worker_id": self.worker_id,
+            "reason": self.reason.value,
+            "evidence": self.evidence,
+            "since": self.since,
+            "until": self.until,
+        }
+        return json.dumps(data).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Suspect:
+        """Decode what :meth:`to_json` wrote.
+
+        Args:
+            raw: The stored bytes.
+
+        Returns:
+            The record.
+
+        Raises:
+            ValueError: it is not a suspect record (an unknown reason is one).
+        """
+        try:
+            data = json.loads(raw)
+            return cls(
+                node_id=str(data["node_id"]),
+                slice_name=str(data["slice_name"]),
+                worker_id=int(data["worker_id"]),
+                reason=SuspectReason(data["reason"]),
+                evidence=str(data.get("evidence", "")),
+                since=float(data["since"]),
+                until=float(data["until"]),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a suspect record: {exc}") from exc
+
+
+def duration(seconds: float) -> str:
+    """``45 s``, ``9 min``: a cool-down's length or what is left of it.
+
+    Args:
+        seconds: The length.
+
+    Returns:
+        Seconds under 90 s, else whole minutes.
+    """
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def check_cooldown(seconds: float) -> float:
+    """Refuse a cool-down that is not finite seconds > 0.
+
+    Args:
+        seconds: The cool-down.
+
+    Returns:
+        It, as a float.
+
+    Raises:
+        InvalidArgumentError: it is not finite seconds > 0.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise InvalidArgumentError(f"a suspect cool-down must be seconds > 0, got {seconds!r}")
+    if not 0 < seconds < math.inf:
+        raise InvalidArgumentError(
+            f"a suspect cool-down must be finite seconds > 0, got {seconds!r}; "
+            f"the default is {DEFAULT_COOLDOWN_S:g}"
+        )
+    return float(seconds)
+
+
+def set_cooldown(seconds: float) -> None:
+    """Set the cluster's cool-down of hosts marked suspect from now on (records already
+    written keep theirs).
+
+    Args:
+        seconds: Finite seconds > 0.
+
+    Raises:
+        InvalidArgumentError: it is not finite seconds > 0.
+        ConnectionError: Ray is not connected.
+    """
+    _ray.kv_put(SUSPECT_COOLDOWN_KEY, str(check_cooldown(seconds)).encode(), NAMESPACE)
+
+
+def cooldown() -> float:
+    """The cluster's cool-down of a suspect host.
+
+    Returns:
+        Seconds: the cluster's setting, or :data:`DEFAULT_COOLDOWN_S` if it has none (or
+        one that does not read as seconds > 0, logged at debug).
+    """
+    raw = _ray.kv_get(SUSPECT_COOLDOWN_KEY, NAMESPACE)
+    if raw is None:
+        return DEFAULT_COOLDOWN_S
+    try:
+        return check_cooldown(float(raw))
+    except ValueError as exc:  # InvalidArgumentError is one too
+        logger.debug("ignoring the cluster's suspect cool-down %r: %s", raw, exc)
+        return DEFAULT_COOLDOWN_S
+
+
+def mark(blames: Sequence[Blame], *, now: float | None = None) -> list[Suspect]:
+    """Mark hosts suspect for the cluster's cool-down (one read of it, one write per host).
+    A host marked again gets a new record, its cool-down counted from now.
+
+    Args:
+        blames: The hosts and why.
+        now: Wall-clock seconds (default: now).
+
+    Returns:
+        The records written.
+
+    Raises:
+        ConnectionError: Ray is not connected (or another of :func:`tpuslice._ray.kv_errors`).
+    """
+    if not blames:
+        return []
+    since = time.time() if now is None else now
+    seconds = cooldown()
+    records = [Suspect.of(blame, since, seconds) for blame in blames]
+    for record in records:
+        _ray.kv_put(SUSPECT_KEY_PREFIX + record.node_id, record.to_json(), NAMESPACE)
+    return records
+
+
+def live_suspects(stored: Mapping[str, bytes], now: float) -> tuple[dict[str, Suspect], list[str]]:
+    """The live records among stored ones, and the keys of those that ended (or do not
+    read as records). Pure.
+
+    Args:
+        stored: KV key (``tpu-suspect/<node id>``) -> the stored bytes.
+        now: Wall-clock seconds.
+
+    Returns:
+        ``(records by node id, keys to delete)``.
+    """
+    found: dict[str, Suspect] = {}
+    ended: list[str] = []
+    for key, raw in stored.items():
+        try:
+            record = Suspect.from_json(raw)
+        except ValueError as exc:
+            logger.debug("deleting unreadable suspect record %s: %s", key, exc)
+            ended.append(key)
+            continue
+        if record.live(now):
+            found[key.removeprefix(SUSPECT_KEY_PREFIX)] = record
+        else:
+            ended.append(key)
+    return found, ended
+
+
+def forget(keys: Iterable[str]) -> None:
+    """Delete records (ended ones, or a cleared slice's), best effort: a failure is
+    logged, and the next reader tries again.
+
+    Args:
+        keys: Their KV keys.
+    """
+    for key in keys:
+        try:
+            _ray.kv_delete(key, NAMESPACE)
+        except _ray.kv_errors() as exc:
+            logger.debug("could not delete %s: %s", key, exc)
+
+
+def read_all(now: float | None = None) -> dict[str, Suspect]:
+    """Every live suspect record of the cluster (one listing, one read); ended ones are
+    deleted. The cluster view reads them with the other host records instead.
+
+    Args:
+        now: Wall-clock seconds (default: now).
+
+    Returns:
+        Records by node id; empty when Ray is not connected.
+    """
+    keys = _ray.kv_list(SUSPECT_KEY_PREFIX, NAMESPACE)
+    found, ended = live_suspects(
+        _ray.kv_get_many(keys, NAMESPACE), time.time() if now is None else now
+    )
+    forget(ended)
+    return found
+
+
+def clear_slice(slice_name: str, now: float | None = None) -> list[Suspect]:
+    """Trust every host of a slice again: delete the records of its hosts (ended ones
+    anywhere go too).
+
+    Args:
+        slice_name: The slice.
+        now: Wall-clock seconds (default: now).
+
+    Returns:
+        The live records deleted, by worker id; empty if none of its hosts was suspect.
+    """
+    when = time.time() if now is None else now
+    keys = _ray.kv_list(SUSPECT_KEY_PREFIX, NAMESPACE)
+    found, ended = live_suspects(_ray.kv_get_many(keys, NAMESPACE), when)
+    cleared = sorted(
+        (r for r in found.values() if r.slice_name == slice_name), key=lambda r: r.worker_id
+    )
+    forget([*ended, *(SUSPECT_KEY_PREFIX + r.node_id for r in cleared)])
+    return cleared
+
+
+def clear_all() -> list[Suspect]:
+    """Trust every host of the cluster again: delete every suspect record (a test
+    fixture does this between tests that share one cluster).
+
+    Returns:
+        The live records deleted; empty when Ray is not connected.
+    """
+    keys = _ray.kv_list(SUSPECT_KEY_PREFIX, NAMESPACE)
+    found, _ = live_suspects(_ray.kv_get_many(keys, NAMESPACE), time.time())
+    forget(keys)
+    return sorted(found.values(), key=lambda r: (r.slice_name, r.worker_id))

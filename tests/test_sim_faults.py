@@ -169,10 +169,13 @@ def test_a_wedged_tpu_is_owned_by_the_process_that_opened_it_which_then_hangs(
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "opening"
+        # Polled until the lock shows: a look that starts before the lock is taken can
+        # find the devices opened just after, and so name the owner without its lock.
         deadline = time.monotonic() + 30
-        while (owner := find_owner(hosts[0])) is None and time.monotonic() < deadline:
+        while not ((owner := find_owner(hosts[0])) and owner.holds_lock):
+            assert time.monotonic() < deadline, f"no lock taken; found {owner}"
             time.sleep(0.02)
-        assert owner is not None and owner.pid == proc.pid and owner.holds_lock
+        assert owner.pid == proc.pid
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=1.0)  # it owns the TPU and never gets on
     finally:

@@ -20,6 +20,9 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "SliceActorGroup": "tpuslice._run.actors",
+    "HostVerdict": "tpuslice._run.health",
+    "SliceHealth": "tpuslice._run.health",
+    "check_slice": "tpuslice._run.health",
     "ClusterSnapshot": "tpuslice._view.cluster",
     "HostInfo": "tpuslice._view.cluster",
     "HostState": "tpuslice._view.cluster",
@@ -49,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "NotConnectedError": "tpuslice.errors",
     "ReservationTimeoutError": "tpuslice.errors",
     "RetriesExhaustedError": "tpuslice.errors",
+    "SliceUnhealthyError": "tpuslice.errors",
     "SliceShutdownError": "tpuslice.errors",
     "SubsliceUnavailableError": "tpuslice.errors",
     "DiscoveryFailedError": "tpuslice.errors",
@@ -103,6 +107,7 @@ if TYPE_CHECKING:
     from tpuslice._run.actors import (
         SliceActorGroup,
     )
+    from tpuslice._run.health import HostVerdict, SliceHealth, check_slice
     from tpuslice._run.resilient import (
         AttemptEvent,
         Outcome,
@@ -167,6 +172,7 @@ if TYPE_CHECKING:
         ReservationTimeoutError,
         RetriesExhaustedError,
         SliceShutdownError,
+        SliceUnhealthyError,
         SubsliceUnavailableError,
         TPUInUseError,
         TPUSliceError,
@@ -200,6 +206,7 @@ __all__ = [
     "HostInfo",
     "HostLostError",
     "HostState",
+    "HostVerdict",
     "InsufficientSlicesError",
     "InvalidAcceleratorError",
     "InvalidArgumentError",
@@ -212,16 +219,19 @@ __all__ = [
     "ReservationTimeoutError",
     "RetriesExhaustedError",
     "SliceActorGroup",
+    "SliceHealth",
     "SliceInfo",
     "SlicePlacementGroup",
     "SliceShape",
     "SliceShutdownError",
     "SliceState",
+    "SliceUnhealthyError",
     "SubslicePlacementGroup",
     "SubsliceUnavailableError",
     "TPUInUseError",
     "TPUSliceError",
     "__version__",
+    "check_slice",
     "classify",
     "current_host",
     "dispatch",

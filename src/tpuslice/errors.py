@@ -154,6 +154,11 @@ class RetriesExhaustedError(TPUSliceError, RuntimeError):
         self.history: tuple[AttemptRecord, ...] = tuple(history)
 
 
+class SliceUnhealthyError(RetriesExhaustedError):
+    """A resilient run with health checks found only slices that failed their check: a
+    retry would land on a failed host again. The message names the hosts and why."""
+
+
 # --- message helpers ----------------------------------------------------------------------
 
 

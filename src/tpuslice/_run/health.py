@@ -18,8 +18,9 @@ at once, in rank order:
   the probes pass.
 
 A host fails when it does not answer, its TPU is owned by another process or does not
-start, or the peers cannot reach it. Each verdict says why, with timings. Recording the
-result (suspect hosts) is the caller's: see :func:`tpuslice.check_slice`.
+start, or the peers cannot reach it. Each verdict says why, with timings, and
+:func:`record` makes it the cluster's: a healthy slice is trusted again, a failed host
+suspect (:mod:`tpuslice._reserve.suspects`).
 """
 
 from __future__ import annotations
@@ -31,18 +32,23 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
 
 from tpuslice import _ray
 from tpuslice._host.context import current_host
-from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._host.suspects import Blame, SuspectReason
+from tpuslice._reserve.request import SliceRequest
+from tpuslice._reserve.reserve import SlicePlacementGroup, reserve_slices
+from tpuslice._reserve.suspects import clear_slice, mark_suspects
 from tpuslice._run.run import launch
-from tpuslice._tpu.compat import DEFAULT_COORDINATOR_PORT
+from tpuslice._tpu.compat import DEFAULT_COORDINATOR_PORT, DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.keys import HEALTH_KEY_PREFIX, NAMESPACE
-from tpuslice.errors import first_line
+from tpuslice._tpu.labels import SLICE_NAME_LABEL
+from tpuslice._view.cluster import SliceInfo, read_snapshot
+from tpuslice.errors import InvalidArgumentError, first_line
 
 TPU_OPEN_S = 30.0
 """How long a host's TPU backend may take to start in a new process (libtpu's start-up on
@@ -177,6 +183,9 @@ def probe(check_key: str, tpu_open_s: float, reach_s: float) -> dict[str, Any]:
     }
 
 
+_remote_probe = ray.remote(num_cpus=0, max_retries=0)(probe)
+
+
 def _start_backend(bound_s: float) -> tuple[bool, str]:
     """Start the TPU backend in a child process (so no process of the check keeps it)."""
     started = time.monotonic()
@@ -285,8 +294,7 @@ def check_held(
     check_id = uuid.uuid4().hex[:12]
     keys = [f"{HEALTH_KEY_PREFIX}{check_id}/{name}" for name in spg.slice_names]
     refs = [
-        launch(ray.remote(num_cpus=0)(probe), spg, (keys[i], tpu_open_s, reach_s), {}, i)
-        for i in range(len(keys))
+        launch(_remote_probe, spg, (keys[i], tpu_open_s, reach_s), {}, i) for i in range(len(keys))
     ]
     bound = tpu_open_s + reach_s + ANSWER_MARGIN_S
     try:
@@ -422,3 +430,181 @@ def _with_check(host: HostVerdict, result: str) -> HostVerdict:
         return replace(host, check=result)
     reason = "; ".join(filter(None, [host.reason, f"own check {result}"]))
     return replace(host, ok=False, check=result, reason=reason)
+
+
+def check_slice(
+    slice_name: str,
+    *,
+    timeout_s: float = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
+    check: Any = None,
+    tpu_open_s: float = TPU_OPEN_S,
+    reach_s: float = REACH_S,
+) -> SliceHealth:
+    """Check every host of one slice, and record the verdict cluster-wide: a slice that
+    passes is trusted again (its suspect records cleared); a host that fails is marked
+    suspect, so reservations keep off its slice until the cool-down ends or a later check
+    passes.
+
+    The slice is reserved for the check (waiting up to ``timeout_s`` for it to be idle),
+    one probe runs per host, and the slice is given back.
+
+    Args:
+        slice_name: The slice, as ``tpuslice status`` names it.
+        timeout_s: Seconds to wait for the slice to be idle.
+        check: Your own check, a ``@ray.remote`` function run once on every host (as a
+            one-shot runs, in rank order) after the built-in probes pass; it fails a host
+            by raising. For example a small all-reduce.
+        tpu_open_s: Bound on starting each host's TPU backend.
+        reach_s: Bound on each rank's connection to rank 0's coordinator port.
+
+    Returns:
+        The verdict per host, with timings.
+
+    Raises:
+        InvalidArgumentError: no slice of that name, or it has no valid shape (the
+            message lists the slices there are), or a bound is not positive.
+        NotConnectedError: Ray is not initialised.
+        ReservationTimeoutError: the slice was not idle within ``timeout_s``.
+    """
+    for name, value in (("tpu_open_s", tpu_open_s), ("reach_s", reach_s)):
+        if not value > 0:
+            raise InvalidArgumentError(f"{name} must be seconds > 0, got {value!r}")
+    started = time.monotonic()
+    info = _slice_named(slice_name)
+    shape = info.shape
+    assert shape is not None  # _slice_named refuses a slice without one
+    request = SliceRequest(
+        topology=shape.topology,
+        accelerator_version=shape.generation.name,
+        chips_per_vm=shape.chips_per_host,
+        head_reservation_timeout_s=timeout_s,
+        bundle_label_selector=[{SLICE_NAME_LABEL: slice_name}] * shape.num_hosts,
+    )
+    with reserve_slices(request) as spg:
+        health = check_held(spg, check=check, tpu_open_s=tpu_open_s, reach_s=reach_s)[0]
+    health = replace(health, seconds=time.monotonic() - started)
+    record(health, "tpuslice.check_slice")
+    return health
+
+
+def record(health: SliceHealth, who: str) -> None:
+    """Make a check's verdict the cluster's: clear a healthy slice, mark failed hosts.
+
+    Args:
+        health: The verdict.
+        who: What ran the check (for the log and the timeline).
+    """
+    if health.ok:
+        with contextlib.suppress(*_ray.kv_errors()):
+            clear_slice(health.slice_name, f"health check passed ({who})")
+        return
+    mark_suspects(
+        [
+            Blame(h.node_id, health.slice_name, h.worker_id, SuspectReason.HEALTH_CHECK, h.reason)
+            for h in health.failed
+        ]
+    )
+
+
+def _slice_named(slice_name: str) -> SliceInfo:
+    """The slice of that name in a snapshot of the cluster, with a valid shape."""
+    snapshot = read_snapshot()
+    info = snapshot.slices.get(slice_name)
+    if info is None or info.shape is None:
+        have = ", ".join(sorted(n for n, s in snapshot.slices.items() if s.shape)) or "none"
+        found = "no slice" if info is None else "a slice with no valid shape"
+        raise InvalidArgumentError(
+            f"cannot check {slice_name!r}: the cluster has {found} of that name; "
+            f"slices: {have} (tpuslice status lists them)"
+        )
+    return info
+
+
+# --- checks before a resilient run's retry -------------------------------------------------
+
+
+class UnfitSlices(Exception):
+    """A reservation's slices failed their health check before a retry ran on them.
+
+    Args:
+        failed: The failed slices' verdicts.
+        again: Every one of them had already failed a check in this run (so the run
+            would only land there again).
+    """
+
+    def __init__(self, failed: Sequence[SliceHealth], again: bool) -> None:
+        self.failed = tuple(failed)
+        self.again = again
+        super().__init__(self.cause)
+
+    @property
+    def cause(self) -> str:
+        """What failed, host by host, in one line."""
+        return "; ".join(
+            f"{r.slice_name} host {h.worker_id}: {h.reason}" for r in self.failed for h in r.failed
+        )
+
+
+def _suspect_names(spg: SlicePlacementGroup) -> set[str]:
+    from tpuslice._reserve.reserve import plumbing
+
+    return {info.name for info in plumbing(spg).suspect_slices()}
+
+
+@dataclass
+class Vetting:
+    """A resilient run's health checks (``run_resilient(..., health_check=True)``): before
+    a retry runs on a slice that is suspect (taken as a last resort) or that the run's last
+    attempt failed on by a hang or a lost host, every slice of the reservation is checked
+    (:func:`check_held`) and the verdict recorded (:func:`record`).
+
+    Attributes:
+        check: Checks a held reservation (a seam for tests).
+        suspects_of: The reservation's slices taken as a last resort (a seam for tests).
+        record: Records a verdict cluster-wide (a seam for tests).
+        doubted: Slices the run's last attempt failed on.
+        failed_checks: Slices that failed a check in this run.
+    """
+
+    check: Callable[[SlicePlacementGroup], list[SliceHealth]] = check_held
+    suspects_of: Callable[[SlicePlacementGroup], set[str]] = _suspect_names
+    record: Callable[[SliceHealth, str], None] = record
+    doubted: set[str] = field(default_factory=set)
+    failed_checks: set[str] = field(default_factory=set)
+
+    def attempt_failed(self, slice_names: Sequence[str], on_the_hosts: bool) -> None:
+        """Remember the slices of a failed attempt, if the failure points at the hosts.
+
+        Args:
+            slice_names: The attempt's slices.
+            on_the_hosts: A hang or a lost host (not the user's error, not a notice).
+        """
+        self.doubted = set(slice_names) if on_the_hosts else set()
+
+    def vet(self, spg: SlicePlacementGroup) -> str:
+        """Check the reservation if one of its slices is in doubt.
+
+        Args:
+            spg: The reservation a retry is about to run on.
+
+        Returns:
+            What was checked, for the attempt's ``started`` event (``""`` if nothing).
+
+        Raises:
+            UnfitSlices: a slice failed its check (its hosts are now suspect).
+        """
+        suspect = self.suspects_of(spg)
+        doubtful = [n for n in spg.slice_names if n in suspect or n in self.doubted]
+        if not doubtful:
+            return ""
+        results = self.check(spg)
+        for result in results:
+            self.record(result, "run_resilient")
+        failed = [r for r in results if not r.ok]
+        if failed:
+            again = all(r.slice_name in self.failed_checks for r in failed)
+            self.failed_checks.update(r.slice_name for r in failed)
+            raise UnfitSlices(failed, again)
+        why = ", ".join(f"{n} ({'suspect' if n in suspect else 'failed last'})" for n in doubtful)
+        took = max(r.seconds for r in results)
+        return f"health check passed in {took:.1f} s on {why}"

@@ -46,6 +46,7 @@ from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbing, reserve_slices
 from tpuslice._reserve.suspects import mark_suspects
 from tpuslice._run import observe
+from tpuslice._run.health import UnfitSlices, Vetting
 from tpuslice._run.run import check_run_args, launch
 from tpuslice._run.watchdog import AttemptWatch, Broken, WatchConfig
 from tpuslice._tpu.clock import Clock
@@ -57,6 +58,7 @@ from tpuslice.errors import (
     InvalidArgumentError,
     ReservationTimeoutError,
     RetriesExhaustedError,
+    SliceUnhealthyError,
     first_line,
 )
 
@@ -255,7 +257,7 @@ class RetryPolicy:
 
 # --- events -------------------------------------------------------------------------------
 
-EventKind = Literal["started", "notice", "failed", "succeeded", "giving_up"]
+EventKind = Literal["started", "notice", "failed", "check_failed", "succeeded", "giving_up"]
 
 
 @dataclass(frozen=True)
@@ -265,6 +267,7 @@ class AttemptEvent:
 
     Attributes:
         kind: ``started``, ``notice`` (a host of the attempt was warned), ``failed``,
+            ``check_failed`` (its slices failed their health check before it ran),
             ``succeeded`` or ``giving_up``.
         attempt: The attempt's number, from 1.
         slice_names: Its slices.
@@ -437,6 +440,8 @@ class ResilientRun:
     """How each attempt's watch is made (a seam for tests)."""
     mark: Callable[[Sequence[Blame]], object] = mark_suspects
     """Marks the hosts a failed attempt is blamed on suspect (a seam for tests)."""
+    vetting: Vetting | None = None
+    """Health checks before a retry lands on a doubtful slice (``health_check=True``)."""
 
     def until_done(self) -> list[Any]:
         """The one retry loop: attempt, and on failure ask the policy whether to go on.
@@ -469,7 +474,8 @@ class ResilientRun:
             self.clock.sleep(decision.delay_s)
 
     def attempt(self, number: int) -> list[Any] | AttemptRecord:
-        """Reserve, run on every host, wait.
+        """Reserve (checking the slices first if the run vets them), run on every host,
+        wait.
 
         Args:
             number: The attempt's number (1 for the first).
@@ -480,25 +486,84 @@ class ResilientRun:
 
         Raises:
             ReservationTimeoutError: the slices could not be reserved.
+            SliceUnhealthyError: with health checks, the only slices to be had failed
+                theirs again.
         """
         started = self.clock.now()
-        with self.reserve(self.request) as spg:
-            names = tuple(spg.slice_names)
-            self.emit(AttemptEvent("started", number, names))
-            watch = self.watch_for(spg, number, names, started)
-            try:
-                results = self.body(spg, watch)
-            except GangBrokenError as broken:
-                failed, self.last_error = broken, broken.__cause__
-                if broken.blamed:  # before the hand-back: nobody is granted them meanwhile
-                    self.mark(broken.blamed)
-            else:
-                elapsed = self.clock.now() - started
-                self.emit(AttemptEvent("succeeded", number, names, duration_s=elapsed))
-                return results
-            finally:
-                watch.close()
+        while True:
+            with self.reserve(self.request) as spg:
+                names = tuple(spg.slice_names)
+                try:
+                    checked = self.vetting.vet(spg) if self.vetting is not None else ""
+                except UnfitSlices as unfit:
+                    failed_check = unfit
+                else:
+                    return self.run_on(spg, number, names, checked, started)
+            self.unfit(number, names, failed_check)
+
+    def unfit(self, number: int, names: tuple[str, ...], unfit: UnfitSlices) -> None:
+        """A reservation failed its health check (now given back): say so, and reserve
+        again, unless the run would only land on slices that failed before.
+
+        Args:
+            number: The attempt's number.
+            names: The slices checked.
+            unfit: What failed.
+
+        Raises:
+            SliceUnhealthyError: every slice that failed had failed before in this run.
+        """
+        if not unfit.again:
+            next_action = "reserve again, away from the failed hosts"
+            self.emit(AttemptEvent("check_failed", number, names, None, unfit.cause, next_action))
+            return
+        reason = (
+            f"health check failed again: {unfit.cause}; no other slice could serve the "
+            "retry. They stay out of service until their cool-down ends, or "
+            f"`tpuslice health --clear {' '.join(r.slice_name for r in unfit.failed)}` "
+            "once fixed"
+        )
+        message = self.give_up(number, reason, None)
+        raise SliceUnhealthyError(message, self.history) from self.last_error
+
+    def run_on(
+        self,
+        spg: SlicePlacementGroup,
+        number: int,
+        names: tuple[str, ...],
+        checked: str,
+        started: float,
+    ) -> list[Any] | AttemptRecord:
+        """Run one attempt on its held reservation.
+
+        Args:
+            spg: The reservation.
+            number: The attempt's number.
+            names: Its slices.
+            checked: What its health check found, if one ran (for the ``started`` event).
+            started: When the attempt started (the run's clock).
+
+        Returns:
+            The results, or the failed attempt's record.
+        """
+        self.emit(AttemptEvent("started", number, names, cause=checked))
+        watch = self.watch_for(spg, number, names, started)
+        try:
+            results = self.body(spg, watch)
+        except GangBrokenError as broken:
+            failed, self.last_error = broken, broken.__cause__
+            if broken.blamed:  # before the hand-back: nobody is granted them meanwhile
+                self.mark(broken.blamed)
+        else:
+            elapsed = self.clock.now() - started
+            self.emit(AttemptEvent("succeeded", number, names, duration_s=elapsed))
+            return results
+        finally:
+            watch.close()
         elapsed = self.clock.now() - started
+        if self.vetting is not None:
+            on_hosts = failed.outcome in (Outcome.HANG, Outcome.HOST_FAILURE)
+            self.vetting.attempt_failed(names, on_hosts)
         return AttemptRecord(
             number, names, spg.num_hosts, failed.outcome, failed.cause, elapsed, failed.evidence
         )
@@ -665,6 +730,7 @@ def run_resilient(
     on_notice: EventCallback | None = None,
     heartbeat_timeout_s: float | None = None,
     startup_timeout_s: float | None = None,
+    health_check: bool = False,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn`` on every host of whole slices and return its results in rank order,
@@ -701,6 +767,12 @@ def run_resilient(
             rerun). ``None``: not watched.
         startup_timeout_s: A rank that has not beaten this long after the start is stuck
             starting (a hang). ``None``: not watched.
+        health_check: Before a retry runs on a slice that is suspect (taken only because
+            nothing else could serve in time) or that the last attempt hung or lost a host
+            on, check every host of its reservation (:func:`tpuslice.check_slice`'s
+            probes). A slice that passes is trusted again; one that fails is kept out of
+            service, and the run reserves again elsewhere, or gives up if only failed
+            slices are left.
         **kwargs: Passed to every call of ``fn``.
 
     Returns:
@@ -711,6 +783,8 @@ def run_resilient(
         InvalidArgumentError: an invalid shape, count, budget or backoff.
         RetriesExhaustedError: a budget ran out (``history`` lists every attempt).
         ReservationTimeoutError: an attempt could not reserve its slices in time.
+        SliceUnhealthyError: with ``health_check``, only slices that failed their check
+            were left (a :class:`RetriesExhaustedError`; the message names the hosts).
     """
     check_run_args(fn, None, None)
     policy = RetryPolicy(
@@ -730,5 +804,13 @@ def run_resilient(
         priority,
     )
     body = functools.partial(run_function, fn, args, kwargs)
-    run = ResilientRun(body, request, policy, on_event, new_clock(), watching=watching)
+    run = ResilientRun(
+        body,
+        request,
+        policy,
+        on_event,
+        new_clock(),
+        watching=watching,
+        vetting=Vetting() if health_check else None,
+    )
     return run.until_done()

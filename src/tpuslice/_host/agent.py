@@ -153,6 +153,11 @@ class HostAgent:
             owner = find_owner(self.root, among=ours)
             if owner is None or time.monotonic() > deadline:
                 return self._record(owner)
+            if not owner.command:
+                # Exiting (a process being killed has no command line left): its lock
+                # and devices go with it in a moment; it is nobody's to judge or signal.
+                time.sleep(0.02)
+                continue
             if owner.pid not in ours and owner.job_id != job_id:
                 return self._record(owner)
             first = signalled.setdefault(owner.pid, time.monotonic())

@@ -273,8 +273,8 @@ def check_held(
     spg: SlicePlacementGroup,
     *,
     check: Any = None,
-    tpu_open_s: float = TPU_OPEN_S,
-    reach_s: float = REACH_S,
+    tpu_open_s: float | None = None,
+    reach_s: float | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> list[SliceHealth]:
     """Check every slice of a held reservation (the probes of all slices at once).
@@ -283,13 +283,15 @@ def check_held(
         spg: The reservation; its slices must be idle of other work.
         check: A ``@ray.remote`` function run on every host once the probes pass, or
             ``None``.
-        tpu_open_s: Bound on starting a host's TPU backend.
-        reach_s: Bound on reaching rank 0.
+        tpu_open_s: Bound on starting a host's TPU backend (default :data:`TPU_OPEN_S`).
+        reach_s: Bound on reaching rank 0 (default :data:`REACH_S`).
         clock: Monotonic seconds.
 
     Returns:
         One result per slice, in slice order.
     """
+    tpu_open_s = TPU_OPEN_S if tpu_open_s is None else tpu_open_s
+    reach_s = REACH_S if reach_s is None else reach_s
     started = clock()
     check_id = uuid.uuid4().hex[:12]
     keys = [f"{HEALTH_KEY_PREFIX}{check_id}/{name}" for name in spg.slice_names]
@@ -437,8 +439,8 @@ def check_slice(
     *,
     timeout_s: float = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
     check: Any = None,
-    tpu_open_s: float = TPU_OPEN_S,
-    reach_s: float = REACH_S,
+    tpu_open_s: float | None = None,
+    reach_s: float | None = None,
 ) -> SliceHealth:
     """Check every host of one slice, and record the verdict cluster-wide: a slice that
     passes is trusted again (its suspect records cleared); a host that fails is marked
@@ -454,8 +456,10 @@ def check_slice(
         check: Your own check, a ``@ray.remote`` function run once on every host (as a
             one-shot runs, in rank order) after the built-in probes pass; it fails a host
             by raising. For example a small all-reduce.
-        tpu_open_s: Bound on starting each host's TPU backend.
-        reach_s: Bound on each rank's connection to rank 0's coordinator port.
+        tpu_open_s: Bound on starting each host's TPU backend (default
+            :data:`TPU_OPEN_S`, 30 s).
+        reach_s: Bound on each rank's connection to rank 0's coordinator port (default
+            :data:`REACH_S`, 10 s).
 
     Returns:
         The verdict per host, with timings.
@@ -467,7 +471,7 @@ def check_slice(
         ReservationTimeoutError: the slice was not idle within ``timeout_s``.
     """
     for name, value in (("tpu_open_s", tpu_open_s), ("reach_s", reach_s)):
-        if not value > 0:
+        if value is not None and not value > 0:
             raise InvalidArgumentError(f"{name} must be seconds > 0, got {value!r}")
     started = time.monotonic()
     info = _slice_named(slice_name)

@@ -1,0 +1,51 @@
+"""A host agent's hand-back check (HostAgent.release) over scripted owners: no Ray, no
+processes signalled for real."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tpuslice._host import agent
+from tpuslice._host.tpu_lock import TPUOwner
+
+
+@pytest.fixture
+def host(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[agent.HostAgent, list[object]]]:
+    """An agent whose owner scan, signals and records are scripted."""
+    seen: list[object] = []
+    monkeypatch.setattr(agent._ray, "kv_put", lambda k, v, ns: seen.append(("put", k)))
+    monkeypatch.setattr(agent._ray, "kv_delete", lambda k, ns: seen.append(("delete", k)))
+    monkeypatch.setattr(agent, "_signal", lambda pid, sig: seen.append(("signal", pid, sig)))
+    found = agent.HostAgent.__new__(agent.HostAgent)
+    found.node_id, found.root = "n1", Path("/nonexistent")
+    yield found, seen
+
+
+def script(monkeypatch: pytest.MonkeyPatch, owners: list[TPUOwner | None]) -> None:
+    answers = iter(owners)
+    monkeypatch.setattr(agent, "find_owner", lambda root, among=None: next(answers))
+
+
+def test_an_owner_that_is_exiting_is_waited_for_not_recorded_as_someone_elses(
+    host: tuple[agent.HostAgent, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed a moment ago still holds the lock while it exits, with no command
+    line and no environment left to tell whose it is."""
+    exiting = TPUOwner(4242, "", None, 0, True)
+    script(monkeypatch, [exiting, exiting, None])
+    found, seen = host
+    assert found.release("01000000", [], grace_s=1.0, timeout_s=10.0) is None
+    assert seen == [("delete", "tpu-owner/n1")]  # no signal, and the host recorded free
+
+
+def test_someone_elses_owner_is_recorded_and_left_running(
+    host: tuple[agent.HostAgent, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    notebook = TPUOwner(4343, "python notebook.py", None, 0, True)
+    script(monkeypatch, [notebook])
+    found, seen = host
+    assert found.release("01000000", [], grace_s=1.0, timeout_s=10.0) == notebook.to_dict()
+    assert seen == [("put", "tpu-owner/n1")]

@@ -532,8 +532,8 @@ class UnfitSlices(Exception):
 
     Args:
         failed: The failed slices' verdicts.
-        again: Every one of them had already failed a check in this run (so the run
-            would only land there again).
+        again: They had already failed a check in this run: the reservation landed on
+            them again, so nothing else could serve it.
     """
 
     def __init__(self, failed: Sequence[SliceHealth], again: bool) -> None:
@@ -567,14 +567,15 @@ class Vetting:
         suspects_of: The reservation's slices taken as a last resort (a seam for tests).
         record: Records a verdict cluster-wide (a seam for tests).
         doubted: Slices the run's last attempt failed on.
-        failed_checks: Slices that failed a check in this run.
+        failed_checks: Slices that failed a check in this run, with the verdict: a
+            reservation that lands on one again is not checked again (the run gives up).
     """
 
     check: Callable[[SlicePlacementGroup], list[SliceHealth]] = check_held
     suspects_of: Callable[[SlicePlacementGroup], set[str]] = _suspect_names
     record: Callable[[SliceHealth, str], None] = record
     doubted: set[str] = field(default_factory=set)
-    failed_checks: set[str] = field(default_factory=set)
+    failed_checks: dict[str, SliceHealth] = field(default_factory=dict)
 
     def attempt_failed(self, slice_names: Sequence[str], on_the_hosts: bool) -> None:
         """Remember the slices of a failed attempt, if the failure points at the hosts.
@@ -597,6 +598,9 @@ class Vetting:
         Raises:
             UnfitSlices: a slice failed its check (its hosts are now suspect).
         """
+        known = [self.failed_checks[n] for n in spg.slice_names if n in self.failed_checks]
+        if known:  # checked and failed in this run: not worth another check's wait
+            raise UnfitSlices(known, again=True)
         suspect = self.suspects_of(spg)
         doubtful = [n for n in spg.slice_names if n in suspect or n in self.doubted]
         if not doubtful:
@@ -606,9 +610,8 @@ class Vetting:
             self.record(result, "run_resilient")
         failed = [r for r in results if not r.ok]
         if failed:
-            again = all(r.slice_name in self.failed_checks for r in failed)
-            self.failed_checks.update(r.slice_name for r in failed)
-            raise UnfitSlices(failed, again)
+            self.failed_checks.update((r.slice_name, r) for r in failed)
+            raise UnfitSlices(failed, again=False)
         why = ", ".join(f"{n} ({'suspect' if n in suspect else 'failed last'})" for n in doubtful)
         took = max(r.seconds for r in results)
         return f"health check passed in {took:.1f} s on {why}"

@@ -45,7 +45,19 @@ def test_someone_elses_owner_is_recorded_and_left_running(
     host: tuple[agent.HostAgent, list[object]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     notebook = TPUOwner(4343, "python notebook.py", None, 0, True)
-    script(monkeypatch, [notebook])
+    script(monkeypatch, [notebook, notebook])  # looked at twice, then left be
     found, seen = host
     assert found.release("01000000", [], grace_s=1.0, timeout_s=10.0) == notebook.to_dict()
     assert seen == [("put", "tpu-owner/n1")]
+
+
+def test_a_killed_worker_that_lost_its_environment_first_is_looked_at_again(
+    host: tuple[agent.HostAgent, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its command line still reads, its job no longer does: it seems someone else's for
+    one look, and is gone at the next."""
+    dying = TPUOwner(4444, "ray::train", None, 0, True)
+    script(monkeypatch, [dying, None])
+    found, seen = host
+    assert found.release("01000000", [], grace_s=1.0, timeout_s=10.0) is None
+    assert seen == [("delete", "tpu-owner/n1")]

@@ -58,6 +58,9 @@ PROBE_TIMEOUT_S = 60.0
 GRACE_S = 2.0
 """How long an owner may take to exit after SIGTERM before it gets SIGKILL."""
 RELEASE_TIMEOUT_S = 15.0
+FOREIGN_RECHECK_S = 0.1
+"""How long a hand-back waits to look again at a TPU owner that seems not to be the
+job's before it leaves it be (a worker being killed can seem so for a moment)."""
 START_WAIT_S = 1.0
 """How long a reservation waits for an agent not yet known to be up (it may be
 starting) before it counts that host's TPU as free."""
@@ -148,6 +151,7 @@ class HostAgent:
         """
         deadline = time.monotonic() + timeout_s
         signalled: dict[int, float] = {}
+        foreign: set[int] = set()
         ours = set(pids)
         while True:
             owner = find_owner(self.root, among=ours)
@@ -159,7 +163,14 @@ class HostAgent:
                 time.sleep(0.02)
                 continue
             if owner.pid not in ours and owner.job_id != job_id:
-                return self._record(owner)
+                if owner.pid in foreign:
+                    return self._record(owner)
+                # Looked at once more before it is called someone else's: a worker of
+                # this job killed a moment ago can lose its environment (and so its job)
+                # before its command line, while it still holds the TPU.
+                foreign.add(owner.pid)
+                time.sleep(FOREIGN_RECHECK_S)
+                continue
             first = signalled.setdefault(owner.pid, time.monotonic())
             late = time.monotonic() - first > grace_s
             _signal(owner.pid, signal.SIGKILL if late else signal.SIGTERM)

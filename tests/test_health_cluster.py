@@ -34,9 +34,9 @@ def beat_until_go(marker_dir: str, go: str, open_tpu: bool) -> str:
     host = tpuslice.current_host()
     if open_tpu:
         tpuslice.jax.open_tpu()
-    Path(marker_dir, f"{host.slice_name}.{host.rank}.{time.monotonic_ns()}").write_text(
-        host.slice_name
-    )
+    hidden = Path(marker_dir, f".{host.slice_name}.{host.rank}.{time.monotonic_ns()}")
+    hidden.write_text(host.slice_name)
+    hidden.rename(Path(marker_dir, hidden.name[1:]))  # appears complete, never half-written
     deadline = time.monotonic() + TASK_BOUND_S
     while not Path(go).exists():
         if time.monotonic() > deadline:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -32,14 +31,6 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, what: str = "") 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(0.02)
-
-
-def write_marker(directory: str, text: str) -> None:
-    """A marker file for :func:`markers_written`, written under a dot-name and then renamed,
-    so that it appears whole, never half-written (called from test tasks)."""
-    hidden = Path(directory, f".{uuid.uuid4().hex}")
-    hidden.write_text(text)
-    hidden.rename(Path(directory, hidden.name[1:]))
 
 
 def markers_written(directory: Path, count: int) -> list[str]:

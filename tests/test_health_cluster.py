@@ -14,7 +14,7 @@ import ray
 from click.testing import CliRunner
 
 import tpuslice
-from clusterutil import hold_host, markers_written, run_in_background, wait_for, write_marker
+from clusterutil import hold_host, markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome
 from tpuslice._host.suspects import Blame, SuspectReason
 from tpuslice._reserve.suspects import mark_suspects
@@ -34,7 +34,9 @@ def beat_until_go(marker_dir: str, go: str, open_tpu: bool) -> str:
     host = tpuslice.current_host()
     if open_tpu:
         tpuslice.jax.open_tpu()
-    write_marker(marker_dir, host.slice_name)
+    hidden = Path(marker_dir, f".{host.slice_name}.{host.rank}.{time.monotonic_ns()}")
+    hidden.write_text(host.slice_name)
+    hidden.rename(Path(marker_dir, hidden.name[1:]))  # appears complete, never half-written
     deadline = time.monotonic() + TASK_BOUND_S
     while not Path(go).exists():
         if time.monotonic() > deadline:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import pytest
 import ray
 
 import tpuslice
-from clusterutil import hold_host, markers_written, run_in_background, wait_for, write_marker
+from clusterutil import hold_host, markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome, _ray
 from tpuslice._host.suspects import SuspectReason
 from tpuslice._reserve.suspects import clear_slice
@@ -41,7 +42,9 @@ TASK_BOUND_S = 120.0
 def beat_until_go(marker_dir: str, go: str) -> tuple[str, int]:
     """A marker naming the slice, then a heartbeat every 50 ms until the go file exists."""
     host = tpuslice.current_host()
-    write_marker(marker_dir, host.slice_name)
+    hidden = Path(marker_dir, f".{uuid.uuid4().hex}")
+    hidden.write_text(host.slice_name)
+    hidden.rename(Path(marker_dir, hidden.name[1:]))
     deadline = time.monotonic() + TASK_BOUND_S
     while not Path(go).exists():
         if time.monotonic() > deadline:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 import ray
 
 import tpuslice
-from clusterutil import markers_written, run_in_background, wait_for, write_marker
+from clusterutil import markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome
 from tpuslice._run import resilient
 from tpuslice._tpu.clock import Clock
@@ -29,7 +30,9 @@ TASK_BOUND_S = 120.0
 def wait_for_go(marker_dir: str, go: str) -> tuple[str, int]:
     """Say "started" (a marker file naming the slice), then wait for the test's go file."""
     host = tpuslice.current_host()
-    write_marker(marker_dir, host.slice_name)
+    hidden = Path(marker_dir, f".{uuid.uuid4().hex}")
+    hidden.write_text(host.slice_name)
+    hidden.rename(Path(marker_dir, hidden.name[1:]))  # appears complete, never half-written
     deadline = time.monotonic() + TASK_BOUND_S
     while not Path(go).exists():
         if time.monotonic() > deadline:

@@ -20,6 +20,7 @@ _EXPORTS: dict[str, str] = {
     "SimulatorError": "tpuslice._sim.simulated",
     "SliceSpec": "tpuslice._sim.simulated",
     "assert_no_placement_groups": "tpuslice.testing.checks",
+    "assert_slices_ready": "tpuslice.testing.checks",
     "live_placement_groups": "tpuslice.testing.checks",
     "remove_placement_groups": "tpuslice.testing.checks",
 }
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     )
     from tpuslice.testing.checks import (
         assert_no_placement_groups,
+        assert_slices_ready,
         live_placement_groups,
         remove_placement_groups,
     )
@@ -56,6 +58,7 @@ __all__ = [
     "SimulatorError",
     "SliceSpec",
     "assert_no_placement_groups",
+    "assert_slices_ready",
     "live_placement_groups",
     "remove_placement_groups",
 ]

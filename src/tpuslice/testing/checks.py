@@ -1,4 +1,5 @@
-"""Checks for tests that use a (simulated) cluster: no placement group left behind."""
+"""Checks for tests that use a (simulated) cluster: no placement group left behind, and every
+slice idle again."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import ray
 
 from tpuslice._reserve.groups import live_placement_groups
 
-__all__ = ["assert_no_placement_groups", "live_placement_groups", "remove_placement_groups"]
+__all__ = [
+    "assert_no_placement_groups",
+    "assert_slices_ready",
+    "live_placement_groups",
+    "remove_placement_groups",
+]
 
 
 def assert_no_placement_groups(timeout: float = 10.0) -> None:
@@ -34,6 +40,32 @@ def assert_no_placement_groups(timeout: float = 10.0) -> None:
         for pg in live
     )
     raise AssertionError(f"{len(live)} placement group(s) left behind: {described}")
+
+
+def assert_slices_ready(timeout: float = 30.0) -> None:
+    """Wait (bounded) until every slice of the cluster is ready: whole, idle, and neither
+    broken, under notice nor suspect. A hand-back ends before Ray's view of the freed
+    hosts does, so a test that reserves right after another could otherwise find a slice
+    still busy and be granted fewer than it expects.
+
+    Args:
+        timeout: Seconds to wait.
+
+    Raises:
+        AssertionError: some slice is still not ready after ``timeout``; the message names
+            each with its state and reason.
+    """
+    from tpuslice._view.cluster import SliceState, read_snapshot
+
+    deadline = time.monotonic() + timeout
+    while True:
+        waiting = [s for s in read_snapshot().slices.values() if s.state is not SliceState.READY]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            described = "; ".join(f"{s.name} {s.state.value}: {s.reason}" for s in waiting)
+            raise AssertionError(f"slices not ready after {timeout:.0f} s: {described}")
+        time.sleep(0.05)
 
 
 def remove_placement_groups(groups: Iterable[dict[str, Any]] | None = None) -> int:

@@ -85,13 +85,15 @@ def simulated_cluster(request: pytest.FixtureRequest) -> Iterator[SimulatedClust
 
 @pytest.fixture
 def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluster]:
-    """The session's cluster; fails the test if it leaves a placement group behind, or
-    a simulated TPU owned (a process still holding its libtpu lock or devices). Hosts a
-    test's runs marked suspect are trusted again after it."""
+    """The session's cluster; fails the test if it leaves a placement group behind, a
+    simulated TPU owned (a process still holding its libtpu lock or devices), or a slice
+    that does not come back ready. Hosts a test's runs marked suspect are trusted again
+    after it."""
     from tpuslice._host.suspects import clear_all
-    from tpuslice.testing.checks import assert_no_placement_groups
+    from tpuslice.testing.checks import assert_no_placement_groups, assert_slices_ready
 
     yield simulated_cluster
     clear_all()
     assert_no_placement_groups()
     simulated_cluster.wait_tpus_free()
+    assert_slices_ready()

@@ -22,7 +22,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import tpuslice
 from clusterutil import hold_host, wait_for
-from tpuslice._host.agent import FRESH_S
+from tpuslice._host.agent import FRESH_S, probe_owners
 from tpuslice._host.tpu_lock import SIM_ROOT_ENV
 from tpuslice._reserve.reserve import plumbing
 from tpuslice._sim.procs import pid_alive
@@ -220,6 +220,10 @@ def notebook(tpu_cluster: SimulatedCluster) -> Iterator[subprocess.Popen[str]]:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+        # The host's agent keeps its record of the owner until asked again (the queue
+        # asks while someone waits); ask now, so the slice is ready for the next test.
+        host = tpuslice.read_snapshot().slices["v6e-16-a"].hosts[2]
+        assert probe_owners([host.node_id])[host.node_id] is None
 
 
 def test_a_foreign_owner_makes_its_slice_busy_with_a_reason(

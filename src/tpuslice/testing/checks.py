@@ -42,13 +42,15 @@ def assert_no_placement_groups(timeout: float = 10.0) -> None:
     raise AssertionError(f"{len(live)} placement group(s) left behind: {described}")
 
 
-def assert_slices_ready(timeout: float = 30.0) -> None:
+def assert_slices_ready(names: Iterable[str] | None = None, timeout: float = 30.0) -> None:
     """Wait (bounded) until every slice of the cluster is ready: whole, idle, and neither
     broken, under notice nor suspect. A hand-back ends before Ray's view of the freed
     hosts does, so a test that reserves right after another could otherwise find a slice
     still busy and be granted fewer than it expects.
 
     Args:
+        names: The slices to wait for; ``None`` for every slice Ray knows (including
+            those whose hosts were all removed, which stay broken).
         timeout: Seconds to wait.
 
     Raises:
@@ -57,9 +59,14 @@ def assert_slices_ready(timeout: float = 30.0) -> None:
     """
     from tpuslice._view.cluster import SliceState, read_snapshot
 
+    wanted = None if names is None else set(names)
     deadline = time.monotonic() + timeout
     while True:
-        waiting = [s for s in read_snapshot().slices.values() if s.state is not SliceState.READY]
+        waiting = [
+            s
+            for s in read_snapshot().slices.values()
+            if s.state is not SliceState.READY and (wanted is None or s.name in wanted)
+        ]
         if not waiting:
             return
         if time.monotonic() > deadline:

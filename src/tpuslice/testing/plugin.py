@@ -96,4 +96,4 @@ def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluste
     clear_all()
     assert_no_placement_groups()
     simulated_cluster.wait_tpus_free()
-    assert_slices_ready()
+    assert_slices_ready(simulated_cluster.slices)  # not slices a test added and removed

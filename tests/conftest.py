@@ -18,6 +18,8 @@ sys.path.insert(0, str(GUARD_DIR))
 
 import sitecustomize as netguard  # noqa: E402  (tests/netguard, found through the line above)
 
+pytest_plugins = ["tiering"]  # the order of the tiers, and stopping when the pure one fails
+
 # A suite started in the background by a non-interactive shell inherits SIGINT ignored,
 # and so would every driver and CLI it starts: the tests of Ctrl-C would then send a
 # signal nobody hears. Python's own handler is reset to the default in each child.
@@ -92,22 +94,6 @@ def no_stray_timeline_events(
 
     kept = events.EventWriter(put=dropped, list_keys=lambda prefix: [], delete=dropped)
     monkeypatch.setattr(events, "WRITER", kept)
-
-
-SESSION_CLUSTER_FIXTURES = frozenset({"simulated_cluster", "tpu_cluster"})
-
-
-def _tier(item: pytest.Item) -> int:
-    if item.get_closest_marker("cluster") is None:
-        return 0
-    return 2 if SESSION_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())) else 1
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that need no cluster run first, so a whole run reports their failures
-    within its first minute; then those that start clusters of their own, before the
-    session's cluster is up to share the 2 cores with them; then the rest, in order."""
-    items.sort(key=_tier)
 
 
 @pytest.fixture(autouse=True)

@@ -28,3 +28,30 @@ def test_a_test_using_the_cluster_fixtures_is_marked_cluster(pytester: pytest.Py
     slow = pytester.runpytest("-m", "cluster", "--collect-only", "-q", "--strict-markers")
     listed = [line.split("::")[1] for line in slow.outlines if "::" in line]
     assert listed == ["test_held", "test_shared"]
+
+
+def test_a_failing_pure_test_stops_the_run_before_any_cluster_test(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest('pytest_plugins = ["tiering"]')
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.cluster
+        def test_own_cluster():
+            pass
+
+        def test_logic():
+            assert 1 + 1 == 3
+
+        def test_more_logic():
+            pass
+        """
+    )
+    result = pytester.runpytest("-v")
+    ran = [line.split("::")[1].split()[0] for line in result.outlines if "::" in line]
+    assert ran[:2] == ["test_logic", "test_more_logic"]  # the pure tier first, all of it
+    assert "PASSED" not in "".join(line for line in result.outlines if "test_own_cluster" in line)
+    result.stdout.fnmatch_lines(["*a test that needs no cluster failed*test_logic*"])
+    assert pytester.runpytest("-q", "-k", "own_cluster").ret == 0  # no pure failure: runs

@@ -6,6 +6,8 @@ replaced host is trusted again."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,8 +18,7 @@ from click.testing import CliRunner
 import tpuslice
 from clusterutil import hold_host, markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome
-from tpuslice._host.suspects import Blame, SuspectReason
-from tpuslice._reserve.suspects import mark_suspects
+from tpuslice._host.suspects import SuspectReason
 from tpuslice._run import health
 from tpuslice._view.cluster import SliceState, read_snapshot
 from tpuslice.cli.commands import main
@@ -160,11 +161,28 @@ def test_tpuslice_health_gives_each_hosts_verdict_and_fails_on_an_unreachable_on
     assert state("v6e-16-a") is SliceState.READY
 
 
+MARK_IN_ANOTHER_DRIVER = """
+import sys, ray
+from tpuslice._host.suspects import Blame, SuspectReason
+from tpuslice._reserve.suspects import mark_suspects
+ray.init(address=sys.argv[1], log_to_driver=False)
+mark_suspects([Blame(sys.argv[2], "v4-16-a", 1, SuspectReason.HANG, "another driver's hang")])
+"""
+
+
 def test_reservations_keep_off_a_suspect_slice_until_nothing_else_can_serve_and_a_new_vm_is_trusted(
     tpu_cluster: SimulatedCluster,
 ) -> None:
     host = read_snapshot().slices["v4-16-a"].hosts[1]
-    mark_suspects([Blame(host.node_id, "v4-16-a", 1, SuspectReason.HANG, "a test's hang")])
+    # Another driver's run marks the host, as a resilient run does after a hang there.
+    other_driver = subprocess.run(
+        [sys.executable, "-c", MARK_IN_ANOTHER_DRIVER, tpu_cluster.address, host.node_id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert other_driver.returncode == 0, other_driver.stderr[-2000:]
+    assert state("v4-16-a") is SliceState.SUSPECT
     with tpuslice.SlicePlacementGroup(**V4, num_slices=3) as spg:
         assert "v4-16-a" not in spg.slice_names
     with tpuslice.SlicePlacementGroup(**V4, num_slices=4) as spg:  # fewer trusted than asked

@@ -269,3 +269,25 @@ def test_the_gauges_count_suspect_slices_and_hosts() -> None:
     assert got[("slices", "suspect")] == 1 and got[("slices", "ready")] == 1
     assert got[("hosts", "suspect")] == 1 and got[("hosts", "busy")] == 1
     assert got[("hosts", "free")] == 6
+
+
+def test_tpuslice_health_cooldown_sets_the_clusters_and_says_what_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from contextlib import nullcontext
+
+    from click.testing import CliRunner
+
+    from tpuslice.cli import health as cli_health
+    from tpuslice.cli.commands import main
+
+    store = Store(monkeypatch)
+    monkeypatch.setattr(cli_health, "connected", lambda address: nullcontext())
+    result = CliRunner().invoke(main, ["health", "--cooldown", "1800"])
+    assert result.exit_code == 0, result.output
+    assert "stay suspect for 1800 s (was 600 s)" in result.output
+    assert suspects.cooldown() == 1800.0 and store.data[SUSPECT_COOLDOWN_KEY] == b"1800.0"
+    for bad in (["--cooldown", "0"], ["--cooldown", "inf"], ["v4-16-a", "--cooldown", "60"]):
+        refused = CliRunner().invoke(main, ["health", *bad])
+        assert refused.exit_code == 2, (bad, refused.output)
+    assert suspects.cooldown() == 1800.0  # nothing refused was written

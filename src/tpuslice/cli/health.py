@@ -1,7 +1,8 @@
 """``tpuslice health``: check slices' hosts now, or trust a slice again by hand.
 
 A failed host keeps its slice out of service (suspect) until its cool-down ends or a check
-passes; ``--clear`` trusts it again at once, for an operator who fixed or replaced it.
+passes; ``--clear`` trusts it again at once, for an operator who fixed or replaced it, and
+``--cooldown`` sets how long that is for the whole cluster.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rich.markup import escape
 from tpuslice._run.health import SliceHealth, check_slice
 from tpuslice._view import cluster
 from tpuslice.cli.connect import UsageError, connected
-from tpuslice.errors import ReservationTimeoutError
+from tpuslice.errors import InvalidArgumentError, ReservationTimeoutError
 
 console = Console()
 
@@ -65,6 +66,14 @@ def pick(snapshot: cluster.ClusterSnapshot, names: tuple[str, ...], every: bool)
     help="Seconds to wait for a named slice to be idle.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
+@click.option(
+    "--cooldown",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Set how long hosts marked suspect from now on stay suspect, for the whole "
+    "cluster (default 600); give it alone: no check runs.",
+)
 @click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
 def health_command(
     slices: tuple[str, ...],
@@ -72,12 +81,18 @@ def health_command(
     clear: bool,
     timeout: float,
     as_json: bool,
+    cooldown: float | None,
     address: str | None,
 ) -> None:
     """Check every host of SLICE (answers, TPU starts, peers reach rank 0), record the
     verdict for the whole cluster, and exit 1 if a host failed."""
     from tpuslice._reserve.suspects import clear_slice
 
+    if cooldown is not None:
+        if slices or every or clear:
+            raise UsageError("--cooldown sets the cluster's cool-down: give it alone")
+        set_cooldown(cooldown, address)
+        return
     with connected(address):
         snapshot = cluster.read_snapshot()
         names = pick(snapshot, slices, every)
@@ -101,6 +116,32 @@ def health_command(
             console.print(f"[yellow]{name}: not checked: {escape(why)}[/yellow]")
     if not all(r.ok for r in results):
         raise SystemExit(1)
+
+
+def set_cooldown(seconds: float, address: str | None) -> None:
+    """Set the cluster's suspect cool-down and say what it was.
+
+    Args:
+        seconds: The new cool-down.
+        address: The Ray cluster, as for :func:`~tpuslice.cli.connect.connect`.
+
+    Raises:
+        UsageError: ``seconds`` is not finite, or there is no cluster to connect to.
+    """
+    from tpuslice._host import suspects
+    from tpuslice._reserve.suspects import set_suspect_cooldown
+
+    try:
+        suspects.check_cooldown(seconds)
+    except InvalidArgumentError as exc:
+        raise UsageError(str(exc)) from exc
+    with connected(address):
+        before = suspects.cooldown()
+        set_suspect_cooldown(seconds)
+    console.print(
+        f"hosts marked suspect from now on stay suspect for {seconds:g} s "
+        f"(was {before:g} s); hosts already suspect keep their end time"
+    )
 
 
 def check_all(

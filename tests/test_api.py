@@ -128,3 +128,36 @@ def test_offered_ray_callables_take_the_same_parameters() -> None:
 
 def test_classes_constructed_by_a_function_are_ray_classes() -> None:
     assert set(CONSTRUCTED_BY_A_FUNCTION) <= ray_public_tpu_api() & set(tpuslice.__all__)
+
+
+def public_callables() -> list[tuple[str, object]]:
+    """Every public function and class of ``tpuslice``, and each class's public methods
+    and constructor, by name."""
+    found: list[tuple[str, object]] = []
+    for name in tpuslice.__all__:
+        obj = getattr(tpuslice, name)
+        if not callable(obj):
+            continue
+        found.append((name, obj))
+        if inspect.isclass(obj):
+            found.append((f"{name}.__init__", obj.__init__))
+            found += [
+                (f"{name}.{attr}", value)
+                for attr, value in vars(obj).items()
+                if not attr.startswith("_") and callable(value)
+            ]
+    return found
+
+
+def test_no_public_signature_has_an_underscore_named_parameter() -> None:
+    """Test seams (clocks, fakes) go through the private layer, not a public signature."""
+    seen = 0
+    offending = []
+    for label, obj in public_callables():
+        try:
+            parameters = inspect.signature(obj).parameters  # type: ignore[arg-type]
+        except (TypeError, ValueError):  # builtins without a signature
+            continue
+        seen += 1
+        offending += [f"{label}({p})" for p in parameters if p.startswith("_")]
+    assert seen > 50 and not offending, offending

@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from tpuslice import _ray
 from tpuslice._tpu.keys import NAMESPACE, SUSPECT_COOLDOWN_KEY, SUSPECT_KEY_PREFIX
@@ -157,16 +157,7 @@ class Suspect:
         Returns:
             UTF-8 JSON.
         """
-        data = {
-            "node_id": self.node_id,
-            "slice_name": self.slice_name,
-            "worker_id": self.worker_id,
-            "reason": self.reason.value,
-            "evidence": self.evidence,
-            "since": self.since,
-            "until": self.until,
-        }
-        return json.dumps(data).encode()
+        return json.dumps({**asdict(self), "reason": self.reason.value}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> Suspect:

@@ -51,6 +51,13 @@ def state(name: str) -> SliceState:
     return read_snapshot().slices[name].state
 
 
+def suspect_hosts(name: str) -> list[tuple[int, SuspectReason]]:
+    """The slice's suspect hosts and why, once the view shows the slice suspect."""
+    found = read_snapshot().slices[name]
+    assert found.state is SliceState.SUSPECT, f"{name} is {found.state.value}: {found.reason}"
+    return [(s.worker_id, s.reason) for s in found.suspects]
+
+
 def hang_on_the_only_slice(
     tpu_cluster: SimulatedCluster, tmp_path: Path, *, wedge: bool
 ) -> tuple[list[AttemptEvent], BaseException | list[str]]:
@@ -123,11 +130,7 @@ def test_a_host_whose_tpu_hangs_fails_its_check_and_the_run_gives_up_naming_it(
             "check_failed",
             "giving_up",
         ]
-        found = read_snapshot().slices["v4-16-a"]
-        assert found.state is SliceState.SUSPECT
-        assert [(s.worker_id, s.reason) for s in found.suspects] == [
-            (1, SuspectReason.HEALTH_CHECK)
-        ]
+        assert suspect_hosts("v4-16-a") == [(1, SuspectReason.HEALTH_CHECK)]
     finally:
         tpu_cluster.repair_host("v4-16-a", 1)
     assert tpuslice.check_slice("v4-16-a").ok  # repaired: trusted again
@@ -149,11 +152,7 @@ def test_tpuslice_health_gives_each_hosts_verdict_and_fails_on_an_unreachable_on
         assert failed.exit_code == 1, failed.output
         assert "v6e-16-a: 1 host(s) failed" in failed.output
         assert "host 2: FAILED: reach: could not reach rank 0" in failed.output  # peers did
-        found_now = read_snapshot().slices["v6e-16-a"]
-        assert found_now.state is SliceState.SUSPECT
-        assert [(s.worker_id, s.reason) for s in found_now.suspects] == [
-            (2, SuspectReason.HEALTH_CHECK)
-        ]
+        assert suspect_hosts("v6e-16-a") == [(2, SuspectReason.HEALTH_CHECK)]
     finally:
         tpu_cluster.repair_host("v6e-16-a", 2)
     cleared = CliRunner().invoke(main, ["health", "v6e-16-a", "--clear"], env={"COLUMNS": "200"})

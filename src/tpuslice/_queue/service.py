@@ -414,8 +414,8 @@ class QueueService:
             slices = snapshot.matching(kind.shape, kind.tpu_resource_per_chip)
             infos.update((s.name, s) for s in slices)
             idle[key] = [s.name for s in slices if s.state is SliceState.READY]
-            suspects[key] = [s.name for s in slices if s.state is SliceState.SUSPECT and s.idle]
-            trusted[key] = sum(1 for s in slices if s.state in _TRUSTED)
+            suspects[key] = [s.name for s in slices if s.last_resort]
+            trusted[key] = sum(1 for s in slices if s.trusted)
             busy = sum(1 for s in slices if s.state in _HELD and not s.idle)
             if busy:
                 holding.append(Holding(key, busy))
@@ -472,8 +472,6 @@ class QueueService:
         self._changed = True
 
 
-_TRUSTED = (SliceState.READY, SliceState.BUSY)
-"""Slices that serve a request without a last resort."""
 _HELD = (SliceState.BUSY, SliceState.SUSPECT)
 """Slices whose hosts, when some are in use, are running work that will give them back."""
 

@@ -189,6 +189,18 @@ class SliceInfo:
         )
 
     @property
+    def trusted(self) -> bool:
+        """Whether it can serve a request without a last resort: ready or busy (neither
+        suspect, broken nor under notice)."""
+        return self.state in (SliceState.READY, SliceState.BUSY)
+
+    @property
+    def last_resort(self) -> bool:
+        """Whether it is suspect but idle: reservable only as a last resort
+        (:func:`tpuslice._queue.schedule.last_resort`)."""
+        return self.state is SliceState.SUSPECT and self.idle
+
+    @property
     def head_node_id(self) -> str | None:
         """Node id of worker 0; None if there is no worker 0."""
         head = self.hosts.get(0)
@@ -299,11 +311,7 @@ class ClusterSnapshot:
         Returns:
             Them, in name order.
         """
-        return [
-            s
-            for s in self.matching(shape, tpu_resource_per_chip)
-            if s.state in (SliceState.READY, SliceState.BUSY)
-        ]
+        return [s for s in self.matching(shape, tpu_resource_per_chip) if s.trusted]
 
     def idle_suspects(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
         """Suspect slices of this shape whose every host is free: reservable as a last
@@ -316,11 +324,7 @@ class ClusterSnapshot:
         Returns:
             Them, in name order.
         """
-        return [
-            s
-            for s in self.matching(shape, tpu_resource_per_chip)
-            if s.state is SliceState.SUSPECT and s.idle
-        ]
+        return [s for s in self.matching(shape, tpu_resource_per_chip) if s.last_resort]
 
 
 # --- pure core ------------------------------------------------------------------------

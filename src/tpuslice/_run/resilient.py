@@ -18,6 +18,7 @@ Other runners (the CLI's shell commands) reuse the same loop with their own atte
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import logging
@@ -491,14 +492,16 @@ class ResilientRun:
         """
         started = self.clock.now()
         while True:
-            with self.reserve(self.request) as spg:
+            # Entered first, left last: what is pushed on it runs after the hand-back,
+            # once the attempt's tasks are stopped.
+            with contextlib.ExitStack() as after_hand_back, self.reserve(self.request) as spg:
                 names = tuple(spg.slice_names)
                 try:
                     checked = self.vetting.vet(spg) if self.vetting is not None else ""
                 except UnfitSlices as unfit:
                     failed_check = unfit
                 else:
-                    return self.run_on(spg, number, names, checked, started)
+                    return self.run_on(spg, number, names, checked, started, after_hand_back)
             self.unfit(number, names, failed_check)
 
     def unfit(self, number: int, names: tuple[str, ...], unfit: UnfitSlices) -> None:
@@ -533,6 +536,7 @@ class ResilientRun:
         names: tuple[str, ...],
         checked: str,
         started: float,
+        after_hand_back: contextlib.ExitStack,
     ) -> list[Any] | AttemptRecord:
         """Run one attempt on its held reservation.
 
@@ -542,12 +546,16 @@ class ResilientRun:
             names: Its slices.
             checked: What its health check found, if one ran (for the ``started`` event).
             started: When the attempt started (the run's clock).
+            after_hand_back: Runs what it is given once the reservation is handed back:
+                the attempt's heartbeat keys are deleted there, since a task still
+                running would publish its key again after an earlier deletion.
 
         Returns:
             The results, or the failed attempt's record.
         """
         self.emit(AttemptEvent("started", number, names, cause=checked))
         watch = self.watch_for(spg, number, names, started)
+        after_hand_back.callback(watch.close)
         try:
             results = self.body(spg, watch)
         except GangBrokenError as broken:
@@ -558,8 +566,6 @@ class ResilientRun:
             elapsed = self.clock.now() - started
             self.emit(AttemptEvent("succeeded", number, names, duration_s=elapsed))
             return results
-        finally:
-            watch.close()
         elapsed = self.clock.now() - started
         if self.vetting is not None:
             on_hosts = failed.outcome in (Outcome.HANG, Outcome.HOST_FAILURE)

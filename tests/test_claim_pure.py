@@ -400,6 +400,53 @@ def test_a_head_taken_meanwhile_never_gets_workers_on_its_slice(
     assert cluster.live_groups("reserver") == [reservation.combined_pg]
 
 
+# --- reservations of one process ---------------------------------------------------------
+
+
+def test_two_reservations_of_one_process_pick_different_slices_without_waiting() -> None:
+    """A second reservation looks while the first has picked a slice but not yet asked
+    Ray for it: it takes the other slice at once, and the first's group places where it
+    was picked (neither waits out a group that cannot place)."""
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
+    second: list[claim.Reservation] = []
+    cluster.script("create_group", 1, lambda: second.append(reserver(cluster).run()))
+    first = reserver(cluster).run()
+    assert names(first) == ["v6e-16-0"]
+    assert names(second[0]) == ["v6e-16-1"]
+    assert cluster.clock.t == 0
+    assert cluster.live_groups("reserver") == [second[0].combined_pg, first.combined_pg]
+
+
+def test_a_slice_another_reservation_here_is_claiming_shows_why_it_is_busy() -> None:
+    """With the only slice being claimed by another reservation of this process, a second
+    one times out saying so."""
+    cluster = InMemoryCluster([("v6e", "4x4", 1)])
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        with pytest.raises(ReservationTimeoutError) as caught:
+            reserver(cluster, head_reservation_timeout_s=1.0).run()
+        errors.append(caught.value)
+
+    cluster.script("create_group", 1, second)
+    assert names(reserver(cluster).run()) == ["v6e-16-0"]
+    assert claim.CLAIMING_HERE_REASON in str(errors[0])
+
+
+def test_a_reservation_that_ended_no_longer_hides_its_slices() -> None:
+    """Interrupted after picking a slice, a reservation forgets it: the next one of this
+    process takes that slice."""
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    cluster.script("create_group", 1, interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        reserver(cluster).run()
+    assert names(reserver(cluster).run()) == ["v6e-16-0"]
+
+
 # --- TPU owners --------------------------------------------------------------------------
 
 NOTEBOOK = "pid 4242 (python notebook.py)"

@@ -6,7 +6,9 @@ worker *i* of its slice, and each slice's bundle 0 also holds worker 0's
 ``TPU-<podtype>-head`` resource, the claim other reservers (Ray's own included) respect.
 A group is placed whole or not at all, so a slice someone takes meanwhile leaves nothing
 of ours on it: the group does not place within a short bound, the slice is given back,
-and another tried. Any failure or interrupt removes everything made so far.
+and another tried. Reservations of one process do not race each other: each sees the
+slices the others are claiming as busy (:class:`ClaimsHere`). Any failure or interrupt
+removes everything made so far.
 
 Slices with a suspect host (one that failed a run lately) are picked only as a last
 resort (:func:`tpuslice._queue.schedule.last_resort`); a claim of one says so
@@ -24,7 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ray.util.placement_group import PlacementGroup
@@ -92,6 +94,86 @@ class FallbackWarning:
 
 FALLBACK_WARNING = FallbackWarning()
 """This process's warning that it claims without the queue."""
+
+CLAIMING_HERE_REASON = "being claimed by another reservation of this process"
+
+
+class ClaimsHere:
+    """The slices this process's reservations are claiming, each until its reservation
+    ends or gives it back.
+
+    Ray's view shows a slice held only once a group placed on it, so threads of one
+    driver that reserve at the same moment would all pick the same first idle slice:
+    all but one would then wait out :data:`CLAIM_BOUND_S` for a group that cannot place,
+    and remove it while Ray may still be placing it. A reservation therefore sees the
+    slices another one of this process is claiming as busy. Claims from other processes
+    still race; a group places whole or not at all, so a lost race costs only time.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by: dict[str, object] = {}
+        """Slice name -> the reservation claiming it."""
+
+    def hide(self, snapshot: ClusterSnapshot, reserver: object) -> ClusterSnapshot:
+        """The snapshot with the slices other reservations here are claiming shown busy.
+
+        Args:
+            snapshot: The cluster as read.
+            reserver: The reservation that looks.
+
+        Returns:
+            The snapshot, or a copy with those slices busy.
+        """
+        with self._lock:
+            return self._hide(snapshot, reserver)
+
+    def pick(
+        self,
+        snapshot: ClusterSnapshot,
+        reserver: object,
+        choose: Callable[[ClusterSnapshot], Mapping[int, SliceInfo]],
+    ) -> dict[int, SliceInfo]:
+        """Choose among the slices no other reservation here claims, and record the
+        chosen ones as this reservation's, in one step.
+
+        Args:
+            snapshot: The cluster as read.
+            reserver: The reservation that picks.
+            choose: Picks targets from a snapshot.
+
+        Returns:
+            What ``choose`` picked.
+        """
+        with self._lock:
+            picks = dict(choose(self._hide(snapshot, reserver)))
+            for target in picks.values():
+                self._by[target.name] = reserver
+        return picks
+
+    def keep_only(self, reserver: object, names: Collection[str] = ()) -> None:
+        """Forget the slices ``reserver`` no longer claims.
+
+        Args:
+            reserver: The reservation.
+            names: The slices it still claims (none once it ended).
+        """
+        with self._lock:
+            for name in [n for n, r in self._by.items() if r is reserver and n not in names]:
+                del self._by[name]
+
+    def _hide(self, snapshot: ClusterSnapshot, reserver: object) -> ClusterSnapshot:
+        others = [n for n, r in self._by.items() if r is not reserver and n in snapshot.slices]
+        if not others:
+            return snapshot
+        slices = dict(snapshot.slices)
+        for name in others:
+            slices[name] = replace(slices[name], state=SliceState.BUSY, reason=CLAIMING_HERE_REASON)
+        return replace(snapshot, slices=slices)
+
+
+CLAIMS_HERE = ClaimsHere()
+"""This process's reservations' claims in progress."""
 
 
 @dataclass
@@ -216,7 +298,7 @@ class Reserver:
                     snapshot = ClusterSnapshot({s.name: s for s in granted.view})
                 else:
                     snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
-                snapshot = self.targets.prepare(snapshot)
+                snapshot = CLAIMS_HERE.hide(self.targets.prepare(snapshot), self)
                 self._drop_broken(snapshot)
                 if granted is not None:
                     self._fix_count(len(granted.slices))
@@ -264,6 +346,8 @@ class Reserver:
         except BaseException:
             self.release_all()
             raise
+        finally:
+            CLAIMS_HERE.keep_only(self)
 
     def release_all(self) -> None:
         """Remove every group this reserver made (claims and autoscaler demand), and
@@ -402,6 +486,7 @@ class Reserver:
             self.ops.remove_group(claim.worker_pg)
             self.ops.remove_group(claim.head_pg)
         self.claims.clear()
+        CLAIMS_HERE.keep_only(self)
 
     # --- steps -----------------------------------------------------------------------
 
@@ -416,6 +501,7 @@ class Reserver:
                 logger.info("slice %s broke while reserving; giving it back", claim.slice_name)
                 self.ops.remove_group(claim.head_pg)
                 del self.claims[index]
+                CLAIMS_HERE.keep_only(self, self._claimed_names())
 
     def _claim(self, snapshot: ClusterSnapshot) -> None:
         """Take every idle slice we still need, asking their hosts who owns their TPUs
@@ -423,7 +509,8 @@ class Reserver:
         here: :meth:`_place_workers` places them all in one round, their heads in bundle
         0 of each. Only ``reserve_tpu_slice`` (``heads_only``) places head groups, and
         keeps those that place."""
-        picks = self.targets.pick(snapshot, {i: c.slice_name for i, c in self.claims.items()})
+        taken = {i: c.slice_name for i, c in self.claims.items()}
+        picks = CLAIMS_HERE.pick(snapshot, self, lambda view: self.targets.pick(view, taken))
         if not picks:
             self._reprobe_owned(snapshot)
             return
@@ -603,6 +690,10 @@ class Reserver:
         logger.info("could not place the hosts of %s; giving it back", claim.slice_name)
         self.ops.remove_group(claim.head_pg)
         self.claims.pop(claim.index, None)
+        CLAIMS_HERE.keep_only(self, self._claimed_names())
+
+    def _claimed_names(self) -> set[str]:
+        return {c.slice_name for c in self.claims.values()}
 
     def _give_back_busy(self, claims: Sequence[Claim]) -> None:
         """After a group failed to place: drop the slices someone else took meanwhile

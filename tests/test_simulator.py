@@ -14,6 +14,7 @@ import ray
 import ray.util.tpu as ray_tpu
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+import tpuslice
 from clusterutil import exported_metrics, where_am_i
 from tpuslice._tpu.labels import HOST_ENV_VARS
 from tpuslice.testing import (
@@ -117,6 +118,33 @@ def test_fault_injection_rejects_unknown_hosts(tpu_cluster: SimulatedCluster) ->
     # Nothing was set on the way: no notice stands, the slice is still idle.
     assert tpu_cluster.metadata_server("v4-16-a", 0).get("instance/preempted") == "FALSE"
     assert tpu_cluster.metadata_server("v4-16-a", 0).get("instance/maintenance-event") == "NONE"
+
+
+@ray.remote(num_cpus=0)
+class Squatter:
+    """Holds a host's TPU resource outside any placement group: Ray counts it in use, and
+    nothing of tpuslice's records it (as when Ray keeps a removed group's resources)."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_a_slice_held_by_nothing_of_ours_is_restarted_ready(tpu_cluster: SimulatedCluster) -> None:
+    """The fixture's mend for a slice Ray still counts in use when no group or TPU owner
+    holds it: the check names it, and restarting its hosts leaves it ready."""
+    from tpuslice.testing.checks import held_by_nothing, slices_not_ready
+
+    node = tpuslice.read_snapshot().slices["v4-16-d"].hosts[1].node_id
+    strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+    squatter = Squatter.options(resources={"TPU": 4}, scheduling_strategy=strategy).remote()
+    ray.get(squatter.ready.remote(), timeout=60)
+    stuck = slices_not_ready(["v4-16-d"], timeout=0)
+    assert [s.name for s in stuck] == ["v4-16-d"]
+    assert held_by_nothing(stuck[0])
+    tpu_cluster.restart_slice("v4-16-d")
+    assert slices_not_ready(["v4-16-d"], timeout=30) == []
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(squatter.ready.remote(), timeout=30)
 
 
 RAISING = textwrap.dedent(

@@ -728,6 +728,21 @@ class SimulatedCluster:
                 host.node = self._start_host(sim_slice, host.worker_id)
         self._wait_for_alive_nodes()
 
+    def restart_slice(self, slice_name: str) -> None:
+        """Kill every live host of the slice, then bring them all back: new Ray nodes with
+        the same labels, and nothing held on them.
+
+        Args:
+            slice_name: The slice.
+
+        Raises:
+            SimulatorError: no such slice, or a host did not start or register in time.
+        """
+        for host in self._slice(slice_name).hosts:
+            if host.alive:
+                self.kill_host(slice_name, host.worker_id)
+        self.restore_slice(slice_name)
+
     def remove_slice(self, slice_name: str) -> None:
         """Kill the slice and forget it (for tests that added one).
 

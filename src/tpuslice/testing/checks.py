@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from tpuslice._reserve.groups import live_placement_groups
 
+if TYPE_CHECKING:
+    from tpuslice._view.cluster import SliceInfo
+
 __all__ = [
     "assert_no_placement_groups",
     "assert_slices_ready",
+    "describe",
+    "held_by_nothing",
     "live_placement_groups",
     "remove_placement_groups",
+    "slices_not_ready",
 ]
 
 
@@ -57,6 +63,21 @@ def assert_slices_ready(names: Iterable[str] | None = None, timeout: float = 30.
         AssertionError: some slice is still not ready after ``timeout``; the message names
             each with its state and reason.
     """
+    waiting = slices_not_ready(names, timeout)
+    if waiting:
+        raise AssertionError(f"slices not ready after {timeout:.0f} s: {describe(waiting)}")
+
+
+def slices_not_ready(names: Iterable[str] | None = None, timeout: float = 30.0) -> list[SliceInfo]:
+    """Wait (bounded) until every slice is ready, as :func:`assert_slices_ready` does.
+
+    Args:
+        names: The slices to wait for; ``None`` for every slice Ray knows.
+        timeout: Seconds to wait.
+
+    Returns:
+        The slices still not ready after ``timeout`` (none once all are ready).
+    """
     from tpuslice._view.cluster import SliceState, read_snapshot
 
     wanted = None if names is None else set(names)
@@ -67,12 +88,39 @@ def assert_slices_ready(names: Iterable[str] | None = None, timeout: float = 30.
             for s in read_snapshot().slices.values()
             if s.state is not SliceState.READY and (wanted is None or s.name in wanted)
         ]
-        if not waiting:
-            return
-        if time.monotonic() > deadline:
-            described = "; ".join(f"{s.name} {s.state.value}: {s.reason}" for s in waiting)
-            raise AssertionError(f"slices not ready after {timeout:.0f} s: {described}")
+        if not waiting or time.monotonic() > deadline:
+            return waiting
         time.sleep(0.05)
+
+
+def held_by_nothing(info: SliceInfo) -> bool:
+    """Whether a slice is busy only in Ray's resource count: no process is recorded
+    owning a TPU there. Called once no placement group is alive, such a slice holds
+    resources of a group already removed, which Ray can keep counted when a group is
+    removed while it is being placed or when its clean-up calls fail
+    (ray-project/ray#64693, ray-project/ray#64696); only restarting the hosts frees it.
+
+    Args:
+        info: A slice that is not ready.
+
+    Returns:
+        True if it is busy and no host of it has a TPU owner.
+    """
+    from tpuslice._view.cluster import SliceState
+
+    return info.state is SliceState.BUSY and not any(h.tpu_owner for h in info.hosts.values())
+
+
+def describe(slices: Iterable[SliceInfo]) -> str:
+    """``v4-16-a busy: 2/2 hosts in use; ...``: each slice with its state and reason.
+
+    Args:
+        slices: Slices.
+
+    Returns:
+        One line.
+    """
+    return "; ".join(f"{s.name} {s.state.value}: {s.reason}" for s in slices)
 
 
 def remove_placement_groups(groups: Iterable[dict[str, Any]] | None = None) -> int:

@@ -8,11 +8,14 @@ Fixtures:
   placement group left (:func:`assert_no_placement_groups`) and every simulated TPU free
   (:meth:`SimulatedCluster.wait_tpus_free`), so a test that leaks a reservation or leaves
   a process owning a TPU fails. Then every host is trusted again (its suspect record
-  deleted), so a run that failed in one test does not steer the next test's reservations.
+  deleted), so a run that failed in one test does not steer the next test's reservations,
+  and every slice must be ready again; one that Ray alone still counts in use is
+  restarted, with a warning.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -88,12 +91,43 @@ def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluste
     """The session's cluster; fails the test if it leaves a placement group behind, a
     simulated TPU owned (a process still holding its libtpu lock or devices), or a slice
     that does not come back ready. Hosts a test's runs marked suspect are trusted again
-    after it."""
+    after it.
+
+    A slice Ray still counts in use when nothing holds it (no group alive, no TPU owner:
+    :func:`~tpuslice.testing.checks.held_by_nothing`) is Ray's own accounting, which no
+    wait mends: its hosts are restarted, with a :class:`RayAccountingWarning`, so the
+    tests after this one start from a ready cluster rather than each failing on it."""
     from tpuslice._host.suspects import clear_all
-    from tpuslice.testing.checks import assert_no_placement_groups, assert_slices_ready
+    from tpuslice.testing.checks import (
+        assert_no_placement_groups,
+        describe,
+        held_by_nothing,
+        slices_not_ready,
+    )
 
     yield simulated_cluster
     clear_all()
     assert_no_placement_groups()
     simulated_cluster.wait_tpus_free()
-    assert_slices_ready(simulated_cluster.slices)  # not slices a test added and removed
+    waiting = slices_not_ready(simulated_cluster.slices)  # not slices a test added and removed
+    stuck = [s for s in waiting if held_by_nothing(s)]
+    for info in stuck:
+        simulated_cluster.restart_slice(info.name)
+    if stuck:
+        warnings.warn(
+            RayAccountingWarning(
+                "Ray still counted resources in use with nothing holding them "
+                f"({describe(stuck)}); its hosts were restarted"
+            ),
+            stacklevel=1,
+        )
+    failed = [s for s in waiting if s not in stuck]
+    if stuck:
+        failed += slices_not_ready([s.name for s in stuck])  # the restarted ones, ready again
+    if failed:
+        raise AssertionError(f"slices not ready after the test: {describe(failed)}")
+
+
+class RayAccountingWarning(UserWarning):
+    """A slice stayed busy in Ray's resource count after a test with nothing holding it,
+    and its hosts were restarted (see :func:`tpu_cluster`)."""

@@ -12,6 +12,13 @@ from tpuslice._host import agent
 from tpuslice._host.tpu_lock import TPUOwner
 
 
+class Watched(list[int | None]):
+    """Stands in for the agent's OwnerWatch: the owners it was told are recorded."""
+
+    def watch(self, pid: int | None) -> None:
+        self.append(pid)
+
+
 @pytest.fixture
 def host(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[agent.HostAgent, list[object]]]:
     """An agent whose owner scan, signals and records are scripted."""
@@ -21,6 +28,7 @@ def host(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[agent.HostAgent, lis
     monkeypatch.setattr(agent, "_signal", lambda pid, sig: seen.append(("signal", pid, sig)))
     found = agent.HostAgent.__new__(agent.HostAgent)
     found.node_id, found.root = "n1", Path("/nonexistent")
+    found._owner_watch = Watched()
     yield found, seen
 
 
@@ -49,6 +57,7 @@ def test_someone_elses_owner_is_recorded_and_left_running(
     found, seen = host
     assert found.release("01000000", [], grace_s=1.0, timeout_s=10.0) == notebook.to_dict()
     assert seen == [("put", "tpu-owner/n1")]
+    assert found._owner_watch == [4343]  # watched from now on, so its exit is noticed
 
 
 def test_a_killed_worker_that_lost_its_environment_first_is_looked_at_again(

@@ -40,7 +40,7 @@ from tpuslice._host.notices import (
     watch_value,
 )
 from tpuslice._host.suspects import Suspect, forget, live_suspects
-from tpuslice._host.tpu_lock import TPUOwner, find_owner, host_root
+from tpuslice._host.tpu_lock import TPUOwner, find_owner, holds_tpu, host_root
 from tpuslice._tpu.keys import AGENT_NAME_PREFIX as NAME_PREFIX
 from tpuslice._tpu.keys import (
     HOST_KEY_PREFIX,
@@ -72,10 +72,84 @@ those 2 s is met by the next call instead (a TPUInUseError naming it) and record
 that slice's hand-back."""
 
 
+OWNER_RECHECK_S = 2.0
+"""While a TPU owner is recorded for a host, how often its agent looks whether that
+process still holds the TPU: the record of one that exited must not keep the slice busy
+until someone happens to ask the host again."""
+
+
+class OwnerWatch:
+    """Keeps a host's TPU-owner record true after the owner lets go: while an owner is
+    recorded, a daemon thread looks every ``period`` seconds whether that process still
+    holds the TPU (:func:`~tpuslice._host.tpu_lock.holds_tpu`: one read of
+    ``/proc/locks`` and of its descriptors), and once it does not, has the owner found
+    and recorded again (nobody, or whoever took it meanwhile).
+
+    Args:
+        still_holds: Whether a pid still holds this host's TPU.
+        refresh: Find this host's owner again and record it (which calls :meth:`watch`).
+        period: Seconds between looks.
+    """
+
+    def __init__(
+        self,
+        still_holds: Callable[[int], bool],
+        refresh: Callable[[], object],
+        period: float = OWNER_RECHECK_S,
+    ) -> None:
+        self._still_holds = still_holds
+        self._refresh = refresh
+        self._period = period
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._thread: threading.Thread | None = None
+
+    def watch(self, pid: int | None) -> None:
+        """The owner now recorded (``None``: none is); the first owner starts the thread.
+
+        Args:
+            pid: The recorded owner's pid.
+        """
+        with self._lock:
+            self._pid = pid
+            if pid is None or self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._run, name="tpuslice-owner-watch", daemon=True
+            )
+        self._thread.start()
+
+    def check(self) -> bool:
+        """Look once: if the recorded owner no longer holds the TPU, find and record the
+        owner again.
+
+        Returns:
+            Whether the record was refreshed.
+        """
+        with self._lock:
+            pid = self._pid
+        if pid is None or self._still_holds(pid):
+            return False
+        with self._lock:
+            if self._pid != pid:  # recorded anew meanwhile: that record is current
+                return False
+        self._refresh()
+        return True
+
+    def _run(self) -> None:
+        while True:  # as long as the agent, like its host
+            time.sleep(self._period)
+            try:
+                self.check()
+            except Exception:  # a failed look is retried at the next one
+                logger.exception("checking the recorded TPU owner failed")
+
+
 class HostAgent:
     """The agent on one TPU host (a Ray actor; see the module docstring). It also
     watches the host's metadata for preemption and maintenance notices (one long-poll
-    per value, in daemon threads) and records the one standing (:mod:`tpuslice._host.notices`).
+    per value, in daemon threads) and records the one standing (:mod:`tpuslice._host.notices`),
+    and keeps its TPU-owner record true once the owner lets go (:class:`OwnerWatch`).
     """
 
     def __init__(self, node_id: str) -> None:
@@ -83,6 +157,10 @@ class HostAgent:
         self.root = host_root()
         self._notices: dict[str, Notice | None] = {}
         self._notices_lock = threading.Lock()
+        self._owner_watch = OwnerWatch(
+            lambda pid: holds_tpu(pid, self.root),
+            lambda: self._record(find_owner(self.root, among=())),
+        )
         never = threading.Event()  # the watches last as long as the agent, like its host
         labels = ray.get_runtime_context().get_node_labels()
         slice_name = labels.get(SLICE_NAME_LABEL, "")
@@ -208,6 +286,7 @@ class HostAgent:
 
     def _record(self, owner: TPUOwner | None) -> dict[str, Any] | None:
         key = OWNER_KEY_PREFIX + self.node_id
+        self._owner_watch.watch(None if owner is None else owner.pid)
         if owner is None:
             _ray.kv_delete(key, NAMESPACE)
             return None

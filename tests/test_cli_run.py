@@ -34,7 +34,7 @@ def test_run_prefixes_lines_and_exits_with_the_worst_code(tpu_cluster: Simulated
         assert re.fullmatch(r"\[v4-16-[a-d]/[01]\]", prefix)
         assert text.endswith("of 4")
     assert "exit codes" in result.output
-    wait_for(lambda: not live_placement_groups(), timeout=5, what="slices released")
+    wait_for(lambda: not live_placement_groups(), timeout=30, what="slices released")
 
 
 def test_run_with_argv_words_quotes_them(tpu_cluster: SimulatedCluster) -> None:

@@ -223,7 +223,7 @@ def test_a_scripted_history_shows_in_the_metrics_and_the_timeline(
 
     (marks / "exit").touch()
     assert proc.wait(timeout=30) == 0, driver_log(marks)
-    wait_for(lambda: not live_placement_groups(), timeout=10, what="slices released")
+    wait_for(lambda: not live_placement_groups(), timeout=30, what="slices released")
     tpu_cluster.wait_tpus_free()
 
 

@@ -200,7 +200,7 @@ def test_ctrl_c_of_tpuslice_run_stops_the_commands_owning_the_tpus(
     assert "interrupted" in err
     commands = [owner.pid for owner in owners.values()]
     wait_for(lambda: not any(map(pid_alive, commands)), timeout=20, what="the commands killed")
-    wait_for(lambda: not live_placement_groups(), timeout=10, what="slices released")
+    wait_for(lambda: not live_placement_groups(), timeout=30, what="slices released")
 
 
 @pytest.fixture
@@ -238,7 +238,7 @@ def test_a_foreign_owner_makes_its_slice_busy_with_a_reason(
     notebook.wait(timeout=30)
     wait_for(
         lambda: tpuslice.read_snapshot().slices["v6e-16-a"].state is tpuslice.SliceState.READY,
-        timeout=15,
+        timeout=30,
         what="v6e-16-a ready after the notebook exited",
     )
 

@@ -144,7 +144,7 @@ def test_a_maintenance_event_shows_and_new_reservations_skip_the_slice(
         )
         assert thread is not None
         try:
-            notices = wait_for(held.notices, 10, "the notice on the reservation")
+            notices = wait_for(held.notices, 30, "the notice on the reservation")
             assert [(n.kind, n.slice_name, n.worker_id) for n in notices] == [
                 ("maintenance", target, 1)
             ]
@@ -197,7 +197,7 @@ def test_a_hang_is_caught_by_heartbeats_and_the_gang_restarts(
         results = future.result(timeout=60)
     # The hung process was ended by the gang's cancellation (nothing else would).
     wait_for(lambda: not any(pid_alive(p) for p in hung), 30, "the hung process gone")
-    wait_for(lambda: _ray.kv_list("beat/", "tpuslice") == [], 10, "the run's beat keys gone")
+    wait_for(lambda: _ray.kv_list("beat/", "tpuslice") == [], 30, "the run's beat keys gone")
     kinds = [(e.kind, e.outcome) for e in events]
     assert kinds == [
         ("started", None),

@@ -105,7 +105,7 @@ def busy(*slices: str) -> Iterator[dict[str, ExitStack]]:
 
 
 def nothing_left() -> None:
-    wait_for(lambda: not queued(), 10, "the queue to empty")
+    wait_for(lambda: not queued(), 30, "the queue to empty")
     assert_no_placement_groups()
 
 
@@ -159,7 +159,7 @@ def test_the_queue_comes_back_after_its_own_death_with_the_order_kept(
         first = start_driver(tpu_cluster.address, "first")
         second = start_driver(tpu_cluster.address, "second")
         queue = ray.get_actor("tpuslice-queue", namespace="tpuslice")
-        old_pid = ray.get(queue.pid.remote(), timeout=10)
+        old_pid = ray.get(queue.pid.remote(), timeout=30)
         os.kill(old_pid, signal.SIGKILL)
 
         def new_pid() -> bool:
@@ -186,7 +186,7 @@ def test_backfill_goes_around_a_blocked_request_but_not_onto_its_slices(
     at once."""
     with busy(*V4_SLICES[1:]) as held:
         blocked = start_driver(tpu_cluster.address, "pair", count=2)
-        wait_for(lambda: "1 idle kept for it" in queued()[0].reason, 10, "its earmark")
+        wait_for(lambda: "1 idle kept for it" in queued()[0].reason, 30, "its earmark")
         with pytest.raises(tpuslice.ReservationTimeoutError, match="position 2"):
             tpuslice.SlicePlacementGroup("2x2x2", "v4", head_reservation_timeout_s=1.0)
         with tpuslice.SlicePlacementGroup("4x4", "v6e", head_reservation_timeout_s=5) as other:

@@ -21,7 +21,7 @@ from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 10.0, what: str = "") -> T:
+def wait_for(predicate: Callable[[], T], timeout: float = 30.0, what: str = "") -> T:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:

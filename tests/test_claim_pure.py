@@ -447,6 +447,47 @@ def test_a_reservation_that_ended_no_longer_hides_its_slices() -> None:
     assert names(reserver(cluster).run()) == ["v6e-16-0"]
 
 
+def test_a_head_that_did_not_place_no_longer_hides_its_slice() -> None:
+    """A head claim of ``reserve_tpu_slice`` that did not place is given back at once: in
+    the pause before the reservation looks again (the other user's head gone by then),
+    the process's other reservations see that slice ready, not being claimed here."""
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
+    held: list[MemoryGroup] = []
+    seen: list[str] = []
+    cluster.script(
+        "snapshot", 1, lambda: held.append(cluster.take("v6e-16-0", 0, {HEAD: 1})), after=True
+    )
+
+    def release_and_look() -> None:
+        cluster.remove_group(held[0])
+        view = claim.CLAIMS_HERE.hide(cluster.snapshot(1), object())
+        seen.append(view.slices["v6e-16-0"].state.value)
+
+    cluster.script("sleep", 1, release_and_look)
+    clock = Clock(cluster.clock.now, cluster.clock.sleep)
+    reservation = claim.Reserver(
+        SliceRequest(**V6E), clock=clock, ops=cluster, heads_only=True
+    ).run()
+    assert seen == ["ready"]
+    assert names(reservation) == ["v6e-16-0"]  # looked again and took it
+
+
+def test_only_a_ready_slice_is_shown_busy_while_another_reservation_here_claims_it() -> None:
+    """A broken slice stays broken (so a shortage is still told at once), whoever here
+    is about to claim it."""
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
+    cluster.kill_host("v6e-16-1", 2)
+    here = claim.ClaimsHere()
+    first, second = object(), object()
+    snapshot = cluster.snapshot(1)
+    here.pick(snapshot, first, lambda view: dict(enumerate(view.slices.values())))
+    view = here.hide(snapshot, second)
+    assert view.slices["v6e-16-0"].reason == claim.CLAIMING_HERE_REASON
+    assert view.slices["v6e-16-1"] == snapshot.slices["v6e-16-1"]
+    assert view.slices["v6e-16-1"].state.value == "broken"
+    assert here.hide(snapshot, first) == snapshot  # its own picks are not hidden from it
+
+
 # --- TPU owners --------------------------------------------------------------------------
 
 NOTEBOOK = "pid 4242 (python notebook.py)"

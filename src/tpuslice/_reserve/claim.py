@@ -6,8 +6,8 @@ worker *i* of its slice, and each slice's bundle 0 also holds worker 0's
 ``TPU-<podtype>-head`` resource, the claim other reservers (Ray's own included) respect.
 A group is placed whole or not at all, so a slice someone takes meanwhile leaves nothing
 of ours on it: the group does not place within a short bound, the slice is given back,
-and another tried. Reservations of one process do not race each other: each sees the
-slices the others are claiming as busy (:class:`ClaimsHere`). Any failure or interrupt
+and another tried. Whole-slice reservations of one process do not race each other: each
+sees the slices the others are claiming as busy (:class:`ClaimsHere`). Any failure or interrupt
 removes everything made so far.
 
 Slices with a suspect host (one that failed a run lately) are picked only as a last
@@ -99,15 +99,18 @@ CLAIMING_HERE_REASON = "being claimed by another reservation of this process"
 
 
 class ClaimsHere:
-    """The slices this process's reservations are claiming, each until its reservation
-    ends or gives it back.
+    """The whole slices this process's reservations are claiming, each until its
+    reservation ends or gives it back.
 
     Ray's view shows a slice held only once a group placed on it, so threads of one
     driver that reserve at the same moment would all pick the same first idle slice:
     all but one would then wait out :data:`CLAIM_BOUND_S` for a group that cannot place,
-    and remove it while Ray may still be placing it. A reservation therefore sees the
-    slices another one of this process is claiming as busy. Claims from other processes
-    still race; a group places whole or not at all, so a lost race costs only time.
+    and remove it while Ray may still be placing it. A whole-slice reservation therefore
+    sees the ready slices another one of this process is claiming as busy. Still racing,
+    since a group places whole or not at all and a lost race costs only time: claims
+    from other processes, sub-slice claims, and a reservation that read Ray's view just
+    before another's group placed (Ray reports freed and taken resources within about
+    100 ms).
     """
 
     def __init__(self) -> None:
@@ -168,7 +171,10 @@ class ClaimsHere:
             return snapshot
         slices = dict(snapshot.slices)
         for name in others:
-            slices[name] = replace(slices[name], state=SliceState.BUSY, reason=CLAIMING_HERE_REASON)
+            if slices[name].state is SliceState.READY:  # broken or suspect ones stay so
+                slices[name] = replace(
+                    slices[name], state=SliceState.BUSY, reason=CLAIMING_HERE_REASON
+                )
         return replace(snapshot, slices=slices)
 
 
@@ -298,7 +304,9 @@ class Reserver:
                     snapshot = ClusterSnapshot({s.name: s for s in granted.view})
                 else:
                     snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
-                snapshot = CLAIMS_HERE.hide(self.targets.prepare(snapshot), self)
+                snapshot = self.targets.prepare(snapshot)
+                if isinstance(self.targets, WholeSlices):
+                    snapshot = CLAIMS_HERE.hide(snapshot, self)
                 self._drop_broken(snapshot)
                 if granted is not None:
                     self._fix_count(len(granted.slices))
@@ -510,7 +518,11 @@ class Reserver:
         0 of each. Only ``reserve_tpu_slice`` (``heads_only``) places head groups, and
         keeps those that place."""
         taken = {i: c.slice_name for i, c in self.claims.items()}
-        picks = CLAIMS_HERE.pick(snapshot, self, lambda view: self.targets.pick(view, taken))
+        picks = (
+            CLAIMS_HERE.pick(snapshot, self, lambda view: self.targets.pick(view, taken))
+            if isinstance(self.targets, WholeSlices)
+            else self.targets.pick(snapshot, taken)
+        )
         if not picks:
             self._reprobe_owned(snapshot)
             return
@@ -543,6 +555,7 @@ class Reserver:
             else:
                 logger.info("head of %s was taken meanwhile; trying another", claim.slice_name)
                 self.ops.remove_group(claim.head_pg)
+        CLAIMS_HERE.keep_only(self, self._claimed_names())
 
     def _free_of_owners(self, reservation: Reservation) -> bool:
         """Whether no host of the placed reservation has its TPU owned by a process (the

@@ -3,20 +3,28 @@ owner lets go, the record is made again, without anyone asking the host. Pure: n
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 
+import pytest
+
+from tpuslice._host import agent
 from tpuslice._host.agent import OwnerWatch
+from tpuslice._host.tpu_lock import TPUOwner
 
 
 class Host:
     """A host whose TPU is held by the pids in ``holders``; a refresh records the first
     holder left (or none) back into the watch, as the agent's record does."""
 
-    def __init__(self, *holders: int) -> None:
+    def __init__(self, *holders: int, period: float = 3600.0) -> None:
+        # The watch's own thread looks once a period: an hour keeps it out of the tests
+        # that look by hand, which would otherwise race it.
         self.holders = list(holders)
         self.refreshes = 0
         self.refreshed = threading.Event()
-        self.watch = OwnerWatch(lambda pid: pid in self.holders, self.refresh, period=0.01)
+        self.watch = OwnerWatch(lambda pid: pid in self.holders, self.refresh, period=period)
 
     def refresh(self) -> None:
         self.refreshes += 1
@@ -49,7 +57,7 @@ def test_a_record_made_while_looking_is_not_overwritten() -> None:
     """The agent records a new owner between the look and the refresh: that record is
     the current one, and the stale look must not replace it."""
     host = Host()
-    watch = OwnerWatch(lambda pid: watch.watch(7777) or False, host.refresh, period=0.01)
+    watch = OwnerWatch(lambda pid: watch.watch(7777) or False, host.refresh, period=3600.0)
     watch.watch(4242)
     assert watch.check() is False
     assert host.refreshes == 0
@@ -57,15 +65,80 @@ def test_a_record_made_while_looking_is_not_overwritten() -> None:
 
 def test_nothing_is_looked_at_while_no_owner_is_recorded() -> None:
     looked: list[int] = []
-    watch = OwnerWatch(lambda pid: looked.append(pid) or True, lambda: None, period=0.01)
+    watch = OwnerWatch(lambda pid: looked.append(pid) or True, lambda: None, period=3600.0)
     watch.watch(None)
     assert watch.check() is False
     assert looked == []
 
 
 def test_the_watch_thread_notices_an_exit_by_itself() -> None:
-    host = Host(4242)
+    host = Host(4242, period=0.01)
     host.watch.watch(4242)
     host.holders.clear()
     assert host.refreshed.wait(timeout=10)  # bounded: the thread looks every 10 ms
     assert host.refreshes == 1
+
+
+# --- the agent's records -------------------------------------------------------------------
+
+
+@pytest.fixture
+def host_agent(monkeypatch: pytest.MonkeyPatch) -> tuple[agent.HostAgent, list[object]]:
+    """An agent with Ray's KV store scripted; its watch looks only when told to."""
+    seen: list[object] = []
+    monkeypatch.setattr(agent._ray, "kv_put", lambda k, v, ns: seen.append(("put", v)))
+    monkeypatch.setattr(agent._ray, "kv_delete", lambda k, ns: seen.append(("delete",)))
+    found = agent.HostAgent.__new__(agent.HostAgent)
+    found.node_id, found.root = "n1", Path("/nonexistent")
+    found._record_lock, found._records = threading.Lock(), 0
+    found._owner_watch = OwnerWatch(lambda pid: False, found._refresh, period=3600.0)
+    return found, seen
+
+
+def test_a_refresh_leaves_a_record_made_while_it_looked(
+    host_agent: tuple[agent.HostAgent, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch finds the TPU free, but while it looked a reservation's probe recorded a
+    new owner: that record stands (the stale finding is dropped)."""
+    found, seen = host_agent
+    newer = TPUOwner(5151, "python train.py", None, 0, True)
+
+    def scan(root: Path, among: object = None) -> None:
+        found._record(newer)  # the actor's method, between the look and the write
+        return None
+
+    monkeypatch.setattr(agent, "find_owner", scan)
+    found._refresh()
+    assert [entry[0] for entry in seen] == ["put"]
+    assert json.loads(seen[0][1])["pid"] == 5151  # type: ignore[index]
+
+
+def test_a_refresh_searches_every_process_and_records_what_it_finds(
+    host_agent: tuple[agent.HostAgent, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An owner that bypassed libtpu's lock is found only by searching every process's
+    descriptors; the refresh does, so such an owner is not recorded as gone."""
+    found, seen = host_agent
+    bypasser = TPUOwner(6262, "python raw.py", None, 0, False)
+    asked: list[object] = []
+
+    def scan(root: Path, among: object = None) -> TPUOwner:
+        asked.append(among)
+        return bypasser
+
+    monkeypatch.setattr(agent, "find_owner", scan)
+    found._refresh()
+    assert asked == [None]
+    assert json.loads(seen[0][1])["pid"] == 6262  # type: ignore[index]
+
+
+def test_a_new_agent_watches_the_owner_an_earlier_one_recorded(
+    host_agent: tuple[agent.HostAgent, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    found, _ = host_agent
+    watched: list[int | None] = []
+    monkeypatch.setattr(found._owner_watch, "watch", watched.append)
+    stored = json.dumps({"pid": 4242, "command": "python notebook.py"}).encode()
+    monkeypatch.setattr(agent._ray, "kv_get", lambda key, ns: stored)
+    found._watch_recorded()
+    assert watched == [4242]

@@ -19,6 +19,7 @@ holds as busy, with the reason, without asking any host.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -157,10 +158,12 @@ class HostAgent:
         self.root = host_root()
         self._notices: dict[str, Notice | None] = {}
         self._notices_lock = threading.Lock()
-        self._owner_watch = OwnerWatch(
-            lambda pid: holds_tpu(pid, self.root),
-            lambda: self._record(find_owner(self.root, among=())),
-        )
+        self._record_lock = threading.Lock()
+        self._records = 0
+        """How many owner records this agent made: a refresh that finds one made while it
+        looked leaves that one be."""
+        self._owner_watch = OwnerWatch(lambda pid: holds_tpu(pid, self.root), self._refresh)
+        self._watch_recorded()
         never = threading.Event()  # the watches last as long as the agent, like its host
         labels = ray.get_runtime_context().get_node_labels()
         slice_name = labels.get(SLICE_NAME_LABEL, "")
@@ -285,6 +288,21 @@ class HostAgent:
         return self._record(now)
 
     def _record(self, owner: TPUOwner | None) -> dict[str, Any] | None:
+        with self._record_lock:
+            self._records += 1
+            return self._write(owner)
+
+    def _refresh(self) -> None:
+        """The recorded owner let go: find the owner again (every process searched, as
+        ``status --owners`` does) and record it, unless a record was made meanwhile."""
+        with self._record_lock:
+            made = self._records
+        owner = find_owner(self.root)
+        with self._record_lock:
+            if self._records == made:
+                self._write(owner)
+
+    def _write(self, owner: TPUOwner | None) -> dict[str, Any] | None:
         key = OWNER_KEY_PREFIX + self.node_id
         self._owner_watch.watch(None if owner is None else owner.pid)
         if owner is None:
@@ -293,6 +311,14 @@ class HostAgent:
         data = {**owner.to_dict(), "seen_at": time.time()}
         _ray.kv_put(key, json.dumps(data).encode(), NAMESPACE)
         return owner.to_dict()
+
+    def _watch_recorded(self) -> None:
+        """Watch the owner an earlier agent of this host recorded (it died, or Ray
+        restarted it), so that record too goes once its process lets go."""
+        stored = _ray.kv_get(OWNER_KEY_PREFIX + self.node_id, NAMESPACE)
+        if stored is not None:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                self._owner_watch.watch(int(json.loads(stored)["pid"]))
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

@@ -18,8 +18,9 @@ hand-back. Paths, in an order rotated each round, on the same cluster:
 - ``ours``: ``tpuslice.SlicePlacementGroup`` per thread, as a ``with`` block.
 
 Reported per path: the round's makespan (first ask to the last hand-back's end) next to
-the ideal (waves of holds: ceil(threads / slices) x hold), each thread's wait (ask to
-held), and failures, as medians over the rounds. Before each round the benchmark polls
+the ideal (waves of holds: ceil(threads / slices) x hold) and each thread's wait (ask to
+held), as medians over the rounds, and the failures of all rounds summed (a thread still
+running when its round gives up counts as one). Before each round the benchmark polls
 (bounded) until every slice is idle and no placement group is left.
 """
 
@@ -117,8 +118,10 @@ def burst(setup: Setup, path: str, threads: int, hold: float) -> dict[str, Any]:
     started = time.perf_counter()
     go.set()
     for worker in workers:
-        worker.join(JOIN_BOUND_S)
+        worker.join(max(0.0, started + JOIN_BOUND_S - time.perf_counter()))
     makespan = time.perf_counter() - started
+    stuck = sum(worker.is_alive() for worker in workers)
+    failures += [f"still running after {JOIN_BOUND_S:.0f} s"] * stuck
     return {"makespan": makespan, "waits": waits, "failures": failures}
 
 

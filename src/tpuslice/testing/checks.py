@@ -19,6 +19,7 @@ __all__ = [
     "assert_slices_ready",
     "describe",
     "held_by_nothing",
+    "holders",
     "live_placement_groups",
     "remove_placement_groups",
     "slices_not_ready",
@@ -93,22 +94,51 @@ def slices_not_ready(names: Iterable[str] | None = None, timeout: float = 30.0) 
         time.sleep(0.05)
 
 
+TPUSLICE_IDLE_ACTORS = frozenset({"HostAgent", "HostOwner"})
+"""tpuslice's actors that hold no Ray resources once no placement group is alive: each
+host's agent, and owners kept as spares."""
+
+
+def holders(info: SliceInfo) -> list[str]:
+    """The live actors on a slice's hosts other than tpuslice's resource-free ones: with no
+    placement group alive, whatever holds its resources outside one.
+
+    Args:
+        info: A slice.
+
+    Returns:
+        ``Squatter pid 4242 on host 1`` for each.
+    """
+    from tpuslice import _ray
+
+    workers = {h.node_id: w for w, h in info.hosts.items()}
+    return [
+        f"{name} pid {pid} on host {workers[node]}"
+        for name, node, pid in _ray.alive_actors_on(workers)
+        if name not in TPUSLICE_IDLE_ACTORS
+    ]
+
+
 def held_by_nothing(info: SliceInfo) -> bool:
-    """Whether a slice is busy only in Ray's resource count: no process is recorded
-    owning a TPU there. Called once no placement group is alive, such a slice holds
-    resources of a group already removed, which Ray can keep counted when a group is
-    removed while it is being placed or when its clean-up calls fail
-    (ray-project/ray#64693, ray-project/ray#64696); only restarting the hosts frees it.
+    """Whether a slice is busy only in Ray's resource count: no process is recorded owning
+    a TPU there, and no actor but tpuslice's resource-free ones runs on its hosts. Called
+    once no placement group is alive, such a slice holds resources Ray kept counted for a
+    group already removed, which Ray can do when a group is removed while it is being
+    placed or when its clean-up calls to the host fail; only restarting the hosts frees
+    them. (A task holding resources outside any group would look the same: Ray lists
+    tasks only through its dashboard, which the simulator does not run.)
 
     Args:
         info: A slice that is not ready.
 
     Returns:
-        True if it is busy and no host of it has a TPU owner.
+        True if it is busy and nothing of the above holds it.
     """
     from tpuslice._view.cluster import SliceState
 
-    return info.state is SliceState.BUSY and not any(h.tpu_owner for h in info.hosts.values())
+    if info.state is not SliceState.BUSY or any(h.tpu_owner for h in info.hosts.values()):
+        return False
+    return not holders(info)
 
 
 def describe(slices: Iterable[SliceInfo]) -> str:

@@ -93,15 +93,17 @@ def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluste
     that does not come back ready. Hosts a test's runs marked suspect are trusted again
     after it.
 
-    A slice Ray still counts in use when nothing holds it (no group alive, no TPU owner:
-    :func:`~tpuslice.testing.checks.held_by_nothing`) is Ray's own accounting, which no
-    wait mends: its hosts are restarted, with a :class:`RayAccountingWarning`, so the
-    tests after this one start from a ready cluster rather than each failing on it."""
+    A slice Ray still counts in use when nothing holds it (no group alive, no TPU owner,
+    no actor: :func:`~tpuslice.testing.checks.held_by_nothing`) is Ray's own accounting,
+    which no wait mends: its hosts are restarted, with a :class:`RayAccountingWarning`,
+    so the tests after this one start from a ready cluster rather than each failing on
+    it. A slice something does hold fails the test, naming it."""
     from tpuslice._host.suspects import clear_all
     from tpuslice.testing.checks import (
         assert_no_placement_groups,
         describe,
         held_by_nothing,
+        holders,
         slices_not_ready,
     )
 
@@ -116,8 +118,8 @@ def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluste
     if stuck:
         warnings.warn(
             RayAccountingWarning(
-                "Ray still counted resources in use with nothing holding them "
-                f"({describe(stuck)}); its hosts were restarted"
+                "Ray still counted resources in use with no placement group, TPU owner or "
+                f"actor holding them ({describe(stuck)}); its hosts were restarted"
             ),
             stacklevel=1,
         )
@@ -125,7 +127,9 @@ def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluste
     if stuck:
         failed += slices_not_ready([s.name for s in stuck])  # the restarted ones, ready again
     if failed:
-        raise AssertionError(f"slices not ready after the test: {describe(failed)}")
+        held = [actor for info in failed for actor in holders(info)]
+        on_hosts = f"; actors on their hosts: {', '.join(held)}" if held else ""
+        raise AssertionError(f"slices not ready after the test: {describe(failed)}{on_hosts}")
 
 
 class RayAccountingWarning(UserWarning):

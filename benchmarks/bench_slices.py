@@ -579,7 +579,7 @@ def forget_layouts(setup: Setup) -> None:
     for name in setup.names:
         layouts.forget(name)
         _ray.kv_delete(keys.LAYOUT_KEY_PREFIX + name, keys.NAMESPACE)
-        _ray.kv_delete(subslice.kv_key(name).decode(), subslice.KV_NAMESPACE)
+        _ray.kv_delete(subslice.kv_key(name).decode(), keys.RAY_SUBSLICE_NAMESPACE)
         with ray_tpu._tpu_subslice_cache_lock:
             ray_tpu._tpu_subslice_cache.pop(name, None)
 

@@ -263,12 +263,15 @@ class SliceActorGroup(ShutsDownOnExit):
             plumbing(self.slice).ownership.disown(actors)
         for actor in actors:
             ray.kill(actor, no_restart=True)
-        if self.watching.beats:  # after the kills: a live actor could still publish one
-            _ray.kv_delete(self._beats, NAMESPACE, prefix=True)
         if self.owns_slice:
             self.slice.shutdown()
         elif actors and not self.slice.is_shut_down:
             plumbing(self.slice).ownership.confirm_free()
+        if self.watching.beats:
+            # Last: ray.kill returns before the actor's process exits, and its heartbeat
+            # thread publishes every half second until then. The hand-back (or the
+            # check that the TPUs are free) waits for the hosts' processes to let go.
+            _ray.kv_delete(self._beats, NAMESPACE, prefix=True)
 
 
 def _actor_env(call: CallEnv) -> dict[str, str]:

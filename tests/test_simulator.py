@@ -142,10 +142,7 @@ def test_a_slice_held_outside_any_group_is_named_and_a_restart_frees_it(
     squatter = Squatter.options(resources={"TPU": 4}, scheduling_strategy=strategy).remote()
     ray.get(squatter.ready.remote(), timeout=60)
     busy = wait_for(
-        lambda: (
-            tpuslice.read_snapshot().slices["v4-16-d"].busy_hosts == 1
-            and tpuslice.read_snapshot().slices["v4-16-d"]
-        ),
+        lambda: (info := tpuslice.read_snapshot().slices["v4-16-d"]).busy_hosts == 1 and info,
         what="v4-16-d host 1 busy in the resource view",
     )
     assert not held_by_nothing(busy)

@@ -509,7 +509,7 @@ class Reserver:
                 logger.info("slice %s broke while reserving; giving it back", claim.slice_name)
                 self.ops.remove_group(claim.head_pg)
                 del self.claims[index]
-                CLAIMS_HERE.keep_only(self, self._claimed_names())
+                self._forget_given_back()
 
     def _claim(self, snapshot: ClusterSnapshot) -> None:
         """Take every idle slice we still need, asking their hosts who owns their TPUs
@@ -555,7 +555,7 @@ class Reserver:
             else:
                 logger.info("head of %s was taken meanwhile; trying another", claim.slice_name)
                 self.ops.remove_group(claim.head_pg)
-        CLAIMS_HERE.keep_only(self, self._claimed_names())
+        self._forget_given_back()
 
     def _free_of_owners(self, reservation: Reservation) -> bool:
         """Whether no host of the placed reservation has its TPU owned by a process (the
@@ -703,10 +703,11 @@ class Reserver:
         logger.info("could not place the hosts of %s; giving it back", claim.slice_name)
         self.ops.remove_group(claim.head_pg)
         self.claims.pop(claim.index, None)
-        CLAIMS_HERE.keep_only(self, self._claimed_names())
+        self._forget_given_back()
 
-    def _claimed_names(self) -> set[str]:
-        return {c.slice_name for c in self.claims.values()}
+    def _forget_given_back(self) -> None:
+        """The process's record of claims in progress keeps only the slices still held."""
+        CLAIMS_HERE.keep_only(self, {c.slice_name for c in self.claims.values()})
 
     def _give_back_busy(self, claims: Sequence[Claim]) -> None:
         """After a group failed to place: drop the slices someone else took meanwhile

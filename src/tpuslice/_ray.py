@@ -7,7 +7,8 @@ everything else in tpuslice talks to Ray through its public API.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterator
+import threading
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -92,6 +93,60 @@ def minimal_node_agents() -> Iterator[None]:
         yield
     finally:
         utils.get_dashboard_dependency_error = real
+
+
+_NODE_START = threading.local()
+_NODE_START_PATCH = threading.Lock()
+
+
+@contextmanager
+def node_processes_started_by(run: Callable[[Callable[[], None]], None]) -> Iterator[None]:
+    """A Ray node this thread starts during the block (``Cluster.add_node``) resolves
+    its resources and labels and spawns its processes through ``run`` (which calls the
+    function it is given, wherever and however it chooses), and waits for its raylet to
+    register here.
+
+    Ray reads a node's TPU facts from this process's environment while it resolves them,
+    spawns the node's processes tied to the spawning *thread* (on Linux each dies with
+    the thread that started it), then waits about 2 s for the raylet to register. Threads
+    can wait for several nodes at once when ``run`` hands the short resolve-and-spawn
+    step to one long-lived thread, with the environment set there.
+
+    A node started off the main thread sets no ``SIGTERM`` handler (Python allows one only
+    from the main thread). The handler Ray set for the head stays: on ``SIGTERM`` it
+    exits, and every node's at-exit hook stops that node; each node's reaper process
+    still stops it if this process dies outright.
+
+    Public alternative: none (``Cluster.add_node`` resolves, spawns and waits in one
+    call, on the calling thread, with the environment of the calling process).
+    """
+    from ray._private import utils
+    from ray._private.node import Node as node_class
+
+    with _NODE_START_PATCH:
+        if not getattr(node_class, "_tpuslice_wrapped", False):
+            real_start = node_class.start_ray_processes
+            real_sigterm = utils.set_sigterm_handler
+
+            def start_ray_processes(self: Any) -> None:
+                runner = getattr(_NODE_START, "run", None)
+                if runner is None:
+                    real_start(self)
+                else:
+                    runner(lambda: real_start(self))
+
+            def set_sigterm_handler(handler: Any) -> None:
+                if threading.current_thread() is threading.main_thread():
+                    real_sigterm(handler)
+
+            node_class.start_ray_processes = start_ray_processes
+            utils.set_sigterm_handler = set_sigterm_handler
+            node_class._tpuslice_wrapped = True
+    _NODE_START.run = run
+    try:
+        yield
+    finally:
+        _NODE_START.run = None
 
 
 def node_logs_dir(node: Any) -> str | None:

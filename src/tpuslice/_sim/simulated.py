@@ -35,6 +35,7 @@ import itertools
 import json
 import logging
 import os
+import queue
 import random
 import shutil
 import signal
@@ -43,6 +44,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +113,11 @@ HEAD_ENV_DEFAULTS = {
 }
 """Environment of the head's processes, unless the user set these variables."""
 _ENV_LOCK = threading.Lock()
+HOST_STARTS_AT_ONCE = 4
+"""Hosts whose Ray nodes start at once. A node start is mostly a wait of about 2 s for
+its raylet and agents to come up, which one at a time leaves half of a 2-core machine
+idle; four at a time fill it without pushing a start past Ray's own 30 s bound for a
+raylet to register."""
 
 
 @contextmanager
@@ -123,6 +130,56 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
             yield
         finally:
             apply_env(saved)
+
+
+@dataclass(frozen=True)
+class _Spawn:
+    run: Callable[[], None]
+    env: Mapping[str, str]
+    done: Future[None]
+
+
+class _Spawner:
+    """Runs each host's resolve-and-spawn step on the thread that starts the hosts, one
+    at a time, while pool threads wait for the raylets to register.
+
+    That thread, because Ray ties a node's processes to the thread that spawned them
+    (on Linux each dies with it), and a pool thread ends with its start; one at a time,
+    because Ray reads the host's identity from this process's environment, set for each
+    step by ``block``.
+
+    Args:
+        block: The context in which one host's step runs, given the host's environment.
+    """
+
+    def __init__(self, block: Callable[[Mapping[str, str]], AbstractContextManager[None]]) -> None:
+        self._block = block
+        self._queue: queue.SimpleQueue[_Spawn] = queue.SimpleQueue()
+
+    def hand(self, run: Callable[[], None], env: Mapping[str, str]) -> None:
+        """From a pool thread: have ``run`` run on the starting thread, inside the block
+        for ``env``; return when it has, raising what it raised."""
+        spawn = _Spawn(run, env, Future())
+        self._queue.put(spawn)
+        spawn.done.result()
+
+    def serve(self, futures: Sequence[Future[None]]) -> None:
+        """On the starting thread: run the steps handed over until every start has
+        ended."""
+        while not all(future.done() for future in futures):
+            try:
+                spawn = self._queue.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            try:
+                with self._block(spawn.env):
+                    spawn.run()
+            except BaseException as exc:
+                spawn.done.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                spawn.done.set_result(None)
 
 
 class SimulatorError(TPUSliceError, RuntimeError):
@@ -314,6 +371,7 @@ class SimulatedCluster:
         self._cluster: Cluster | None = None
         self._connected = False
         self._known_pids: set[int] = set()
+        self._host_starts = itertools.count()
         self.slices: dict[str, SimulatedSlice] = {}
         self.startup_seconds: float | None = None
         self._root: Path | None = None
@@ -340,9 +398,11 @@ class SimulatedCluster:
         started = time.monotonic()
         try:
             self._start_head()
+            hosts: list[tuple[SimulatedSlice, int]] = []
             for spec in self.specs:
                 for _ in range(spec.count):
-                    self._add_slice_nodes(spec.shape(), None, None, spec.layout_seed)
+                    hosts += self._new_slice(spec.shape(), None, None, spec.layout_seed)
+            self._start_hosts(hosts)
             self._wait_for_alive_nodes()
         except BaseException:
             self.shutdown()
@@ -487,9 +547,10 @@ class SimulatedCluster:
             SimulatorError: a host did not start or register in time.
         """
         shape = slice_shape(topology, accelerator, chips_per_vm)
-        name = self._add_slice_nodes(shape, None, tpu_resource_per_chip, layout_seed)
+        hosts = self._new_slice(shape, None, tpu_resource_per_chip, layout_seed)
+        self._start_hosts(hosts)
         self._wait_for_alive_nodes()
-        return name
+        return hosts[0][0].name
 
     def kill_host(self, slice_name: str, worker_id: int) -> None:
         """SIGKILL one host and every process on it, like a VM dying: its tasks and actors
@@ -719,13 +780,13 @@ class SimulatedCluster:
             SimulatorError: no such slice, or a host did not start or register in time.
         """
         sim_slice = self._slice(slice_name)
-        for host in sim_slice.hosts:
-            if not host.alive:
-                if host.metadata is not None:  # a new VM: no notice stands
-                    host.metadata.set(PREEMPTED, "FALSE")
-                    host.metadata.set(MAINTENANCE_EVENT, "NONE")
-                clear_faults(self.host_root(slice_name, host.worker_id))  # nor a fault
-                host.node = self._start_host(sim_slice, host.worker_id)
+        dead = [host for host in sim_slice.hosts if not host.alive]
+        for host in dead:
+            if host.metadata is not None:  # a new VM: no notice stands
+                host.metadata.set(PREEMPTED, "FALSE")
+                host.metadata.set(MAINTENANCE_EVENT, "NONE")
+            clear_faults(self.host_root(slice_name, host.worker_id))  # nor a fault
+        self._start_hosts([(sim_slice, host.worker_id) for host in dead])
         self._wait_for_alive_nodes()
 
     def restart_slice(self, slice_name: str) -> None:
@@ -855,13 +916,15 @@ class SimulatedCluster:
         with _environment(head_env):
             self._cluster = Cluster(initialize_head=True, head_node_args=head_args)
 
-    def _add_slice_nodes(
+    def _new_slice(
         self,
         shape: SliceShape,
         name: str | None,
         per_chip: int | None = None,
         layout_seed: int | None = None,
-    ) -> str:
+    ) -> list[tuple[SimulatedSlice, int]]:
+        """Record a new slice, its hosts' metadata servers running; return its hosts to
+        start (:meth:`_start_hosts`)."""
         name = name or self._next_name(shape)
         sim_slice = SimulatedSlice(name, shape, per_chip or self.tpu_resource_per_chip)
         sim_slice.physical = physical_layout(shape, name, layout_seed)
@@ -870,10 +933,38 @@ class SimulatedCluster:
             values = host_values(name, worker_id, shape.pod_type, shape.topology)
             host = SimulatedHost(name, worker_id, metadata=MetadataServer(values).start())
             sim_slice.hosts.append(host)
-            host.node = self._start_host(sim_slice, worker_id)
-        return name
+        return [(sim_slice, worker_id) for worker_id in range(shape.num_hosts)]
 
-    def _start_host(self, sim_slice: SimulatedSlice, worker_id: int) -> Any:
+    def _start_hosts(self, hosts: Sequence[tuple[SimulatedSlice, int]]) -> None:
+        """Start these hosts' Ray nodes, up to :data:`HOST_STARTS_AT_ONCE` at a time, each
+        node recorded on its host as soon as it exists.
+
+        Pool threads wait for the raylets to register; this thread resolves each node
+        and spawns its processes (:class:`_Spawner`)."""
+        spawner = _Spawner(self._host_start_block)
+
+        def start(sim_slice: SimulatedSlice, worker_id: int) -> None:
+            node = self._start_host(sim_slice, worker_id, spawner)
+            sim_slice.hosts[worker_id].node = node
+
+        pool = ThreadPoolExecutor(HOST_STARTS_AT_ONCE, thread_name_prefix="simulated host")
+        futures = [pool.submit(start, *host) for host in hosts]
+        try:
+            try:
+                spawner.serve(futures)
+            except BaseException:
+                # A failure or Ctrl-C: start no more, and let the starts under way
+                # finish, so that shutdown() finds every node this call started.
+                for future in futures:
+                    future.cancel()
+                spawner.serve(futures)
+                raise
+        finally:
+            pool.shutdown(wait=True)
+        for future in futures:
+            future.result()
+
+    def _start_host(self, sim_slice: SimulatedSlice, worker_id: int, spawner: _Spawner) -> Any:
         assert self._cluster is not None
         shape, name = sim_slice.shape, sim_slice.name
         self._progress(f"starting {name} host {worker_id + 1}/{shape.num_hosts}")
@@ -886,13 +977,13 @@ class SimulatedCluster:
             "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
             **({METADATA_HOST_ENV: server.host} if server is not None else {}),
         }
+        # Hosts start at once, and Ray names a node's sockets by the first free name,
+        # which two nodes starting together would both take: name them here.
+        sockets = self._root_dir() / "sockets"
+        sockets.mkdir(exist_ok=True)
+        start = next(self._host_starts)
         try:
-            # Ray resolves a node's TPU resources in this process, from the environment
-            # (as on GKE) or else the GCE metadata server; give it the environment.
-            agents: AbstractContextManager[None] = (
-                nullcontext() if self._full_host_agents else _ray.minimal_node_agents()
-            )
-            with _environment(env), agents:
+            with _ray.node_processes_started_by(lambda run: spawner.hand(run, env)):
                 return self._cluster.add_node(
                     wait=False,
                     num_cpus=self.cpus_per_host,
@@ -902,11 +993,28 @@ class SimulatedCluster:
                     ),
                     labels=host_labels(shape, name, worker_id),
                     env_vars=env,
+                    raylet_socket_name=str(sockets / f"raylet.{start}"),
+                    plasma_store_socket_name=str(sockets / f"plasma.{start}"),
                 )
         except (OSError, RuntimeError, TimeoutError) as exc:
             raise SimulatorError(
                 f"could not start {name} host {worker_id}: {exc}\n{self._log_tail()}"
             ) from exc
+
+    @contextmanager
+    def _host_start_block(self, env: Mapping[str, str]) -> Iterator[None]:
+        """Where a host's Ray node resolves its resources and spawns its processes. Ray
+        resolves a node's TPU resources in this process, from the environment (as on
+        GKE) or else the GCE metadata server: give it the host's environment."""
+        agents: AbstractContextManager[None] = (
+            nullcontext() if self._full_host_agents else _ray.minimal_node_agents()
+        )
+        with _environment(env), agents:
+            yield
+
+    def _root_dir(self) -> Path:
+        assert self._root is not None
+        return self._root
 
     def _host_dir(self, slice_name: str, worker_id: int) -> Path:
         """Make (if new) and return a host's root: ``dev/accel0..N-1`` and ``tmp/``."""

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tpuslice._reserve import claim
+from tpuslice._reserve.ops import ClaimingRecord
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.labels import SLICE_NAME_LABEL
@@ -460,7 +461,7 @@ def test_a_head_that_did_not_place_no_longer_hides_its_slice() -> None:
 
     def release_and_look() -> None:
         cluster.remove_group(held[0])
-        view = claim.CLAIMS_HERE.hide(cluster.snapshot(1), object())
+        view = claim.CLAIMS_HERE.hide(cluster.snapshot(1), object(), cluster.clock.now())
         seen.append(view.slices["v6e-16-0"].state.value)
 
     cluster.script("sleep", 1, release_and_look)
@@ -480,12 +481,76 @@ def test_only_a_ready_slice_is_shown_busy_while_another_reservation_here_claims_
     here = claim.ClaimsHere()
     first, second = object(), object()
     snapshot = cluster.snapshot(1)
-    here.pick(snapshot, first, lambda view: dict(enumerate(view.slices.values())))
-    view = here.hide(snapshot, second)
+    here.pick(snapshot, first, lambda view: dict(enumerate(view.slices.values())), now=0.0)
+    view = here.hide(snapshot, second, 0.0)
     assert view.slices["v6e-16-0"].reason == claim.CLAIMING_HERE_REASON
     assert view.slices["v6e-16-1"] == snapshot.slices["v6e-16-1"]
     assert view.slices["v6e-16-1"].state.value == "broken"
-    assert here.hide(snapshot, first) == snapshot  # its own picks are not hidden from it
+    assert here.hide(snapshot, first, 0.0) == snapshot  # its own picks are not hidden from it
+
+
+# --- reservations of other processes -----------------------------------------------------
+
+OTHER_PROCESS = "4242-0123456789ab"
+
+
+def test_a_slice_another_process_is_claiming_is_passed_over_without_waiting() -> None:
+    """Another driver recorded that it is claiming the first idle slice, and Ray does
+    not show it held yet: this reservation takes the second at once, its record stands
+    while it claims, and it is gone once the reservation ends (the other's is left)."""
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
+    cluster.mark_claiming("v6e-16-0", OTHER_PROCESS, claim.CLAIMING_STALE_S)
+    during: list[set[str]] = []
+    cluster.script("create_group", 1, lambda: during.append(set(cluster.claiming)))
+    reservation = reserver(cluster).run()
+    assert names(reservation) == ["v6e-16-1"]
+    assert during == [{"v6e-16-0", "v6e-16-1"}]
+    assert cluster.clock.t == 0
+    assert set(cluster.claiming) == {"v6e-16-0"}
+    assert cluster.claiming["v6e-16-0"].by == OTHER_PROCESS
+
+
+def test_with_every_idle_slice_claimed_elsewhere_a_reservation_waits_in_the_queue() -> None:
+    """Both idle slices are being claimed by other drivers: this reservation claims none
+    of them (it would only wait out groups that cannot place), and it waits in the queue
+    instead. One driver's group then places and the other driver gives up: the queue
+    grants this reservation the slice given up."""
+    cluster = InMemoryCluster([("v6e", "4x4", 2)], queue=True)
+    for name in ("v6e-16-0", "v6e-16-1"):
+        cluster.mark_claiming(name, OTHER_PROCESS + name, claim.CLAIMING_STALE_S)
+
+    def one_placed_one_gave_up() -> None:
+        for worker in range(4):
+            cluster.take("v6e-16-0", worker, {"TPU": 4, **({HEAD: 1} if worker == 0 else {})})
+        cluster.unmark_claiming("v6e-16-0", OTHER_PROCESS + "v6e-16-0")
+        cluster.unmark_claiming("v6e-16-1", OTHER_PROCESS + "v6e-16-1")
+
+    cluster.script("sleep", 1, one_placed_one_gave_up)
+    reservation = reserver(cluster, head_reservation_timeout_s=30.0).run()
+    assert names(reservation) == ["v6e-16-1"]
+    assert cluster.calls["slice_queue"] >= 1
+    assert cluster.calls["create_group"] == 1  # only the group that placed
+
+
+def test_a_stale_claiming_record_is_taken_over() -> None:
+    """A record older than the stale bound (its driver died before deleting it) does not
+    keep the slice from this reservation."""
+    cluster = InMemoryCluster([("v6e", "4x4", 1)])
+    cluster.mark_claiming("v6e-16-0", OTHER_PROCESS, claim.CLAIMING_STALE_S)
+    cluster.clock.t += claim.CLAIMING_STALE_S + 1
+    assert names(reserver(cluster).run()) == ["v6e-16-0"]
+    assert cluster.claiming == {}
+
+
+def test_a_claiming_record_that_cannot_be_read_does_not_block() -> None:
+    """An unreadable record is as good as none."""
+    assert ClaimingRecord.parse(b"not json") is None
+    assert ClaimingRecord.parse(None) is None
+    record = ClaimingRecord(OTHER_PROCESS, 100.0)
+    assert ClaimingRecord.parse(record.to_json()) == record
+    assert not record.yields_to("mine", 105.0, 10.0)
+    assert record.yields_to("mine", 111.0, 10.0)
+    assert record.yields_to(OTHER_PROCESS, 105.0, 10.0)
 
 
 # --- TPU owners --------------------------------------------------------------------------

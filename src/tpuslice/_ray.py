@@ -162,15 +162,18 @@ def kv_errors() -> tuple[type[BaseException], ...]:
     return (ray.exceptions.RayError, ConnectionError, OSError, RuntimeError)
 
 
-def kv_put(key: str, value: bytes, namespace: str | None) -> None:
+def kv_put(key: str, value: bytes, namespace: str | None, *, overwrite: bool = True) -> bool:
     """Write Ray's internal key-value store. Public alternative: none.
 
-    Raises ``ConnectionError`` (one of :func:`kv_errors`) when Ray is not connected."""
+    With ``overwrite=False`` a key that exists is left as it is, in one GCS call: a
+    test-and-set. Returns whether the key existed before. Raises ``ConnectionError`` (one
+    of :func:`kv_errors`) when Ray is not connected."""
     from ray.experimental import internal_kv
 
     if not internal_kv._internal_kv_initialized():
         raise ConnectionError(f"cannot write {key!r}: Ray is not connected")
-    internal_kv._internal_kv_put(key, value, namespace=namespace)
+    existed = internal_kv._internal_kv_put(key, value, overwrite=overwrite, namespace=namespace)
+    return bool(existed)
 
 
 def kv_list(prefix: str, namespace: str | None) -> list[str]:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
+import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -96,66 +98,107 @@ FALLBACK_WARNING = FallbackWarning()
 """This process's warning that it claims without the queue."""
 
 CLAIMING_HERE_REASON = "being claimed by another reservation of this process"
+CLAIMING_ELSEWHERE_REASON = "being claimed by a reservation of another process"
+CLAIMING_STALE_S = 10.0
+"""Age past which another process's ``claiming/<slice>`` record is ignored: a claim
+places or gives up within :data:`CLAIM_BOUND_S` of its last pick, so an older record's
+writer died or hung before deleting it."""
 
 
 class ClaimsHere:
     """The whole slices this process's reservations are claiming, each until its
-    reservation ends or gives it back.
+    reservation ends or gives it back, and the ones other processes are claiming.
 
-    Ray's view shows a slice held only once a group placed on it, so threads of one
-    driver that reserve at the same moment would all pick the same first idle slice:
-    all but one would then wait out :data:`CLAIM_BOUND_S` for a group that cannot place,
-    and remove it while Ray may still be placing it. A whole-slice reservation therefore
-    sees the ready slices another one of this process is claiming as busy. Still racing,
-    since a group places whole or not at all and a lost race costs only time: claims
-    from other processes, sub-slice claims, and a reservation that read Ray's view just
-    before another's group placed (Ray reports freed and taken resources within about
-    100 ms).
+    Ray's view shows a slice held only once a group placed on it, so reservations that
+    start at the same moment would all pick the same first idle slice: all but one would
+    then wait out :data:`CLAIM_BOUND_S` for a group that cannot place, and remove it
+    while Ray may still be placing it. So a whole-slice reservation sees the ready
+    slices another reservation of this process is claiming as busy; and before it claims
+    a slice it records so cluster-wide, in one test-and-set
+    (:meth:`~tpuslice._reserve.ops.ClusterOps.mark_claiming`): a slice whose record
+    another process holds is passed over, and shown busy to this process for
+    :data:`CLAIM_BOUND_S`, so that it queues instead. Still racing, since a group places
+    whole or not at all and a lost race costs only time: sub-slice claims, a reservation
+    that read Ray's view just before another's group placed (Ray reports freed and taken
+    resources within about 100 ms), and two processes taking over one stale record.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by: dict[str, object] = {}
         """Slice name -> the reservation claiming it."""
+        self._marked: dict[str, tuple[object, ClusterOps, str]] = {}
+        """Slice name -> the reservation here whose cluster-wide record stands, with the
+        operations that wrote it and its token."""
+        self._elsewhere: dict[str, float] = {}
+        """Slice name -> until when it shows busy here: another process is claiming it."""
 
-    def hide(self, snapshot: ClusterSnapshot, reserver: object) -> ClusterSnapshot:
-        """The snapshot with the slices other reservations here are claiming shown busy.
+    def hide(self, snapshot: ClusterSnapshot, reserver: object, now: float) -> ClusterSnapshot:
+        """The snapshot with the slices other reservations are claiming shown busy.
 
         Args:
             snapshot: The cluster as read.
             reserver: The reservation that looks.
+            now: The time now, on the reservation's clock.
 
         Returns:
             The snapshot, or a copy with those slices busy.
         """
         with self._lock:
-            return self._hide(snapshot, reserver)
+            return self._hide(snapshot, reserver, now)
 
     def pick(
         self,
         snapshot: ClusterSnapshot,
         reserver: object,
         choose: Callable[[ClusterSnapshot], Mapping[int, SliceInfo]],
+        *,
+        now: float,
+        ops: ClusterOps | None = None,
+        token: str = "",
     ) -> dict[int, SliceInfo]:
-        """Choose among the slices no other reservation here claims, and record the
-        chosen ones as this reservation's, in one step.
+        """Choose among the slices no other reservation claims, and record the chosen
+        ones as this reservation's (here, and cluster-wide through ``ops``), in one step.
+        A slice whose cluster-wide record another process holds is passed over, and the
+        choice made again without it.
 
         Args:
             snapshot: The cluster as read.
             reserver: The reservation that picks.
             choose: Picks targets from a snapshot.
+            now: The time now, on the reservation's clock.
+            ops: Where the cluster-wide records are kept (``None``: none are).
+            token: The reservation's token in those records.
 
         Returns:
             What ``choose`` picked.
         """
+        marked_now: list[str] = []
         with self._lock:
-            picks = dict(choose(self._hide(snapshot, reserver)))
-            for target in picks.values():
-                self._by[target.name] = reserver
+            while True:
+                picks = dict(choose(self._hide(snapshot, reserver, now)))
+                lost = [
+                    t.name
+                    for t in picks.values()
+                    if ops is not None and not self._mark(t.name, reserver, ops, token, marked_now)
+                ]
+                if not lost:
+                    break
+                for name in lost:
+                    self._elsewhere[name] = now + CLAIM_BOUND_S
+            chosen = {target.name for target in picks.values()}
+            for name in chosen:
+                self._by[name] = reserver
+            unmark = [name for name in marked_now if name not in chosen]
+            for name in unmark:
+                del self._marked[name]
+        for name in unmark:
+            assert ops is not None
+            ops.unmark_claiming(name, token)
         return picks
 
     def keep_only(self, reserver: object, names: Collection[str] = ()) -> None:
-        """Forget the slices ``reserver`` no longer claims.
+        """Forget the slices ``reserver`` no longer claims, here and cluster-wide.
 
         Args:
             reserver: The reservation.
@@ -164,17 +207,40 @@ class ClaimsHere:
         with self._lock:
             for name in [n for n, r in self._by.items() if r is reserver and n not in names]:
                 del self._by[name]
+            ended = [
+                (name, ops, token)
+                for name, (r, ops, token) in self._marked.items()
+                if r is reserver and name not in names
+            ]
+            for name, _, _ in ended:
+                del self._marked[name]
+        for name, ops, token in ended:
+            ops.unmark_claiming(name, token)
 
-    def _hide(self, snapshot: ClusterSnapshot, reserver: object) -> ClusterSnapshot:
-        others = [n for n, r in self._by.items() if r is not reserver and n in snapshot.slices]
-        if not others:
+    def _mark(
+        self, name: str, reserver: object, ops: ClusterOps, token: str, marked: list[str]
+    ) -> bool:
+        standing = self._marked.get(name)
+        if standing is not None and standing[0] is reserver:
+            return True
+        if not ops.mark_claiming(name, token, CLAIMING_STALE_S):
+            return False
+        self._marked[name] = (reserver, ops, token)
+        marked.append(name)
+        return True
+
+    def _hide(self, snapshot: ClusterSnapshot, reserver: object, now: float) -> ClusterSnapshot:
+        for name in [n for n, until in self._elsewhere.items() if until <= now]:
+            del self._elsewhere[name]
+        reasons = {n: CLAIMING_ELSEWHERE_REASON for n in self._elsewhere}
+        reasons.update({n: CLAIMING_HERE_REASON for n, r in self._by.items() if r is not reserver})
+        hidden = [n for n in reasons if n in snapshot.slices]
+        if not hidden:
             return snapshot
         slices = dict(snapshot.slices)
-        for name in others:
+        for name in hidden:
             if slices[name].state is SliceState.READY:  # broken or suspect ones stay so
-                slices[name] = replace(
-                    slices[name], state=SliceState.BUSY, reason=CLAIMING_HERE_REASON
-                )
+                slices[name] = replace(slices[name], state=SliceState.BUSY, reason=reasons[name])
         return replace(snapshot, slices=slices)
 
 
@@ -260,6 +326,8 @@ class Reserver:
         """Whether this request waits in the queue (pinned or labelled requests, and
         sub-slices, claim directly)."""
         self.kind = SliceKind(self.plan.shape, self.plan.tpu_resource_per_chip)
+        self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        """This reservation in the cluster-wide claiming records."""
 
     def can_grow(self) -> bool:
         """Whether the cluster has an autoscaler (read once per reservation).
@@ -306,7 +374,7 @@ class Reserver:
                     snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
                 snapshot = self.targets.prepare(snapshot)
                 if isinstance(self.targets, WholeSlices):
-                    snapshot = CLAIMS_HERE.hide(snapshot, self)
+                    snapshot = CLAIMS_HERE.hide(snapshot, self, self.clock.now())
                 self._drop_broken(snapshot)
                 if granted is not None:
                     self._fix_count(len(granted.slices))
@@ -335,6 +403,10 @@ class Reserver:
                         else self._place_workers()
                     )
                     if reservation is not None and self._free_of_owners(reservation):
+                        # Placed: Ray's view shows the slices held from now on. While
+                        # the groups are still in flight, so that an interrupt here
+                        # gives them back.
+                        CLAIMS_HERE.keep_only(self)
                         self.in_flight = []
                         if self.place is not None:
                             place, self.place = self.place, None
@@ -352,10 +424,8 @@ class Reserver:
                 self.clock.sleep(max(0.0, wait))
                 pause = min(pause * 2, POLL_S[1])
         except BaseException:
-            self.release_all()
+            self.release_all()  # forgets this reservation's claims, here and cluster-wide
             raise
-        finally:
-            CLAIMS_HERE.keep_only(self)
 
     def release_all(self) -> None:
         """Remove every group this reserver made (claims and autoscaler demand), and
@@ -519,7 +589,14 @@ class Reserver:
         keeps those that place."""
         taken = {i: c.slice_name for i, c in self.claims.items()}
         picks = (
-            CLAIMS_HERE.pick(snapshot, self, lambda view: self.targets.pick(view, taken))
+            CLAIMS_HERE.pick(
+                snapshot,
+                self,
+                lambda view: self.targets.pick(view, taken),
+                now=self.clock.now(),
+                ops=self.ops,
+                token=self.token,
+            )
             if isinstance(self.targets, WholeSlices)
             else self.targets.pick(snapshot, taken)
         )

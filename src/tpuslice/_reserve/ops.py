@@ -10,7 +10,10 @@ in-memory stand-in, so every step of the loop is tested without a cluster.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from ray.util import placement_group_table
@@ -19,6 +22,7 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from tpuslice import _ray
 from tpuslice._queue.service import SliceQueue
 from tpuslice._reserve.groups import remove_group, wait_all
+from tpuslice._tpu.keys import CLAIMING_KEY_PREFIX, NAMESPACE
 from tpuslice._view.cluster import ClusterSnapshot, read_snapshot
 
 
@@ -121,6 +125,84 @@ class ClusterOps(Protocol):
             QueueUnreachableError: there is none to be reached.
         """
         ...
+
+    def mark_claiming(self, slice_name: str, token: str, stale_after_s: float) -> bool:
+        """Record, cluster-wide and in one test-and-set, that the reservation ``token``
+        is claiming the slice, unless another reservation's record younger than
+        ``stale_after_s`` stands.
+
+        Args:
+            slice_name: The slice.
+            token: The claiming reservation.
+            stale_after_s: Age past which another's record is ignored (its writer died).
+
+        Returns:
+            Whether this reservation's record stands (``True`` too when no record can be
+            kept at all: the claim then races as any would).
+        """
+        ...
+
+    def unmark_claiming(self, slice_name: str, token: str) -> None:
+        """Delete the reservation's record for the slice (a record another took over
+        from it as stale may go too: that costs at most a race).
+
+        Args:
+            slice_name: The slice.
+            token: The reservation that claimed it.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class ClaimingRecord:
+    """A ``claiming/<slice>`` record: which reservation is claiming the slice, since when.
+
+    Attributes:
+        by: The claiming reservation's token.
+        at: When it began claiming (seconds since the epoch: records are compared
+            across processes).
+    """
+
+    by: str
+    at: float
+
+    def yields_to(self, token: str, now: float, stale_after_s: float) -> bool:
+        """Whether reservation ``token`` may claim the slice over this record: it is
+        its own, or stale (its writer died or hung before deleting it).
+
+        Args:
+            token: The reservation that would claim.
+            now: The time now (seconds since the epoch).
+            stale_after_s: Age past which the record is ignored.
+
+        Returns:
+            True if ``token`` may claim.
+        """
+        return self.by == token or now - self.at > stale_after_s
+
+    def to_json(self) -> bytes:
+        """The record as stored.
+
+        Returns:
+            JSON bytes.
+        """
+        return json.dumps({"by": self.by, "at": self.at}).encode()
+
+    @classmethod
+    def parse(cls, raw: bytes | None) -> ClaimingRecord | None:
+        """A stored record; ``None`` when absent or unreadable.
+
+        Args:
+            raw: The stored bytes, or ``None``.
+
+        Returns:
+            The record, or ``None``.
+        """
+        try:
+            data = json.loads(raw) if raw else None
+            return cls(str(data["by"]), float(data["at"])) if isinstance(data, dict) else None
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 class RayOps:
@@ -235,6 +317,47 @@ class RayOps:
         from tpuslice._queue.actor import QUEUE_LINK
 
         return QUEUE_LINK.slice_queue()
+
+    def mark_claiming(self, slice_name: str, token: str, stale_after_s: float) -> bool:
+        """Write ``claiming/<slice>`` in tpuslice's KV namespace unless another's stands.
+
+        Args:
+            slice_name: The slice.
+            token: The claiming reservation.
+            stale_after_s: Age past which another's record is ignored.
+
+        Returns:
+            Whether this reservation's record stands.
+        """
+        key = CLAIMING_KEY_PREFIX + slice_name
+        mine = ClaimingRecord(token, time.time())
+        try:
+            for _ in range(2):  # a record deleted between the put and the read: once more
+                if not _ray.kv_put(key, mine.to_json(), NAMESPACE, overwrite=False):
+                    return True
+                standing = ClaimingRecord.parse(_ray.kv_get(key, NAMESPACE))
+                if standing is None:
+                    continue
+                if not standing.yields_to(token, mine.at, stale_after_s):
+                    return False
+                _ray.kv_put(key, mine.to_json(), NAMESPACE)
+                return True
+            return False
+        except _ray.kv_errors():
+            return True
+
+    def unmark_claiming(self, slice_name: str, token: str) -> None:
+        """Delete ``claiming/<slice>``, in one GCS call. The record is this reservation's
+        unless another took it over as stale; deleting that one too costs at most a race.
+
+        Args:
+            slice_name: The slice.
+            token: The reservation that claimed it.
+        """
+        try:
+            _ray.kv_delete(CLAIMING_KEY_PREFIX + slice_name, NAMESPACE)
+        except _ray.kv_errors():
+            pass  # stale soon: others ignore it then
 
 
 RAY_OPS: ClusterOps = RayOps()

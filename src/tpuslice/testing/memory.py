@@ -30,6 +30,7 @@ from ray.util.placement_group import PlacementGroup
 
 from tpuslice._host.suspects import DEFAULT_COOLDOWN_S, Blame, Suspect, SuspectReason
 from tpuslice._queue.service import QueueService, SliceQueue
+from tpuslice._reserve.ops import ClaimingRecord
 from tpuslice._tpu.labels import host_labels, host_resources
 from tpuslice._tpu.topology import slice_shape
 from tpuslice._view.cluster import ClusterSnapshot, build_snapshot
@@ -47,6 +48,8 @@ OPERATIONS = (
     "bundle_node",
     "can_grow",
     "slice_queue",
+    "mark_claiming",
+    "unmark_claiming",
     "sleep",
 )
 
@@ -194,6 +197,8 @@ class InMemoryCluster:
         """Node id -> its suspect record, as written to the KV store (the view reads it)."""
         self.cooldown_s = DEFAULT_COOLDOWN_S
         """The cluster's cool-down of a suspect host."""
+        self.claiming: dict[str, ClaimingRecord] = {}
+        """Slice name -> the reservation claiming it, as written to the KV store."""
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self._scripts: list[tuple[str, int, Callable[[], None], bool]] = []
         self._names = itertools.count()
@@ -455,6 +460,44 @@ class InMemoryCluster:
             return self.queue
 
         return self._call("slice_queue", find)
+
+    def mark_claiming(self, slice_name: str, token: str, stale_after_s: float) -> bool:
+        """Record that ``token`` claims the slice unless another's fresh record stands
+        (:attr:`claiming`, times on the clock).
+
+        Args:
+            slice_name: The slice.
+            token: The claiming reservation.
+            stale_after_s: Age past which another's record is ignored.
+
+        Returns:
+            Whether this reservation's record stands.
+        """
+
+        def mark() -> bool:
+            now = self.clock.now()
+            standing = self.claiming.get(slice_name)
+            if standing is not None and not standing.yields_to(token, now, stale_after_s):
+                return False
+            self.claiming[slice_name] = ClaimingRecord(token, now)
+            return True
+
+        return self._call("mark_claiming", mark)
+
+    def unmark_claiming(self, slice_name: str, token: str) -> None:
+        """Delete the reservation's record for the slice, if it is its own.
+
+        Args:
+            slice_name: The slice.
+            token: The reservation that claimed it.
+        """
+
+        def unmark() -> None:
+            standing = self.claiming.get(slice_name)
+            if standing is not None and standing.by == token:
+                del self.claiming[slice_name]
+
+        self._call("unmark_claiming", unmark)
 
     def mark_suspects(self, blames: Sequence[Blame]) -> list[Suspect]:
         """Mark hosts suspect for :attr:`cooldown_s` from the clock's time now, as

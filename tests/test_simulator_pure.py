@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from itertools import islice
 
 import pytest
@@ -70,6 +69,7 @@ def test_hosts_wait_at_once_but_each_spawns_on_the_starting_thread_with_its_own_
     sim = SimulatedCluster([("v4", "2x2x1", 1)])
     slices = _slices(sim, 2, 4)
     lock, waiting, most = threading.Lock(), [0], [0]
+    together = threading.Barrier(HOST_STARTS_AT_ONCE, timeout=30)  # broken if fewer wait
     spawned: list[tuple[str, str | None, bool]] = []
 
     def start_host(sim_slice: SimulatedSlice, worker_id: int, spawner: _Spawner) -> object:
@@ -83,7 +83,7 @@ def test_hosts_wait_at_once_but_each_spawns_on_the_starting_thread_with_its_own_
         with lock:  # the wait for the raylet to register
             waiting[0] += 1
             most[0] = max(most[0], waiting[0])
-        time.sleep(0.05)
+        together.wait()
         with lock:
             waiting[0] -= 1
         return name
@@ -94,7 +94,7 @@ def test_hosts_wait_at_once_but_each_spawns_on_the_starting_thread_with_its_own_
     assert sorted(spawned) == sorted((n, n, True) for s in slices for n in _names(s))
     assert "TPU_NAME" not in os.environ
     assert [h.node for s in slices for h in s.hosts] == [n for s in slices for n in _names(s)]
-    assert 1 < most[0] <= HOST_STARTS_AT_ONCE
+    assert most[0] == HOST_STARTS_AT_ONCE
 
 
 def test_a_host_that_fails_to_start_fails_the_start_after_the_others_are_recorded(

@@ -116,7 +116,7 @@ class ClaimsHere:
     slices another reservation of this process is claiming as busy; and before it claims
     a slice it records so cluster-wide, in one test-and-set
     (:meth:`~tpuslice._reserve.ops.ClusterOps.mark_claiming`): a slice whose record
-    another process holds is passed over, and shown busy to this process for
+    another process holds is passed over, and shown busy to this reservation for
     :data:`CLAIM_BOUND_S`, so that it queues instead. Still racing, since a group places
     whole or not at all and a lost race costs only time: sub-slice claims, a reservation
     that read Ray's view just before another's group placed (Ray reports freed and taken
@@ -130,8 +130,9 @@ class ClaimsHere:
         self._marked: dict[str, tuple[object, ClusterOps, str]] = {}
         """Slice name -> the reservation here whose cluster-wide record stands, with the
         operations that wrote it and its token."""
-        self._elsewhere: dict[str, float] = {}
-        """Slice name -> until when it shows busy here: another process is claiming it."""
+        self._elsewhere: dict[object, dict[str, float]] = {}
+        """Reservation -> slice name -> until when that slice shows busy to it: another
+        process is claiming it (learned by this reservation, forgotten when it ends)."""
 
     def hide(self, snapshot: ClusterSnapshot, reserver: object, now: float) -> ClusterSnapshot:
         """The snapshot with the slices other reservations are claiming shown busy.
@@ -185,7 +186,7 @@ class ClaimsHere:
                 if not lost:
                     break
                 for name in lost:
-                    self._elsewhere[name] = now + CLAIM_BOUND_S
+                    self._elsewhere.setdefault(reserver, {})[name] = now + CLAIM_BOUND_S
             chosen = {target.name for target in picks.values()}
             for name in chosen:
                 self._by[name] = reserver
@@ -202,11 +203,14 @@ class ClaimsHere:
 
         Args:
             reserver: The reservation.
-            names: The slices it still claims (none once it ended).
+            names: The slices it still claims (none once it ended, or gave back
+                all: then what it learned of other processes' claims goes too).
         """
         with self._lock:
             for name in [n for n, r in self._by.items() if r is reserver and n not in names]:
                 del self._by[name]
+            if not names:
+                self._elsewhere.pop(reserver, None)
             ended = [
                 (name, ops, token)
                 for name, (r, ops, token) in self._marked.items()
@@ -230,9 +234,10 @@ class ClaimsHere:
         return True
 
     def _hide(self, snapshot: ClusterSnapshot, reserver: object, now: float) -> ClusterSnapshot:
-        for name in [n for n, until in self._elsewhere.items() if until <= now]:
-            del self._elsewhere[name]
-        reasons = {n: CLAIMING_ELSEWHERE_REASON for n in self._elsewhere}
+        elsewhere = self._elsewhere.get(reserver, {})
+        for name in [n for n, until in elsewhere.items() if until <= now]:
+            del elsewhere[name]
+        reasons = {n: CLAIMING_ELSEWHERE_REASON for n in elsewhere}
         reasons.update({n: CLAIMING_HERE_REASON for n, r in self._by.items() if r is not reserver})
         hidden = [n for n in reasons if n in snapshot.slices]
         if not hidden:

@@ -1018,9 +1018,8 @@ class SimulatedCluster:
 
     def _host_dir(self, slice_name: str, worker_id: int) -> Path:
         """Make (if new) and return a host's root: ``dev/accel0..N-1`` and ``tmp/``."""
-        assert self._root is not None
         sim_slice = self.slices[slice_name]
-        path = self._root / slice_name / str(worker_id)
+        path = self._root_dir() / slice_name / str(worker_id)
         make_host_root(path, sim_slice.shape, slice_name, worker_id, sim_slice.physical)
         return path
 

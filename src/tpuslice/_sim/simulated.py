@@ -321,6 +321,11 @@ class SimulatedSlice:
 class SimulatedCluster:
     """Context manager running a local Ray cluster of simulated TPU slices.
 
+    Call :meth:`start`, :meth:`add_slice`, :meth:`restore_slice` and
+    :meth:`restart_slice` from a thread that lives as long as the hosts it starts (the
+    main thread, usually): on Linux, Ray's processes of a node die with the thread that
+    spawned them.
+
     Examples:
         >>> with SimulatedCluster([("v6e", "4x4", 2)], connect=True) as sim:
         ...     run_on_slice(fn, topology="4x4", accelerator_version="v6e")

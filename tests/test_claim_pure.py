@@ -532,6 +532,19 @@ def test_with_every_idle_slice_claimed_elsewhere_a_reservation_waits_in_the_queu
     assert cluster.calls["create_group"] == 1  # only the group that placed
 
 
+def test_a_last_resort_slice_another_process_is_claiming_is_not_raced_for() -> None:
+    """The only slice has a suspect host, so it is a last resort, and another driver is
+    claiming it: the reservation does not take it (nor spin on it), and times out."""
+    cluster = InMemoryCluster([("v6e", "4x4", 1)])
+    cluster.suspect("v6e-16-0", 2)
+    cluster.mark_claiming("v6e-16-0", OTHER_PROCESS, claim.CLAIMING_STALE_S)
+    with pytest.raises(ReservationTimeoutError) as caught:
+        reserver(cluster, head_reservation_timeout_s=1.0).run()
+    assert "1 with a suspect host" in str(caught.value)
+    assert cluster.calls["create_group"] == 0
+    assert cluster.claiming["v6e-16-0"].by == OTHER_PROCESS
+
+
 def test_a_stale_claiming_record_is_taken_over() -> None:
     """A record older than the stale bound (its driver died before deleting it) does not
     keep the slice from this reservation."""

@@ -175,9 +175,10 @@ class ClaimsHere:
             What ``choose`` picked.
         """
         marked_now: list[str] = []
+        refused: set[str] = set()
         with self._lock:
-            while True:
-                picks = dict(choose(self._hide(snapshot, reserver, now)))
+            while True:  # ends: each round refuses a slice it had not refused before
+                picks = dict(choose(self._hide(snapshot, reserver, now, refused)))
                 lost = [
                     t.name
                     for t in picks.values()
@@ -185,6 +186,7 @@ class ClaimsHere:
                 ]
                 if not lost:
                     break
+                refused.update(lost)
                 for name in lost:
                     self._elsewhere.setdefault(reserver, {})[name] = now + CLAIM_BOUND_S
             chosen = {target.name for target in picks.values()}
@@ -233,7 +235,15 @@ class ClaimsHere:
         marked.append(name)
         return True
 
-    def _hide(self, snapshot: ClusterSnapshot, reserver: object, now: float) -> ClusterSnapshot:
+    def _hide(
+        self,
+        snapshot: ClusterSnapshot,
+        reserver: object,
+        now: float,
+        refused: Collection[str] = (),
+    ) -> ClusterSnapshot:
+        """``refused``: slices shown busy whatever their state (a suspect one too, which
+        would otherwise still be picked as a last resort)."""
         elsewhere = self._elsewhere.get(reserver, {})
         for name in [n for n, until in elsewhere.items() if until <= now]:
             del elsewhere[name]
@@ -244,7 +254,8 @@ class ClaimsHere:
             return snapshot
         slices = dict(snapshot.slices)
         for name in hidden:
-            if slices[name].state is SliceState.READY:  # broken or suspect ones stay so
+            # Broken or suspect slices stay so (a shortage is still told at once).
+            if slices[name].state is SliceState.READY or name in refused:
                 slices[name] = replace(slices[name], state=SliceState.BUSY, reason=reasons[name])
         return replace(snapshot, slices=slices)
 

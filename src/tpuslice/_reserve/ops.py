@@ -335,10 +335,11 @@ class RayOps:
             for _ in range(2):  # a record deleted between the put and the read: once more
                 if not _ray.kv_put(key, mine.to_json(), NAMESPACE, overwrite=False):
                     return True
-                standing = ClaimingRecord.parse(_ray.kv_get(key, NAMESPACE))
-                if standing is None:
+                raw = _ray.kv_get(key, NAMESPACE)
+                if raw is None:
                     continue
-                if not standing.yields_to(token, mine.at, stale_after_s):
+                standing = ClaimingRecord.parse(raw)  # an unreadable record counts as none
+                if standing is not None and not standing.yields_to(token, mine.at, stale_after_s):
                     return False
                 _ray.kv_put(key, mine.to_json(), NAMESPACE)
                 return True

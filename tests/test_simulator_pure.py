@@ -50,13 +50,11 @@ def test_slice_name_suffixes_never_repeat() -> None:
     assert len(set(names)) == 800
 
 
-def _slices(sim: SimulatedCluster, hosts_each: int, count: int) -> list[SimulatedSlice]:
-    shape = slice_shape("2x2x2" if hosts_each == 2 else "2x2x4", "v4")
-    made = []
-    for index in range(count):
-        sim_slice = SimulatedSlice(f"v4-x-{index}", shape)
-        sim_slice.hosts = [SimulatedHost(sim_slice.name, w) for w in range(hosts_each)]
-        made.append(sim_slice)
+def _slices(count: int) -> list[SimulatedSlice]:
+    """``count`` v4 2x2x2 slices (two hosts each), in memory only."""
+    made = [SimulatedSlice(f"v4-x-{index}", slice_shape("2x2x2", "v4")) for index in range(count)]
+    for sim_slice in made:
+        sim_slice.hosts = [SimulatedHost(sim_slice.name, w) for w in range(2)]
     return made
 
 
@@ -67,7 +65,7 @@ def test_hosts_wait_at_once_but_each_spawns_on_the_starting_thread_with_its_own_
     thread that started the hosts (its processes die with the thread that spawned them),
     one at a time, with that host's identity in the environment only for that step."""
     sim = SimulatedCluster([("v4", "2x2x1", 1)])
-    slices = _slices(sim, 2, 4)
+    slices = _slices(4)
     lock, waiting, most = threading.Lock(), [0], [0]
     together = threading.Barrier(HOST_STARTS_AT_ONCE, timeout=30)  # broken if fewer wait
     spawned: list[tuple[str, str | None, bool]] = []
@@ -101,7 +99,7 @@ def test_a_host_that_fails_to_start_fails_the_start_after_the_others_are_recorde
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sim = SimulatedCluster([("v4", "2x2x1", 1)])
-    (sim_slice,) = _slices(sim, 2, 1)
+    (sim_slice,) = _slices(1)
 
     def start_host(sim_slice: SimulatedSlice, worker_id: int, spawner: _Spawner) -> object:
         def spawn() -> None:

@@ -66,8 +66,10 @@ class AutoscalerDemand:
         """
         heads = {s.head_node_id: s for s in snapshot.slices.values() if s.head_node_id}
         found = []
-        for pg, placed in zip(self.groups, self.ops.wait_placed(self.groups, 0.0), strict=True):
-            node = self.ops.bundle_node(pg, 0) if placed else None
+        for pg in self.groups:
+            # Where the group is, read from Ray's table: a wait of no time would not do,
+            # since Ray answers it before the GCS has said whether the group is placed.
+            node = self.ops.bundle_node(pg, 0)
             if node in heads:
                 found.append((pg, heads[node]))
         taken = {id(pg) for pg, _ in found}

@@ -282,7 +282,7 @@ class RayOps:
             The node id (hex), or ``None`` if the bundle is not placed.
         """
         node: str | None = placement_group_table(group).get("bundles_to_node_id", {}).get(index)
-        return node
+        return node or None  # an unplaced bundle's node id is the empty string
 
     def can_grow(self) -> bool:
         """Whether the connected cluster has an autoscaler that can add slices.

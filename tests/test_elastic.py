@@ -33,18 +33,20 @@ def gang_view() -> tuple[int, int, str, str]:
 def test_a_reservation_with_a_range_takes_what_is_idle_and_says_how_many(
     tpu_cluster: SimulatedCluster,
 ) -> None:
-    with hold_host("v4-16-d", 1):
-        with tpuslice.SlicePlacementGroup(**V4, num_slices=(1, 4)) as spg:
-            assert spg.num_slices == 3
-            assert spg.num_hosts == 6 and spg.num_bundles == 6
-            assert spg.slice_names == ["v4-16-a", "v4-16-b", "v4-16-c"]
+    with hold_host("v4-16-b", 1):
+        with tpuslice.SlicePlacementGroup(**V4, num_slices=(1, 3)) as spg:
+            assert spg.num_slices == 1
+            assert spg.num_hosts == 2 and spg.num_bundles == 2
+            assert spg.slice_names == ["v4-16-a"]
             views = ray.get(tpuslice.run_on_slice(gang_view, tpu_slice=spg), timeout=60)
-        assert [v[0] for v in views] == list(range(6))
-        assert {v[1:3] for v in views} == {(3, "3")}
-        refs = tpuslice.run_on_slice(gang_view, **V4, num_slices=(2, 3))  # one-shot
-        views = ray.get(refs, timeout=60)
-        assert len(views) == 6 and {v[1:3] for v in views} == {(3, "3")}
-    wait_for(lambda: tpuslice.get_num_ready_tpu_slices("2x2x2", "v4") == 4, 30, "slices back")
+        assert [v[0] for v in views] == [0, 1]
+        assert {(v[1], v[3]) for v in views} == {(1, "v4-16-a")}
+        assert {v[2] for v in views} <= {"", "-"}  # no MEGASCALE_NUM_SLICES for one slice
+    wait_for(lambda: tpuslice.get_num_ready_tpu_slices("2x2x2", "v4") == 2, 30, "slices back")
+    refs = tpuslice.run_on_slice(gang_view, **V4, num_slices=(2, 3))  # one-shot
+    views = ray.get(refs, timeout=60)
+    assert [v[0] for v in views] == list(range(4))
+    assert {v[1:3] for v in views} == {(2, "2")}
     assert_no_placement_groups()
 
 
@@ -63,20 +65,18 @@ def member_class() -> type:
 def test_an_actor_group_with_a_range(tpu_cluster: SimulatedCluster) -> None:
     with (
         hold_host("v4-16-a", 1),
-        hold_host("v4-16-b", 1),
-        hold_host("v4-16-c", 1),
         tpuslice.SliceActorGroup.create(member_class(), **V4, num_slices=(1, 2)) as group,
     ):
         views = group.get(group.call("view"), timeout=60)
     assert [v[0] for v in views] == [0, 1]
-    assert {(v[1], v[3]) for v in views} == {(1, "v4-16-d")}
+    assert {(v[1], v[3]) for v in views} == {(1, "v4-16-b")}
     assert {v[2] for v in views} <= {"", "-"}  # no MEGASCALE_NUM_SLICES for one slice
     assert_no_placement_groups()
 
 
 def test_tpuslice_run_takes_a_range(tpu_cluster: SimulatedCluster) -> None:
     script = 'echo "rank=$TPUSLICE_RANK of $TPUSLICE_WORLD_SIZE slices=$TPUSLICE_NUM_SLICES"'
-    with hold_host("v4-16-a", 1), hold_host("v4-16-b", 1):
+    with hold_host("v4-16-a", 1):
         result = CliRunner().invoke(
             main,
             ["run", "--topology", "2x2x2", "--accelerator", "v4", "--slices", "1..3", "--", script],
@@ -84,8 +84,8 @@ def test_tpuslice_run_takes_a_range(tpu_cluster: SimulatedCluster) -> None:
         )
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if "rank=" in line]
-    assert len(lines) == 4 and all(line.endswith("of 4 slices=2") for line in lines)
-    assert all(re.match(r"\[v4-16-[cd]/[01]\]", line) for line in lines)
+    assert len(lines) == 2 and all(line.endswith("of 2 slices=1") for line in lines)
+    assert all(re.match(r"\[v4-16-b/[01]\]", line) for line in lines)
     bad = CliRunner().invoke(
         main,
         ["run", "--topology", "2x2x2", "--accelerator", "v4", "--slices", "3..1", "--", "true"],

@@ -250,7 +250,7 @@ def test_actor_group_names_a_dead_host(tpu_cluster: SimulatedCluster) -> None:
     finally:
         spg.shutdown()
         tpu_cluster.restore_slice(name)
-    wait_for(lambda: tpuslice.get_num_ready_tpu_slices("2x2x2", "v4") == 4, timeout=30)
+    wait_for(lambda: tpuslice.get_num_ready_tpu_slices("2x2x2", "v4") == 2, timeout=30)
 
 
 CONTEXT_VARS = {f"TPUSLICE_{name.upper()}" for name in HostContext.__annotations__} | set(

@@ -624,3 +624,11 @@ def test_a_stale_owner_record_does_not_keep_a_slice_busy_forever() -> None:
     reservation = reserver(cluster, head_reservation_timeout_s=30.0).run()
     assert names(reservation) == ["v6e-16-0"]
     assert cluster.clock.t < 1.0 + claim.REPROBE_S + 1.0
+
+
+def test_a_wait_for_no_groups_answers_at_once_without_asking_ray() -> None:
+    """Nothing to wait for (no demand group pending): no call to Ray, which is not even
+    connected here and would refuse a wait for nothing."""
+    from tpuslice._reserve.groups import wait_all
+
+    assert wait_all([], 30.0) == []

@@ -160,3 +160,36 @@ def test_a_slice_verdict_names_each_failed_host_and_why() -> None:
     assert "host 1: FAILED: did not answer in time; answered -" in text
     assert "host 0: ok; answered 0.40 s; tpu started in 0.30 s" in text
     assert SliceHealth("v6e-16-a", (good,), 1.0).ok
+
+
+def test_rank_0_listens_on_a_free_port_when_the_coordinators_is_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another process on the host holds the coordinator's port: rank 0 listens on a free
+    one, publishes that one, and its verdict says why."""
+    import contextlib
+    import socket
+
+    from tpuslice._tpu.compat import DEFAULT_COORDINATOR_PORT
+
+    published: dict[str, bytes] = {}
+    monkeypatch.setattr(
+        health._ray, "kv_put", lambda key, value, ns: published.update({key: value})
+    )
+    monkeypatch.setattr(health.ray.util, "get_node_ip_address", lambda: "127.0.0.1")
+    holder = socket.socket()
+    try:
+        with contextlib.suppress(OSError):  # someone else holds it: taken either way
+            holder.bind(("", DEFAULT_COORDINATOR_PORT))
+        listener = health._Listener("check/key", 0, 1.0)
+        try:
+            port = listener.sock.getsockname()[1]
+            assert port != DEFAULT_COORDINATOR_PORT
+            assert published == {"check/key": f"127.0.0.1:{port}".encode()}
+            ok, seen = listener.wait()
+        finally:
+            listener.close()
+    finally:
+        holder.close()
+    assert ok
+    assert seen.endswith(f"(port {DEFAULT_COORDINATOR_PORT} taken here: a free one)")

@@ -189,3 +189,21 @@ def test_slice_placement_group_refuses_bad_input_before_reserving(
     args: dict[str, object] = {"topology": "4x4", "accelerator_version": "v6e", **kwargs}
     with pytest.raises(ValueError, match=match):
         tpuslice.SlicePlacementGroup(**args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "names"),
+    [
+        ({"subslice_index": 0}, InvalidArgumentError, "subslice_index can only be used with"),
+        ({"subslice": True, "num_slices": 2}, InvalidArgumentError, "num_slices=2 given"),
+        ({"subslice": True, "subslice_index": -1}, InvalidArgumentError, "got -1"),
+        ({"subslice": True, "subslice_index": True}, InvalidArgumentError, "got True"),
+        ({"subslice": True, "chips_per_vm": 8}, InvalidResourceError, "chips_per_vm=8 given"),
+        ({"subslice": True, "pg_per_slice": True}, InvalidArgumentError, "pg_per_slice and"),
+    ],
+)
+def test_a_sub_slice_request_that_cannot_be_met_as_asked_is_refused_saying_which_option(
+    options: dict[str, object], error: type[Exception], names: str
+) -> None:
+    with pytest.raises(error, match=names):
+        SliceRequest(topology="2x2", accelerator_version="v6e", **options)  # type: ignore[arg-type]

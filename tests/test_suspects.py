@@ -291,3 +291,30 @@ def test_tpuslice_health_cooldown_sets_the_clusters_and_says_what_it_was(
         refused = CliRunner().invoke(main, ["health", *bad])
         assert refused.exit_code == 2, (bad, refused.output)
     assert suspects.cooldown() == 1800.0  # nothing refused was written
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ([], "name the slices to check, or give --all (not both)"),
+        (["v6e-16-0", "--all"], "name the slices to check, or give --all (not both)"),
+        (["v6e-16-9"], "no slice 'v6e-16-9'; slices: v6e-16-0, v6e-16-1"),
+        (["--all", "--clear"], "--clear needs the slices named, not --all"),
+    ],
+)
+def test_tpuslice_health_refuses_slices_it_cannot_check_saying_what_there_is(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], says: str
+) -> None:
+    from contextlib import nullcontext
+
+    from click.testing import CliRunner
+
+    from tpuslice.cli import health as cli_health
+    from tpuslice.cli.commands import main
+
+    there = InMemoryCluster([("v6e", "4x4", 2)]).snapshot(1)
+    monkeypatch.setattr(cli_health, "connected", lambda address: nullcontext())
+    monkeypatch.setattr(cli_health.cluster, "read_snapshot", lambda: there)
+    refused = CliRunner().invoke(main, ["health", *args], env={"COLUMNS": "200"})
+    assert refused.exit_code == 2, refused.output
+    assert says in refused.output

@@ -243,24 +243,12 @@ def test_autoscaler_demand_is_adopted_when_the_new_slice_lands() -> None:
     assert cluster.live_groups("reserver") == [head, reservation.combined_pg]
 
 
-def waits_of_no_time_see_nothing_placed(cluster: InMemoryCluster) -> None:
-    """Give the cluster Ray's answer to a wait of no time: nothing placed. Ray's
-    ``ray.wait([pg.ready()], timeout=0)`` returns before the GCS has answered, so it
-    says so even for a group placed long ago."""
-    placed_within = cluster.wait_placed
-
-    def wait_placed(groups: Any, timeout: float) -> list[bool]:
-        return [False] * len(groups) if timeout <= 0 else placed_within(groups, timeout)
-
-    cluster.wait_placed = wait_placed  # type: ignore[method-assign]
-
-
 def test_a_landed_demand_group_is_found_where_ray_places_it_not_by_a_wait() -> None:
     """The demand group is found on the new slice through Ray's table of groups, so the
-    slice is adopted as soon as it arrives (a look that waited no time found nothing, and
-    the new slice stayed held by the demand group itself until the deadline)."""
+    slice is adopted as soon as it arrives (a look that waited no time finds nothing
+    placed, in Ray as in InMemoryCluster, and the new slice stayed held by the demand
+    group itself until the deadline)."""
     cluster = InMemoryCluster([("v6e", "4x4", 1)], can_grow=True)
-    waits_of_no_time_see_nothing_placed(cluster)
     cluster.take("v6e-16-0", 1, {"TPU": 1})
     cluster.script("sleep", 2, lambda: cluster.add_slice("v6e", "4x4", "v6e-16-grown"))
     started = cluster.clock.t

@@ -13,15 +13,7 @@ from typing import Any
 
 import pytest
 
-from test_claim_pure import (
-    HEAD,
-    V6E,
-    Placements,
-    names,
-    others_hosts,
-    reserver,
-    waits_of_no_time_see_nothing_placed,
-)
+from test_claim_pure import HEAD, V6E, Placements, names, others_hosts, reserver
 from tpuslice._queue.book import Granted, Waiting
 from tpuslice._queue.service import REPROBE_S, QueueService, SliceKind, Ticket
 from tpuslice._reserve import claim
@@ -402,10 +394,9 @@ def test_a_queued_request_lets_autoscaler_demand_go_rather_than_adopt_it() -> No
 
 def test_a_queued_request_lets_its_landed_demand_go_at_once() -> None:
     """The demand group of a queued request lands on the slice the autoscaler added: it
-    is found there through Ray's table of groups (a wait of no time sees nothing placed)
+    is found there through Ray's table of groups (a wait of no time finds nothing placed)
     and let go, so the queue grants the new slice without waiting for the deadline."""
     cluster = InMemoryCluster([("v6e", "4x4", 1)], queue=True, can_grow=True)
-    waits_of_no_time_see_nothing_placed(cluster)
     cluster.take("v6e-16-0", 0, {"TPU": 4})
     cluster.script("sleep", 3, lambda: cluster.add_slice("v6e", "4x4", "v6e-16-new"))
     started = cluster.clock.t

@@ -357,6 +357,8 @@ class InMemoryCluster:
 
     def wait_placed(self, groups: Sequence[PlacementGroup], timeout: float) -> list[bool]:
         """Place what fits; if any group is still unplaced, the clock moves by ``timeout``.
+        A wait of no time finds nothing placed, as Ray's does: Ray answers it before the
+        GCS has said whether a group is placed, even one placed long ago.
 
         Args:
             groups: Groups of this cluster.
@@ -371,6 +373,10 @@ class InMemoryCluster:
 
         def wait() -> list[bool]:
             self._place_pending()
+            if timeout <= 0:
+                for group in groups:
+                    self._group(group)  # a group of another cluster is still refused
+                return [False] * len(groups)
             placed = [self._group(g).nodes is not None for g in groups]
             if not all(placed):
                 self.clock.t += max(0.0, timeout)

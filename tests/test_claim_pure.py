@@ -243,20 +243,6 @@ def test_autoscaler_demand_is_adopted_when_the_new_slice_lands() -> None:
     assert cluster.live_groups("reserver") == [head, reservation.combined_pg]
 
 
-def test_a_landed_demand_group_is_found_where_ray_places_it_not_by_a_wait() -> None:
-    """The demand group is found on the new slice through Ray's table of groups, so the
-    slice is adopted as soon as it arrives (a look that waited no time finds nothing
-    placed, in Ray as in InMemoryCluster, and the new slice stayed held by the demand
-    group itself until the deadline)."""
-    cluster = InMemoryCluster([("v6e", "4x4", 1)], can_grow=True)
-    cluster.take("v6e-16-0", 1, {"TPU": 1})
-    cluster.script("sleep", 2, lambda: cluster.add_slice("v6e", "4x4", "v6e-16-grown"))
-    started = cluster.clock.t
-    reservation = reserver(cluster, head_reservation_timeout_s=60).run()
-    assert names(reservation) == ["v6e-16-grown"]
-    assert cluster.clock.t - started < 5
-
-
 def test_a_slice_adopted_through_demand_gets_no_second_head_in_its_block() -> None:
     """Two wanted, one idle: the idle one is picked, the other comes from the autoscaler
     through a demand group kept as that claim's head. In the one worker group, the picked

@@ -392,11 +392,16 @@ def test_a_queued_request_lets_autoscaler_demand_go_rather_than_adopt_it() -> No
     assert claimed_while_queued == [0]  # the new slice was not adopted out of order
 
 
-def test_a_queued_request_lets_its_landed_demand_go_at_once() -> None:
-    """The demand group of a queued request lands on the slice the autoscaler added: it
-    is found there through Ray's table of groups (a wait of no time finds nothing placed)
-    and let go, so the queue grants the new slice without waiting for the deadline."""
-    cluster = InMemoryCluster([("v6e", "4x4", 1)], queue=True, can_grow=True)
+@pytest.mark.parametrize("queue", [False, True], ids=["claiming", "queued"])
+def test_a_slice_the_autoscaler_adds_is_taken_as_soon_as_the_demand_lands_on_it(
+    queue: bool,
+) -> None:
+    """The demand group lands on the slice the autoscaler added, and is found there
+    through Ray's table of groups, not by a wait of no time (which finds nothing placed,
+    in Ray as in InMemoryCluster). Claiming, the request adopts the slice; queued, it
+    lets its demand go and the queue grants the slice. Either way at once: a demand
+    group never found would hold the new slice itself until the deadline."""
+    cluster = InMemoryCluster([("v6e", "4x4", 1)], queue=queue, can_grow=True)
     cluster.take("v6e-16-0", 0, {"TPU": 4})
     cluster.script("sleep", 3, lambda: cluster.add_slice("v6e", "4x4", "v6e-16-new"))
     started = cluster.clock.t

@@ -27,6 +27,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import ray
@@ -56,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 60.0
 """Bound on one round of agent calls; the first on a host includes starting its agent."""
+LOOKUPS_AT_ONCE = 8
+"""Agent handles a driver looks up at once (threads, each waiting on the GCS)."""
 GRACE_S = 2.0
 """How long an owner may take to exit after SIGTERM before it gets SIGKILL."""
 RELEASE_TIMEOUT_S = 15.0
@@ -337,12 +340,15 @@ class Agents:
     """This driver's handles to the host agents, and what their answers told it: which
     agents are up, and when each host's TPU was last seen free.
 
-    The lock is held while a handle is found or created, so that a host gets one agent;
-    the notes are single dict and set operations, taken without it.
+    A host's own lock is held while its handle is found or created, so that it gets one
+    agent, and the hosts of one reservation are looked up at once (:meth:`handles`); the
+    notes are single dict and set operations, taken without a lock.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        """Guards :attr:`_host_locks`."""
+        self._host_locks: dict[str, threading.Lock] = {}
         self._handles: dict[str, Any] = {}
         self._free_at: dict[str, float] = {}
         """Node id -> when this driver last saw its TPU free (monotonic seconds)."""
@@ -362,8 +368,13 @@ class Agents:
         Returns:
             Its actor handle.
         """
+        handle = self._handles.get(node_id)
+        if handle is not None:
+            return handle
         with self._lock:
-            handle = self._handles.get(node_id)
+            host_lock = self._host_locks.setdefault(node_id, threading.Lock())
+        with host_lock:
+            handle = self._handles.get(node_id)  # another thread's, found meanwhile
             if handle is None:
                 try:
                     handle = ray.get_actor(NAME_PREFIX + node_id, namespace=NAMESPACE)
@@ -378,14 +389,31 @@ class Agents:
                 self._handles[node_id] = handle
             return handle
 
+    def handles(self, node_ids: Sequence[str]) -> dict[str, Any]:
+        """The agents of several nodes; those this driver has no handle to yet are looked
+        up at once (each lookup is a round trip to the GCS, about 5 ms on the simulator,
+        which a fresh driver's first reservation of 16 hosts would otherwise pay 16 times
+        in a row).
+
+        Args:
+            node_ids: Hex ids of live nodes.
+
+        Returns:
+            Node id -> its agent's actor handle.
+        """
+        missing = [n for n in dict.fromkeys(node_ids) if n not in self._handles]
+        if len(missing) > 1:
+            with ThreadPoolExecutor(min(LOOKUPS_AT_ONCE, len(missing))) as pool:
+                list(pool.map(self.handle, missing))
+        return {node: self.handle(node) for node in node_ids}
+
     def forget(self, node_id: str) -> None:
         """Drop a node's handle after a failed call (found or created again next time).
 
         Args:
             node_id: The node.
         """
-        with self._lock:
-            self._handles.pop(node_id, None)
+        self._handles.pop(node_id, None)
 
     def note(self, node_id: str, owner: object) -> None:
         """Remember that the node's agent answered, and when its host was seen free
@@ -434,7 +462,7 @@ def _round(
     node_ids: Sequence[str], call: Callable[[str, Any], Any], timeout_s: float
 ) -> dict[str, TPUOwner | Exception | None]:
     """Call every node's agent at once; each node's owner, or the error its call met."""
-    refs = {node: call(node, AGENTS.handle(node)) for node in node_ids}
+    refs = {node: call(node, handle) for node, handle in AGENTS.handles(node_ids).items()}
     if not refs:
         return {}
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
@@ -495,7 +523,7 @@ def start_probe(
     """
     now = time.monotonic()
     asked = [n for n in node_ids if not AGENTS.seen_free_within(n, FRESH_S, now)]
-    refs = {node: AGENTS.handle(node).owner.remote() for node in asked}
+    refs = {node: handle.owner.remote() for node, handle in AGENTS.handles(asked).items()}
 
     def answers() -> dict[str, str | None]:
         found: dict[str, str | None] = dict.fromkeys(node_ids)  # seen free just now

@@ -464,10 +464,7 @@ class SimulatedCluster:
         self._connected = True
         from tpuslice._host.agent import AGENTS
 
-        for sim_slice in self.slices.values():
-            for host in sim_slice.hosts:
-                if host.alive:
-                    AGENTS.handle(host.node.node_id)
+        AGENTS.handles([h.node.node_id for s in self.slices.values() for h in s.hosts if h.alive])
 
     def shutdown(self) -> None:
         """Disconnect this process if it is connected to this cluster (through

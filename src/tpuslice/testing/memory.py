@@ -373,11 +373,9 @@ class InMemoryCluster:
 
         def wait() -> list[bool]:
             self._place_pending()
-            if timeout <= 0:
-                for group in groups:
-                    self._group(group)  # a group of another cluster is still refused
-                return [False] * len(groups)
             placed = [self._group(g).nodes is not None for g in groups]
+            if timeout <= 0:
+                return [False] * len(placed)
             if not all(placed):
                 self.clock.t += max(0.0, timeout)
             return placed

@@ -84,16 +84,18 @@ def no_stray_timeline_events(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A test that does not use the session's cluster writes no events into its timeline
-    (pure tests of resilient runs record attempts while this process is connected)."""
+    and keeps no goodput accounts (pure tests of resilient runs record attempts while this
+    process is connected)."""
     if {"tpu_cluster", "simulated_cluster"} & set(request.fixturenames):
         return
-    from tpuslice import events
+    from tpuslice import events, goodput
 
     def dropped(*args: object) -> None:
         return None
 
-    kept = events.EventWriter(put=dropped, list_keys=lambda prefix: [], delete=dropped)
-    monkeypatch.setattr(events, "WRITER", kept)
+    for module in (events, goodput):
+        kept = events.EventWriter(put=dropped, list_keys=lambda prefix: [], delete=dropped)
+        monkeypatch.setattr(module, "WRITER", kept)
 
 
 @pytest.fixture(autouse=True)

@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"_host"},
     {"_sim"},
     {"_view"},
-    {"events", "metrics"},
+    {"events", "metrics", "goodput"},
     {"_queue"},
     {"_reserve"},
     {"_run"},

@@ -29,6 +29,7 @@ from tpuslice.errors import (
     RetriesExhaustedError,
     SliceShutdownError,
 )
+from tpuslice.goodput import GangProgress
 from tpuslice.testing.memory import InMemoryCluster
 
 PREEMPTION, FAILURE = Outcome.PREEMPTION, Outcome.FAILURE
@@ -288,6 +289,9 @@ class NoWatch:
 
     def close(self) -> None:
         pass
+
+    def progress(self) -> GangProgress:
+        return GangProgress()
 
 
 def no_watch(config: object, spg: object, notice_event: object) -> NoWatch:

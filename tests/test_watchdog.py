@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from tpuslice._host.heartbeats import BEAT_ENV
+from tpuslice._host.heartbeats import BEAT_ENV, Progress
 from tpuslice._host.notices import Notice
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._run.resilient import (
@@ -31,6 +31,7 @@ from tpuslice._run.watchdog import (
 )
 from tpuslice._tpu.clock import Clock
 from tpuslice.errors import InvalidArgumentError
+from tpuslice.goodput import GangProgress
 
 # --- find_hang ----------------------------------------------------------------------------
 
@@ -111,14 +112,32 @@ def notice(node: str = "n1", left: float = 30.0, now: float = 1000.0) -> Notice:
     return Notice("preemption", "TRUE", now, now + left, node, "v4-16-a", 1)
 
 
-def test_heartbeat_keys_are_given_only_when_beats_are_watched() -> None:
+def test_every_rank_gets_a_key_but_only_a_watched_gang_can_hang() -> None:
+    """The keys serve the goodput account as well, so they are always given; a gang whose
+    run set no timeout is never judged hung, however long it is silent."""
     world = World()
-    assert world.watch(WatchConfig()).rank_env(1) == {}
-    watch = world.watch(WatchConfig(heartbeat_timeout_s=5.0))
-    key = watch.rank_env(1)[BEAT_ENV]
-    assert key.startswith(watch.prefix) and key.endswith("/1")
-    watch.close()
-    assert world.forgotten == [watch.prefix]
+    unwatched = world.watch(WatchConfig())
+    keys = [unwatched.rank_env(r)[BEAT_ENV] for r in (0, 1)]
+    assert keys[0].startswith(unwatched.prefix) and keys[1].endswith("/1")
+    world.beats = {keys[0]: b"1000.0", keys[1]: b"1000.0"}
+    world.now += 3600
+    unwatched.check()  # no hang
+    unwatched.close()
+    assert world.forgotten == [unwatched.prefix]
+
+
+def test_the_gang_progress_takes_the_earliest_first_beat_and_the_newest_checkpoint() -> None:
+    world = World()
+    watch = world.watch(WatchConfig())
+    keys = [watch.rank_env(r)[BEAT_ENV] for r in (0, 1)]
+    assert watch.progress() == GangProgress()  # nothing published yet
+    world.beats = {
+        keys[0]: Progress(1010.0, 1002.0, 1008.0, 1.5, 2, 200).encode(),
+        keys[1]: Progress(1010.0, 1001.0, 1007.0, 2.0, 2, 100).encode(),
+    }
+    assert watch.progress() == GangProgress(1001.0, 1008.0, 2.0, 2, 200)
+    world.beats[keys[1]] = b"1011.0"  # a bare beat, as an older writer publishes it
+    assert watch.progress() == GangProgress(1002.0, 1008.0, 1.5, 2, 200)
 
 
 def test_a_silent_rank_breaks_the_gang_naming_its_host() -> None:
@@ -355,17 +374,17 @@ def test_a_beat_is_noted_in_memory_and_published_in_the_background(
     from clusterutil import wait_for
     from tpuslice._host import heartbeats
 
-    puts: list[tuple[str, float, str | None]] = []
+    puts: list[tuple[str, bytes, str | None]] = []
     monkeypatch.setattr(heartbeats, "BEATS", heartbeats.Beats())
     monkeypatch.setattr(
-        heartbeats._ray, "kv_put", lambda key, value, ns: puts.append((key, float(value), ns))
+        heartbeats._ray, "kv_put", lambda key, value, ns: puts.append((key, value, ns))
     )
     monkeypatch.setenv(BEAT_ENV, "beat/run/0")
     tpuslice.heartbeat()
     assert list(heartbeats.BEATS.latest) == ["beat/run/0"]  # noted at once, no call made
     wait_for(lambda: puts, 5, "the beat published")
     assert puts[0][0] == "beat/run/0" and puts[0][2] == "tpuslice"
-    assert puts[0][1] == heartbeats.BEATS.latest["beat/run/0"]
+    assert heartbeats.Progress.decode(puts[0][1]) == heartbeats.BEATS.latest["beat/run/0"]
 
 
 def test_a_beat_of_a_call_that_ended_is_not_published(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -375,10 +394,15 @@ def test_a_beat_of_a_call_that_ended_is_not_published(monkeypatch: pytest.Monkey
 
     puts: list[str] = []
     beats = heartbeats.Beats()
-    beats.latest.update({"beat/a/0": 1.0e12, "beat/b/0": 1.0e12})
+    beats.latest.update(
+        {
+            "beat/a/0": heartbeats.Progress(1.0e12, 1.0e12),
+            "beat/b/0": heartbeats.Progress(1.0e12, 1.0e12),
+        }
+    )
     monkeypatch.setattr(heartbeats._ray, "kv_put", lambda key, value, ns: puts.append(key))
     monkeypatch.setenv(BEAT_ENV, "beat/b/0")  # the call of beat/a/0 has ended
-    sent: dict[str, float] = {}
+    sent: dict[str, heartbeats.Progress] = {}
     beats.publish_due(sent)
     beats.publish_due(sent)  # unchanged: not published again
     assert puts == ["beat/b/0"] and list(beats.latest) == ["beat/b/0"]

@@ -2,9 +2,10 @@
 
 Layers, lowest first; a module imports only its layer and those below (tests/test_layers.py):
 ``errors``, ``_process``, ``_ray`` -> ``_tpu`` (pure facts) -> ``_host`` (one host) -> ``_sim``
-(the simulator) -> ``_view`` (reading the cluster) -> ``events``, ``metrics`` -> ``_queue``
-(the cluster's queue) -> ``_reserve`` (reserving) -> ``_run`` (running) -> ``jax`` -> ``cli``
--> ``testing``; this ``__init__`` offers the public names of them all.
+(the simulator) -> ``_view`` (reading the cluster) -> ``events``, ``metrics``, ``goodput``
+(what runs record) -> ``_queue`` (the cluster's queue) -> ``_reserve`` (reserving) -> ``_run``
+(running) -> ``jax`` -> ``cli`` -> ``testing``; this ``__init__`` offers the public names of them
+all.
 
 The public names load on first use (PEP 562), so ``import tpuslice`` (and the pytest
 plugin, which every pytest run in an environment with tpuslice loads) does not import Ray.
@@ -63,6 +64,8 @@ _EXPORTS: dict[str, str] = {
     "TPUSliceError": "tpuslice.errors",
     "init_jax_profiler": "tpuslice.jax",
     "heartbeat": "tpuslice._host.heartbeats",
+    "checkpointed": "tpuslice._host.heartbeats",
+    "Account": "tpuslice.goodput",
     "Notice": "tpuslice._host.notices",
     "get_current_pod_name": "tpuslice._host.node",
     "get_current_pod_worker_count": "tpuslice._host.node",
@@ -92,7 +95,7 @@ _EXPORTS: dict[str, str] = {
 
 if TYPE_CHECKING:
     from tpuslice._host.context import HostContext, current_host
-    from tpuslice._host.heartbeats import heartbeat
+    from tpuslice._host.heartbeats import checkpointed, heartbeat
     from tpuslice._host.node import (
         get_current_pod_name,
         get_current_pod_worker_count,
@@ -177,6 +180,7 @@ if TYPE_CHECKING:
         TPUInUseError,
         TPUSliceError,
     )
+    from tpuslice.goodput import Account
     from tpuslice.jax import (
         init_jax_profiler,
     )
@@ -196,6 +200,7 @@ __all__ = [
     "GENERATIONS",
     "TPU_SUBSLICE_LABEL_PREFIX",
     "VALID_TPU_TYPES",
+    "Account",
     "AmbiguousPodTypeError",
     "AttemptEvent",
     "ClusterSnapshot",
@@ -232,6 +237,7 @@ __all__ = [
     "TPUSliceError",
     "__version__",
     "check_slice",
+    "checkpointed",
     "classify",
     "current_host",
     "dispatch",

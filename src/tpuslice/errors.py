@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class TPUSliceError(Exception):
@@ -152,6 +153,8 @@ class RetriesExhaustedError(TPUSliceError, RuntimeError):
         """Keep ``message`` as the error's text and ``history`` as a tuple."""
         super().__init__(message)
         self.history: tuple[AttemptRecord, ...] = tuple(history)
+        self.account: Any = None
+        """The run's goodput account (a :class:`tpuslice.Account`), once the run ended."""
 
 
 class SliceUnhealthyError(RetriesExhaustedError):

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tpuslice import _ray
 from tpuslice._process import EXIT_HOOKS
@@ -130,18 +130,34 @@ class SliceEvent:
 _SECONDS_WORD = {"released": "held", "run": "ran", "attempt": "ran", "suspect": "for"}
 
 
-def event_key(event: SliceEvent, writer: str, number: int) -> str:
+class Recorded(Protocol):
+    """What a writer keeps: something with a time and a JSON form (an event, an account)."""
+
+    @property
+    def at(self) -> float:
+        """Its time, in seconds since the epoch (its key sorts by it)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its JSON form.
+
+        Returns:
+            JSON-ready data.
+        """
+
+
+def event_key(event: Recorded, writer: str, number: int, prefix: str = KEY_PREFIX) -> str:
     """The KV key of one event: sorts by time, then writer, then the writer's count.
 
     Args:
         event: The event.
         writer: The writing process's random id.
         number: How many events this writer wrote before.
+        prefix: The store's key prefix.
 
     Returns:
         The key.
     """
-    return f"{KEY_PREFIX}{int(event.at * 1e9):020d}-{writer}-{number:08d}"
+    return f"{prefix}{int(event.at * 1e9):020d}-{writer}-{number:08d}"
 
 
 def keys_to_trim(keys: list[str], keep: int) -> list[str]:
@@ -159,7 +175,8 @@ def keys_to_trim(keys: list[str], keep: int) -> list[str]:
 
 
 class EventWriter:
-    """Writes recorded events to the KV store from a daemon thread.
+    """Writes recorded events (or other :class:`Recorded` items) to the KV store from a
+    daemon thread.
 
     Args:
         put: Writes one key (default: Ray's KV store).
@@ -167,6 +184,7 @@ class EventWriter:
         delete: Deletes one key.
         keep: How many events the store keeps.
         trim_every_s: Seconds between two trims by this writer.
+        prefix: The store's key prefix (default: the timeline's).
     """
 
     def __init__(
@@ -176,8 +194,10 @@ class EventWriter:
         delete: Any = None,
         keep: int = MAX_EVENTS,
         trim_every_s: float = TRIM_EVERY_S,
+        prefix: str = KEY_PREFIX,
     ) -> None:
         self.keep = keep
+        self.prefix = prefix
         self._trim_every_s = trim_every_s
         self._put = put or (lambda k, v: _ray.kv_put(k, v, NAMESPACE))
         self._list = list_keys or (lambda p: _ray.kv_list(p, NAMESPACE))
@@ -185,7 +205,7 @@ class EventWriter:
         self.writer = secrets.token_hex(4)
         self.dropped = 0
         """Events that could not be written (Ray gone or unreachable) or were pushed out."""
-        self._pending: deque[SliceEvent] = deque()
+        self._pending: deque[Recorded] = deque()
         self._written = 0
         self._wrote_since_trim = False
         self._last_trim = -float("inf")  # the first write trims
@@ -201,7 +221,7 @@ class EventWriter:
         self.writer = secrets.token_hex(4)
         self._written = 0
 
-    def record(self, event: SliceEvent) -> None:
+    def record(self, event: Recorded) -> None:
         """Queue ``event`` for writing (returns at once).
 
         Args:
@@ -253,16 +273,16 @@ class EventWriter:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _write(self, batch: list[SliceEvent]) -> None:
+    def _write(self, batch: list[Recorded]) -> None:
         for event in batch:
-            key = event_key(event, self.writer, self._written)
+            key = event_key(event, self.writer, self._written, self.prefix)
             self._written += 1
             try:
                 self._put(key, json.dumps(event.to_dict()).encode())
                 self._wrote_since_trim = True
             except Exception as exc:  # noqa: BLE001 - Ray gone or unreachable: drop it;
                 self.dropped += 1  # this thread must live on for the next events
-                logger.debug("could not record event %s: %s", event.kind, exc)
+                logger.debug("could not record %s: %s", key, exc)
 
     def _trim(self) -> None:
         now = time.monotonic()
@@ -270,7 +290,7 @@ class EventWriter:
             return
         self._last_trim, self._wrote_since_trim = now, False
         try:
-            for key in keys_to_trim(self._list(KEY_PREFIX), self.keep):
+            for key in keys_to_trim(self._list(self.prefix), self.keep):
                 self._delete(key)
         except Exception as exc:  # noqa: BLE001 - as in _write
             logger.debug("could not trim the event store: %s", exc)
@@ -305,7 +325,7 @@ def record(kind: str, **fields: Any) -> SliceEvent:
         raise ValueError(f"event kind {kind!r} is not one of {', '.join(KINDS)}")
     fields.setdefault("at", time.time())
     if not fields.get("job"):
-        fields["job"] = _job_id()
+        fields["job"] = job_id()
     event = SliceEvent(kind=kind, **fields)
     WRITER.record(event)
     return event
@@ -351,7 +371,12 @@ def read_events(limit: int = MAX_EVENTS) -> list[SliceEvent]:
     return events
 
 
-def _job_id() -> str:
+def job_id() -> str:
+    """This process's Ray job id (hex).
+
+    Returns:
+        The id; empty when Ray is not connected.
+    """
     import ray
 
     return _ray.current_job_id() if ray.is_initialized() else ""

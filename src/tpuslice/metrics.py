@@ -86,6 +86,19 @@ DEFINITIONS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
         ("outcome",),
         (),
     ),
+    "goodput_seconds": (
+        "counter",
+        "Seconds of ended runs by where they went (queued, reserving, starting, "
+        "productive, checkpointing, lost, recovering, handing_back).",
+        ("category",),
+        (),
+    ),
+    "slice_seconds": (
+        "counter",
+        "Slice-seconds by state (productive, busy, idle, broken, notice).",
+        ("state", "pod_type"),
+        (),
+    ),
 }
 
 
@@ -191,6 +204,16 @@ def attempt_ended(outcome: str) -> None:
         outcome: ``success`` or the failure class (``failure``, ``preemption``, ...).
     """
     _apply("attempts", 1.0, {"outcome": outcome})
+
+
+def goodput_seconds(category: str, seconds: float) -> None:
+    """A run ended: count where its seconds went.
+
+    Args:
+        category: One of :data:`tpuslice.goodput.CATEGORIES`.
+        seconds: Its seconds in that category.
+    """
+    _apply("goodput_seconds", seconds, {"category": category})
 
 
 def cluster_values(

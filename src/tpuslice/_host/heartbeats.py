@@ -1,11 +1,16 @@
-"""``tpuslice.heartbeat()``: the user's code says "still making progress", cheaply.
+"""``tpuslice.heartbeat()`` and ``tpuslice.checkpointed()``: the user's code says "still
+making progress" and "a checkpoint is saved", cheaply.
 
-A resilient run with ``heartbeat_timeout_s`` gives each rank's call a key in
+A resilient run, a one-shot or an actor group gives each rank's call a key in
 ``TPUSLICE_HEARTBEAT_KEY`` (an actor group, each actor for its life). :func:`heartbeat`
 only notes the time in this process (no Ray call, no I/O: a dict write); a daemon thread
-publishes the latest beat of the current key to Ray's KV store (namespace ``tpuslice``)
-every :data:`PUBLISH_S`, and the driver reads them (:mod:`tpuslice._run.watchdog`). Outside
-such a call it does nothing, and a beat whose call has ended is not published.
+publishes the current key's :class:`Progress` to Ray's KV store (namespace ``tpuslice``)
+every :data:`PUBLISH_S`, and the driver reads it: the watchdog for hangs
+(:mod:`tpuslice._run.watchdog`), the run's goodput account for when work started and
+what the last checkpoint saved (:mod:`tpuslice.goodput`). :func:`checkpointed` wakes the
+publisher at once, so that a checkpoint saved just before the hosts go still reaches the
+driver. Outside such a call both do nothing, and a beat whose call has ended is not
+published.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass, replace
 
 from tpuslice import _ray
 from tpuslice._tpu.keys import NAMESPACE
+from tpuslice.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
@@ -31,30 +38,131 @@ def heartbeat() -> None:
     """Say this host is making progress (call it once per step).
 
     Cheap: it reads one environment variable and writes the time in memory; a background
-    thread publishes at most every 0.5 s. Outside a call of a run that watches for hangs
-    (``run_resilient(..., heartbeat_timeout_s=...)``) it does nothing.
+    thread publishes at most every 0.5 s. Outside a call of a tpuslice run (a resilient
+    run, a one-shot, an actor group's actor) it does nothing.
     """
     key = os.environ.get(BEAT_ENV)
     if key is not None:
         BEATS.note(key)
 
 
+def checkpointed(step: int | None = None) -> None:
+    """Say this host has just finished saving a checkpoint (call it once the save is done).
+
+    The run's goodput account counts the time since this rank's previous
+    :func:`heartbeat` (or checkpoint) as checkpointing, and the work before this moment
+    as saved: if the attempt fails later, only the work since the newest checkpoint counts
+    as lost. Cheap, like :func:`heartbeat` (it is one too); it also wakes the publisher,
+    so the mark reaches the driver within milliseconds.
+
+    Args:
+        step: The training step saved, shown in the account (optional).
+
+    Raises:
+        InvalidArgumentError: ``step`` is negative or not an integer.
+    """
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise InvalidArgumentError(
+            f"checkpointed(step={step!r}): step must be a whole number >= 0, or None"
+        )
+    key = os.environ.get(BEAT_ENV)
+    if key is not None:
+        BEATS.note(key, checkpoint=True, step=step)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What one rank's call has published: its beats and its checkpoints (wall clock).
+
+    Attributes:
+        last: Its newest beat (a checkpoint is a beat too).
+        first: Its first beat.
+        checkpoint_at: When its newest checkpoint was marked, if any.
+        checkpoint_s: Seconds spent checkpointing, over all its checkpoints.
+        checkpoints: How many checkpoints it marked.
+        step: The step its newest checkpoint saved, if given.
+    """
+
+    last: float
+    first: float
+    checkpoint_at: float | None = None
+    checkpoint_s: float = 0.0
+    checkpoints: int = 0
+    step: int | None = None
+
+    def encode(self) -> bytes:
+        """The record as published: the newest beat first, so that a reader of beats only
+        reads one number.
+
+        Returns:
+            ``last first checkpoint_at checkpoint_s checkpoints step``, with ``-`` for none.
+        """
+        at = "-" if self.checkpoint_at is None else repr(self.checkpoint_at)
+        step = "-" if self.step is None else str(self.step)
+        fields = (repr(self.last), repr(self.first), at, repr(self.checkpoint_s))
+        return " ".join((*fields, str(self.checkpoints), step)).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | None) -> Progress | None:
+        """Read a published record (or a bare beat time, as older writers publish).
+
+        Args:
+            raw: As published, or ``None``.
+
+        Returns:
+            The record; ``None`` for nothing or something unreadable.
+        """
+        if raw is None:
+            return None
+        try:
+            parts = raw.decode().split()
+            last = float(parts[0])
+            if len(parts) < 6:
+                return cls(last, last)
+            return cls(
+                last,
+                float(parts[1]),
+                None if parts[2] == "-" else float(parts[2]),
+                float(parts[3]),
+                int(parts[4]),
+                None if parts[5] == "-" else int(parts[5]),
+            )
+        except (ValueError, IndexError, UnicodeDecodeError):
+            return None
+
+
 class Beats:
-    """This process's newest beat per key, and the daemon thread that publishes them."""
+    """This process's progress per key, and the daemon thread that publishes it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.latest: dict[str, float] = {}
-        """Key -> the time of its newest beat (written without the lock: one dict store)."""
+        self.latest: dict[str, Progress] = {}
+        """Key -> its progress (replaced whole without the lock: one dict store)."""
         self._publisher: threading.Thread | None = None
+        self._wake = threading.Event()
 
-    def note(self, key: str) -> None:
-        """Note a beat of ``key`` now, and have the publisher running.
+    def note(self, key: str, *, checkpoint: bool = False, step: int | None = None) -> None:
+        """Note a beat (or a checkpoint) of ``key`` now, and have the publisher running.
 
         Args:
             key: The current call's heartbeat key.
+            checkpoint: The beat closes a checkpoint: the time since the previous beat
+                counts as checkpointing, and the publisher is woken at once.
+            step: The step a checkpoint saved.
         """
-        self.latest[key] = time.time()
+        now = time.time()
+        before = self.latest.get(key)
+        progress = Progress(now, now) if before is None else replace(before, last=now)
+        if checkpoint:
+            spent = 0.0 if before is None else max(0.0, now - before.last)
+            progress = replace(
+                progress,
+                checkpoint_at=now,
+                checkpoint_s=progress.checkpoint_s + spent,
+                checkpoints=progress.checkpoints + 1,
+                step=step,
+            )
+        self.latest[key] = progress
         thread = self._publisher
         if thread is None or not thread.is_alive():
             with self._lock:
@@ -63,32 +171,36 @@ class Beats:
                         target=self._publish, name="tpuslice-heartbeat", daemon=True
                     )
                     self._publisher.start()
+        if checkpoint:
+            self._wake.set()
 
     def _publish(self) -> None:
-        """Publish beats every :data:`PUBLISH_S` for the process's life."""
-        sent: dict[str, float] = {}
+        """Publish progress every :data:`PUBLISH_S`, or at once on a checkpoint, for the
+        process's life."""
+        sent: dict[str, Progress] = {}
         while True:
             self.publish_due(sent)
-            time.sleep(PUBLISH_S)
+            self._wake.wait(PUBLISH_S)
+            self._wake.clear()
 
-    def publish_due(self, sent: dict[str, float]) -> None:
-        """Publish the current call's newest beat if it changed since ``sent``; forget the
-        beats of calls that have ended (a task's key is set only around its call: a beat
-        published after it would outlive the attempt, whose keys the driver deletes).
+    def publish_due(self, sent: dict[str, Progress]) -> None:
+        """Publish the current call's progress if it changed since ``sent``; forget the
+        progress of calls that have ended (a task's key is set only around its call: a
+        beat published after it would outlive the attempt, whose keys the driver deletes).
 
         Args:
-            sent: Key -> the beat last published (updated).
+            sent: Key -> the progress last published (updated).
         """
         now = time.time()
         current = os.environ.get(BEAT_ENV)
-        for key, at in list(self.latest.items()):
-            if key != current or now - at > FORGET_S:
+        for key, progress in list(self.latest.items()):
+            if key != current or now - progress.last > FORGET_S:
                 self.latest.pop(key, None)
                 sent.pop(key, None)
-            elif sent.get(key) != at:
+            elif sent.get(key) != progress:
                 try:
-                    _ray.kv_put(key, repr(at).encode(), NAMESPACE)
-                    sent[key] = at
+                    _ray.kv_put(key, progress.encode(), NAMESPACE)
+                    sent[key] = progress
                 except _ray.kv_errors() as exc:  # the driver has gone; keep the worker alive
                     logger.debug("could not publish heartbeat %s: %s", key, exc)
 

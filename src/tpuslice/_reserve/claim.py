@@ -295,6 +295,9 @@ class Reservation:
     combined_pg: PlacementGroup | None = None
     plan: ReservationPlan | None = None
     """The plan reserved: for a range of slices, with the count granted."""
+    queued_s: float = 0.0
+    """Of the time to reserve, how long it waited for slices (in the queue, or polling
+    a cluster with none idle), as against claiming and placing them."""
 
     @property
     def suspects(self) -> list[SliceInfo]:
@@ -344,6 +347,8 @@ class Reserver:
         self.kind = SliceKind(self.plan.shape, self.plan.tpu_resource_per_chip)
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         """This reservation in the cluster-wide claiming records."""
+        self.waited_s = 0.0
+        """Time spent waiting for slices so far (the queue's answer, or polling)."""
 
     def can_grow(self) -> bool:
         """Whether the cluster has an autoscaler (read once per reservation).
@@ -383,7 +388,11 @@ class Reserver:
             while True:
                 granted = None
                 if self.place is not None:
-                    granted = self._wait_for_grant(deadline, started)
+                    waiting_since = self.clock.now()
+                    try:
+                        granted = self._wait_for_grant(deadline, started)
+                    finally:
+                        self.waited_s += self.clock.now() - waiting_since
                 if granted is not None and granted.view:
                     snapshot = ClusterSnapshot({s.name: s for s in granted.view})
                 else:
@@ -427,6 +436,7 @@ class Reserver:
                         if self.place is not None:
                             place, self.place = self.place, None
                             _quietly(place.claimed)
+                        reservation.queued_s = self.waited_s
                         return reservation
                     self._check_deadline(deadline, snapshot, started)
                     if self.place is not None:
@@ -438,6 +448,7 @@ class Reserver:
                 self._check_deadline(deadline, snapshot, started)
                 wait = pause if deadline is None else min(pause, deadline - self.clock.now())
                 self.clock.sleep(max(0.0, wait))
+                self.waited_s += max(0.0, wait)
                 pause = min(pause * 2, POLL_S[1])
         except BaseException:
             self.release_all()  # forgets this reservation's claims, here and cluster-wide

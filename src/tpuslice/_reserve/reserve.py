@@ -153,6 +153,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         # path, so that on a fresh cluster it is up by the time anyone has to wait.
         QUEUE_LINK.start_in_background()
         asked = time.monotonic()
+        self._asked_at = self._held_at = time.time()  # wall clock, as the gang's beats
         try:
             self._reservation = Reserver(request, clock=clock, targets=targets).run()
         except ReservationTimeoutError as exc:  # InsufficientSlicesError is one too
@@ -162,6 +163,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
             )
             raise
         self._reserved_at = time.monotonic()
+        self._held_at = time.time()
         self._plan = self._reservation.plan or request.plan  # a range: the count granted
         observe.reservation_ended(
             request, "granted", self._reserved_at - asked, slices=self.slice_names
@@ -646,6 +648,30 @@ class Plumbing:
                 stops those processes on the rank's host if they still own its TPU.
         """
         self._spg._track(refs, worker_pids)
+
+    def asked_at(self) -> float:
+        """When the reservation asked for its slices (wall clock).
+
+        Returns:
+            Seconds since the epoch.
+        """
+        return self._spg._asked_at
+
+    def held_at(self) -> float:
+        """When it held them (wall clock).
+
+        Returns:
+            Seconds since the epoch.
+        """
+        return self._spg._held_at
+
+    def queued_s(self) -> float:
+        """Of the time from asking to holding, how long it waited for slices.
+
+        Returns:
+            Seconds.
+        """
+        return self._spg._reservation.queued_s
 
     def ranks(self, slice_index: int | None = None) -> list[RankPlacement]:
         """Where each rank runs: its context, its bundle and the bundle's TPU. Tasks,

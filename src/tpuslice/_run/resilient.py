@@ -41,6 +41,7 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
+from tpuslice import goodput
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Blame, SuspectReason
 from tpuslice._reserve.request import SliceRequest
@@ -62,6 +63,7 @@ from tpuslice.errors import (
     SliceUnhealthyError,
     first_line,
 )
+from tpuslice.goodput import Account, AttemptTimes
 
 logger = logging.getLogger(__name__)
 
@@ -443,6 +445,15 @@ class ResilientRun:
     """Marks the hosts a failed attempt is blamed on suspect (a seam for tests)."""
     vetting: Vetting | None = None
     """Health checks before a retry lands on a doubtful slice (``health_check=True``)."""
+    kind: str = "resilient"
+    """What the run is, in its goodput account (``resilient`` or ``command``)."""
+    run_id: str = field(default_factory=goodput.new_run_id)
+    wall: Callable[[], float] = goodput.now
+    """Wall-clock seconds, as the gang's beats are (a seam for tests)."""
+    times: list[AttemptTimes] = field(default_factory=list)
+    """Each attempt's moments, for the run's goodput account."""
+    account: Account | None = None
+    """The run's goodput account, once it ended."""
 
     def until_done(self) -> list[Any]:
         """The one retry loop: attempt, and on failure ask the policy whether to go on.
@@ -455,24 +466,66 @@ class ResilientRun:
             ReservationTimeoutError: an attempt could not reserve its slices.
         """
         failures: Counter[Outcome] = Counter()
-        while True:
-            attempt = len(self.history) + 1
-            try:
-                result = self.attempt(attempt)
-            except ReservationTimeoutError as exc:
-                self.give_up(attempt, f"could not reserve: {summarize(exc)}", None)
-                raise
-            if not isinstance(result, AttemptRecord):
-                return result
-            self.history.append(result)
-            outcome = Outcome(result.outcome)
-            failures[outcome] += 1
-            decision = self.policy.decide(outcome, failures)
-            self.report_failure(result, outcome, decision)
-            if not decision.retry:
-                message = self.give_up(attempt, decision.reason, outcome)
-                raise RetriesExhaustedError(message, self.history) from self.last_error
-            self.clock.sleep(decision.delay_s)
+        ended = "interrupted"
+        try:
+            while True:
+                attempt = len(self.history) + 1
+                try:
+                    result = self.attempt(attempt)
+                except ReservationTimeoutError as exc:
+                    ended = "gave_up"
+                    self.give_up(attempt, f"could not reserve: {summarize(exc)}", None)
+                    raise
+                if not isinstance(result, AttemptRecord):
+                    ended = "success"
+                    return result
+                self.history.append(result)
+                outcome = Outcome(result.outcome)
+                failures[outcome] += 1
+                decision = self.policy.decide(outcome, failures)
+                self.report_failure(result, outcome, decision)
+                if not decision.retry:
+                    ended = "gave_up"
+                    message = self.give_up(attempt, decision.reason, outcome)
+                    raise RetriesExhaustedError(message, self.history) from self.last_error
+                self.clock.sleep(decision.delay_s)
+        except RetriesExhaustedError as exc:
+            ended = "gave_up"
+            exc.account = self.close_account(ended)
+            raise
+        finally:
+            if self.account is None:
+                self.close_account(ended)
+
+    def close_account(self, outcome: str) -> Account | None:
+        """Make and keep the run's goodput account (never raising into the run).
+
+        Args:
+            outcome: How the run ended (``success``, ``gave_up``, ``interrupted``).
+
+        Returns:
+            The account, or ``None`` when no attempt began.
+        """
+        if not self.times:
+            return None
+        now = self.wall()
+        last = self.times[-1]
+        if last.held is not None:  # interrupted: the attempt's open moments end now
+            last.ended = now if last.ended is None else last.ended
+            last.hand_back = now if last.hand_back is None else last.hand_back
+            last.handed_back = now if last.handed_back is None else last.handed_back
+        elif last.ended is None:
+            last.ended = now
+        self.account = goodput.account_of(
+            self.run_id,
+            self.kind,
+            self.times,
+            what=self.request.plan.describe(),
+            slices=self.history[-1].slice_names if self.history and last.held is None else (),
+            outcome=outcome,
+        )
+        self.account = goodput.keep(self.account)
+        return self.account
 
     def attempt(self, number: int) -> list[Any] | AttemptRecord:
         """Reserve (checking the slices first if the run vets them), run on every host,
@@ -491,17 +544,29 @@ class ResilientRun:
                 theirs again.
         """
         started = self.clock.now()
+        times = AttemptTimes(asked=self.wall())
+        self.times.append(times)
         while True:
             # Entered first, left last: what is pushed on it runs after the hand-back,
             # once the attempt's tasks are stopped.
-            with contextlib.ExitStack() as after_hand_back, self.reserve(self.request) as spg:
-                names = tuple(spg.slice_names)
+            with contextlib.ExitStack() as after_hand_back:
                 try:
-                    checked = self.vetting.vet(spg) if self.vetting is not None else ""
-                except UnfitSlices as unfit:
-                    failed_check = unfit
-                else:
-                    return self.run_on(spg, number, names, checked, started, after_hand_back)
+                    reservation = self.reserve(self.request)
+                except ReservationTimeoutError:
+                    times.ended = self.wall()
+                    raise
+                with reservation as spg:
+                    times.held = self.wall()
+                    times.queued_s += queued_s(spg)
+                    names = tuple(spg.slice_names)
+                    try:
+                        checked = self.vetting.vet(spg) if self.vetting is not None else ""
+                    except UnfitSlices as unfit:
+                        failed_check = unfit
+                    else:
+                        return self.run_on(
+                            spg, number, names, checked, started, after_hand_back, times
+                        )
             self.unfit(number, names, failed_check)
 
     def unfit(self, number: int, names: tuple[str, ...], unfit: UnfitSlices) -> None:
@@ -537,6 +602,7 @@ class ResilientRun:
         checked: str,
         started: float,
         after_hand_back: contextlib.ExitStack,
+        times: AttemptTimes,
     ) -> list[Any] | AttemptRecord:
         """Run one attempt on its held reservation.
 
@@ -549,6 +615,7 @@ class ResilientRun:
             after_hand_back: Runs what it is given once the reservation is handed back:
                 the attempt's heartbeat keys are deleted there, since a task still
                 running would publish its key again after an earlier deletion.
+            times: The attempt's moments, for the goodput account (filled in).
 
         Returns:
             The results, or the failed attempt's record.
@@ -556,20 +623,29 @@ class ResilientRun:
         self.emit(AttemptEvent("started", number, names, cause=checked))
         watch = self.watch_for(spg, number, names, started)
         after_hand_back.callback(watch.close)
+        after_hand_back.callback(lambda: setattr(times, "handed_back", self.wall()))
         try:
             results = self.body(spg, watch)
         except GangBrokenError as broken:
+            times.ended = self.wall()
+            times.outcome = broken.outcome.value
+            times.progress = watch.progress()
             failed, self.last_error = broken, broken.__cause__
             if broken.blamed:  # before the hand-back: nobody is granted them meanwhile
                 self.mark(broken.blamed)
         else:
+            times.ended = self.wall()
+            times.outcome = "success"
+            times.progress = watch.progress()
             elapsed = self.clock.now() - started
             self.emit(AttemptEvent("succeeded", number, names, duration_s=elapsed))
+            times.hand_back = self.wall()
             return results
         elapsed = self.clock.now() - started
         if self.vetting is not None:
             on_hosts = failed.outcome in (Outcome.HANG, Outcome.HOST_FAILURE)
             self.vetting.attempt_failed(names, on_hosts)
+        times.hand_back = self.wall()
         return AttemptRecord(
             number, names, spg.num_hosts, failed.outcome, failed.cause, elapsed, failed.evidence
         )
@@ -711,6 +787,18 @@ def run_function(
         if pending:
             watched(watch)
     return [results[rank] for rank in range(len(refs))]
+
+
+def queued_s(spg: SlicePlacementGroup) -> float:
+    """How long a reservation waited for its slices (0 for a stand-in of one).
+
+    Args:
+        spg: The reservation.
+
+    Returns:
+        Seconds.
+    """
+    return plumbing(spg).queued_s() if isinstance(spg, SlicePlacementGroup) else 0.0
 
 
 new_clock: Callable[[], Clock] = Clock

@@ -32,13 +32,14 @@ from typing import Any, NamedTuple
 import ray
 
 from tpuslice import _ray
-from tpuslice._host.heartbeats import BEAT_ENV
+from tpuslice._host.heartbeats import BEAT_ENV, Progress
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Blame, SuspectReason
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX as BEAT_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
 from tpuslice._view.cluster import HostInfo
 from tpuslice.errors import InvalidArgumentError
+from tpuslice.goodput import GangProgress
 
 logger = logging.getLogger(__name__)
 
@@ -294,7 +295,8 @@ class AttemptWatch:
         self.seen: list[Notice] = []
 
     def rank_env(self, rank: int) -> dict[str, str]:
-        """What rank ``rank``'s call gets set: its heartbeat key, if beats are watched.
+        """What rank ``rank``'s call gets set: its heartbeat key (always: the run's goodput
+        account reads its beats and checkpoints, whether hangs are watched or not).
 
         Args:
             rank: The rank.
@@ -302,7 +304,22 @@ class AttemptWatch:
         Returns:
             The variables.
         """
-        return {BEAT_ENV: f"{self.prefix}{rank}"} if self.config.beats else {}
+        return {BEAT_ENV: f"{self.prefix}{rank}"}
+
+    def progress(self) -> GangProgress:
+        """What the gang's ranks published: first beats and checkpoints (one KV read;
+        nothing when Ray cannot be asked).
+
+        Returns:
+            The gang's progress.
+        """
+        keys = [f"{self.prefix}{rank}" for rank in range(len(self.ranks))]
+        try:
+            published = self._read_beats(keys)
+        except _ray.kv_errors() as exc:
+            logger.debug("could not read the gang's progress: %s", exc)
+            return GangProgress()
+        return GangProgress.of(Progress.decode(published.get(key)) for key in keys)
 
     def check(self) -> None:
         """Read notices and heartbeats (at most once per :data:`CHECK_S`).
@@ -329,8 +346,6 @@ class AttemptWatch:
 
     def close(self) -> None:
         """Forget this attempt's heartbeats (best effort)."""
-        if not self.config.beats:
-            return
         try:
             self._forget(self.prefix)
         except _ray.kv_errors() as exc:  # Ray may be gone: the keys go with the cluster
@@ -408,12 +423,8 @@ class AttemptWatch:
 
 
 def _beat(raw: bytes | None) -> float | None:
-    if raw is None:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        return None
+    progress = Progress.decode(raw)
+    return None if progress is None else progress.last
 
 
 def _run_hook(hook: Callable[[Any], None], event: object, budget_s: float) -> None:

@@ -1,0 +1,472 @@
+"""Goodput: where every second of a run went, from the moment it asked for slices to the
+moment it handed them back.
+
+Every run (a resilient run, a one-shot, an actor group, ``tpuslice run``) gets a run id
+and, when it ends, an :class:`Account` of its wall time in :data:`CATEGORIES`, which sum to
+the wall time by construction: the run's life is cut into spans at moments the driver
+saw (asked, granted, held, the first beat, the end of each attempt, the hand-back) and
+moments the gang published (:class:`tpuslice._host.heartbeats.Progress`: its first beat,
+its newest checkpoint and the time spent saving). The account is a pure function of those
+moments (:func:`account_of`), tested without Ray.
+
+The rules, one per span of an attempt:
+
+- asking to held: ``queued`` for the time spent waiting for a grant, ``reserving`` for
+  the rest (claims, placement); on a retry, ``recovering``;
+- held to the gang's first beat: ``starting`` (``recovering`` on a retry). With no beats,
+  until the first call returned (an actor group), or the whole call for a run whose
+  only call is its work (a one-shot, an attempt): nothing told start-up from work;
+- the first beat to the end: ``productive``, less ``checkpointing`` (the time each
+  ``checkpointed()`` closed since the rank's previous beat);
+- a failed attempt's work since its newest checkpoint (all of it, with none): ``lost``,
+  by the failure's class (preemption, host failure, hang, failure);
+- from a failure to the next attempt's first beat: ``recovering``, less the hand-back;
+- the hand-back: ``handing_back``.
+
+Accounts are kept in Ray's GCS KV store (``goodput/<start ns>-<writer>-<n>``, namespace
+``tpuslice``, the newest :data:`MAX_ACCOUNTS`) for ``tpuslice goodput``, and counted in
+the metric ``tpuslice_goodput_seconds{category}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tpuslice import _ray, events, metrics
+from tpuslice._host.heartbeats import Progress
+from tpuslice._process import EXIT_HOOKS
+from tpuslice._tpu.keys import GOODPUT_KEY_PREFIX, NAMESPACE
+
+logger = logging.getLogger(__name__)
+
+CATEGORIES = (
+    "queued",
+    "reserving",
+    "starting",
+    "productive",
+    "checkpointing",
+    "lost",
+    "recovering",
+    "handing_back",
+)
+"""Where a run's wall time goes; they sum to it."""
+LOST_CAUSES = ("preemption", "host_failure", "hang", "failure")
+"""Why work was lost: the failed attempt's class."""
+MAX_ACCOUNTS = 500
+"""The store keeps about this many accounts (the newest)."""
+KINDS = ("resilient", "one_shot", "command", "actor_group")
+
+
+def new_run_id() -> str:
+    """A run id: 12 hex digits, unique in practice, short enough to type.
+
+    Returns:
+        The id.
+    """
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass(frozen=True)
+class GangProgress:
+    """What a gang's ranks published, taken together.
+
+    Attributes:
+        first_beat: The earliest first beat of any rank (the work began).
+        checkpoint_at: The newest checkpoint any rank marked.
+        checkpoint_s: The most time any one rank spent checkpointing (ranks save
+            together, so their times overlap, not add).
+        checkpoints: The most checkpoints any one rank marked.
+        step: The step of the newest checkpoint, if given.
+    """
+
+    first_beat: float | None = None
+    checkpoint_at: float | None = None
+    checkpoint_s: float = 0.0
+    checkpoints: int = 0
+    step: int | None = None
+
+    @classmethod
+    def of(cls, ranks: Iterable[Progress | None]) -> GangProgress:
+        """Take the ranks' records together.
+
+        Args:
+            ranks: Each rank's published record, or ``None`` for a rank that published
+                none.
+
+        Returns:
+            The gang's progress.
+        """
+        found = [p for p in ranks if p is not None]
+        if not found:
+            return cls()
+        marked = [p for p in found if p.checkpoint_at is not None]
+        newest = max(marked, key=lambda p: p.checkpoint_at or 0.0) if marked else None
+        return cls(
+            first_beat=min(p.first for p in found),
+            checkpoint_at=None if newest is None else newest.checkpoint_at,
+            checkpoint_s=max((p.checkpoint_s for p in found), default=0.0),
+            checkpoints=max((p.checkpoints for p in found), default=0),
+            step=None if newest is None else newest.step,
+        )
+
+
+@dataclass
+class AttemptTimes:
+    """The moments of one attempt, as the driver saw them (wall clock, seconds).
+
+    Attributes:
+        asked: When it asked for slices.
+        queued_s: Of the time from asking to held, how long it waited for a grant.
+        held: When it held its slices (``None``: it never did).
+        ended: When its calls returned, or it was judged failed.
+        hand_back: When the hand-back began.
+        handed_back: When the hand-back ended.
+        outcome: ``success``, or the failure's class (:data:`LOST_CAUSES`); ``""``
+            for an attempt that never ran.
+        progress: What its gang published.
+        first_return: When its first call returned (an actor group's set-up).
+        only_call: Its one call is its work (a one-shot or an attempt): without beats,
+            the whole call counts as starting, not only up to a first return.
+    """
+
+    asked: float
+    queued_s: float = 0.0
+    held: float | None = None
+    ended: float | None = None
+    hand_back: float | None = None
+    handed_back: float | None = None
+    outcome: str = ""
+    progress: GangProgress = field(default_factory=GangProgress)
+    first_return: float | None = None
+    only_call: bool = True
+
+
+@dataclass(frozen=True)
+class Account:
+    """Where one run's wall time went.
+
+    Attributes:
+        run_id: The run's id.
+        kind: ``resilient``, ``one_shot``, ``command`` or ``actor_group``.
+        what: The request, as ``<count> x <accelerator> <topology>``.
+        started_at: When it asked for slices (wall clock).
+        wall_s: From then to the end of its last hand-back.
+        seconds: Category -> seconds, every one of :data:`CATEGORIES`; they sum to
+            ``wall_s``.
+        lost: Cause -> seconds lost to it (they sum to ``seconds["lost"]``).
+        attempts: How many attempts ran.
+        outcome: ``success``, the last failure's class, or ``gave_up``.
+        slices: The slices of its last attempt.
+        checkpoints: Checkpoints marked, over all attempts.
+        notes: What the account could not see, in words (no heartbeats, no checkpoints).
+        job: The Ray job id of the driver.
+    """
+
+    run_id: str
+    kind: str
+    what: str
+    started_at: float
+    wall_s: float
+    seconds: Mapping[str, float]
+    lost: Mapping[str, float]
+    attempts: int
+    outcome: str
+    slices: tuple[str, ...] = ()
+    checkpoints: int = 0
+    notes: tuple[str, ...] = ()
+    job: str = ""
+
+    @property
+    def at(self) -> float:
+        """When the run began (its key in the store sorts by it).
+
+        Returns:
+            Seconds since the epoch.
+        """
+        return self.started_at
+
+    @property
+    def goodput(self) -> float:
+        """Productive seconds over wall seconds (0 for a run of no time).
+
+        Returns:
+            The ratio, 0 to 1.
+        """
+        return self.seconds.get("productive", 0.0) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The account as JSON-ready data.
+
+        Returns:
+            Its fields, with ``goodput`` added.
+        """
+        return {
+            "run_id": self.run_id,
+            "kind": self.kind,
+            "what": self.what,
+            "started_at": self.started_at,
+            "wall_s": self.wall_s,
+            "goodput": self.goodput,
+            "seconds": {c: self.seconds.get(c, 0.0) for c in CATEGORIES},
+            "lost": {c: self.lost.get(c, 0.0) for c in LOST_CAUSES},
+            "attempts": self.attempts,
+            "outcome": self.outcome,
+            "slices": list(self.slices),
+            "checkpoints": self.checkpoints,
+            "notes": list(self.notes),
+            "job": self.job,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Account:
+        """Read back :meth:`to_dict`'s output.
+
+        Args:
+            data: As written.
+
+        Returns:
+            The account.
+
+        Raises:
+            KeyError: a field is missing.
+            TypeError: a field has the wrong type.
+            ValueError: a number is not one.
+        """
+        return cls(
+            run_id=str(data["run_id"]),
+            kind=str(data["kind"]),
+            what=str(data.get("what", "")),
+            started_at=float(data["started_at"]),
+            wall_s=float(data["wall_s"]),
+            seconds={c: float(data["seconds"].get(c, 0.0)) for c in CATEGORIES},
+            lost={c: float(data.get("lost", {}).get(c, 0.0)) for c in LOST_CAUSES},
+            attempts=int(data.get("attempts", 0)),
+            outcome=str(data.get("outcome", "")),
+            slices=tuple(str(s) for s in data.get("slices", ())),
+            checkpoints=int(data.get("checkpoints", 0)),
+            notes=tuple(str(n) for n in data.get("notes", ())),
+            job=str(data.get("job", "")),
+        )
+
+
+class _Spans:
+    """Cuts a run's life into consecutive spans: each :meth:`until` gives the time from
+    the cursor to a moment to one category and moves the cursor there, so the spans
+    cover the wall time exactly once whatever order the moments came in."""
+
+    def __init__(self, start: float) -> None:
+        self.cursor = start
+        self.seconds = dict.fromkeys(CATEGORIES, 0.0)
+        self.lost = dict.fromkeys(LOST_CAUSES, 0.0)
+
+    def until(self, category: str, moment: float | None, cause: str = "") -> None:
+        if moment is None or moment <= self.cursor:
+            return
+        self.seconds[category] += moment - self.cursor
+        if category == "lost":
+            self.lost[cause if cause in self.lost else "failure"] += moment - self.cursor
+        self.cursor = moment
+
+    def take(self, category: str, seconds: float, limit: float, into: str) -> float:
+        """Give ``seconds`` (at most up to ``limit``) to ``category``, the rest of the way
+        to ``limit`` to ``into``; the order within the span is not known, only the sums."""
+        span = max(0.0, limit - self.cursor)
+        part = min(max(0.0, seconds), span)
+        self.seconds[category] += part
+        self.cursor += part
+        self.until(into, limit)
+        return part
+
+
+def account_of(
+    run_id: str,
+    kind: str,
+    attempts: Sequence[AttemptTimes],
+    *,
+    what: str = "",
+    slices: Sequence[str] = (),
+    outcome: str = "",
+    job: str = "",
+) -> Account:
+    """The account of a run from its attempts' moments. Pure.
+
+    Args:
+        run_id: The run's id.
+        kind: One of :data:`KINDS`.
+        attempts: Its attempts, in order (at least one).
+        what: The request, for people.
+        slices: Its last attempt's slices.
+        outcome: How the run ended (default: the last attempt's outcome).
+        job: The driver's Ray job id.
+
+    Returns:
+        The account; its categories sum to its wall time.
+
+    Raises:
+        ValueError: no attempts.
+    """
+    if not attempts:
+        raise ValueError("account_of needs at least one attempt")
+    spans = _Spans(attempts[0].asked)
+    notes: list[str] = []
+    beats_seen = False
+    marks = 0
+    for number, attempt in enumerate(attempts):
+        retry = number > 0
+        spans.until("recovering", attempt.asked)  # the pause before a retry
+        end_of_reserve = attempt.held if attempt.held is not None else attempt.ended
+        if retry:
+            spans.until("recovering", end_of_reserve)
+        elif end_of_reserve is not None:
+            spans.take("queued", attempt.queued_s, end_of_reserve, "reserving")
+        if attempt.held is None:
+            spans.until("handing_back", attempt.handed_back)
+            continue
+        ended = attempt.ended if attempt.ended is not None else attempt.held
+        progress = attempt.progress
+        failed = attempt.outcome not in ("", "success")
+        start_ends = _start_ends(attempt, ended, failed)
+        beats_seen = beats_seen or progress.first_beat is not None
+        marks += progress.checkpoints
+        spans.until("recovering" if retry else "starting", start_ends)
+        if failed:
+            saved = progress.checkpoint_at
+            saved_until = min(max(saved, spans.cursor), ended) if saved is not None else None
+            if saved_until is not None:
+                spans.take("checkpointing", progress.checkpoint_s, saved_until, "productive")
+            spans.until("lost", ended, attempt.outcome)
+            spans.until("recovering", attempt.hand_back)
+        else:
+            spans.take("checkpointing", progress.checkpoint_s, ended, "productive")
+            spans.until("handing_back", attempt.hand_back)
+        spans.until("handing_back", attempt.handed_back)
+    last = attempts[-1]
+    if not beats_seen:
+        notes.append(
+            "no heartbeats: start-up and work could not be told apart, so each call "
+            "counts as starting (and a failed attempt's whole run as lost); call "
+            "tpuslice.heartbeat() once per step"
+        )
+    elif marks == 0 and any(a.outcome not in ("", "success") for a in attempts):
+        notes.append(
+            "no checkpoints marked: all the work of each failed attempt counts as lost; "
+            "call tpuslice.checkpointed() after each save"
+        )
+    wall = spans.cursor - attempts[0].asked
+    return Account(
+        run_id=run_id,
+        kind=kind,
+        what=what,
+        started_at=attempts[0].asked,
+        wall_s=wall,
+        seconds=spans.seconds,
+        lost=spans.lost,
+        attempts=sum(1 for a in attempts if a.held is not None),
+        outcome=outcome or last.outcome or "gave_up",
+        slices=tuple(slices),
+        checkpoints=marks,
+        notes=tuple(notes),
+        job=job,
+    )
+
+
+def _start_ends(attempt: AttemptTimes, ended: float, failed: bool) -> float:
+    """When an attempt's start-up ended: its first beat; without beats, its first
+    return (an actor group) or, for a run whose one call is its work, the end (a
+    failed one's whole call is lost instead: nothing of it can be kept)."""
+    held = attempt.held if attempt.held is not None else ended
+    first = attempt.progress.first_beat
+    if first is not None:
+        return min(max(first, held), ended)
+    if failed:
+        return held
+    if attempt.first_return is not None and not attempt.only_call:
+        return min(max(attempt.first_return, held), ended)
+    return ended
+
+
+# --- the store -------------------------------------------------------------------------
+
+
+WRITER = events.EventWriter(keep=MAX_ACCOUNTS, prefix=GOODPUT_KEY_PREFIX)
+"""Writes this process's accounts in the background (the run's caller never waits on
+the GCS), and trims the store to the newest :data:`MAX_ACCOUNTS`."""
+EXIT_HOOKS.add(WRITER.flush)
+
+
+def keep(account: Account) -> Account:
+    """Keep a run's account: in the store (in the background), in the metrics, and in
+    the log. Never raises into the run.
+
+    Args:
+        account: The run's account.
+
+    Returns:
+        The account kept (with this driver's job id, if it had none).
+    """
+    if not account.job:
+        account = replace(account, job=events.job_id())
+    WRITER.record(account)
+    for category in CATEGORIES:
+        seconds = account.seconds.get(category, 0.0)
+        if seconds > 0:
+            metrics.goodput_seconds(category, seconds)
+    logger.info(
+        "run %s (%s): %.0f%% of its %.1f s productive; `tpuslice goodput %s` shows the rest",
+        account.run_id,
+        account.kind,
+        100 * account.goodput,
+        account.wall_s,
+        account.run_id,
+    )
+    return account
+
+
+def flush(timeout_s: float = 2.0) -> bool:
+    """Wait (bounded) until this process's accounts are in the store.
+
+    Args:
+        timeout_s: Seconds to wait at most.
+
+    Returns:
+        Whether all were written in time.
+    """
+    return WRITER.flush(timeout_s)
+
+
+def read_accounts(limit: int = MAX_ACCOUNTS) -> list[Account]:
+    """The newest accounts in the store, oldest first (unreadable ones skipped).
+
+    Args:
+        limit: At most this many.
+
+    Returns:
+        The accounts.
+    """
+    keys = sorted(_ray.kv_list(GOODPUT_KEY_PREFIX, NAMESPACE))[-limit:] if limit > 0 else []
+    values = _ray.kv_get_many(keys, NAMESPACE) if keys else {}
+    found: list[Account] = []
+    for key in keys:
+        raw = values.get(key)
+        if raw is None:
+            continue
+        try:
+            found.append(Account.from_dict(json.loads(raw)))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            logger.debug("goodput account %s unreadable: %s", key, exc)
+    return found
+
+
+def now() -> float:
+    """Wall-clock seconds, as the gang's beats are (a seam for tests).
+
+    Returns:
+        ``time.time()``.
+    """
+    return time.time()

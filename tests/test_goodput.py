@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 from ray import exceptions as rex
 
+from tpuslice import goodput
 from tpuslice._host import heartbeats
 from tpuslice._host.heartbeats import BEAT_ENV, Progress
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._run.resilient import GangBrokenError, Outcome, ResilientRun, RetryPolicy
 from tpuslice._tpu.clock import Clock
+from tpuslice._tpu.keys import SLICE_SECONDS_KEY_PREFIX
 from tpuslice.errors import InvalidArgumentError, ReservationTimeoutError, RetriesExhaustedError
 from tpuslice.goodput import CATEGORIES, Account, AttemptTimes, GangProgress, account_of
 
@@ -355,3 +357,89 @@ def test_an_interrupted_run_is_accounted_up_to_the_interrupt() -> None:
         run.until_done()
     assert run.account is not None and run.account.outcome == "interrupted"
     assert sums_to_wall(run.account) and run.account.wall_s == pytest.approx(13.5)
+
+
+# --- the cluster's slice-seconds ---------------------------------------------------------
+
+
+class Store:
+    """Ray's KV store, in memory, as the slice-second count uses it."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def put(self, key: str, value: bytes, namespace: str | None) -> bool:
+        existed = key in self.data
+        self.data[key] = value
+        return existed
+
+    def get(self, key: str, namespace: str | None) -> bytes | None:
+        return self.data.get(key)
+
+    def get_many(self, keys: list[str], namespace: str | None) -> dict[str, bytes]:
+        return {k: self.data[k] for k in keys if k in self.data}
+
+    def list(self, prefix: str, namespace: str | None) -> list[str]:
+        return [k for k in self.data if k.startswith(prefix)]
+
+    def delete(self, key: str, namespace: str | None, *, prefix: bool = False) -> None:
+        self.data.pop(key, None)
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> Store:
+    kv = Store()
+    for name, fake in [
+        ("kv_put", kv.put),
+        ("kv_get", kv.get),
+        ("kv_get_many", kv.get_many),
+        ("kv_list", kv.list),
+        ("kv_delete", kv.delete),
+    ]:
+        monkeypatch.setattr(goodput._ray, name, fake)
+    return kv
+
+
+def test_a_busy_slice_is_productive_only_while_its_gang_beats() -> None:
+    from test_status import mixed_snapshot
+
+    snapshot = mixed_snapshot()  # v6e-16: a, ready; b, busy; c, notice; d, suspect and idle
+    fresh, stale = Progress(995.0, 990.0).encode(), Progress(980.0, 970.0).encode()
+    beating = goodput.beating_slices(
+        {"beat/x/0@v6e-16-b": fresh, "beat/y/0@v5p-32-a": stale, "beat/z/0": fresh}, 1000.0
+    )
+    assert beating == {"v6e-16-b"}
+    states = {n: goodput.slice_state(i, beating) for n, i in snapshot.slices.items()}
+    assert [states[f"v6e-16-{x}"] for x in "abcd"] == ["idle", "productive", "notice", "idle"]
+    assert states["v5p-32-a"] == "broken"
+    assert goodput.slice_state(snapshot.slices["v6e-16-b"], set()) == "busy"
+    counted = goodput.slice_seconds_of(snapshot, beating, 5.0)
+    assert counted["v6e-16"] == {"idle": 10.0, "productive": 5.0, "notice": 5.0}
+
+
+def test_slice_seconds_add_up_per_minute_and_read_back_over_a_window(store: Store) -> None:
+    from test_status import mixed_snapshot
+
+    wall = Wall()
+    wall.now = 60_000.0
+    keeper = goodput.SliceSeconds(clock=wall)
+    snapshot = mixed_snapshot()
+    keeper.add(snapshot, 5.0)
+    keeper.add(snapshot, 5.0)
+    wall.now += 60.0
+    goodput.SliceSeconds(clock=wall).add(snapshot, 5.0)  # a restarted queue: a new keeper
+    assert len(store.list(SLICE_SECONDS_KEY_PREFIX, None)) == 2
+    wall.now += 30.0
+    both = goodput.read_slice_seconds(120.0, now=wall.now)
+    assert both["v6e-16"]["idle"] == 30.0 and both["v6e-16"]["productive"] == 0.0
+    assert (
+        goodput.read_slice_seconds(30.0, now=wall.now)["v6e-16"]["idle"] == 10.0
+    )  # this minute only
+    assert (
+        goodput.read_slice_seconds(31.0, now=wall.now)["v6e-16"]["idle"] == 30.0
+    )  # the last one whole
+    wall.now += goodput.BUCKETS_KEPT_S + 60.0
+    keeper.add(snapshot, 5.0)  # a new minute, a day later: the old minutes go
+    assert len(store.list(SLICE_SECONDS_KEY_PREFIX, None)) == 1
+    with pytest.raises(ValueError, match="since_s must be above 0"):
+        goodput.read_slice_seconds(0)

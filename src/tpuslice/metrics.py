@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpuslice._view.cluster import HostInfo, HostState, SliceState
@@ -216,6 +217,17 @@ def goodput_seconds(category: str, seconds: float) -> None:
     _apply("goodput_seconds", seconds, {"category": category})
 
 
+def slice_seconds(state: str, pod_type: str, seconds: float) -> None:
+    """Count slice-seconds spent in a state.
+
+    Args:
+        state: One of :data:`tpuslice.goodput.SLICE_STATES`.
+        pod_type: The slices' pod type.
+        seconds: Slice-seconds.
+    """
+    _apply("slice_seconds", seconds, {"state": state, "pod_type": pod_type})
+
+
 def cluster_values(
     snapshot: ClusterSnapshot, known_pod_types: set[str] | None = None
 ) -> list[tuple[str, float, dict[str, str]]]:
@@ -271,11 +283,20 @@ class ClusterReporter:
     Args:
         read: Takes a snapshot of the cluster.
         interval_s: Seconds between reports.
+        on_report: Also given each snapshot, with the seconds since the one before
+            (from the second report on): the slice-second count.
     """
 
-    def __init__(self, read: Any, interval_s: float = REPORT_S) -> None:
+    def __init__(
+        self,
+        read: Any,
+        interval_s: float = REPORT_S,
+        on_report: Callable[[ClusterSnapshot, float], None] | None = None,
+    ) -> None:
         self._read = read
         self._interval_s = interval_s
+        self._on_report = on_report
+        self._last: float | None = None
         self._pod_types: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tpuslice-metrics", daemon=True)
@@ -302,6 +323,13 @@ class ClusterReporter:
             return
         for name, value, tags in cluster_values(snapshot, self._pod_types):
             _apply(name, value, tags)
+        now = time.monotonic()
+        since, self._last = self._last, now
+        if self._on_report is not None and since is not None:
+            try:
+                self._on_report(snapshot, now - since)
+            except Exception as exc:  # noqa: BLE001 - as the read above
+                logger.debug("slice-seconds not counted: %s", exc)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -29,6 +29,7 @@ from tpuslice._tpu.keys import QUEUE_ACTOR_NAME as NAME
 from tpuslice._view.cluster import read_queue_record, read_snapshot
 from tpuslice._view.queue_record import QueueRecord
 from tpuslice.errors import QueueUnreachableError
+from tpuslice.goodput import SliceSeconds
 from tpuslice.metrics import ClusterReporter
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ class SliceQueueActor:
         if last is not None and time.time() - last.at < LEASE_S:
             service.expect(last.requests)
         self.runner = QueueRunner(service, publish=_publish)
-        self._reporter = ClusterReporter(read_snapshot).start()  # the cluster's gauges
+        # The cluster's gauges, and its slice-seconds by state.
+        self._reporter = ClusterReporter(read_snapshot, on_report=SliceSeconds().add).start()
 
     async def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
         """See :meth:`QueueRunner.enqueue`.

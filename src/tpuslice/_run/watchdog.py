@@ -39,7 +39,7 @@ from tpuslice._tpu.keys import BEAT_KEY_PREFIX as BEAT_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
 from tpuslice._view.cluster import HostInfo
 from tpuslice.errors import InvalidArgumentError
-from tpuslice.goodput import GangProgress
+from tpuslice.goodput import SLICE_MARK, GangProgress
 
 logger = logging.getLogger(__name__)
 
@@ -304,7 +304,21 @@ class AttemptWatch:
         Returns:
             The variables.
         """
-        return {BEAT_ENV: f"{self.prefix}{rank}"}
+        return {BEAT_ENV: self.key(rank)}
+
+    def key(self, rank: int) -> str:
+        """Rank ``rank``'s heartbeat key: ``beat/<attempt>/<rank>@<slice>`` (the slice tells
+        the cluster's slice-second count which slices do productive work).
+
+        Args:
+            rank: The rank.
+
+        Returns:
+            The key.
+        """
+        host = self.hosts[rank] if rank < len(self.hosts) else None
+        where = f"{SLICE_MARK}{host.slice_name}" if host is not None and host.slice_name else ""
+        return f"{self.prefix}{rank}{where}"
 
     def progress(self) -> GangProgress:
         """What the gang's ranks published: first beats and checkpoints (one KV read;
@@ -313,7 +327,7 @@ class AttemptWatch:
         Returns:
             The gang's progress.
         """
-        keys = [f"{self.prefix}{rank}" for rank in range(len(self.ranks))]
+        keys = [self.key(rank) for rank in range(len(self.ranks))]
         try:
             published = self._read_beats(keys)
         except _ray.kv_errors() as exc:
@@ -336,7 +350,7 @@ class AttemptWatch:
         if notices:
             self._leave_on_notice(min(notices.values(), key=lambda n: n.deadline))
         if self.config.beats:
-            keys = [f"{self.prefix}{rank}" for rank in range(len(self.ranks))]
+            keys = [self.key(rank) for rank in range(len(self.ranks))]
             hang = describe_hang(
                 self.config, keys, self._read_beats(keys), self.ranks, self.started, now
             )

@@ -10,6 +10,7 @@ calling :func:`tpuslice.heartbeat`) into a :class:`~tpuslice.errors.HostHungErro
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -17,9 +18,9 @@ from typing import Any
 
 import ray
 
-from tpuslice import _ray
+from tpuslice import _ray, goodput
 from tpuslice._host.context import MEGASCALE_VARS, HostContext
-from tpuslice._host.heartbeats import BEAT_ENV
+from tpuslice._host.heartbeats import BEAT_ENV, Progress
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import ShutsDownOnExit, SlicePlacementGroup, plumbing, reserve_slices
 from tpuslice._run.run import call_env
@@ -35,6 +36,9 @@ from tpuslice.errors import (
     SliceShutdownError,
     first_line,
 )
+from tpuslice.goodput import AttemptTimes, GangProgress
+
+logger = logging.getLogger(__name__)
 
 
 class SliceActorGroup(ShutsDownOnExit):
@@ -84,6 +88,14 @@ class SliceActorGroup(ShutsDownOnExit):
         remote_cls = actor_cls if hasattr(actor_cls, "remote") else ray.remote(actor_cls)
         self.slice = tpu_slice
         self.owns_slice = owns_slice
+        self.times: AttemptTimes | None = None
+        """The group's moments, for its goodput account: kept for a group that owns its
+        slices (the reservation's time is the group's), from its reservation's start."""
+        if owns_slice:
+            held = plumbing(tpu_slice)
+            self.times = AttemptTimes(
+                held.asked_at(), held.queued_s(), held.held_at(), only_call=False
+            )
         ranks = plumbing(tpu_slice).ranks()
         self.contexts: list[HostContext] = [rank.context for rank in ranks]
         self.actors: list[Any] = []
@@ -217,16 +229,19 @@ class SliceActorGroup(ShutsDownOnExit):
                 results.append(ray.get(ref, timeout=timeout))
             except ray.exceptions.RayActorError as exc:
                 context = self.contexts[rank]
+                if self.times is not None:
+                    self.times.outcome = "host_failure"
                 raise HostLostError(
                     f"host {context.worker_id} of slice {context.slice_name} (rank {rank}) "
                     f"lost its actor ({type(exc).__name__}): {first_line(exc)}"
                 ) from exc
+        if self.times is not None and self.times.first_return is None:
+            self.times.first_return = goodput.now()
         return results
 
     def _env(self, context: HostContext) -> dict[str, str]:
         env = _actor_env(call_env(self.slice, context))
-        if self.watching.beats:
-            env[BEAT_ENV] = f"{self._beats}{context.rank}"
+        env[BEAT_ENV] = f"{self._beats}{context.rank}"  # watched, and read for goodput
         return env
 
     def _wait_watching(self, refs: Sequence[ray.ObjectRef], timeout: float | None) -> None:
@@ -248,6 +263,8 @@ class SliceActorGroup(ShutsDownOnExit):
                 time.time(),
             )
             if hang is not None:
+                if self.times is not None:
+                    self.times.outcome = "hang"
                 raise HostHungError(
                     f"{hang[0]}: {hang[1]}. Shut the group down (its actors are killed) and "
                     "start a new one"
@@ -259,6 +276,9 @@ class SliceActorGroup(ShutsDownOnExit):
         """Kill every actor and, if the group owns it, give the slice back; otherwise
         confirm the actors' TPUs are free for the slice's next calls. Idempotent."""
         actors, self.actors = self.actors, []
+        times, self.times = self.times, None
+        if times is not None and actors:
+            times.ended = times.hand_back = goodput.now()
         if actors:
             plumbing(self.slice).ownership.disown(actors)
         for actor in actors:
@@ -267,11 +287,32 @@ class SliceActorGroup(ShutsDownOnExit):
             self.slice.shutdown()
         elif actors and not self.slice.is_shut_down:
             plumbing(self.slice).ownership.confirm_free()
-        if self.watching.beats:
+        if actors:
+            if times is not None:
+                times.handed_back = goodput.now()
+                self._keep_account(times)
             # Last: ray.kill returns before the actor's process exits, and its heartbeat
             # thread publishes every half second until then. The hand-back (or the
             # check that the TPUs are free) waits for the hosts' processes to let go.
             _ray.kv_delete(self._beats, NAMESPACE, prefix=True)
+
+    def _keep_account(self, times: AttemptTimes) -> None:
+        """Keep the group's goodput account (never raising into the shutdown)."""
+        try:
+            keys = [f"{self._beats}{rank}" for rank in range(len(self.contexts))]
+            published = _ray.kv_get_many(keys, NAMESPACE)
+            times.progress = GangProgress.of(Progress.decode(published.get(k)) for k in keys)
+            times.outcome = times.outcome or "success"
+            account = goodput.account_of(
+                goodput.new_run_id(),
+                "actor_group",
+                [times],
+                what=plumbing(self.slice).request.plan.describe(),
+                slices=self.slice.slice_names,
+            )
+            goodput.keep(account)
+        except Exception as exc:  # noqa: BLE001 - the account must not break the shutdown
+            logger.warning("actor group's goodput account not kept: %s", exc)
 
 
 def _actor_env(call: CallEnv) -> dict[str, str]:

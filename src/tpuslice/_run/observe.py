@@ -9,8 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tpuslice import events, metrics
+from tpuslice import _ray, events, goodput, metrics
+from tpuslice._host.heartbeats import Progress
 from tpuslice._reserve.observe import never_raises
+from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing
+from tpuslice._tpu.keys import NAMESPACE
 
 if TYPE_CHECKING:
     from tpuslice._run.resilient import AttemptEvent
@@ -58,3 +61,48 @@ def attempt(event: AttemptEvent) -> None:
     if event.kind in ("failed", "succeeded"):
         metrics.attempt_ended(outcome)
         metrics.run_ended("resilient_attempt", outcome, event.duration_s)
+
+
+@never_raises
+def one_shot_account(
+    spg: SlicePlacementGroup,
+    beats: str,
+    ranks: int,
+    outcome: str,
+    ended: float,
+    handed_back: float,
+) -> None:
+    """Keep a one-shot's goodput account, once its slices are back: its ranks' progress
+    is read, and their keys deleted (no rank runs to publish again).
+
+    Args:
+        spg: Its reservation (shut down).
+        beats: Its ranks' heartbeat keys' prefix.
+        ranks: How many ranks it had.
+        outcome: ``success``, ``failure`` or ``interrupted``.
+        ended: When its tasks ended (wall clock).
+        handed_back: When its slices were back.
+    """
+    keys = [f"{beats}{rank}" for rank in range(ranks)]
+    published = _ray.kv_get_many(keys, NAMESPACE) if keys else {}
+    _ray.kv_delete(beats, NAMESPACE, prefix=True)
+    held = plumbing(spg)
+    times = goodput.AttemptTimes(
+        asked=held.asked_at(),
+        queued_s=held.queued_s(),
+        held=held.held_at(),
+        ended=ended,
+        hand_back=ended,
+        handed_back=handed_back,
+        outcome=outcome,
+        progress=goodput.GangProgress.of(Progress.decode(published.get(k)) for k in keys),
+    )
+    account = goodput.account_of(
+        goodput.new_run_id(),
+        "one_shot",
+        [times],
+        what=held.request.plan.describe(),
+        slices=spg.slice_names,
+        outcome=outcome,
+    )
+    goodput.keep(account)

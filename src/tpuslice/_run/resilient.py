@@ -506,6 +506,13 @@ class ResilientRun:
         Returns:
             The account, or ``None`` when no attempt began.
         """
+        try:
+            return self._account(outcome)
+        except Exception as exc:  # noqa: BLE001 - the account must not break the run's end
+            logger.warning("run %s: goodput account not kept: %s", self.run_id, exc)
+            return None
+
+    def _account(self, outcome: str) -> Account | None:
         if not self.times:
             return None
         now = self.wall()

@@ -21,13 +21,15 @@ from typing import Any
 
 import ray
 
-from tpuslice import _ray
+from tpuslice import _ray, goodput
 from tpuslice._host.context import HostContext, with_context
+from tpuslice._host.heartbeats import BEAT_ENV
 from tpuslice._process import EXIT_HOOKS
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbing, reserve_slices
 from tpuslice._run import observe
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
+from tpuslice._tpu.keys import BEAT_KEY_PREFIX
 from tpuslice._tpu.labels import CallEnv
 from tpuslice.errors import (
     InvalidArgumentError,
@@ -271,12 +273,13 @@ def run_on_slice(
             priority,
         )
         spg = reserve_slices(request)
+        beats = f"{BEAT_KEY_PREFIX}{goodput.new_run_id()}/"
         try:
-            refs = launch(fn, spg, args, kwargs)
+            refs = launch(fn, spg, args, kwargs, rank_env=lambda rank: {BEAT_ENV: f"{beats}{rank}"})
         except BaseException:
             spg.shutdown()
             raise
-        RELEASER.release_when_done(refs, spg)
+        RELEASER.release_when_done(refs, spg, beats)
         return refs
     if tpu_slice.is_shut_down:
         raise InvalidArgumentError(
@@ -335,7 +338,26 @@ dispatch = run_on_slice
 class _OneShot:
     remaining: list[ray.ObjectRef]
     spg: SlicePlacementGroup
+    beats: str = ""
+    """Its ranks' heartbeat keys' prefix (``<prefix><rank>``), for its goodput account."""
     started: float = field(default_factory=time.monotonic)
+    ranks: int = 0
+
+    def hand_back(self, outcome: str) -> None:
+        """Give the slices back, then keep the run's goodput account (after the hand-back:
+        reading its ranks' progress never delays it).
+
+        Args:
+            outcome: ``success``, ``failure`` or ``interrupted``.
+        """
+        ended = goodput.now()
+        observe.run_ended(
+            "one_shot", outcome, time.monotonic() - self.started, self.spg.slice_names
+        )
+        self.spg.shutdown()
+        handed_back = goodput.now()
+        if self.beats:
+            observe.one_shot_account(self.spg, self.beats, self.ranks, outcome, ended, handed_back)
 
 
 CLOSE_TIMEOUT_S = 30.0
@@ -365,14 +387,17 @@ class Releaser:
         self._closed = False
         self.pending: list[_OneShot] = []
 
-    def release_when_done(self, refs: list[ray.ObjectRef], spg: SlicePlacementGroup) -> None:
+    def release_when_done(
+        self, refs: list[ray.ObjectRef], spg: SlicePlacementGroup, beats: str = ""
+    ) -> None:
         """Shut ``spg`` down once every ref is done, or any failed (in the background).
 
         Args:
             refs: The one-shot's tasks.
             spg: Its reservation.
+            beats: Its ranks' heartbeat keys' prefix (for its goodput account).
         """
-        self._queue.put(_OneShot(list(refs), spg))
+        self._queue.put(_OneShot(list(refs), spg, beats, ranks=len(refs)))
         with self._lock:
             EXIT_HOOKS.add(self.close)
             if self._closed:
@@ -402,9 +427,7 @@ class Releaser:
             for job in pending:
                 if not ray.is_initialized():
                     return
-                seconds = time.monotonic() - job.started
-                observe.run_ended("one_shot", "interrupted", seconds, job.spg.slice_names)
-                job.spg.shutdown()
+                job.hand_back("interrupted")
         finally:
             self._working.release()
 
@@ -447,10 +470,7 @@ class Releaser:
             job.remaining = [r for r in job.remaining if r not in ready]
             failed = any(_failed(r) for r in finished)
             if not job.remaining or failed:
-                seconds = time.monotonic() - job.started
-                outcome = "failure" if failed else "success"
-                observe.run_ended("one_shot", outcome, seconds, job.spg.slice_names)
-                job.spg.shutdown()
+                job.hand_back("failure" if failed else "success")
             else:
                 still.append(job)
         self.pending = still

@@ -303,7 +303,7 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
     started, outcome = time.monotonic(), "failure"
     try:
         try:
-            ResilientRun(attempt, request, policy, on_event).until_done()
+            ResilientRun(attempt, request, policy, on_event, kind="command").until_done()
         except RetriesExhaustedError as exc:
             if retries:
                 err_console.print(f"[red]{escape(str(exc))}[/red]")

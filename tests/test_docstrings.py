@@ -23,6 +23,8 @@ CHECKED_MODULES: tuple[str, ...] = (
     "tpuslice.cli.commands",
     "tpuslice.cli.connect",
     "tpuslice.cli.jobs",
+    "tpuslice.cli.goodput",
+    "tpuslice.cli.goodput_view",
     "tpuslice.events",
     "tpuslice.metrics",
     "tpuslice._reserve.observe",

@@ -1,5 +1,6 @@
 """The ``tpuslice`` command line: a thin shell over the library (``commands`` is the entry
-point; ``connect``, ``jobs``, ``owners`` and ``status`` are its command groups and views).
+point; ``connect`` joins a cluster; ``jobs``, ``owners``, ``health`` and ``goodput`` add
+commands; ``status`` and ``goodput_view`` draw what they show).
 
 May import: anything in tpuslice except :mod:`tpuslice.testing`.
 """

@@ -19,6 +19,7 @@ import tpuslice
 from tpuslice import events
 from tpuslice._tpu import topology as topo
 from tpuslice._view import cluster
+from tpuslice.cli import goodput as cli_goodput
 from tpuslice.cli import health as cli_health
 from tpuslice.cli import jobs as cli_jobs
 from tpuslice.cli import owners as cli_owners
@@ -247,3 +248,4 @@ def _watch_live(read: Callable[[], cluster.ClusterSnapshot], interval: float) ->
 cli_jobs.register(main)
 cli_owners.register(main)
 cli_health.register(main)
+cli_goodput.register(main)

@@ -318,9 +318,11 @@ def run_with(outcomes: list[BaseException | None], *, fail_reserve_on: int = 0) 
 
 def test_a_resilient_run_keeps_an_account_that_sums_to_its_wall_time() -> None:
     run = run_with([rex.NodeDiedError("gone"), None])
+    told: list[Account] = []
+    run.on_account = told.append
     assert run.until_done() == ["r0", "r1"]
     account = run.account
-    assert account is not None and account.run_id == run.run_id
+    assert account is not None and account.run_id == run.run_id and told == [account]
     assert spent(account) == {
         "reserving": 1.0,
         "starting": 2.0,
@@ -331,6 +333,7 @@ def test_a_resilient_run_keeps_an_account_that_sums_to_its_wall_time() -> None:
     }
     assert account.wall_s == pytest.approx(30.0) and account.outcome == "success"
     assert account.lost["host_failure"] == 10.0 and account.attempts == 2
+    assert account.slices == ("s2",)  # where it last ran
 
 
 def test_a_run_that_gives_up_carries_its_account_on_the_error() -> None:

@@ -150,6 +150,7 @@ class AttemptTimes:
         first_return: When its first call returned (an actor group's set-up).
         only_call: Its one call is its work (a one-shot or an attempt): without beats,
             the whole call counts as starting, not only up to a first return.
+        slices: The slices it held.
     """
 
     asked: float
@@ -162,6 +163,7 @@ class AttemptTimes:
     progress: GangProgress = field(default_factory=GangProgress)
     first_return: float | None = None
     only_call: bool = True
+    slices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -318,7 +320,8 @@ def account_of(
         kind: One of :data:`KINDS`.
         attempts: Its attempts, in order (at least one).
         what: The request, for people.
-        slices: Its last attempt's slices.
+        slices: Its last attempt's slices (default: those of the last attempt that held
+            any).
         outcome: How the run ended (default: the last attempt's outcome).
         job: The driver's Ray job id.
 
@@ -386,7 +389,7 @@ def account_of(
         lost=spans.lost,
         attempts=sum(1 for a in attempts if a.held is not None),
         outcome=outcome or last.outcome or "gave_up",
-        slices=tuple(slices),
+        slices=tuple(slices) or next((a.slices for a in reversed(attempts) if a.slices), ()),
         checkpoints=marks,
         notes=tuple(notes),
         job=job,

@@ -496,8 +496,16 @@ class Reserver:
 
     def _join_queue(self, snapshot: ClusterSnapshot) -> None:
         """Give back anything claimed, then enqueue; if no queue answers, say so once
-        and claim directly from now on."""
+        and claim directly from now on. Its time counts as waiting for slices: on a fresh
+        cluster, reaching the queue means waiting for it to start."""
         self._check_possible(snapshot)
+        joining = self.clock.now()
+        try:
+            self._enqueue()
+        finally:
+            self.waited_s += self.clock.now() - joining
+
+    def _enqueue(self) -> None:
         try:
             queue = self.ops.slice_queue()
         except QueueUnreachableError as exc:

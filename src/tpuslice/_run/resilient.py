@@ -454,6 +454,8 @@ class ResilientRun:
     """Each attempt's moments, for the run's goodput account."""
     account: Account | None = None
     """The run's goodput account, once it ended."""
+    on_account: Callable[[Account], object] | None = None
+    """Called with the account when the run ends."""
 
     def until_done(self) -> list[Any]:
         """The one retry loop: attempt, and on failure ask the policy whether to go on.
@@ -528,10 +530,11 @@ class ResilientRun:
             self.kind,
             self.times,
             what=self.request.plan.describe(),
-            slices=self.history[-1].slice_names if self.history and last.held is None else (),
             outcome=outcome,
         )
         self.account = goodput.keep(self.account)
+        if self.on_account is not None:
+            self.on_account(self.account)
         return self.account
 
     def attempt(self, number: int) -> list[Any] | AttemptRecord:
@@ -565,7 +568,7 @@ class ResilientRun:
                 with reservation as spg:
                     times.held = self.wall()
                     times.queued_s += queued_s(spg)
-                    names = tuple(spg.slice_names)
+                    names = times.slices = tuple(spg.slice_names)
                     try:
                         checked = self.vetting.vet(spg) if self.vetting is not None else ""
                     except UnfitSlices as unfit:
@@ -832,6 +835,7 @@ def run_resilient(
     heartbeat_timeout_s: float | None = None,
     startup_timeout_s: float | None = None,
     health_check: bool = False,
+    on_account: Callable[[Account], object] | None = None,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn`` on every host of whole slices and return its results in rank order,
@@ -874,6 +878,10 @@ def run_resilient(
             probes). A slice that passes is trusted again; one that fails is kept out of
             service, and the run reserves again elsewhere, or gives up if only failed
             slices are left.
+        on_account: Called with the run's goodput account (:class:`tpuslice.Account`:
+            where its wall time went) when it ends, however it ends; a run that gives up
+            also carries it on the error (``exc.account``). ``tpuslice goodput RUN_ID``
+            shows it later.
         **kwargs: Passed to every call of ``fn``.
 
     Returns:
@@ -913,5 +921,6 @@ def run_resilient(
         new_clock(),
         watching=watching,
         vetting=Vetting() if health_check else None,
+        on_account=on_account,
     )
     return run.until_done()

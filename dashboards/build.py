@@ -16,6 +16,20 @@ HERE = Path(__file__).parent
 OUTPUT = HERE / "tpuslice_grafana_dashboard.json"
 FILTER = 'SessionName=~"$SessionName"'
 
+
+def counted(selector: str) -> str:
+    """What a counter (or a histogram's series) added in the window, each series counted
+    from nothing if it began in the window: every driver records into series of its own
+    (labelled with its worker), and ``increase`` alone never counts a series' first step,
+    so a driver's first reservation or run would never show."""
+    return f"({selector} unless {selector} offset $window or increase({selector}[$window]))"
+
+
+GOODPUT = f"ray_tpuslice_goodput_seconds_total{{{FILTER}}}"
+PRODUCTIVE = f'ray_tpuslice_goodput_seconds_total{{{FILTER}, category="productive"}}'
+BADPUT = f'ray_tpuslice_goodput_seconds_total{{{FILTER}, category!="productive"}}'
+WAITED = f'ray_tpuslice_reservation_wait_seconds_bucket{{{FILTER}, outcome="granted"}}'
+
 # (title, description, unit, stacked, [(expr, legend)])
 PANELS: list[tuple[str, str, str, bool, list[tuple[str, str]]]] = [
     (
@@ -52,41 +66,42 @@ PANELS: list[tuple[str, str, str, bool, list[tuple[str, str]]]] = [
         [(f"max(ray_tpuslice_queue_length{{{FILTER}}})", "waiting")],
     ),
     (
-        "Reservations per minute by outcome",
-        "Granted, timed out, impossible (the cluster can never hold the request).",
+        "Reservations by outcome",
+        "Reservations ended in the window: granted, timed out, impossible (the cluster "
+        "can never hold the request).",
         "short",
         True,
         [
             (
-                f"sum by (outcome) (rate(ray_tpuslice_reservations_total{{{FILTER}}}"
-                "[$window])) * 60",
+                f"sum by (outcome) {counted(f'ray_tpuslice_reservations_total{{{FILTER}}}')}",
                 "{{outcome}}",
             )
         ],
     ),
     (
         "Reservation wait",
-        "Seconds from asking for slices to the grant: 50th and 95th percentile, and mean.",
+        "Seconds from asking for slices to the grant, over the window: 50th and 95th "
+        "percentile, and mean.",
         "s",
         False,
         [
             (
-                "histogram_quantile(0.5, sum by (le, topology) (rate("
-                f"ray_tpuslice_reservation_wait_seconds_bucket{{{FILTER}, "
-                'outcome="granted"}[$window])))',
+                f"histogram_quantile(0.5, sum by (le, topology) {counted(WAITED)})",
                 "p50 {{topology}}",
             ),
             (
-                "histogram_quantile(0.95, sum by (le, topology) (rate("
-                f"ray_tpuslice_reservation_wait_seconds_bucket{{{FILTER}, "
-                'outcome="granted"}[$window])))',
+                f"histogram_quantile(0.95, sum by (le, topology) {counted(WAITED)})",
                 "p95 {{topology}}",
             ),
             (
-                "sum by (topology) (rate(ray_tpuslice_reservation_wait_seconds_sum"
-                f'{{{FILTER}, outcome="granted"}}[$window])) / sum by (topology) (rate('
-                f'ray_tpuslice_reservation_wait_seconds_count{{{FILTER}, outcome="granted"}}'
-                "[$window]))",
+                "sum by (topology) "
+                + counted(
+                    f'ray_tpuslice_reservation_wait_seconds_sum{{{FILTER}, outcome="granted"}}'
+                )
+                + " / sum by (topology) "
+                + counted(
+                    f'ray_tpuslice_reservation_wait_seconds_count{{{FILTER}, outcome="granted"}}'
+                ),
                 "mean {{topology}}",
             ),
         ],
@@ -99,21 +114,52 @@ PANELS: list[tuple[str, str, str, bool, list[tuple[str, str]]]] = [
         True,
         [
             (
-                f"sum by (outcome) (increase(ray_tpuslice_attempts_total{{{FILTER}}}[$window]))",
+                f"sum by (outcome) {counted(f'ray_tpuslice_attempts_total{{{FILTER}}}')}",
                 "{{outcome}}",
             )
         ],
     ),
     (
         "Run duration (95th percentile)",
-        "One-shot runs, tpuslice run commands, and resilient attempts.",
+        "One-shot runs, tpuslice run commands, and resilient attempts ended in the window.",
         "s",
         False,
         [
             (
-                "histogram_quantile(0.95, sum by (le, kind) (rate("
-                f"ray_tpuslice_run_duration_seconds_bucket{{{FILTER}}}[$window])))",
+                "histogram_quantile(0.95, sum by (le, kind) "
+                f"{counted(f'ray_tpuslice_run_duration_seconds_bucket{{{FILTER}}}')})",
                 "{{kind}}",
+            )
+        ],
+    ),
+    (
+        "Goodput",
+        "Of the wall time of the runs that ended in the window (from asking for slices to "
+        "handing them back), the share that was productive: the gang beating, less "
+        "checkpoint saves and work a failure threw away.",
+        "percentunit",
+        False,
+        [(f"sum {counted(PRODUCTIVE)} / sum {counted(GOODPUT)}", "goodput")],
+    ),
+    (
+        "Badput by cause",
+        "Where the rest of those runs' time went: queued, reserving, starting, "
+        "checkpointing, lost (by cause: preemption, host_failure, hang, failure), "
+        "recovering, handing_back.",
+        "s",
+        True,
+        [(f"sum by (category, cause) {counted(BADPUT)}", "{{category}} {{cause}}")],
+    ),
+    (
+        "Slice-seconds by state",
+        "Where the cluster's slice time went in the window: productive (busy, its gang "
+        "beating), busy otherwise, idle, broken, notice.",
+        "s",
+        True,
+        [
+            (
+                f"sum by (state) {counted(f'ray_tpuslice_slice_seconds_total{{{FILTER}}}')}",
+                "{{state}}",
             )
         ],
     ),

@@ -59,3 +59,26 @@ def test_it_shows_slices_by_state_waits_and_preemptions() -> None:
     assert "ray_tpuslice_slices" in asked
     assert "ray_tpuslice_reservation_wait_seconds_bucket" in asked
     assert "ray_tpuslice_attempts_total" in asked  # preemptions are an outcome there
+
+
+def test_it_shows_goodput_badput_by_cause_and_slice_seconds() -> None:
+    titles = {p["title"]: p for p in load()["panels"]}
+    goodput = titles["Goodput"]["targets"][0]["expr"]
+    assert 'category="productive"' in goodput and goodput.count("ray_tpuslice_goodput") >= 2
+    badput = titles["Badput by cause"]["targets"][0]["expr"]
+    assert 'category!="productive"' in badput and "by (category, cause)" in badput
+    assert (
+        "ray_tpuslice_slice_seconds_total" in titles["Slice-seconds by state"]["targets"][0]["expr"]
+    )
+
+
+def test_counters_count_a_series_that_began_in_the_window() -> None:
+    """Each driver records into series of its own, so ``increase`` alone would miss its
+    first reservation, attempt or run: every counter and histogram query also takes, whole,
+    the series that did not exist a window ago."""
+    for panel in load()["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            if "_total" in expr or "_bucket" in expr or "_sum" in expr:
+                assert "offset $window" in expr and "increase(" in expr, panel["title"]
+                assert "rate(" not in expr, panel["title"]

@@ -435,8 +435,12 @@ def keep(account: Account) -> Account:
     WRITER.record(account)
     for category in CATEGORIES:
         seconds = account.seconds.get(category, 0.0)
-        if seconds > 0:
+        if seconds > 0 and category != "lost":
             metrics.goodput_seconds(category, seconds)
+    for cause in LOST_CAUSES:
+        seconds = account.lost.get(cause, 0.0)
+        if seconds > 0:
+            metrics.goodput_seconds("lost", seconds, cause)
     logger.info(
         "run %s (%s): %.0f%% of its %.1f s productive; `tpuslice goodput %s` shows the rest",
         account.run_id,

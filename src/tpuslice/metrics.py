@@ -90,8 +90,8 @@ DEFINITIONS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
     "goodput_seconds": (
         "counter",
         "Seconds of ended runs by where they went (queued, reserving, starting, "
-        "productive, checkpointing, lost, recovering, handing_back).",
-        ("category",),
+        "productive, checkpointing, lost, recovering, handing_back); lost by cause.",
+        ("category", "cause"),
         (),
     ),
     "slice_seconds": (
@@ -207,14 +207,15 @@ def attempt_ended(outcome: str) -> None:
     _apply("attempts", 1.0, {"outcome": outcome})
 
 
-def goodput_seconds(category: str, seconds: float) -> None:
+def goodput_seconds(category: str, seconds: float, cause: str = "") -> None:
     """A run ended: count where its seconds went.
 
     Args:
         category: One of :data:`tpuslice.goodput.CATEGORIES`.
         seconds: Its seconds in that category.
+        cause: For ``lost``, why (:data:`tpuslice.goodput.LOST_CAUSES`); else empty.
     """
-    _apply("goodput_seconds", seconds, {"category": category})
+    _apply("goodput_seconds", seconds, {"category": category, "cause": cause})
 
 
 def slice_seconds(state: str, pod_type: str, seconds: float) -> None:

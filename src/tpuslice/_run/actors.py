@@ -21,6 +21,7 @@ import ray
 from tpuslice import _ray, goodput
 from tpuslice._host.context import MEGASCALE_VARS, HostContext
 from tpuslice._host.heartbeats import BEAT_ENV, Progress
+from tpuslice._reserve.observe import describe_request
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import ShutsDownOnExit, SlicePlacementGroup, plumbing, reserve_slices
 from tpuslice._run.run import call_env
@@ -307,7 +308,7 @@ class SliceActorGroup(ShutsDownOnExit):
                 goodput.new_run_id(),
                 "actor_group",
                 [times],
-                what=plumbing(self.slice).request.plan.describe(),
+                what=describe_request(plumbing(self.slice).request)[0],
                 slices=self.slice.slice_names,
             )
             goodput.keep(account)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from tpuslice import _ray, events, goodput, metrics
 from tpuslice._host.heartbeats import Progress
-from tpuslice._reserve.observe import never_raises
+from tpuslice._reserve.observe import describe_request, never_raises
 from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing
 from tpuslice._tpu.keys import NAMESPACE
 
@@ -101,7 +101,7 @@ def one_shot_account(
         goodput.new_run_id(),
         "one_shot",
         [times],
-        what=held.request.plan.describe(),
+        what=describe_request(held.request)[0],
         slices=spg.slice_names,
         outcome=outcome,
     )

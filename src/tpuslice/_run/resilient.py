@@ -44,6 +44,7 @@ from ray.exceptions import (
 from tpuslice import goodput
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Blame, SuspectReason
+from tpuslice._reserve.observe import describe_request
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbing, reserve_slices
 from tpuslice._reserve.suspects import mark_suspects
@@ -529,7 +530,7 @@ class ResilientRun:
             self.run_id,
             self.kind,
             self.times,
-            what=self.request.plan.describe(),
+            what=describe_request(self.request)[0],
             outcome=outcome,
         )
         self.account = goodput.keep(self.account)

@@ -25,7 +25,12 @@ The rules, one per span of an attempt:
 
 Accounts are kept in Ray's GCS KV store (``goodput/<start ns>-<writer>-<n>``, namespace
 ``tpuslice``, the newest :data:`MAX_ACCOUNTS`) for ``tpuslice goodput``, and counted in
-the metric ``tpuslice_goodput_seconds{category}``.
+the metric ``tpuslice_goodput_seconds{category, cause}``.
+
+The cluster's side is :class:`SliceSeconds`: every report of the queue actor counts each
+slice's seconds by state (:data:`SLICE_STATES`; a busy slice is productive while its
+gang beats), in the metric ``tpuslice_slice_seconds{state, pod_type}`` and in per-minute
+totals for ``tpuslice goodput --cluster``.
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ LOST_CAUSES = ("preemption", "host_failure", "hang", "failure")
 MAX_ACCOUNTS = 500
 """The store keeps about this many accounts (the newest)."""
 KINDS = ("resilient", "one_shot", "command", "actor_group")
+"""The runs that keep an account: ``run_resilient``, a one-shot ``run_on_slice``,
+``tpuslice run``, and an actor group that reserved its own slices."""
 SLICE_STATES = ("productive", "busy", "idle", "broken", "notice")
 """Where the cluster's slice-seconds go: busy with a gang that beat lately, busy
 otherwise, idle (ready, or suspect with every host free), broken, under notice."""

@@ -232,6 +232,7 @@ class SliceActorGroup(ShutsDownOnExit):
                 context = self.contexts[rank]
                 if self.times is not None:
                     self.times.outcome = "host_failure"
+                    self.times.ended = self.times.ended or goodput.now()
                 raise HostLostError(
                     f"host {context.worker_id} of slice {context.slice_name} (rank {rank}) "
                     f"lost its actor ({type(exc).__name__}): {first_line(exc)}"
@@ -266,6 +267,7 @@ class SliceActorGroup(ShutsDownOnExit):
             if hang is not None:
                 if self.times is not None:
                     self.times.outcome = "hang"
+                    self.times.ended = self.times.ended or goodput.now()
                 raise HostHungError(
                     f"{hang[0]}: {hang[1]}. Shut the group down (its actors are killed) and "
                     "start a new one"
@@ -279,7 +281,8 @@ class SliceActorGroup(ShutsDownOnExit):
         actors, self.actors = self.actors, []
         times, self.times = self.times, None
         if times is not None and actors:
-            times.ended = times.hand_back = goodput.now()
+            times.hand_back = goodput.now()
+            times.ended = times.ended or times.hand_back  # a failure seen by get() ended it
         if actors:
             plumbing(self.slice).ownership.disown(actors)
         for actor in actors:

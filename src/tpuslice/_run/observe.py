@@ -94,7 +94,7 @@ def one_shot_account(
         ended=ended,
         hand_back=ended,
         handed_back=handed_back,
-        outcome=outcome,
+        outcome="" if outcome == "interrupted" else outcome,  # not a failure: nothing lost
         progress=goodput.GangProgress.of(Progress.decode(published.get(k)) for k in keys),
     )
     account = goodput.account_of(

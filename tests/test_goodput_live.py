@@ -225,3 +225,56 @@ def test_a_resilient_runs_account_matches_its_scripted_history(
         "every v4 slice idle, with no notice",
     )
     assert_no_placement_groups()
+
+
+@ray.remote
+def beat_for(seconds: float) -> int:
+    """Start up for a moment, then beat every step for ``seconds``."""
+    time.sleep(0.3)
+    end = time.time() + seconds
+    while time.time() < end:
+        tpuslice.heartbeat()
+        time.sleep(STEP_S)
+    return tpuslice.current_host().rank
+
+
+@ray.remote
+class Trainer:
+    def setup(self) -> int:
+        return tpuslice.current_host().rank
+
+    def steps(self, seconds: float) -> None:
+        end = time.time() + seconds
+        while time.time() < end:
+            tpuslice.heartbeat()
+            time.sleep(STEP_S)
+
+
+def test_a_one_shot_and_an_actor_group_keep_accounts_of_their_own(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """The one-shot's account is kept after its hand-back, in the background; the actor
+    group's when it is shut down. Each starts until its gang's first beat."""
+    before = {a.run_id for a in goodput.read_accounts()}
+    assert ray.get(tpuslice.run_on_slice(beat_for, 1.0, **V4)) == [0, 1]
+    group = tpuslice.SliceActorGroup.create(Trainer, **V4)
+    try:
+        assert group.get(group.call("setup")) == [0, 1]
+        group.get(group.call("steps", 1.0))
+    finally:
+        group.shutdown()
+    assert goodput.flush(timeout_s=10)
+
+    def kept() -> dict[str, goodput.Account]:
+        new = [a for a in goodput.read_accounts() if a.run_id not in before]
+        return {a.kind: a for a in new} if len(new) == 2 else {}
+
+    accounts = wait_for(kept, 30, "both accounts in the store")
+    one_shot, actors = accounts["one_shot"], accounts["actor_group"]
+    for account in (one_shot, actors):
+        assert sum(account.seconds.values()) == pytest.approx(account.wall_s, rel=0.01)
+        assert account.outcome == "success" and account.notes == ()
+        assert account.what == "1 x v4 2x2x2" and len(account.slices) == 1
+    assert one_shot.seconds["starting"] >= 0.3 and one_shot.seconds["productive"] >= 0.9
+    assert actors.seconds["productive"] >= 0.9 and actors.seconds["handing_back"] > 0
+    assert_no_placement_groups()

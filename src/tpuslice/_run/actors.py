@@ -280,6 +280,7 @@ class SliceActorGroup(ShutsDownOnExit):
         confirm the actors' TPUs are free for the slice's next calls. Idempotent."""
         actors, self.actors = self.actors, []
         times, self.times = self.times, None
+        names = self.slice.slice_names  # none once shut down
         if times is not None and actors:
             times.hand_back = goodput.now()
             times.ended = times.ended or times.hand_back  # a failure seen by get() ended it
@@ -294,6 +295,7 @@ class SliceActorGroup(ShutsDownOnExit):
         if actors:
             if times is not None:
                 times.handed_back = goodput.now()
+                times.slices = tuple(names)
                 self._keep_account(times)
             # Last: ray.kill returns before the actor's process exits, and its heartbeat
             # thread publishes every half second until then. The hand-back (or the
@@ -312,7 +314,6 @@ class SliceActorGroup(ShutsDownOnExit):
                 "actor_group",
                 [times],
                 what=describe_request(plumbing(self.slice).request)[0],
-                slices=self.slice.slice_names,
             )
             goodput.keep(account)
         except Exception as exc:  # noqa: BLE001 - the account must not break the shutdown

@@ -66,22 +66,22 @@ def attempt(event: AttemptEvent) -> None:
 @never_raises
 def one_shot_account(
     spg: SlicePlacementGroup,
+    slices: Sequence[str],
     beats: str,
     ranks: int,
     outcome: str,
-    ended: float,
-    handed_back: float,
+    ended: tuple[float, float],
 ) -> None:
     """Keep a one-shot's goodput account, once its slices are back: its ranks' progress
     is read, and their keys deleted (no rank runs to publish again).
 
     Args:
         spg: Its reservation (shut down).
+        slices: Its slices.
         beats: Its ranks' heartbeat keys' prefix.
         ranks: How many ranks it had.
         outcome: ``success``, ``failure`` or ``interrupted``.
-        ended: When its tasks ended (wall clock).
-        handed_back: When its slices were back.
+        ended: When its tasks ended, and when its slices were back (wall clock).
     """
     keys = [f"{beats}{rank}" for rank in range(ranks)]
     published = _ray.kv_get_many(keys, NAMESPACE) if keys else {}
@@ -91,9 +91,9 @@ def one_shot_account(
         asked=held.asked_at(),
         queued_s=held.queued_s(),
         held=held.held_at(),
-        ended=ended,
-        hand_back=ended,
-        handed_back=handed_back,
+        ended=ended[0],
+        hand_back=ended[0],
+        handed_back=ended[1],
         outcome="" if outcome == "interrupted" else outcome,  # not a failure: nothing lost
         progress=goodput.GangProgress.of(Progress.decode(published.get(k)) for k in keys),
     )
@@ -102,7 +102,7 @@ def one_shot_account(
         "one_shot",
         [times],
         what=describe_request(held.request)[0],
-        slices=spg.slice_names,
+        slices=slices,
         outcome=outcome,
     )
     goodput.keep(account)

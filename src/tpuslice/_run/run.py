@@ -351,13 +351,14 @@ class _OneShot:
             outcome: ``success``, ``failure`` or ``interrupted``.
         """
         ended = goodput.now()
-        observe.run_ended(
-            "one_shot", outcome, time.monotonic() - self.started, self.spg.slice_names
-        )
+        names = self.spg.slice_names  # none once shut down
+        observe.run_ended("one_shot", outcome, time.monotonic() - self.started, names)
         self.spg.shutdown()
         handed_back = goodput.now()
         if self.beats:
-            observe.one_shot_account(self.spg, self.beats, self.ranks, outcome, ended, handed_back)
+            observe.one_shot_account(
+                self.spg, names, self.beats, self.ranks, outcome, (ended, handed_back)
+            )
 
 
 CLOSE_TIMEOUT_S = 30.0

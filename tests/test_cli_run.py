@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from clusterutil import wait_for
+from tpuslice import goodput
 from tpuslice.cli.commands import main
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
@@ -76,6 +77,15 @@ def test_run_retries_a_failed_gang_until_it_succeeds(
     assert result.exit_code == 0, result.output
     assert result.output.count("second-try") == 2
     assert "exit code 5" in result.output  # the failed attempt, as the event reported it
+    # Its goodput account, the newest: a shell command sends no heartbeats, so the failed
+    # attempt's whole time on its slice is lost, and the account says why.
+    assert goodput.flush(timeout_s=10)
+    shown = invoke("goodput", "--json")
+    assert shown.exit_code == 0, shown.output
+    account = json.loads(shown.output)
+    assert (account["kind"], account["attempts"], account["outcome"]) == ("command", 2, "success")
+    assert account["lost"]["failure"] > 0 and "no heartbeats" in account["notes"][0]
+    assert sum(account["seconds"].values()) == pytest.approx(account["wall_s"], rel=0.01)
 
 
 def test_run_retries_exhausted_reports_the_attempts(tpu_cluster: SimulatedCluster) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from tpuslice import goodput
+from tpuslice import goodput, slice_seconds
 from tpuslice.cli import goodput as cli_goodput
 from tpuslice.cli import goodput_view
 from tpuslice.cli.commands import main
@@ -54,7 +54,7 @@ class Store:
         self.windows: list[float] = []
         self.slice_seconds: dict[str, dict[str, float]] = {}
         monkeypatch.setattr(goodput, "read_accounts", self.read_accounts)
-        monkeypatch.setattr(goodput, "read_slice_seconds", self.read_slice_seconds, raising=False)
+        monkeypatch.setattr(slice_seconds, "read_slice_seconds", self.read_slice_seconds)
         monkeypatch.setattr(cli_goodput, "connected", self.connected)
 
     def connected(self, address: str | None) -> AbstractContextManager[None]:
@@ -276,7 +276,7 @@ def test_cluster_shows_a_table_per_pod_type_a_total_and_what_productive_means(
 
 
 def test_cluster_json_is_the_slice_seconds_and_the_window(store: Store) -> None:
-    store.slice_seconds = {"v6e-16": {s: 60.0 for s in goodput.SLICE_STATES}}
+    store.slice_seconds = {"v6e-16": {s: 60.0 for s in slice_seconds.SLICE_STATES}}
     result = invoke("--cluster", "--since", "15m", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == {"since_s": 900.0, "slice_seconds": store.slice_seconds}

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from ray import exceptions as rex
 
-from tpuslice import goodput
+from tpuslice import slice_seconds
 from tpuslice._host import heartbeats
 from tpuslice._host.heartbeats import BEAT_ENV, Progress
 from tpuslice._reserve.request import SliceRequest
@@ -399,7 +399,7 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Store:
         ("kv_list", kv.list),
         ("kv_delete", kv.delete),
     ]:
-        monkeypatch.setattr(goodput._ray, name, fake)
+        monkeypatch.setattr(slice_seconds._ray, name, fake)
     return kv
 
 
@@ -408,15 +408,15 @@ def test_a_busy_slice_is_productive_only_while_its_gang_beats() -> None:
 
     snapshot = mixed_snapshot()  # v6e-16: a, ready; b, busy; c, notice; d, suspect and idle
     fresh, stale = Progress(995.0, 990.0).encode(), Progress(980.0, 970.0).encode()
-    beating = goodput.beating_slices(
+    beating = slice_seconds.beating_slices(
         {"beat/x/0@v6e-16-b": fresh, "beat/y/0@v5p-32-a": stale, "beat/z/0": fresh}, 1000.0
     )
     assert beating == {"v6e-16-b"}
-    states = {n: goodput.slice_state(i, beating) for n, i in snapshot.slices.items()}
+    states = {n: slice_seconds.slice_state(i, beating) for n, i in snapshot.slices.items()}
     assert [states[f"v6e-16-{x}"] for x in "abcd"] == ["idle", "productive", "notice", "idle"]
     assert states["v5p-32-a"] == "broken"
-    assert goodput.slice_state(snapshot.slices["v6e-16-b"], set()) == "busy"
-    counted = goodput.slice_seconds_of(snapshot, beating, 5.0)
+    assert slice_seconds.slice_state(snapshot.slices["v6e-16-b"], set()) == "busy"
+    counted = slice_seconds.slice_seconds_of(snapshot, beating, 5.0)
     assert counted["v6e-16"] == {"idle": 10.0, "productive": 5.0, "notice": 5.0}
 
 
@@ -425,24 +425,24 @@ def test_slice_seconds_add_up_per_minute_and_read_back_over_a_window(store: Stor
 
     wall = Wall()
     wall.now = 60_000.0
-    keeper = goodput.SliceSeconds(clock=wall)
+    keeper = slice_seconds.SliceSeconds(clock=wall)
     snapshot = mixed_snapshot()
     keeper.add(snapshot, 5.0)
     keeper.add(snapshot, 5.0)
     wall.now += 60.0
-    goodput.SliceSeconds(clock=wall).add(snapshot, 5.0)  # a restarted queue: a new keeper
+    slice_seconds.SliceSeconds(clock=wall).add(snapshot, 5.0)  # a restarted queue: a new keeper
     assert len(store.list(SLICE_SECONDS_KEY_PREFIX, None)) == 2
     wall.now += 30.0
-    both = goodput.read_slice_seconds(120.0, now=wall.now)
+    both = slice_seconds.read_slice_seconds(120.0, now=wall.now)
     assert both["v6e-16"]["idle"] == 30.0 and both["v6e-16"]["productive"] == 0.0
     assert (
-        goodput.read_slice_seconds(30.0, now=wall.now)["v6e-16"]["idle"] == 10.0
+        slice_seconds.read_slice_seconds(30.0, now=wall.now)["v6e-16"]["idle"] == 10.0
     )  # this minute only
     assert (
-        goodput.read_slice_seconds(31.0, now=wall.now)["v6e-16"]["idle"] == 30.0
+        slice_seconds.read_slice_seconds(31.0, now=wall.now)["v6e-16"]["idle"] == 30.0
     )  # the last one whole
-    wall.now += goodput.BUCKETS_KEPT_S + 60.0
+    wall.now += slice_seconds.BUCKETS_KEPT_S + 60.0
     keeper.add(snapshot, 5.0)  # a new minute, a day later: the old minutes go
     assert len(store.list(SLICE_SECONDS_KEY_PREFIX, None)) == 1
     with pytest.raises(ValueError, match="since_s must be above 0"):
-        goodput.read_slice_seconds(0)
+        slice_seconds.read_slice_seconds(0)

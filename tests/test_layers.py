@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"_host"},
     {"_sim"},
     {"_view"},
-    {"events", "metrics", "goodput"},
+    {"events", "metrics", "goodput", "slice_seconds"},
     {"_queue"},
     {"_reserve"},
     {"_run"},

@@ -2,10 +2,10 @@
 
 Layers, lowest first; a module imports only its layer and those below (tests/test_layers.py):
 ``errors``, ``_process``, ``_ray`` -> ``_tpu`` (pure facts) -> ``_host`` (one host) -> ``_sim``
-(the simulator) -> ``_view`` (reading the cluster) -> ``events``, ``metrics``, ``goodput``
-(what runs record) -> ``_queue`` (the cluster's queue) -> ``_reserve`` (reserving) -> ``_run``
-(running) -> ``jax`` -> ``cli`` -> ``testing``; this ``__init__`` offers the public names of them
-all.
+(the simulator) -> ``_view`` (reading the cluster) -> ``events``, ``metrics``, ``goodput``,
+``slice_seconds`` (what runs record) -> ``_queue`` (the cluster's queue) -> ``_reserve``
+(reserving) -> ``_run`` (running) -> ``jax`` -> ``cli`` -> ``testing``; this ``__init__``
+offers the public names of them all.
 
 The public names load on first use (PEP 562), so ``import tpuslice`` (and the pytest
 plugin, which every pytest run in an environment with tpuslice loads) does not import Ray.

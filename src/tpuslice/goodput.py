@@ -27,10 +27,7 @@ Accounts are kept in Ray's GCS KV store (``goodput/<start ns>-<writer>-<n>``, na
 ``tpuslice``, the newest :data:`MAX_ACCOUNTS`) for ``tpuslice goodput``, and counted in
 the metric ``tpuslice_goodput_seconds{category, cause}``.
 
-The cluster's side is :class:`SliceSeconds`: every report of the queue actor counts each
-slice's seconds by state (:data:`SLICE_STATES`; a busy slice is productive while its
-gang beats), in the metric ``tpuslice_slice_seconds{state, pod_type}`` and in per-minute
-totals for ``tpuslice goodput --cluster``.
+The cluster's side, slice-seconds by state, is :mod:`tpuslice.slice_seconds`.
 """
 
 from __future__ import annotations
@@ -39,20 +36,14 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpuslice import _ray, events, metrics
 from tpuslice._host.heartbeats import Progress
 from tpuslice._process import EXIT_HOOKS
-from tpuslice._tpu.keys import (
-    BEAT_KEY_PREFIX,
-    GOODPUT_KEY_PREFIX,
-    NAMESPACE,
-    SLICE_SECONDS_KEY_PREFIX,
-)
-from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
+from tpuslice._tpu.keys import GOODPUT_KEY_PREFIX, NAMESPACE
 
 logger = logging.getLogger(__name__)
 
@@ -74,17 +65,6 @@ MAX_ACCOUNTS = 500
 KINDS = ("resilient", "one_shot", "command", "actor_group")
 """The runs that keep an account: ``run_resilient``, a one-shot ``run_on_slice``,
 ``tpuslice run``, and an actor group that reserved its own slices."""
-SLICE_STATES = ("productive", "busy", "idle", "broken", "notice")
-"""Where the cluster's slice-seconds go: busy with a gang that beat lately, busy
-otherwise, idle (ready, or suspect with every host free), broken, under notice."""
-SLICE_MARK = "@"
-"""Separates a heartbeat key's rank from its slice: ``beat/<attempt>/<rank>@<slice>``."""
-BEAT_FRESH_S = 10.0
-"""A slice whose gang beat this recently counts as productive (two reports apart)."""
-BUCKET_S = 60
-"""Slice-seconds are kept per minute..."""
-BUCKETS_KEPT_S = 24 * 3600
-"""...for a day."""
 
 
 def new_run_id() -> str:
@@ -341,50 +321,11 @@ def account_of(
     if not attempts:
         raise ValueError("account_of needs at least one attempt")
     spans = _Spans(attempts[0].asked)
-    notes: list[str] = []
-    beats_seen = False
-    marks = 0
     for number, attempt in enumerate(attempts):
-        retry = number > 0
-        spans.until("recovering", attempt.asked)  # the pause before a retry
-        end_of_reserve = attempt.held if attempt.held is not None else attempt.ended
-        if retry:
-            spans.until("recovering", end_of_reserve)
-        elif end_of_reserve is not None:
-            spans.take("queued", attempt.queued_s, end_of_reserve, "reserving")
-        if attempt.held is None:
-            spans.until("handing_back", attempt.handed_back)
-            continue
-        ended = attempt.ended if attempt.ended is not None else attempt.held
-        progress = attempt.progress
-        failed = attempt.outcome not in ("", "success")
-        start_ends = _start_ends(attempt, ended, failed)
-        beats_seen = beats_seen or progress.first_beat is not None
-        marks += progress.checkpoints
-        spans.until("recovering" if retry else "starting", start_ends)
-        if failed:
-            saved = progress.checkpoint_at
-            saved_until = min(max(saved, spans.cursor), ended) if saved is not None else None
-            if saved_until is not None:
-                spans.take("checkpointing", progress.checkpoint_s, saved_until, "productive")
-            spans.until("lost", ended, attempt.outcome)
-            spans.until("recovering", attempt.hand_back)
-        else:
-            spans.take("checkpointing", progress.checkpoint_s, ended, "productive")
-            spans.until("handing_back", attempt.hand_back)
-        spans.until("handing_back", attempt.handed_back)
+        _cut(spans, attempt, retry=number > 0)
     last = attempts[-1]
-    if not beats_seen:
-        notes.append(
-            "no heartbeats: start-up and work could not be told apart, so each call "
-            "counts as starting (and a failed attempt's whole run as lost); call "
-            "tpuslice.heartbeat() once per step"
-        )
-    elif marks == 0 and any(a.outcome not in ("", "success") for a in attempts):
-        notes.append(
-            "no checkpoints marked: all the work of each failed attempt counts as lost; "
-            "call tpuslice.checkpointed() after each save"
-        )
+    marks = sum(a.progress.checkpoints for a in attempts if a.held is not None)
+    notes = _notes(attempts, marks)
     wall = spans.cursor - attempts[0].asked
     return Account(
         run_id=run_id,
@@ -401,6 +342,49 @@ def account_of(
         notes=tuple(notes),
         job=job,
     )
+
+
+def _cut(spans: _Spans, attempt: AttemptTimes, *, retry: bool) -> None:
+    """Give one attempt's time, and the pause before it, to their categories."""
+    spans.until("recovering", attempt.asked)  # the pause before a retry
+    end_of_reserve = attempt.held if attempt.held is not None else attempt.ended
+    if retry:
+        spans.until("recovering", end_of_reserve)
+    elif end_of_reserve is not None:
+        spans.take("queued", attempt.queued_s, end_of_reserve, "reserving")
+    if attempt.held is None:  # it never held its slices: nothing ran, nothing to give back
+        return
+    ended = attempt.ended if attempt.ended is not None else attempt.held
+    progress = attempt.progress
+    failed = attempt.outcome not in ("", "success")
+    spans.until("recovering" if retry else "starting", _start_ends(attempt, ended, failed))
+    if failed:
+        saved = progress.checkpoint_at
+        if saved is not None:
+            saved_until = min(max(saved, spans.cursor), ended)
+            spans.take("checkpointing", progress.checkpoint_s, saved_until, "productive")
+        spans.until("lost", ended, attempt.outcome)
+        spans.until("recovering", attempt.hand_back)
+    else:
+        spans.take("checkpointing", progress.checkpoint_s, ended, "productive")
+        spans.until("handing_back", attempt.hand_back)
+    spans.until("handing_back", attempt.handed_back)
+
+
+def _notes(attempts: Sequence[AttemptTimes], marks: int) -> list[str]:
+    """What the account could not see, in words."""
+    if not any(a.progress.first_beat is not None for a in attempts):
+        return [
+            "no heartbeats: start-up and work could not be told apart, so each call "
+            "counts as starting (and a failed attempt's whole run as lost); call "
+            "tpuslice.heartbeat() once per step"
+        ]
+    if marks == 0 and any(a.outcome not in ("", "success") for a in attempts):
+        return [
+            "no checkpoints marked: all the work of each failed attempt counts as lost; "
+            "call tpuslice.checkpointed() after each save"
+        ]
+    return []
 
 
 def _start_ends(attempt: AttemptTimes, ended: float, failed: bool) -> float:
@@ -492,155 +476,6 @@ def read_accounts(limit: int = MAX_ACCOUNTS) -> list[Account]:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             logger.debug("goodput account %s unreadable: %s", key, exc)
     return found
-
-
-# --- the cluster's slice-seconds ------------------------------------------------------------
-
-
-def beating_slices(published: Mapping[str, bytes], now: float) -> set[str]:
-    """The slices whose gang published a beat in the last :data:`BEAT_FRESH_S`. Pure.
-
-    Args:
-        published: Heartbeat keys (``beat/<attempt>/<rank>@<slice>``) -> their records.
-        now: Wall-clock seconds.
-
-    Returns:
-        Slice names.
-    """
-    found = set()
-    for key, raw in published.items():
-        _, mark, slice_name = key.rpartition(SLICE_MARK)
-        progress = Progress.decode(raw)
-        if mark and slice_name and progress is not None and now - progress.last <= BEAT_FRESH_S:
-            found.add(slice_name)
-    return found
-
-
-def slice_state(info: SliceInfo, beating: set[str]) -> str:
-    """Where a slice's time goes now (one of :data:`SLICE_STATES`). Pure.
-
-    Args:
-        info: The slice.
-        beating: Slices whose gang beat lately.
-
-    Returns:
-        The state.
-    """
-    if info.state is SliceState.BROKEN:
-        return "broken"
-    if info.state is SliceState.NOTICE:
-        return "notice"
-    if info.state is SliceState.READY or (info.state is SliceState.SUSPECT and info.idle):
-        return "idle"
-    return "productive" if info.name in beating else "busy"
-
-
-def slice_seconds_of(
-    snapshot: ClusterSnapshot, beating: set[str], seconds: float
-) -> dict[str, dict[str, float]]:
-    """Slice-seconds by pod type and state over ``seconds`` spent as ``snapshot`` shows.
-    Pure.
-
-    Args:
-        snapshot: The cluster.
-        beating: Slices whose gang beat lately.
-        seconds: How long the cluster was in this state.
-
-    Returns:
-        Pod type -> state -> slice-seconds.
-    """
-    found: dict[str, dict[str, float]] = {}
-    for info in snapshot.slices.values():
-        by_state = found.setdefault(info.pod_type, {})
-        state = slice_state(info, beating)
-        by_state[state] = by_state.get(state, 0.0) + seconds
-    return found
-
-
-class SliceSeconds:
-    """Counts the cluster's slice-seconds by state: the metric, and per-minute totals in
-    the KV store (``slice-seconds/<minute>``, kept a day) for ``tpuslice goodput
-    --cluster``. The queue actor's cluster reporter calls :meth:`add` every report.
-
-    Args:
-        clock: Wall-clock seconds.
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
-        self._minute: int | None = None
-        self._bucket: dict[str, dict[str, float]] = {}
-
-    def add(self, snapshot: ClusterSnapshot, seconds: float) -> None:
-        """Count ``seconds`` of the cluster as ``snapshot`` shows it.
-
-        Args:
-            snapshot: The cluster now.
-            seconds: Since the report before.
-        """
-        now = self._clock()
-        keys = _ray.kv_list(BEAT_KEY_PREFIX, NAMESPACE)
-        published = _ray.kv_get_many(keys, NAMESPACE) if keys else {}
-        counted = slice_seconds_of(snapshot, beating_slices(published, now), seconds)
-        for pod_type, by_state in counted.items():
-            for state, value in by_state.items():
-                metrics.slice_seconds(state, pod_type, value)
-        minute = int(now // BUCKET_S) * BUCKET_S
-        key = f"{SLICE_SECONDS_KEY_PREFIX}{minute:012d}"
-        if minute != self._minute:  # a new minute: start from what an earlier life wrote
-            self._minute = minute
-            raw = _ray.kv_get(key, NAMESPACE)
-            self._bucket = _parse_bucket(raw) if raw is not None else {}
-            self._trim(now)
-        for pod_type, by_state in counted.items():
-            into = self._bucket.setdefault(pod_type, {})
-            for state, value in by_state.items():
-                into[state] = into.get(state, 0.0) + value
-        _ray.kv_put(key, json.dumps(self._bucket).encode(), NAMESPACE)
-
-    def _trim(self, now: float) -> None:
-        oldest = f"{SLICE_SECONDS_KEY_PREFIX}{int(now - BUCKETS_KEPT_S):012d}"
-        for key in _ray.kv_list(SLICE_SECONDS_KEY_PREFIX, NAMESPACE):
-            if key < oldest:
-                _ray.kv_delete(key, NAMESPACE)
-
-
-def _parse_bucket(raw: bytes) -> dict[str, dict[str, float]]:
-    try:
-        data = json.loads(raw)
-        return {str(p): {str(s): float(v) for s, v in states.items()} for p, states in data.items()}
-    except (ValueError, TypeError, AttributeError):
-        return {}
-
-
-def read_slice_seconds(since_s: float, *, now: float | None = None) -> dict[str, dict[str, float]]:
-    """The cluster's slice-seconds by pod type and state over the last ``since_s`` seconds
-    (whole minutes: the minute ``since_s`` ago began is counted whole).
-
-    Args:
-        since_s: How far back.
-        now: The end of the window (default: now).
-
-    Returns:
-        Pod type -> state -> slice-seconds (every state of :data:`SLICE_STATES`).
-
-    Raises:
-        ValueError: ``since_s`` is not above 0.
-    """
-    if not since_s > 0:
-        raise ValueError(f"since_s must be above 0, got {since_s}")
-    end = time.time() if now is None else now
-    first = int((end - since_s) // BUCKET_S) * BUCKET_S
-    oldest = f"{SLICE_SECONDS_KEY_PREFIX}{first:012d}"
-    keys = [k for k in _ray.kv_list(SLICE_SECONDS_KEY_PREFIX, NAMESPACE) if k >= oldest]
-    values = _ray.kv_get_many(keys, NAMESPACE) if keys else {}
-    total: dict[str, dict[str, float]] = {}
-    for raw in values.values():
-        for pod_type, by_state in _parse_bucket(raw).items():
-            into = total.setdefault(pod_type, dict.fromkeys(SLICE_STATES, 0.0))
-            for state, value in by_state.items():
-                into[state] = into.get(state, 0.0) + value
-    return total
 
 
 def now() -> float:

@@ -222,7 +222,7 @@ def slice_seconds(state: str, pod_type: str, seconds: float) -> None:
     """Count slice-seconds spent in a state.
 
     Args:
-        state: One of :data:`tpuslice.goodput.SLICE_STATES`.
+        state: One of :data:`tpuslice.slice_seconds.SLICE_STATES`.
         pod_type: The slices' pod type.
         seconds: Slice-seconds.
     """

@@ -29,8 +29,8 @@ from tpuslice._tpu.keys import QUEUE_ACTOR_NAME as NAME
 from tpuslice._view.cluster import read_queue_record, read_snapshot
 from tpuslice._view.queue_record import QueueRecord
 from tpuslice.errors import QueueUnreachableError
-from tpuslice.goodput import SliceSeconds
 from tpuslice.metrics import ClusterReporter
+from tpuslice.slice_seconds import SliceSeconds
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,8 @@ from tpuslice._tpu.keys import BEAT_KEY_PREFIX as BEAT_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
 from tpuslice._view.cluster import HostInfo
 from tpuslice.errors import InvalidArgumentError
-from tpuslice.goodput import SLICE_MARK, GangProgress
+from tpuslice.goodput import GangProgress
+from tpuslice.slice_seconds import SLICE_MARK
 
 logger = logging.getLogger(__name__)
 

@@ -160,7 +160,7 @@ def show_cluster(since_s: float, as_json: bool, address: str | None) -> None:
         as_json: Print ``{"since_s": ..., "slice_seconds": {pod type: {state: s}}}``.
         address: The Ray cluster, as for :func:`~tpuslice.cli.connect.connect`.
     """
-    from tpuslice.goodput import read_slice_seconds
+    from tpuslice.slice_seconds import read_slice_seconds
 
     with connected(address):
         found = read_slice_seconds(since_s)

@@ -264,10 +264,10 @@ def slice_seconds_table(pod_type: str, by_state: Mapping[str, float]) -> Table:
         by_state: State -> slice-seconds.
 
     Returns:
-        The table, states in :data:`~tpuslice.goodput.SLICE_STATES` order (any other
+        The table, states in :data:`~tpuslice.slice_seconds.SLICE_STATES` order (any other
         state after them).
     """
-    from tpuslice.goodput import SLICE_STATES
+    from tpuslice.slice_seconds import SLICE_STATES
 
     total = sum(by_state.values())
     table = Table(title=pod_type or "(no pod type)", title_justify="left", box=box.SIMPLE_HEAD)
@@ -298,7 +298,7 @@ def render_cluster(
         A table per pod type, a total line and what the states mean; a line saying so
         when nothing was counted.
     """
-    from tpuslice.goodput import BUCKETS_KEPT_S
+    from tpuslice.slice_seconds import BUCKETS_KEPT_S
 
     window = since_label(since_s)
     if not slice_seconds:

@@ -1,0 +1,179 @@
+"""The cluster's slice-seconds by state: where every slice's time went, whoever ran on it.
+
+Every report of the queue actor's cluster reporter (every 5 s) gives each slice's seconds
+since the last report to one of :data:`SLICE_STATES`. A busy slice is ``productive``
+while a gang on it beats: a rank's heartbeat key names its slice
+(``beat/<attempt>/<rank>@<slice>``, :data:`SLICE_MARK`). The seconds go to the metric
+``tpuslice_slice_seconds{state, pod_type}`` and to per-minute totals in Ray's KV store
+(``slice-seconds/<minute>``, kept a day) for ``tpuslice goodput --cluster``
+(:func:`read_slice_seconds`). A run's own account is :mod:`tpuslice.goodput`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+
+from tpuslice import _ray, metrics
+from tpuslice._host.heartbeats import Progress
+from tpuslice._tpu.keys import BEAT_KEY_PREFIX, NAMESPACE, SLICE_SECONDS_KEY_PREFIX
+from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
+
+SLICE_STATES = ("productive", "busy", "idle", "broken", "notice")
+"""Where the cluster's slice-seconds go: busy with a gang that beat lately, busy
+otherwise, idle (ready, or suspect with every host free), broken, under notice."""
+SLICE_MARK = "@"
+"""Separates a heartbeat key's rank from its slice: ``beat/<attempt>/<rank>@<slice>``."""
+BEAT_FRESH_S = 10.0
+"""A slice whose gang beat this recently counts as productive (two reports apart)."""
+BUCKET_S = 60
+"""Slice-seconds are kept per minute..."""
+BUCKETS_KEPT_S = 24 * 3600
+"""...for a day."""
+
+
+def beating_slices(published: Mapping[str, bytes], now: float) -> set[str]:
+    """The slices whose gang published a beat in the last :data:`BEAT_FRESH_S`. Pure.
+
+    Args:
+        published: Heartbeat keys (``beat/<attempt>/<rank>@<slice>``) -> their records.
+        now: Wall-clock seconds.
+
+    Returns:
+        Slice names.
+    """
+    found = set()
+    for key, raw in published.items():
+        _, mark, slice_name = key.rpartition(SLICE_MARK)
+        progress = Progress.decode(raw)
+        if mark and slice_name and progress is not None and now - progress.last <= BEAT_FRESH_S:
+            found.add(slice_name)
+    return found
+
+
+def slice_state(info: SliceInfo, beating: set[str]) -> str:
+    """Where a slice's time goes now (one of :data:`SLICE_STATES`). Pure.
+
+    Args:
+        info: The slice.
+        beating: Slices whose gang beat lately.
+
+    Returns:
+        The state.
+    """
+    if info.state is SliceState.BROKEN:
+        return "broken"
+    if info.state is SliceState.NOTICE:
+        return "notice"
+    if info.state is SliceState.READY or (info.state is SliceState.SUSPECT and info.idle):
+        return "idle"
+    return "productive" if info.name in beating else "busy"
+
+
+def slice_seconds_of(
+    snapshot: ClusterSnapshot, beating: set[str], seconds: float
+) -> dict[str, dict[str, float]]:
+    """Slice-seconds by pod type and state over ``seconds`` spent as ``snapshot`` shows.
+    Pure.
+
+    Args:
+        snapshot: The cluster.
+        beating: Slices whose gang beat lately.
+        seconds: How long the cluster was in this state.
+
+    Returns:
+        Pod type -> state -> slice-seconds.
+    """
+    found: dict[str, dict[str, float]] = {}
+    for info in snapshot.slices.values():
+        by_state = found.setdefault(info.pod_type, {})
+        state = slice_state(info, beating)
+        by_state[state] = by_state.get(state, 0.0) + seconds
+    return found
+
+
+class SliceSeconds:
+    """Counts the cluster's slice-seconds by state: the metric, and per-minute totals in
+    the KV store (``slice-seconds/<minute>``, kept a day) for ``tpuslice goodput
+    --cluster``. The queue actor's cluster reporter calls :meth:`add` every report.
+
+    Args:
+        clock: Wall-clock seconds.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._minute: int | None = None
+        self._bucket: dict[str, dict[str, float]] = {}
+
+    def add(self, snapshot: ClusterSnapshot, seconds: float) -> None:
+        """Count ``seconds`` of the cluster as ``snapshot`` shows it.
+
+        Args:
+            snapshot: The cluster now.
+            seconds: Since the report before.
+        """
+        now = self._clock()
+        keys = _ray.kv_list(BEAT_KEY_PREFIX, NAMESPACE)
+        published = _ray.kv_get_many(keys, NAMESPACE) if keys else {}
+        counted = slice_seconds_of(snapshot, beating_slices(published, now), seconds)
+        for pod_type, by_state in counted.items():
+            for state, value in by_state.items():
+                metrics.slice_seconds(state, pod_type, value)
+        minute = int(now // BUCKET_S) * BUCKET_S
+        key = f"{SLICE_SECONDS_KEY_PREFIX}{minute:012d}"
+        if minute != self._minute:  # a new minute: start from what an earlier life wrote
+            self._minute = minute
+            raw = _ray.kv_get(key, NAMESPACE)
+            self._bucket = _parse_bucket(raw) if raw is not None else {}
+            self._trim(now)
+        for pod_type, by_state in counted.items():
+            into = self._bucket.setdefault(pod_type, {})
+            for state, value in by_state.items():
+                into[state] = into.get(state, 0.0) + value
+        _ray.kv_put(key, json.dumps(self._bucket).encode(), NAMESPACE)
+
+    def _trim(self, now: float) -> None:
+        oldest = f"{SLICE_SECONDS_KEY_PREFIX}{int(now - BUCKETS_KEPT_S):012d}"
+        for key in _ray.kv_list(SLICE_SECONDS_KEY_PREFIX, NAMESPACE):
+            if key < oldest:
+                _ray.kv_delete(key, NAMESPACE)
+
+
+def _parse_bucket(raw: bytes) -> dict[str, dict[str, float]]:
+    try:
+        data = json.loads(raw)
+        return {str(p): {str(s): float(v) for s, v in states.items()} for p, states in data.items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
+def read_slice_seconds(since_s: float, *, now: float | None = None) -> dict[str, dict[str, float]]:
+    """The cluster's slice-seconds by pod type and state over the last ``since_s`` seconds
+    (whole minutes: the minute ``since_s`` ago began is counted whole).
+
+    Args:
+        since_s: How far back.
+        now: The end of the window (default: now).
+
+    Returns:
+        Pod type -> state -> slice-seconds (every state of :data:`SLICE_STATES`).
+
+    Raises:
+        ValueError: ``since_s`` is not above 0.
+    """
+    if not since_s > 0:
+        raise ValueError(f"since_s must be above 0, got {since_s}")
+    end = time.time() if now is None else now
+    first = int((end - since_s) // BUCKET_S) * BUCKET_S
+    oldest = f"{SLICE_SECONDS_KEY_PREFIX}{first:012d}"
+    keys = [k for k in _ray.kv_list(SLICE_SECONDS_KEY_PREFIX, NAMESPACE) if k >= oldest]
+    values = _ray.kv_get_many(keys, NAMESPACE) if keys else {}
+    total: dict[str, dict[str, float]] = {}
+    for raw in values.values():
+        for pod_type, by_state in _parse_bucket(raw).items():
+            into = total.setdefault(pod_type, dict.fromkeys(SLICE_STATES, 0.0))
+            for state, value in by_state.items():
+                into[state] = into.get(state, 0.0) + value
+    return total

@@ -18,8 +18,9 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from tpuslice import _ray
 from tpuslice._process import EXIT_HOOKS
@@ -27,6 +28,7 @@ from tpuslice._tpu.keys import EVENT_KEY_PREFIX as KEY_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 MAX_EVENTS = 1000
 """The store keeps about this many (the newest); each writer trims after it writes."""
@@ -357,18 +359,33 @@ def read_events(limit: int = MAX_EVENTS) -> list[SliceEvent]:
     """
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
-    keys = sorted(_ray.kv_list(KEY_PREFIX, NAMESPACE))[-limit:]
-    found = _ray.kv_get_many(keys, NAMESPACE)
-    events = []
+    return read_stored(KEY_PREFIX, limit, SliceEvent.from_dict)
+
+
+def read_stored(prefix: str, limit: int, parse: Callable[[dict[str, Any]], _T]) -> list[_T]:
+    """The newest items a writer kept under ``prefix``, oldest first; an item that does
+    not parse is skipped (logged), and so is one trimmed between the listing and the read.
+
+    Args:
+        prefix: The store's key prefix.
+        limit: How many at most (at least 1).
+        parse: Makes an item of one stored JSON object.
+
+    Returns:
+        The items.
+    """
+    keys = sorted(_ray.kv_list(prefix, NAMESPACE))[-limit:]
+    found = _ray.kv_get_many(keys, NAMESPACE) if keys else {}
+    items = []
     for key in keys:
         raw = found.get(key)
         if raw is None:
-            continue  # trimmed between the listing and the read
+            continue
         try:
-            events.append(SliceEvent.from_dict(json.loads(raw)))
-        except (KeyError, TypeError, ValueError) as exc:
-            logger.debug("skipping event %s: %s", key, exc)
-    return events
+            items.append(parse(json.loads(raw)))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            logger.debug("skipping %s: %s", key, exc)
+    return items
 
 
 def job_id() -> str:

@@ -32,7 +32,6 @@ The cluster's side, slice-seconds by state, is :mod:`tpuslice.slice_seconds`.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -40,10 +39,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tpuslice import _ray, events, metrics
+from tpuslice import events, metrics
 from tpuslice._host.heartbeats import Progress
 from tpuslice._process import EXIT_HOOKS
-from tpuslice._tpu.keys import GOODPUT_KEY_PREFIX, NAMESPACE
+from tpuslice._tpu.keys import GOODPUT_KEY_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -464,18 +463,7 @@ def read_accounts(limit: int = MAX_ACCOUNTS) -> list[Account]:
     Returns:
         The accounts.
     """
-    keys = sorted(_ray.kv_list(GOODPUT_KEY_PREFIX, NAMESPACE))[-limit:] if limit > 0 else []
-    values = _ray.kv_get_many(keys, NAMESPACE) if keys else {}
-    found: list[Account] = []
-    for key in keys:
-        raw = values.get(key)
-        if raw is None:
-            continue
-        try:
-            found.append(Account.from_dict(json.loads(raw)))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            logger.debug("goodput account %s unreadable: %s", key, exc)
-    return found
+    return events.read_stored(GOODPUT_KEY_PREFIX, limit, Account.from_dict) if limit > 0 else []
 
 
 def now() -> float:

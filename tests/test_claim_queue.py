@@ -112,7 +112,7 @@ def test_a_host_dying_while_the_request_waits_is_named_in_its_timeout() -> None:
     message = str(raised.value)
     assert [len(t) for t in queued_at_death] == [1]  # it died while we were queued
     assert "1 broken (v6e-16-0: host 1 dead)" in message
-    assert "position 1 in the cluster's queue" in message
+    assert "first in the cluster's queue" in message
     assert tickets(cluster) == []
     assert cluster.live_groups("reserver") == []
 

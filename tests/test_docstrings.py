@@ -25,6 +25,7 @@ CHECKED_MODULES: tuple[str, ...] = (
     "tpuslice.cli.jobs",
     "tpuslice.cli.goodput",
     "tpuslice.cli.goodput_view",
+    "tpuslice.cli.waiting",
     "tpuslice.events",
     "tpuslice.metrics",
     "tpuslice._reserve.observe",

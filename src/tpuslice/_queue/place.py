@@ -126,12 +126,15 @@ class QueuePlace:
         """Where the reservation stood, for a timeout's message.
 
         Returns:
-            ``position 3 in the cluster's queue, behind: ...; <why>``.
+            ``position 3 in the cluster's queue, behind: ...; <why>``, or ``first in the
+            cluster's queue; <why>``.
         """
         answer = self.last
         if isinstance(answer, Waiting) and answer.position:
-            behind = "; ".join(answer.ahead) if answer.ahead else "nothing"
             why = f"; {answer.reason}" if answer.reason else ""
+            if not answer.ahead:
+                return f"first in the cluster's queue{why}"
+            behind = "; ".join(answer.ahead)
             return f"position {answer.position} in the cluster's queue, behind: {behind}{why}"
         if isinstance(answer, Granted):
             return f"granted {', '.join(answer.slices)} by the queue, not yet placed"

@@ -27,6 +27,7 @@ from rich.table import Table
 from tpuslice import events
 from tpuslice._host.context import HostContext, current_host
 from tpuslice._reserve.groups import live_placement_groups
+from tpuslice._reserve.observe import describe_request
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup
 from tpuslice._run import observe
@@ -46,6 +47,7 @@ from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._view import cluster
 from tpuslice.cli import status
 from tpuslice.cli.connect import UsageError, connect_or_none
+from tpuslice.cli.waiting import WaitLine, in_cli_terms
 from tpuslice.errors import InvalidArgumentError, RetriesExhaustedError, TPUSliceError
 
 console = Console()
@@ -299,16 +301,26 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
         return last
 
     policy = RetryPolicy(max_retries_failure=retries, max_retries_preemption=retries)
-    on_event = _show_event if retries else None
+    waiting = WaitLine(
+        err_console, describe_request(request)[0], request.head_reservation_timeout_s
+    )
+
+    def on_event(event: AttemptEvent) -> None:
+        if event.kind == "started":
+            waiting.stop()  # the commands' own output follows
+        if retries:
+            _show_event(event)
+
     started, outcome = time.monotonic(), "failure"
     try:
         try:
-            ResilientRun(attempt, request, policy, on_event, kind="command").until_done()
+            with waiting:
+                ResilientRun(attempt, request, policy, on_event, kind="command").until_done()
         except RetriesExhaustedError as exc:
             if retries:
-                err_console.print(f"[red]{escape(str(exc))}[/red]")
+                err_console.print(f"[red]{escape(in_cli_terms(str(exc)))}[/red]")
         except TPUSliceError as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise click.ClickException(in_cli_terms(str(exc))) from exc
         if not worst_exit_code(last):
             outcome = "success"
     except KeyboardInterrupt:

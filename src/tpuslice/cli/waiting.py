@@ -1,0 +1,147 @@
+"""What a command shows while its reservation waits, and its messages in the terms of the
+command line.
+
+:class:`WaitLine` redraws one line on stderr every second while ``tpuslice run`` waits for
+slices: how long it has waited of its ``--timeout``, its place in the cluster's queue, and
+why it waits (the queue's own reason, from the record it publishes after each decision).
+:func:`in_cli_terms` rewrites a library message that names an argument of the Python API
+so that it names the command's option instead.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+from rich.console import Console
+from rich.markup import escape
+
+from tpuslice._view.cluster import ClusterSnapshot, read_snapshot
+
+CLI_OPTIONS = {
+    "max_retries_failure / max_retries_preemption": "--retries",
+    "head_reservation_timeout_s": "--timeout",
+}
+"""Arguments of the Python API that library messages name, and the option of
+``tpuslice run`` that sets each."""
+REDRAW_S = 1.0
+"""How often the line is redrawn (it reads the cluster view each time)."""
+
+
+def in_cli_terms(message: str) -> str:
+    """A library message, naming the command's options instead of the API's arguments.
+
+    Args:
+        message: As the library wrote it.
+
+    Returns:
+        The message for a user of the command line.
+    """
+    for argument, option in CLI_OPTIONS.items():
+        message = message.replace(argument, option)
+    return message
+
+
+def wait_line(
+    what: str, waited_s: float, timeout_s: float | None, snapshot: ClusterSnapshot, pid: int
+) -> str:
+    """One line on where a waiting reservation of this process stands. Pure.
+
+    Args:
+        what: The request, as ``1 x v6e 4x4``.
+        waited_s: How long it has waited.
+        timeout_s: Its ``--timeout`` (``None``: no limit).
+        snapshot: The cluster now (with the queue's record).
+        pid: This process, as the queue names its requests' drivers.
+
+    Returns:
+        ``waiting 3 s of 8 s for 1 x v6e 4x4: position 2 in the cluster's queue, 1
+        request ahead; <why>``.
+    """
+    limit = "" if timeout_s is None else f" of {timeout_s:g} s"
+    head = f"waiting {waited_s:.0f} s{limit} for {what}"
+    ours = [r for r in snapshot.queued() if r.who.startswith(f"pid {pid} ")]
+    if not ours:
+        return f"{head}: reserving"
+    request = min(ours, key=lambda r: r.position)
+    if request.granted:
+        return f"{head}: granted {', '.join(request.granted)}, claiming"
+    ahead = request.position - 1
+    place = (
+        "first in the cluster's queue"
+        if ahead == 0
+        else f"position {request.position} in the cluster's queue, {ahead} request(s) ahead"
+    )
+    return f"{head}: {place}" + (f"; {request.reason}" if request.reason else "")
+
+
+class WaitLine:
+    """Redraws :func:`wait_line` on a console every :data:`REDRAW_S` from a daemon thread,
+    from entering until :meth:`stop` (or leaving). A console that is not a terminal gets
+    nothing: the line is redrawn in place, which only a terminal shows.
+
+    Args:
+        console: Where to draw (stderr).
+        what: The request.
+        timeout_s: Its timeout.
+        read: Reads the cluster (a seam for tests).
+        clock: Monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        console: Console,
+        what: str,
+        timeout_s: float | None,
+        read: Callable[[], ClusterSnapshot] = read_snapshot,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._console = console
+        self._what = what
+        self._timeout_s = timeout_s
+        self._read = read
+        self._clock = clock
+        self._started = clock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> WaitLine:
+        if self._console.is_terminal:
+            self._thread = threading.Thread(target=self._loop, name="tpuslice-wait", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop redrawing, and clear the line (the work's own output follows)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(2 * REDRAW_S)
+
+    def line(self) -> str:
+        """The line now (reads the cluster once).
+
+        Returns:
+            The text.
+        """
+        waited = self._clock() - self._started
+        return wait_line(self._what, waited, self._timeout_s, self._read(), os.getpid())
+
+    def _loop(self) -> None:
+        with self._console.status(escape(f"waiting for {self._what}")) as status:
+            while not self._stop.wait(REDRAW_S):
+                try:
+                    status.update(escape(self.line()))
+                except Exception:  # noqa: BLE001 - the line is a courtesy: never fail the run
+                    status.update(escape(f"waiting for {self._what}"))

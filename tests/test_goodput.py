@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from ray import exceptions as rex
 
-from tpuslice import slice_seconds
+from tpuslice import goodput, slice_seconds
 from tpuslice._host import heartbeats
 from tpuslice._host.heartbeats import BEAT_ENV, Progress
 from tpuslice._reserve.request import SliceRequest
@@ -319,7 +319,12 @@ def run_with(outcomes: list[BaseException | None], *, fail_reserve_on: int = 0) 
 def test_a_resilient_run_keeps_an_account_that_sums_to_its_wall_time() -> None:
     run = run_with([rex.NodeDiedError("gone"), None])
     told: list[Account] = []
-    run.on_account = told.append
+
+    def tell(account: Account) -> None:
+        told.append(account)
+        raise RuntimeError("a user's callback that fails")  # logged; the run still ends
+
+    run.on_account = tell
     assert run.until_done() == ["r0", "r1"]
     account = run.account
     assert account is not None and account.run_id == run.run_id and told == [account]
@@ -359,7 +364,14 @@ def test_an_interrupted_run_is_accounted_up_to_the_interrupt() -> None:
     with pytest.raises(KeyboardInterrupt):
         run.until_done()
     assert run.account is not None and run.account.outcome == "interrupted"
-    assert sums_to_wall(run.account) and run.account.wall_s == pytest.approx(13.5)
+    # Interrupted at 13 s: the work so far counts (nothing failed), then the hand-back.
+    assert spent(run.account) == {
+        "reserving": 1.0,
+        "starting": 2.0,
+        "productive": 10.0,
+        "handing_back": 0.5,
+    }
+    assert sums_to_wall(run.account) and run.account.notes == ()
 
 
 # --- the cluster's slice-seconds ---------------------------------------------------------
@@ -446,3 +458,58 @@ def test_slice_seconds_add_up_per_minute_and_read_back_over_a_window(store: Stor
     assert len(store.list(SLICE_SECONDS_KEY_PREFIX, None)) == 1
     with pytest.raises(ValueError, match="since_s must be above 0"):
         slice_seconds.read_slice_seconds(0)
+
+
+# --- a one-shot's account, taken before its hand-back ------------------------------------
+
+
+class FakeReservation:
+    """Stands in for a one-shot's reservation: its hand-back forgets what it waited, as a
+    real reservation's does."""
+
+    def __init__(self) -> None:
+        self.slice_names = ["v4-16-a"]
+        self.queued, self.shut = 2.5, False
+
+    def shutdown(self) -> None:
+        self.slice_names, self.queued, self.shut = [], 0.0, True
+
+
+class FakePlumbing:
+    def __init__(self, spg: FakeReservation) -> None:
+        self.spg = spg
+        self.request = REQUEST
+
+    def asked_at(self) -> float:
+        return 100.0
+
+    def held_at(self) -> float:
+        return 103.0
+
+    def queued_s(self) -> float:
+        return self.spg.queued
+
+
+def test_a_one_shot_counts_its_queue_wait_though_its_hand_back_forgets_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tpuslice._run import observe, run
+
+    kept: list[Account] = []
+    deleted: list[str] = []
+    monkeypatch.setattr(observe, "plumbing", FakePlumbing)
+    monkeypatch.setattr(goodput, "keep", kept.append)
+    monkeypatch.setattr(goodput, "read_progress", lambda keys: GangProgress(first_beat=104.0))
+    monkeypatch.setattr(
+        observe._ray, "kv_delete", lambda key, ns, prefix=False: deleted.append(key)
+    )
+    monkeypatch.setattr(observe, "run_ended", lambda *args: None)
+    spg = FakeReservation()
+    job = run._OneShot([], spg, ("beat/x/", ("beat/x/0@v4-16-a",)))  # type: ignore[arg-type]
+    keep = job.hand_back("success")
+    assert spg.shut and kept == []  # handed back; the account comes after
+    keep()
+    (account,) = kept
+    assert account.seconds["queued"] == 2.5 and account.seconds["reserving"] == 0.5
+    assert account.seconds["starting"] == 1.0 and account.slices == ("v4-16-a",)
+    assert deleted == ["beat/x/"]

@@ -122,8 +122,17 @@ def test_every_rank_gets_a_key_but_only_a_watched_gang_can_hang() -> None:
     world.beats = {keys[0]: b"1000.0", keys[1]: b"1000.0"}
     world.now += 3600
     unwatched.check()  # no hang
+    assert unwatched.progress().first_beat == 1000.0  # read for the goodput account
     unwatched.close()
     assert world.forgotten == [unwatched.prefix]
+
+
+def test_an_unwatched_gang_that_published_nothing_deletes_nothing() -> None:
+    world = World()
+    quiet = world.watch(WatchConfig())
+    assert quiet.progress() == GangProgress()
+    quiet.close()  # no key was written: no call to the store
+    assert world.forgotten == []
 
 
 def test_the_gang_progress_takes_the_earliest_first_beat_and_the_newest_checkpoint() -> None:

@@ -23,7 +23,7 @@ The rules, one per span of an attempt:
 - from a failure to the next attempt's first beat: ``recovering``, less the hand-back;
 - the hand-back: ``handing_back``.
 
-Accounts are kept in Ray's GCS KV store (``goodput/<start ns>-<writer>-<n>``, namespace
+Accounts are kept in Ray's GCS KV store (``goodput/<end ns>-<writer>-<n>``, namespace
 ``tpuslice``, the newest :data:`MAX_ACCOUNTS`) for ``tpuslice goodput``, and counted in
 the metric ``tpuslice_goodput_seconds{category, cause}``.
 
@@ -39,10 +39,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tpuslice import events, metrics
+from tpuslice import _ray, events, metrics
 from tpuslice._host.heartbeats import Progress
 from tpuslice._process import EXIT_HOOKS
-from tpuslice._tpu.keys import GOODPUT_KEY_PREFIX
+from tpuslice._tpu.keys import GOODPUT_KEY_PREFIX, NAMESPACE
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,19 @@ class GangProgress:
     checkpoint_s: float = 0.0
     checkpoints: int = 0
     step: int | None = None
+
+    @classmethod
+    def of_published(cls, published: Mapping[str, bytes], keys: Sequence[str]) -> GangProgress:
+        """Take the records published under the gang's keys together.
+
+        Args:
+            published: Key -> record, as read from the store.
+            keys: The gang's keys, one per rank.
+
+        Returns:
+            The gang's progress.
+        """
+        return cls.of(Progress.decode(published.get(key)) for key in keys)
 
     @classmethod
     def of(cls, ranks: Iterable[Progress | None]) -> GangProgress:
@@ -189,12 +202,13 @@ class Account:
 
     @property
     def at(self) -> float:
-        """When the run began (its key in the store sorts by it).
+        """When the run ended (its key in the store sorts by it, so the newest account
+        is the run that ended last).
 
         Returns:
             Seconds since the epoch.
         """
-        return self.started_at
+        return self.started_at + self.wall_s
 
     @property
     def goodput(self) -> float:
@@ -410,9 +424,25 @@ the GCS), and trims the store to the newest :data:`MAX_ACCOUNTS`."""
 EXIT_HOOKS.add(WRITER.flush)
 
 
+def read_progress(keys: Sequence[str]) -> GangProgress:
+    """What a gang published under its keys (one KV read; nothing if Ray cannot answer).
+
+    Args:
+        keys: One per rank.
+
+    Returns:
+        The gang's progress.
+    """
+    try:
+        return GangProgress.of_published(_ray.kv_get_many(list(keys), NAMESPACE), keys)
+    except _ray.kv_errors() as exc:
+        logger.debug("could not read the gang's progress: %s", exc)
+        return GangProgress()
+
+
 def keep(account: Account) -> Account:
     """Keep a run's account: in the store (in the background), in the metrics, and in
-    the log. Never raises into the run.
+    the log.
 
     Args:
         account: The run's account.

@@ -16,15 +16,13 @@ import time
 from collections.abc import Callable, Mapping
 
 from tpuslice import _ray, metrics
-from tpuslice._host.heartbeats import Progress
+from tpuslice._host.heartbeats import SLICE_MARK, Progress
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX, NAMESPACE, SLICE_SECONDS_KEY_PREFIX
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
 
 SLICE_STATES = ("productive", "busy", "idle", "broken", "notice")
 """Where the cluster's slice-seconds go: busy with a gang that beat lately, busy
 otherwise, idle (ready, or suspect with every host free), broken, under notice."""
-SLICE_MARK = "@"
-"""Separates a heartbeat key's rank from its slice: ``beat/<attempt>/<rank>@<slice>``."""
 BEAT_FRESH_S = 10.0
 """A slice whose gang beat this recently counts as productive (two reports apart)."""
 BUCKET_S = 60

@@ -30,8 +30,23 @@ logger = logging.getLogger(__name__)
 BEAT_ENV = "TPUSLICE_HEARTBEAT_KEY"
 PUBLISH_S = 0.5
 """How often this process publishes its beats (a beat reaches the driver this late)."""
-FORGET_S = 600.0
-"""A key not beaten for this long is forgotten here (its run or attempt is over)."""
+SLICE_MARK = "@"
+"""Separates a heartbeat key's rank from its slice: ``beat/<attempt>/<rank>@<slice>``."""
+
+
+def beat_key(prefix: str, rank: int, slice_name: str = "") -> str:
+    """A rank's heartbeat key: ``<prefix><rank>@<slice>`` (the slice tells the cluster's
+    slice-second count which slices do productive work).
+
+    Args:
+        prefix: The attempt's, one-shot's or group's prefix (``beat/<id>/``).
+        rank: The rank.
+        slice_name: Its slice (empty: not named).
+
+    Returns:
+        The key.
+    """
+    return f"{prefix}{rank}{SLICE_MARK}{slice_name}" if slice_name else f"{prefix}{rank}"
 
 
 def heartbeat() -> None:
@@ -53,7 +68,8 @@ def checkpointed(step: int | None = None) -> None:
     :func:`heartbeat` (or checkpoint) as checkpointing, and the work before this moment
     as saved: if the attempt fails later, only the work since the newest checkpoint counts
     as lost. Cheap, like :func:`heartbeat` (it is one too); it also wakes the publisher,
-    so the mark reaches the driver within milliseconds.
+    so the mark reaches the driver within milliseconds while the call runs (a mark made as
+    the call returns can be lost: nothing is published for a call that has ended).
 
     Args:
         step: The training step saved, shown in the account (optional).
@@ -136,8 +152,9 @@ class Beats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._noting = threading.Lock()
         self.latest: dict[str, Progress] = {}
-        """Key -> its progress (replaced whole without the lock: one dict store)."""
+        """Key -> its progress (replaced whole: the publisher reads it without a lock)."""
         self._publisher: threading.Thread | None = None
         self._wake = threading.Event()
 
@@ -151,18 +168,19 @@ class Beats:
             step: The step a checkpoint saved.
         """
         now = time.time()
-        before = self.latest.get(key)
-        progress = Progress(now, now) if before is None else replace(before, last=now)
-        if checkpoint:
-            spent = 0.0 if before is None else max(0.0, now - before.last)
-            progress = replace(
-                progress,
-                checkpoint_at=now,
-                checkpoint_s=progress.checkpoint_s + spent,
-                checkpoints=progress.checkpoints + 1,
-                step=step,
-            )
-        self.latest[key] = progress
+        with self._noting:  # a threaded actor's calls may beat at once
+            before = self.latest.get(key)
+            progress = Progress(now, now) if before is None else replace(before, last=now)
+            if checkpoint:
+                spent = 0.0 if before is None else max(0.0, now - before.last)
+                progress = replace(
+                    progress,
+                    checkpoint_at=now,
+                    checkpoint_s=progress.checkpoint_s + spent,
+                    checkpoints=progress.checkpoints + 1,
+                    step=step,
+                )
+            self.latest[key] = progress
         thread = self._publisher
         if thread is None or not thread.is_alive():
             with self._lock:
@@ -191,10 +209,9 @@ class Beats:
         Args:
             sent: Key -> the progress last published (updated).
         """
-        now = time.time()
         current = os.environ.get(BEAT_ENV)
         for key, progress in list(self.latest.items()):
-            if key != current or now - progress.last > FORGET_S:
+            if key != current:
                 self.latest.pop(key, None)
                 sent.pop(key, None)
             elif sent.get(key) != progress:

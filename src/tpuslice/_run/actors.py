@@ -20,7 +20,7 @@ import ray
 
 from tpuslice import _ray, goodput
 from tpuslice._host.context import MEGASCALE_VARS, HostContext
-from tpuslice._host.heartbeats import BEAT_ENV, Progress
+from tpuslice._host.heartbeats import BEAT_ENV, beat_key
 from tpuslice._reserve.observe import describe_request
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import ShutsDownOnExit, SlicePlacementGroup, plumbing, reserve_slices
@@ -37,7 +37,7 @@ from tpuslice.errors import (
     SliceShutdownError,
     first_line,
 )
-from tpuslice.goodput import AttemptTimes, GangProgress
+from tpuslice.goodput import AttemptTimes
 
 logger = logging.getLogger(__name__)
 
@@ -243,14 +243,24 @@ class SliceActorGroup(ShutsDownOnExit):
 
     def _env(self, context: HostContext) -> dict[str, str]:
         env = _actor_env(call_env(self.slice, context))
-        env[BEAT_ENV] = f"{self._beats}{context.rank}"  # watched, and read for goodput
+        if self._keyed:
+            env[BEAT_ENV] = self._key(context)
         return env
+
+    @property
+    def _keyed(self) -> bool:
+        """Whether the actors get heartbeat keys: to watch them, or for the account of a
+        group that owns its slices."""
+        return self.watching.beats or self.times is not None
+
+    def _key(self, context: HostContext) -> str:
+        return beat_key(self._beats, context.rank, context.slice_name)
 
     def _wait_watching(self, refs: Sequence[ray.ObjectRef], timeout: float | None) -> None:
         """Wait for the refs, checking the actors' heartbeats every ``CHECK_S``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         pending = list(refs)
-        keys = [f"{self._beats}{rank}" for rank in range(len(self.contexts))]
+        keys = [self._key(context) for context in self.contexts]
         while pending:
             wait = CHECK_S if deadline is None else min(CHECK_S, deadline - time.monotonic())
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, wait))
@@ -278,6 +288,7 @@ class SliceActorGroup(ShutsDownOnExit):
     def shutdown(self) -> None:
         """Kill every actor and, if the group owns it, give the slice back; otherwise
         confirm the actors' TPUs are free for the slice's next calls. Idempotent."""
+        keyed = self._keyed
         actors, self.actors = self.actors, []
         times, self.times = self.times, None
         names = self.slice.slice_names  # none once shut down
@@ -292,7 +303,7 @@ class SliceActorGroup(ShutsDownOnExit):
             self.slice.shutdown()
         elif actors and not self.slice.is_shut_down:
             plumbing(self.slice).ownership.confirm_free()
-        if actors:
+        if actors and keyed:
             if times is not None:
                 times.handed_back = goodput.now()
                 times.slices = tuple(names)
@@ -305,9 +316,7 @@ class SliceActorGroup(ShutsDownOnExit):
     def _keep_account(self, times: AttemptTimes) -> None:
         """Keep the group's goodput account (never raising into the shutdown)."""
         try:
-            keys = [f"{self._beats}{rank}" for rank in range(len(self.contexts))]
-            published = _ray.kv_get_many(keys, NAMESPACE)
-            times.progress = GangProgress.of(Progress.decode(published.get(k)) for k in keys)
+            times.progress = goodput.read_progress([self._key(c) for c in self.contexts])
             times.outcome = times.outcome or "success"
             account = goodput.account_of(
                 goodput.new_run_id(),

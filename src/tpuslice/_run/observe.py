@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tpuslice import _ray, events, goodput, metrics
-from tpuslice._host.heartbeats import Progress
 from tpuslice._reserve.observe import describe_request, never_raises
 from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing
 from tpuslice._tpu.keys import NAMESPACE
@@ -63,46 +62,52 @@ def attempt(event: AttemptEvent) -> None:
         metrics.run_ended("resilient_attempt", outcome, event.duration_s)
 
 
+def one_shot_times(spg: SlicePlacementGroup, outcome: str) -> goodput.AttemptTimes:
+    """A one-shot's moments as its tasks end, read before its hand-back (which forgets
+    the reservation's own).
+
+    Args:
+        spg: Its reservation, still held.
+        outcome: ``success``, ``failure`` or ``interrupted``.
+
+    Returns:
+        The moments so far: the hand-back begins now.
+    """
+    held = plumbing(spg)
+    now = goodput.now()
+    return goodput.AttemptTimes(
+        asked=held.asked_at(),
+        queued_s=held.queued_s(),
+        held=held.held_at(),
+        ended=now,
+        hand_back=now,
+        outcome="" if outcome == "interrupted" else outcome,  # not a failure: nothing lost
+        slices=tuple(spg.slice_names),
+    )
+
+
 @never_raises
 def one_shot_account(
-    spg: SlicePlacementGroup,
-    slices: Sequence[str],
-    beats: str,
-    ranks: int,
-    outcome: str,
-    ended: tuple[float, float],
+    spg: SlicePlacementGroup, times: goodput.AttemptTimes, prefix: str, keys: Sequence[str]
 ) -> None:
     """Keep a one-shot's goodput account, once its slices are back: its ranks' progress
     is read, and their keys deleted (no rank runs to publish again).
 
     Args:
         spg: Its reservation (shut down).
-        slices: Its slices.
-        beats: Its ranks' heartbeat keys' prefix.
-        ranks: How many ranks it had.
-        outcome: ``success``, ``failure`` or ``interrupted``.
-        ended: When its tasks ended, and when its slices were back (wall clock).
+        times: Its moments (:func:`one_shot_times`, with the end of the hand-back).
+        prefix: Its ranks' heartbeat keys' prefix.
+        keys: Each rank's key.
     """
-    keys = [f"{beats}{rank}" for rank in range(ranks)]
-    published = _ray.kv_get_many(keys, NAMESPACE) if keys else {}
-    _ray.kv_delete(beats, NAMESPACE, prefix=True)
-    held = plumbing(spg)
-    times = goodput.AttemptTimes(
-        asked=held.asked_at(),
-        queued_s=held.queued_s(),
-        held=held.held_at(),
-        ended=ended[0],
-        hand_back=ended[0],
-        handed_back=ended[1],
-        outcome="" if outcome == "interrupted" else outcome,  # not a failure: nothing lost
-        progress=goodput.GangProgress.of(Progress.decode(published.get(k)) for k in keys),
-    )
+    try:
+        times.progress = goodput.read_progress(keys)
+    finally:
+        _ray.kv_delete(prefix, NAMESPACE, prefix=True)
     account = goodput.account_of(
         goodput.new_run_id(),
         "one_shot",
         [times],
-        what=describe_request(held.request)[0],
-        slices=slices,
-        outcome=outcome,
+        what=describe_request(plumbing(spg).request)[0],
+        outcome=times.outcome or "interrupted",
     )
     goodput.keep(account)

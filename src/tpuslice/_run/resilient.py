@@ -535,7 +535,10 @@ class ResilientRun:
         )
         self.account = goodput.keep(self.account)
         if self.on_account is not None:
-            self.on_account(self.account)
+            try:
+                self.on_account(self.account)
+            except Exception:  # the user's callback: logged, never the run's end
+                logger.exception("run %s: on_account raised", self.run_id)
         return self.account
 
     def attempt(self, number: int) -> list[Any] | AttemptRecord:
@@ -633,21 +636,25 @@ class ResilientRun:
         """
         self.emit(AttemptEvent("started", number, names, cause=checked))
         watch = self.watch_for(spg, number, names, started)
+        # Run after the hand-back, last pushed first: when it ended, what the gang
+        # published (read then, so the slices are not held for it), and the keys deleted.
         after_hand_back.callback(watch.close)
+        after_hand_back.callback(lambda: setattr(times, "progress", watch.progress()))
         after_hand_back.callback(lambda: setattr(times, "handed_back", self.wall()))
         try:
             results = self.body(spg, watch)
         except GangBrokenError as broken:
             times.ended = self.wall()
             times.outcome = broken.outcome.value
-            times.progress = watch.progress()
             failed, self.last_error = broken, broken.__cause__
             if broken.blamed:  # before the hand-back: nobody is granted them meanwhile
                 self.mark(broken.blamed)
+        except BaseException:  # an interrupt: the hand-back follows at once
+            times.ended = times.hand_back = self.wall()
+            raise
         else:
             times.ended = self.wall()
             times.outcome = "success"
-            times.progress = watch.progress()
             elapsed = self.clock.now() - started
             self.emit(AttemptEvent("succeeded", number, names, duration_s=elapsed))
             times.hand_back = self.wall()
@@ -784,7 +791,7 @@ def run_function(
     if not spg.wait_ready(READY_BOUND_S):  # a host died between reserving and starting
         lost = HostLostError(f"a host of {', '.join(spg.slice_names)} died before the start")
         raise judged(GangBrokenError(Outcome.HOST_FAILURE, summarize(lost)), watch)
-    refs = launch(fn, spg, args, kwargs, rank_env=watch.rank_env)
+    refs = launch(fn, spg, args, kwargs, rank_env=lambda context: watch.rank_env(context.rank))
     rank_of = {ref: rank for rank, ref in enumerate(refs)}
     results: dict[int, Any] = {}
     pending = list(refs)
@@ -882,7 +889,8 @@ def run_resilient(
         on_account: Called with the run's goodput account (:class:`tpuslice.Account`:
             where its wall time went) when it ends, however it ends; a run that gives up
             also carries it on the error (``exc.account``). ``tpuslice goodput RUN_ID``
-            shows it later.
+            shows it later. (An argument of ``fn``'s own named ``on_account`` cannot be
+            passed through here.)
         **kwargs: Passed to every call of ``fn``.
 
     Returns:

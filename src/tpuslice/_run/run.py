@@ -10,6 +10,7 @@ A one-shot call (no ``tpu_slice``) gives its slice back as soon as the work ends
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -23,7 +24,7 @@ import ray
 
 from tpuslice import _ray, goodput
 from tpuslice._host.context import HostContext, with_context
-from tpuslice._host.heartbeats import BEAT_ENV
+from tpuslice._host.heartbeats import BEAT_ENV, beat_key
 from tpuslice._process import EXIT_HOOKS
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbing, reserve_slices
@@ -171,7 +172,7 @@ def launch(
     kwargs: Mapping[str, Any],
     slice_index: int | None = None,
     *,
-    rank_env: Callable[[int], Mapping[str, str]] | None = None,
+    rank_env: Callable[[HostContext], Mapping[str, str]] | None = None,
 ) -> list[ray.ObjectRef]:
     """Start ``fn`` on every bundle of ``spg`` (or one slice of it), in rank order.
 
@@ -181,7 +182,7 @@ def launch(
         args: Positional arguments for every call.
         kwargs: Keyword arguments for every call.
         slice_index: Only that slice's hosts.
-        rank_env: More variables per rank, set around its call (a heartbeat key).
+        rank_env: More variables for each rank's call, set around it (a heartbeat key).
 
     Returns:
         One ref per rank, in rank order.
@@ -192,7 +193,7 @@ def launch(
     for context, options in placements(spg, slice_index):
         env = call_env(spg, context)
         if rank_env is not None:
-            env = {**env, **rank_env(context.rank)}
+            env = {**env, **rank_env(context)}
         out = wrapped.remote.options(**options).remote(env, *args, **kwargs)
         if wrapped.returns is None:
             refs.append(out)
@@ -274,12 +275,18 @@ def run_on_slice(
         )
         spg = reserve_slices(request)
         beats = f"{BEAT_KEY_PREFIX}{goodput.new_run_id()}/"
+        keys: list[str] = []
+
+        def rank_env(context: HostContext) -> dict[str, str]:
+            keys.append(beat_key(beats, context.rank, context.slice_name))
+            return {BEAT_ENV: keys[-1]}
+
         try:
-            refs = launch(fn, spg, args, kwargs, rank_env=lambda rank: {BEAT_ENV: f"{beats}{rank}"})
+            refs = launch(fn, spg, args, kwargs, rank_env=rank_env)
         except BaseException:
             spg.shutdown()
             raise
-        RELEASER.release_when_done(refs, spg, beats)
+        RELEASER.release_when_done(refs, spg, (beats, tuple(keys)))
         return refs
     if tpu_slice.is_shut_down:
         raise InvalidArgumentError(
@@ -338,27 +345,26 @@ dispatch = run_on_slice
 class _OneShot:
     remaining: list[ray.ObjectRef]
     spg: SlicePlacementGroup
-    beats: str = ""
-    """Its ranks' heartbeat keys' prefix (``<prefix><rank>``), for its goodput account."""
+    beats: tuple[str, tuple[str, ...]] = ("", ())
+    """Its ranks' heartbeat keys: their prefix, and each rank's key (for its account)."""
     started: float = field(default_factory=time.monotonic)
-    ranks: int = 0
 
-    def hand_back(self, outcome: str) -> None:
-        """Give the slices back, then keep the run's goodput account (after the hand-back:
-        reading its ranks' progress never delays it).
+    def hand_back(self, outcome: str) -> Callable[[], None]:
+        """Give the slices back.
 
         Args:
             outcome: ``success``, ``failure`` or ``interrupted``.
+
+        Returns:
+            What keeps the run's goodput account: to be called once every one-shot that
+            ended with this one is handed back (reading its ranks' progress delays none).
         """
-        ended = goodput.now()
-        names = self.spg.slice_names  # none once shut down
-        observe.run_ended("one_shot", outcome, time.monotonic() - self.started, names)
+        times = observe.one_shot_times(self.spg, outcome)  # read before the shutdown
+        observe.run_ended("one_shot", outcome, time.monotonic() - self.started, times.slices)
         self.spg.shutdown()
-        handed_back = goodput.now()
-        if self.beats:
-            observe.one_shot_account(
-                self.spg, names, self.beats, self.ranks, outcome, (ended, handed_back)
-            )
+        times.handed_back = goodput.now()
+        prefix, keys = self.beats
+        return functools.partial(observe.one_shot_account, self.spg, times, prefix, keys)
 
 
 CLOSE_TIMEOUT_S = 30.0
@@ -389,16 +395,20 @@ class Releaser:
         self.pending: list[_OneShot] = []
 
     def release_when_done(
-        self, refs: list[ray.ObjectRef], spg: SlicePlacementGroup, beats: str = ""
+        self,
+        refs: list[ray.ObjectRef],
+        spg: SlicePlacementGroup,
+        beats: tuple[str, tuple[str, ...]] = ("", ()),
     ) -> None:
         """Shut ``spg`` down once every ref is done, or any failed (in the background).
 
         Args:
             refs: The one-shot's tasks.
             spg: Its reservation.
-            beats: Its ranks' heartbeat keys' prefix (for its goodput account).
+            beats: Its ranks' heartbeat keys: their prefix, and each rank's (for its
+                goodput account).
         """
-        self._queue.put(_OneShot(list(refs), spg, beats, ranks=len(refs)))
+        self._queue.put(_OneShot(list(refs), spg, beats))
         with self._lock:
             EXIT_HOOKS.add(self.close)
             if self._closed:
@@ -428,7 +438,7 @@ class Releaser:
             for job in pending:
                 if not ray.is_initialized():
                     return
-                job.hand_back("interrupted")
+                job.hand_back("interrupted")()
         finally:
             self._working.release()
 
@@ -466,15 +476,18 @@ class Releaser:
 
     def _settle(self, ready: set[ray.ObjectRef]) -> None:
         still = []
+        accounts = []
         for job in self.pending:
             finished = [r for r in job.remaining if r in ready]
             job.remaining = [r for r in job.remaining if r not in ready]
             failed = any(_failed(r) for r in finished)
             if not job.remaining or failed:
-                job.hand_back("failure" if failed else "success")
+                accounts.append(job.hand_back("failure" if failed else "success"))
             else:
                 still.append(job)
         self.pending = still
+        for keep in accounts:  # every ended one-shot is back first
+            keep()
 
 
 def _failed(ref: ray.ObjectRef) -> bool:

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import ray
 
 from tpuslice import _ray
-from tpuslice._host.heartbeats import BEAT_ENV, Progress
+from tpuslice._host.heartbeats import BEAT_ENV, Progress, beat_key
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Blame, SuspectReason
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX as BEAT_PREFIX
@@ -40,7 +40,6 @@ from tpuslice._tpu.keys import NAMESPACE
 from tpuslice._view.cluster import HostInfo
 from tpuslice.errors import InvalidArgumentError
 from tpuslice.goodput import GangProgress
-from tpuslice.slice_seconds import SLICE_MARK
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +143,7 @@ def describe_hang(
     Args:
         config: The timeouts.
         keys: Each rank's heartbeat key, in rank order.
-        published: Key -> the last beat published (wall-clock seconds, as text).
+        published: Key -> the rank's record as published (:class:`Progress`'s form).
         ranks: Each rank with its host (``rank 1 (v4-16-a host 1)``).
         started: When the gang started (wall clock).
         now: Wall-clock seconds.
@@ -293,6 +292,8 @@ class AttemptWatch:
         self.started = clock()
         self._next = self.started
         self.prefix = f"{BEAT_PREFIX}{uuid.uuid4().hex[:12]}/"
+        self._published = False
+        """Whether :meth:`progress` found a rank's record (its keys then need deleting)."""
         self.seen: list[Notice] = []
 
     def rank_env(self, rank: int) -> dict[str, str]:
@@ -318,8 +319,7 @@ class AttemptWatch:
             The key.
         """
         host = self.hosts[rank] if rank < len(self.hosts) else None
-        where = f"{SLICE_MARK}{host.slice_name}" if host is not None and host.slice_name else ""
-        return f"{self.prefix}{rank}{where}"
+        return beat_key(self.prefix, rank, host.slice_name if host is not None else "")
 
     def progress(self) -> GangProgress:
         """What the gang's ranks published: first beats and checkpoints (one KV read;
@@ -333,8 +333,10 @@ class AttemptWatch:
             published = self._read_beats(keys)
         except _ray.kv_errors() as exc:
             logger.debug("could not read the gang's progress: %s", exc)
+            self._published = True  # not known: :meth:`close` deletes, to be sure
             return GangProgress()
-        return GangProgress.of(Progress.decode(published.get(key)) for key in keys)
+        self._published = self._published or bool(published)
+        return GangProgress.of_published(published, keys)
 
     def check(self) -> None:
         """Read notices and heartbeats (at most once per :data:`CHECK_S`).
@@ -360,7 +362,10 @@ class AttemptWatch:
                 raise Broken("hang", hang.cause, hang.evidence, blamed)
 
     def close(self) -> None:
-        """Forget this attempt's heartbeats (best effort)."""
+        """Forget this attempt's heartbeats (best effort): if beats were watched, or its
+        progress was read and some rank had published (no call to Ray otherwise)."""
+        if not (self.config.beats or self._published):
+            return
         try:
             self._forget(self.prefix)
         except _ray.kv_errors() as exc:  # Ray may be gone: the keys go with the cluster

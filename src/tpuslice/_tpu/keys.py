@@ -29,7 +29,7 @@ SLICE_SECONDS_KEY_PREFIX = "slice-seconds/"
 """``slice-seconds/<minute, epoch seconds>``: the cluster's slice-seconds by pod type and
 state in that minute, as JSON (the queue actor writes them)."""
 GOODPUT_KEY_PREFIX = "goodput/"
-"""``goodput/<start ns>-<writer>-<n>``: a run's goodput account, as JSON."""
+"""``goodput/<end ns>-<writer>-<n>``: a run's goodput account, as JSON."""
 LAYOUT_KEY_PREFIX = "subslice-layout/"
 """``subslice-layout/<slice>``: a slice's physical layout, once learned."""
 HEALTH_KEY_PREFIX = "health/"

@@ -513,3 +513,21 @@ def test_a_one_shot_counts_its_queue_wait_though_its_hand_back_forgets_it(
     assert account.seconds["queued"] == 2.5 and account.seconds["reserving"] == 0.5
     assert account.seconds["starting"] == 1.0 and account.slices == ("v4-16-a",)
     assert deleted == ["beat/x/"]
+
+
+def test_a_one_shot_whose_moments_cannot_be_read_is_handed_back_all_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tpuslice._run import observe, run
+
+    def unreadable(spg: object) -> object:
+        raise RuntimeError("the reservation's record is gone")
+
+    kept: list[Account] = []
+    monkeypatch.setattr(observe, "plumbing", unreadable)
+    monkeypatch.setattr(goodput, "keep", kept.append)
+    monkeypatch.setattr(observe, "run_ended", lambda *args: None)
+    spg = FakeReservation()
+    job = run._OneShot([], spg, ("beat/x/", ("beat/x/0",)))  # type: ignore[arg-type]
+    job.hand_back("success")()
+    assert spg.shut and kept == []

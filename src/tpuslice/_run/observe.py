@@ -1,11 +1,12 @@
 """What a run tells its observers as it ends: each call here adds an event to the
 timeline (:mod:`tpuslice.events`) and records the matching metrics
-(:mod:`tpuslice.metrics`), never raising into the caller's work
-(:func:`tpuslice._reserve.observe.never_raises`).
+(:mod:`tpuslice.metrics`), or keeps a one-shot's goodput account (:mod:`tpuslice.goodput`),
+never raising into the caller's work (:func:`tpuslice._reserve.observe.never_raises`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,8 @@ from tpuslice import _ray, events, goodput, metrics
 from tpuslice._reserve.observe import describe_request, never_raises
 from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing
 from tpuslice._tpu.keys import NAMESPACE
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tpuslice._run.resilient import AttemptEvent
@@ -62,17 +65,25 @@ def attempt(event: AttemptEvent) -> None:
         metrics.run_ended("resilient_attempt", outcome, event.duration_s)
 
 
-def one_shot_times(spg: SlicePlacementGroup, outcome: str) -> goodput.AttemptTimes:
+def one_shot_times(spg: SlicePlacementGroup, outcome: str) -> goodput.AttemptTimes | None:
     """A one-shot's moments as its tasks end, read before its hand-back (which forgets
-    the reservation's own).
+    the reservation's own). Never raises: the hand-back follows, whatever happens here.
 
     Args:
         spg: Its reservation, still held.
         outcome: ``success``, ``failure`` or ``interrupted``.
 
     Returns:
-        The moments so far: the hand-back begins now.
+        The moments so far (the hand-back begins now); ``None`` if they could not be read.
     """
+    try:
+        return _one_shot_times(spg, outcome)
+    except Exception as exc:  # noqa: BLE001 - see above
+        logger.debug("one-shot's goodput account not kept: %s", exc)
+        return None
+
+
+def _one_shot_times(spg: SlicePlacementGroup, outcome: str) -> goodput.AttemptTimes:
     held = plumbing(spg)
     now = goodput.now()
     return goodput.AttemptTimes(

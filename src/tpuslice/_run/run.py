@@ -359,11 +359,14 @@ class _OneShot:
             What keeps the run's goodput account: to be called once every one-shot that
             ended with this one is handed back (reading its ranks' progress delays none).
         """
-        times = observe.one_shot_times(self.spg, outcome)  # read before the shutdown
-        observe.run_ended("one_shot", outcome, time.monotonic() - self.started, times.slices)
+        names = list(self.spg.slice_names)  # none once shut down
+        times = observe.one_shot_times(self.spg, outcome)  # read before the shutdown too
+        observe.run_ended("one_shot", outcome, time.monotonic() - self.started, names)
         self.spg.shutdown()
-        times.handed_back = goodput.now()
         prefix, keys = self.beats
+        if times is None or not prefix:  # nothing to account for, or no keys to read
+            return lambda: None
+        times.handed_back = goodput.now()
         return functools.partial(observe.one_shot_account, self.spg, times, prefix, keys)
 
 

@@ -111,3 +111,11 @@ def test_run_says_which_option_to_change_when_its_reservation_times_out(
     with pytest.raises(click.ClickException) as info:
         jobs._run_everywhere(request, ("hostname",), retries=0)
     assert info.value.message.endswith("or pass a longer --timeout")
+
+
+def test_the_line_fits_the_terminal_so_it_can_be_redrawn_in_place() -> None:
+    console = Console(file=io.StringIO(), force_terminal=True, width=40)
+    line = WaitLine(console, "1 x v6e 4x4", 8.0)
+    long = line._fit("waiting 3 s of 8 s for 1 x v6e 4x4: " + "x" * 80)
+    assert len(long.plain) == 37 and long.plain.endswith("…")
+    assert line._fit("short").plain == "short"

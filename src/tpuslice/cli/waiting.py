@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from tpuslice._view.cluster import ClusterSnapshot, read_snapshot
 
@@ -139,9 +139,15 @@ class WaitLine:
         return wait_line(self._what, waited, self._timeout_s, self._read(), os.getpid())
 
     def _loop(self) -> None:
-        with self._console.status(escape(f"waiting for {self._what}")) as status:
+        with self._console.status(self._fit(f"waiting for {self._what}")) as status:
             while not self._stop.wait(REDRAW_S):
                 try:
-                    status.update(escape(self.line()))
+                    status.update(self._fit(self.line()))
                 except Exception:  # noqa: BLE001 - the line is a courtesy: never fail the run
-                    status.update(escape(f"waiting for {self._what}"))
+                    status.update(self._fit(f"waiting for {self._what}"))
+
+    def _fit(self, text: str) -> Text:
+        """Cut to the terminal's width, less the spinner: a line that wrapped would not
+        be redrawn in place."""
+        room = max(10, self._console.width - 3)
+        return Text(text if len(text) <= room else text[: room - 1] + "…")

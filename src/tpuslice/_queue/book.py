@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from tpuslice._queue.schedule import Holding, Waiter, decide, queue_order
+from tpuslice._queue.schedule import Holding, Preemption, Waiter, decide, queue_order
+from tpuslice._queue.share import Sharing
 from tpuslice.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -114,9 +115,12 @@ class QueueBook:
     lease_s: float = LEASE_S
     settle_s: float = SETTLE_S
     _entries: dict[str, _Entry] = field(default_factory=dict)
-    _settling: dict[str, tuple[float, str]] = field(default_factory=dict)
+    _settling: dict[str, tuple[float, str, str]] = field(default_factory=dict)
     _latest: int = 0
     _last: dict[str, Answer] = field(default_factory=dict)
+    _order: dict[str, int] = field(default_factory=dict)
+    preemptions: dict[str, Preemption] = field(default_factory=dict)
+    """Holder -> the preemption the last decision chose (new ones only)."""
 
     def enqueue(self, waiter: Waiter, who: str = "", *, arrival: int | None = None) -> int:
         """Add a ticket (again, after a restart, with ``arrival`` to keep its place).
@@ -212,7 +216,8 @@ class QueueBook:
         self._last.pop(ticket, None)
         if entry is not None:
             for name in entry.granted:
-                self._settling[name] = (self.clock() + self.settle_s, entry.waiter.kind)
+                until = self.clock() + self.settle_s
+                self._settling[name] = (until, entry.waiter.kind, entry.waiter.tenant)
 
     def leave(self, ticket: str) -> None:
         """The driver gave up (timeout, Ctrl-C): the ticket and any grant go.
@@ -268,8 +273,15 @@ class QueueBook:
         now = self.clock()
         return [
             (w, self._entries[w.ticket].who, now - self._entries[w.ticket].seen)
-            for w in queue_order(self._waiters(granted=True))
+            for w in self._in_order(self._waiters(granted=True))
         ]
+
+    def _in_order(self, waiters: list[Waiter]) -> list[Waiter]:
+        """Waiters in the last decision's serving order (those it did not see, after, in
+        the plain order)."""
+        plain = {w.ticket: i for i, w in enumerate(queue_order(waiters))}
+        last = len(self._order)
+        return sorted(waiters, key=lambda w: (self._order.get(w.ticket, last), plain[w.ticket]))
 
     def _waiters(self, *, granted: bool) -> list[Waiter]:
         return [e.waiter for e in self._entries.values() if granted or not e.granted]
@@ -281,9 +293,10 @@ class QueueBook:
         *,
         suspects: Mapping[str, Sequence[str]] | None = None,
         trusted: Mapping[str, int] | None = None,
+        sharing: Sharing | None = None,
     ) -> dict[str, tuple[str, ...]]:
         """Drop tickets whose lease ran out (with their grants), then grant what the
-        policy says.
+        policy says (its preemptions are left in :attr:`preemptions`).
 
         Args:
             idle: Kind -> its idle trusted slices as the cluster shows them (slices
@@ -292,6 +305,7 @@ class QueueBook:
             suspects: Kind -> its idle slices with a suspect host (kept out the same way).
             trusted: Kind -> its trusted slices, idle or busy (see
                 :func:`~tpuslice._queue.schedule.decide`).
+            sharing: Quotas and usage, when tenants share the cluster.
 
         Returns:
             The new grants of this pass: ticket -> slices.
@@ -303,17 +317,28 @@ class QueueBook:
         suspects = suspects or {}
         shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}
         self._settling = {
-            s: (until, kind)
-            for s, (until, kind) in self._settling.items()
-            if s in shown_idle and until > now
+            s: settling
+            for s, settling in self._settling.items()
+            if s in shown_idle and settling[0] > now
         }
         pending = {s for e in self._entries.values() for s in e.granted} | set(self._settling)
         free = {kind: [s for s in names if s not in pending] for kind, names in idle.items()}
         spare = {kind: [s for s in names if s not in pending] for kind, names in suspects.items()}
         # Slices granted but not claimed yet are held, for the others' purposes.
         granted = [
-            Holding(e.waiter.kind, len(e.granted)) for e in self._entries.values() if e.granted
-        ] + [Holding(kind, 1) for _, kind in self._settling.values()]
+            Holding(
+                e.waiter.kind,
+                len(e.granted),
+                tenant=e.waiter.tenant,
+                priority=e.waiter.priority,
+                preemptible=e.waiter.preemptible,
+            )
+            for e in self._entries.values()
+            if e.granted
+        ]
+        # A claimed grant shows held in the holdings read once it settles; until then it
+        # is counted here, as its tenant's.
+        granted += [Holding(kind, 1, tenant=tenant) for _, kind, tenant in self._settling.values()]
         decision = decide(
             self._waiters(granted=False),
             free,
@@ -321,10 +346,13 @@ class QueueBook:
             suspects=spare,
             trusted=trusted,
             now=now,
+            sharing=sharing,
         )
         for ticket, slices in decision.grants.items():
             self._entries[ticket].granted = slices
-        still = queue_order(self._waiters(granted=False))
+        self.preemptions = dict(decision.preempt)
+        self._order = {t: i for i, t in enumerate(decision.order)}
+        still = self._in_order(self._waiters(granted=False))
         self._last = {}
         for place, waiter in enumerate(still, start=1):
             ticket = waiter.ticket

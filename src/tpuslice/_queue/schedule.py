@@ -15,15 +15,24 @@ work holding the others, which waiters are granted which slices now. The rules:
    kind; never on slices earmarked for a waiter ahead of it.
 5. **Suspects last.** Idle slices with a suspect host (one that failed a run lately) are
    granted only as a last resort (:func:`last_resort`), and after every trusted idle one.
-
-Nothing here preempts running work.
+6. **Tenants.** With quotas configured, the order across tenants is by standing and fair
+   share, and grants keep to borrow limits (:mod:`tpuslice._queue.share`); within a
+   tenant it stays priority, then arrival. With none configured, rule 1 holds as is.
+7. **Preemption, only when needed.** When the first blocked request of a kind can be
+   served only by taking slices back, running work marked preemptible is chosen to leave:
+   work of lower priority, or, for a request within its tenant's quota, work borrowing
+   beyond its own tenant's quota. Lowest priority and most recently started go first, and
+   only if enough can be freed that way. Nothing is preempted while slices that end
+   within the victims' grace period would serve the request, nor twice, nor work that is
+   not preemptible, nor another tenant's work within its quota for a priority.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tpuslice._queue.share import Quotas, Sharing, Standing, describe_tenant, held_by
 from tpuslice.errors import InvalidArgumentError
 
 LAST_RESORT_S = 30.0
@@ -60,6 +69,8 @@ class Waiter:
         priority: Higher first.
         arrival: Its place in arrival order (the queue's sequence number).
         deadline: When it gives up, on the clock the queue decides by; ``None``: never.
+        tenant: Whom it is charged to (``""``: no tenant named).
+        preemptible: Whether its work may be preempted once it runs.
     """
 
     ticket: str
@@ -68,6 +79,8 @@ class Waiter:
     priority: int = 0
     arrival: int = 0
     deadline: float | None = None
+    tenant: str = ""
+    preemptible: bool = False
 
     def __post_init__(self) -> None:
         low, high = self.count
@@ -84,10 +97,42 @@ class Holding:
     Attributes:
         kind: The kind of its slices.
         slices: How many it holds.
+        tenant: Whom it is charged to (``""``: unknown or none).
+        priority: Its priority.
+        preemptible: Whether it may be preempted.
+        started: When it started (seconds, the clock of ``now``).
+        holder: Its id, to preempt it by (``""``: it cannot be preempted from here).
+        ends_at: When it is known to end (it was preempted, or its hosts are under a
+            notice), on the clock of ``now``; ``None``: not known.
+        who: Who runs it, for messages.
     """
 
     kind: str
     slices: int
+    tenant: str = ""
+    priority: int = 0
+    preemptible: bool = False
+    started: float = 0.0
+    holder: str = ""
+    ends_at: float | None = None
+    who: str = ""
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """Running work told to leave so that a waiting request can be served.
+
+    Attributes:
+        holder: The work's id (:attr:`Holding.holder`).
+        ticket: The request it leaves for.
+        reason: Why, for the work's notice and the timeline.
+        grace_s: How long it has to leave before its slices are taken.
+    """
+
+    holder: str
+    ticket: str
+    reason: str
+    grace_s: float
 
 
 @dataclass
@@ -101,6 +146,8 @@ class Decision:
         never: Ticket -> why it can never be granted (more slices than its kind has).
         position: Ticket -> its place in the queue's order, from 1.
         ahead: Ticket -> the tickets before it in that order.
+        preempt: Holder -> the preemption that tells it to leave (new in this pass).
+        order: Every ticket in the order it was served.
     """
 
     grants: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -109,6 +156,8 @@ class Decision:
     never: dict[str, str] = field(default_factory=dict)
     position: dict[str, int] = field(default_factory=dict)
     ahead: dict[str, list[str]] = field(default_factory=dict)
+    preempt: dict[str, Preemption] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
 
 
 def queue_order(waiters: Sequence[Waiter]) -> list[Waiter]:
@@ -131,6 +180,7 @@ def decide(
     suspects: Mapping[str, Sequence[str]] | None = None,
     trusted: Mapping[str, int] | None = None,
     now: float = 0.0,
+    sharing: Sharing | None = None,
 ) -> Decision:
     """Apply the rules (module docstring) to the queue once.
 
@@ -141,12 +191,18 @@ def decide(
         suspects: Kind -> the names of its idle slices with a suspect host.
         trusted: Kind -> how many of its slices are trusted, idle or busy (default:
             its idle ones and those held).
-        now: The time on the clock of the waiters' deadlines.
+        now: The time on the clock of the waiters' deadlines and the holdings' times.
+        sharing: The cluster's quotas and its tenants' past use (default: none
+            configured).
 
     Returns:
-        The grants, earmarks and reasons of this pass.
+        The grants, earmarks, preemptions and reasons of this pass.
+
+    Raises:
+        InvalidArgumentError: a slice is offered under two kinds.
     """
     decision = Decision()
+    sharing = sharing or Sharing()
     seen: dict[str, str] = {}
     suspects = suspects or {}
     for kind, names in [*idle.items(), *suspects.items()]:
@@ -157,20 +213,23 @@ def decide(
                     "slice must be offered under one kind"
                 )
     ordered = queue_order(waiters)
-    for place, waiter in enumerate(ordered, start=1):
-        decision.position[waiter.ticket] = place
-        decision.ahead[waiter.ticket] = [w.ticket for w in ordered[: place - 1]]
     for kind in dict.fromkeys(w.kind for w in ordered):
         held = [h for h in holding if h.kind == kind]
         free = sorted(idle.get(kind, ()))
         count = trusted.get(kind, 0) if trusted is not None else len(free) + _held(held)
-        _decide_kind(
-            [w for w in ordered if w.kind == kind],
+        _KindPass(
+            kind,
             _Offer(free, sorted(suspects.get(kind, ())), count),
             held,
             decision,
             now,
-        )
+            sharing,
+        ).run([w for w in ordered if w.kind == kind])
+    if not sharing.quotas.configured:
+        decision.order = [w.ticket for w in ordered]
+    for place, ticket in enumerate(decision.order, start=1):
+        decision.position[ticket] = place
+        decision.ahead[ticket] = decision.order[: place - 1]
     return decision
 
 
@@ -201,42 +260,237 @@ class _Offer:
         self.suspects = [s for s in self.suspects if s not in taken]
 
 
-def _decide_kind(
-    waiters: list[Waiter],
-    offer: _Offer,
-    holding: list[Holding],
-    decision: Decision,
-    now: float,
-) -> None:
-    capacity = len(offer.free) + len(offer.suspects) + _held(holding)
-    by_ticket = {w.ticket: w for w in waiters}
-    earmarked: dict[str, list[str]] = {}
-    for waiter in waiters:
-        low, high = waiter.count
-        if low > capacity:
-            decision.never[waiter.ticket] = (
-                f"needs {low} slice(s) of {waiter.kind}; the cluster has {capacity}"
+class _KindPass:
+    """One kind's part of a pass: grants in serving order, then earmarks, reasons and any
+    preemption for the first blocked request."""
+
+    def __init__(
+        self,
+        kind: str,
+        offer: _Offer,
+        holding: list[Holding],
+        decision: Decision,
+        now: float,
+        sharing: Sharing,
+    ) -> None:
+        self.kind = kind
+        self.offer = offer
+        self.holding = holding
+        self.decision = decision
+        self.now = now
+        self.sharing = sharing
+        self.quotas: Quotas = sharing.quotas
+        self.capacity = len(offer.free) + len(offer.suspects) + _held(holding)
+        self.held = held_by((h.tenant, h.slices) for h in holding)
+        self.fixed = held_by((h.tenant, h.slices) for h in holding if not h.preemptible)
+        # Slices of the kind that no quota covers: the most that work which cannot be
+        # preempted may hold beyond its tenants' quotas, so every quota can be taken back.
+        self.pool = max(0, self.capacity - self.quotas.covered(kind))
+
+    def run(self, waiters: list[Waiter]) -> None:
+        earmarked: dict[str, list[str]] = {}
+        by_ticket = {w.ticket: w for w in waiters}
+        for waiter in self._serving(waiters):
+            self.decision.order.append(waiter.ticket)
+            low, high = waiter.count
+            if low > self.capacity:
+                self.decision.never[waiter.ticket] = (
+                    f"needs {low} slice(s) of {waiter.kind}; the cluster has {self.capacity}"
+                )
+                continue
+            if self.quotas.configured:
+                room, why = self._room(waiter)
+                if room < low:
+                    self.decision.blocked[waiter.ticket] = why
+                    continue
+                high = min(high, room)
+            usable = self.offer.usable(waiter, self.now)
+            if not earmarked and len(usable) >= low:
+                taken = usable[: min(high, len(usable))]
+                self.offer.take(taken)
+                self.decision.grants[waiter.ticket] = tuple(sorted(taken))
+                self._count(waiter, len(taken))
+                continue
+            # Blocked: keep what is idle for it; every later waiter of its kind waits behind it.
+            earmarked[waiter.ticket] = usable
+            self.offer.take(usable)
+        for ahead, (ticket, slices) in enumerate(earmarked.items()):
+            self.decision.earmarks[ticket] = tuple(slices)
+            self.decision.blocked[ticket] = self._blocked_reason(
+                by_ticket[ticket], ahead, len(slices), by_ticket, earmarked
             )
-            continue
-        usable = offer.usable(waiter, now)
-        if not earmarked and len(usable) >= low:
-            taken = usable[: min(high, len(usable))]
-            offer.take(taken)
-            decision.grants[waiter.ticket] = tuple(sorted(taken))
-            continue
-        # Blocked: keep what is idle for it; every later waiter of its kind waits behind it.
-        earmarked[waiter.ticket] = usable
-        offer.take(usable)
-    for ahead, (ticket, slices) in enumerate(earmarked.items()):
-        decision.earmarks[ticket] = tuple(slices)
-        low, kind = by_ticket[ticket].count[0], by_ticket[ticket].kind
-        decision.blocked[ticket] = (
-            f"needs {low} slice(s) of {kind}, behind {ahead} earlier request(s) for them"
-            if ahead
-            else f"needs {low} slice(s) of {kind}: {len(slices)} idle kept for it, "
-            f"{low - len(slices)} more when running work gives them back"
+            if not ahead:
+                self._preempt_for(by_ticket[ticket], len(slices))
+
+    def _serving(self, waiters: list[Waiter]) -> Iterator[Waiter]:
+        """The kind's waiters in serving order. With quotas, the next is the head of the
+        tenant whose head has the best standing, then the lowest weighted usage; standings
+        are judged as grants are made (``self.held`` grows between yields)."""
+        if not self.quotas.configured:
+            yield from waiters
+            return
+        queues: dict[str, list[Waiter]] = {}
+        for waiter in waiters:
+            queues.setdefault(waiter.tenant, []).append(waiter)
+
+        def key(tenant: str) -> tuple[int, float, int, int, str]:
+            head = queues[tenant][0]
+            standing = self.quotas.standing(
+                tenant, self.kind, self.held.get(tenant, 0), head.count[0]
+            )
+            weighted = self.sharing.weighted(tenant)
+            return (standing, weighted, -head.priority, head.arrival, head.ticket)
+
+        while queues:
+            tenant = min(queues, key=key)
+            yield queues[tenant].pop(0)
+            if not queues[tenant]:
+                del queues[tenant]
+
+    def _room(self, waiter: Waiter) -> tuple[int, str]:
+        """The most slices the waiter's tenant may be granted now, and why not more."""
+        tenant, kind = waiter.tenant, self.kind
+        quota = self.quotas.of(tenant)
+        nominal = self.quotas.nominal(tenant, kind)
+        held = self.held.get(tenant, 0)
+        room, why = self.capacity, ""
+        if quota is not None and quota.borrow_limit is not None:
+            room = nominal + quota.borrow_limit - held
+            why = (
+                f"{describe_tenant(tenant)} at its borrow limit: it holds {held} slice(s) of "
+                f"{kind} against a quota of {nominal} and may borrow {quota.borrow_limit} "
+                f"more; waits for its own work to end (or raise the limit: tpuslice quota "
+                f"set {tenant} --borrow-limit N)"
+            )
+        if not waiter.preemptible:
+            others = sum(
+                max(0, fixed - self.quotas.nominal(t, kind))
+                for t, fixed in self.fixed.items()
+                if t != tenant
+            )
+            fixed = self.fixed.get(tenant, 0)
+            unprotected = nominal + max(0, self.pool - others) - fixed
+            if unprotected < room:
+                room = unprotected
+                if quota is None:
+                    standing = f"{describe_tenant(tenant)} has no quota"
+                else:
+                    standing = f"{describe_tenant(tenant)} at quota ({held} of {nominal} {kind})"
+                covered = (
+                    f"every slice of {kind} is in some tenant's quota"
+                    if self.pool == 0
+                    else f"the {self.pool} slice(s) of {kind} that no quota covers are in use"
+                )
+                why = (
+                    f"{standing}; work that cannot be preempted runs beyond quotas only on "
+                    f"slices no quota covers, and {covered}; make it preemptible "
+                    "(preemptible=True) to borrow unused quota"
+                )
+        return room, why
+
+    def _count(self, waiter: Waiter, slices: int) -> None:
+        self.held[waiter.tenant] = self.held.get(waiter.tenant, 0) + slices
+        if not waiter.preemptible:
+            self.fixed[waiter.tenant] = self.fixed.get(waiter.tenant, 0) + slices
+
+    def _blocked_reason(
+        self,
+        waiter: Waiter,
+        ahead: int,
+        kept: int,
+        by_ticket: Mapping[str, Waiter],
+        earmarked: Mapping[str, list[str]],
+    ) -> str:
+        low, kind = waiter.count[0], waiter.kind
+        if ahead:
+            before = list(earmarked)[:ahead]
+            higher = sum(1 for t in before if by_ticket[t].priority > waiter.priority)
+            more = f", {higher} of higher priority" if higher else ""
+            reason = f"needs {low} slice(s) of {kind}, behind {ahead} earlier request(s) for them"
+            return reason + more
+        reason = (
+            f"needs {low} slice(s) of {kind}: {kept} idle kept for it, "
+            f"{low - kept} more when running work gives them back"
         )
-        if not ahead and offer.suspects:
-            decision.blocked[ticket] += (
-                f"; {len(offer.suspects)} idle with a suspect host, kept for a last resort"
+        if self.offer.suspects:
+            spare = len(self.offer.suspects)
+            reason += f"; {spare} idle with a suspect host, kept for a last resort"
+        if self.quotas.configured:
+            standing = self.quotas.standing(
+                waiter.tenant, kind, self.held.get(waiter.tenant, 0), low
             )
+            nominal = self.quotas.nominal(waiter.tenant, kind)
+            held = self.held.get(waiter.tenant, 0)
+            reason += {
+                Standing.WITHIN: f"; within {describe_tenant(waiter.tenant)}'s quota "
+                f"({held} of {nominal} in use)",
+                Standing.BORROWING: f"; {describe_tenant(waiter.tenant)} would borrow "
+                f"beyond its quota ({held} of {nominal} in use)",
+                Standing.NO_QUOTA: f"; {describe_tenant(waiter.tenant)} has no quota and "
+                "shares what is left over",
+            }[standing]
+        return reason
+
+    def _may_preempt(self, waiter: Waiter, victim: Holding, held: Mapping[str, int]) -> str:
+        """Why the victim may leave for the waiter (``""``: it may not)."""
+        if not (victim.preemptible and victim.holder and victim.ends_at is None):
+            return ""
+        configured = self.quotas.configured
+        borrowed = (
+            configured
+            and victim.tenant != waiter.tenant
+            and held.get(victim.tenant, 0) - victim.slices
+            >= self.quotas.nominal(victim.tenant, self.kind)
+        )
+        if borrowed:
+            low = waiter.count[0]
+            standing = self.quotas.standing(
+                waiter.tenant, self.kind, self.held.get(waiter.tenant, 0), low
+            )
+            if standing is Standing.WITHIN:
+                return (
+                    f"{describe_tenant(waiter.tenant)} takes back its quota, which "
+                    f"{describe_tenant(victim.tenant)} borrowed"
+                )
+        if victim.priority < waiter.priority and (
+            not configured or victim.tenant == waiter.tenant or borrowed
+        ):
+            return f"a request of priority {waiter.priority} outranks its {victim.priority}"
+        return ""
+
+    def _preempt_for(self, waiter: Waiter, kept: int) -> None:
+        """Choose running work to leave for the first blocked waiter, if that is the only
+        way to serve it (module docstring, rule 7)."""
+        need = waiter.count[0] - kept
+        held = dict(self.held)
+        chosen: list[tuple[Holding, str]] = []
+        got = 0
+        for victim in sorted(self.holding, key=lambda h: (h.priority, -h.started, h.holder)):
+            if got >= need:
+                break
+            why = self._may_preempt(waiter, victim, held)
+            if why:
+                chosen.append((victim, why))
+                got += victim.slices
+                held[victim.tenant] = held.get(victim.tenant, 0) - victim.slices
+        if got < need:
+            return
+        grace = max(self.quotas.grace_s(v.tenant) for v, _ in chosen)
+        soon = sum(
+            h.slices
+            for h in self.holding
+            if h.ends_at is not None and h.ends_at <= self.now + grace
+        )
+        if soon >= need:
+            return
+        ask = f"{waiter.count[0]} x {waiter.kind} of {describe_tenant(waiter.tenant)}"
+        names = []
+        for victim, why in chosen:
+            own = self.quotas.grace_s(victim.tenant)
+            self.decision.preempt[victim.holder] = Preemption(
+                victim.holder, waiter.ticket, f"preempted for {ask}: {why}", own
+            )
+            names.append(f"{victim.who or victim.holder} of {describe_tenant(victim.tenant)}")
+        self.decision.blocked[waiter.ticket] += (
+            f"; preempting {', '.join(names)}: grace ends in {grace:.0f} s"
+        )

@@ -107,7 +107,7 @@ def test_run_says_which_option_to_change_when_its_reservation_times_out(
             )
 
     monkeypatch.setattr(jobs, "ResilientRun", TimesOut)
-    request = SliceRequest.for_run("2x2x2", "v4", 1, None, 8.0, 0)
+    request = SliceRequest.for_run("2x2x2", "v4", 1, None, 8.0, 0, None, False)
     with pytest.raises(click.ClickException) as info:
         jobs._run_everywhere(request, ("hostname",), retries=0)
     assert info.value.message.endswith("or pass a longer --timeout")

@@ -141,16 +141,18 @@ def test_priority_must_be_an_integer(value: object) -> None:
 
 
 def test_a_runs_request_is_the_request_of_its_options() -> None:
-    request = SliceRequest.for_run("4x4", "v6e", (1, 2), None, 30.0, 5)
+    request = SliceRequest.for_run("4x4", "v6e", (1, 2), None, 30.0, 5, "team-a", True)
     assert request == SliceRequest(
         topology="4x4",
         accelerator_version="v6e",
         num_slices=(1, 2),
         head_reservation_timeout_s=30.0,
         priority=5,
+        tenant="team-a",
+        preemptible=True,
     )
     with pytest.raises(InvalidArgumentError, match="valid"):
-        SliceRequest.for_run("v6e", "4x4", 1, None, 30.0, 0)  # the two strings swapped
+        SliceRequest.for_run("v6e", "4x4", 1, None, 30.0, 0, None, False)  # the two strings swapped
 
 
 def test_every_run_takes_each_option_of_a_runs_request_with_the_requests_default() -> None:
@@ -161,12 +163,38 @@ def test_every_run_takes_each_option_of_a_runs_request_with_the_requests_default
 
     options = list(inspect.signature(SliceRequest.for_run).parameters)
     defaults = {f.name: f.default for f in dataclasses.fields(SliceRequest)}
+    # A resilient run leaves cleanly and queues again, so it may be preempted by default.
+    own = {(run_resilient, "preemptible"): True}
     for run in (run_on_slice, run_resilient, SliceActorGroup.create):
         params = inspect.signature(run).parameters
         for name in options:
             assert name in params, (run.__qualname__, name)
             if name not in ("topology", "accelerator_version"):
-                assert params[name].default == defaults[name], (run.__qualname__, name)
+                expected = own.get((run, name), defaults[name])
+                assert params[name].default == expected, (run.__qualname__, name)
+
+
+def test_a_request_is_charged_to_the_tenant_named_else_the_environment_else_the_user(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TPUSLICE_TENANT", "team-b")
+    assert SliceRequest(topology="4x4", accelerator_version="v6e").tenant == "team-b"
+    named = SliceRequest(topology="4x4", accelerator_version="v6e", tenant="team-a")
+    assert named.tenant == "team-a"
+    monkeypatch.delenv("TPUSLICE_TENANT")
+    monkeypatch.setattr("getpass.getuser", lambda: "Ada Lovelace")
+    assert SliceRequest(topology="4x4", accelerator_version="v6e").tenant == "Ada-Lovelace"
+    monkeypatch.setenv("TPUSLICE_TENANT", "no spaces")
+    with pytest.raises(InvalidArgumentError, match="TPUSLICE_TENANT: tenant 'no spaces'"):
+        SliceRequest(topology="4x4", accelerator_version="v6e")
+
+
+@pytest.mark.parametrize("bad", ["", "-lead", "a b", "x" * 64, 7])
+def test_a_bad_tenant_or_preemptible_is_refused(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="give 1-63 letters"):
+        SliceRequest(topology="4x4", accelerator_version="v6e", tenant=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="preemptible must be True or False"):
+        SliceRequest(topology="4x4", accelerator_version="v6e", preemptible="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,8 @@ class QueuePlace:
         kind: The slices it waits for.
         count: ``(min, max)`` slices.
         priority: Higher first.
+        tenant: Whom it is charged to.
+        preemptible: Whether its work may be preempted once it runs.
         time_left: Seconds to the request's deadline, now (``None``: it has none); sent
             with each enqueue.
     """
@@ -49,6 +51,9 @@ class QueuePlace:
         count: tuple[int, int],
         priority: int,
         time_left: Callable[[], float | None] = lambda: None,
+        *,
+        tenant: str = "",
+        preemptible: bool = False,
     ) -> None:
         self.queue = queue
         self.time_left = time_left
@@ -59,6 +64,8 @@ class QueuePlace:
             priority=priority,
             who=this_driver(),
             job="",
+            tenant=tenant,
+            preemptible=preemptible,
         )
         self.arrival: int | None = None
         self.last: Answer | None = None

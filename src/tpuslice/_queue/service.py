@@ -27,6 +27,7 @@ from typing import Protocol
 
 from tpuslice._queue.book import LEASE_S, Answer, Granted, QueueBook, Waiting
 from tpuslice._queue.schedule import Holding, Waiter
+from tpuslice._queue.share import describe_tenant
 from tpuslice._tpu.topology import SliceShape
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
 from tpuslice._view.queue_record import QueuedRequest, QueueRecord
@@ -80,6 +81,8 @@ class Ticket:
             queue makes it a deadline on its own clock when the ticket arrives, so the
             driver's and the queue's clocks need not agree. Near it, the request may be
             granted a suspect slice (:func:`~tpuslice._queue.schedule.last_resort`).
+        tenant: Whom it is charged to (``""``: none named).
+        preemptible: Whether its work may be preempted once it runs.
     """
 
     ticket: str
@@ -89,6 +92,8 @@ class Ticket:
     who: str
     job: str
     time_left_s: float | None = None
+    tenant: str = ""
+    preemptible: bool = False
 
 
 class SliceQueue(Protocol):
@@ -224,7 +229,13 @@ class QueueService:
         left = ticket.time_left_s
         deadline = None if left is None else self._clock() + left
         waiter = Waiter(
-            ticket.ticket, ticket.kind.key, ticket.count, ticket.priority, deadline=deadline
+            ticket.ticket,
+            ticket.kind.key,
+            ticket.count,
+            ticket.priority,
+            deadline=deadline,
+            tenant=ticket.tenant,
+            preemptible=ticket.preemptible,
         )
         number = self.book.enqueue(waiter, ticket.who, arrival=arrival)
         self._tickets[ticket.ticket] = ticket
@@ -243,7 +254,13 @@ class QueueService:
         for request in requests:
             arrival = request.arrival or round(request.since * 1e9)
             waiter = Waiter(
-                request.ticket, request.kind, request.count, request.priority, arrival=arrival
+                request.ticket,
+                request.kind,
+                request.count,
+                request.priority,
+                arrival=arrival,
+                tenant=request.tenant,
+                preemptible=request.preemptible,
             )
             self.book.expect(waiter, request.who)
         self._changed = True
@@ -453,6 +470,8 @@ class QueueService:
                     granted=granted,
                     reason=getattr(answer, "reason", ""),
                     arrival=waiter.arrival,
+                    tenant=waiter.tenant,
+                    preemptible=waiter.preemptible,
                 )
             )
         return QueueRecord(at=self._wall(), requests=tuple(entries))
@@ -464,7 +483,8 @@ class QueueService:
         low, high = found.count
         count = str(low) if low == high else f"{low}..{high}"
         priority = f", priority {found.priority}" if found.priority else ""
-        return f"{count} x {found.kind.key} for {found.who}{priority}"
+        tenant = f" ({describe_tenant(found.tenant)})" if found.tenant else ""
+        return f"{count} x {found.kind.key} for {found.who}{tenant}{priority}"
 
     def _forget(self, ticket: str) -> None:
         self._tickets.pop(ticket, None)

@@ -38,8 +38,11 @@ What the policy guarantees:
 
 from __future__ import annotations
 
+import getpass
 import json
 import math
+import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -53,6 +56,55 @@ DEFAULT_HALF_LIFE_S = 3600.0
 """How fast past usage is forgotten: an hour's use weighs half as much an hour later.
 Long against a typical job, so the split between tenants follows their weights, and short
 enough that a tenant that was busy yesterday is not held back today."""
+
+
+TENANT_ENV = "TPUSLICE_TENANT"
+"""The tenant a request is charged to when it names none (else the user's name)."""
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,62}")
+
+
+def check_tenant(tenant: str) -> str:
+    """Validate a tenant's name.
+
+    Args:
+        tenant: The name.
+
+    Returns:
+        It, unchanged.
+
+    Raises:
+        InvalidArgumentError: it is not 1-63 letters, digits, ``.``, ``_``, ``@`` or ``-``,
+            starting with a letter or digit.
+    """
+    if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
+        raise InvalidArgumentError(
+            f"tenant {tenant!r}: give 1-63 letters, digits, '.', '_', '@' or '-', "
+            "starting with a letter or digit (such as team-a)"
+        )
+    return tenant
+
+
+def default_tenant() -> str:
+    """The tenant of a request that names none: ``TPUSLICE_TENANT``, else the user's name.
+
+    Returns:
+        The tenant.
+
+    Raises:
+        InvalidArgumentError: ``TPUSLICE_TENANT`` is set to an invalid name.
+    """
+    named = os.environ.get(TENANT_ENV, "").strip()
+    if named:
+        try:
+            return check_tenant(named)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"{TENANT_ENV}: {exc}") from exc
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (some containers)
+        user = f"uid-{os.getuid()}"
+    cleaned = re.sub(r"[^A-Za-z0-9._@-]", "-", user).lstrip("._@-")[:63]
+    return cleaned or "default"
 
 
 class Standing(IntEnum):

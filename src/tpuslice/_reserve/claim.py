@@ -512,7 +512,13 @@ class Reserver:
             self._fall_back(exc)
             return
         place = QueuePlace(
-            queue, self.kind, (self.low, self.high), self.request.priority, self.time_left
+            queue,
+            self.kind,
+            (self.low, self.high),
+            self.request.priority,
+            self.time_left,
+            tenant=self.request.tenant or "",
+            preemptible=self.request.preemptible,
         )
         try:
             place.join()

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from tpuslice._queue.share import check_tenant, default_tenant
 from tpuslice._reserve.plan import ReservationPlan
 from tpuslice._tpu.compat import (
     DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
@@ -59,6 +60,11 @@ class SliceRequest:
         subslice_index: With ``subslice``: that sub-slice of its parent only.
         priority: Place in the cluster-wide queue when slices are short: higher first,
             arrival order within a priority (tpuslice's; not in Ray).
+        tenant: Whom the slices are charged to, for the cluster's quotas and fair share
+            (``None``: ``TPUSLICE_TENANT``, else the user's name; resolved on creation).
+            A label, not a credential.
+        preemptible: Whether the queue may preempt this work, with notice, for a request
+            of higher priority or for a tenant taking back its quota.
 
     Raises:
         InvalidArgumentError: a value is out of range or of the wrong kind (every
@@ -81,6 +87,8 @@ class SliceRequest:
     subslice: bool = False
     subslice_index: int | None = None
     priority: int = 0
+    tenant: str | None = None
+    preemptible: bool = False
     plan: ReservationPlan = field(init=False, repr=False, compare=False)
     """Everything derived from the fields: shape, bundles per host, bundle resources."""
 
@@ -92,6 +100,12 @@ class SliceRequest:
         if self.bundle_label_selector is not None:
             selectors = tuple(MappingProxyType(dict(s or {})) for s in self.bundle_label_selector)
             object.__setattr__(self, "bundle_label_selector", selectors)
+        tenant = default_tenant() if self.tenant is None else check_tenant(self.tenant)
+        object.__setattr__(self, "tenant", tenant)
+        if not isinstance(self.preemptible, bool):
+            raise InvalidArgumentError(
+                f"preemptible must be True or False, got {self.preemptible!r}"
+            )
         object.__setattr__(self, "plan", _plan(self))
 
     @classmethod
@@ -103,6 +117,8 @@ class SliceRequest:
         chips_per_vm: int | None,
         head_reservation_timeout_s: float | None,
         priority: int,
+        tenant: str | None,
+        preemptible: bool,
         /,
     ) -> SliceRequest:
         """The request of a run that reserves its own slices: the options that
@@ -122,6 +138,8 @@ class SliceRequest:
             chips_per_vm: Chips per host; ``None`` for the shape's default.
             head_reservation_timeout_s: Seconds to wait for idle slices; ``None``: no limit.
             priority: Place in the cluster-wide queue.
+            tenant: Whom it is charged to (``None``: the default tenant).
+            preemptible: Whether the queue may preempt it.
 
         Returns:
             The request, validated.
@@ -133,6 +151,8 @@ class SliceRequest:
             chips_per_vm=chips_per_vm,
             head_reservation_timeout_s=head_reservation_timeout_s,
             priority=priority,
+            tenant=tenant,
+            preemptible=preemptible,
         )
 
     @property

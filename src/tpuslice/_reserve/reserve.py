@@ -87,6 +87,8 @@ class SlicePlacementGroup(ShutsDownOnExit):
         tpu_resource_per_chip: int | None = None,
         *,
         priority: int = 0,
+        tenant: str | None = None,
+        preemptible: bool = False,
     ) -> None:
         """Reserve the slices; returns once every slice is claimed and placed.
 
@@ -110,6 +112,11 @@ class SlicePlacementGroup(ShutsDownOnExit):
                 ``RAY_TPU_RESOURCE_PER_CHIP`` variable, else 1).
             priority: Place in the cluster-wide queue when slices are short: higher is
                 served first, arrival order within a priority (tpuslice only).
+            tenant: Whom the slices are charged to, for the cluster's quotas and fair
+                share (default: ``TPUSLICE_TENANT``, else the user's name; tpuslice only).
+            preemptible: Whether the queue may preempt the reservation, with notice, for
+                a request of higher priority or a tenant taking back its quota
+                (tpuslice only).
 
         Raises:
             InvalidArgumentError: an argument is invalid (a ``ValueError``; the message
@@ -132,6 +139,8 @@ class SlicePlacementGroup(ShutsDownOnExit):
             pg_per_slice=pg_per_slice,
             tpu_resource_per_chip=tpu_resource_per_chip,
             priority=priority,
+            tenant=tenant,
+            preemptible=preemptible,
         )
         self._start(request, None)
 
@@ -505,7 +514,7 @@ def slice_placement_group(
         pg_per_slice: One worker placement group per slice.
         tpu_resource_per_chip: Ray ``TPU`` units per chip.
         **kwargs: ``name``, ``lifetime``, ``strategy``, ``head_reservation_timeout_s``,
-            ``bundle_label_selector`` and ``priority``, as for
+            ``bundle_label_selector``, ``priority``, ``tenant`` and ``preemptible``, as for
             :class:`SlicePlacementGroup`.
 
     Returns:

@@ -129,6 +129,8 @@ class SliceActorGroup(ShutsDownOnExit):
         priority: int = 0,
         heartbeat_timeout_s: float | None = None,
         startup_timeout_s: float | None = None,
+        tenant: str | None = None,
+        preemptible: bool = False,
         **kwargs: Any,
     ) -> SliceActorGroup:
         """Reserve slices and start the group on them; :meth:`shutdown` gives them back.
@@ -147,6 +149,9 @@ class SliceActorGroup(ShutsDownOnExit):
                 served first, arrival order within a priority.
             heartbeat_timeout_s: See the constructor.
             startup_timeout_s: See the constructor.
+            tenant: Whom the slices are charged to (default: ``TPUSLICE_TENANT``, else
+                the user's name).
+            preemptible: Whether the queue may preempt the group, with notice.
             **kwargs: Passed to every actor's constructor.
 
         Returns:
@@ -165,6 +170,8 @@ class SliceActorGroup(ShutsDownOnExit):
             chips_per_vm,
             head_reservation_timeout_s,
             priority,
+            tenant,
+            preemptible,
         )
         WatchConfig(heartbeat_timeout_s, startup_timeout_s)  # checked before reserving
         spg = reserve_slices(request)

@@ -844,6 +844,8 @@ def run_resilient(
     startup_timeout_s: float | None = None,
     health_check: bool = False,
     on_account: Callable[[Account], object] | None = None,
+    tenant: str | None = None,
+    preemptible: bool = True,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn`` on every host of whole slices and return its results in rank order,
@@ -891,6 +893,12 @@ def run_resilient(
             also carries it on the error (``exc.account``). ``tpuslice goodput RUN_ID``
             shows it later. (An argument of ``fn``'s own named ``on_account`` cannot be
             passed through here.)
+        tenant: Whom every attempt's slices are charged to, for the cluster's quotas and
+            fair share (default: ``TPUSLICE_TENANT``, else the user's name).
+        preemptible: Whether the queue may preempt an attempt, with notice, for a
+            request of higher priority or a tenant taking back its quota. The run then
+            gets the notice as from GCE (``on_notice``), leaves, and counts the attempt as
+            a preemption.
         **kwargs: Passed to every call of ``fn``.
 
     Returns:
@@ -920,6 +928,8 @@ def run_resilient(
         chips_per_vm,
         head_reservation_timeout_s,
         priority,
+        tenant,
+        preemptible,
     )
     body = functools.partial(run_function, fn, args, kwargs)
     run = ResilientRun(

@@ -219,6 +219,8 @@ def run_on_slice(
     head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
     pg_ready_timeout_s: float | None = None,
     priority: int = 0,
+    tenant: str | None = None,
+    preemptible: bool = False,
     **kwargs: Any,
 ) -> list[ray.ObjectRef]:
     """Run ``fn`` once on every host of one or more slices; ``refs[i]`` is rank *i*.
@@ -245,6 +247,10 @@ def run_on_slice(
         priority: A one-shot's place in the cluster-wide queue when slices are short:
             higher is served first, arrival order within a priority (tpuslice only: an
             argument of ``fn``'s own named ``priority`` cannot be passed through here).
+        tenant: Whom a one-shot's slices are charged to (default: ``TPUSLICE_TENANT``,
+            else the user's name); ignored with ``tpu_slice``.
+        preemptible: Whether the queue may preempt a one-shot, with notice (then its
+            tasks are cancelled when the grace period ends); ignored with ``tpu_slice``.
         **kwargs: Passed to every call of ``fn``.
 
     Returns:
@@ -272,6 +278,8 @@ def run_on_slice(
             chips_per_vm,
             head_reservation_timeout_s,
             priority,
+            tenant,
+            preemptible,
         )
         spg = reserve_slices(request)
         beats = f"{BEAT_KEY_PREFIX}{goodput.new_run_id()}/"

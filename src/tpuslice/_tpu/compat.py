@@ -372,5 +372,12 @@ QUEUE_DIFFERENCES: tuple[Difference, ...] = (
         "come another way, e.g. a default or another name)",
         "tests/test_claim_queue.py::test_a_higher_priority_request_is_served_first",
     ),
+    Difference(
+        "keyword arguments named tenant or preemptible to run_on_slice",
+        "passed to the function",
+        "taken as the one-shot's tenant (quotas and fair share) and whether the queue may "
+        "preempt it (a function's own arguments of those names must come another way)",
+        "tests/test_share.py::test_a_tenant_within_its_quota_goes_before_earlier_borrowers_and_tenants_without",
+    ),
 )
 """Checked by tests/test_subslice_pure.py: each ``shown_by`` test exists."""

@@ -32,6 +32,8 @@ class QueuedRequest:
         granted: Slices granted to it and not yet claimed.
         reason: Why it waits.
         arrival: Its arrival number (a restarted queue keeps its place for it).
+        tenant: Whom it is charged to (``""``: none named).
+        preemptible: Whether its work may be preempted once it runs.
     """
 
     ticket: str
@@ -44,6 +46,8 @@ class QueuedRequest:
     granted: tuple[str, ...] = ()
     reason: str = ""
     arrival: int = 0
+    tenant: str = ""
+    preemptible: bool = False
 
     @property
     def wanted(self) -> str:
@@ -68,6 +72,8 @@ class QueuedRequest:
             "granted": list(self.granted),
             "reason": self.reason,
             "arrival": self.arrival,
+            "tenant": self.tenant,
+            "preemptible": self.preemptible,
         }
 
 
@@ -144,6 +150,8 @@ class QueueRecord:
                     granted=tuple(str(s) for s in r.get("granted", ())),
                     reason=str(r.get("reason", "")),
                     arrival=int(r.get("arrival", 0)),
+                    tenant=str(r.get("tenant", "")),
+                    preemptible=bool(r.get("preemptible", False)),
                 )
                 for r in data["requests"]
             )

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from tpuslice import events
 from tpuslice._host.context import HostContext, current_host
+from tpuslice._queue.share import check_tenant
 from tpuslice._reserve.groups import live_placement_groups
 from tpuslice._reserve.observe import describe_request
 from tpuslice._reserve.request import SliceRequest
@@ -231,6 +232,18 @@ class SliceCount(_CountType):
     show_default=True,
     help="Place in the cluster's queue when slices are short: higher first.",
 )
+@click.option(
+    "--tenant",
+    default=None,
+    help="Whom the slices are charged to, for quotas and fair share "
+    "[default: $TPUSLICE_TENANT, else your user name].",
+)
+@click.option(
+    "--preemptible",
+    is_flag=True,
+    help="Whether the cluster's queue may preempt the run, with notice, for higher "
+    "priority or a tenant taking back its quota.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
     topology: str,
@@ -241,6 +254,8 @@ def run(
     timeout: float,
     retries: int,
     priority: int,
+    tenant: str | None,
+    preemptible: bool,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND on every host of N slices (--slices); exit with the worst exit code.
@@ -251,6 +266,8 @@ def run(
         most = num_slices[1] if isinstance(num_slices, tuple) else num_slices
         shape_spec = SliceSpec(accelerator, topology, most)
         shape_spec.shape()
+        if tenant is not None:
+            check_tenant(tenant)
     except InvalidArgumentError as exc:
         raise UsageError(str(exc)) from exc
     sim = None
@@ -261,7 +278,7 @@ def run(
                 sim = _offer_simulator(shape_spec, simulate)
                 sim.connect()
             request = SliceRequest.for_run(
-                topology, accelerator, num_slices, None, timeout, priority
+                topology, accelerator, num_slices, None, timeout, priority, tenant, preemptible
             )
             code = _run_everywhere(request, command, retries)
         except KeyboardInterrupt:

@@ -20,7 +20,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: list[set[str]] = [
-    {"errors", "_process", "_ray"},
+    {"errors", "_process", "_ray", "_auth"},
     {"_tpu"},
     {"_host"},
     {"_sim"},

@@ -290,6 +290,10 @@ class FakeRay:
         monkeypatch.setattr(ray, "shutdown", self.shutdown)
         monkeypatch.setattr(ray, "is_initialized", lambda: self.initialized)
         monkeypatch.setattr(_ray, "recorded_cluster_address", lambda: self.recorded)
+        # The token check before joining asks Ray too: a cluster that needs no token.
+        monkeypatch.setattr(_ray, "reload_auth_settings", lambda: None)
+        monkeypatch.setattr(_ray, "enable_token_auth_if_token_found", lambda: None)
+        monkeypatch.setattr(_ray, "gcs_token_refusal", lambda address: None)
         return self
 
     def init(self, **kwargs: Any) -> None:

@@ -1,11 +1,11 @@
 """tpuslice: run SPMD work on whole Google Cloud TPU slices with Ray.
 
 Layers, lowest first; a module imports only its layer and those below (tests/test_layers.py):
-``errors``, ``_process``, ``_ray`` -> ``_tpu`` (pure facts) -> ``_host`` (one host) -> ``_sim``
-(the simulator) -> ``_view`` (reading the cluster) -> ``events``, ``metrics``, ``goodput``,
-``slice_seconds`` (what runs record) -> ``_queue`` (the cluster's queue) -> ``_reserve``
-(reserving) -> ``_run`` (running) -> ``jax`` -> ``cli`` -> ``testing``; this ``__init__``
-offers the public names of them all.
+``errors``, ``_process``, ``_ray``, ``_auth`` (joining a cluster) -> ``_tpu`` (pure facts) ->
+``_host`` (one host) -> ``_sim`` (the simulator) -> ``_view`` (reading the cluster) ->
+``events``, ``metrics``, ``goodput``, ``slice_seconds`` (what runs record) -> ``_queue`` (the
+cluster's queue) -> ``_reserve`` (reserving) -> ``_run`` (running) -> ``jax`` -> ``cli`` ->
+``testing``; this ``__init__`` offers the public names of them all.
 
 The public names load on first use (PEP 562), so ``import tpuslice`` (and the pytest
 plugin, which every pytest run in an environment with tpuslice loads) does not import Ray.
@@ -61,6 +61,8 @@ _EXPORTS: dict[str, str] = {
     "TPU_SUBSLICE_LABEL_PREFIX": "tpuslice._run.subslices",
     "subslice_placement_group": "tpuslice._run.subslices",
     "TPUInUseError": "tpuslice.errors",
+    "TokenAuthError": "tpuslice.errors",
+    "connect": "tpuslice._auth",
     "TPUSliceError": "tpuslice.errors",
     "init_jax_profiler": "tpuslice.jax",
     "heartbeat": "tpuslice._host.heartbeats",
@@ -94,6 +96,7 @@ _EXPORTS: dict[str, str] = {
 """Each public name and the module that defines it."""
 
 if TYPE_CHECKING:
+    from tpuslice._auth import connect
     from tpuslice._host.context import HostContext, current_host
     from tpuslice._host.heartbeats import checkpointed, heartbeat
     from tpuslice._host.node import (
@@ -177,6 +180,7 @@ if TYPE_CHECKING:
         SliceShutdownError,
         SliceUnhealthyError,
         SubsliceUnavailableError,
+        TokenAuthError,
         TPUInUseError,
         TPUSliceError,
     )
@@ -235,10 +239,12 @@ __all__ = [
     "SubsliceUnavailableError",
     "TPUInUseError",
     "TPUSliceError",
+    "TokenAuthError",
     "__version__",
     "check_slice",
     "checkpointed",
     "classify",
+    "connect",
     "current_host",
     "dispatch",
     "get_chips_per_host",

@@ -285,3 +285,48 @@ def alive_actors_on(node_ids: Collection[str]) -> list[tuple[str, str, int]]:
         for info in state.actors(actor_state_name="ALIVE").values()
         if info["Address"]["NodeID"] in wanted
     ]
+
+
+def gcs_token_refusal(address: str) -> str | None:
+    """Ray's reason when the GCS at ``address`` refuses this process's token (none, or a
+    wrong one); ``None`` when it accepts it or requires none. One GCS call, answered at
+    once by a GCS that runs; one that does not answer is waited for as long as Ray's
+    client waits (about 40 s), so call it with a bound of your own.
+
+    Public alternative: none; ``ray.init`` retries a refused token for about 20 s, then
+    raises a bare ``ConnectionError`` that does not say why.
+    """
+    raylet: Any = ray._raylet  # its type stubs leave out the GCS client
+
+    try:
+        raylet.GcsClient(address=address)
+    except ray.exceptions.AuthenticationError as exc:
+        return str(getattr(exc, "message", "") or "the token was refused")
+    return None
+
+
+def reload_auth_settings() -> None:
+    """Make Ray in this process read ``RAY_AUTH_MODE`` and its token again from the
+    environment (it reads them once and keeps them). Only while not connected.
+
+    Public alternative: none.
+    """
+    raylet: Any = ray._raylet  # its type stubs leave out both classes
+
+    # The mode before the token: a token dropped while the mode still said "token"
+    # would be reloaded by a thread of Ray's that still runs.
+    raylet.Config.initialize("")
+    raylet.AuthenticationTokenLoader.instance().reset_cache()
+
+
+def enable_token_auth_if_token_found() -> None:
+    """What ``ray.init`` does for an address it finds on its own (``None``, ``"auto"``):
+    with ``RAY_AUTH_MODE`` unset and a token found, this process uses token mode.
+
+    Public alternative: none.
+    """
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available,
+    )
+
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)

@@ -78,6 +78,25 @@ class NotConnectedError(TPUSliceError, RuntimeError):
     (``current_host()`` outside a task started by tpuslice)."""
 
 
+class TokenAuthError(TPUSliceError, ConnectionError):
+    """The Ray cluster requires token authentication (``RAY_AUTH_MODE=token``) and this
+    driver has no token, a wrong one, or one that cannot be read. A ConnectionError, as
+    Ray's ``ray.init`` raises (after about 20 s of retries) for a refused token; the
+    message names what to set (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``).
+
+    Args:
+        message: What was asked, what was found, and what to set.
+        address: The cluster's address.
+    """
+
+    def __init__(self, message: str, address: str = "") -> None:
+        super().__init__(message)
+        self.address = address
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.address))
+
+
 class HostLostError(TPUSliceError, RuntimeError):
     """A host of a slice died or became unreachable while it ran our work."""
 

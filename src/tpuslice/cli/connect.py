@@ -16,7 +16,8 @@ from contextlib import contextmanager
 import click
 import ray
 
-from tpuslice import _ray
+from tpuslice import _auth, _ray
+from tpuslice.errors import TokenAuthError
 
 NO_CLUSTER_HINT = "start one with `tpuslice simulate`, or pass --address HOST:PORT"
 PROBE_TIMEOUT_S = 3.0
@@ -28,6 +29,11 @@ class UsageError(click.UsageError):
 
 class NoClusterError(click.ClickException):
     """There is no running Ray cluster to connect to (exit code 1)."""
+
+
+class TokenRefusedError(click.ClickException):
+    """The cluster requires a token this process does not present (exit code 1); the
+    message is :class:`~tpuslice.errors.TokenAuthError`'s, naming what to set."""
 
 
 def connect(address: str | None) -> bool:
@@ -44,6 +50,8 @@ def connect(address: str | None) -> bool:
     Raises:
         UsageError: ``address`` is malformed, or ``local`` (which would start a cluster).
         NoClusterError: nothing answers at the address (or none is running here).
+        TokenRefusedError: the cluster requires a token and this process's is missing,
+            unreadable or wrong (at once, where Ray retries for about 20 s).
     """
     if ray.is_initialized():
         return False
@@ -53,15 +61,23 @@ def connect(address: str | None) -> bool:
             "address 'local' would start a new Ray cluster; pass HOST:PORT of a running one, "
             "or leave --address out to find the one on this machine"
         )
+    checked: str | None = target
     if target != "auto":
         probe(target)
     else:
-        recorded = _ray.recorded_cluster_address()
-        if recorded:  # Ray would retry this one for minutes if it is gone
-            probe(recorded, stale=True)
+        checked = _ray.recorded_cluster_address()
+        if checked:  # Ray would retry this one for minutes if it is gone
+            probe(checked, stale=True)
     try:
+        if checked:
+            _auth.check_token(checked, found_on_its_own=target == "auto")
         # "auto" (not None): with no cluster found, None would start a new local one.
         ray.init(address=target, log_to_driver=False, logging_level=logging.WARNING)
+    except TokenAuthError as exc:
+        raise TokenRefusedError(str(exc)) from exc
+    except ray.exceptions.AuthenticationError as exc:  # token mode and no token at all
+        refusal = _auth.refused(checked or target, str(getattr(exc, "message", "")))
+        raise TokenRefusedError(str(refusal)) from exc
     except ConnectionError as exc:  # Ray's "no running instance" / "failed to connect"
         where = "on this machine" if target == "auto" else f"at {target}"
         raise NoClusterError(f"no running Ray cluster {where}; {NO_CLUSTER_HINT}") from exc

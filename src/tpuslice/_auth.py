@@ -1,0 +1,278 @@
+"""Token authentication (Ray's ``RAY_AUTH_MODE=token``) as a driver meets it.
+
+Which token this process presents, read from the environment in Ray's order
+(``RAY_AUTH_TOKEN``, then the file ``RAY_AUTH_TOKEN_PATH`` names, then
+``~/.ray/auth_token``); the check a driver makes before ``ray.init``, so a cluster that
+refuses it fails at once with :class:`~tpuslice.errors.TokenAuthError` naming what to set
+(``ray.init`` retries a refused token for about 20 s, then raises a ``ConnectionError``
+that does not say why); :func:`connect`, tpuslice's ``ray.init`` that makes that check;
+and the token file a simulated cluster makes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from tpuslice import _ray
+from tpuslice.errors import TokenAuthError
+
+logger = logging.getLogger(__name__)
+
+MODE_ENV = "RAY_AUTH_MODE"
+TOKEN_ENV = "RAY_AUTH_TOKEN"
+TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+AUTH_ENV = (MODE_ENV, TOKEN_ENV, TOKEN_PATH_ENV)
+DEFAULT_TOKEN_FILE = Path(".ray") / "auth_token"
+"""Where Ray looks for a token last, under the home directory."""
+CHECK_TIMEOUT_S = 5.0
+"""How long the check waits for the cluster's answer; a GCS that runs answers at once."""
+WHAT_TO_SET = (
+    f"set {MODE_ENV}=token and the cluster's token in {TOKEN_ENV} (the token itself) or "
+    f"{TOKEN_PATH_ENV} (a file holding it), then connect again"
+)
+
+
+@dataclass(frozen=True)
+class TokenSetting:
+    """What this process presents to a cluster that requires a token.
+
+    Attributes:
+        mode: ``RAY_AUTH_MODE`` as set, lower-cased; ``""`` when unset.
+        source: Where the token comes from (``RAY_AUTH_TOKEN``,
+            ``RAY_AUTH_TOKEN_PATH=/path``, or the default file's path); ``""`` for none.
+        problem: Why that token cannot be used; ``""`` when it can.
+    """
+
+    mode: str
+    source: str
+    problem: str = ""
+
+    @property
+    def unusable(self) -> bool:
+        """Whether Ray, in token mode, has no token it can send (it would refuse to
+        connect, or abort the process for an unreadable ``RAY_AUTH_TOKEN_PATH``)."""
+        return self.mode == "token" and bool(self.problem)
+
+
+def token_setting(environ: Mapping[str, str], home: Path) -> TokenSetting:
+    """Read which token a process with ``environ`` presents, as Ray looks for it.
+
+    Args:
+        environ: The process's environment.
+        home: Its home directory (where ``.ray/auth_token`` is looked for).
+
+    Returns:
+        The setting; its ``problem`` says why a token named there cannot be read.
+    """
+    mode = environ.get(MODE_ENV, "").strip().lower()
+    if environ.get(TOKEN_ENV, "").strip():
+        return TokenSetting(mode, TOKEN_ENV)
+    path = environ.get(TOKEN_PATH_ENV, "").strip()
+    if path:
+        return TokenSetting(mode, f"{TOKEN_PATH_ENV}={path}", _unreadable(Path(path)))
+    default = home / DEFAULT_TOKEN_FILE
+    if default.exists():
+        return TokenSetting(mode, str(default), _unreadable(default))
+    return TokenSetting(
+        mode, "", f"no token was found in {TOKEN_ENV}, {TOKEN_PATH_ENV} or ~/{DEFAULT_TOKEN_FILE}"
+    )
+
+
+def _unreadable(path: Path) -> str:
+    """Why the token file ``path`` cannot be used, or ``""``."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror or exc})"
+    return "" if text.strip() else f"{path} is empty"
+
+
+def refused_message(address: str, setting: TokenSetting, reason: str = "") -> str:
+    """The message of :class:`~tpuslice.errors.TokenAuthError`: what was asked, what was
+    found, and what to set.
+
+    Args:
+        address: The cluster's address.
+        setting: What this process presents (:func:`token_setting`).
+        reason: Ray's own reason for refusing it, if the cluster was asked.
+
+    Returns:
+        The message.
+    """
+    if setting.mode != "token":
+        found = (
+            f"it requires a token, and this process sends none ({MODE_ENV} is "
+            f"{repr(setting.mode) if setting.mode else 'unset'}, not 'token')"
+        )
+    elif setting.problem:
+        found = f"{MODE_ENV}=token, but {setting.problem}"
+    else:
+        found = f"it refused the token from {setting.source}"
+    because = f" (Ray: {reason})" if reason else ""
+    return f"connecting to the Ray cluster at {address}: {found}{because}; {WHAT_TO_SET}"
+
+
+def refused(address: str, reason: str = "") -> TokenAuthError:
+    """The error for a cluster that refuses this process's token, built from this
+    process's environment.
+
+    Args:
+        address: The cluster's address.
+        reason: Ray's own reason, if the cluster was asked.
+
+    Returns:
+        The error, to raise.
+    """
+    setting = token_setting(os.environ, Path.home())
+    return TokenAuthError(refused_message(address, setting, reason), address)
+
+
+def check_token(
+    address: str, *, found_on_its_own: bool = False, timeout_s: float = CHECK_TIMEOUT_S
+) -> None:
+    """Before ``ray.init``: fail at once if the cluster at ``address`` will refuse this
+    process's token. Ray here first reads the environment afresh, so variables set after
+    it started count. A token Ray could not read fails without asking the cluster; a
+    cluster that does not answer within ``timeout_s`` is left to ``ray.init``, which
+    bounds its own wait. A Ray Client address (``ray://``) is not checked: its server
+    checks the token itself.
+
+    Args:
+        address: ``HOST:PORT`` of the cluster's GCS.
+        found_on_its_own: The address was found, not given (``address="auto"`` and no
+            ``RAY_ADDRESS``): as ``ray.init`` does then, a token found turns token mode
+            on when ``RAY_AUTH_MODE`` is unset.
+        timeout_s: Seconds to wait for the cluster's answer.
+
+    Raises:
+        TokenAuthError: the token is missing, unreadable, or refused; the message names
+            what to set.
+    """
+    if address.startswith("ray://"):
+        return
+    if not ray.is_initialized():
+        _ray.reload_auth_settings()
+        if found_on_its_own:
+            _ray.enable_token_auth_if_token_found()
+    if token_setting(os.environ, Path.home()).unusable:
+        raise refused(address)
+    reason = _refusal_within(address, timeout_s)
+    if reason is not None:
+        raise refused(address, reason)
+
+
+def _refusal_within(address: str, timeout_s: float) -> str | None:
+    """Ray's reason for refusing this process's token, asked on a thread of its own so
+    that a GCS that does not answer holds us ``timeout_s`` at most; ``None`` when the
+    cluster accepts it, or could not be asked."""
+    answer: Future[str | None] = Future()
+
+    def ask() -> None:
+        try:
+            answer.set_result(_ray.gcs_token_refusal(address))
+        except _ray.kv_errors() as exc:
+            answer.set_exception(exc)
+
+    threading.Thread(target=ask, name="tpuslice token check", daemon=True).start()
+    try:
+        return answer.result(timeout=timeout_s)
+    except FutureTimeout:
+        logger.debug("the GCS at %s did not answer the token check in %s s", address, timeout_s)
+    except _ray.kv_errors() as exc:
+        logger.debug("the token check of %s failed: %r", address, exc)
+    return None
+
+
+def connect(address: str | None = None, **init_kwargs: Any) -> None:
+    """Connect this process to a running Ray cluster, as ``ray.init(address)`` does,
+    after checking that the cluster accepts this process's token: a cluster with token
+    authentication (``RAY_AUTH_MODE=token``) that would refuse it raises
+    :class:`~tpuslice.TokenAuthError` at once, naming what to set. Never starts a
+    cluster.
+
+    Args:
+        address: ``HOST:PORT`` or ``ray://HOST:PORT``; default ``RAY_ADDRESS``, else the
+            cluster last started on this machine (``"auto"``).
+        **init_kwargs: Passed on to ``ray.init`` (``namespace``, ``runtime_env``, ...).
+
+    Raises:
+        TokenAuthError: the cluster requires a token and this process's is missing,
+            unreadable, or wrong.
+        ConnectionError: no cluster answers (Ray's own error).
+        RuntimeError: this process is connected already (Ray's own error).
+    """
+    given = address or os.environ.get("RAY_ADDRESS")
+    target = given or _ray.recorded_cluster_address()
+    if target is not None:
+        check_token(target, found_on_its_own=not given)
+    try:
+        ray.init(address=address or "auto", **init_kwargs)
+    except ray.exceptions.AuthenticationError as exc:
+        raise refused(target or "auto", str(getattr(exc, "message", ""))) from exc
+
+
+def write_token(path: Path) -> str:
+    """Make a fresh random token (256 bits, hex) and keep it in a new file only its owner
+    may read (mode 0600).
+
+    Args:
+        path: The file; it must not exist yet.
+
+    Returns:
+        The token.
+
+    Raises:
+        FileExistsError: ``path`` exists.
+    """
+    token = secrets.token_hex(32)
+    handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(handle, "w", encoding="utf-8") as f:
+        f.write(token)
+    return token
+
+
+def present_token_file(path: Path) -> dict[str, str | None]:
+    """From now on this process, and every process it starts, presents the token in
+    ``path``: ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` set, ``RAY_AUTH_TOKEN``
+    (which would win over the file) unset. Only while not connected.
+
+    Args:
+        path: The token file.
+
+    Returns:
+        The values replaced, for :func:`restore_auth_env`.
+    """
+    saved = {name: os.environ.get(name) for name in AUTH_ENV}
+    _set_env({MODE_ENV: "token", TOKEN_PATH_ENV: str(path), TOKEN_ENV: None})
+    return saved
+
+
+def restore_auth_env(saved: Mapping[str, str | None]) -> None:
+    """Put back the variables :func:`present_token_file` replaced. Only while not
+    connected.
+
+    Args:
+        saved: What it returned.
+    """
+    _set_env(saved)
+
+
+def _set_env(values: Mapping[str, str | None]) -> None:
+    """Set (or, for ``None``, unset) these variables, and have Ray here read them."""
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _ray.reload_auth_settings()

@@ -54,7 +54,7 @@ from typing import Any
 import ray
 from ray.cluster_utils import Cluster
 
-from tpuslice import _ray
+from tpuslice import _auth, _ray
 from tpuslice._host.context import apply_env
 from tpuslice._host.metadata import METADATA_HOST_ENV
 from tpuslice._host.tpu_lock import SIM_ROOT_ENV, TPUOwner, find_owners
@@ -341,6 +341,10 @@ class SimulatedCluster:
         fast_failure_detection: Detect dead nodes in ~1.5 s instead of Ray's ~15 s.
         full_host_agents: Run Ray's full agent on every TPU host (metrics export from
             the hosts' processes), not its minimal one (see the module docstring).
+        auth: Require Ray's token authentication (``RAY_AUTH_MODE=token``): :meth:`start`
+            makes a fresh random token, kept in :attr:`token_path` (mode 0600) under the
+            cluster's own directory; every process of the cluster, and this process
+            while the cluster runs, present it. Hand :attr:`auth_env` to other drivers.
         progress: Called with each startup step's message (default: logged at INFO).
 
     Raises:
@@ -359,6 +363,7 @@ class SimulatedCluster:
         connect: bool = False,
         fast_failure_detection: bool = True,
         full_host_agents: bool = False,
+        auth: bool = False,
         progress: Callable[[str], None] | None = None,
     ) -> None:
         """Check every slice spec; nothing starts until :meth:`start`."""
@@ -372,6 +377,10 @@ class SimulatedCluster:
         self._connect_on_start = connect
         self._fast_failure_detection = fast_failure_detection
         self._full_host_agents = full_host_agents
+        self.auth = auth
+        self.token_path: Path | None = None
+        """The file holding the cluster's token while it runs with ``auth=True``."""
+        self._saved_auth_env: dict[str, str | None] | None = None
         self._progress = progress or (lambda message: logger.info("%s", message))
         self._cluster: Cluster | None = None
         self._connected = False
@@ -402,6 +411,8 @@ class SimulatedCluster:
         self._root = Path(tempfile.mkdtemp(prefix="tpuslice-sim-"))
         started = time.monotonic()
         try:
+            if self.auth:
+                self._require_token()
             self._start_head()
             hosts: list[tuple[SimulatedSlice, int]] = []
             for spec in self.specs:
@@ -436,6 +447,21 @@ class SimulatedCluster:
             if exc is None:
                 raise
             logger.exception("shutting the simulated cluster down failed (after: %r)", exc)
+
+    @property
+    def token(self) -> str | None:
+        """The cluster's token (``auth=True``, while it runs); ``None`` otherwise."""
+        if self.token_path is None:
+            return None
+        return self.token_path.read_text(encoding="utf-8")
+
+    @property
+    def auth_env(self) -> dict[str, str]:
+        """What a driver's environment needs to join this cluster: ``RAY_AUTH_MODE`` and
+        ``RAY_AUTH_TOKEN_PATH`` with ``auth=True`` while it runs; empty otherwise."""
+        if self.token_path is None:
+            return {}
+        return {_auth.MODE_ENV: "token", _auth.TOKEN_PATH_ENV: str(self.token_path)}
 
     @property
     def address(self) -> str:
@@ -479,6 +505,7 @@ class SimulatedCluster:
             _close_metadata(sim_slice)
         self.slices.clear()
         if cluster is None:
+            self._forget_token()
             return
         self._known_pids |= self.pids(cluster)
         try:
@@ -487,6 +514,7 @@ class SimulatedCluster:
             stuck = kill_and_wait(self.leftover_pids())
             if stuck:
                 logger.error("simulator processes survived SIGKILL: %s", sorted(stuck))
+            self._forget_token()
             root, self._root = self._root, None
             if root is not None:
                 shutil.rmtree(root, ignore_errors=True)
@@ -901,6 +929,22 @@ class SimulatedCluster:
         raise SimulatorError(f"host {worker_id} of {slice_name} still alive after {timeout}s")
 
     # --- internals ---------------------------------------------------------------------
+
+    def _require_token(self) -> None:
+        """A fresh token in the cluster's directory, presented from now on by this
+        process and, through the environment they inherit, by every process the cluster
+        starts: the GCS and raylets then refuse any caller without it."""
+        path = self._root_dir() / "auth_token"
+        _auth.write_token(path)
+        self.token_path = path
+        self._saved_auth_env = _auth.present_token_file(path)
+
+    def _forget_token(self) -> None:
+        """Put back this process's own token settings (after everything has stopped)."""
+        saved, self._saved_auth_env = self._saved_auth_env, None
+        self.token_path = None
+        if saved is not None:
+            _auth.restore_auth_env(saved)
 
     def _start_head(self) -> None:
         self._progress("starting head node")

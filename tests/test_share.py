@@ -11,14 +11,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from tpuslice._queue.schedule import Decision, Holding, Waiter, decide
-from tpuslice._queue.share import (
-    Quotas,
-    Sharing,
-    Standing,
-    TenantQuota,
-    Usage,
-    quota_keys,
-)
+from tpuslice._queue.share import Sharing, Usage
+from tpuslice._view.quotas import Quotas, Standing, TenantQuota, quota_keys
 from tpuslice.errors import InvalidArgumentError
 
 KIND = "v6e-16 4x4"

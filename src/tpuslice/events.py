@@ -45,6 +45,9 @@ KINDS = (
     "gave_up",  # a resilient run used up its budget
     "suspect",  # a host was marked suspect: seconds = its cool-down, outcome = the reason
     "cleared",  # a slice's suspect hosts were trusted again
+    "preempted",  # the queue told work to leave: seconds = its grace, detail = why
+    "taken_back",  # preempted work outstayed its grace: its groups were removed
+    "quota",  # a tenant's quota was set or removed: detail = what, who, from where
 )
 
 
@@ -129,7 +132,13 @@ class SliceEvent:
         return text
 
 
-_SECONDS_WORD = {"released": "held", "run": "ran", "attempt": "ran", "suspect": "for"}
+_SECONDS_WORD = {
+    "released": "held",
+    "run": "ran",
+    "attempt": "ran",
+    "suspect": "for",
+    "preempted": "with a grace of",
+}
 
 
 class Recorded(Protocol):

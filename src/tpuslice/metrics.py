@@ -100,6 +100,25 @@ DEFINITIONS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
         ("state", "pod_type"),
         (),
     ),
+    "preemptions": (
+        "counter",
+        "Work the queue preempted, by cause (quota: a tenant took back its quota; "
+        "priority) and the preempted work's tenant; taken_back: it outstayed its grace.",
+        ("cause", "tenant"),
+        (),
+    ),
+    "tenant_slices": (
+        "gauge",
+        "Slices per tenant and pod type: held, quota, and borrowed (held beyond quota).",
+        ("tenant", "pod_type", "state"),
+        (),
+    ),
+    "tenant_usage": (
+        "gauge",
+        "Each tenant's decayed slice-seconds, which fair share orders tenants by.",
+        ("tenant",),
+        (),
+    ),
 }
 
 
@@ -227,6 +246,39 @@ def slice_seconds(state: str, pod_type: str, seconds: float) -> None:
         seconds: Slice-seconds.
     """
     _apply("slice_seconds", seconds, {"state": state, "pod_type": pod_type})
+
+
+def preempted(cause: str, tenant: str) -> None:
+    """Count work the queue preempted.
+
+    Args:
+        cause: ``quota``, ``priority``, or ``taken_back`` (it outstayed its grace).
+        tenant: The preempted work's tenant.
+    """
+    _apply("preemptions", 1.0, {"cause": cause, "tenant": tenant})
+
+
+def tenant_values(
+    held: Mapping[tuple[str, str], int],
+    quota: Mapping[tuple[str, str], int],
+    usage: Mapping[str, float],
+) -> None:
+    """Set the tenants' gauges.
+
+    Args:
+        held: ``(tenant, pod type)`` -> slices held.
+        quota: ``(tenant, pod type)`` -> nominal quota.
+        usage: Tenant -> decayed slice-seconds.
+    """
+    for (tenant, pod_type), count in held.items():
+        tags = {"tenant": tenant, "pod_type": pod_type}
+        _apply("tenant_slices", count, {**tags, "state": "held"})
+        beyond = max(0, count - quota.get((tenant, pod_type), 0))
+        _apply("tenant_slices", beyond, {**tags, "state": "borrowed"})
+    for (tenant, pod_type), count in quota.items():
+        _apply("tenant_slices", count, {"tenant": tenant, "pod_type": pod_type, "state": "quota"})
+    for tenant, value in usage.items():
+        _apply("tenant_usage", value, {"tenant": tenant})
 
 
 def cluster_values(

@@ -49,6 +49,7 @@ from tpuslice._tpu.keys import (
     NAMESPACE,
     NOTICE_KEY_PREFIX,
     OWNER_KEY_PREFIX,
+    PREEMPT_KEY_PREFIX,
     SUSPECT_KEY_PREFIX,
 )
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
@@ -655,7 +656,9 @@ def recorded_notes(now: float | None = None) -> HostNotes:
     keys = [
         key
         for key in _ray.kv_list(HOST_KEY_PREFIX, NAMESPACE)
-        if key.startswith((OWNER_KEY_PREFIX, NOTICE_KEY_PREFIX, SUSPECT_KEY_PREFIX))
+        if key.startswith(
+            (OWNER_KEY_PREFIX, NOTICE_KEY_PREFIX, SUSPECT_KEY_PREFIX, PREEMPT_KEY_PREFIX)
+        )
     ]
     now = time.time() if now is None else now
     stored = _ray.kv_get_many(keys, NAMESPACE)
@@ -676,8 +679,12 @@ def recorded_notes(now: float | None = None) -> HostNotes:
             continue
         if notice.stale(now):
             _ray.kv_delete(key, NAMESPACE)
-        else:
-            notices[key.removeprefix(NOTICE_KEY_PREFIX)] = notice
+            continue
+        node = key.removeprefix(NOTICE_KEY_PREFIX).removeprefix(PREEMPT_KEY_PREFIX)
+        standing = notices.get(node)
+        # Both the host's own and the queue's may stand: the sooner one is what matters.
+        if standing is None or notice.deadline < standing.deadline:
+            notices[node] = notice
     return HostNotes(owners, notices, suspects)
 
 

@@ -52,6 +52,8 @@ class Notice:
         node_id: The host's Ray node id.
         slice_name: Its slice.
         worker_id: Its TPU worker id.
+        source: Who gave it: ``""`` for the host's metadata server; otherwise the giver
+            (the cluster's queue preempting the work on it, for another request).
     """
 
     kind: str
@@ -61,6 +63,7 @@ class Notice:
     node_id: str = ""
     slice_name: str = ""
     worker_id: int = -1
+    source: str = ""
 
     @property
     def state(self) -> str:
@@ -100,9 +103,10 @@ class Notice:
         """
         path = PREEMPTED_PATH if self.kind == "preemption" else MAINTENANCE_PATH
         left = self.left(time.time() if now is None else now)
+        given = f"{self.source}: {self.event}" if self.source else f"{path}={self.event}"
         return (
             f"{self.kind} notice on {self.slice_name} host {self.worker_id} "
-            f"({path}={self.event}), {left:.0f} s left"
+            f"({given}), {left:.0f} s left"
         )
 
     def to_json(self) -> bytes:
@@ -136,6 +140,7 @@ class Notice:
                 node_id=str(data.get("node_id", "")),
                 slice_name=str(data.get("slice_name", "")),
                 worker_id=int(data.get("worker_id", -1)),
+                source=str(data.get("source", "")),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a notice: {exc}") from exc

@@ -19,15 +19,19 @@ from typing import Any
 
 import ray
 
-from tpuslice import _ray
+from tpuslice import _ray, metrics
 from tpuslice._process import EXIT_HOOKS
 from tpuslice._queue.book import LEASE_S, Answer
+from tpuslice._queue.orders import USAGE_SAVE_S, carry_out, read_usage, save_usage
 from tpuslice._queue.runner import QueueRunner
 from tpuslice._queue.service import QueueService, Ticket
+from tpuslice._queue.share import UsageMeter, held_by
 from tpuslice._tpu.keys import NAMESPACE, QUEUE_KEY
 from tpuslice._tpu.keys import QUEUE_ACTOR_NAME as NAME
-from tpuslice._view.cluster import read_queue_record, read_snapshot
+from tpuslice._view.cluster import ClusterSnapshot, read_queue_record, read_snapshot
+from tpuslice._view.holders import read_holders
 from tpuslice._view.queue_record import QueueRecord
+from tpuslice._view.quotas import quota_keys, read_quotas
 from tpuslice.errors import QueueUnreachableError
 from tpuslice.metrics import ClusterReporter
 from tpuslice.slice_seconds import SliceSeconds
@@ -50,13 +54,49 @@ class SliceQueueActor:
     the places of the waiters its last record lists, while they come back."""
 
     def __init__(self) -> None:
-        service = QueueService(read_snapshot, dead_jobs=_ray.dead_jobs, reprobe=_reprobe)
+        self._meter = UsageMeter(read_usage())  # counted by an earlier life of this actor
+        self._usage_saved = time.time()
+        service = QueueService(
+            read_snapshot,
+            dead_jobs=_ray.dead_jobs,
+            reprobe=_reprobe,
+            holders=read_holders,
+            quotas=read_quotas,
+            meter=self._meter,
+        )
         last = read_queue_record()  # by an earlier life of this actor
         if last is not None and time.time() - last.at < LEASE_S:
             service.expect(last.requests)
-        self.runner = QueueRunner(service, publish=_publish)
-        # The cluster's gauges, and its slice-seconds by state.
-        self._reporter = ClusterReporter(read_snapshot, on_report=SliceSeconds().add).start()
+        self.runner = QueueRunner(service, publish=_publish, act=carry_out)
+        self._slice_seconds = SliceSeconds()
+        # The cluster's gauges, its slice-seconds by state, and the tenants' use.
+        self._reporter = ClusterReporter(read_snapshot, on_report=self._report).start()
+
+    def _report(self, snapshot: ClusterSnapshot, seconds: float) -> None:
+        """Each look of the reporter: count slice-seconds by state and, with quotas
+        set, by tenant (the queue decides only while someone waits; use goes on)."""
+        self._slice_seconds.add(snapshot, seconds)
+        if not snapshot.quotas.configured:
+            return
+        now = time.time()
+        holders = read_holders()
+        self._meter.tick(held_by((h.tenant, 1) for h in holders.values()), now)
+        usage = self._meter.of_all(now)
+        held: dict[tuple[str, str], int] = {}
+        for name, holder in holders.items():
+            info = snapshot.slices.get(name)
+            if info is not None:
+                key = (holder.tenant, info.pod_type)
+                held[key] = held.get(key, 0) + 1
+        quota = {
+            (tenant, quota_keys(key)[0]): count
+            for tenant, q in snapshot.quotas.tenants.items()
+            for key, count in q.slices.items()
+        }
+        metrics.tenant_values(held, quota, usage)
+        if now - self._usage_saved >= USAGE_SAVE_S:
+            self._usage_saved = now
+            save_usage(usage, now)
 
     async def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
         """See :meth:`QueueRunner.enqueue`.

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from tpuslice._queue.book import Answer, Waiting
-from tpuslice._queue.service import QueueService, Ticket
+from tpuslice._queue.service import Orders, QueueService, Ticket
 from tpuslice._view.queue_record import QueueRecord
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class QueueRunner:
     Args:
         service: The queue.
         publish: Receives the record after each decision (run in a thread).
+        act: Carries out what a decision asks done to running work (run in a thread).
         in_thread: Runs blocking work off the loop (default: :func:`asyncio.to_thread`).
     """
 
@@ -48,10 +49,12 @@ class QueueRunner:
         service: QueueService,
         *,
         publish: Callable[[QueueRecord], None] = lambda record: None,
+        act: Callable[[Orders], None] = lambda orders: None,
         in_thread: Callable[..., Awaitable[Any]] = _in_thread,
     ) -> None:
         self.service = service
         self._publish = publish
+        self._act = act
         self._in_thread = in_thread
         self._wake: asyncio.Event | None = None
         self._answered: dict[str, asyncio.Event] = {}
@@ -171,6 +174,9 @@ class QueueRunner:
         reading = await self._in_thread(self.service.reader())
         self.service.apply(reading)
         self.decisions += 1
+        orders = self.service.take_orders()
+        if orders:
+            await self._in_thread(self._act, orders)
         for ticket, event in list(self._answered.items()):
             if not isinstance(self.service.book.poll_quietly(ticket), Waiting):
                 event.set()

@@ -32,7 +32,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tpuslice._queue.share import Quotas, Sharing, Standing, describe_tenant, held_by
+from tpuslice._queue.share import Sharing, held_by
+from tpuslice._view.quotas import Quotas, Standing, describe_tenant
 from tpuslice.errors import InvalidArgumentError
 
 LAST_RESORT_S = 30.0
@@ -127,12 +128,14 @@ class Preemption:
         ticket: The request it leaves for.
         reason: Why, for the work's notice and the timeline.
         grace_s: How long it has to leave before its slices are taken.
+        cause: ``quota`` (a tenant takes back its quota) or ``priority``.
     """
 
     holder: str
     ticket: str
     reason: str
     grace_s: float
+    cause: str = "priority"
 
 
 @dataclass
@@ -431,10 +434,13 @@ class _KindPass:
             }[standing]
         return reason
 
-    def _may_preempt(self, waiter: Waiter, victim: Holding, held: Mapping[str, int]) -> str:
-        """Why the victim may leave for the waiter (``""``: it may not)."""
+    def _may_preempt(
+        self, waiter: Waiter, victim: Holding, held: Mapping[str, int]
+    ) -> tuple[str, str]:
+        """Why the victim may leave for the waiter: ``(cause, reason)``; ``("", "")``
+        if it may not."""
         if not (victim.preemptible and victim.holder and victim.ends_at is None):
-            return ""
+            return "", ""
         configured = self.quotas.configured
         borrowed = (
             configured
@@ -448,34 +454,36 @@ class _KindPass:
                 waiter.tenant, self.kind, self.held.get(waiter.tenant, 0), low
             )
             if standing is Standing.WITHIN:
-                return (
+                return "quota", (
                     f"{describe_tenant(waiter.tenant)} takes back its quota, which "
                     f"{describe_tenant(victim.tenant)} borrowed"
                 )
         if victim.priority < waiter.priority and (
             not configured or victim.tenant == waiter.tenant or borrowed
         ):
-            return f"a request of priority {waiter.priority} outranks its {victim.priority}"
-        return ""
+            return "priority", (
+                f"a request of priority {waiter.priority} outranks its {victim.priority}"
+            )
+        return "", ""
 
     def _preempt_for(self, waiter: Waiter, kept: int) -> None:
         """Choose running work to leave for the first blocked waiter, if that is the only
         way to serve it (module docstring, rule 7)."""
         need = waiter.count[0] - kept
         held = dict(self.held)
-        chosen: list[tuple[Holding, str]] = []
+        chosen: list[tuple[Holding, str, str]] = []
         got = 0
         for victim in sorted(self.holding, key=lambda h: (h.priority, -h.started, h.holder)):
             if got >= need:
                 break
-            why = self._may_preempt(waiter, victim, held)
+            cause, why = self._may_preempt(waiter, victim, held)
             if why:
-                chosen.append((victim, why))
+                chosen.append((victim, cause, why))
                 got += victim.slices
                 held[victim.tenant] = held.get(victim.tenant, 0) - victim.slices
         if got < need:
             return
-        grace = max(self.quotas.grace_s(v.tenant) for v, _ in chosen)
+        grace = max(self.quotas.grace_s(v.tenant) for v, _, _ in chosen)
         soon = sum(
             h.slices
             for h in self.holding
@@ -485,10 +493,10 @@ class _KindPass:
             return
         ask = f"{waiter.count[0]} x {waiter.kind} of {describe_tenant(waiter.tenant)}"
         names = []
-        for victim, why in chosen:
+        for victim, cause, why in chosen:
             own = self.quotas.grace_s(victim.tenant)
             self.decision.preempt[victim.holder] = Preemption(
-                victim.holder, waiter.ticket, f"preempted for {ask}: {why}", own
+                victim.holder, waiter.ticket, f"preempted for {ask}: {why}", own, cause
             )
             names.append(f"{victim.who or victim.holder} of {describe_tenant(victim.tenant)}")
         self.decision.blocked[waiter.ticket] += (

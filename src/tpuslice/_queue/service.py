@@ -22,15 +22,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from tpuslice._host.notices import Notice
 from tpuslice._queue.book import LEASE_S, Answer, Granted, QueueBook, Waiting
-from tpuslice._queue.schedule import Holding, Waiter
-from tpuslice._queue.share import describe_tenant
+from tpuslice._queue.schedule import Holding, Preemption, Waiter
+from tpuslice._queue.share import Sharing, UsageMeter, held_by
 from tpuslice._tpu.topology import SliceShape
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
+from tpuslice._view.holders import QUEUE_SOURCE, Holder, given_by_queue, holders_by_id
 from tpuslice._view.queue_record import QueuedRequest, QueueRecord
+from tpuslice._view.quotas import Quotas, describe_tenant
 
 USUAL_CHIPS_PER_HOST = 4
 DECIDE_EVERY_S = 1.0
@@ -151,6 +154,12 @@ class SliceQueue(Protocol):
         ...
 
 
+STALE_HOLDER_S = 60.0
+"""A holder record on a slice the cluster shows idle for this long is left over from a
+driver that died without its hand-back (a record is written just after the hold, so a
+fresh one may meet a view that does not show the slice busy yet)."""
+
+
 @dataclass(frozen=True)
 class Reading:
     """What one decision read of the cluster.
@@ -158,10 +167,36 @@ class Reading:
     Attributes:
         snapshots: A snapshot per ``TPU`` units per chip of the kinds waited for.
         dead: Of the waiters' Ray jobs, those that are dead (looked up now and then).
+        holders: Who holds each held slice, by slice name.
+        quotas: The cluster's quotas.
     """
 
     snapshots: Mapping[int, ClusterSnapshot]
     dead: frozenset[str] = frozenset()
+    holders: Mapping[str, Holder] = field(default_factory=dict)
+    quotas: Quotas = field(default_factory=Quotas)
+
+
+@dataclass(frozen=True)
+class Orders:
+    """What a decision asks done to running work: the I/O its owner carries out after it.
+
+    Attributes:
+        notices: Notices to give, one per host of each newly preempted holder's slices.
+        preempted: Each new preemption with the holder's records (for the timeline).
+        take_back: Holders whose grace ran out: remove their groups, forget their records.
+        clear: Hosts whose queue notice warns of work that has left.
+        stale: Slices whose holder record is left over from a driver that died.
+    """
+
+    notices: tuple[Notice, ...] = ()
+    preempted: tuple[tuple[Preemption, tuple[Holder, ...]], ...] = ()
+    take_back: tuple[Holder, ...] = ()
+    clear: tuple[str, ...] = ()
+    stale: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.notices or self.preempted or self.take_back or self.clear or self.stale)
 
 
 class QueueService:
@@ -173,6 +208,11 @@ class QueueService:
         dead_jobs: Of the job ids given, those that are dead.
         reprobe: Asks the given hosts' agents who owns their TPUs (updating the records
             the snapshot reads); ``None`` to never ask.
+        holders: Reads who holds each slice (:func:`~tpuslice._view.holders.read_holders`).
+        quotas: Reads the cluster's quotas.
+        meter: Counts the tenants' use (ticked here, and by whoever else looks).
+        act: Carries out what a decision asks done to running work (:meth:`decide`
+            only; the actor's runner carries it out itself).
         clock: Monotonic seconds.
         stamp: Wall-clock nanoseconds (arrival numbers).
         wall: Wall-clock seconds (for records).
@@ -187,6 +227,10 @@ class QueueService:
         publish: Callable[[QueueRecord], None] = lambda record: None,
         dead_jobs: Callable[[Collection[str]], Collection[str]] = lambda jobs: (),
         reprobe: Callable[[Sequence[str]], object] | None = None,
+        holders: Callable[[], Mapping[str, Holder]] = dict,
+        quotas: Callable[[], Quotas] = Quotas,
+        meter: UsageMeter | None = None,
+        act: Callable[[Orders], None] = lambda orders: None,
         clock: Callable[[], float] = time.monotonic,
         stamp: Callable[[], int] = time.time_ns,
         wall: Callable[[], float] = time.time,
@@ -198,6 +242,12 @@ class QueueService:
         self._publish = publish
         self._dead_jobs = dead_jobs
         self._reprobe = reprobe
+        self._holders = holders
+        self._quotas = quotas
+        self.meter = meter or UsageMeter()
+        self._act = act
+        self.orders = Orders()
+        """What the last decision asks done (:meth:`take_orders`)."""
         self._clock = clock
         self._wall = wall
         self._every = decide_every_s
@@ -358,6 +408,9 @@ class QueueService:
             The new grants (ticket -> slices).
         """
         grants = self.apply(self.read())
+        orders = self.take_orders()
+        if orders:
+            self._act(orders)
         self._publish(self.record())
         return grants
 
@@ -399,13 +452,14 @@ class QueueService:
             if reprobe is not None and owned:
                 self._reprobed = now
                 reprobe(owned)
-            return Reading(snapshots, dead)
+            return Reading(snapshots, dead, self._holders(), self._quotas())
 
         return read
 
     def apply(self, reading: Reading) -> dict[str, tuple[str, ...]]:
-        """Drop waiters of dead drivers, then grant what the policy says: ready slices, and
-        idle ones with a suspect host only as a last resort. Pure.
+        """Drop waiters of dead drivers, count the tenants' use, then grant what the
+        policy says: ready slices, and idle ones with a suspect host only as a last
+        resort. What it asks done to running work is left in :attr:`orders`. Pure.
 
         Args:
             reading: What :meth:`read` returned (kinds it does not cover wait for the
@@ -418,6 +472,8 @@ class QueueService:
         for ticket, found in list(self._tickets.items()):
             if found.job in reading.dead:
                 self.leave(ticket)
+        wall, now = self._wall(), self._clock()
+        quotas = reading.quotas
         idle: dict[str, list[str]] = {}
         suspects: dict[str, list[str]] = {}
         trusted: dict[str, int] = {}
@@ -433,12 +489,16 @@ class QueueService:
             idle[key] = [s.name for s in slices if s.state is SliceState.READY]
             suspects[key] = [s.name for s in slices if s.last_resort]
             trusted[key] = sum(1 for s in slices if s.trusted)
-            busy = sum(1 for s in slices if s.state in _HELD and not s.idle)
-            if busy:
-                holding.append(Holding(key, busy))
-        grants = self.book.decide(idle, holding, suspects=suspects, trusted=trusted)
+            holding += _holdings(key, slices, reading.holders, wall, now)
+        self.meter.with_half_life(quotas.half_life_s, wall)
+        self.meter.tick(held_by((h.tenant, 1) for h in reading.holders.values()), wall)
+        usage = self.meter.of_all(wall) if quotas.configured else {}
+        grants = self.book.decide(
+            idle, holding, suspects=suspects, trusted=trusted, sharing=Sharing(quotas, usage)
+        )
         for ticket, names in grants.items():
             self._views[ticket] = tuple(infos[n] for n in names if n in infos)
+        self.orders = _orders(self.book.preemptions, reading, wall)
         self._decided = self._clock()
         for ticket in list(self._tickets):
             if self.book.entry(ticket) is None:  # its lease ran out
@@ -447,6 +507,15 @@ class QueueService:
         # what was reported while it read is not.
         self._changed = changed_during_read
         return grants
+
+    def take_orders(self) -> Orders:
+        """What the last decision asks done to running work, once.
+
+        Returns:
+            The orders (empty if none, or already taken).
+        """
+        orders, self.orders = self.orders, Orders()
+        return orders
 
     def record(self) -> QueueRecord:
         """What the queue holds now, for status and for drivers about to reserve.
@@ -508,3 +577,92 @@ def _owned_hosts(kinds: Iterable[SliceKind], snapshots: Mapping[int, ClusterSnap
             if info.state in _HELD:
                 nodes += [h.node_id for h in info.hosts.values() if h.tpu_owner]
     return nodes
+
+
+def _holdings(
+    kind: str,
+    slices: Sequence[SliceInfo],
+    holders: Mapping[str, Holder],
+    wall: float,
+    now: float,
+) -> list[Holding]:
+    """The running work on a kind's busy slices: one holding per reservation that
+    recorded itself, and one for the busy slices no one recorded (other tools, a claim
+    in flight), which cannot be preempted from here. Slices whose hosts the queue warned
+    count as held until their work leaves; those a metadata server warned are going
+    away and do not count."""
+    anonymous = 0
+    mine: dict[str, list[SliceInfo]] = {}
+    for info in slices:
+        warned = given_by_queue(info.notice)
+        if info.idle or not (info.state in _HELD or (info.state is SliceState.NOTICE and warned)):
+            continue
+        holder = holders.get(info.name)
+        if holder is None:
+            anonymous += 1
+        else:
+            mine.setdefault(holder.holder, []).append(info)
+    found = [Holding(kind, anonymous)] if anonymous else []
+    for holder_id, held in mine.items():
+        record = holders[held[0].name]
+        lefts = [i.notice.left(wall) for i in held if i.notice and given_by_queue(i.notice)]
+        found.append(
+            Holding(
+                kind,
+                len(held),
+                tenant=record.tenant,
+                priority=record.priority,
+                preemptible=record.preemptible,
+                started=now - max(0.0, wall - record.since),
+                holder=holder_id,
+                ends_at=now + min(lefts) if lefts else None,
+                who=record.who,
+            )
+        )
+    return found
+
+
+def _orders(preemptions: Mapping[str, Preemption], reading: Reading, wall: float) -> Orders:
+    """What to do to running work after a decision: give the notices of new preemptions,
+    take back the slices of holders whose grace ran out, clear the queue's notices on
+    hosts whose work left, and forget holder records a dead driver left."""
+    slices = {n: s for snap in reading.snapshots.values() for n, s in snap.slices.items()}
+    by_id = holders_by_id(reading.holders)
+    notices: list[Notice] = []
+    preempted = []
+    for holder_id, preemption in preemptions.items():
+        records = tuple(by_id.get(holder_id, ()))
+        preempted.append((preemption, records))
+        for record in records:
+            info = slices.get(record.slice_name)
+            for worker, host in sorted(info.hosts.items()) if info else ():
+                notices.append(
+                    Notice(
+                        kind="preemption",
+                        event=preemption.reason,
+                        since=wall,
+                        deadline=wall + preemption.grace_s,
+                        node_id=host.node_id,
+                        slice_name=record.slice_name,
+                        worker_id=worker,
+                        source=QUEUE_SOURCE,
+                    )
+                )
+    take_back: list[Holder] = []
+    clear: list[str] = []
+    stale: list[str] = []
+    for name, info in slices.items():
+        warned = [h for h in info.hosts.values() if given_by_queue(h.notice)]
+        holder = reading.holders.get(name)
+        if warned and (holder is None or info.idle):
+            clear += [h.node_id for h in warned]  # its work left
+        elif (
+            warned
+            and holder is not None
+            and all(h.notice and h.notice.left(wall) <= 0 for h in warned)
+        ):
+            take_back.append(holder)
+            clear += [h.node_id for h in warned]  # cleared once its groups are removed
+        if holder is not None and info.idle and wall - holder.since > STALE_HOLDER_S:
+            stale.append(name)
+    return Orders(tuple(notices), tuple(preempted), tuple(take_back), tuple(clear), tuple(stale))

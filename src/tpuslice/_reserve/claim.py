@@ -484,10 +484,11 @@ class Reserver:
 
     def _should_queue(self, snapshot: ClusterSnapshot, *, after_claiming: bool = False) -> bool:
         """Wait in the queue when others already wait for this kind of slice, or when
-        there are not enough idle ones to take all at once (so none is held idle)."""
+        there are not enough idle ones to take all at once (so none is held idle), or
+        when the cluster has quotas (only the queue applies them)."""
         if not self.queueable:
             return False
-        if after_claiming:
+        if after_claiming or snapshot.quotas.configured:
             return True
         if any(r for r in snapshot.queued(self.kind.key)):
             return True

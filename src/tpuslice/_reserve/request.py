@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from tpuslice._queue.share import check_tenant, default_tenant
 from tpuslice._reserve.plan import ReservationPlan
 from tpuslice._tpu.compat import (
     DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
@@ -24,6 +23,7 @@ from tpuslice._tpu.compat import (
     resolve_resource_per_chip,
 )
 from tpuslice._tpu.topology import SliceShape, slice_shape
+from tpuslice._view.quotas import check_tenant, default_tenant
 from tpuslice.errors import InvalidArgumentError, InvalidResourceError
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -21,6 +23,7 @@ from ray.util.placement_group import PlacementGroup
 from tpuslice._host.context import HostContext
 from tpuslice._host.notices import Notice
 from tpuslice._queue.actor import QUEUE_LINK
+from tpuslice._queue.place import this_driver
 from tpuslice._reserve import observe
 from tpuslice._reserve.claim import Reservation, Reserver
 from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
@@ -33,6 +36,7 @@ from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, CallEnv
 from tpuslice._view.cluster import HostInfo, SliceInfo, wait_freed
+from tpuslice._view.holders import Holder, forget_held, record_held
 from tpuslice.errors import (
     InsufficientSlicesError,
     InvalidArgumentError,
@@ -43,6 +47,11 @@ from tpuslice.errors import (
 )
 
 _T = TypeVar("_T", bound="ShutsDownOnExit")
+
+
+_RECORDS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpuslice-holders")
+"""Writes the holder records off the reservation's path, in order: a hand-back's
+deletion runs after its reservation's records were written."""
 
 
 class ShutsDownOnExit:
@@ -182,6 +191,28 @@ class SlicePlacementGroup(ShutsDownOnExit):
             self._rank_nodes,
             whole_hosts=self._plan.bundles_per_host == 1,
         )
+        self._holder = uuid.uuid4().hex[:12]
+        _RECORDS.submit(record_held, self._holders())
+
+    def _holders(self) -> list[Holder]:
+        """What the queue is told of the slices held: whose, how urgent, preemptible,
+        and the groups to remove if a preemption's grace runs out."""
+        request, held = self._request, []
+        for claim in self._reservation.claims:
+            groups = [claim.head_pg, claim.worker_pg, self._reservation.combined_pg]
+            held.append(
+                Holder(
+                    holder=self._holder,
+                    slice_name=claim.slice_name,
+                    tenant=request.tenant or "",
+                    priority=request.priority,
+                    preemptible=request.preemptible,
+                    since=self._held_at,
+                    who=this_driver(),
+                    groups=tuple(dict.fromkeys(g.id.hex() for g in groups if g is not None)),
+                )
+            )
+        return held
 
     # --- Ray 2.60 properties ---------------------------------------------------------
 
@@ -481,7 +512,10 @@ class SlicePlacementGroup(ShutsDownOnExit):
             hosts = [h for claim in reservation.claims for h in claim.target.hosts.values()]
             head = self._plan.shape.head_resource if self._plan.needs_head_claim else None
             wait_freed(hosts, head)
-            QUEUE_LINK.notify_released([claim.slice_name for claim in reservation.claims])
+            names = [claim.slice_name for claim in reservation.claims]
+            # Waited for, so the queue's decision on the news below sees them free.
+            _RECORDS.submit(forget_held, names, [h.node_id for h in hosts]).result()
+            QUEUE_LINK.notify_released(names)
             SPARES.refill(restock)  # last: their processes would slow the steps above
         if reservation.claims:
             held = time.monotonic() - self._reserved_at

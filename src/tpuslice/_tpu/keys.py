@@ -19,6 +19,19 @@ HOST_KEY_PREFIX = "tpu-"
 """What every host record above starts with, so one listing reads every host's records."""
 SUSPECT_COOLDOWN_KEY = "suspect-cooldown-s"
 """The cluster's cool-down of a suspect host, in seconds as text (absent: the default)."""
+QUOTAS_KEY = "quotas"
+"""The cluster's quotas for tenants, as JSON (``tpuslice quota set`` writes it)."""
+USAGE_KEY = "tenant-usage"
+"""Each tenant's decayed slice-seconds and when they were counted, as JSON (the queue
+actor writes it now and then, so a restarted queue keeps fair share)."""
+HOLDER_KEY_PREFIX = "holder/"
+"""``holder/<slice>``: the reservation holding the slice: its tenant, priority, whether it
+may be preempted, and its placement groups (it writes it once held, deletes it at the
+hand-back)."""
+PREEMPT_KEY_PREFIX = "tpu-preempt/"
+"""``tpu-preempt/<node id>``: the queue preempted the work on this host, a notice in the
+format of a metadata server's (the queue writes it; the hand-back, or the queue once the
+work is gone, deletes it)."""
 QUEUE_KEY = "queue"
 """The queue's record after each decision (the queue actor writes it)."""
 EVENT_KEY_PREFIX = "event/"

@@ -37,7 +37,9 @@ from tpuslice._tpu.labels import (
     WORKER_ID_LABEL,
 )
 from tpuslice._tpu.topology import SliceShape, parse_pod_type, slice_shape
+from tpuslice._view.holders import given_by_queue
 from tpuslice._view.queue_record import QueuedRequest, QueueRecord
+from tpuslice._view.quotas import Quotas, read_quotas
 from tpuslice.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
@@ -191,7 +193,10 @@ class SliceInfo:
     @property
     def trusted(self) -> bool:
         """Whether it can serve a request without a last resort: ready or busy (neither
-        suspect, broken nor under notice)."""
+        suspect, broken nor under a host's notice; the queue's notice only means its
+        work is leaving)."""
+        if self.state is SliceState.NOTICE:
+            return given_by_queue(self.notice)
         return self.state in (SliceState.READY, SliceState.BUSY)
 
     @property
@@ -241,11 +246,13 @@ class ClusterSnapshot:
         slices: Every slice, by name.
         taken_at: When the cluster was read (``time.time()`` seconds).
         queue: The cluster-wide queue as last published (``None`` if none was).
+        quotas: The cluster's quotas for tenants (none configured by default).
     """
 
     slices: Mapping[str, SliceInfo]
     taken_at: float = field(default_factory=time.time)
     queue: QueueRecord | None = None
+    quotas: Quotas = field(default_factory=Quotas)
 
     def queued(self, kind: str | None = None) -> list[QueuedRequest]:
         """The requests waiting in the cluster-wide queue, if its record is fresh.
@@ -649,6 +656,7 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
 
     recorded = SNAPSHOT_READS.kv_reader.submit(recorded_notes)
     queued = SNAPSHOT_READS.kv_reader.submit(read_queue_record)
+    quotas = SNAPSHOT_READS.kv_reader.submit(read_quotas)
     available = _ray.available_resources_per_node()
     nodes = SNAPSHOT_READS.node_records(available)
     notes = recorded.result()
@@ -662,7 +670,7 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
         notices=notes.notices,
         suspects=notes.suspects,
     )
-    return dataclasses.replace(snapshot, queue=queue)
+    return dataclasses.replace(snapshot, queue=queue, quotas=quotas.result())
 
 
 FREED_BOUND_S = 2.0
@@ -721,7 +729,7 @@ def wait_freed(
 
 class SnapshotReads:
     """What this process keeps from one snapshot to the next: the last ``ray.nodes()``
-    with the alive nodes it was read for, and two threads for the KV reads made alongside.
+    with the alive nodes it was read for, and three threads for the KV reads made alongside.
 
     No lock: the records are one reference, read once and replaced whole; two threads
     that both find them stale both read ``ray.nodes()``, and either result is right.
@@ -729,9 +737,9 @@ class SnapshotReads:
 
     def __init__(self) -> None:
         self._nodes_seen: tuple[frozenset[str], list[NodeRecord]] | None = None
-        self.kv_reader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tpuslice-snapshot")
-        """Background threads for the snapshot's KV reads (owners, queue); started on the
-        first read."""
+        self.kv_reader = ThreadPoolExecutor(max_workers=3, thread_name_prefix="tpuslice-snapshot")
+        """Background threads for the snapshot's KV reads (host records, queue, quotas);
+        started on the first read."""
 
     def node_records(self, available: Available) -> list[NodeRecord]:
         """``ray.nodes()``, read again only when the set of alive nodes changed.

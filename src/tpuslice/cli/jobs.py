@@ -26,7 +26,6 @@ from rich.table import Table
 
 from tpuslice import events
 from tpuslice._host.context import HostContext, current_host
-from tpuslice._queue.share import check_tenant
 from tpuslice._reserve.groups import live_placement_groups
 from tpuslice._reserve.observe import describe_request
 from tpuslice._reserve.request import SliceRequest
@@ -46,6 +45,7 @@ from tpuslice._run.watchdog import AttemptWatch
 from tpuslice._sim.simulated import SimulatedCluster, SliceSpec
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._view import cluster
+from tpuslice._view.quotas import check_tenant
 from tpuslice.cli import status
 from tpuslice.cli.connect import UsageError, connect_or_none
 from tpuslice.cli.waiting import WaitLine, in_cli_terms
@@ -69,11 +69,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def start_simulator(specs: list[SliceSpec]) -> SimulatedCluster:
+def start_simulator(specs: list[SliceSpec], *, auth: bool = False) -> SimulatedCluster:
     """Start a SimulatedCluster, showing its progress on stderr.
 
     Args:
         specs: The slices to simulate.
+        auth: Require Ray's token authentication (``SimulatedCluster(auth=True)``).
 
     Returns:
         The running cluster (not connected).
@@ -87,7 +88,7 @@ def start_simulator(specs: list[SliceSpec]) -> SimulatedCluster:
         def progress(message: str) -> None:
             spinner.update(f"{escape(message)} [dim](of {total} TPU hosts)[/dim]")
 
-        sim = SimulatedCluster(specs, progress=progress)
+        sim = SimulatedCluster(specs, auth=auth, progress=progress)
         sim.start()
     err_console.print(
         f"[green]simulated cluster ready[/green] in {sim.startup_seconds:.1f} s: "
@@ -129,13 +130,21 @@ def parse_specs(texts: tuple[str, ...], default: str) -> list[SliceSpec]:
     metavar="GEN:TOPOLOGY[:COUNT[:CHIPS_PER_VM]]",
     help="Slices to simulate (repeatable). Default: v6e:4x4:2.",
 )
-def simulate(slice_texts: tuple[str, ...]) -> None:
+@click.option(
+    "--auth",
+    is_flag=True,
+    help="Require Ray's token authentication; prints what a driver must set.",
+)
+def simulate(slice_texts: tuple[str, ...], auth: bool) -> None:
     """Start a simulated TPU cluster in the foreground; Ctrl-C stops it."""
     specs = parse_specs(slice_texts, "v6e:4x4:2")
     with sigterm_as_interrupt():
-        sim = start_simulator(specs)
+        sim = start_simulator(specs, auth=auth)
         try:
             console.print(f"address: [bold]{sim.address}[/bold]")
+            if sim.auth_env:
+                settings = " ".join(f"{k}={shlex.quote(v)}" for k, v in sim.auth_env.items())
+                console.print(f"token:   [bold]export {escape(settings)}[/bold]", soft_wrap=True)
             console.print(f'connect: [bold]ray.init(address="{sim.address}")[/bold]')
             console.print(f"status:  [bold]tpuslice status --address {sim.address}[/bold]")
             sim.connect()

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import ray
 from ray.util.placement_group import PlacementGroup
 
+from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import DEFAULT_COOLDOWN_S, Blame, Suspect, SuspectReason
 from tpuslice._queue.service import QueueService, SliceQueue
 from tpuslice._reserve.ops import ClaimingRecord
@@ -195,6 +196,8 @@ class InMemoryCluster:
         """What the agents last recorded (the cluster view reads this)."""
         self.suspects: dict[str, Suspect] = {}
         """Node id -> its suspect record, as written to the KV store (the view reads it)."""
+        self.notices: dict[str, Notice] = {}
+        """Node id -> the notice standing on it (a metadata server's or the queue's)."""
         self.cooldown_s = DEFAULT_COOLDOWN_S
         """The cluster's cool-down of a suspect host."""
         self.claiming: dict[str, ClaimingRecord] = {}
@@ -618,6 +621,7 @@ class InMemoryCluster:
             per_chip,
             taken_at=self.clock.t,
             tpu_owners=self.recorded_owners,
+            notices=self.notices,
             suspects=self.suspects,
         )
         if self.queue is None:

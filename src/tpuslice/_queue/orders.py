@@ -1,0 +1,119 @@
+"""What the queue actor does to running work after a decision, and the tenants' use kept
+across its restarts: the I/O side of :class:`~tpuslice._queue.service.Orders`.
+
+- A preemption gives a notice on each host of the work's slices
+  (:func:`~tpuslice._view.holders.give_notices`), which the work sees as it sees a GCE
+  preemption notice, records a ``preempted`` event, and counts it.
+- Work still there when its grace runs out has its placement groups removed (its tasks and
+  actors end with them), its records forgotten, and a ``taken_back`` event.
+- Notices on hosts whose work has left (or was taken back, just before), and holder
+  records a dead driver left, are deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import ray
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+from tpuslice import _ray, events, metrics
+from tpuslice._queue.service import Orders
+from tpuslice._queue.share import Usage
+from tpuslice._tpu.keys import HOLDER_KEY_PREFIX, NAMESPACE, USAGE_KEY
+from tpuslice._view.holders import Holder, clear_notices, give_notices
+from tpuslice._view.quotas import DEFAULT_HALF_LIFE_S, read_quotas
+
+logger = logging.getLogger(__name__)
+
+USAGE_SAVE_S = 60.0
+"""How often the queue actor stores the tenants' use (a restart loses at most this much)."""
+
+
+def carry_out(orders: Orders) -> None:
+    """Do what a decision asks (see the module docstring). Each step is best effort: a
+    failure is logged and the next decision sees what is still to do.
+
+    Args:
+        orders: The decision's orders.
+    """
+    try:
+        give_notices(orders.notices)
+    except _ray.kv_errors() as exc:
+        logger.warning("could not give the preemption notices: %s", exc)
+    for preemption, records in orders.preempted:
+        tenant = records[0].tenant if records else ""
+        metrics.preempted(preemption.cause, tenant)
+        events.record(
+            "preempted",
+            slices=tuple(r.slice_name for r in records),
+            what=records[0].who if records else preemption.holder,
+            seconds=preemption.grace_s,
+            outcome=preemption.cause,
+            detail=preemption.reason,
+        )
+    taken = {h.holder: h for h in orders.take_back}
+    for holder_id, first in taken.items():
+        mine = [h for h in orders.take_back if h.holder == holder_id]
+        _take_back(mine)
+        metrics.preempted("taken_back", first.tenant)
+        events.record(
+            "taken_back",
+            slices=tuple(h.slice_name for h in mine),
+            what=first.who,
+            outcome="taken_back",
+            detail=f"{first.who} of tenant {first.tenant} did not leave within its grace",
+        )
+    try:
+        clear_notices(orders.clear)
+        for name in orders.stale:
+            _ray.kv_delete(HOLDER_KEY_PREFIX + name, NAMESPACE)
+    except _ray.kv_errors() as exc:
+        logger.debug("could not clear the queue's notices: %s", exc)
+
+
+def _take_back(records: list[Holder]) -> None:
+    """Remove a holder's placement groups and forget its records (its hand-back, if it
+    ever comes, finds them gone, which it takes in its stride)."""
+    for group in dict.fromkeys(g for r in records for g in r.groups):
+        try:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group))))
+        except (ValueError, ray.exceptions.RayError) as exc:  # already gone
+            logger.debug("placement group %s already removed: %s", group, exc)
+    for record in records:
+        _ray.kv_delete(HOLDER_KEY_PREFIX + record.slice_name, NAMESPACE)
+
+
+def read_usage() -> Usage:
+    """The tenants' use as the queue actor last stored it (decaying since).
+
+    Returns:
+        The use; none counted if there is no record or it cannot be read.
+    """
+    half_life = read_quotas().half_life_s
+    raw = _ray.kv_get(USAGE_KEY, NAMESPACE)
+    if raw is None:
+        return Usage(half_life)
+    try:
+        data = json.loads(raw)
+        values = {str(t): float(v) for t, v in data["usage"].items()}
+        return Usage.from_dict(values, float(data["at"]), half_life)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        logger.warning("ignoring the unreadable record of the tenants' use: %s", exc)
+        return Usage(DEFAULT_HALF_LIFE_S)
+
+
+def save_usage(usage: dict[str, float], at: float | None = None) -> None:
+    """Store the tenants' use (best effort).
+
+    Args:
+        usage: Tenant -> decayed slice-seconds at ``at``.
+        at: When (default: now).
+    """
+    data = {"at": time.time() if at is None else at, "usage": usage}
+    try:
+        _ray.kv_put(USAGE_KEY, json.dumps(data).encode(), NAMESPACE)
+    except _ray.kv_errors() as exc:
+        logger.debug("could not store the tenants' use: %s", exc)

@@ -680,7 +680,7 @@ def recorded_notes(now: float | None = None) -> HostNotes:
         if notice.stale(now):
             _ray.kv_delete(key, NAMESPACE)
             continue
-        node = key.removeprefix(NOTICE_KEY_PREFIX).removeprefix(PREEMPT_KEY_PREFIX)
+        node = _node_of(key)
         standing = notices.get(node)
         # Both the host's own and the queue's may stand: the sooner one is what matters.
         if standing is None or notice.deadline < standing.deadline:
@@ -689,8 +689,9 @@ def recorded_notes(now: float | None = None) -> HostNotes:
 
 
 def notices_for(node_ids: Sequence[str]) -> dict[str, Notice]:
-    """The notices the agents recorded for these nodes (one listing, and one read of
-    those that have one).
+    """The notices recorded for these nodes, by their agents or by the queue preempting
+    their work (one listing, and one read of those that have one; where both stand, the
+    sooner).
 
     Args:
         node_ids: Ray node ids.
@@ -701,16 +702,25 @@ def notices_for(node_ids: Sequence[str]) -> dict[str, Notice]:
     wanted = set(node_ids)
     keys = [
         key
-        for key in _ray.kv_list(NOTICE_KEY_PREFIX, NAMESPACE)
-        if key.removeprefix(NOTICE_KEY_PREFIX) in wanted
+        for key in _ray.kv_list(HOST_KEY_PREFIX, NAMESPACE)
+        if key.startswith((NOTICE_KEY_PREFIX, PREEMPT_KEY_PREFIX)) and _node_of(key) in wanted
     ]
     found: dict[str, Notice] = {}
     for key, raw in _ray.kv_get_many(keys, NAMESPACE).items():
         try:
-            found[key.removeprefix(NOTICE_KEY_PREFIX)] = Notice.from_json(raw)
+            notice = Notice.from_json(raw)
         except ValueError as exc:
             logger.debug("ignoring unreadable notice %s: %s", key, exc)
+            continue
+        standing = found.get(_node_of(key))
+        if standing is None or notice.deadline < standing.deadline:
+            found[_node_of(key)] = notice
     return found
+
+
+def _node_of(key: str) -> str:
+    """The node id a host record's key names."""
+    return key.removeprefix(NOTICE_KEY_PREFIX).removeprefix(PREEMPT_KEY_PREFIX)
 
 
 def describe_errors(results: Mapping[str, TPUOwner | Exception | None]) -> list[str]:

@@ -6,8 +6,8 @@ across its restarts: the I/O side of :class:`~tpuslice._queue.service.Orders`.
   preemption notice, records a ``preempted`` event, and counts it.
 - Work still there when its grace runs out has its placement groups removed (its tasks and
   actors end with them), its records forgotten, and a ``taken_back`` event.
-- Notices on hosts whose work has left (or was taken back, just before), and holder
-  records a dead driver left, are deleted.
+- Notices on hosts whose work has left, and holder records a dead driver left, are
+  deleted.
 """
 
 from __future__ import annotations

@@ -661,8 +661,7 @@ def _orders(preemptions: Mapping[str, Preemption], reading: Reading, wall: float
             and holder is not None
             and all(h.notice and h.notice.left(wall) <= 0 for h in warned)
         ):
-            take_back.append(holder)
-            clear += [h.node_id for h in warned]  # cleared once its groups are removed
+            take_back.append(holder)  # its notices go at the next look, once it is gone
         if holder is not None and info.idle and wall - holder.since > STALE_HOLDER_S:
             stale.append(name)
     return Orders(tuple(notices), tuple(preempted), tuple(take_back), tuple(clear), tuple(stale))

@@ -23,6 +23,7 @@ from tpuslice.cli import goodput as cli_goodput
 from tpuslice.cli import health as cli_health
 from tpuslice.cli import jobs as cli_jobs
 from tpuslice.cli import owners as cli_owners
+from tpuslice.cli import quota as cli_quota
 from tpuslice.cli import status
 from tpuslice.cli.connect import UsageError, connected
 from tpuslice.errors import InvalidArgumentError
@@ -249,3 +250,4 @@ cli_jobs.register(main)
 cli_owners.register(main)
 cli_health.register(main)
 cli_goodput.register(main)
+cli_quota.register(main)

@@ -349,8 +349,8 @@ def queue_table(snapshot: ClusterSnapshot) -> Table | None:
         snapshot: The cluster as read (its queue record, if fresh).
 
     Returns:
-        The table (position, priority, wanted, waited, driver, why), or None when no
-        request waits.
+        The table (position, priority, tenant when any is named, wanted, waited, driver,
+        why), or None when no request waits.
     """
     waiting = snapshot.queued()
     if not waiting:
@@ -360,7 +360,9 @@ def queue_table(snapshot: ClusterSnapshot) -> Table | None:
         title_justify="left",
         box=box.SIMPLE_HEAD,
     )
-    for column in ("#", "priority", "wants", "waited", "driver", "why"):
+    tenants = any(r.tenant for r in waiting)
+    columns = ("#", "priority", *(("tenant",) if tenants else ()), "wants", "waited", "driver")
+    for column in (*columns, "why"):
         right = column in ("#", "priority", "waited")
         table.add_column(column, justify="right" if right else "left", overflow="fold")
     for request in waiting:
@@ -368,6 +370,7 @@ def queue_table(snapshot: ClusterSnapshot) -> Table | None:
         table.add_row(
             str(request.position),
             str(request.priority),
+            *((request.tenant or "-",) if tenants else ()),
             f"{request.wanted} x {request.kind}",
             f"{max(0.0, snapshot.taken_at - request.since):.0f} s",
             request.who,

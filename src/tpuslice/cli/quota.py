@@ -1,0 +1,240 @@
+"""``tpuslice quota``: the cluster's quotas for tenants, read and set.
+
+``tpuslice quota`` shows each tenant's quota, what it holds now and its decayed use;
+``tpuslice quota set TENANT --slices v6e-16=2`` sets one (the timeline records who set it,
+from which host, and when); ``tpuslice quota rm TENANT`` removes one. With no quota set,
+the queue serves requests by priority, then arrival, as it always did.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+import time
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from tpuslice import _ray, events
+from tpuslice._queue.orders import read_usage
+from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
+from tpuslice._tpu.topology import parse_pod_type, slice_shape
+from tpuslice._view.holders import read_holders
+from tpuslice._view.quotas import (
+    DEFAULT_GRACE_S,
+    DEFAULT_WEIGHT,
+    Quotas,
+    TenantQuota,
+    check_tenant,
+    read_quotas,
+)
+from tpuslice.cli.connect import UsageError, connected
+from tpuslice.errors import InvalidArgumentError
+
+console = Console()
+
+
+def parse_slices(specs: tuple[str, ...]) -> dict[str, int]:
+    """``v6e-16=2`` or ``v4-16/2x2x2=1`` -> quota keys and counts.
+
+    Args:
+        specs: What ``--slices`` was given.
+
+    Returns:
+        Quota key (pod type, or ``"pod type topology"``) -> slices.
+
+    Raises:
+        UsageError: a spec is malformed, or names no valid pod type or topology.
+    """
+    found: dict[str, int] = {}
+    for spec in specs:
+        key, sep, count = spec.partition("=")
+        pod_type, _, topology = key.strip().partition("/")
+        if not sep or not count.strip().isdecimal():
+            raise UsageError(
+                f"--slices {spec!r}: give POD_TYPE=N or POD_TYPE/TOPOLOGY=N, such as v6e-16=2"
+            )
+        try:
+            if topology:
+                generation = pod_type.split("-")[0]
+                shape = slice_shape(topology, generation)
+                if shape.pod_type != pod_type:
+                    raise InvalidArgumentError(
+                        f"topology {topology} of {generation} is pod type {shape.pod_type}, "
+                        f"not {pod_type}"
+                    )
+            else:
+                parse_pod_type(pod_type)
+        except InvalidArgumentError as exc:
+            raise UsageError(f"--slices {spec!r}: {exc}") from exc
+        found[f"{pod_type} {topology}" if topology else pod_type] = int(count)
+    return found
+
+
+def _borrow_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> object:
+    if value is None or value == "none":
+        return value
+    if not value.isdecimal():
+        raise click.BadParameter("give a whole number of slices, or 'none' for no limit")
+    return int(value)
+
+
+@click.group(name="quota", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+@click.pass_context
+def quota_group(ctx: click.Context, as_json: bool, address: str | None) -> None:
+    """Show the cluster's quotas: each tenant's slices, borrow limit, weight and grace,
+    what it holds now, and its use (decayed slice-seconds) that fair share orders by."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with connected(address):
+        quotas = read_quotas()
+        holders = read_holders()
+        usage = read_usage().all(time.time())
+    held: dict[str, int] = {}
+    for holder in holders.values():
+        held[holder.tenant] = held.get(holder.tenant, 0) + 1
+    tenants = sorted(set(quotas.tenants) | set(held))
+    if as_json:
+        data = {
+            "half_life_s": quotas.half_life_s,
+            "tenants": {
+                t: {
+                    "quota": quotas.tenants[t].to_dict() if t in quotas.tenants else None,
+                    "held": held.get(t, 0),
+                    "usage": usage.get(t, 0.0),
+                }
+                for t in tenants
+            },
+        }
+        click.echo(json.dumps(data, indent=2))
+        return
+    if not quotas.configured:
+        console.print(
+            "No quotas set: the queue serves requests by priority, then arrival. "
+            "Set one with: tpuslice quota set TENANT --slices v6e-16=2"
+        )
+    table = Table(title=f"quotas (use halves every {quotas.half_life_s:.0f} s)")
+    for column in ("tenant", "quota", "borrow limit", "weight", "grace", "holds", "use (slice-s)"):
+        table.add_column(column, justify="left" if column in ("tenant", "quota") else "right")
+    for tenant in tenants:
+        quota = quotas.tenants.get(tenant)
+        slices = ", ".join(f"{k}={v}" for k, v in quota.slices.items()) if quota else "none"
+        limit = "-" if quota is None or quota.borrow_limit is None else str(quota.borrow_limit)
+        table.add_row(
+            tenant,
+            slices or "none",
+            limit,
+            f"{quota.weight:g}" if quota else f"{DEFAULT_WEIGHT:g}",
+            f"{quota.grace_s:.0f} s" if quota else f"{DEFAULT_GRACE_S:.0f} s",
+            str(held.get(tenant, 0)),
+            f"{usage.get(tenant, 0.0):.0f}",
+        )
+    console.print(table)
+
+
+@quota_group.command(name="set")
+@click.argument("tenant")
+@click.option(
+    "--slices",
+    "slices",
+    multiple=True,
+    metavar="POD_TYPE[/TOPOLOGY]=N",
+    help="Nominal quota of a kind of slice (repeat for more kinds), such as v6e-16=2.",
+)
+@click.option(
+    "--borrow-limit",
+    default=None,
+    callback=_borrow_limit,
+    help="Slices of a kind it may run beyond its quota, on idle ones; 'none': no limit "
+    "[default: no limit].",
+)
+@click.option("--weight", type=float, default=None, help="Fair-share weight [default: 1].")
+@click.option(
+    "--grace",
+    "grace_s",
+    type=float,
+    default=None,
+    help="Seconds its preempted work has to leave [default: 30].",
+)
+@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+def set_quota(
+    tenant: str,
+    slices: tuple[str, ...],
+    borrow_limit: object,
+    weight: float | None,
+    grace_s: float | None,
+    address: str | None,
+) -> None:
+    """Set TENANT's quota. Options not given keep their current value (a new tenant's:
+    no slices, no borrow limit, weight 1, grace 30 s)."""
+    try:
+        check_tenant(tenant)
+    except InvalidArgumentError as exc:
+        raise UsageError(str(exc)) from exc
+    counts = parse_slices(slices)
+    with connected(address):
+        quotas = read_quotas()
+        old = quotas.of(tenant) or TenantQuota()
+        limit = old.borrow_limit if borrow_limit is None else borrow_limit
+        try:
+            new = TenantQuota(
+                slices={**old.slices, **counts},
+                borrow_limit=None if limit == "none" else limit,  # type: ignore[arg-type]
+                weight=old.weight if weight is None else weight,
+                grace_s=old.grace_s if grace_s is None else grace_s,
+            )
+        except InvalidArgumentError as exc:
+            raise UsageError(str(exc)) from exc
+        _store(quotas.with_tenant(tenant, new), f"set {tenant}: {describe(new)}")
+    console.print(f"quota of {tenant}: {describe(new)}")
+
+
+@quota_group.command(name="rm")
+@click.argument("tenant")
+@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+def remove_quota(tenant: str, address: str | None) -> None:
+    """Remove TENANT's quota (it then shares what is left over, at the lowest standing)."""
+    with connected(address):
+        quotas = read_quotas()
+        if quotas.of(tenant) is None:
+            known = ", ".join(sorted(quotas.tenants)) or "none"
+            raise UsageError(f"tenant {tenant!r} has no quota (tenants with one: {known})")
+        _store(quotas.with_tenant(tenant, None), f"removed {tenant}")
+    console.print(f"quota of {tenant} removed")
+
+
+def describe(quota: TenantQuota) -> str:
+    """``v6e-16=2, borrow limit 1, weight 2, grace 30 s``.
+
+    Args:
+        quota: A tenant's quota.
+
+    Returns:
+        One line.
+    """
+    slices = ", ".join(f"{k}={v}" for k, v in quota.slices.items()) or "no slices"
+    limit = (
+        "no borrow limit" if quota.borrow_limit is None else f"borrow limit {quota.borrow_limit}"
+    )
+    return f"{slices}, {limit}, weight {quota.weight:g}, grace {quota.grace_s:g} s"
+
+
+def _store(quotas: Quotas, change: str) -> None:
+    """Write the quotas and record the change in the timeline: what, who, from where."""
+    _ray.kv_put(QUOTAS_KEY, quotas.to_json(), NAMESPACE)
+    who = f"{getpass.getuser()}@{socket.gethostname()}"
+    events.record("quota", what=who, outcome="set", detail=f"{change} (by {who})")
+    events.flush()
+
+
+def register(group: click.Group) -> None:
+    """Add ``quota`` to the ``tpuslice`` command group.
+
+    Args:
+        group: The CLI's top-level group.
+    """
+    group.add_command(quota_group)

@@ -3,6 +3,8 @@ objects are built directly, as Ray builds them."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 
 import pytest
@@ -275,9 +277,11 @@ class FakeReserver:
 
     def __init__(self, log: list[str], fail_on: int | None = None) -> None:
         self.log, self.fail_on, self.count = log, fail_on, 0
+        self.arrivals: list[int | None] = []
 
     def reserve(self, request: SliceRequest) -> FakeSlices:
-        assert request is REQUEST
+        assert dataclasses.replace(request, arrival_ns=None) == REQUEST
+        self.arrivals.append(request.arrival_ns)
         self.count += 1
         if self.count == self.fail_on:
             raise ReservationTimeoutError("no v4-16 within 5 s")
@@ -342,6 +346,26 @@ def test_loop_retries_per_budget_and_releases_before_each_retry() -> None:
         ("succeeded", None),
     ]
     assert [r.cause for r in run.history] == ["NodeDiedError: gone", "ValueError: bad"]
+
+
+def test_every_attempt_queues_in_the_runs_first_place() -> None:
+    """A preempted (or failed) attempt's retry waits in the queue at the run's first
+    arrival, not behind everyone who asked since."""
+    log: list[str] = []
+    reserver = FakeReserver(log)
+    before = time.time_ns()
+    run = ResilientRun(
+        scripted_body([rex.NodeDiedError("gone"), None], log),
+        REQUEST,
+        RetryPolicy(max_retries_preemption=1),
+        None,
+        Clock(sleep=lambda s: None),
+        reserve=reserver.reserve,  # type: ignore[arg-type]
+        make_watch=no_watch,  # type: ignore[arg-type]
+    )
+    run.until_done()
+    first, second = reserver.arrivals
+    assert first == second and first is not None and first >= before
 
 
 def test_loop_gives_up_with_history_and_the_last_task_error_chained() -> None:

@@ -172,3 +172,20 @@ def test_use_is_counted_per_tenant_from_the_holder_records() -> None:
     world.service.poll("x")
     usage = world.service.meter.of_all(300.0)
     assert usage["team-a"] > usage["team-b"] > 0
+
+
+def test_a_place_given_an_arrival_enqueues_with_it_and_keeps_it() -> None:
+    """A resilient run's retry enqueues with the run's first arrival, ahead of later ones."""
+    from tpuslice._queue.place import QueuePlace
+
+    world = World(Quotas())
+    names = sorted(world.cluster.slice_hosts)
+    world.hold(names[0], "x", "t", preemptible=False)
+    world.hold(names[1], "y", "t", preemptible=False)
+    world.service.enqueue(ask("later", "t"))  # arrival 1 s on the stamps' clock
+    place = QueuePlace(world.service, KIND, (1, 1), 0, arrival=5)
+    place.join()
+    assert place.arrival == 5
+    world.leave(names[0])
+    world.at(1.0)
+    assert place.wait(0.0) == Granted((names[0],))

@@ -40,6 +40,8 @@ class QueuePlace:
         priority: Higher first.
         tenant: Whom it is charged to.
         preemptible: Whether its work may be preempted once it runs.
+        arrival: Its place in arrival order, if it has one already (else the queue's
+            first answer gives it one).
         time_left: Seconds to the request's deadline, now (``None``: it has none); sent
             with each enqueue.
     """
@@ -54,6 +56,7 @@ class QueuePlace:
         *,
         tenant: str = "",
         preemptible: bool = False,
+        arrival: int | None = None,
     ) -> None:
         self.queue = queue
         self.time_left = time_left
@@ -67,7 +70,7 @@ class QueuePlace:
             tenant=tenant,
             preemptible=preemptible,
         )
-        self.arrival: int | None = None
+        self.arrival = arrival
         self.last: Answer | None = None
 
     def join(self) -> None:

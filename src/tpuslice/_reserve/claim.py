@@ -520,6 +520,7 @@ class Reserver:
             self.time_left,
             tenant=self.request.tenant or "",
             preemptible=self.request.preemptible,
+            arrival=self.request.arrival_ns,
         )
         try:
             place.join()

@@ -65,6 +65,9 @@ class SliceRequest:
             A label, not a credential.
         preemptible: Whether the queue may preempt this work, with notice, for a request
             of higher priority or for a tenant taking back its quota.
+        arrival_ns: Its place in the queue's arrival order (wall-clock nanoseconds);
+            ``None``: when it first waits there. A resilient run gives every attempt the
+            run's own, so a preempted run queues again in its first place.
 
     Raises:
         InvalidArgumentError: a value is out of range or of the wrong kind (every
@@ -89,6 +92,7 @@ class SliceRequest:
     priority: int = 0
     tenant: str | None = None
     preemptible: bool = False
+    arrival_ns: int | None = None
     plan: ReservationPlan = field(init=False, repr=False, compare=False)
     """Everything derived from the fields: shape, bundles per host, bundle resources."""
 

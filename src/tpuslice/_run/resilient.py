@@ -19,9 +19,11 @@ Other runners (the CLI's shell commands) reuse the same loop with their own atte
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import functools
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -558,6 +560,8 @@ class ResilientRun:
                 theirs again.
         """
         started = self.clock.now()
+        if self.request.arrival_ns is None:  # every attempt queues in the run's place
+            self.request = dataclasses.replace(self.request, arrival_ns=time.time_ns())
         times = AttemptTimes(asked=self.wall())
         self.times.append(times)
         while True:

@@ -151,6 +151,53 @@ PANELS: list[tuple[str, str, str, bool, list[tuple[str, str]]]] = [
         [(f"sum by (category, cause) {counted(BADPUT)}", "{{category}} {{cause}}")],
     ),
     (
+        "Admission wait by tenant (95th percentile)",
+        "Seconds from asking for slices to the grant, per tenant, over the window.",
+        "s",
+        False,
+        [
+            (
+                f"histogram_quantile(0.95, sum by (le, tenant) {counted(WAITED)})",
+                "{{tenant}}",
+            )
+        ],
+    ),
+    (
+        "Tenants: slices held, quota, borrowed",
+        "Per tenant (with quotas set): the slices it holds, its quota, and how many of "
+        "those it holds it borrowed beyond its quota.",
+        "short",
+        False,
+        [
+            (
+                "sum by (tenant, state) (max by (tenant, pod_type, state) "
+                f"(ray_tpuslice_tenant_slices{{{FILTER}}}))",
+                "{{tenant}} {{state}}",
+            )
+        ],
+    ),
+    (
+        "Tenants' use (fair share)",
+        "Each tenant's decayed slice-seconds: with quotas set, the next grant among tenants "
+        "of one standing goes to the lowest use over weight.",
+        "s",
+        False,
+        [(f"max by (tenant) (ray_tpuslice_tenant_usage{{{FILTER}}})", "{{tenant}}")],
+    ),
+    (
+        "Preemptions by cause",
+        "Work the queue preempted in the window: quota (a tenant took back its quota), "
+        "priority, and taken_back (the work outstayed its grace); by the work's tenant.",
+        "short",
+        True,
+        [
+            (
+                f"sum by (cause, tenant) {counted(f'ray_tpuslice_preemptions_total{{{FILTER}}}')}",
+                "{{cause}} {{tenant}}",
+            )
+        ],
+    ),
+    (
         "Slice-seconds by state",
         "Where the cluster's slice time went in the window: productive (busy, its gang "
         "beating), busy otherwise, idle, broken, notice.",

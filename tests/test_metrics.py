@@ -102,8 +102,8 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> dict[str, Recorded]:
 
 
 def test_a_reservation_counts_and_observes_its_wait(recorded: dict[str, Recorded]) -> None:
-    metrics.reservation_ended("v4 2x2x2", "timed_out", 12.5)
-    tags = {"topology": "v4 2x2x2", "outcome": "timed_out"}
+    metrics.reservation_ended("v4 2x2x2", "timed_out", 12.5, "team-a")
+    tags = {"topology": "v4 2x2x2", "outcome": "timed_out", "tenant": "team-a"}
     assert recorded["reservations"].calls == [("inc", 1.0, tags)]
     assert recorded["reservation_wait_seconds"].calls == [("observe", 12.5, tags)]
 
@@ -146,3 +146,22 @@ def test_a_metric_that_fails_is_not_raised_into_the_caller(
     monkeypatch.setattr(metrics, "_make", broken)
     monkeypatch.setattr("ray.is_initialized", lambda: True)
     metrics.attempt_ended("success")  # no exception
+
+
+def test_tenants_gauges_say_held_quota_and_borrowed(recorded: dict[str, Recorded]) -> None:
+    metrics.tenant_values(
+        {("team-a", "v4-16"): 3, ("team-b", "v4-16"): 1},
+        {("team-a", "v4-16"): 2},
+        {"team-a": 120.0},
+    )
+    sets = {(c[2]["tenant"], c[2]["state"]): c[1] for c in recorded["tenant_slices"].calls}
+    assert sets == {
+        ("team-a", "held"): 3,
+        ("team-a", "borrowed"): 1,
+        ("team-a", "quota"): 2,
+        ("team-b", "held"): 1,
+        ("team-b", "borrowed"): 1,
+    }
+    assert recorded["tenant_usage"].calls == [("set", 120.0, {"tenant": "team-a"})]
+    metrics.preempted("quota", "team-b")
+    assert recorded["preemptions"].calls == [("inc", 1.0, {"cause": "quota", "tenant": "team-b"})]

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import ray
 
+import tpuslice
 from clusterutil import markers_written, wait_for
 from promutil import (
     SD_FILE,
@@ -37,6 +38,8 @@ from promutil import (
 )
 from test_dashboard import load
 from tpuslice import _ray
+from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
+from tpuslice._view.quotas import Quotas, TenantQuota
 from tpuslice.testing import SimulatedCluster
 
 WINDOW = "1m"
@@ -204,6 +207,30 @@ def run_the_script(cluster: SimulatedCluster, marks: Path, proc: subprocess.Pope
             cluster.restore_slice(victim)
 
 
+def take_back_a_quota() -> None:
+    """With quotas set (left set for the panels to show, until the test ends), team-b
+    holds both v4 slices, preemptible, and team-a asks for its quota of one: the queue
+    gives team-b its notice, team-b leaves, team-a is granted."""
+    quotas = Quotas({"team-a": TenantQuota({"v4-16": 1}), "team-b": TenantQuota(grace_s=20)})
+    _ray.kv_put(QUOTAS_KEY, quotas.to_json(), NAMESPACE)
+    v4 = {"topology": "2x2x2", "accelerator_version": "v4", "head_reservation_timeout_s": 60}
+    borrower = tpuslice.SlicePlacementGroup(**v4, num_slices=2, tenant="team-b", preemptible=True)
+    owner: list[tpuslice.SlicePlacementGroup] = []
+    asking = threading.Thread(
+        target=lambda: owner.append(tpuslice.SlicePlacementGroup(**v4, tenant="team-a"))
+    )
+    try:
+        asking.start()
+        wait_for(borrower.notices, 30, "the queue's notice on team-b's slices")
+        borrower.shutdown()
+        asking.join(60)
+        assert owner, "team-a was not granted its quota"
+    finally:
+        asking.join(60)
+        for spg in [borrower, *owner]:
+            spg.shutdown()
+
+
 @pytest.mark.cluster
 def test_every_dashboard_query_answers_after_a_preemption_and_a_hang(
     tpu_cluster: SimulatedCluster, prometheus: Prometheus, tmp_path: Path
@@ -213,6 +240,7 @@ def test_every_dashboard_query_answers_after_a_preemption_and_a_hang(
     proc, worker = start_driver(tpu_cluster.address, marks)
     try:
         run_the_script(tpu_cluster, marks, proc)
+        take_back_a_quota()
         session = session_name(prometheus)
         variables = {"SessionName": session, "window": WINDOW}
         queries = dashboard_queries(load())
@@ -244,6 +272,7 @@ def test_every_dashboard_query_answers_after_a_preemption_and_a_hang(
         (marks / "exit").touch()
         assert proc.wait(timeout=30) == 0, driver_log(marks)
     finally:
+        _ray.kv_delete(QUOTAS_KEY, NAMESPACE)
         (marks / "exit").touch()
         stop(proc)
 

@@ -66,13 +66,13 @@ DEFINITIONS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
     "reservations": (
         "counter",
         "Reservations by outcome (granted, timed_out, impossible).",
-        ("topology", "outcome"),
+        ("topology", "outcome", "tenant"),
         (),
     ),
     "reservation_wait_seconds": (
         "histogram",
-        "Seconds from asking for slices to the outcome.",
-        ("topology", "outcome"),
+        "Seconds from asking for slices to the outcome (the admission wait), by tenant.",
+        ("topology", "outcome", "tenant"),
         WAIT_BUCKETS,
     ),
     "run_duration_seconds": (
@@ -192,15 +192,16 @@ def _apply(name: str, value: float, tags: Mapping[str, str]) -> None:
         logger.debug("metric %s not recorded: %s", name, exc)
 
 
-def reservation_ended(topology: str, outcome: str, wait_s: float) -> None:
-    """Count a reservation's outcome and observe its wait.
+def reservation_ended(topology: str, outcome: str, wait_s: float, tenant: str = "") -> None:
+    """Count a reservation's outcome and observe its wait (the admission wait, by tenant).
 
     Args:
         topology: ``<accelerator> <topology>``, e.g. ``v6e 4x4``.
         outcome: ``granted``, ``timed_out`` or ``impossible``.
         wait_s: Seconds from the request to the outcome.
+        tenant: Whom it was charged to.
     """
-    tags = {"topology": topology, "outcome": outcome}
+    tags = {"topology": topology, "outcome": outcome, "tenant": tenant}
     _apply("reservations", 1.0, tags)
     _apply("reservation_wait_seconds", wait_s, tags)
 

@@ -83,7 +83,7 @@ def reservation_ended(
     events.record(
         kind, slices=tuple(slices), what=what, seconds=wait_s, outcome=outcome, detail=detail
     )
-    metrics.reservation_ended(shape, outcome, wait_s)
+    metrics.reservation_ended(shape, outcome, wait_s, request.tenant or "")
 
 
 @never_raises

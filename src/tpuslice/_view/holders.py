@@ -117,7 +117,12 @@ def forget_held(slice_names: Sequence[str], node_ids: Sequence[str]) -> None:
     try:
         for name in slice_names:
             _ray.kv_delete(HOLDER_KEY_PREFIX + name, NAMESPACE)
-        clear_notices(node_ids)
+        # One listing, then only the hosts warned: almost always none.
+        warned = {
+            key.removeprefix(PREEMPT_KEY_PREFIX)
+            for key in _ray.kv_list(PREEMPT_KEY_PREFIX, NAMESPACE)
+        }
+        clear_notices([node for node in node_ids if node in warned])
     except _ray.kv_errors() as exc:
         logger.debug("could not forget the slices held: %s", exc)
 

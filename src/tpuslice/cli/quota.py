@@ -8,6 +8,7 @@ the queue serves requests by priority, then arrival, as it always did.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import socket
@@ -31,13 +32,14 @@ from tpuslice._view.quotas import (
     read_quotas,
 )
 from tpuslice.cli.connect import UsageError, connected
-from tpuslice.errors import InvalidArgumentError
+from tpuslice.errors import AmbiguousPodTypeError, InvalidArgumentError
 
 console = Console()
 
 
 def parse_slices(specs: tuple[str, ...]) -> dict[str, int]:
-    """``v6e-16=2`` or ``v4-16/2x2x2=1`` -> quota keys and counts.
+    """``v6e-16=2`` (every topology of the pod type) or ``v6e-16/4x4=1`` -> quota keys
+    and counts.
 
     Args:
         specs: What ``--slices`` was given.
@@ -66,7 +68,8 @@ def parse_slices(specs: tuple[str, ...]) -> dict[str, int]:
                         f"not {pod_type}"
                     )
             else:
-                parse_pod_type(pod_type)
+                with contextlib.suppress(AmbiguousPodTypeError):  # any of its topologies
+                    parse_pod_type(pod_type)
         except InvalidArgumentError as exc:
             raise UsageError(f"--slices {spec!r}: {exc}") from exc
         found[f"{pod_type} {topology}" if topology else pod_type] = int(count)

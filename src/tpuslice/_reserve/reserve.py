@@ -197,7 +197,9 @@ class SlicePlacementGroup(ShutsDownOnExit):
     def _holders(self) -> list[Holder]:
         """What the queue is told of the slices held: whose, how urgent, preemptible,
         and the groups to remove if a preemption's grace runs out."""
-        request, held = self._request, []
+        request, held = self._request, list[Holder]()
+        if request.subslice:  # the queue deals in whole slices; a sub-slice is not one
+            return held
         for claim in self._reservation.claims:
             groups = [claim.head_pg, claim.worker_pg, self._reservation.combined_pg]
             held.append(

@@ -1,13 +1,14 @@
 """More drivers than slices: a shared cluster's queue, side by side (issue 15).
 Run by hand (not a test; it starts a simulated cluster, so only one at a time):
 
-    python benchmarks/bench_contention.py [--paths floor,ours,ray] [--hold 2] [--json]
+    python benchmarks/bench_contention.py [--paths floor,ours,ray] [--hold 2] [--jobs 3]
+        [--json]
 
 One SimulatedCluster of 4 slices of v6e 4x4 (16 simulated TPU VMs). Six driver processes
-start together; each runs 3 one-shot jobs in a row, each job holding its slice(s) for
-``--hold`` seconds (a task per host that sleeps). Four drivers ask for 1 slice per job,
-two for 2. Library defaults throughout (a job that fails ends its driver, as a user's
-script would stop). Paths, one after the other on the same cluster:
+start together; each runs ``--jobs`` (3) one-shot jobs in a row, each job holding its
+slice(s) for ``--hold`` seconds (a task per host that sleeps). Four drivers ask for 1
+slice per job, two for 2. Library defaults throughout (a job that fails ends its driver,
+as a user's script would stop). Paths, one after the other on the same cluster:
 
 - ``ours``: ``tpuslice.run_on_slice`` (the queue grants slices; drivers wait in it).
 - ``ours-fresh``: the same, as the first work on the freshly started cluster, so
@@ -16,6 +17,15 @@ script would stop). Paths, one after the other on the same cluster:
   floor in one run).
 - ``ours-noqueue`` (only when asked for): the same with the queue made unreachable, so
   each waiter polls the cluster on its own, as tpuslice did before the queue.
+- ``ours-2tenants`` (only when asked for): ``ours`` with the drivers split between two
+  tenants of weights 1 and 2 (``tenant=`` on each one-shot), the same demand from each
+  (the drivers of each size dealt in turn to each tenant), and quotas set for the path
+  only: both tenants with a weight and no slices, so both borrow, in the same standing,
+  and the queue orders them by weighted usage. Reported: each tenant's slice-seconds
+  (each job's slices times its grant to its hand-back's end) while every driver still had
+  jobs to submit, its share against its weight's, Jain's fairness index over the
+  weight-normalised shares, and the makespan against ``ours``'s in the same run (put
+  ``ours`` in ``--paths`` too, and give enough ``--jobs`` for the split to show).
 - ``ray``: Ray 2.60's ``ray.util.tpu.run_on_slice``; its one-shot reservation leaks until
   the driver exits, so each job shuts it down after the results (as a user would have to).
 - ``floor``: raw Ray, no slice integrity: one placement group of one ``{"TPU": 4}``
@@ -24,13 +34,14 @@ script would stop). Paths, one after the other on the same cluster:
   SPMD placement (its bundles may straddle slices).
 
 Reported per path: jobs done and failed; makespan (first submit to last job end) over the
-ideal (total slice-seconds / slices = 12 s at 2 s holds); each job's wait (submit to its
-first task starting), longest and mean, next to a strict first-come-first-served schedule
-of the same jobs with zero overheads; and held-idle slice-seconds: sampled every 50 ms
-from the cluster's resources, a slice whose head resource is taken while all its TPUs are
-free (claimed, no work on it), all of it and in spans of at least 0.5 s (holding some
-slices while waiting for more shows as such spans; shorter ones are claims and hand-backs
-seen half-done, each host's resources reaching the GCS view on its own).
+ideal (total slice-seconds / slices = 12 s at 2 s holds and 3 jobs a driver); each job's
+wait (submit to its first task starting), longest and mean, next to a strict
+first-come-first-served schedule of the same jobs with zero overheads; and held-idle
+slice-seconds: sampled every 50 ms from the cluster's resources, a slice whose head
+resource is taken while all its TPUs are free (claimed, no work on it), all of it and in
+spans of at least 0.5 s (holding some slices while waiting for more shows as such spans;
+shorter ones are claims and hand-backs seen half-done, each host's resources reaching
+the GCS view on its own).
 
 Also reported: for the tpuslice paths, each job's phases from the driver's own trace (see
 :func:`phases`: to the queue's grant, grant to held, held to the first task, the
@@ -43,6 +54,7 @@ among them).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -50,6 +62,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -65,8 +78,11 @@ SLICES = 4
 HOSTS_PER_SLICE = 4
 CHIPS_PER_HOST = 4
 PATHS = ("floor", "ours", "ray")
-OURS = ("ours", "ours-fresh", "ours-noqueue")
-"""The tpuslice paths (they differ in the cluster's state or the queue, not the code)."""
+TWO_TENANTS = "ours-2tenants"
+OURS = ("ours", "ours-fresh", "ours-noqueue", TWO_TENANTS)
+"""The tpuslice paths (they differ in the cluster's state, the queue or the tenants)."""
+TENANT_WEIGHTS = (1.0, 2.0)
+"""The two-tenant path's tenants' weights in fair share."""
 FCFS_SLACK_S = 2.0
 """The target: no job waits longer than strict FCFS with no overheads would, plus this."""
 MAKESPAN_TARGET = 1.15
@@ -94,12 +110,16 @@ class Job:
     back_end: float | None = None
     """tpuslice paths: when the hand-back ended (every group removed)."""
     slices_held: list[str] = field(default_factory=list)
+    tenant: str = ""
+    """The two-tenant path: whom the job was charged to (else the default tenant)."""
 
 
 @dataclass
 class PathResult:
     path: str
     jobs: list[Job] = field(default_factory=list)
+    weights: dict[str, float] = field(default_factory=dict)
+    """The two-tenant path: each tenant's weight."""
     held_idle_slice_s: float = 0.0
     held_idle_long_slice_s: float = 0.0
     cpu_s: dict[str, float] = field(default_factory=dict)
@@ -109,12 +129,13 @@ class PathResult:
     def done(self) -> list[Job]:
         return [j for j in self.jobs if j.end is not None and not j.error]
 
-    def summary(self, hold: float) -> dict[str, Any]:
+    def summary(self, hold: float, jobs: int) -> dict[str, Any]:
         done = self.done
         waits = [j.start - j.submit for j in done if j.start is not None]
         first = min((j.submit for j in self.jobs), default=0.0)
         last = max((j.end for j in done if j.end is not None), default=first)
-        ideal = ideal_makespan(hold)
+        ideal = ideal_makespan(hold, jobs)
+        tenants = {"tenants": tenant_report(self.jobs, self.weights)} if self.weights else {}
         return {
             "path": self.path,
             "jobs_done": len(done),
@@ -129,6 +150,7 @@ class PathResult:
             "held_idle_slice_s": self.held_idle_slice_s,
             "held_idle_long_slice_s": self.held_idle_long_slice_s,
             "cpu_s": self.cpu_s,
+            **tenants,
         }
 
 
@@ -175,12 +197,155 @@ def phases(done: list[Job]) -> dict[str, float]:
     }
 
 
-def ideal_makespan(hold: float) -> float:
+def ideal_makespan(hold: float, jobs: int = JOBS_PER_DRIVER) -> float:
     """Total slice-seconds of work over the slices."""
-    return sum(n * JOBS_PER_DRIVER * hold for n in DRIVERS) / SLICES
+    return sum(n * jobs * hold for n in DRIVERS) / SLICES
 
 
-def fcfs_schedule(hold: float) -> dict[str, float]:
+# --- two tenants (pure) --------------------------------------------------------------------
+
+
+def driver_tenants(drivers: Sequence[int], tenants: int) -> list[int]:
+    """Each driver's tenant (an index), so that every tenant has the same demand: the
+    drivers of each size are dealt in turn, each size starting where the last left off.
+
+    Args:
+        drivers: Slices per job of each driver.
+        tenants: How many tenants.
+
+    Returns:
+        The tenant of each driver, in driver order.
+    """
+    dealt = [0] * len(drivers)
+    turn = 0
+    for size in sorted(set(drivers)):
+        for d, n in enumerate(drivers):
+            if n == size:
+                dealt[d] = turn % tenants
+                turn += 1
+    return dealt
+
+
+def held_span(job: Job) -> tuple[float, float] | None:
+    """When a job held its slices: from the queue's grant (else its first task) to the
+    hand-back's end (else the job's end); ``None`` if it never ran."""
+    begin = job.granted if job.granted is not None else job.start
+    end = job.back_end if job.back_end is not None else job.end
+    if begin is None or end is None or job.error:
+        return None
+    return begin, end
+
+
+def contention_window(jobs: Sequence[Job]) -> tuple[float, float]:
+    """While every driver still had jobs to ask for: from the first submit to the earliest
+    grant of a driver's last job (after it that driver asks for nothing more, so its
+    tenant's demand falls below the other's).
+
+    Args:
+        jobs: Every job of the path, each with its driver.
+
+    Returns:
+        ``(start, end)``, seconds.
+    """
+    start = min(j.submit for j in jobs)
+    last: dict[int, Job] = {}
+    for job in jobs:
+        if job.driver not in last or job.index > last[job.driver].index:
+            last[job.driver] = job
+    # A driver whose last job failed stopped asking when it asked for that job.
+    ends = [span[0] if (span := held_span(j)) else j.submit for j in last.values()]
+    return start, max(start, min(ends, default=start))
+
+
+def slice_seconds_by_tenant(
+    jobs: Sequence[Job], window: tuple[float, float] | None = None
+) -> dict[str, float]:
+    """Each tenant's slice-seconds: every job's slices times its held span, cut to
+    ``window`` if given.
+
+    Args:
+        jobs: The jobs.
+        window: ``(start, end)``; ``None``: all of each span.
+
+    Returns:
+        Tenant -> slice-seconds (every tenant of ``jobs``, 0 if it held nothing).
+    """
+    used = {j.tenant: 0.0 for j in jobs}
+    for job in jobs:
+        span = held_span(job)
+        if span is None:
+            continue
+        begin, end = span
+        if window is not None:
+            begin, end = max(begin, window[0]), min(end, window[1])
+        used[job.tenant] += job.slices * max(0.0, end - begin)
+    return used
+
+
+def shares(
+    slice_seconds: Mapping[str, float], weights: Mapping[str, float]
+) -> dict[str, dict[str, float]]:
+    """Each tenant's share of the slice-seconds against its weight's share.
+
+    Args:
+        slice_seconds: Tenant -> slice-seconds used.
+        weights: Tenant -> weight (the tenants compared).
+
+    Returns:
+        Tenant -> ``slice_s``, ``share`` (of the total; 0 if nothing was used),
+        ``weight``, ``weight_share`` and ``ratio`` (share over weight share: 1 is fair).
+    """
+    total = sum(slice_seconds.get(t, 0.0) for t in weights)
+    weight_total = sum(weights.values())
+    out = {}
+    for tenant, weight in weights.items():
+        used = slice_seconds.get(tenant, 0.0)
+        share = used / total if total > 0 else 0.0
+        weight_share = weight / weight_total
+        out[tenant] = {
+            "slice_s": used,
+            "share": share,
+            "weight": weight,
+            "weight_share": weight_share,
+            "ratio": share / weight_share,
+        }
+    return out
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index: ``(sum x)^2 / (n * sum x^2)``; 1 when every value is equal,
+    ``1/n`` when one has everything. Over weight-normalised shares (share over weight
+    share), 1 means each tenant got exactly its weight's share.
+
+    Args:
+        values: One value per tenant, each 0 or more.
+
+    Returns:
+        The index; 1 for no values or all zero (nothing to be unfair about).
+    """
+    squares = sum(x * x for x in values)
+    if not values or squares == 0:
+        return 1.0
+    return sum(values) ** 2 / (len(values) * squares)
+
+
+def tenant_report(jobs: Sequence[Job], weights: Mapping[str, float]) -> dict[str, Any]:
+    """The two-tenant path's split: while every driver still had jobs to ask for (the
+    headline: both tenants' demand as given), and over the whole path (where equal
+    demand, all of it served, makes the split equal whatever the order)."""
+    window = contention_window(jobs)
+    in_window = shares(slice_seconds_by_tenant(jobs, window), weights)
+    whole = shares(slice_seconds_by_tenant(jobs), weights)
+    return {
+        "window_s": window[1] - window[0],
+        "window": in_window,
+        "jain": jain_index([s["ratio"] for s in in_window.values()]),
+        "whole_run": whole,
+        "whole_run_jain": jain_index([s["ratio"] for s in whole.values()]),
+    }
+
+
+def fcfs_schedule(hold: float, jobs: int = JOBS_PER_DRIVER) -> dict[str, float]:
     """A strict first-come-first-served schedule of the same drivers, zero overheads: jobs
     start in submit order (ties: driver order), each as soon as enough slices are free
     and every job submitted before it has started. Each driver submits its next job
@@ -188,7 +353,7 @@ def fcfs_schedule(hold: float) -> dict[str, float]:
     free = SLICES
     running: list[tuple[float, int, int]] = []  # (end, driver, slices)
     pending: list[tuple[float, int, int]] = [(0.0, d, n) for d, n in enumerate(DRIVERS)]
-    left = {d: JOBS_PER_DRIVER for d in range(len(DRIVERS))}
+    left = {d: jobs for d in range(len(DRIVERS))}
     now, waits, last = 0.0, [], 0.0
     while pending or running:
         pending.sort()
@@ -248,11 +413,11 @@ def child_main(args: argparse.Namespace) -> None:
     start_at = float(sys.stdin.readline())
     while time.time() < start_at:
         time.sleep(0.005)
-    for index in range(JOBS_PER_DRIVER):
-        job = Job(args.driver, index, args.slices, time.time())
+    for index in range(args.jobs):
+        job = Job(args.driver, index, args.slices, time.time(), tenant=args.tenant or "")
         jobs.append(job)
         try:
-            starts = run_job(args.path, args.slices, args.hold)
+            starts = run_job(args.path, args.slices, args.hold, args.tenant)
             job.start, job.end = min(starts), time.time()
             job.skew = max(starts) - min(starts)
         except Exception as exc:  # noqa: BLE001  (reported, ends this driver)
@@ -320,12 +485,17 @@ def warm_every_host() -> None:
     )
 
 
-def run_job(path: str, num_slices: int, hold: float) -> list[float]:
+def run_job(path: str, num_slices: int, hold: float, tenant: str | None = None) -> list[float]:
     if path in OURS:
         import tpuslice
 
         refs = tpuslice.run_on_slice(
-            hold_task, hold, topology="4x4", accelerator_version="v6e", num_slices=num_slices
+            hold_task,
+            hold,
+            topology="4x4",
+            accelerator_version="v6e",
+            num_slices=num_slices,
+            tenant=tenant,
         )
         return list(ray.get(refs))
     if path == "ray":
@@ -467,7 +637,18 @@ def cpu_spent(before: dict[int, tuple[str, float]]) -> dict[str, float]:
     return {k: round(v, 1) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
 
 
-def run_path(address: str, path: str, hold: float, err: Console) -> PathResult:
+def run_path(
+    address: str,
+    path: str,
+    hold: float,
+    jobs: int,
+    err: Console,
+    weights: Mapping[str, float] | None = None,
+) -> PathResult:
+    """Run one path's drivers; with ``weights``, the drivers are split between those
+    tenants (:func:`driver_tenants`), whose quotas the caller has set."""
+    names = list(weights or {})
+    dealt = driver_tenants(DRIVERS, len(names)) if names else []
     procs = [
         subprocess.Popen(
             [
@@ -484,6 +665,9 @@ def run_path(address: str, path: str, hold: float, err: Console) -> PathResult:
                 str(n),
                 "--hold",
                 str(hold),
+                "--jobs",
+                str(jobs),
+                *(["--tenant", names[dealt[d]]] if names else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -502,7 +686,7 @@ def run_path(address: str, path: str, hold: float, err: Console) -> PathResult:
         assert proc.stdin is not None
         proc.stdin.write(f"{start_at}\n")
         proc.stdin.flush()
-    result = PathResult(path)
+    result = PathResult(path, weights=dict(weights or {}))
     cpu_before = cpu_by_kind()
     with IdleSampler() as sampler:
         for proc in procs:
@@ -514,8 +698,31 @@ def run_path(address: str, path: str, hold: float, err: Console) -> PathResult:
     result.held_idle_slice_s = sampler.slice_seconds
     result.held_idle_long_slice_s = sampler.long_slice_seconds
     result.cpu_s = cpu_spent(cpu_before)
-    err.print(f"{path}: {result.summary(hold)}")
+    err.print(f"{path}: {result.summary(hold, jobs)}")
     return result
+
+
+def tenant_weights(ordinal: int) -> dict[str, float]:
+    """The two-tenant path's tenants and weights; named afresh for each such path of a
+    run, as the queue remembers each tenant's use for as long as it lives."""
+    return {f"bench{ordinal}-w{w:g}": w for w in TENANT_WEIGHTS}
+
+
+@contextlib.contextmanager
+def quotas_set(weights: Mapping[str, float]) -> Iterator[None]:
+    """The cluster's quotas for the two-tenant path: each tenant a weight and no slices,
+    so both borrow (the same standing), on slices no quota covers (so their work need not
+    be preemptible); the record is deleted after, so other paths queue as before."""
+    from tpuslice import _ray
+    from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
+    from tpuslice._view.quotas import Quotas, TenantQuota
+
+    quotas = Quotas({t: TenantQuota(weight=w) for t, w in weights.items()})
+    _ray.kv_put(QUOTAS_KEY, quotas.to_json(), NAMESPACE)
+    try:
+        yield
+    finally:
+        _ray.kv_delete(QUOTAS_KEY, NAMESPACE)
 
 
 def settle() -> None:
@@ -531,8 +738,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--hold", type=float, default=2.0)
+    parser.add_argument("--jobs", type=int, default=JOBS_PER_DRIVER, help="jobs per driver")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tenant", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--driver", type=int, help=argparse.SUPPRESS)
@@ -551,14 +760,22 @@ def main() -> None:
     summaries = []
     with SimulatedCluster([("v6e", "4x4", SLICES)], connect=True) as sim:
         err.print(f"cluster up in {sim.startup_seconds:.1f} s")
-        for path in paths:
-            summaries.append(run_path(sim.address, path, args.hold, err).summary(args.hold))
+        for k, path in enumerate(paths):
+            if path == TWO_TENANTS:
+                weights = tenant_weights(paths[: k + 1].count(TWO_TENANTS))
+                with quotas_set(weights):
+                    result = run_path(sim.address, path, args.hold, args.jobs, err, weights)
+            else:
+                result = run_path(sim.address, path, args.hold, args.jobs, err)
+            summaries.append(result.summary(args.hold, args.jobs))
             settle()
-    fcfs = fcfs_schedule(args.hold)
+    fcfs = fcfs_schedule(args.hold, args.jobs)
     report = {
-        "ideal_makespan_s": ideal_makespan(args.hold),
+        "jobs_per_driver": args.jobs,
+        "ideal_makespan_s": ideal_makespan(args.hold, args.jobs),
         "fcfs": fcfs,
         "paths": summaries,
+        "two_tenants": two_tenant_summary(summaries),
         "verdicts": verdicts(summaries, fcfs),
     }
     if args.json:
@@ -583,6 +800,57 @@ def main() -> None:
         )
     for line in report["verdicts"]:
         print(line)
+    for line in two_tenant_lines(report["two_tenants"]):
+        print(line)
+
+
+def two_tenant_summary(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each two-tenant path's split, and its makespan over the first ``ours`` path's."""
+    ours = next((s for s in summaries if s["path"] == "ours"), None)
+    out = []
+    for s in summaries:
+        if "tenants" not in s:
+            continue
+        over = s["makespan_s"] / ours["makespan_s"] if ours and ours["makespan_s"] else None
+        out.append(
+            {
+                "path": s["path"],
+                **s["tenants"],
+                "makespan_s": s["makespan_s"],
+                "ours_makespan_s": ours["makespan_s"] if ours else None,
+                "makespan_over_ours": over,
+            }
+        )
+    return out
+
+
+def two_tenant_lines(found: list[dict[str, Any]]) -> list[str]:
+    """The two-tenant paths' tables, in Markdown."""
+    lines = []
+    for t in found:
+        lines += [
+            "",
+            f"{t['path']}: while every driver still had jobs to ask for "
+            f"({t['window_s']:.1f} s), and over the whole path",
+            "| tenant | weight | slice-s | share | weight share | ratio "
+            "| whole path: slice-s | share | ratio |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        ]
+        for tenant, w in t["window"].items():
+            a = t["whole_run"][tenant]
+            lines.append(
+                f"| {tenant} | {w['weight']:g} | {w['slice_s']:.1f} | {w['share']:.3f} | "
+                f"{w['weight_share']:.3f} | {w['ratio']:.2f} | {a['slice_s']:.1f} | "
+                f"{a['share']:.3f} | {a['ratio']:.2f} |"
+            )
+        over = t["makespan_over_ours"]
+        lines += [
+            f"Jain's index over share / weight share: {t['jain']:.3f} (whole path "
+            f"{t['whole_run_jain']:.3f})",
+            f"makespan {t['makespan_s']:.1f} s against ours {t['ours_makespan_s'] or 0:.1f} s"
+            + (f" ({over:.2f}x)" if over is not None else " (ours not run)"),
+        ]
+    return lines
 
 
 def verdicts(summaries: list[dict[str, Any]], fcfs: dict[str, float]) -> list[str]:
@@ -592,7 +860,7 @@ def verdicts(summaries: list[dict[str, Any]], fcfs: dict[str, float]) -> list[st
     bound = fcfs["longest_wait_s"] + FCFS_SLACK_S
     lines = []
     for s in summaries:
-        if s["path"] not in OURS:
+        if s["path"] not in OURS or s["path"] == TWO_TENANTS:  # fair share is not FCFS
             continue
         if floor is not None:
             ratio = s["makespan_s"] / floor["makespan_s"]

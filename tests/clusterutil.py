@@ -169,3 +169,26 @@ def exit_cleanly(script: str, *args: str, timeout: float = 180) -> str:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "already been shutdown" not in out.stderr
     return out.stdout
+
+
+TASK_BOUND_S = 120.0
+"""How long a test task waits for its go file before it gives up."""
+
+
+@ray.remote
+def beat_until_go(marker_dir: str, go: str, open_tpu: bool = False) -> str:
+    """A marker naming the slice (after opening the TPU, if asked), then a heartbeat every
+    50 ms until the go file exists."""
+    host = tpuslice.current_host()
+    if open_tpu:
+        tpuslice.jax.open_tpu()
+    hidden = Path(marker_dir, f".{host.slice_name}.{host.rank}.{time.monotonic_ns()}")
+    hidden.write_text(host.slice_name)
+    hidden.rename(Path(marker_dir, hidden.name[1:]))  # appears complete, never half-written
+    deadline = time.monotonic() + TASK_BOUND_S
+    while not Path(go).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the test never said go")
+        tpuslice.heartbeat()
+        time.sleep(0.05)
+    return host.slice_name

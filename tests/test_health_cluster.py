@@ -8,15 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import ray
 from click.testing import CliRunner
 
 import tpuslice
-from clusterutil import hold_host, markers_written, run_in_background, wait_for
+from clusterutil import beat_until_go, hold_host, markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome
 from tpuslice._host.suspects import SuspectReason
 from tpuslice._run import health
@@ -25,26 +23,6 @@ from tpuslice.cli.commands import main
 from tpuslice.testing import SimulatedCluster
 
 V4 = {"topology": "2x2x2", "accelerator_version": "v4"}
-TASK_BOUND_S = 120.0
-
-
-@ray.remote
-def beat_until_go(marker_dir: str, go: str, open_tpu: bool) -> str:
-    """A marker naming the slice (after opening the TPU, if asked), then a heartbeat every
-    50 ms until the go file exists."""
-    host = tpuslice.current_host()
-    if open_tpu:
-        tpuslice.jax.open_tpu()
-    hidden = Path(marker_dir, f".{host.slice_name}.{host.rank}.{time.monotonic_ns()}")
-    hidden.write_text(host.slice_name)
-    hidden.rename(Path(marker_dir, hidden.name[1:]))  # appears complete, never half-written
-    deadline = time.monotonic() + TASK_BOUND_S
-    while not Path(go).exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the test never said go")
-        tpuslice.heartbeat()
-        time.sleep(0.05)
-    return host.slice_name
 
 
 def state(name: str) -> SliceState:

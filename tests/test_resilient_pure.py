@@ -4,7 +4,6 @@ objects are built directly, as Ray builds them."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 
 import pytest
@@ -348,24 +347,31 @@ def test_loop_retries_per_budget_and_releases_before_each_retry() -> None:
     assert [r.cause for r in run.history] == ["NodeDiedError: gone", "ValueError: bad"]
 
 
-def test_every_attempt_queues_in_the_runs_first_place() -> None:
-    """A preempted (or failed) attempt's retry waits in the queue at the run's first
-    arrival, not behind everyone who asked since."""
+def test_the_attempt_after_a_preemption_queues_in_the_runs_first_place() -> None:
+    """After a preemption the next attempt waits in the queue at the place the first
+    attempt had; after a failure it queues afresh, behind those who asked since."""
     log: list[str] = []
     reserver = FakeReserver(log)
-    before = time.time_ns()
+    script = iter([Outcome.PREEMPTION, Outcome.FAILURE, None])
+
+    def body(spg: FakeSlices, watch: object) -> list[str]:
+        outcome = next(script)
+        if outcome is None:
+            return ["r0"]
+        raise GangBrokenError(outcome, outcome.value)
+
     run = ResilientRun(
-        scripted_body([rex.NodeDiedError("gone"), None], log),
+        body,
         REQUEST,
-        RetryPolicy(max_retries_preemption=1),
+        RetryPolicy(max_retries_failure=1, max_retries_preemption=1),
         None,
         Clock(sleep=lambda s: None),
         reserve=reserver.reserve,  # type: ignore[arg-type]
         make_watch=no_watch,  # type: ignore[arg-type]
+        arrival=lambda spg: 1000 + int(spg.slice_names[0][1:]),  # type: ignore[attr-defined]
     )
-    run.until_done()
-    first, second = reserver.arrivals
-    assert first == second and first is not None and first >= before
+    assert run.until_done() == ["r0"]
+    assert reserver.arrivals == [None, 1001, None]
 
 
 def test_loop_gives_up_with_history_and_the_last_task_error_chained() -> None:

@@ -174,6 +174,24 @@ def test_the_owner_of_a_quota_takes_it_back_from_the_latest_lowest_borrower() ->
     )
 
 
+def test_a_quota_is_taken_back_from_a_reservation_that_only_partly_borrows() -> None:
+    """b's quota is 1 and it holds one 2-slice reservation: half of it is borrowed, and
+    the reservation leaves whole when a takes back its quota."""
+    q = quotas(a=TenantQuota({"v6e-16": 1}), b=TenantQuota({"v6e-16": 1}))
+    got = decide([ask("a1", "a")], {}, [run("b2", "b", 2, preemptible=True)], sharing=share(q))
+    assert set(got.preempt) == {"b2"} and got.preempt["b2"].cause == "quota"
+
+
+def test_a_pod_types_quota_counts_every_topology_of_it_together() -> None:
+    q = quotas(a=TenantQuota({"v4-64": 1}, borrow_limit=0))
+    held = [Holding("v4-64 2x2x8", 1, tenant="a")]
+    other = Waiter("x", "v4-64 2x4x4", (1, 1), tenant="a", preemptible=True)
+    got = decide([other], {"v4-64 2x4x4": ["s9"]}, held, sharing=share(q))
+    assert got.grants == {} and "at its borrow limit" in got.blocked["x"]
+    exact = quotas(a=TenantQuota({"v4-64 2x2x8": 1, "v4-64 2x4x4": 1}, borrow_limit=0))
+    assert decide([other], {"v4-64 2x4x4": ["s9"]}, held, sharing=share(exact)).grants
+
+
 def test_nothing_is_preempted_when_it_would_not_serve_the_request() -> None:
     q = quotas(a=TenantQuota({"v6e-16": 2}), b=TenantQuota({"v6e-16": 0}))
     one = [run("b1", "b", preemptible=True), run("b2", "b")]  # only one may be preempted
@@ -208,11 +226,14 @@ def test_a_slice_ending_within_the_grace_period_is_waited_for_instead() -> None:
     assert set(later.preempt) == {"b1"}
 
 
-def test_work_already_leaving_is_not_preempted_twice() -> None:
-    q = quotas(a=TenantQuota({"v6e-16": 1}), b=TenantQuota({"v6e-16": 0}))
-    leaving = [run("b1", "b", preemptible=True, ends_at=25.0), run("b2", "b", preemptible=True)]
-    got = decide([ask("a1", "a")], {}, leaving, sharing=share(q), now=0.0)
-    assert got.preempt == {}
+def test_work_already_leaving_is_not_preempted_twice_and_counts_towards_the_request() -> None:
+    q = quotas(a=TenantQuota({"v6e-16": 2}), b=TenantQuota({"v6e-16": 0}, grace_s=10))
+    leaving = [run("b1", "b", preemptible=True, ends_at=8.0), run("b2", "b", preemptible=True)]
+    one = decide([ask("a1", "a")], {}, leaving, sharing=share(q), now=0.0)
+    assert one.preempt == {}  # b1 leaves within b's grace: that serves it
+    # For two, b1's slice counts: only b2 is told to leave, at once, not a grace later.
+    two = decide([ask("a2", "a", 2)], {}, leaving, sharing=share(q), now=0.0)
+    assert set(two.preempt) == {"b2"}
 
 
 def test_priority_preempts_lower_preemptible_work_with_no_quotas_configured() -> None:

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
 
 import tpuslice
-from clusterutil import markers_written, run_in_background, wait_for
+from clusterutil import beat_until_go, markers_written, run_in_background, wait_for
 from tpuslice import AttemptEvent, Outcome, _ray
 from tpuslice._tpu.keys import HOLDER_KEY_PREFIX, NAMESPACE, PREEMPT_KEY_PREFIX, QUOTAS_KEY
 from tpuslice._view.cluster import SliceState, read_snapshot
@@ -27,23 +25,6 @@ pytestmark = pytest.mark.cluster
 
 V4 = {"topology": "2x2x2", "accelerator_version": "v4"}
 V4_SLICES = ["v4-16-a", "v4-16-b"]
-TASK_BOUND_S = 120.0
-
-
-@ray.remote
-def mark_then_wait(marker_dir: str, go: str) -> str:
-    """A marker naming the slice, then wait (beating) until the go file exists."""
-    host = tpuslice.current_host()
-    hidden = Path(marker_dir, f".{uuid.uuid4().hex}")
-    hidden.write_text(host.slice_name)
-    hidden.rename(Path(marker_dir, hidden.name[1:]))
-    deadline = time.monotonic() + TASK_BOUND_S
-    while not Path(go).exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the test never said go")
-        tpuslice.heartbeat()
-        time.sleep(0.05)
-    return host.slice_name
 
 
 @pytest.fixture
@@ -86,7 +67,7 @@ def test_a_tenant_takes_back_its_quota_from_a_borrowing_resilient_run(
         hooked.append(event.notice.source)
 
     with run_in_background(
-        mark_then_wait,
+        beat_until_go,
         str(markers),
         str(go),
         **V4,

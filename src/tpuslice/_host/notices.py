@@ -54,6 +54,8 @@ class Notice:
         worker_id: Its TPU worker id.
         source: Who gave it: ``""`` for the host's metadata server; otherwise the giver
             (the cluster's queue preempting the work on it, for another request).
+        holder: With the queue's notice, the reservation it warns (so that only that
+            reservation's hand-back clears it).
     """
 
     kind: str
@@ -64,6 +66,7 @@ class Notice:
     slice_name: str = ""
     worker_id: int = -1
     source: str = ""
+    holder: str = ""
 
     @property
     def state(self) -> str:
@@ -141,6 +144,7 @@ class Notice:
                 slice_name=str(data.get("slice_name", "")),
                 worker_id=int(data.get("worker_id", -1)),
                 source=str(data.get("source", "")),
+                holder=str(data.get("holder", "")),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a notice: {exc}") from exc

@@ -69,6 +69,9 @@ class SliceQueueActor:
             service.expect(last.requests)
         self.runner = QueueRunner(service, publish=_publish, act=carry_out)
         self._slice_seconds = SliceSeconds()
+        self._tenant_keys: set[tuple[str, str]] = set()
+        """Tenants and pod types whose gauges were set: they go to 0, not stay, once
+        the tenant holds none."""
         # The cluster's gauges, its slice-seconds by state, and the tenants' use.
         self._reporter = ClusterReporter(read_snapshot, on_report=self._report).start()
 
@@ -93,6 +96,9 @@ class SliceQueueActor:
             for tenant, q in snapshot.quotas.tenants.items()
             for key, count in q.slices.items()
         }
+        for key in self._tenant_keys - set(held):
+            held[key] = 0
+        self._tenant_keys |= set(held)
         metrics.tenant_values(held, quota, usage)
         if now - self._usage_saved >= USAGE_SAVE_S:
             self._usage_saved = now

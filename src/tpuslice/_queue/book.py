@@ -20,7 +20,7 @@ The policy itself (who gets what) is :func:`tpuslice._queue.schedule.decide`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -115,7 +115,7 @@ class QueueBook:
     lease_s: float = LEASE_S
     settle_s: float = SETTLE_S
     _entries: dict[str, _Entry] = field(default_factory=dict)
-    _settling: dict[str, tuple[float, str, str]] = field(default_factory=dict)
+    _settling: dict[str, tuple[float, Waiter]] = field(default_factory=dict)
     _latest: int = 0
     _last: dict[str, Answer] = field(default_factory=dict)
     _order: dict[str, int] = field(default_factory=dict)
@@ -216,8 +216,29 @@ class QueueBook:
         self._last.pop(ticket, None)
         if entry is not None:
             for name in entry.granted:
-                until = self.clock() + self.settle_s
-                self._settling[name] = (until, entry.waiter.kind, entry.waiter.tenant)
+                self._settling[name] = (self.clock() + self.settle_s, entry.waiter)
+
+    def settle(self, shown_idle: Collection[str], recorded: Collection[str] | None) -> set[str]:
+        """Keep counting a claimed grant's slices here, as its request's, while the
+        cluster may still show them idle, or its holder record is not read yet (so the
+        queue never sees them as no one's), for at most ``settle_s``.
+
+        Args:
+            shown_idle: Slices the cluster shows idle.
+            recorded: Slices whose holder record was read; ``None``: records are not
+                read, and a slice settles once shown in use.
+
+        Returns:
+            The slices still settling (the caller counts them as held by no one else).
+        """
+        now = self.clock()
+        self._settling = {
+            s: settling
+            for s, settling in self._settling.items()
+            if settling[0] > now
+            and (s in shown_idle or (recorded is not None and s not in recorded))
+        }
+        return set(self._settling)
 
     def leave(self, ticket: str) -> None:
         """The driver gave up (timeout, Ctrl-C): the ticket and any grant go.
@@ -294,6 +315,7 @@ class QueueBook:
         suspects: Mapping[str, Sequence[str]] | None = None,
         trusted: Mapping[str, int] | None = None,
         sharing: Sharing | None = None,
+        recorded: Collection[str] | None = None,
     ) -> dict[str, tuple[str, ...]]:
         """Drop tickets whose lease ran out (with their grants), then grant what the
         policy says (its preemptions are left in :attr:`preemptions`).
@@ -306,6 +328,8 @@ class QueueBook:
             trusted: Kind -> its trusted slices, idle or busy (see
                 :func:`~tpuslice._queue.schedule.decide`).
             sharing: Quotas and usage, when tenants share the cluster.
+            recorded: Slices whose holder record was read (see :meth:`settle`); ``None``:
+                records are not read, and a slice settles once shown in use.
 
         Returns:
             The new grants of this pass: ticket -> slices.
@@ -316,11 +340,7 @@ class QueueBook:
                 self.leave(ticket)
         suspects = suspects or {}
         shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}
-        self._settling = {
-            s: settling
-            for s, settling in self._settling.items()
-            if s in shown_idle and settling[0] > now
-        }
+        self.settle(shown_idle, recorded)
         pending = {s for e in self._entries.values() for s in e.granted} | set(self._settling)
         free = {kind: [s for s in names if s not in pending] for kind, names in idle.items()}
         spare = {kind: [s for s in names if s not in pending] for kind, names in suspects.items()}
@@ -336,9 +356,12 @@ class QueueBook:
             for e in self._entries.values()
             if e.granted
         ]
-        # A claimed grant shows held in the holdings read once it settles; until then it
-        # is counted here, as its tenant's.
-        granted += [Holding(kind, 1, tenant=tenant) for _, kind, tenant in self._settling.values()]
+        # A claimed grant shows in the holdings read once it settles; until then it is
+        # counted here, as its request's.
+        granted += [
+            Holding(w.kind, 1, tenant=w.tenant, priority=w.priority, preemptible=w.preemptible)
+            for _, w in self._settling.values()
+        ]
         decision = decide(
             self._waiters(granted=False),
             free,
@@ -351,7 +374,9 @@ class QueueBook:
         for ticket, slices in decision.grants.items():
             self._entries[ticket].granted = slices
         self.preemptions = dict(decision.preempt)
-        self._order = {t: i for i, t in enumerate(decision.order)}
+        # With quotas, the decision's order; without, the plain order, as ever.
+        configured = sharing is not None and sharing.quotas.configured
+        self._order = {t: i for i, t in enumerate(decision.order)} if configured else {}
         still = self._in_order(self._waiters(granted=False))
         self._last = {}
         for place, waiter in enumerate(still, start=1):

@@ -22,8 +22,8 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from tpuslice import _ray, events, metrics
 from tpuslice._queue.service import Orders
 from tpuslice._queue.share import Usage
-from tpuslice._tpu.keys import HOLDER_KEY_PREFIX, NAMESPACE, USAGE_KEY
-from tpuslice._view.holders import Holder, clear_notices, give_notices
+from tpuslice._tpu.keys import NAMESPACE, USAGE_KEY
+from tpuslice._view.holders import Holder, clear_notices, forget_records, give_notices
 from tpuslice._view.quotas import DEFAULT_HALF_LIFE_S, read_quotas
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,8 @@ def carry_out(orders: Orders) -> None:
     taken = {h.holder: h for h in orders.take_back}
     for holder_id, first in taken.items():
         mine = [h for h in orders.take_back if h.holder == holder_id]
-        _take_back(mine)
+        if not _take_back(mine):
+            continue
         metrics.preempted("taken_back", first.tenant)
         events.record(
             "taken_back",
@@ -68,22 +69,33 @@ def carry_out(orders: Orders) -> None:
         )
     try:
         clear_notices(orders.clear)
-        for name in orders.stale:
-            _ray.kv_delete(HOLDER_KEY_PREFIX + name, NAMESPACE)
+        for stale in orders.stale:
+            forget_records([stale.slice_name], stale.holder)
     except _ray.kv_errors() as exc:
         logger.debug("could not clear the queue's notices: %s", exc)
 
 
-def _take_back(records: list[Holder]) -> None:
-    """Remove a holder's placement groups and forget its records (its hand-back, if it
-    ever comes, finds them gone, which it takes in its stride)."""
+def _take_back(records: list[Holder]) -> bool:
+    """Remove a holder's placement groups, then forget its records (its hand-back, if it
+    ever comes, finds them gone, which it takes in its stride). A removal that fails keeps
+    the records, so the next decision tries again.
+
+    Returns:
+        Whether its slices were taken back.
+    """
     for group in dict.fromkeys(g for r in records for g in r.groups):
         try:
             remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group))))
-        except (ValueError, ray.exceptions.RayError) as exc:  # already gone
+        except ValueError as exc:  # no such group: already gone
             logger.debug("placement group %s already removed: %s", group, exc)
-    for record in records:
-        _ray.kv_delete(HOLDER_KEY_PREFIX + record.slice_name, NAMESPACE)
+        except (ray.exceptions.RayError, ConnectionError) as exc:
+            logger.warning("could not take back placement group %s: %s", group, exc)
+            return False
+    try:
+        forget_records([r.slice_name for r in records], records[0].holder)
+    except _ray.kv_errors() as exc:
+        logger.warning("could not forget the records of %s: %s", records[0].who, exc)
+    return True
 
 
 def read_usage() -> Usage:
@@ -92,7 +104,7 @@ def read_usage() -> Usage:
     Returns:
         The use; none counted if there is no record or it cannot be read.
     """
-    half_life = read_quotas().half_life_s
+    half_life = read_quotas().half_life_s or DEFAULT_HALF_LIFE_S
     raw = _ray.kv_get(USAGE_KEY, NAMESPACE)
     if raw is None:
         return Usage(half_life)
@@ -102,7 +114,7 @@ def read_usage() -> Usage:
         return Usage.from_dict(values, float(data["at"]), half_life)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         logger.warning("ignoring the unreadable record of the tenants' use: %s", exc)
-        return Usage(DEFAULT_HALF_LIFE_S)
+        return Usage(half_life)
 
 
 def save_usage(usage: dict[str, float], at: float | None = None) -> None:

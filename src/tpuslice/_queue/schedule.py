@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tpuslice._queue.share import Sharing, held_by
+from tpuslice._queue.share import Sharing
 from tpuslice._view.quotas import Quotas, Standing, describe_tenant
 from tpuslice.errors import InvalidArgumentError
 
@@ -216,6 +216,7 @@ def decide(
                     "slice must be offered under one kind"
                 )
     ordered = queue_order(waiters)
+    ledger = _Ledger(sharing.quotas, holding)
     for kind in dict.fromkeys(w.kind for w in ordered):
         held = [h for h in holding if h.kind == kind]
         free = sorted(idle.get(kind, ()))
@@ -227,6 +228,7 @@ def decide(
             decision,
             now,
             sharing,
+            ledger,
         ).run([w for w in ordered if w.kind == kind])
     if not sharing.quotas.configured:
         decision.order = [w.ticket for w in ordered]
@@ -263,6 +265,47 @@ class _Offer:
         self.suspects = [s for s in self.suspects if s not in taken]
 
 
+class _Ledger:
+    """Slices each tenant holds, counted per quota key (a pod type's quota covers every
+    topology of it, so holdings of every kind it covers count against it), and of those
+    the ones that cannot be preempted; shared by every kind of a pass, and grown by its
+    grants."""
+
+    def __init__(self, quotas: Quotas, holding: Sequence[Holding]) -> None:
+        self.quotas = quotas
+        self.held: dict[tuple[str, str], int] = {}
+        self.fixed: dict[tuple[str, str], int] = {}
+        for h in holding:
+            self.add(h.tenant, h.kind, h.slices, preemptible=h.preemptible)
+
+    def _key(self, tenant: str, kind: str) -> tuple[str, str]:
+        return tenant, self.quotas.key_for(tenant, kind)
+
+    def add(self, tenant: str, kind: str, slices: int, *, preemptible: bool) -> None:
+        key = self._key(tenant, kind)
+        self.held[key] = self.held.get(key, 0) + slices
+        if not preemptible:
+            self.fixed[key] = self.fixed.get(key, 0) + slices
+
+    def held_of(self, tenant: str, kind: str) -> int:
+        return self.held.get(self._key(tenant, kind), 0)
+
+    def fixed_of(self, tenant: str, kind: str) -> int:
+        return self.fixed.get(self._key(tenant, kind), 0)
+
+    def tenants(self) -> set[str]:
+        return {tenant for tenant, _ in self.held}
+
+    def borrowing(self, tenant: str, kind: str) -> bool:
+        """Whether the tenant holds more of the kind's quota key than its quota."""
+        return self.held_of(tenant, kind) > self.quotas.nominal(tenant, kind)
+
+    def copy(self) -> _Ledger:
+        ledger = _Ledger(self.quotas, ())
+        ledger.held, ledger.fixed = dict(self.held), dict(self.fixed)
+        return ledger
+
+
 class _KindPass:
     """One kind's part of a pass: grants in serving order, then earmarks, reasons and any
     preemption for the first blocked request."""
@@ -275,6 +318,7 @@ class _KindPass:
         decision: Decision,
         now: float,
         sharing: Sharing,
+        ledger: _Ledger,
     ) -> None:
         self.kind = kind
         self.offer = offer
@@ -284,8 +328,7 @@ class _KindPass:
         self.sharing = sharing
         self.quotas: Quotas = sharing.quotas
         self.capacity = len(offer.free) + len(offer.suspects) + _held(holding)
-        self.held = held_by((h.tenant, h.slices) for h in holding)
-        self.fixed = held_by((h.tenant, h.slices) for h in holding if not h.preemptible)
+        self.ledger = ledger
         # Slices of the kind that no quota covers: the most that work which cannot be
         # preempted may hold beyond its tenants' quotas, so every quota can be taken back.
         self.pool = max(0, self.capacity - self.quotas.covered(kind))
@@ -328,7 +371,7 @@ class _KindPass:
     def _serving(self, waiters: list[Waiter]) -> Iterator[Waiter]:
         """The kind's waiters in serving order. With quotas, the next is the head of the
         tenant whose head has the best standing, then the lowest weighted usage; standings
-        are judged as grants are made (``self.held`` grows between yields)."""
+        are judged as grants are made (the ledger grows between yields)."""
         if not self.quotas.configured:
             yield from waiters
             return
@@ -338,9 +381,8 @@ class _KindPass:
 
         def key(tenant: str) -> tuple[int, float, int, int, str]:
             head = queues[tenant][0]
-            standing = self.quotas.standing(
-                tenant, self.kind, self.held.get(tenant, 0), head.count[0]
-            )
+            held = self.ledger.held_of(tenant, self.kind)
+            standing = self.quotas.standing(tenant, self.kind, held, head.count[0])
             weighted = self.sharing.weighted(tenant)
             return (standing, weighted, -head.priority, head.arrival, head.ticket)
 
@@ -355,7 +397,7 @@ class _KindPass:
         tenant, kind = waiter.tenant, self.kind
         quota = self.quotas.of(tenant)
         nominal = self.quotas.nominal(tenant, kind)
-        held = self.held.get(tenant, 0)
+        held = self.ledger.held_of(tenant, kind)
         room, why = self.capacity, ""
         if quota is not None and quota.borrow_limit is not None:
             room = nominal + quota.borrow_limit - held
@@ -367,11 +409,11 @@ class _KindPass:
             )
         if not waiter.preemptible:
             others = sum(
-                max(0, fixed - self.quotas.nominal(t, kind))
-                for t, fixed in self.fixed.items()
+                max(0, self.ledger.fixed_of(t, kind) - self.quotas.nominal(t, kind))
+                for t in self.ledger.tenants()
                 if t != tenant
             )
-            fixed = self.fixed.get(tenant, 0)
+            fixed = self.ledger.fixed_of(tenant, kind)
             unprotected = nominal + max(0, self.pool - others) - fixed
             if unprotected < room:
                 room = unprotected
@@ -392,9 +434,7 @@ class _KindPass:
         return room, why
 
     def _count(self, waiter: Waiter, slices: int) -> None:
-        self.held[waiter.tenant] = self.held.get(waiter.tenant, 0) + slices
-        if not waiter.preemptible:
-            self.fixed[waiter.tenant] = self.fixed.get(waiter.tenant, 0) + slices
+        self.ledger.add(waiter.tenant, self.kind, slices, preemptible=waiter.preemptible)
 
     def _blocked_reason(
         self,
@@ -419,11 +459,9 @@ class _KindPass:
             spare = len(self.offer.suspects)
             reason += f"; {spare} idle with a suspect host, kept for a last resort"
         if self.quotas.configured:
-            standing = self.quotas.standing(
-                waiter.tenant, kind, self.held.get(waiter.tenant, 0), low
-            )
+            held = self.ledger.held_of(waiter.tenant, kind)
+            standing = self.quotas.standing(waiter.tenant, kind, held, low)
             nominal = self.quotas.nominal(waiter.tenant, kind)
-            held = self.held.get(waiter.tenant, 0)
             reason += {
                 Standing.WITHIN: f"; within {describe_tenant(waiter.tenant)}'s quota "
                 f"({held} of {nominal} in use)",
@@ -434,25 +472,24 @@ class _KindPass:
             }[standing]
         return reason
 
-    def _may_preempt(
-        self, waiter: Waiter, victim: Holding, held: Mapping[str, int]
-    ) -> tuple[str, str]:
+    def _may_preempt(self, waiter: Waiter, victim: Holding, ledger: _Ledger) -> tuple[str, str]:
         """Why the victim may leave for the waiter: ``(cause, reason)``; ``("", "")``
         if it may not."""
         if not (victim.preemptible and victim.holder and victim.ends_at is None):
             return "", ""
         configured = self.quotas.configured
+        # Work of a tenant holding more than its quota is borrowing (as in Kueue),
+        # even if taking it back leaves that tenant below its quota: a reservation
+        # leaves whole.
         borrowed = (
             configured
             and victim.tenant != waiter.tenant
-            and held.get(victim.tenant, 0) - victim.slices
-            >= self.quotas.nominal(victim.tenant, self.kind)
+            and ledger.borrowing(victim.tenant, self.kind)
         )
         if borrowed:
             low = waiter.count[0]
-            standing = self.quotas.standing(
-                waiter.tenant, self.kind, self.held.get(waiter.tenant, 0), low
-            )
+            held = self.ledger.held_of(waiter.tenant, self.kind)
+            standing = self.quotas.standing(waiter.tenant, self.kind, held, low)
             if standing is Standing.WITHIN:
                 return "quota", (
                     f"{describe_tenant(waiter.tenant)} takes back its quota, which "
@@ -468,22 +505,15 @@ class _KindPass:
 
     def _preempt_for(self, waiter: Waiter, kept: int) -> None:
         """Choose running work to leave for the first blocked waiter, if that is the only
-        way to serve it (module docstring, rule 7)."""
+        way to serve it (module docstring, rule 7). Slices already leaving within the
+        grace the new work would get count towards it: nothing is preempted while they
+        would serve it, and only what they do not cover is taken from new work."""
         need = waiter.count[0] - kept
-        held = dict(self.held)
-        chosen: list[tuple[Holding, str, str]] = []
-        got = 0
-        for victim in sorted(self.holding, key=lambda h: (h.priority, -h.started, h.holder)):
-            if got >= need:
-                break
-            cause, why = self._may_preempt(waiter, victim, held)
-            if why:
-                chosen.append((victim, cause, why))
-                got += victim.slices
-                held[victim.tenant] = held.get(victim.tenant, 0) - victim.slices
-        if got < need:
+        order = sorted(self.holding, key=lambda h: (h.priority, -h.started, h.holder))
+        eligible = [h for h in order if self._may_preempt(waiter, h, self.ledger)[1]]
+        if not eligible:
             return
-        grace = max(self.quotas.grace_s(v.tenant) for v, _, _ in chosen)
+        grace = max(self.quotas.grace_s(h.tenant) for h in eligible)
         soon = sum(
             h.slices
             for h in self.holding
@@ -491,6 +521,20 @@ class _KindPass:
         )
         if soon >= need:
             return
+        ledger = self.ledger.copy()
+        chosen: list[tuple[Holding, str, str]] = []
+        got = soon
+        for victim in order:
+            if got >= need:
+                break
+            cause, why = self._may_preempt(waiter, victim, ledger)
+            if why:
+                chosen.append((victim, cause, why))
+                got += victim.slices
+                ledger.add(victim.tenant, self.kind, -victim.slices, preemptible=True)
+        if got < need:
+            return
+        grace = max(self.quotas.grace_s(v.tenant) for v, _, _ in chosen)
         ask = f"{waiter.count[0]} x {waiter.kind} of {describe_tenant(waiter.tenant)}"
         names = []
         for victim, cause, why in chosen:

@@ -186,14 +186,14 @@ class Orders:
         preempted: Each new preemption with the holder's records (for the timeline).
         take_back: Holders whose grace ran out: remove their groups, forget their records.
         clear: Hosts whose queue notice warns of work that has left.
-        stale: Slices whose holder record is left over from a driver that died.
+        stale: Holder records left over from drivers that died (their slices are idle).
     """
 
     notices: tuple[Notice, ...] = ()
     preempted: tuple[tuple[Preemption, tuple[Holder, ...]], ...] = ()
     take_back: tuple[Holder, ...] = ()
     clear: tuple[str, ...] = ()
-    stale: tuple[str, ...] = ()
+    stale: tuple[Holder, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.notices or self.preempted or self.take_back or self.clear or self.stale)
@@ -479,26 +479,41 @@ class QueueService:
         trusted: dict[str, int] = {}
         holding: list[Holding] = []
         infos: dict[str, SliceInfo] = {}
+        by_kind: dict[str, list[SliceInfo]] = {}
         for key in sorted({t.kind.key for t in self._tickets.values()}):
             kind = self._kinds[key]
             snapshot = reading.snapshots.get(kind.tpu_resource_per_chip)
             if snapshot is None:
                 continue
-            slices = snapshot.matching(kind.shape, kind.tpu_resource_per_chip)
+            slices = by_kind[key] = snapshot.matching(kind.shape, kind.tpu_resource_per_chip)
             infos.update((s.name, s) for s in slices)
             idle[key] = [s.name for s in slices if s.state is SliceState.READY]
             suspects[key] = [s.name for s in slices if s.last_resort]
             trusted[key] = sum(1 for s in slices if s.trusted)
-            holding += _holdings(key, slices, reading.holders, wall, now)
-        self.meter.with_half_life(quotas.half_life_s, wall)
-        self.meter.tick(held_by((h.tenant, 1) for h in reading.holders.values()), wall)
-        usage = self.meter.of_all(wall) if quotas.configured else {}
+        shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}
+        # Claimed grants not yet recorded are counted by the book, as their requests'.
+        settling = self.book.settle(shown_idle, reading.holders)
+        for key, slices in by_kind.items():
+            unsettled = [s for s in slices if s.name not in settling]
+            holding += _holdings(key, unsettled, reading.holders, wall, now)
+        usage: dict[str, float] = {}
+        if quotas.configured:
+            self.meter.with_half_life(quotas.half_life_s, wall)
+            self.meter.tick(held_by((h.tenant, 1) for h in reading.holders.values()), wall)
+            usage = self.meter.of_all(wall)
         grants = self.book.decide(
-            idle, holding, suspects=suspects, trusted=trusted, sharing=Sharing(quotas, usage)
+            idle,
+            holding,
+            suspects=suspects,
+            trusted=trusted,
+            sharing=Sharing(quotas, usage),
+            recorded=reading.holders,
         )
         for ticket, names in grants.items():
             self._views[ticket] = tuple(infos[n] for n in names if n in infos)
         self.orders = _orders(self.book.preemptions, reading, wall)
+        # A slice whose notice is cleared now is grantable at once: decide again then.
+        changed_during_read = changed_during_read or bool(self.orders.clear)
         self._decided = self._clock()
         for ticket in list(self._tickets):
             if self.book.entry(ticket) is None:  # its lease ran out
@@ -646,11 +661,12 @@ def _orders(preemptions: Mapping[str, Preemption], reading: Reading, wall: float
                         slice_name=record.slice_name,
                         worker_id=worker,
                         source=QUEUE_SOURCE,
+                        holder=holder_id,
                     )
                 )
     take_back: list[Holder] = []
     clear: list[str] = []
-    stale: list[str] = []
+    stale: list[Holder] = []
     for name, info in slices.items():
         warned = [h for h in info.hosts.values() if given_by_queue(h.notice)]
         holder = reading.holders.get(name)
@@ -663,5 +679,5 @@ def _orders(preemptions: Mapping[str, Preemption], reading: Reading, wall: float
         ):
             take_back.append(holder)  # its notices go at the next look, once it is gone
         if holder is not None and info.idle and wall - holder.since > STALE_HOLDER_S:
-            stale.append(name)
+            stale.append(holder)
     return Orders(tuple(notices), tuple(preempted), tuple(take_back), tuple(clear), tuple(stale))

@@ -298,6 +298,8 @@ class Reservation:
     queued_s: float = 0.0
     """Of the time to reserve, how long it waited for slices (in the queue, or polling
     a cluster with none idle), as against claiming and placing them."""
+    arrival: int | None = None
+    """Its place in the queue's arrival order, if it waited there."""
 
     @property
     def suspects(self) -> list[SliceInfo]:
@@ -436,6 +438,7 @@ class Reserver:
                         if self.place is not None:
                             place, self.place = self.place, None
                             _quietly(place.claimed)
+                            reservation.arrival = place.arrival
                         reservation.queued_s = self.waited_s
                         return reservation
                     self._check_deadline(deadline, snapshot, started)

@@ -65,9 +65,10 @@ class SliceRequest:
             A label, not a credential.
         preemptible: Whether the queue may preempt this work, with notice, for a request
             of higher priority or for a tenant taking back its quota.
-        arrival_ns: Its place in the queue's arrival order (wall-clock nanoseconds);
-            ``None``: when it first waits there. A resilient run gives every attempt the
-            run's own, so a preempted run queues again in its first place.
+        arrival_ns: Its place in the queue's arrival order, as the queue numbered it
+            when an earlier reservation of the same work waited (``None``: when it first
+            waits there). A resilient run passes its first attempt's to the attempt after
+            a preemption, so a preempted run queues again in its first place.
 
     Raises:
         InvalidArgumentError: a value is out of range or of the wrong kind (every

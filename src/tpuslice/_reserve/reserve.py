@@ -515,8 +515,9 @@ class SlicePlacementGroup(ShutsDownOnExit):
             head = self._plan.shape.head_resource if self._plan.needs_head_claim else None
             wait_freed(hosts, head)
             names = [claim.slice_name for claim in reservation.claims]
-            # Waited for, so the queue's decision on the news below sees them free.
-            _RECORDS.submit(forget_held, names, [h.node_id for h in hosts]).result()
+            # Not waited for: the queue counts idle slices as no one's, whatever their
+            # records say, and clears its notices on them itself.
+            _RECORDS.submit(forget_held, names, [h.node_id for h in hosts], self._holder)
             QUEUE_LINK.notify_released(names)
             SPARES.refill(restock)  # last: their processes would slow the steps above
         if reservation.claims:
@@ -717,6 +718,14 @@ class Plumbing:
             Seconds.
         """
         return self._spg._reservation.queued_s
+
+    def arrival(self) -> int | None:
+        """Its place in the queue's arrival order, if it waited there.
+
+        Returns:
+            The arrival number, or ``None``.
+        """
+        return self._spg._reservation.arrival
 
     def ranks(self, slice_index: int | None = None) -> list[RankPlacement]:
         """Where each rank runs: its context, its bundle and the bundle's TPU. Tasks,

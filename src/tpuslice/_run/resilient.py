@@ -23,7 +23,6 @@ import dataclasses
 import enum
 import functools
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -424,6 +423,19 @@ def watched(watch: AttemptWatch) -> None:
         raise GangBrokenError(outcome, stop.cause, stop.evidence, stop.blamed) from None
 
 
+def arrival_of(spg: SlicePlacementGroup) -> int | None:
+    """A reservation's place in the queue's arrival order (``None`` if it did not wait
+    there, or for a stand-in of one).
+
+    Args:
+        spg: The reservation.
+
+    Returns:
+        The arrival number, or ``None``.
+    """
+    return plumbing(spg).arrival() if isinstance(spg, SlicePlacementGroup) else None
+
+
 @dataclass
 class ResilientRun:
     """One resilient run: an attempt body retried under a policy, with its history."""
@@ -459,6 +471,11 @@ class ResilientRun:
     """The run's goodput account, once it ended."""
     on_account: Callable[[Account], object] | None = None
     """Called with the account when the run ends."""
+    arrival: Callable[[SlicePlacementGroup], int | None] = arrival_of
+    """A reservation's place in the queue's arrival order (a seam for tests)."""
+    first_arrival: int | None = None
+    """The first attempt's place in the queue, if it waited there: the attempt after a
+    preemption queues in it again."""
 
     def until_done(self) -> list[Any]:
         """The one retry loop: attempt, and on failure ask the policy whether to go on.
@@ -560,8 +577,10 @@ class ResilientRun:
                 theirs again.
         """
         started = self.clock.now()
-        if self.request.arrival_ns is None:  # every attempt queues in the run's place
-            self.request = dataclasses.replace(self.request, arrival_ns=time.time_ns())
+        request = self.request
+        preempted = bool(self.history) and self.history[-1].outcome is Outcome.PREEMPTION
+        if preempted and self.first_arrival is not None:  # back to its place in the queue
+            request = dataclasses.replace(request, arrival_ns=self.first_arrival)
         times = AttemptTimes(asked=self.wall())
         self.times.append(times)
         while True:
@@ -569,13 +588,15 @@ class ResilientRun:
             # once the attempt's tasks are stopped.
             with contextlib.ExitStack() as after_hand_back:
                 try:
-                    reservation = self.reserve(self.request)
+                    reservation = self.reserve(request)
                 except ReservationTimeoutError:
                     times.ended = self.wall()
                     raise
                 with reservation as spg:
                     times.held = self.wall()
                     times.queued_s += queued_s(spg)
+                    if self.first_arrival is None:
+                        self.first_arrival = self.arrival(spg)
                     names = times.slices = tuple(spg.slice_names)
                     try:
                         checked = self.vetting.vet(spg) if self.vetting is not None else ""

@@ -377,7 +377,7 @@ QUEUE_DIFFERENCES: tuple[Difference, ...] = (
         "passed to the function",
         "taken as the one-shot's tenant (quotas and fair share) and whether the queue may "
         "preempt it (a function's own arguments of those names must come another way)",
-        "tests/test_share.py::test_a_tenant_within_its_quota_goes_before_earlier_borrowers_and_tenants_without",
+        "tests/test_request.py::test_every_run_takes_each_option_of_a_runs_request_with_the_requests_default",
     ),
 )
 """Checked by tests/test_subslice_pure.py: each ``shown_by`` test exists."""

@@ -14,6 +14,7 @@ the format a metadata server's preemption notice takes (``tpu-preempt/<node id>`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -106,25 +107,44 @@ def record_held(holders: Iterable[Holder]) -> None:
         logger.debug("could not record the slices held: %s", exc)
 
 
-def forget_held(slice_names: Sequence[str], node_ids: Sequence[str]) -> None:
-    """At a hand-back: delete the slices' holder records and any notice the queue gave
-    their hosts (the work it preempted has left), best effort.
+def forget_held(slice_names: Sequence[str], node_ids: Sequence[str], holder: str) -> None:
+    """At a hand-back: delete the slices' holder records and the notices the queue gave
+    their hosts, those of this reservation only (the slices may already be another's,
+    after a preemption took them back), best effort.
 
     Args:
         slice_names: The slices handed back.
         node_ids: Their hosts.
+        holder: The reservation's holder id.
     """
     try:
-        for name in slice_names:
-            _ray.kv_delete(HOLDER_KEY_PREFIX + name, NAMESPACE)
+        forget_records(slice_names, holder)
         # One listing, then only the hosts warned: almost always none.
-        warned = {
-            key.removeprefix(PREEMPT_KEY_PREFIX)
-            for key in _ray.kv_list(PREEMPT_KEY_PREFIX, NAMESPACE)
-        }
-        clear_notices([node for node in node_ids if node in warned])
+        prefix = PREEMPT_KEY_PREFIX
+        warned = [k for k in _ray.kv_list(prefix, NAMESPACE) if k.removeprefix(prefix) in node_ids]
+        for key, raw in _ray.kv_get_many(warned, NAMESPACE).items():
+            with contextlib.suppress(ValueError):
+                if Notice.from_json(raw).holder == holder:
+                    _ray.kv_delete(key, NAMESPACE)
     except _ray.kv_errors() as exc:
         logger.debug("could not forget the slices held: %s", exc)
+
+
+def forget_records(slice_names: Sequence[str], holder: str) -> None:
+    """Delete the holder records of these slices that are still ``holder``'s.
+
+    Args:
+        slice_names: The slices.
+        holder: The holder id whose records go.
+    """
+    keys = [HOLDER_KEY_PREFIX + name for name in slice_names]
+    for key, raw in _ray.kv_get_many(keys, NAMESPACE).items():
+        try:
+            mine = Holder.from_json(raw).holder == holder
+        except ValueError:
+            mine = True  # unreadable: nobody's
+        if mine:
+            _ray.kv_delete(key, NAMESPACE)
 
 
 def read_holders() -> dict[str, Holder]:

@@ -144,6 +144,21 @@ class TenantQuota:
         if not (math.isfinite(self.grace_s) and self.grace_s >= 0):
             raise InvalidArgumentError(f"grace {self.grace_s} s: give 0 or more seconds")
 
+    def key_for(self, kind: str) -> str:
+        """The quota key that covers a kind: its pod type and topology if named, else
+        its pod type if named, else the kind itself (no quota covers it).
+
+        Args:
+            kind: A kind key.
+
+        Returns:
+            The key; slices held of every kind with one key count against one quota.
+        """
+        pod_type, exact = quota_keys(kind)
+        if exact in self.slices:
+            return exact
+        return pod_type if pod_type in self.slices else kind
+
     def nominal(self, kind: str) -> int:
         """Its nominal quota of a kind (a topology's own entry wins over its pod type's).
 
@@ -278,6 +293,19 @@ class Quotas:
         """
         quota = self.tenants.get(tenant)
         return DEFAULT_GRACE_S if quota is None else quota.grace_s
+
+    def key_for(self, tenant: str, kind: str) -> str:
+        """The quota key of a tenant's that covers a kind (:meth:`TenantQuota.key_for`).
+
+        Args:
+            tenant: The tenant.
+            kind: A kind key.
+
+        Returns:
+            The key (the kind itself for a tenant with no quota).
+        """
+        quota = self.tenants.get(tenant)
+        return kind if quota is None else quota.key_for(kind)
 
     def standing(self, tenant: str, kind: str, held: int, more: int) -> Standing:
         """The standing a grant of ``more`` slices would give a tenant.

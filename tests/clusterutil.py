@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,7 +17,10 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 import tpuslice
 import tpuslice.jax as tjax
+from tpuslice import _ray
+from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
+from tpuslice._view.quotas import Quotas, TenantQuota
 
 T = TypeVar("T")
 
@@ -192,3 +196,27 @@ def beat_until_go(marker_dir: str, go: str, open_tpu: bool = False) -> str:
         tpuslice.heartbeat()
         time.sleep(0.05)
     return host.slice_name
+
+
+def take_back_a_quota() -> None:
+    """With quotas set (left set for the panels to show, until the test ends), team-b
+    holds both v4 slices, preemptible, and team-a asks for its quota of one: the queue
+    gives team-b its notice, team-b leaves, team-a is granted."""
+    quotas = Quotas({"team-a": TenantQuota({"v4-16": 1}), "team-b": TenantQuota(grace_s=20)})
+    _ray.kv_put(QUOTAS_KEY, quotas.to_json(), NAMESPACE)
+    v4 = {"topology": "2x2x2", "accelerator_version": "v4", "head_reservation_timeout_s": 60}
+    borrower = tpuslice.SlicePlacementGroup(**v4, num_slices=2, tenant="team-b", preemptible=True)
+    owner: list[tpuslice.SlicePlacementGroup] = []
+    asking = threading.Thread(
+        target=lambda: owner.append(tpuslice.SlicePlacementGroup(**v4, tenant="team-a"))
+    )
+    try:
+        asking.start()
+        wait_for(borrower.notices, 30, "the queue's notice on team-b's slices")
+        borrower.shutdown()
+        asking.join(60)
+        assert owner, "team-a was not granted its quota"
+    finally:
+        asking.join(60)
+        for spg in [borrower, *owner]:
+            spg.shutdown()

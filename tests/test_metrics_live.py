@@ -19,9 +19,10 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from clusterutil import exported_metrics, wait_for
+from clusterutil import exported_metrics, take_back_a_quota, wait_for
 from test_dashboard import load, queried_metrics
-from tpuslice import metrics
+from tpuslice import _ray, metrics
+from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
 from tpuslice.cli.commands import main
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
@@ -188,7 +189,20 @@ def test_a_scripted_history_shows_in_the_metrics_and_the_timeline(
         timeout=30,
         what="the queue length gauge back to 0",
     )
-    seen = {name for name, _, _ in samples}
+    # A tenant takes back its quota: the queue's preemption count and tenants' gauges.
+    try:
+        take_back_a_quota()
+
+        def names() -> set[str]:
+            return {name for name, _, _ in scrape()}
+
+        seen = wait_for(
+            lambda: (found := names()) >= metrics.exported_names() and found,
+            timeout=30,
+            what="every metric exported",
+        )
+    finally:
+        _ray.kv_delete(QUOTAS_KEY, NAMESPACE)
     assert metrics.exported_names() <= seen, metrics.exported_names() - seen
     assert queried_metrics(load()) <= seen  # the dashboard asks only for what is there
 

@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 import ray
 
-import tpuslice
-from clusterutil import markers_written, wait_for
+from clusterutil import markers_written, take_back_a_quota, wait_for
 from promutil import (
     SD_FILE,
     Prometheus,
@@ -39,7 +38,6 @@ from promutil import (
 from test_dashboard import load
 from tpuslice import _ray
 from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
-from tpuslice._view.quotas import Quotas, TenantQuota
 from tpuslice.testing import SimulatedCluster
 
 WINDOW = "1m"
@@ -205,30 +203,6 @@ def run_the_script(cluster: SimulatedCluster, marks: Path, proc: subprocess.Pope
             thread.join(30)
         if victim:
             cluster.restore_slice(victim)
-
-
-def take_back_a_quota() -> None:
-    """With quotas set (left set for the panels to show, until the test ends), team-b
-    holds both v4 slices, preemptible, and team-a asks for its quota of one: the queue
-    gives team-b its notice, team-b leaves, team-a is granted."""
-    quotas = Quotas({"team-a": TenantQuota({"v4-16": 1}), "team-b": TenantQuota(grace_s=20)})
-    _ray.kv_put(QUOTAS_KEY, quotas.to_json(), NAMESPACE)
-    v4 = {"topology": "2x2x2", "accelerator_version": "v4", "head_reservation_timeout_s": 60}
-    borrower = tpuslice.SlicePlacementGroup(**v4, num_slices=2, tenant="team-b", preemptible=True)
-    owner: list[tpuslice.SlicePlacementGroup] = []
-    asking = threading.Thread(
-        target=lambda: owner.append(tpuslice.SlicePlacementGroup(**v4, tenant="team-a"))
-    )
-    try:
-        asking.start()
-        wait_for(borrower.notices, 30, "the queue's notice on team-b's slices")
-        borrower.shutdown()
-        asking.join(60)
-        assert owner, "team-a was not granted its quota"
-    finally:
-        asking.join(60)
-        for spg in [borrower, *owner]:
-            spg.shutdown()
 
 
 @pytest.mark.cluster

@@ -300,6 +300,10 @@ class Reservation:
     a cluster with none idle), as against claiming and placing them."""
     arrival: int | None = None
     """Its place in the queue's arrival order, if it waited there."""
+    recorded: bool = False
+    """Whether the queue is told whose its slices are (:mod:`tpuslice._view.holders`):
+    with quotas set, or for work that may be preempted. Other work the queue may take as
+    no one's, and it costs the reservation nothing."""
 
     @property
     def suspects(self) -> list[SliceInfo]:
@@ -349,6 +353,9 @@ class Reserver:
         self.kind = SliceKind(self.plan.shape, self.plan.tpu_resource_per_chip)
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         """This reservation in the cluster-wide claiming records."""
+        self.quotas_set = False
+        """Whether the cluster had quotas at the last read (then the queue is told whose
+        the slices are)."""
         self.waited_s = 0.0
         """Time spent waiting for slices so far (the queue's answer, or polling)."""
 
@@ -440,6 +447,7 @@ class Reserver:
                             _quietly(place.claimed)
                             reservation.arrival = place.arrival
                         reservation.queued_s = self.waited_s
+                        reservation.recorded = self.quotas_set or self.request.preemptible
                         return reservation
                     self._check_deadline(deadline, snapshot, started)
                     if self.place is not None:
@@ -584,7 +592,9 @@ class Reserver:
                 self.clock.sleep(QUEUE_POLL_S)
 
     def _read(self) -> ClusterSnapshot:
-        return self.ops.snapshot(self.plan.tpu_resource_per_chip)
+        snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
+        self.quotas_set = snapshot.quotas.configured
+        return snapshot
 
     def _requeue(self, why: str) -> None:
         """Give the granted slices back and wait again in the same place."""

@@ -192,7 +192,8 @@ class SlicePlacementGroup(ShutsDownOnExit):
             whole_hosts=self._plan.bundles_per_host == 1,
         )
         self._holder = uuid.uuid4().hex[:12]
-        _RECORDS.submit(record_held, self._holders())
+        if self._reservation.recorded:
+            _RECORDS.submit(record_held, self._holders())
 
     def _holders(self) -> list[Holder]:
         """What the queue is told of the slices held: whose, how urgent, preemptible,
@@ -517,7 +518,8 @@ class SlicePlacementGroup(ShutsDownOnExit):
             names = [claim.slice_name for claim in reservation.claims]
             # Not waited for: the queue counts idle slices as no one's, whatever their
             # records say, and clears its notices on them itself.
-            _RECORDS.submit(forget_held, names, [h.node_id for h in hosts], self._holder)
+            if reservation.recorded:
+                _RECORDS.submit(forget_held, names, [h.node_id for h in hosts], self._holder)
             QUEUE_LINK.notify_released(names)
             SPARES.refill(restock)  # last: their processes would slow the steps above
         if reservation.claims:

@@ -136,3 +136,16 @@ def test_bad_input_is_refused_saying_what_to_give(
     assert got.exit_code == 2, got.output
     assert says in got.output
     assert f"{NAMESPACE}/{QUOTAS_KEY}" not in store.kv
+
+
+def test_half_life_sets_how_fast_use_is_forgotten_and_keeps_the_quotas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    run("set", "team-a", "--slices", "v6e-16=2")
+    got = run("half-life", "7200")
+    assert got.exit_code == 0, got.output
+    assert store.quotas().half_life_s == 7200.0 and "team-a" in store.quotas().tenants
+    assert store.events[-1]["detail"].startswith("half-life of use 7200 s (was 3600 s)")
+    bad = run("half-life", "0")
+    assert bad.exit_code == 2 and "give seconds above 0" in bad.output

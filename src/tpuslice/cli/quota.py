@@ -210,6 +210,22 @@ def remove_quota(tenant: str, address: str | None) -> None:
     console.print(f"quota of {tenant} removed")
 
 
+@quota_group.command(name="half-life")
+@click.argument("seconds", type=float)
+@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+def set_half_life(seconds: float, address: str | None) -> None:
+    """Set how fast fair share forgets past use: use SECONDS old counts half [default:
+    3600]. Longer follows the weights over longer spans; shorter forgives sooner."""
+    with connected(address):
+        quotas = read_quotas()
+        try:
+            changed = Quotas(quotas.tenants, seconds)
+        except InvalidArgumentError as exc:
+            raise UsageError(str(exc)) from exc
+        _store(changed, f"half-life of use {seconds:g} s (was {quotas.half_life_s:g} s)")
+    console.print(f"use now halves every {seconds:g} s")
+
+
 def describe(quota: TenantQuota) -> str:
     """``v6e-16=2, borrow limit 1, weight 2, grace 30 s``.
 

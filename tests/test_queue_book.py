@@ -206,3 +206,30 @@ def test_overdue_tickets_are_listed(book: QueueBook, clock: Clock) -> None:
     clock.now = 1.0
     book.poll("busy")
     assert book.overdue(0.5) == ["quiet"]
+
+
+def test_a_claimed_slice_waits_for_a_holder_record_only_from_work_that_writes_one(
+    book: QueueBook,
+) -> None:
+    """Work that may be preempted records whose its slices are: until that record is
+    read, its claimed slice counts as its own, not as no one's. Other work records
+    nothing, so once its slice has shown in use, idle again means idle, at once."""
+    from dataclasses import replace
+
+    book.enqueue(replace(want("fixed"), preemptible=False))
+    book.enqueue(want("next"))
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)], recorded=()) == {"fixed": ("s1",)}
+    book.claimed("fixed")
+    assert book.decide({KIND: []}, [Holding(KIND, 4)], recorded=()) == {}  # shown in use
+    assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)], recorded=()) == {"next": ("s1",)}
+
+    book.enqueue(replace(want("flexible"), preemptible=True))
+    book.enqueue(want("last"))
+    book.claimed("next")
+    assert book.decide({KIND: ["s2"]}, [Holding(KIND, 3)], recorded=()) == {"flexible": ("s2",)}
+    book.claimed("flexible")
+    assert book.settle(set(), recorded=()) == {"s2"}  # s1: shown in use, no record due
+    assert book.decide({KIND: ["s2"]}, [Holding(KIND, 3)], recorded=()) == {}  # no record yet
+    assert book.decide({KIND: ["s2"]}, [Holding(KIND, 3)], recorded={"s2"}) == {}  # shown idle
+    assert book.decide({KIND: []}, [Holding(KIND, 4)], recorded={"s2"}) == {}
+    assert book.decide({KIND: ["s2"]}, [Holding(KIND, 3)], recorded={"s2"}) == {"last": ("s2",)}

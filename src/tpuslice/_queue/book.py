@@ -218,15 +218,23 @@ class QueueBook:
             for name in entry.granted:
                 self._settling[name] = (self.clock() + self.settle_s, entry.waiter)
 
-    def settle(self, shown_idle: Collection[str], recorded: Collection[str] | None) -> set[str]:
+    def settle(
+        self,
+        shown_idle: Collection[str],
+        recorded: Collection[str] | None,
+        *,
+        quotas_set: bool = False,
+    ) -> set[str]:
         """Keep counting a claimed grant's slices here, as its request's, while the
-        cluster may still show them idle, or its holder record is not read yet (so the
-        queue never sees them as no one's), for at most ``settle_s``.
+        cluster may still show them idle, or, for a reservation that records its holder
+        (with quotas set, or preemptible), until that record is read (so the queue never
+        sees them as no one's); for at most ``settle_s``.
 
         Args:
             shown_idle: Slices the cluster shows idle.
             recorded: Slices whose holder record was read; ``None``: records are not
                 read, and a slice settles once shown in use.
+            quotas_set: Whether the cluster has quotas (every reservation records then).
 
         Returns:
             The slices still settling (the caller counts them as held by no one else).
@@ -236,7 +244,14 @@ class QueueBook:
             s: settling
             for s, settling in self._settling.items()
             if settling[0] > now
-            and (s in shown_idle or (recorded is not None and s not in recorded))
+            and (
+                s in shown_idle
+                or (
+                    recorded is not None
+                    and s not in recorded
+                    and (quotas_set or settling[1].preemptible)
+                )
+            )
         }
         return set(self._settling)
 
@@ -340,7 +355,9 @@ class QueueBook:
                 self.leave(ticket)
         suspects = suspects or {}
         shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}
-        self.settle(shown_idle, recorded)
+        self.settle(
+            shown_idle, recorded, quotas_set=sharing is not None and sharing.quotas.configured
+        )
         pending = {s for e in self._entries.values() for s in e.granted} | set(self._settling)
         free = {kind: [s for s in names if s not in pending] for kind, names in idle.items()}
         spare = {kind: [s for s in names if s not in pending] for kind, names in suspects.items()}

@@ -492,7 +492,9 @@ class QueueService:
             trusted[key] = sum(1 for s in slices if s.trusted)
         shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}
         # Claimed grants not yet recorded are counted by the book, as their requests'.
-        settling = self.book.settle(shown_idle, reading.holders)
+        settling = self.book.settle(
+            shown_idle, reading.holders, quotas_set=reading.quotas.configured
+        )
         for key, slices in by_kind.items():
             unsettled = [s for s in slices if s.name not in settling]
             holding += _holdings(key, unsettled, reading.holders, wall, now)

@@ -18,8 +18,8 @@ request's kind of slice (:class:`~tpuslice._view.quotas.Standing`):
 Among heads of the tenants' queues of one standing, the tenant with the lowest *weighted
 usage* (slice-seconds with an exponential decay, :class:`Usage`, divided by its weight)
 goes first, as in Kueue's admission fair sharing; within a tenant, priority and then
-arrival. The rest of the queue's rules hold as before (all or nothing, earmarks,
-other kinds, suspects last).
+arrival. The queue's other rules apply to tenants too: all or nothing, earmarks, other
+kinds, suspects last.
 
 What the policy guarantees:
 

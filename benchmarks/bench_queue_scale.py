@@ -2,7 +2,7 @@
 Run by hand (not a test; pure, no Ray cluster is started):
 
     python benchmarks/bench_queue_scale.py [--duration 10]
-        [--waiters 1,10,100] [--designs event,polling] [--seed 0] [--json]
+        [--waiters 1,10,100] [--designs event,event-read,polling] [--seed 0] [--json]
 
 An InMemoryCluster of 2,500 v6e 4x4 slices (10,000 hosts), every slice held by another
 user at the start. Per design and waiter count W, on an asyncio loop in this process, in
@@ -27,7 +27,11 @@ Designs:
 
 - ``event``: :class:`~tpuslice._queue.service.QueueService` driven by
   :class:`~tpuslice._queue.runner.QueueRunner`, as the queue actor runs them: asks held,
-  decisions on changes (reads in a thread), periodic looks while anyone waits.
+  decisions on changes (reads in a thread), periodic looks while anyone waits; a slice
+  handed back free is granted from the last read before the next one (as a hand-back
+  that saw Ray's view show its slices free reports them).
+- ``event-read``: the same, with every hand-back reported as not seen free, so each
+  grant of a handed-back slice waits for a read of the cluster.
 - ``polling``: an EMULATION of the old design, not its code: each driver polls every
   50 ms; a poll decides first if the last decision is older than 50 ms and none is under
   way (its read in a thread, as a threaded actor would; the other polls meanwhile are
@@ -67,7 +71,7 @@ POLL_S = 0.05
 """The emulated old design's poll period, and the age at which a poll decides."""
 TICK_S = (0.05, 0.1)
 """The releaser's period: uniform in this range."""
-DESIGNS = ("event", "polling")
+DESIGNS = ("event", "event-read", "polling")
 
 
 class Busy:
@@ -134,9 +138,10 @@ class Front(Protocol):
 class EventFront:
     """The event design: a runner holds each ask until its answer changes."""
 
-    def __init__(self, service: QueueService) -> None:
+    def __init__(self, service: QueueService, *, freed: bool = True) -> None:
         self.service = service
         self.runner = QueueRunner(service)
+        self._freed = freed
 
     @property
     def calls(self) -> int:
@@ -152,7 +157,7 @@ class EventFront:
         await self.runner.claimed(ticket)
 
     async def released(self, name: str) -> None:
-        await self.runner.released([name])
+        await self.runner.released([name], freed=self._freed)
 
     def stop(self) -> None:
         self.runner.stop()
@@ -304,8 +309,8 @@ async def measure(design: str, waiters: int, seconds: float, busy: Busy, seed: i
     """One run of the scenario (module docstring) for one design and waiter count."""
     reads = TimedReads(busy.cluster)
     front: Front
-    if design == "event":
-        front = EventFront(QueueService(reads))
+    if design.startswith("event"):
+        front = EventFront(QueueService(reads), freed=design == "event")
     else:
         front = PollingFront(QueueService(reads))
     log = Log()
@@ -354,7 +359,7 @@ def table(results: Sequence[Result]) -> Table:
     for r in results:
         per_grant = r.calls / r.grants if r.grants else math.nan
         out.add_row(
-            r.design if r.design == "event" else "polling (emulated)",
+            "polling (emulated)" if r.design == "polling" else r.design,
             str(r.waiters),
             f"{r.per_s(r.grants):.1f}",
             f"{r.per_s(r.reads):.1f}",
@@ -372,7 +377,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
     parser.add_argument("--waiters", default="1,10,100", help="waiter counts, comma-separated")
-    parser.add_argument("--designs", default=",".join(DESIGNS), help="event and/or polling")
+    parser.add_argument(
+        "--designs", default=",".join(DESIGNS), help="event, event-read and/or polling"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the releaser's random seed")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args()

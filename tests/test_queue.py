@@ -23,6 +23,8 @@ import ray
 
 import tpuslice
 from clusterutil import exit_cleanly, hold_host, wait_for
+from tpuslice._tpu.keys import NAMESPACE
+from tpuslice._tpu.keys import QUEUE_ACTOR_NAME as QUEUE_NAME
 from tpuslice._view.cluster import read_snapshot
 from tpuslice._view.queue_record import QueuedRequest
 from tpuslice.testing import SimulatedCluster, assert_no_placement_groups
@@ -109,12 +111,19 @@ def nothing_left() -> None:
     assert_no_placement_groups()
 
 
+def quick_grants() -> int:
+    """Grants the queue actor made from a hand-back's report, before reading again."""
+    queue = ray.get_actor(QUEUE_NAME, namespace=NAMESPACE)
+    return int(ray.get(queue.counts.remote(), timeout=30)["quick_grants"])
+
+
 def test_priority_across_processes(tpu_cluster: SimulatedCluster) -> None:
     """Every v4 slice busy; two drivers queue for one: a, then c at a higher priority.
     One slice is freed: c, then a, hold it in turn (each after the last gave it back),
-    though a has waited longer. (Arrival order across processes is shown by the queue's
-    restart below; the policy is test_queue_runner's
-    test_priority_then_arrival_order_is_kept_through_held_asks.)"""
+    though a has waited longer. c's hand-back reports the slice free, and the queue
+    grants it to a from that report, before it reads the cluster again. (Arrival order
+    across processes is shown by the queue's restart below; the policy is
+    test_queue_runner's test_priority_then_arrival_order_is_kept_through_held_asks.)"""
     with busy(*V4_SLICES) as held:
         procs = [
             start_driver(tpu_cluster.address, "a"),
@@ -123,11 +132,13 @@ def test_priority_across_processes(tpu_cluster: SimulatedCluster) -> None:
         a, c = (str(p.pid) for p in procs)
         assert [r.who.split()[1] for r in queued()] == [c, a]
         assert [r.position for r in queued()] == [1, 2]
+        before = quick_grants()
         held["v4-16-a"].close()
         ran = results(procs)
     assert sorted(ran, key=lambda label: ran[label].start) == ["c", "a"]
     assert ran["c"].end <= ran["a"].start
     assert {tuple(r.slices) for r in ran.values()} == {("v4-16-a",)}
+    assert quick_grants() == before + 1  # a's grant; c's followed a host outside tpuslice
     nothing_left()
 
 

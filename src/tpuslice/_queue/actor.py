@@ -144,25 +144,28 @@ class SliceQueueActor:
         """
         await self.runner.leave(ticket)
 
-    async def released(self, slices: Sequence[str]) -> None:
+    async def released(self, slices: Sequence[str], freed: bool = False) -> None:
         """See :meth:`QueueRunner.released`.
 
         Args:
             slices: Their names.
+            freed: The hand-back saw Ray's view show them free.
         """
-        await self.runner.released(slices)
+        await self.runner.released(slices, freed=freed)
 
     async def counts(self) -> dict[str, int]:
         """How busy the queue has been (for benchmarks).
 
         Returns:
-            ``calls`` from drivers, ``decisions`` and cluster ``reads`` so far.
+            ``calls`` from drivers, ``decisions``, cluster ``reads``, and
+            ``quick_grants`` (decisions that granted freed slices before a read) so far.
         """
         runner = self.runner
         return {
             "calls": runner.calls,
             "decisions": runner.decisions,
             "reads": runner.service.reads,
+            "quick_grants": runner.quick_grants,
         }
 
     async def pid(self) -> int:
@@ -252,13 +255,14 @@ class RayQueue:
         """
         self.handle.leave.remote(ticket)
 
-    def released(self, slices: Sequence[str]) -> None:
+    def released(self, slices: Sequence[str], *, freed: bool = False) -> None:
         """A hand-back ended (not waited for).
 
         Args:
             slices: Their names.
+            freed: The hand-back saw Ray's view show them free.
         """
-        self.handle.released.remote(list(slices))
+        self.handle.released.remote(list(slices), freed)
 
     def _get(self, ref: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
         try:
@@ -324,13 +328,15 @@ class QueueLink:
             self._handle_cluster = _cluster_id()
             return self._handle
 
-    def notify_released(self, slices: Sequence[str]) -> None:
+    def notify_released(self, slices: Sequence[str], *, freed: bool = False) -> None:
         """Tell the cluster's queue, if one runs, that a hand-back of these slices ended,
         so it decides now rather than at its next periodic look. Best effort (not waited
         for; never starts a queue; a queue that misses it sees the slices at that look).
 
         Args:
             slices: The slices handed back.
+            freed: The hand-back saw Ray's view show them free (the queue may then grant
+                them before it reads the cluster again).
         """
         if not slices or not ray.is_initialized():
             return
@@ -340,7 +346,7 @@ class QueueLink:
         try:
             if queue is None:
                 queue = RayQueue(ray.get_actor(NAME, namespace=NAMESPACE))
-            queue.released(slices)
+            queue.released(slices, freed=freed)
         except ValueError:  # no queue on this cluster: no one waits
             return
         except (ray.exceptions.RayError, ConnectionError) as exc:

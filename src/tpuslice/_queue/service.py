@@ -30,7 +30,7 @@ from tpuslice._queue.book import LEASE_S, Answer, Granted, QueueBook, Waiting
 from tpuslice._queue.schedule import Holding, Preemption, Waiter
 from tpuslice._queue.share import Sharing, UsageMeter, held_by
 from tpuslice._tpu.topology import SliceShape
-from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
+from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState, as_freed
 from tpuslice._view.holders import QUEUE_SOURCE, Holder, given_by_queue, holders_by_id
 from tpuslice._view.queue_record import QueuedRequest, QueueRecord
 from tpuslice._view.quotas import Quotas, describe_tenant
@@ -44,6 +44,10 @@ DEAD_CHECK_S = 1.0
 REPROBE_S = 2.0
 """While anyone waits, how often hosts busy only by a TPU-owner record are asked again,
 so a record of a process that has since exited cannot keep its slice busy."""
+QUICK_WITHIN_S = 2.0
+"""How old the last read may be for slices handed back since to be granted from it at
+once (:meth:`QueueService.quick_reading`). While anyone waits a read is at most
+:data:`DECIDE_EVERY_S` old, so this only rules out a read from before a quiet spell."""
 
 
 @dataclass(frozen=True)
@@ -145,11 +149,12 @@ class SliceQueue(Protocol):
         """
         ...
 
-    def released(self, slices: Sequence[str]) -> None:
+    def released(self, slices: Sequence[str], *, freed: bool = False) -> None:
         """A hand-back of these slices ended: decide again now.
 
         Args:
             slices: Their names.
+            freed: The hand-back saw Ray's view show them free.
         """
         ...
 
@@ -255,6 +260,9 @@ class QueueService:
         self._kinds: dict[str, SliceKind] = {}
         self._views: dict[str, tuple[SliceInfo, ...]] = {}
         self._changed = True
+        self._freed: set[str] = set()
+        self._last: tuple[float, Reading] | None = None
+        """The last read applied, and when it was applied."""
         self._decided = -float("inf")
         self._dead_checked = -float("inf")
         self._reprobed = -float("inf")
@@ -369,13 +377,17 @@ class QueueService:
         self.book.leave(ticket)
         self._forget(ticket)
 
-    def released(self, slices: Sequence[str]) -> None:
-        """A hand-back of these slices ended (Ray's view shows them free): decide again.
+    def released(self, slices: Sequence[str], *, freed: bool = False) -> None:
+        """A hand-back of these slices ended: decide again.
 
         Args:
             slices: Their names.
+            freed: The hand-back saw Ray's view show them free, so the next decision may
+                grant them before it reads the cluster again (:meth:`quick_reading`).
         """
         self._changed = True
+        if freed:
+            self._freed.update(slices)
 
     # --- deciding -------------------------------------------------------------------
 
@@ -456,7 +468,41 @@ class QueueService:
 
         return read
 
-    def apply(self, reading: Reading) -> dict[str, tuple[str, ...]]:
+    def quick_reading(self) -> Reading | None:
+        """The last read, with the slices handed back free since then as their hand-backs
+        left them (:func:`~tpuslice._view.cluster.as_freed`), so that a decision can grant
+        them with no I/O. Only those slices change, and they change only from held to
+        ready, so such a decision grants nothing the next read would not; a hand-back
+        that missed news about its hosts (a notice or a suspect record given in the
+        moment since the last read) costs its claimant a failed claim and a requeue in
+        the same place. The full decision that follows at once decides everything else.
+
+        Returns:
+            The reading; ``None`` when no slice was handed back free since the last
+            decision, no read was applied within :data:`QUICK_WITHIN_S`, or none of those
+            slices is one a waiter could take.
+        """
+        freed, self._freed = self._freed, set()
+        if not freed or self._last is None or self._clock() - self._last[0] > QUICK_WITHIN_S:
+            return None
+        last = self._last[1]
+        wall = self._wall()
+        snapshots: dict[int, ClusterSnapshot] = {}
+        patched = False
+        for unit, snapshot in last.snapshots.items():
+            slices = dict(snapshot.slices)
+            for name in freed & slices.keys():
+                ready = as_freed(slices[name], wall)
+                if ready is not None:
+                    slices[name] = ready
+                    patched = True
+            snapshots[unit] = replace(snapshot, slices=slices)
+        if not patched:
+            return None
+        holders = {n: h for n, h in last.holders.items() if n not in freed}
+        return replace(last, snapshots=snapshots, dead=frozenset(), holders=holders)
+
+    def apply(self, reading: Reading, *, quick: bool = False) -> dict[str, tuple[str, ...]]:
         """Drop waiters of dead drivers, count the tenants' use, then grant what the
         policy says: ready slices, and idle ones with a suspect host only as a last
         resort. What it asks done to running work is left in :attr:`orders`. Pure.
@@ -464,6 +510,9 @@ class QueueService:
         Args:
             reading: What :meth:`read` returned (kinds it does not cover wait for the
                 next decision).
+            quick: ``reading`` is a :meth:`quick_reading`: grant from it, but leave the
+                tenants' use, the orders to running work and the next periodic look to
+                the full decision that follows (it is still due).
 
         Returns:
             The new grants (ticket -> slices).
@@ -501,7 +550,8 @@ class QueueService:
         usage: dict[str, float] = {}
         if quotas.configured:
             self.meter.with_half_life(quotas.half_life_s, wall)
-            self.meter.tick(held_by((h.tenant, 1) for h in reading.holders.values()), wall)
+            if not quick:
+                self.meter.tick(held_by((h.tenant, 1) for h in reading.holders.values()), wall)
             usage = self.meter.of_all(wall)
         grants = self.book.decide(
             idle,
@@ -513,6 +563,9 @@ class QueueService:
         )
         for ticket, names in grants.items():
             self._views[ticket] = tuple(infos[n] for n in names if n in infos)
+        if quick:
+            return grants
+        self._last = (self._clock(), reading)
         self.orders = _orders(self.book.preemptions, reading, wall)
         # A slice whose notice is cleared now is grantable at once: decide again then.
         changed_during_read = changed_during_read or bool(self.orders.clear)

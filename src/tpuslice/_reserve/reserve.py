@@ -514,13 +514,13 @@ class SlicePlacementGroup(ShutsDownOnExit):
         if reservation.claims and ray.is_initialized():
             hosts = [h for claim in reservation.claims for h in claim.target.hosts.values()]
             head = self._plan.shape.head_resource if self._plan.needs_head_claim else None
-            wait_freed(hosts, head)
+            freed = wait_freed(hosts, head)
             names = [claim.slice_name for claim in reservation.claims]
             # Not waited for: the queue counts idle slices as no one's, whatever their
             # records say, and clears its notices on them itself.
             if reservation.recorded:
                 _RECORDS.submit(forget_held, names, [h.node_id for h in hosts], self._holder)
-            QUEUE_LINK.notify_released(names)
+            QUEUE_LINK.notify_released(names, freed=freed)
             SPARES.refill(restock)  # last: their processes would slow the steps above
         if reservation.claims:
             held = time.monotonic() - self._reserved_at

@@ -630,6 +630,34 @@ def _state(
     return SliceState.READY, ""
 
 
+def as_freed(info: SliceInfo, now: float | None = None) -> SliceInfo | None:
+    """The slice as a hand-back that saw it free leaves it: every host's ``TPU`` and head
+    resource free, and the queue's notice gone (it only warned the work that has now
+    left).
+
+    Args:
+        info: The slice as last read, while its work held it.
+        now: Wall-clock seconds, for the reason a notice gives (default: now).
+
+    Returns:
+        The slice, ready; ``None`` when something besides its work kept it from being
+        ready (a host dead or missing, a TPU owner, a host's own notice, a suspect host),
+        which only a new read of the cluster can tell changed.
+    """
+    hosts = {
+        worker: host._replace(
+            tpu_available=host.tpu_total,
+            head_free=None if host.head_free is None else True,
+            notice=None if given_by_queue(host.notice) else host.notice,
+        )
+        for worker, host in info.hosts.items()
+    }
+    state, _ = _state(hosts, info.expected_hosts, [], time.time() if now is None else now)
+    if state is not SliceState.READY:
+        return None
+    return dataclasses.replace(info, hosts=hosts, state=state, reason="")
+
+
 # --- the one Ray read -------------------------------------------------------------------
 
 

@@ -1,0 +1,231 @@
+"""A slice handed back free changes hands before the queue reads the cluster again. Pure.
+
+The hand-back saw Ray's view show the slice free, so the queue grants it from its last
+read with only that slice changed, and the full decision still follows. Anything besides
+its work that kept the slice from being ready (a dead host, a TPU owner, a host's own
+notice, a suspect host) keeps it from being granted that way, as does a read too old to
+trust and a hand-back that did not see the slice free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from test_queue_runner import BOUND_S, Slices, run, ticket
+from tpuslice._host.notices import Notice
+from tpuslice._queue.book import Granted, Waiting
+from tpuslice._queue.service import QUICK_WITHIN_S, QueueService, SliceKind, Ticket
+from tpuslice._tpu.topology import slice_shape
+from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState, as_freed
+from tpuslice._view.holders import QUEUE_SOURCE
+from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
+
+KIND = SliceKind(slice_shape("4x4", "v6e"), 1)
+
+
+def wait_ticket(name: str) -> Ticket:
+    return Ticket(name, KIND, (1, 1), 0, f"pid {name}", "job")
+
+
+class Held:
+    """Two v6e 4x4 slices, both held by other work, and a queue service that counts its
+    reads of the cluster (decisions happen only when a test applies one)."""
+
+    def __init__(self) -> None:
+        self.cluster = InMemoryCluster([("v6e", "4x4", 2)])
+        self.names = sorted(self.cluster.slice_hosts)
+        self.groups: dict[str, MemoryGroup] = {
+            name: self.cluster.take(name, 0, {"TPU": 4}) for name in self.names
+        }
+        self.reads = 0
+        self.service = QueueService(
+            self._snapshot,
+            clock=self.cluster.clock.now,
+            wall=self.cluster.clock.now,
+            decide_every_s=60.0,
+        )
+
+    def _snapshot(self, per_chip: int) -> ClusterSnapshot:
+        self.reads += 1
+        return self.cluster.snapshot(per_chip)
+
+    def hand_back(self, name: str, *, freed: bool = True) -> None:
+        """The work on ``name`` ends: its groups go, and the queue is told."""
+        self.cluster.remove_group(self.groups.pop(name))
+        self.service.released([name], freed=freed)
+
+    def notice(self, name: str, *, source: str = "") -> None:
+        """A notice on worker 0 of ``name``: a metadata server's, or ``source``'s."""
+        node = self.cluster.slice_hosts[name][0]
+        now = self.cluster.clock.now()
+        self.cluster.notices[node] = Notice(
+            "preemption", "TRUE", now, now + 30, node, name, 0, source=source
+        )
+
+    def quick(self) -> dict[str, tuple[str, ...]] | None:
+        """A decision on the quick reading, if there is one."""
+        reading = self.service.quick_reading()
+        return None if reading is None else self.service.apply(reading, quick=True)
+
+
+def held_info(world: Held, name: str) -> SliceInfo:
+    return world.cluster.snapshot(1).slices[name]
+
+
+def test_a_freed_slice_is_granted_from_the_last_read_without_reading_again() -> None:
+    world = Held()
+    world.service.enqueue(wait_ticket("w"))
+    assert world.service.apply(world.service.read()) == {}
+    world.hand_back(world.names[0])
+    assert world.quick() == {"w": (world.names[0],)}
+    assert world.reads == 1
+    answer = world.service.answer("w")
+    assert isinstance(answer, Granted)
+    (view,) = answer.view
+    assert view.state is SliceState.READY
+    assert all(h.tpu_available == h.tpu_total for h in view.hosts.values())
+    assert world.service.due()  # the full decision still follows the quick one
+
+
+def test_only_the_slices_handed_back_change_in_the_quick_reading() -> None:
+    world = Held()
+    first, second = world.names
+    world.service.enqueue(wait_ticket("w1"))
+    world.service.enqueue(wait_ticket("w2"))
+    world.service.apply(world.service.read())
+    world.cluster.remove_group(world.groups.pop(second))  # ended, but not reported
+    world.hand_back(first)
+    assert world.quick() == {"w1": (first,)}
+    assert world.service.apply(world.service.read()) == {"w2": (second,)}
+
+
+def test_a_hand_back_that_did_not_see_the_slice_free_waits_for_the_read() -> None:
+    world = Held()
+    world.service.enqueue(wait_ticket("w"))
+    world.service.apply(world.service.read())
+    world.hand_back(world.names[0], freed=False)
+    assert world.service.quick_reading() is None
+    assert world.service.apply(world.service.read()) == {"w": (world.names[0],)}
+
+
+def test_no_quick_grant_from_a_read_older_than_the_bound() -> None:
+    world = Held()
+    world.service.enqueue(wait_ticket("w"))
+    world.service.apply(world.service.read())
+    world.cluster.clock.t += QUICK_WITHIN_S + 0.5
+    world.service.book.touch(["w"])
+    world.hand_back(world.names[0])
+    assert world.service.quick_reading() is None
+
+
+def test_no_quick_reading_before_any_read() -> None:
+    world = Held()
+    world.service.enqueue(wait_ticket("w"))
+    world.hand_back(world.names[0])
+    assert world.service.quick_reading() is None
+
+
+@pytest.mark.parametrize(
+    "trouble",
+    ["suspect host", "metadata notice", "tpu owner", "dead host"],
+)
+def test_a_slice_kept_from_ready_by_more_than_its_work_is_not_granted_quickly(
+    trouble: str,
+) -> None:
+    world = Held()
+    name = world.names[0]
+    if trouble == "suspect host":
+        world.cluster.suspect(name, 1)
+    elif trouble == "metadata notice":
+        world.notice(name)
+    elif trouble == "tpu owner":
+        node = world.cluster.slice_hosts[name][1]
+        world.cluster.recorded_owners[node] = "pid 4242 (python train.py)"
+    else:
+        world.cluster.kill_host(name, 1)
+    world.service.enqueue(wait_ticket("w"))
+    world.service.apply(world.service.read())
+    world.hand_back(name)
+    assert world.service.quick_reading() is None
+    assert isinstance(world.service.answer("w"), Waiting)
+
+
+def test_the_queues_own_notice_does_not_keep_a_freed_slice_from_the_next_waiter() -> None:
+    world = Held()
+    name = world.names[0]
+    world.notice(name, source=QUEUE_SOURCE)  # its work was told to leave, and now has
+    world.service.enqueue(wait_ticket("w"))
+    world.service.apply(world.service.read())
+    world.hand_back(name)
+    assert world.quick() == {"w": (name,)}
+
+
+def test_as_freed_frees_every_host_and_keeps_the_rest_of_the_slice() -> None:
+    world = Held()
+    name = world.names[0]
+    before = held_info(world, name)
+    assert before.state is SliceState.BUSY
+    after = as_freed(before)
+    assert after is not None
+    assert after.state is SliceState.READY and after.reason == ""
+    assert after.idle
+    assert [h.node_id for h in after.hosts.values()] == [h.node_id for h in before.hosts.values()]
+    assert after.hosts[0].head_free is True
+
+
+def test_as_freed_keeps_a_metadata_notice_and_drops_the_queues() -> None:
+    world = Held()
+    first, second = world.names
+    world.notice(first)
+    world.notice(second, source=QUEUE_SOURCE)
+    assert as_freed(held_info(world, first)) is None
+    freed = as_freed(held_info(world, second))
+    assert freed is not None and freed.notice is None
+
+
+# --- through the runner --------------------------------------------------------------
+
+
+class Gate:
+    """A cluster read that can be held shut, to show what is answered without one."""
+
+    def __init__(self, slices_of: list[Slices]) -> None:
+        self.open = threading.Event()
+        self.open.set()
+        self.entered = threading.Event()
+        self._slices_of = slices_of
+
+    def snapshot(self, per_chip: int) -> ClusterSnapshot:
+        self.entered.set()
+        assert self.open.wait(4 * BOUND_S), "the test never opened the gate"
+        return self._slices_of[0].cluster.snapshot(per_chip)
+
+
+def test_the_runner_answers_a_freed_slices_waiter_while_the_next_read_is_held() -> None:
+    async def scenario() -> None:
+        holder: list[Slices] = []
+        gate = Gate(holder)
+        slices = Slices(1, snapshot=gate.snapshot)
+        holder.append(slices)
+        name = slices.names[0]
+        await slices.enqueue(ticket("a"))
+        ask = asyncio.ensure_future(slices.ask("a"))
+        await slices.settled()
+        gate.open.clear()
+        gate.entered.clear()
+        slices.cluster.remove_group(slices.held.pop(name))
+        await slices.runner.released([name], freed=True)
+        try:
+            answer = await asyncio.wait_for(asyncio.shield(ask), BOUND_S)
+            assert isinstance(answer, Granted) and answer.slices == (name,)
+            assert slices.runner.quick_grants == 1
+            # The full decision began, and is held at its read: the grant came first.
+            assert await asyncio.to_thread(gate.entered.wait, BOUND_S)
+        finally:
+            gate.open.set()
+        await slices.settled()
+
+    run(scenario)

@@ -325,9 +325,16 @@ async def measure(design: str, waiters: int, seconds: float, busy: Busy, seed: i
 
 
 async def stopped(drivers: Sequence[asyncio.Future[None]]) -> None:
-    """Cancel the drivers; raise what any of them failed with meanwhile."""
-    for task in drivers:
-        task.cancel()
+    """Cancel the drivers; raise what any of them failed with meanwhile. A cancel can
+    be lost in Python 3.11's ``asyncio.wait_for`` when the awaited ask is answered at
+    the same moment (the driver then asks again), so the drivers are cancelled until
+    every one has stopped."""
+    pending = [task for task in drivers if not task.done()]
+    while pending:
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=0.5)
+        pending = [task for task in pending if not task.done()]
     for outcome in await asyncio.gather(*drivers, return_exceptions=True):
         if isinstance(outcome, Exception):
             raise outcome

@@ -20,7 +20,7 @@ from tpuslice._queue.book import Granted, Waiting
 from tpuslice._queue.service import QUICK_WITHIN_S, QueueService, SliceKind, Ticket
 from tpuslice._tpu.topology import slice_shape
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState, as_freed
-from tpuslice._view.holders import QUEUE_SOURCE
+from tpuslice._view.holders import QUEUE_SOURCE, Holder
 from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
 
 KIND = SliceKind(slice_shape("4x4", "v6e"), 1)
@@ -28,6 +28,10 @@ KIND = SliceKind(slice_shape("4x4", "v6e"), 1)
 
 def wait_ticket(name: str) -> Ticket:
     return Ticket(name, KIND, (1, 1), 0, f"pid {name}", "job")
+
+
+def urgent_ticket(name: str) -> Ticket:
+    return Ticket(name, KIND, (1, 1), 5, f"pid {name}", "job")
 
 
 class Held:
@@ -41,8 +45,10 @@ class Held:
             name: self.cluster.take(name, 0, {"TPU": 4}) for name in self.names
         }
         self.reads = 0
+        self.holders: dict[str, Holder] = {}
         self.service = QueueService(
             self._snapshot,
+            holders=lambda: dict(self.holders),
             clock=self.cluster.clock.now,
             wall=self.cluster.clock.now,
             decide_every_s=60.0,
@@ -53,9 +59,17 @@ class Held:
         return self.cluster.snapshot(per_chip)
 
     def hand_back(self, name: str, *, freed: bool = True) -> None:
-        """The work on ``name`` ends: its groups go, and the queue is told."""
+        """The work on ``name`` ends: its groups and holder record go, and the queue is
+        told."""
         self.cluster.remove_group(self.groups.pop(name))
+        self.holders.pop(name, None)
         self.service.released([name], freed=freed)
+
+    def record(self, name: str, *, preemptible: bool) -> None:
+        """The work on ``name`` recorded itself as its holder."""
+        self.holders[name] = Holder(
+            f"holder-{name}", name, "team", 0, preemptible, self.cluster.clock.now(), "pid 1"
+        )
 
     def notice(self, name: str, *, source: str = "") -> None:
         """A notice on worker 0 of ``name``: a metadata server's, or ``source``'s."""
@@ -100,6 +114,47 @@ def test_only_the_slices_handed_back_change_in_the_quick_reading() -> None:
     world.hand_back(first)
     assert world.quick() == {"w1": (first,)}
     assert world.service.apply(world.service.read()) == {"w2": (second,)}
+
+
+def test_a_read_that_began_before_a_hand_back_does_not_count_its_slice_twice() -> None:
+    """The slice was granted from the hand-back's report while a read was under way; that
+    read still shows the work that left. Counted as that work's and as the grant's, it
+    would offer the preemptible work that left as a victim to the next urgent request."""
+    world = Held()
+    first, second = world.names
+    world.service.enqueue(urgent_ticket("u1"))
+    world.service.apply(world.service.read())
+    world.record(first, preemptible=True)
+    world.service.enqueue(urgent_ticket("u2"))
+    reading = world.service.reader()()  # a read under way before the hand-back below
+    world.hand_back(first)
+    assert world.quick() == {"u1": (first,)}
+    assert world.service.apply(reading) == {}
+    assert not world.service.take_orders().notices
+    answer = world.service.answer("u1")
+    assert isinstance(answer, Granted) and answer.slices == (first,)
+    assert isinstance(world.service.answer("u2"), Waiting)
+    assert second not in world.holders  # held by work no one may preempt
+
+
+def test_a_slice_granted_quickly_and_claimed_is_never_granted_again() -> None:
+    """Two hand-backs while one read is under way, the first slice claimed in between:
+    the second quick decision and the read must both leave the claimed slice to its
+    claimant."""
+    world = Held()
+    first, second = world.names
+    for name in ("w1", "w2", "w3"):
+        world.service.enqueue(wait_ticket(name))
+    world.service.apply(world.service.read())
+    reading = world.service.reader()()  # a read under way before both hand-backs
+    world.hand_back(first)
+    assert world.quick() == {"w1": (first,)}
+    world.groups[first] = world.cluster.take(first, 0, {"TPU": 4})
+    world.service.claimed("w1")
+    world.hand_back(second)
+    assert world.quick() == {"w2": (second,)}
+    assert world.service.apply(reading) == {}
+    assert isinstance(world.service.answer("w3"), Waiting)
 
 
 def test_a_hand_back_that_did_not_see_the_slice_free_waits_for_the_read() -> None:

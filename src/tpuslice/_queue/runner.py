@@ -8,9 +8,9 @@ task decides: it sleeps until something changed (an arrival, a departure, a clai
 hand-back) or, while anyone waits, until the service's next periodic look; then it reads
 the cluster once in a thread (the loop keeps answering meanwhile), applies the policy on
 the loop, wakes the waiters whose answers changed, and publishes the record in a thread.
-Slices a hand-back saw free are granted before that read, from the last one
+Slices a hand-back saw free are granted as its report arrives, from the last read
 (:meth:`~tpuslice._queue.service.QueueService.quick_reading`), so a freed slice does not
-wait for a read of the whole cluster to change hands.
+wait for a read of the whole cluster, or for one under way, to change hands.
 Nothing here imports Ray.
 """
 
@@ -140,6 +140,8 @@ class QueueRunner:
             freed: The hand-back saw Ray's view show them free.
         """
         self.service.released(slices, freed=freed)
+        if freed:
+            self._grant_freed()
         self._changed()
 
     def stop(self) -> None:
@@ -178,10 +180,6 @@ class QueueRunner:
 
     async def _decide(self) -> None:
         self.service.book.touch(list(self._asking))
-        quick = self.service.quick_reading()
-        if quick is not None and self.service.apply(quick, quick=True):
-            self.quick_grants += 1
-            self._answer_granted()
         reading = await self._in_thread(self.service.reader())
         self.service.apply(reading)
         self.decisions += 1
@@ -190,6 +188,14 @@ class QueueRunner:
             await self._in_thread(self._act, orders)
         self._answer_granted()
         await self._in_thread(self._publish, self.service.record())
+
+    def _grant_freed(self) -> None:
+        """Grant slices handed back free from the last read, now, even while a read is
+        under way (:meth:`QueueService.quick_reading`)."""
+        quick = self.service.quick_reading()
+        if quick is not None and self.service.apply(quick, quick=True):
+            self.quick_grants += 1
+            self._answer_granted()
 
     def _answer_granted(self) -> None:
         """Wake the held asks whose tickets are no longer waiting."""

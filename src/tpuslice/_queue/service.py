@@ -261,6 +261,9 @@ class QueueService:
         self._views: dict[str, tuple[SliceInfo, ...]] = {}
         self._changed = True
         self._freed: set[str] = set()
+        """Slices handed back free since the last quick reading."""
+        self._freed_in_read: set[str] = set()
+        """Slices handed back free since the read under way began."""
         self._last: tuple[float, Reading] | None = None
         """The last read applied, and when it was applied."""
         self._decided = -float("inf")
@@ -388,6 +391,7 @@ class QueueService:
         self._changed = True
         if freed:
             self._freed.update(slices)
+            self._freed_in_read.update(slices)
 
     # --- deciding -------------------------------------------------------------------
 
@@ -454,6 +458,7 @@ class QueueService:
         # The read covers every change so far; one reported while it runs must make
         # the next decision due at once, not wait for the periodic look.
         self._changed = False
+        self._freed_in_read = set()
 
         def read() -> Reading:
             per_chip = sorted({kind.tpu_resource_per_chip for kind in kinds})
@@ -471,36 +476,46 @@ class QueueService:
     def quick_reading(self) -> Reading | None:
         """The last read, with the slices handed back free since then as their hand-backs
         left them (:func:`~tpuslice._view.cluster.as_freed`), so that a decision can grant
-        them with no I/O. Only those slices change, and they change only from held to
-        ready, so such a decision grants nothing the next read would not; a hand-back
-        that missed news about its hosts (a notice or a suspect record given in the
-        moment since the last read) costs its claimant a failed claim and a requeue in
-        the same place. The full decision that follows at once decides everything else.
+        them with no I/O, even while a read is under way. Only those slices change, and
+        they change only from held to ready, so such a decision grants nothing the next
+        read would not; a hand-back that missed news about its hosts (a notice or a
+        suspect record given in the moment since the last read) costs its claimant a
+        failed claim and a requeue in the same place. The full decision that follows
+        decides everything else.
 
         Returns:
             The reading; ``None`` when no slice was handed back free since the last
-            decision, no read was applied within :data:`QUICK_WITHIN_S`, or none of those
-            slices is one a waiter could take.
+            quick reading, no read was applied within :data:`QUICK_WITHIN_S`, or none of
+            those slices is one a waiter could take.
         """
         freed, self._freed = self._freed, set()
         if not freed or self._last is None or self._clock() - self._last[0] > QUICK_WITHIN_S:
             return None
-        last = self._last[1]
+        read_at, last = self._last
+        reading, patched = self._with_freed(last, freed)
+        if not patched:
+            return None
+        # Kept as the last read: a later quick decision must see these slices as this
+        # one left them, or it would take their grants for work that is still there.
+        self._last = (read_at, reading)
+        return replace(reading, dead=frozenset())
+
+    def _with_freed(self, reading: Reading, freed: Collection[str]) -> tuple[Reading, bool]:
+        """``reading`` with the ``freed`` slices ready, where nothing but their work kept
+        them from it, and without their holder records; and whether any changed."""
         wall = self._wall()
         snapshots: dict[int, ClusterSnapshot] = {}
         patched = False
-        for unit, snapshot in last.snapshots.items():
+        for unit, snapshot in reading.snapshots.items():
             slices = dict(snapshot.slices)
-            for name in freed & slices.keys():
+            for name in slices.keys() & set(freed):
                 ready = as_freed(slices[name], wall)
-                if ready is not None:
+                if ready is not None and ready != slices[name]:
                     slices[name] = ready
                     patched = True
             snapshots[unit] = replace(snapshot, slices=slices)
-        if not patched:
-            return None
-        holders = {n: h for n, h in last.holders.items() if n not in freed}
-        return replace(last, snapshots=snapshots, dead=frozenset(), holders=holders)
+        holders = {n: h for n, h in reading.holders.items() if n not in freed}
+        return replace(reading, snapshots=snapshots, holders=holders), patched
 
     def apply(self, reading: Reading, *, quick: bool = False) -> dict[str, tuple[str, ...]]:
         """Drop waiters of dead drivers, count the tenants' use, then grant what the
@@ -518,6 +533,10 @@ class QueueService:
             The new grants (ticket -> slices).
         """
         changed_during_read = self._changed
+        if not quick and self._freed_in_read:
+            # Handed back after this read began: it may still show them held, and a
+            # quick decision may already have granted them.
+            reading, _ = self._with_freed(reading, self._freed_in_read)
         for ticket, found in list(self._tickets.items()):
             if found.job in reading.dead:
                 self.leave(ticket)

@@ -1,17 +1,20 @@
 """Token authentication (Ray's ``RAY_AUTH_MODE=token``): which token a driver presents, the
-message of a refusal, the simulator's token, and every tpuslice path on a simulated
+message of a refusal, the simulator's token, and every tpuslice entry point on a simulated
 cluster that requires a token, with the token and without it.
 
-The cluster tests start a cluster of their own, one host, in a child process (the tests
-start before the session's shared cluster, and a cluster with token mode on would leave
-this process's Ray in token mode); drivers are child processes too, with the environment
-each case needs."""
+The cluster tests start a cluster of their own, one host, with ``tpuslice simulate
+--auth`` in a child process, so they also show that command as a user runs it: what it
+prints, and that Ctrl-C stops it leaving nothing behind. Drivers and the CLI are child
+processes too, with the environment each case needs."""
 
 from __future__ import annotations
 
 import json
 import os
 import pickle
+import re
+import shlex
+import signal
 import stat
 import subprocess
 import sys
@@ -216,31 +219,12 @@ def test_a_cluster_not_started_hands_drivers_no_token() -> None:
 
 # --- on a simulated cluster that requires a token ------------------------------------------
 
-CLUSTER = textwrap.dedent(
-    """
-    import json, sys
-    from tpuslice.testing import SimulatedCluster, live_placement_groups
-
-    sim = SimulatedCluster(["v4:2x2x1:1"], head_cpus=1, auth=True, connect=True)
-    with sim:
-        print(json.dumps({"address": sim.address, "env": sim.auth_env,
-                          "token": sim.token}), flush=True)
-        for line in sys.stdin:  # "check": what is left; end of input: stop
-            sim.wait_tpus_free()
-            print(json.dumps({"groups": [str(g) for g in live_placement_groups()],
-                              "owners": [str(k) for k in sim.tpu_owners()]}), flush=True)
-    print(json.dumps({"left": sorted(sim.leftover_pids()),
-                      "token_file_left": sim.token_path is not None}), flush=True)
-    """
-)
-
 DRIVER = textwrap.dedent(
     """
     import json, logging, sys, time
     import ray
     import tpuslice
-
-    address, path = sys.argv[1], sys.argv[2]
+    from tpuslice.testing import live_placement_groups
 
     @ray.remote
     def where():
@@ -249,36 +233,33 @@ DRIVER = textwrap.dedent(
 
     started = time.monotonic()
     try:
-        tpuslice.connect(address, log_to_driver=False, logging_level=logging.WARNING)
-        if path == "reserve":
-            with tpuslice.SlicePlacementGroup("2x2x1", "v4") as spg:
-                out = ray.get(tpuslice.run_on_slice(where, tpu_slice=spg), timeout=120)
-        else:
-            refs = tpuslice.run_on_slice(where, topology="2x2x1", accelerator_version="v4")
-            out = ray.get(refs, timeout=120)
-        print(json.dumps({"ran": out}))
+        tpuslice.connect(sys.argv[1], log_to_driver=False, logging_level=logging.WARNING)
     except tpuslice.TokenAuthError as exc:
         print(json.dumps({"error": str(exc), "seconds": time.monotonic() - started}))
+        sys.exit()
+    with tpuslice.SlicePlacementGroup("2x2x1", "v4") as spg:
+        reserved = ray.get(tpuslice.run_on_slice(where, tpu_slice=spg), timeout=120)
+    refs = tpuslice.run_on_slice(where, topology="2x2x1", accelerator_version="v4")
+    one_shot = ray.get(refs, timeout=120)
+    deadline = time.monotonic() + 30  # a one-shot hands its slice back in the background
+    while live_placement_groups() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(json.dumps({"reserved": reserved, "one_shot": one_shot,
+                      "groups_left": len(live_placement_groups())}))
     """
 )
 
 
 @dataclass
 class AuthCluster:
-    """The child process running the cluster, and what it said."""
+    """``tpuslice simulate --auth`` running in a child process, and what it printed."""
 
     process: subprocess.Popen[str]
     address: str
     env: dict[str, str]
-    token: str
-
-    def ask(self) -> dict[str, Any]:
-        """What the cluster's own driver reads of what is left (groups, TPU owners)."""
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write("check\n")
-        self.process.stdin.flush()
-        reply: dict[str, Any] = json.loads(self.process.stdout.readline())
-        return reply
+    """What its ``token:`` line says a driver must export."""
+    pids: set[int]
+    """Every process of the cluster once it was up (the CLI's own included)."""
 
 
 def driver_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -292,50 +273,70 @@ def driver_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def auth_cluster() -> Iterator[AuthCluster]:
-    """A one-host simulated cluster with token auth, in a child process; on the way out
-    it stops, and every process it had is gone."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", CLUSTER],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=driver_env(),
-    )
-    assert process.stdout is not None and process.stdin is not None
+def auth_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthCluster]:
+    """A one-host simulated cluster with token auth, started as a user would, with
+    ``tpuslice simulate --auth`` (a child process: token mode would stay on in this
+    process's Ray, and these tests run before the session's cluster starts). On the way
+    out, Ctrl-C stops it, and no process it had and no token file is left."""
+    from tpuslice._sim.procs import descendants, pid_alive
+
+    err = tmp_path_factory.mktemp("simulate") / "stderr"  # a pipe nobody reads fills up
+    with err.open("w") as err_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tpuslice.cli", "simulate", "--auth", "--slices", "v4:2x2x1:1"],
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            text=True,
+            env=driver_env(),
+        )
     try:
-        ready = _line_within(process, 120)
-        started = json.loads(ready)
-        yield AuthCluster(process, started["address"], started["env"], started["token"])
-        process.stdin.close()
-        ended = json.loads(_line_within(process, 120))
-        assert ended == {"left": [], "token_file_left": False}
-        assert process.wait(timeout=60) == 0
+        printed = _lines_until_status(process, 120, err)
+        address = re.search(r"^address: (\S+:\d+)$", printed, re.M)
+        token = re.search(r"^token: +export (.+)$", printed, re.M)
+        assert address and token and 'ray.init(address="' in printed, printed
+        env = dict(word.split("=", 1) for word in shlex.split(token.group(1)))
+        pids = descendants([process.pid])
+        yield AuthCluster(process, address.group(1), env, pids)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0, err.read_text()[-3000:]
+        assert "stopped" in err.read_text()
+        assert len(pids) >= 3  # the CLI, the head's processes, the host's raylet at least
+        assert sorted(pid for pid in pids if pid_alive(pid)) == []
+        assert not Path(env["RAY_AUTH_TOKEN_PATH"]).exists()
     finally:
         if process.poll() is None:
             process.kill()
             process.wait(timeout=30)
 
 
-def _line_within(process: subprocess.Popen[str], timeout: float) -> str:
-    """The child's next line of output, waited for ``timeout`` at most."""
+def _lines_until_status(process: subprocess.Popen[str], timeout: float, err: Path) -> str:
+    """What the child printed up to its ``status:`` line, waited for ``timeout`` at most."""
     stdout = process.stdout
     assert stdout is not None
-    line: list[str] = []
-    reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        while line := stdout.readline():
+            lines.append(line)
+            if line.startswith("status:"):
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     reader.join(timeout)
-    if not line or not line[0]:
+    if not lines or not lines[-1].startswith("status:"):
         process.kill()
-        _, err = process.communicate(timeout=30)
-        raise AssertionError(f"the cluster's process said nothing in {timeout} s:\n{err[-3000:]}")
-    return line[0]
+        process.wait(timeout=30)
+        raise AssertionError(
+            f"`tpuslice simulate --auth` did not say it was ready in {timeout} s:\n"
+            f"{''.join(lines)}\n{err.read_text()[-3000:]}"
+        )
+    return "".join(lines)
 
 
-def run_driver(cluster: AuthCluster, path: str, env: dict[str, str]) -> dict[str, Any]:
+def run_driver(cluster: AuthCluster, env: dict[str, str]) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-c", DRIVER, cluster.address, path],
+        [sys.executable, "-c", DRIVER, cluster.address],
         capture_output=True,
         text=True,
         timeout=180,
@@ -362,7 +363,7 @@ def test_the_simulators_token_is_kept_in_its_own_directory(auth_cluster: AuthClu
     assert auth_cluster.env["RAY_AUTH_MODE"] == "token"
     assert path.name == "auth_token" and path.parent.name.startswith("tpuslice-sim-")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert path.read_text() == auth_cluster.token
+    assert re.fullmatch("[0-9a-f]{64}", path.read_text())
 
 
 @pytest.mark.cluster
@@ -370,36 +371,33 @@ def test_with_the_token_a_reservation_a_one_shot_and_status_work(
     auth_cluster: AuthCluster,
 ) -> None:
     env = driver_env(auth_cluster.env)
-    assert run_driver(auth_cluster, "reserve", env) == {"ran": [[0, "v4-8-a"]]}
-    assert run_driver(auth_cluster, "oneshot", env) == {"ran": [[0, "v4-8-a"]]}
+    assert run_driver(auth_cluster, env) == {
+        "reserved": [[0, "v4-8-a"]],
+        "one_shot": [[0, "v4-8-a"]],
+        "groups_left": 0,
+    }
     status = run_status(auth_cluster, env)
     assert status.returncode == 0, status.stderr[-3000:]
-    assert '"v4-8-a"' in status.stdout
-    assert auth_cluster.ask() == {"groups": [], "owners": []}
+    assert [s["name"] for s in json.loads(status.stdout)["slices"]] == ["v4-8-a"]
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize(
-    ("token", "found"),
-    [
-        ({}, "this process sends none (RAY_AUTH_MODE is unset, not 'token')"),
-        ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}, "refused the token from"),
-    ],
-    ids=["no token", "a wrong token"],
-)
-def test_without_the_token_each_path_is_refused_at_once_naming_what_to_set(
-    auth_cluster: AuthCluster, token: dict[str, str], found: str
+def test_without_the_token_a_driver_and_the_cli_are_refused_at_once_naming_what_to_set(
+    auth_cluster: AuthCluster,
 ) -> None:
-    env = driver_env(token)
+    """A driver sends no token and the CLI a wrong one: Ray's two refusals, each checked
+    before ray.init by the same function, so each entry point is shown once."""
     what_to_set = "set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN"
-    for path in ("reserve", "oneshot"):
-        refused = run_driver(auth_cluster, path, env)
-        assert found in refused.get("error", ""), refused
-        assert what_to_set in refused["error"]
-        assert "RAY_AUTH_TOKEN_PATH" in refused["error"]
-        assert refused["seconds"] < 10  # Ray alone retries for about 20 s
-    status = run_status(auth_cluster, env)
+    refused = run_driver(auth_cluster, driver_env())
+    assert "this process sends none (RAY_AUTH_MODE is unset, not 'token')" in refused.get(
+        "error", ""
+    ), refused
+    assert what_to_set in refused["error"] and "RAY_AUTH_TOKEN_PATH" in refused["error"]
+    assert refused["seconds"] < 10  # Ray alone retries for about 20 s
+    wrong = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}
+    started = time.monotonic()
+    status = run_status(auth_cluster, driver_env(wrong))
     assert status.returncode == 1
-    assert found in status.stderr and what_to_set in status.stderr, status.stderr[-3000:]
-    assert "Traceback" not in status.stderr
-    assert auth_cluster.ask() == {"groups": [], "owners": []}
+    assert "refused the token from RAY_AUTH_TOKEN" in status.stderr, status.stderr[-3000:]
+    assert what_to_set in status.stderr and "Traceback" not in status.stderr
+    assert time.monotonic() - started < 15  # its own start included

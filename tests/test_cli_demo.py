@@ -1,15 +1,14 @@
 """The CLI commands that start their own simulated cluster, run as a user would (a child
 process). This file sorts before the cluster tests, so it normally runs before the
-session's shared cluster starts."""
+session's shared cluster starts. (`tpuslice simulate` is shown by test_auth, whose
+cluster it starts.)"""
 
 from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -37,45 +36,6 @@ def test_demo_runs_end_to_end_and_gives_everything_back() -> None:
     assert re.search(r"│ 0\s+│ v4-16-\w\s+│ 0\s+│ v4-16-\w\s+│ 0", text)
     assert re.search(r"│ 3\s+│ v4-16-\w\s+│ 1\s+│ 2\s+│ 1\s", text)
     assert max(len(line) for line in text.splitlines()) <= 80
-
-
-def test_simulate_starts_prints_the_address_and_stops_on_ctrl_c() -> None:
-    proc = subprocess.Popen(
-        [*TPUSLICE, "simulate", "--slices", "v4:2x2x1:1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=clean_env(),
-    )
-    assert proc.stdout is not None
-    try:
-        lines = []
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if line.startswith("status:"):
-                break
-        text = "".join(lines)
-        assert re.search(r"address: \S+:\d+", text), text
-        assert 'ray.init(address="' in text
-        address = re.search(r"address: (\S+)", text).group(1)  # type: ignore[union-attr]
-        status = subprocess.run(
-            [*TPUSLICE, "status", "--address", address, "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=clean_env(),
-        )
-        assert status.returncode == 0, status.stderr[-2000:]
-        assert '"v4-8-a"' in status.stdout
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0
-    assert "stopped" in err
 
 
 def test_status_without_a_cluster_says_how_to_start_one() -> None:

@@ -18,8 +18,9 @@ from test_queue_runner import BOUND_S, Slices, run, ticket
 from tpuslice._host.notices import Notice
 from tpuslice._queue.book import Granted, Waiting
 from tpuslice._queue.service import QUICK_WITHIN_S, QueueService, SliceKind, Ticket
+from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.topology import slice_shape
-from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState, as_freed
+from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState, as_freed, wait_freed
 from tpuslice._view.holders import QUEUE_SOURCE, Holder
 from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
 
@@ -121,7 +122,7 @@ def test_a_read_that_began_before_a_hand_back_does_not_count_its_slice_twice() -
     read still shows the work that left. Counted as that work's and as the grant's, it
     would offer the preemptible work that left as a victim to the next urgent request."""
     world = Held()
-    first, second = world.names
+    first = world.names[0]
     world.service.enqueue(urgent_ticket("u1"))
     world.service.apply(world.service.read())
     world.record(first, preemptible=True)
@@ -134,7 +135,6 @@ def test_a_read_that_began_before_a_hand_back_does_not_count_its_slice_twice() -
     answer = world.service.answer("u1")
     assert isinstance(answer, Granted) and answer.slices == (first,)
     assert isinstance(world.service.answer("u2"), Waiting)
-    assert second not in world.holders  # held by work no one may preempt
 
 
 def test_a_slice_granted_quickly_and_claimed_is_never_granted_again() -> None:
@@ -155,6 +155,36 @@ def test_a_slice_granted_quickly_and_claimed_is_never_granted_again() -> None:
     assert world.quick() == {"w2": (second,)}
     assert world.service.apply(reading) == {}
     assert isinstance(world.service.answer("w3"), Waiting)
+
+
+def test_a_quick_decision_grants_only_the_slices_just_handed_back() -> None:
+    """The first slice was idle at the last read and taken since by someone outside the
+    queue; only a new read can show that, so a quick decision must not grant it."""
+    world = Held()
+    first, second = world.names
+    world.cluster.remove_group(world.groups.pop(first))
+    world.service.enqueue(wait_ticket("gone"))
+    assert world.service.apply(world.service.read()) == {"gone": (first,)}
+    world.service.leave("gone")
+    world.groups[first] = world.cluster.take(first, 0, {"TPU": 4})
+    world.service.enqueue(wait_ticket("w"))
+    world.hand_back(second)
+    assert world.quick() == {"w": (second,)}
+
+
+def test_a_freed_slice_without_its_holder_record_is_no_ones() -> None:
+    """The holder record of the work that left is dropped with it: the slice, idle, is
+    not that work's to be preempted or charged for."""
+    world = Held()
+    first, _ = world.names
+    world.record(first, preemptible=True)
+    world.service.enqueue(wait_ticket("w"))
+    world.service.apply(world.service.read())
+    world.cluster.remove_group(world.groups.pop(first))
+    world.service.released([first], freed=True)  # its record not deleted yet
+    reading = world.service.quick_reading()
+    assert reading is not None
+    assert first not in reading.holders
 
 
 def test_a_hand_back_that_did_not_see_the_slice_free_waits_for_the_read() -> None:
@@ -284,3 +314,14 @@ def test_the_runner_answers_a_freed_slices_waiter_while_the_next_read_is_held() 
         await slices.settled()
 
     run(scenario)
+
+
+def test_a_hand_back_that_no_longer_sees_a_host_does_not_report_its_slice_free() -> None:
+    """A host gone from Ray's view stops the wait for it, but the slice is not whole:
+    the hand-back must not vouch for it."""
+    world = Held()
+    hosts = list(held_info(world, world.names[0]).hosts.values())
+    every = {h.node_id: {"TPU": h.tpu_total} for h in hosts}
+    assert wait_freed(hosts, None, read=lambda: every, clock=Clock())
+    gone = {n: free for n, free in every.items() if n != hosts[1].node_id}
+    assert not wait_freed(hosts, None, read=lambda: gone, clock=Clock())

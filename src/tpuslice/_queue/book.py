@@ -255,6 +255,14 @@ class QueueBook:
         }
         return set(self._settling)
 
+    def settling(self) -> set[str]:
+        """The slices of claimed grants still counted here (see :meth:`settle`).
+
+        Returns:
+            Their names.
+        """
+        return set(self._settling)
+
     def leave(self, ticket: str) -> None:
         """The driver gave up (timeout, Ctrl-C): the ticket and any grant go.
 
@@ -331,6 +339,7 @@ class QueueBook:
         trusted: Mapping[str, int] | None = None,
         sharing: Sharing | None = None,
         recorded: Collection[str] | None = None,
+        keep_settling: bool = False,
     ) -> dict[str, tuple[str, ...]]:
         """Drop tickets whose lease ran out (with their grants), then grant what the
         policy says (its preemptions are left in :attr:`preemptions`).
@@ -345,6 +354,8 @@ class QueueBook:
             sharing: Quotas and usage, when tenants share the cluster.
             recorded: Slices whose holder record was read (see :meth:`settle`); ``None``:
                 records are not read, and a slice settles once shown in use.
+            keep_settling: Leave every claim settling as it is (``idle`` is from a read
+                older than some claims).
 
         Returns:
             The new grants of this pass: ticket -> slices.
@@ -355,9 +366,10 @@ class QueueBook:
                 self.leave(ticket)
         suspects = suspects or {}
         shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}
-        self.settle(
-            shown_idle, recorded, quotas_set=sharing is not None and sharing.quotas.configured
-        )
+        if not keep_settling:
+            self.settle(
+                shown_idle, recorded, quotas_set=sharing is not None and sharing.quotas.configured
+            )
         pending = {s for e in self._entries.values() for s in e.granted} | set(self._settling)
         free = {kind: [s for s in names if s not in pending] for kind, names in idle.items()}
         spare = {kind: [s for s in names if s not in pending] for kind, names in suspects.items()}

@@ -192,6 +192,7 @@ class QueueRunner:
     def _grant_freed(self) -> None:
         """Grant slices handed back free from the last read, now, even while a read is
         under way (:meth:`QueueService.quick_reading`)."""
+        self.service.book.touch(list(self._asking))  # a read under way may be long
         quick = self.service.quick_reading()
         if quick is not None and self.service.apply(quick, quick=True):
             self.quick_grants += 1

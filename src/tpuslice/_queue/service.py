@@ -180,6 +180,8 @@ class Reading:
     dead: frozenset[str] = frozenset()
     holders: Mapping[str, Holder] = field(default_factory=dict)
     quotas: Quotas = field(default_factory=Quotas)
+    quick: frozenset[str] = frozenset()
+    """In a :meth:`QueueService.quick_reading`, the slices just handed back."""
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,7 @@ class QueueService:
         """Slices handed back free since the last quick reading."""
         self._freed_in_read: set[str] = set()
         """Slices handed back free since the read under way began."""
+        self._read_began = -float("inf")
         self._last: tuple[float, Reading] | None = None
         """The last read applied, and when it was applied."""
         self._decided = -float("inf")
@@ -459,6 +462,7 @@ class QueueService:
         # the next decision due at once, not wait for the periodic look.
         self._changed = False
         self._freed_in_read = set()
+        self._read_began = now
 
         def read() -> Reading:
             per_chip = sorted({kind.tpu_resource_per_chip for kind in kinds})
@@ -498,21 +502,21 @@ class QueueService:
         # Kept as the last read: a later quick decision must see these slices as this
         # one left them, or it would take their grants for work that is still there.
         self._last = (read_at, reading)
-        return replace(reading, dead=frozenset())
+        return replace(reading, dead=frozenset(), quick=frozenset(patched))
 
-    def _with_freed(self, reading: Reading, freed: Collection[str]) -> tuple[Reading, bool]:
+    def _with_freed(self, reading: Reading, freed: Collection[str]) -> tuple[Reading, set[str]]:
         """``reading`` with the ``freed`` slices ready, where nothing but their work kept
-        them from it, and without their holder records; and whether any changed."""
+        them from it, and without their holder records; and the slices made ready."""
         wall = self._wall()
         snapshots: dict[int, ClusterSnapshot] = {}
-        patched = False
+        patched: set[str] = set()
         for unit, snapshot in reading.snapshots.items():
             slices = dict(snapshot.slices)
             for name in slices.keys() & set(freed):
                 ready = as_freed(slices[name], wall)
                 if ready is not None and ready != slices[name]:
                     slices[name] = ready
-                    patched = True
+                    patched.add(name)
             snapshots[unit] = replace(snapshot, slices=slices)
         holders = {n: h for n, h in reading.holders.items() if n not in freed}
         return replace(reading, snapshots=snapshots, holders=holders), patched
@@ -555,13 +559,20 @@ class QueueService:
                 continue
             slices = by_kind[key] = snapshot.matching(kind.shape, kind.tpu_resource_per_chip)
             infos.update((s.name, s) for s in slices)
-            idle[key] = [s.name for s in slices if s.state is SliceState.READY]
-            suspects[key] = [s.name for s in slices if s.last_resort]
+            # A quick decision grants only the slices just handed back: the others are
+            # as an older read saw them.
+            grantable = [s for s in slices if not quick or s.name in reading.quick]
+            idle[key] = [s.name for s in grantable if s.state is SliceState.READY]
+            suspects[key] = [s.name for s in grantable if s.last_resort]
             trusted[key] = sum(1 for s in slices if s.trusted)
         shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}
         # Claimed grants not yet recorded are counted by the book, as their requests'.
-        settling = self.book.settle(
-            shown_idle, reading.holders, quotas_set=reading.quotas.configured
+        # A quick decision's read is older than some claims: it must not end their
+        # settling (the next full read does).
+        settling = (
+            self.book.settling()
+            if quick
+            else self.book.settle(shown_idle, reading.holders, quotas_set=reading.quotas.configured)
         )
         for key, slices in by_kind.items():
             unsettled = [s for s in slices if s.name not in settling]
@@ -579,12 +590,13 @@ class QueueService:
             trusted=trusted,
             sharing=Sharing(quotas, usage),
             recorded=reading.holders,
+            keep_settling=quick,
         )
         for ticket, names in grants.items():
             self._views[ticket] = tuple(infos[n] for n in names if n in infos)
         if quick:
             return grants
-        self._last = (self._clock(), reading)
+        self._last = (self._read_began, reading)
         self.orders = _orders(self.book.preemptions, reading, wall)
         # A slice whose notice is cleared now is grantable at once: decide again then.
         changed_during_read = changed_during_read or bool(self.orders.clear)

@@ -10,10 +10,11 @@ loop that does it is in :mod:`tpuslice._reserve.claim`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -49,7 +50,24 @@ from tpuslice.errors import (
 _T = TypeVar("_T", bound="ShutsDownOnExit")
 
 
+logger = logging.getLogger(__name__)
+
 _RECORDS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpuslice-holders")
+FORGET_BOUND_S = 2.0
+"""How long a hand-back that saw its slices free waits for its holder records and the
+queue's notices to go before it reports them free (a few KV calls)."""
+
+
+def _settled(done: Future[Any]) -> bool:
+    """Whether ``done`` finished without error within :data:`FORGET_BOUND_S`."""
+    try:
+        done.result(timeout=FORGET_BOUND_S)
+    except Exception as exc:  # noqa: BLE001  (reported as not freed: the queue reads first)
+        logger.debug("holder records not forgotten in time: %s", exc)
+        return False
+    return True
+
+
 """Writes the holder records off the reservation's path, in order: a hand-back's
 deletion runs after its reservation's records were written."""
 
@@ -516,10 +534,16 @@ class SlicePlacementGroup(ShutsDownOnExit):
             head = self._plan.shape.head_resource if self._plan.needs_head_claim else None
             freed = wait_freed(hosts, head)
             names = [claim.slice_name for claim in reservation.claims]
-            # Not waited for: the queue counts idle slices as no one's, whatever their
-            # records say, and clears its notices on them itself.
             if reservation.recorded:
-                _RECORDS.submit(forget_held, names, [h.node_id for h in hosts], self._holder)
+                forgotten = _RECORDS.submit(
+                    forget_held, names, [h.node_id for h in hosts], self._holder
+                )
+                # Reported free, the slices may be granted at once: the next holder must
+                # not meet this one's records or the queue's notice to it. Otherwise
+                # not waited for: the queue counts idle slices as no one's, whatever
+                # their records say, and clears its notices on them itself.
+                if freed:
+                    freed = _settled(forgotten)
             QUEUE_LINK.notify_released(names, freed=freed)
             SPARES.refill(restock)  # last: their processes would slow the steps above
         if reservation.claims:

@@ -732,16 +732,20 @@ def wait_freed(
         clock: Injected time.
 
     Returns:
-        True once every host was seen free; False if the bound passed first.
+        True once every host was seen free; False if the bound passed first, or if a
+        host was no longer listed (its slice is not whole: only a new read can say what
+        it is now).
     """
     read = read or _ray.available_resources_per_node
     clock = clock or Clock()
     waiting = {h.node_id: h for h in hosts}
     deadline = clock.now() + timeout_s
+    all_listed = True
     while True:
         available = read()
         for node, host in list(waiting.items()):
             free = available.get(node)
+            all_listed = all_listed and free is not None
             head_ok = head_resource is None or host.head_free is None
             if free is None or (
                 free.get(TPU_RESOURCE, 0.0) >= host.tpu_total
@@ -749,7 +753,7 @@ def wait_freed(
             ):
                 del waiting[node]
         if not waiting:
-            return True
+            return all_listed
         if clock.now() >= deadline:
             return False
         clock.sleep(FREED_POLL_S)

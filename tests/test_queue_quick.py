@@ -83,7 +83,7 @@ class Held:
     def quick(self) -> dict[str, tuple[str, ...]] | None:
         """A decision on the quick reading, if there is one."""
         reading = self.service.quick_reading()
-        return None if reading is None else self.service.apply(reading, quick=True)
+        return None if reading is None else self.service.apply(reading)
 
 
 def held_info(world: Held, name: str) -> SliceInfo:

@@ -194,7 +194,7 @@ class QueueRunner:
         under way (:meth:`QueueService.quick_reading`)."""
         self.service.book.touch(list(self._asking))  # a read under way may be long
         quick = self.service.quick_reading()
-        if quick is not None and self.service.apply(quick, quick=True):
+        if quick is not None and self.service.apply(quick):
             self.quick_grants += 1
             self._answer_granted()
 

@@ -268,7 +268,7 @@ class QueueService:
         """Slices handed back free since the read under way began."""
         self._read_began = -float("inf")
         self._last: tuple[float, Reading] | None = None
-        """The last read applied, and when it was applied."""
+        """The last read applied, and when that read began."""
         self._decided = -float("inf")
         self._dead_checked = -float("inf")
         self._reprobed = -float("inf")
@@ -521,22 +521,23 @@ class QueueService:
         holders = {n: h for n, h in reading.holders.items() if n not in freed}
         return replace(reading, snapshots=snapshots, holders=holders), patched
 
-    def apply(self, reading: Reading, *, quick: bool = False) -> dict[str, tuple[str, ...]]:
+    def apply(self, reading: Reading) -> dict[str, tuple[str, ...]]:
         """Drop waiters of dead drivers, count the tenants' use, then grant what the
         policy says: ready slices, and idle ones with a suspect host only as a last
         resort. What it asks done to running work is left in :attr:`orders`. Pure.
 
         Args:
             reading: What :meth:`read` returned (kinds it does not cover wait for the
-                next decision).
-            quick: ``reading`` is a :meth:`quick_reading`: grant from it, but leave the
-                tenants' use, the orders to running work and the next periodic look to
-                the full decision that follows (it is still due).
+                next decision), or a :meth:`quick_reading`: then only its freed slices
+                are granted, and the tenants' use, the orders to running work and the
+                next periodic look are left to the full decision that follows (it is
+                still due).
 
         Returns:
             The new grants (ticket -> slices).
         """
         changed_during_read = self._changed
+        quick = bool(reading.quick)
         if not quick and self._freed_in_read:
             # Handed back after this read began: it may still show them held, and a
             # quick decision may already have granted them.

@@ -126,7 +126,12 @@ def test_a_higher_priority_preempts_lower_preemptible_work_and_status_says_so(
         notices = wait_for(low.notices, 30, "the queue's notice on the preemptible work")
         assert {n.slice_name for n in notices} == set(taken)
         assert fixed.notices() == []
-        snapshot = read_snapshot()
+        # The queue gives its notices before it publishes the decision's record.
+        snapshot = wait_for(
+            lambda: (found := read_snapshot()).queued() and found,
+            10,
+            "the request in the queue's record",
+        )
         info = snapshot.slices[taken[0]]
         assert state_label(info) == "PREEMPTING" and "s left" in info.reason
         [request] = snapshot.queued()

@@ -11,6 +11,7 @@ nothing of the reservation machinery.
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -121,10 +122,11 @@ def with_context(function: Callable[..., Any], returns: int | None = None) -> Ca
     process's pid as one more value: the slice's hand-back uses it to stop exactly the
     processes that ran its work, should one of them still own a TPU.
 
-    The wrapper refers to no tpuslice function, only ``os`` and a tuple, so Ray ships it
-    by value and a host's worker runs it without importing tpuslice: on the first call of
-    a job that import took 50-110 ms per worker process (benchmarks/RESULTS.md). Only when
-    libtpu refuses the TPU is tpuslice imported, to say who holds it.
+    The wrapper refers to no tpuslice module, only ``os``, a tuple, a string and a copy
+    of :func:`apply_env` made here, so Ray ships it by value and a host's worker runs it
+    without importing tpuslice: in a new job, every host's worker process would otherwise
+    import it at once on the first call (25-110 ms each). Only when libtpu refuses the TPU
+    is tpuslice imported, to say who holds it.
 
     Args:
         function: The user's Python function.
@@ -135,11 +137,16 @@ def with_context(function: Callable[..., Any], returns: int | None = None) -> Ca
         ``run_in_context(env, *args, **kwargs)``: the call, with ``env`` set around it.
     """
 
+    # A module function is pickled by reference (the worker would import this module to
+    # load it); a copy of it with only ``os`` as its globals is pickled by value. The copy
+    # keeps a module name: without one, pickling searches every loaded module for it.
+    apply = types.FunctionType(apply_env.__code__, {"os": os, "__name__": __name__}, "apply_env")
+
     def run_in_context(__tpuslice_env: CallEnv, *args: Any, **kwargs: Any) -> Any:
         saved = {key: os.environ.get(key) for key in {*__tpuslice_env, *MEGASCALE_VARS}}
         for key in MEGASCALE_VARS:
             os.environ.pop(key, None)
-        apply_env(__tpuslice_env)
+        apply(__tpuslice_env)
         try:
             result = function(*args, **kwargs)
         except Exception as exc:
@@ -149,7 +156,7 @@ def with_context(function: Callable[..., Any], returns: int | None = None) -> Ca
                 raise in_use_error(exc) from exc
             raise
         finally:
-            apply_env(saved)
+            apply(saved)
         if returns is None:
             return result
         return (result, os.getpid()) if returns == 1 else (*result, os.getpid())

@@ -29,7 +29,7 @@ def host(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[agent.HostAgent, lis
     monkeypatch.setattr(agent, "_signal", lambda pid, sig: seen.append(("signal", pid, sig)))
     found = agent.HostAgent.__new__(agent.HostAgent)
     found.node_id, found.root = "n1", Path("/nonexistent")
-    found._record_lock, found._records = threading.Lock(), 0
+    found._record_lock, found._records, found._stored_free = threading.Lock(), 0, False
     found._owner_watch = Watched()
     yield found, seen
 

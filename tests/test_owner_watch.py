@@ -90,7 +90,7 @@ def host_agent(monkeypatch: pytest.MonkeyPatch) -> tuple[agent.HostAgent, list[o
     monkeypatch.setattr(agent._ray, "kv_delete", lambda k, ns: seen.append(("delete",)))
     found = agent.HostAgent.__new__(agent.HostAgent)
     found.node_id, found.root = "n1", Path("/nonexistent")
-    found._record_lock, found._records = threading.Lock(), 0
+    found._record_lock, found._records, found._stored_free = threading.Lock(), 0, False
     found._owner_watch = OwnerWatch(lambda pid: False, found._refresh, period=3600.0)
     return found, seen
 
@@ -142,3 +142,21 @@ def test_a_new_agent_watches_the_owner_an_earlier_one_recorded(
     monkeypatch.setattr(agent._ray, "kv_get", lambda key, ns: stored)
     found._watch_recorded()
     assert watched == [4242]
+
+
+def test_a_free_tpu_found_again_is_not_deleted_again(
+    host_agent: tuple[agent.HostAgent, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each reservation's probe asks the agent; a TPU free again costs no second delete,
+    but a free TPU after an owner's record deletes that record."""
+    found, seen = host_agent
+    monkeypatch.setattr(agent._ray, "kv_get", lambda key, ns: None)
+    found._watch_recorded()  # a new agent: no record stored
+    assert found._record(None) is None
+    assert found._record(None) is None
+    assert seen == []
+    owner = TPUOwner(7373, "python train.py", None, 0, True)
+    found._record(owner)
+    found._record(None)
+    found._record(None)
+    assert [entry[0] for entry in seen] == ["put", "delete"]

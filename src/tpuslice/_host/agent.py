@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, NamedTuple
 
 import ray
@@ -166,6 +167,10 @@ class HostAgent:
         self._records = 0
         """How many owner records this agent made: a refresh that finds one made while it
         looked leaves that one be."""
+        self._stored_free = False
+        """Whether this host's owner record is known to be absent. Only this host's agent
+        writes it, so a free TPU found again needs no second delete (a GCS round trip on
+        every reservation's probe)."""
         self._owner_watch = OwnerWatch(lambda pid: holds_tpu(pid, self.root), self._refresh)
         self._watch_recorded()
         never = threading.Event()  # the watches last as long as the agent, like its host
@@ -310,8 +315,11 @@ class HostAgent:
         key = OWNER_KEY_PREFIX + self.node_id
         self._owner_watch.watch(None if owner is None else owner.pid)
         if owner is None:
-            _ray.kv_delete(key, NAMESPACE)
+            if not self._stored_free:
+                _ray.kv_delete(key, NAMESPACE)
+                self._stored_free = True
             return None
+        self._stored_free = False
         data = {**owner.to_dict(), "seen_at": time.time()}
         _ray.kv_put(key, json.dumps(data).encode(), NAMESPACE)
         return owner.to_dict()
@@ -320,6 +328,7 @@ class HostAgent:
         """Watch the owner an earlier agent of this host recorded (it died, or Ray
         restarted it), so that record too goes once its process lets go."""
         stored = _ray.kv_get(OWNER_KEY_PREFIX + self.node_id, NAMESPACE)
+        self._stored_free = stored is None
         if stored is not None:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 self._owner_watch.watch(int(json.loads(stored)["pid"]))
@@ -458,6 +467,10 @@ class Agents:
 AGENTS = Agents()
 """This driver's agent handles."""
 
+SENDER = ThreadPoolExecutor(2, thread_name_prefix="tpuslice-probe")
+"""Sends reservations' owner probes (:func:`start_probe`). Its threads are joined at
+interpreter exit before Ray shuts down, so none calls Ray after that."""
+
 
 def _round(
     node_ids: Sequence[str], call: Callable[[str, Any], Any], timeout_s: float
@@ -524,11 +537,21 @@ def start_probe(
     """
     now = time.monotonic()
     asked = [n for n in node_ids if not AGENTS.seen_free_within(n, FRESH_S, now)]
-    refs = {node: handle.owner.remote() for node, handle in AGENTS.handles(asked).items()}
+    if not asked:
+        return lambda: dict.fromkeys(node_ids)  # every host seen free just now
+    # Looking up agents this driver has not met yet (a GCS round trip each, about 15 ms
+    # for a fresh driver's first slice) and sending the asks is done off the caller's
+    # path: the caller places its groups meanwhile and waits here only for the answers.
+    sending = SENDER.submit(
+        lambda: {node: handle.owner.remote() for node, handle in AGENTS.handles(asked).items()}
+    )
 
     def answers() -> dict[str, str | None]:
         found: dict[str, str | None] = dict.fromkeys(node_ids)  # seen free just now
-        if not refs:
+        try:
+            refs = sending.result(timeout=timeout_s)
+        except FutureTimeout:
+            logger.warning("could not reach the TPU agents in %.0f s; TPUs not checked", timeout_s)
             return found
         done = _wait_for(refs, timeout_s)
         for node, ref in refs.items():

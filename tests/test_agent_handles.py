@@ -61,36 +61,3 @@ def test_callers_at_once_share_one_lookup_per_host_and_later_calls_none(
     lookups.barrier = threading.Barrier(1)
     agents.handles(["b"])
     assert lookups.looked_up.count(agent.NAME_PREFIX + "b") == 2  # forgotten: found again
-
-
-class SlowAgent:
-    """An agent handle whose ``owner`` call answers with the host's owner (none)."""
-
-    class _Method:
-        def remote(self, *args: Any) -> str:
-            return "answer"
-
-    owner = _Method()
-
-
-def test_a_probe_starts_without_waiting_for_the_lookups(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The reservation goes on to place its groups while the agents are looked up; only
-    the answers wait for them."""
-    go_on = threading.Event()
-    released: list[bool] = []
-
-    def lookup(name: str, namespace: str) -> SlowAgent:
-        released.append(go_on.wait(timeout=20))  # False: nobody let it go (a blocked caller)
-        return SlowAgent()
-
-    monkeypatch.setattr(agent.ray, "get_actor", lookup)
-    monkeypatch.setattr(agent.ray, "wait", lambda refs, **kw: (list(refs), []))
-    monkeypatch.setattr(agent.ray, "get", lambda ref: None)  # the TPU is free
-    monkeypatch.setattr(agent, "AGENTS", agent.Agents())
-
-    answers = agent.start_probe(["n1", "n2"])
-    go_on.set()  # reached only if start_probe returned while the lookups were held
-
-    assert answers() == {"n1": None, "n2": None}
-    assert released == [True, True]
-    assert agent.AGENTS.is_up("n1") and agent.AGENTS.is_up("n2")

@@ -103,6 +103,25 @@ def test_n_slices_are_claimed_in_one_look_and_placed_together() -> None:
     assert worker_nodes(cluster, reservation)[4:8] == [f"v6e-16-1/{w}" for w in range(4)]
 
 
+@pytest.mark.parametrize("pg_per_slice", [False, True])
+def test_the_hosts_are_asked_for_their_owners_while_the_groups_place(pg_per_slice: bool) -> None:
+    """Asked once the groups exist, not before: a fresh driver's lookups of the hosts'
+    agents overlap Ray's placement. Every picked host is asked once, and a host found
+    owned is not used."""
+    cluster = InMemoryCluster([("v6e", "4x4", 3)])
+    cluster.tpu_owners["v6e-16-0/2"] = "pid 77 (python train.py)"
+    seen: list[tuple[int, int]] = []
+    cluster.script(
+        "start_owner_probe",
+        1,
+        lambda: seen.append((cluster.calls["create_group"], cluster.calls["wait_placed"])),
+    )
+    reservation = reserver(cluster, num_slices=2, pg_per_slice=pg_per_slice).run()
+    groups = 2 if pg_per_slice else 1
+    assert seen == [(groups, 0)]  # after every group was created, before any wait
+    assert sorted(names(reservation)) == ["v6e-16-1", "v6e-16-2"]
+
+
 # --- one placement round ------------------------------------------------------------------
 
 

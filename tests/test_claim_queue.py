@@ -164,7 +164,7 @@ def test_a_granted_slice_taken_meanwhile_requeues_in_the_same_place() -> None:
     cluster.script("sleep", 2, lambda: cluster.remove_group(first))
     # The grant comes with the next ask; a non-queued user takes the slice before the
     # claim (the grant's view still shows it idle).
-    cluster.script("start_owner_probe", 1, lambda: cluster.take("v6e-16-0", 2, {"TPU": 4}))
+    cluster.script("create_group", 1, lambda: cluster.take("v6e-16-0", 2, {"TPU": 4}))
     cluster.script("sleep", 4, lambda: queue_of(cluster).enqueue(other("later")))
     cluster.script("sleep", 6, lambda: cluster.remove_group(second))
     assert names(reserver(cluster).run()) == ["v6e-16-1"]

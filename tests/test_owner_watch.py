@@ -160,3 +160,15 @@ def test_a_free_tpu_found_again_is_not_deleted_again(
     found._record(None)
     found._record(None)
     assert [entry[0] for entry in seen] == ["put", "delete"]
+
+
+def test_a_new_agent_deletes_an_earlier_agents_record_once_the_tpu_is_free(
+    host_agent: tuple[agent.HostAgent, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    found, seen = host_agent
+    stored = json.dumps({"pid": 4242, "command": "python notebook.py"}).encode()
+    monkeypatch.setattr(agent._ray, "kv_get", lambda key, ns: stored)
+    found._watch_recorded()
+    found._record(None)
+    found._record(None)
+    assert seen == [("delete",)]

@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, NamedTuple
 
 import ray
@@ -326,7 +325,8 @@ class HostAgent:
 
     def _watch_recorded(self) -> None:
         """Watch the owner an earlier agent of this host recorded (it died, or Ray
-        restarted it), so that record too goes once its process lets go."""
+        restarted it), so that record too goes once its process lets go. Called only
+        from ``__init__``, before any call can record."""
         stored = _ray.kv_get(OWNER_KEY_PREFIX + self.node_id, NAMESPACE)
         self._stored_free = stored is None
         if stored is not None:
@@ -467,10 +467,6 @@ class Agents:
 AGENTS = Agents()
 """This driver's agent handles."""
 
-SENDER = ThreadPoolExecutor(2, thread_name_prefix="tpuslice-probe")
-"""Sends reservations' owner probes (:func:`start_probe`). Its threads are joined at
-interpreter exit before Ray shuts down, so none calls Ray after that."""
-
 
 def _round(
     node_ids: Sequence[str], call: Callable[[str, Any], Any], timeout_s: float
@@ -537,21 +533,11 @@ def start_probe(
     """
     now = time.monotonic()
     asked = [n for n in node_ids if not AGENTS.seen_free_within(n, FRESH_S, now)]
-    if not asked:
-        return lambda: dict.fromkeys(node_ids)  # every host seen free just now
-    # Looking up agents this driver has not met yet (a GCS round trip each, about 15 ms
-    # for a fresh driver's first slice) and sending the asks is done off the caller's
-    # path: the caller places its groups meanwhile and waits here only for the answers.
-    sending = SENDER.submit(
-        lambda: {node: handle.owner.remote() for node, handle in AGENTS.handles(asked).items()}
-    )
+    refs = {node: handle.owner.remote() for node, handle in AGENTS.handles(asked).items()}
 
     def answers() -> dict[str, str | None]:
         found: dict[str, str | None] = dict.fromkeys(node_ids)  # seen free just now
-        try:
-            refs = sending.result(timeout=timeout_s)
-        except FutureTimeout:
-            logger.warning("could not reach the TPU agents in %.0f s; TPUs not checked", timeout_s)
+        if not refs:
             return found
         done = _wait_for(refs, timeout_s)
         for node, ref in refs.items():

@@ -341,6 +341,9 @@ class Reserver:
         self.targets: Targets = targets or WholeSlices(request.plan, self.low, self.time_left)
         self.claims: dict[int, Claim] = {}
         self.in_flight: list[PlacementGroup] = []
+        self.unasked: list[Claim] = []
+        """Slices picked whose hosts are not asked yet who owns their TPUs (asked once
+        their worker groups are created)."""
         """Groups created but not yet recorded in a claim: removed too if we stop."""
         self._next_reprobe = 0.0
         self.demand: AutoscalerDemand | None = None
@@ -638,8 +641,9 @@ class Reserver:
                 self._forget_given_back()
 
     def _claim(self, snapshot: ClusterSnapshot) -> None:
-        """Take every idle slice we still need, asking their hosts who owns their TPUs
-        (answered while the group places; checked once it placed). Nothing is placed
+        """Take every idle slice we still need; their hosts are asked who owns their TPUs
+        once their groups are created (answered while the groups place; checked once
+        they placed: :meth:`_ask_owners`). Nothing is placed
         here: :meth:`_place_workers` places them all in one round, their heads in bundle
         0 of each. Only ``reserve_tpu_slice`` (``heads_only``) places head groups, and
         keeps those that place."""
@@ -659,12 +663,7 @@ class Reserver:
         if not picks:
             self._reprobe_owned(snapshot)
             return
-        probe = functools.cache(
-            self.ops.start_owner_probe(
-                [h.node_id for target in picks.values() for h in target.hosts.values()]
-            )
-        )
-        fresh = [Claim(index, target, owners=probe) for index, target in picks.items()]
+        fresh = [Claim(index, target) for index, target in picks.items()]
         for claim in fresh:
             if claim.suspect:
                 logger.info(
@@ -676,10 +675,12 @@ class Reserver:
         if not self.heads_only:
             for claim in fresh:
                 self.claims[claim.index] = claim
+            self.unasked += fresh
             return
         for claim in fresh:
             claim.head_pg = self._head_group(claim.target)
             self.in_flight.append(claim.head_pg)
+        self._ask_owners(fresh)
         placed = self.ops.wait_placed(self.in_flight, CLAIM_BOUND_S)
         self.in_flight = []
         for claim, ok in zip(fresh, placed, strict=True):
@@ -689,6 +690,21 @@ class Reserver:
                 logger.info("head of %s was taken meanwhile; trying another", claim.slice_name)
                 self.ops.remove_group(claim.head_pg)
         self._forget_given_back()
+
+    def _ask_owners(self, claims: Sequence[Claim]) -> None:
+        """Ask the hosts of slices just picked who owns their TPUs, without waiting for
+        the answers (:meth:`_free_of_owners` does). Called once their groups are
+        created, so that the asks (for a fresh driver, first a lookup of each host's
+        agent) go while Ray places the groups rather than before."""
+        if not claims:
+            return
+        probe = functools.cache(
+            self.ops.start_owner_probe(
+                [h.node_id for claim in claims for h in claim.target.hosts.values()]
+            )
+        )
+        for claim in claims:
+            claim.owners = probe
 
     def _free_of_owners(self, reservation: Reservation) -> bool:
         """Whether no host of the placed reservation has its TPU owned by a process (the
@@ -787,11 +803,14 @@ class Reserver:
         """Create every worker group at once and wait for them; ``None`` (and the
         slices someone else took given back) if they did not place within the bound."""
         claims = [self.claims[i] for i in sorted(self.claims)]
+        unasked = [c for c in self.unasked if self.claims.get(c.index) is c]
+        self.unasked = []
         if self.plan.pg_per_slice:
             for claim in claims:
                 claim.worker_pg = self._worker_group([claim], f"_slice_{claim.index}")
             groups = [c.worker_pg for c in claims if c.worker_pg]
             self.in_flight = list(groups)  # until the caller has checked the TPU owners too
+            self._ask_owners(unasked)
             placed = self.ops.wait_placed(groups, CLAIM_BOUND_S)
             if all(placed):
                 return Reservation(claims, plan=self.plan)
@@ -803,6 +822,7 @@ class Reserver:
             return None
         combined = self._worker_group(claims, "")
         self.in_flight = [combined]  # until the caller has checked the TPU owners too
+        self._ask_owners(unasked)
         if all(self.ops.wait_placed([combined], CLAIM_BOUND_S)):
             return Reservation(claims, combined, self.plan)
         self.ops.remove_group(combined)

@@ -30,6 +30,7 @@ def host(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[agent.HostAgent, lis
     found = agent.HostAgent.__new__(agent.HostAgent)
     found.node_id, found.root = "n1", Path("/nonexistent")
     found._record_lock, found._records, found._stored_free = threading.Lock(), 0, False
+    found._free_key = agent.FreeKey(lambda: None, lambda: None)
     found._owner_watch = Watched()
     yield found, seen
 

@@ -122,6 +122,36 @@ def test_the_hosts_are_asked_for_their_owners_while_the_groups_place(pg_per_slic
     assert sorted(names(reservation)) == ["v6e-16-1", "v6e-16-2"]
 
 
+def test_hosts_their_agents_saw_free_are_not_asked() -> None:
+    """A fresh driver's probe is what a one-shot waits on beyond the floor: hosts whose
+    agents vouch for a free TPU (their ``tpu-free/`` keys) are not asked; the others are,
+    and a host found owned among them is still not used."""
+    cluster = InMemoryCluster([("v6e", "4x4", 3)])
+    cluster.seen_free.update(cluster.slice_hosts["v6e-16-0"])
+    cluster.tpu_owners["v6e-16-1/2"] = "pid 77 (python train.py)"
+    asked: list[list[str]] = []
+    probe = cluster.start_owner_probe
+
+    def start(node_ids: Any) -> Any:
+        asked.append(list(node_ids))
+        return probe(node_ids)
+
+    cluster.start_owner_probe = start  # type: ignore[method-assign]
+    reservation = reserver(cluster, num_slices=2).run()
+    assert sorted(names(reservation)) == ["v6e-16-0", "v6e-16-2"]
+    # The first round asked only the hosts nobody vouched for; the retry only the new pick.
+    assert asked[0] == cluster.slice_hosts["v6e-16-1"]
+    assert asked[1:] == [cluster.slice_hosts["v6e-16-2"]]
+
+
+def test_no_host_is_asked_when_every_agent_saw_its_tpu_free() -> None:
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
+    cluster.seen_free.update(n for hosts in cluster.slice_hosts.values() for n in hosts)
+    reservation = reserver(cluster, num_slices=2).run()
+    assert len(reservation.claims) == 2
+    assert cluster.calls["start_owner_probe"] == 0
+
+
 # --- one placement round ------------------------------------------------------------------
 
 

@@ -617,3 +617,19 @@ def test_snapshot_groups_exactly_the_tpu_nodes(
     for info in snapshot.slices.values():
         for host in info.hosts.values():
             assert host.slice_name == info.name
+
+
+def test_a_host_is_seen_free_only_while_no_owner_is_recorded_for_it() -> None:
+    """A free key left beside an owner record (written a moment apart by the agent) must
+    not let a reservation skip asking a host whose TPU a process holds."""
+    nodes = v6e_4x4()
+    ids = [str(n["NodeID"]) for n in nodes]
+    snap = build_snapshot(
+        nodes,
+        idle(nodes),
+        tpu_owners={ids[1]: "pid 77 (python train.py)"},
+        tpu_seen_free=ids[:2],
+    )
+    [info] = snap.slices.values()
+    seen = {h.node_id: h.tpu_seen_free for h in info.hosts.values()}
+    assert seen == {ids[0]: True, ids[1]: False, ids[2]: False, ids[3]: False}

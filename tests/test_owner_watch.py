@@ -91,6 +91,7 @@ def host_agent(monkeypatch: pytest.MonkeyPatch) -> tuple[agent.HostAgent, list[o
     found = agent.HostAgent.__new__(agent.HostAgent)
     found.node_id, found.root = "n1", Path("/nonexistent")
     found._record_lock, found._records, found._stored_free = threading.Lock(), 0, False
+    found._free_key = agent.FreeKey(lambda: None, lambda: None)
     found._owner_watch = OwnerWatch(lambda pid: False, found._refresh, period=3600.0)
     return found, seen
 
@@ -172,3 +173,85 @@ def test_a_new_agent_deletes_an_earlier_agents_record_once_the_tpu_is_free(
     found._record(None)
     found._record(None)
     assert seen == [("delete",)]
+
+
+# --- the free key: a host vouched free without being asked ------------------------------
+
+
+class Keys:
+    """Writes of one host's free key."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def key(self) -> agent.FreeKey:
+        return agent.FreeKey(lambda: self.writes.append("show"), lambda: self.writes.append("hide"))
+
+
+def test_the_free_key_is_written_once_per_change_and_first_whatever_it_says() -> None:
+    """Unknown at first (an earlier agent may have left it either way): the first finding
+    is written; a finding repeated every half second costs nothing."""
+    keys = Keys()
+    key = keys.key()
+    for free in (False, False, True, True, True, False):
+        key.set(free)
+    assert keys.writes == ["hide", "show", "hide"]
+
+
+def test_a_look_at_the_lock_shows_the_key_while_free_and_hides_it_once_held(
+    host_agent: tuple[agent.HostAgent, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    found, seen = host_agent
+    keys = Keys()
+    found._free_key = keys.key()
+    found._stored_free = True
+    holder: list[int | None] = [None]
+    monkeypatch.setattr(agent, "lock_holder", lambda root: holder[0])
+    found.look_at_lock()
+    found.look_at_lock()
+    holder[0] = 4242  # a process outside Ray takes the TPU
+    found.look_at_lock()
+    assert keys.writes == ["show", "hide"]
+    assert seen == []  # the holder is not recorded: the next reservation asks, and records
+
+
+def test_no_look_at_the_lock_while_an_owner_is_recorded(
+    host_agent: tuple[agent.HostAgent, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An owner that bypassed libtpu's lock leaves the lock free: the key must stay gone
+    until the owner watch finds the TPU free again."""
+    found, _ = host_agent
+    keys = Keys()
+    found._free_key = keys.key()
+    owner = TPUOwner(6262, "python raw.py", None, 0, False)
+    found._record(owner)
+    monkeypatch.setattr(agent, "lock_holder", lambda root: None)
+    found.look_at_lock()
+    assert keys.writes == ["hide"]
+    found._record(None)  # the owner watch, once it let go
+    assert keys.writes == ["hide", "show"]
+
+
+def test_the_cluster_read_lists_the_free_keys_without_reading_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One listing for every host record; only the owner, notice and suspect records are
+    read, so a cluster with only free keys still costs one call."""
+    owner = TPUOwner(7373, "python train.py", None, 0, True)
+    store = {
+        "tpu-free/n1": b"1",
+        "tpu-free/n2": b"1",
+        "tpu-owner/n3": json.dumps(owner.to_dict()).encode(),
+    }
+    read: list[list[str]] = []
+
+    def get_many(keys: list[str], ns: str) -> dict[str, bytes]:
+        read.append(list(keys))
+        return {k: store[k] for k in keys}
+
+    monkeypatch.setattr(agent._ray, "kv_list", lambda prefix, ns: sorted(store))
+    monkeypatch.setattr(agent._ray, "kv_get_many", get_many)
+    notes = agent.recorded_notes()
+    assert notes.seen_free == {"n1", "n2"}
+    assert set(notes.owners) == {"n3"}
+    assert read == [["tpu-owner/n3"]]

@@ -214,6 +214,13 @@ def notebook(tpu_cluster: SimulatedCluster) -> Iterator[subprocess.Popen[str]]:
     # Not a synchronisation: this driver trusts its own recent finding that the host was
     # free (it handed the slice back in an earlier test) for FRESH_S; let that pass.
     time.sleep(FRESH_S)
+    # The host's agent looks at the lock every half second and then withdraws its word
+    # that the TPU is free; until it has, a reservation would not ask that host.
+    wait_for(
+        lambda: not tpuslice.read_snapshot().slices["v6e-16-a"].hosts[2].tpu_seen_free,
+        timeout=30,
+        what="host 2's agent to see the notebook holding its TPU",
+    )
     try:
         yield proc
     finally:
@@ -236,11 +243,15 @@ def test_a_foreign_owner_makes_its_slice_busy_with_a_reason(
     # Once it exits, its host's agent drops the record by itself: nobody asks the host.
     notebook.kill()
     notebook.wait(timeout=30)
-    wait_for(
-        lambda: tpuslice.read_snapshot().slices["v6e-16-a"].state is tpuslice.SliceState.READY,
-        timeout=30,
-        what="v6e-16-a ready after the notebook exited",
-    )
+
+    # And its agent's word that the TPU is free is back, so the next reservation there
+    # asks no host.
+    def ready_and_vouched() -> bool:
+        view = tpuslice.read_snapshot().slices["v6e-16-a"]
+        vouched = all(host.tpu_seen_free for host in view.hosts.values())
+        return view.state is tpuslice.SliceState.READY and vouched
+
+    wait_for(ready_and_vouched, timeout=30, what="v6e-16-a ready after the notebook exited")
 
 
 def test_release_tpu_stops_a_foreign_owner_on_request(

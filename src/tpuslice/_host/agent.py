@@ -42,9 +42,10 @@ from tpuslice._host.notices import (
     watch_value,
 )
 from tpuslice._host.suspects import Suspect, forget, live_suspects
-from tpuslice._host.tpu_lock import TPUOwner, find_owner, holds_tpu, host_root
+from tpuslice._host.tpu_lock import TPUOwner, find_owner, holds_tpu, host_root, lock_holder
 from tpuslice._tpu.keys import AGENT_NAME_PREFIX as NAME_PREFIX
 from tpuslice._tpu.keys import (
+    FREE_KEY_PREFIX,
     HOST_KEY_PREFIX,
     NAMESPACE,
     NOTICE_KEY_PREFIX,
@@ -77,6 +78,12 @@ those 2 s is met by the next call instead (a TPUInUseError naming it) and record
 that slice's hand-back."""
 
 
+WATCH_S = 0.5
+"""How often a host's agent looks at libtpu's lock while no owner is recorded, to keep
+its ``tpu-free/`` key true. A reservation does not ask a host whose key the cluster read
+found (:meth:`tpuslice._reserve.claim.Reserver._ask_owners`), so a process outside Ray
+that takes the TPU is missed for at most this long plus the read's age; it is then met by
+the first call, a TPUInUseError naming it, as for a host this driver saw free lately."""
 OWNER_RECHECK_S = 2.0
 """While a TPU owner is recorded for a host, how often its agent looks whether that
 process still holds the TPU: the record of one that exited must not keep the slice busy
@@ -150,11 +157,45 @@ class OwnerWatch:
                 logger.exception("checking the recorded TPU owner failed")
 
 
+class FreeKey:
+    """A host's ``tpu-free/<node id>`` key: present while its agent last saw the TPU free.
+    Written only when what it says changes (a put or a delete per change, none per look).
+    Not thread-safe: the agent calls it under its record lock.
+
+    Args:
+        show: Writes the key.
+        hide: Deletes it.
+    """
+
+    def __init__(self, show: Callable[[], object], hide: Callable[[], object]) -> None:
+        self._show = show
+        self._hide = hide
+        self._free: bool | None = None
+        """What the key says now; unknown at first, since an earlier agent of this host
+        (one Ray restarted) may have left it either way."""
+
+    def set(self, free: bool) -> None:
+        """Make the key say whether the TPU is free.
+
+        Args:
+            free: Whether it is.
+        """
+        if self._free is free:
+            return
+        if free:
+            self._show()
+        else:
+            self._hide()
+        self._free = free
+
+
 class HostAgent:
     """The agent on one TPU host (a Ray actor; see the module docstring). It also
     watches the host's metadata for preemption and maintenance notices (one long-poll
     per value, in daemon threads) and records the one standing (:mod:`tpuslice._host.notices`),
     and keeps its TPU-owner record true once the owner lets go (:class:`OwnerWatch`).
+    While no owner is recorded, a daemon thread looks at libtpu's lock every
+    :data:`WATCH_S` and keeps the host's ``tpu-free/`` key true (:class:`FreeKey`).
     """
 
     def __init__(self, node_id: str) -> None:
@@ -171,7 +212,13 @@ class HostAgent:
         writes it, so a free TPU found again needs no second delete (a GCS round trip on
         every reservation's probe)."""
         self._owner_watch = OwnerWatch(lambda pid: holds_tpu(pid, self.root), self._refresh)
+        free_key = FREE_KEY_PREFIX + node_id
+        self._free_key = FreeKey(
+            lambda: _ray.kv_put(free_key, b"1", NAMESPACE),
+            lambda: _ray.kv_delete(free_key, NAMESPACE),
+        )
         self._watch_recorded()
+        threading.Thread(target=self._watch_lock, name="tpuslice-free-watch", daemon=True).start()
         never = threading.Event()  # the watches last as long as the agent, like its host
         labels = ray.get_runtime_context().get_node_labels()
         slice_name = labels.get(SLICE_NAME_LABEL, "")
@@ -295,6 +342,23 @@ class HostAgent:
             time.sleep(0.02)
         return self._record(now)
 
+    def look_at_lock(self) -> None:
+        """Look once at libtpu's lock and keep the free key true. While an owner is
+        recorded the key is already gone, and :class:`OwnerWatch` looks instead. A holder
+        found here is not recorded: the key goes, and the next reservation asks this
+        host, whose answer records it (what a probe finds is what it always recorded)."""
+        with self._record_lock:
+            if self._stored_free:
+                self._free_key.set(lock_holder(self.root) is None)
+
+    def _watch_lock(self) -> None:
+        while True:  # as long as the agent, like its host
+            try:
+                self.look_at_lock()
+            except Exception:  # a failed look is retried at the next one
+                logger.exception("looking at the TPU's lock failed")
+            time.sleep(WATCH_S)
+
     def _record(self, owner: TPUOwner | None) -> dict[str, Any] | None:
         with self._record_lock:
             self._records += 1
@@ -313,6 +377,7 @@ class HostAgent:
     def _write(self, owner: TPUOwner | None) -> dict[str, Any] | None:
         key = OWNER_KEY_PREFIX + self.node_id
         self._owner_watch.watch(None if owner is None else owner.pid)
+        self._free_key.set(owner is None)
         if owner is None:
             if not self._stored_free:
                 _ray.kv_delete(key, NAMESPACE)
@@ -638,17 +703,19 @@ class HostNotes(NamedTuple):
         notices: The notice standing on each warned host.
         suspects: The live suspect record of each suspect host
             (:mod:`tpuslice._host.suspects`).
+        seen_free: The hosts whose agent last saw the TPU free (``tpu-free/`` keys).
     """
 
     owners: dict[str, TPUOwner]
     notices: dict[str, Notice]
     suspects: dict[str, Suspect]
+    seen_free: frozenset[str] = frozenset()
 
 
 def recorded_notes(now: float | None = None) -> HostNotes:
-    """The TPU owners and notices the agents last recorded, and the suspect records, by
-    node id (Ray's KV store: one listing and one read for all, so a cluster with none
-    costs one call).
+    """The TPU owners and notices the agents last recorded, the hosts they last saw free,
+    and the suspect records, by node id (Ray's KV store: one listing and one read for all,
+    so a cluster with none costs one call; the free keys are only listed, never read).
 
     A notice more than :data:`~tpuslice._host.notices.STALE_S` past its deadline is deleted:
     its host died (its agent with it) or was replaced, and nobody else would. So is a
@@ -662,9 +729,13 @@ def recorded_notes(now: float | None = None) -> HostNotes:
     """
     owners: dict[str, TPUOwner] = {}
     notices: dict[str, Notice] = {}
+    listed = _ray.kv_list(HOST_KEY_PREFIX, NAMESPACE)
+    seen_free = frozenset(
+        key.removeprefix(FREE_KEY_PREFIX) for key in listed if key.startswith(FREE_KEY_PREFIX)
+    )
     keys = [
         key
-        for key in _ray.kv_list(HOST_KEY_PREFIX, NAMESPACE)
+        for key in listed
         if key.startswith(
             (OWNER_KEY_PREFIX, NOTICE_KEY_PREFIX, SUSPECT_KEY_PREFIX, PREEMPT_KEY_PREFIX)
         )
@@ -694,7 +765,7 @@ def recorded_notes(now: float | None = None) -> HostNotes:
         # Both the host's own and the queue's may stand: the sooner one is what matters.
         if standing is None or notice.deadline < standing.deadline:
             notices[node] = notice
-    return HostNotes(owners, notices, suspects)
+    return HostNotes(owners, notices, suspects, seen_free)
 
 
 def notices_for(node_ids: Sequence[str]) -> dict[str, Notice]:

@@ -695,14 +695,18 @@ class Reserver:
         """Ask the hosts of slices just picked who owns their TPUs, without waiting for
         the answers (:meth:`_free_of_owners` does). Called once their groups are
         created, so that the asks (for a fresh driver, first a lookup of each host's
-        agent) go while Ray places the groups rather than before."""
-        if not claims:
+        agent) go while Ray places the groups rather than before. A host whose agent,
+        as the cluster read found, last saw its TPU free is not asked: the agent looks
+        every half second, and an answer would only repeat that."""
+        asked = [
+            h.node_id
+            for claim in claims
+            for h in claim.target.hosts.values()
+            if not h.tpu_seen_free
+        ]
+        if not asked:
             return
-        probe = functools.cache(
-            self.ops.start_owner_probe(
-                [h.node_id for claim in claims for h in claim.target.hosts.values()]
-            )
-        )
+        probe = functools.cache(self.ops.start_owner_probe(asked))
         for claim in claims:
             claim.owners = probe
 

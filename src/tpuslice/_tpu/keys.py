@@ -15,6 +15,9 @@ NOTICE_KEY_PREFIX = "tpu-notice/"
 SUSPECT_KEY_PREFIX = "tpu-suspect/"
 """``tpu-suspect/<node id>``: the host failed a run lately (hang, host failure, worker crash,
 health check) and is avoided until the record's cool-down ends (whoever saw it writes it)."""
+FREE_KEY_PREFIX = "tpu-free/"
+"""``tpu-free/<node id>``: present while the host's agent, which looks every half second,
+last saw its TPU free (its agent writes and deletes it; only the key is read)."""
 HOST_KEY_PREFIX = "tpu-"
 """What every host record above starts with, so one listing reads every host's records."""
 SUSPECT_COOLDOWN_KEY = "suspect-cooldown-s"

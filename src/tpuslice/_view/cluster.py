@@ -15,7 +15,7 @@ import enum
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -92,6 +92,8 @@ class HostInfo(NamedTuple):
             say it is free (a process outside Ray, or a leftover, holds the TPU).
         notice: The preemption or maintenance notice its metadata server gave, if any.
         suspect: Its live suspect record, if it failed a run lately.
+        tpu_seen_free: Whether its TPU agent, which looks every half second, last saw
+            the TPU free (and no owner is recorded): a reservation need not ask it.
     """
 
     node_id: str
@@ -106,6 +108,7 @@ class HostInfo(NamedTuple):
     tpu_owner: str | None = None
     notice: Notice | None = None
     suspect: Suspect | None = None
+    tpu_seen_free: bool = False
 
     @property
     def state(self) -> HostState:
@@ -345,6 +348,7 @@ def build_snapshot(
     tpu_owners: Mapping[str, str] | None = None,
     notices: Mapping[str, Notice] | None = None,
     suspects: Mapping[str, Suspect] | None = None,
+    tpu_seen_free: Collection[str] = (),
 ) -> ClusterSnapshot:
     """Group TPU nodes into slices and classify each. Pure; linear in the node count.
 
@@ -362,6 +366,8 @@ def build_snapshot(
             slice is :attr:`SliceState.NOTICE` unless broken.
         suspects: Per node id, its suspect record; one still live at ``taken_at`` makes
             its slice :attr:`SliceState.SUSPECT` unless broken or under notice.
+        tpu_seen_free: The node ids whose agent last saw the TPU free; ignored for a
+            node with an owner in ``tpu_owners``.
 
     Returns:
         Every TPU slice, each classified; nodes that do not add up make a slice broken,
@@ -377,6 +383,7 @@ def build_snapshot(
         tpu_owners or {},
         notices or {},
         {node: s for node, s in (suspects or {}).items() if s.live(now)},
+        frozenset(tpu_seen_free),
     )
     slices = {
         name: _classify(name, members, available, tpu_resource_per_chip, notes, now)
@@ -415,11 +422,13 @@ def _slice_key(node: NodeRecord) -> str | None:
 
 
 class _Notes(NamedTuple):
-    """What the KV store says of the hosts, by node id: owners, notices, live suspects."""
+    """What the KV store says of the hosts, by node id: owners, notices, live suspects, and
+    the hosts whose agent last saw the TPU free."""
 
     owners: Mapping[str, str]
     notices: Mapping[str, Notice]
     suspects: Mapping[str, Suspect]
+    seen_free: frozenset[str]
 
 
 def _host(
@@ -457,6 +466,7 @@ def _host(
         owner,
         notice,
         suspect,
+        owner is None and node_id in notes.seen_free,
     )
 
 
@@ -697,6 +707,7 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
         tpu_owners=owners,
         notices=notes.notices,
         suspects=notes.suspects,
+        tpu_seen_free=notes.seen_free,
     )
     return dataclasses.replace(snapshot, queue=queue, quotas=quotas.result())
 

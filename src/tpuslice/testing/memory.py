@@ -194,6 +194,9 @@ class InMemoryCluster:
         """Node id -> the process owning its TPU, as the hosts' agents would see it."""
         self.recorded_owners: dict[str, str] = {}
         """What the agents last recorded (the cluster view reads this)."""
+        self.seen_free: set[str] = set()
+        """Node ids whose agents last saw the TPU free and said so (``tpu-free/`` keys);
+        none by default, so that every reservation asks its hosts."""
         self.suspects: dict[str, Suspect] = {}
         """Node id -> its suspect record, as written to the KV store (the view reads it)."""
         self.notices: dict[str, Notice] = {}
@@ -623,6 +626,7 @@ class InMemoryCluster:
             tpu_owners=self.recorded_owners,
             notices=self.notices,
             suspects=self.suspects,
+            tpu_seen_free=self.seen_free,
         )
         if self.queue is None:
             return snapshot

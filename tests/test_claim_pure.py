@@ -40,6 +40,19 @@ def worker_nodes(cluster: InMemoryCluster, reservation: claim.Reservation) -> li
     return [cluster.bundle_node(group, i) or "" for i in range(len(group.bundle_specs))]
 
 
+def record_asks(cluster: InMemoryCluster) -> list[list[str]]:
+    """The hosts of each owner ask the cluster gets from now on, in order."""
+    asked: list[list[str]] = []
+    probe = cluster.start_owner_probe
+
+    def start(node_ids: Any) -> Any:
+        asked.append(list(node_ids))
+        return probe(node_ids)
+
+    cluster.start_owner_probe = start  # type: ignore[method-assign]
+    return asked
+
+
 def heads_at(group: MemoryGroup) -> list[int]:
     """The bundles of a group that ask for the slice's head resource."""
     return [i for i, bundle in enumerate(group.bundles) if HEAD in bundle]
@@ -129,19 +142,43 @@ def test_hosts_their_agents_saw_free_are_not_asked() -> None:
     cluster = InMemoryCluster([("v6e", "4x4", 3)])
     cluster.seen_free.update(cluster.slice_hosts["v6e-16-0"])
     cluster.tpu_owners["v6e-16-1/2"] = "pid 77 (python train.py)"
-    asked: list[list[str]] = []
-    probe = cluster.start_owner_probe
-
-    def start(node_ids: Any) -> Any:
-        asked.append(list(node_ids))
-        return probe(node_ids)
-
-    cluster.start_owner_probe = start  # type: ignore[method-assign]
+    asked = record_asks(cluster)
     reservation = reserver(cluster, num_slices=2).run()
     assert sorted(names(reservation)) == ["v6e-16-0", "v6e-16-2"]
     # The first round asked only the hosts nobody vouched for; the retry only the new pick.
     assert asked[0] == cluster.slice_hosts["v6e-16-1"]
     assert asked[1:] == [cluster.slice_hosts["v6e-16-2"]]
+
+
+def test_a_slice_picked_rounds_ago_is_judged_by_the_latest_read() -> None:
+    """Without the queue, a reservation of two slices holds its first pick while it
+    waits for a second. A process that takes a TPU of the first meanwhile withdraws
+    that host's free key: the host is asked once the groups are made, found owned, and
+    its slice given back, rather than spared on the strength of the read it was picked
+    on."""
+    cluster = InMemoryCluster([("v6e", "4x4", 3)])
+    cluster.seen_free.update(n for hosts in cluster.slice_hosts.values() for n in hosts)
+    second = [cluster.take("v6e-16-1", w, {"TPU": 4}) for w in range(4)]
+    third = [cluster.take("v6e-16-2", w, {"TPU": 4}) for w in range(4)]
+    cluster.script("sleep", 1, lambda: cluster.own_tpu("v6e-16-0", 1, "pid 9 (python nb.py)"))
+    cluster.script("sleep", 2, lambda: [cluster.remove_group(g) for g in second])
+    cluster.script("sleep", 3, lambda: [cluster.remove_group(g) for g in third])
+    asked = record_asks(cluster)
+    reservation = reserver(cluster, num_slices=2, head_reservation_timeout_s=60).run()
+    assert sorted(names(reservation)) == ["v6e-16-1", "v6e-16-2"]
+    assert asked == [["v6e-16-0/1"]]
+
+
+def test_a_read_older_than_the_trust_bound_spares_no_host() -> None:
+    """Every host vouched free, but the groups are made long after the read: every
+    host is asked."""
+    cluster = InMemoryCluster([("v6e", "4x4", 1)])
+    hosts = cluster.slice_hosts["v6e-16-0"]
+    cluster.seen_free.update(hosts)
+    cluster.script("create_group", 1, lambda: cluster.clock.sleep(claim.FREE_KEY_TRUST_S + 1))
+    asked = record_asks(cluster)
+    reserver(cluster, num_slices=1).run()
+    assert asked == [hosts]
 
 
 def test_no_host_is_asked_when_every_agent_saw_its_tpu_free() -> None:

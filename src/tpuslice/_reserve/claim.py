@@ -66,6 +66,11 @@ keep the autoscaler's demand)."""
 QUEUE_GRACE_S = 20.0
 """How long a queued reservation keeps asking a queue that stopped answering (Ray
 restarts a dead queue in a few seconds) before it claims directly instead."""
+FREE_KEY_TRUST_S = 1.0
+"""How old a cluster read may be for the agents' free keys it listed to spare their hosts
+the owner ask. An agent looks at its TPU every half second and withdraws its key when it
+finds an owner; a read older than this could miss a process that took the TPU since, so
+those hosts are asked instead."""
 PROGRESS_S = 10.0
 """While queued, how long the queue may hold one ask; then the log says where the
 reservation stands, and it asks again."""
@@ -341,10 +346,14 @@ class Reserver:
         self.targets: Targets = targets or WholeSlices(request.plan, self.low, self.time_left)
         self.claims: dict[int, Claim] = {}
         self.in_flight: list[PlacementGroup] = []
+        """Groups created but not yet recorded in a claim: removed too if we stop."""
         self.unasked: list[Claim] = []
         """Slices picked whose hosts are not asked yet who owns their TPUs (asked once
         their worker groups are created)."""
-        """Groups created but not yet recorded in a claim: removed too if we stop."""
+        self._seen_free: frozenset[str] = frozenset()
+        """The hosts the latest read (or grant) listed as seen free by their agents."""
+        self._seen_free_at = float("-inf")
+        """When that read was taken (on :attr:`clock`)."""
         self._next_reprobe = 0.0
         self.demand: AutoscalerDemand | None = None
         self._can_grow: bool | None = None
@@ -405,10 +414,12 @@ class Reserver:
                         granted = self._wait_for_grant(deadline, started)
                     finally:
                         self.waited_s += self.clock.now() - waiting_since
+                read_at = self.clock.now()
                 if granted is not None and granted.view:
                     snapshot = ClusterSnapshot({s.name: s for s in granted.view})
                 else:
                     snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
+                self._note_seen_free(snapshot, read_at)
                 snapshot = self.targets.prepare(snapshot)
                 if isinstance(self.targets, WholeSlices):
                     snapshot = CLAIMS_HERE.hide(snapshot, self, self.clock.now())
@@ -696,19 +707,34 @@ class Reserver:
         the answers (:meth:`_free_of_owners` does). Called once their groups are
         created, so that the asks (for a fresh driver, first a lookup of each host's
         agent) go while Ray places the groups rather than before. A host whose agent,
-        as the cluster read found, last saw its TPU free is not asked: the agent looks
-        every half second, and an answer would only repeat that."""
+        as the latest cluster read found, last saw its TPU free is not asked: the agent
+        looks every half second, and an answer would only repeat that. The latest read,
+        not the one the slice was picked on: a multi-slice reservation without the queue
+        may have picked some slices rounds ago, and a process may have taken a TPU since.
+        A read older than :data:`FREE_KEY_TRUST_S` spares no host."""
+        trusted = (
+            self._seen_free
+            if self.clock.now() - self._seen_free_at <= FREE_KEY_TRUST_S
+            else frozenset()
+        )
         asked = [
             h.node_id
             for claim in claims
             for h in claim.target.hosts.values()
-            if not h.tpu_seen_free
+            if h.node_id not in trusted
         ]
         if not asked:
             return
         probe = functools.cache(self.ops.start_owner_probe(asked))
         for claim in claims:
             claim.owners = probe
+
+    def _note_seen_free(self, snapshot: ClusterSnapshot, read_at: float) -> None:
+        """Keep which hosts this read lists as seen free by their agents, and when."""
+        self._seen_free = frozenset(
+            h.node_id for s in snapshot.slices.values() for h in s.hosts.values() if h.tpu_seen_free
+        )
+        self._seen_free_at = read_at
 
     def _free_of_owners(self, reservation: Reservation) -> bool:
         """Whether no host of the placed reservation has its TPU owned by a process (the

@@ -562,6 +562,11 @@ class InMemoryCluster:
     def own_tpu(self, slice_name: str, worker_id: int, owner: str | None) -> None:
         """A process takes that host's TPU (``owner`` describes it); ``None``: it exits.
 
+        A taken TPU's host is no longer listed as seen free, as its agent withdraws its
+        ``tpu-free/`` key at its next look. It is not listed again when the process
+        exits (an agent would put its key back at its next look): add it to
+        :attr:`seen_free` for that.
+
         Args:
             slice_name: The host's slice.
             worker_id: Its TPU worker id.
@@ -572,6 +577,7 @@ class InMemoryCluster:
             self.tpu_owners.pop(node_id, None)
         else:
             self.tpu_owners[node_id] = owner
+            self.seen_free.discard(node_id)
 
     # --- internals -----------------------------------------------------------------------
 

@@ -643,7 +643,8 @@ def _state(
 def as_freed(info: SliceInfo, now: float | None = None) -> SliceInfo | None:
     """The slice as a hand-back that saw it free leaves it: every host's ``TPU`` and head
     resource free, and the queue's notice gone (it only warned the work that has now
-    left).
+    left). No host is vouched free by its agent: the read is older than the hand-back,
+    and a process may have taken a TPU since, so the claimant asks.
 
     Args:
         info: The slice as last read, while its work held it.
@@ -659,6 +660,7 @@ def as_freed(info: SliceInfo, now: float | None = None) -> SliceInfo | None:
             tpu_available=host.tpu_total,
             head_free=None if host.head_free is None else True,
             notice=None if given_by_queue(host.notice) else host.notice,
+            tpu_seen_free=False,
         )
         for worker, host in info.hosts.items()
     }
@@ -675,7 +677,8 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     """Read the connected cluster: one available-resources call (``ray.nodes()`` too
     when the set of alive nodes changed), and, alongside, the TPU owners and notices the
     hosts' agents recorded (:mod:`tpuslice._host.agent`), the suspect hosts
-    (:mod:`tpuslice._host.suspects`) and the queue's record from Ray's KV store.
+    (:mod:`tpuslice._host.suspects`) and the queue's record from Ray's KV store. A dead
+    node's ``tpu-free/`` key found on the way is deleted, in the background.
 
     Args:
         tpu_resource_per_chip: The cluster's ``TPU`` units per chip; ``None`` reads
@@ -690,7 +693,10 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
     # The KV read goes through another GCS client than the node and resource reads, so
     # it runs alongside them (they share one client and would only queue behind it).
-    from tpuslice._host.agent import recorded_notes  # agent.py builds on this module's siblings
+    from tpuslice._host.agent import (  # agent.py builds on this module's siblings
+        forget_free_keys,
+        recorded_notes,
+    )
 
     recorded = SNAPSHOT_READS.kv_reader.submit(recorded_notes)
     queued = SNAPSHOT_READS.kv_reader.submit(read_queue_record)
@@ -698,6 +704,9 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     available = _ray.available_resources_per_node()
     nodes = SNAPSHOT_READS.node_records(available)
     notes = recorded.result()
+    dead = [n["NodeID"] for n in nodes if not n.get("Alive") and n.get("NodeID") in notes.seen_free]
+    if dead:  # off the read's path: a dead node's key only costs a listing
+        SNAPSHOT_READS.kv_reader.submit(forget_free_keys, dead)
     owners = {node: owner.describe() for node, owner in notes.owners.items()}
     queue = queued.result()
     snapshot = build_snapshot(

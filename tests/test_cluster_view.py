@@ -11,6 +11,7 @@ available map, as in ``ray._private.state.available_resources_per_node()``.
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from tpuslice._view.cluster import (
     SliceInfo,
     SliceState,
     build_snapshot,
+    read_snapshot,
 )
 from tpuslice._view.slices import (
     get_num_ready_tpu_slices,
@@ -633,3 +635,26 @@ def test_a_host_is_seen_free_only_while_no_owner_is_recorded_for_it() -> None:
     [info] = snap.slices.values()
     seen = {h.node_id: h.tpu_seen_free for h in info.hosts.values()}
     assert seen == {ids[0]: True, ids[1]: False, ids[2]: False, ids[3]: False}
+
+
+def test_a_read_deletes_the_free_keys_of_dead_nodes_and_no_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dead node's agent died with it, and a node that comes back has a new id: its
+    key would stay forever. A live node's key is left alone."""
+    nodes = v6e_4x4("v6e-16-gone")
+    nodes[1], nodes[2] = killed(nodes[1]), killed(nodes[2])
+    ids = [str(n["NodeID"]) for n in nodes]
+    store = {f"tpu-free/{ids[0]}": b"1", f"tpu-free/{ids[1]}": b"1"}
+    deleted: list[str] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(_ray, "available_resources_per_node", lambda: idle(nodes))
+    monkeypatch.setattr(_ray, "kv_list", lambda prefix, ns: sorted(store))
+    monkeypatch.setattr(_ray, "kv_get_many", lambda keys, ns: {})
+    monkeypatch.setattr(_ray, "kv_delete", lambda key, ns, prefix=False: deleted.append(key))
+    read_snapshot(1)
+    deadline = time.monotonic() + 10
+    while not deleted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert deleted == [f"tpu-free/{ids[1]}"]

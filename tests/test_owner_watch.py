@@ -179,13 +179,18 @@ def test_a_new_agent_deletes_an_earlier_agents_record_once_the_tpu_is_free(
 
 
 class Keys:
-    """Writes of one host's free key."""
+    """Writes of one host's free key, on a clock the test moves."""
 
     def __init__(self) -> None:
         self.writes: list[str] = []
+        self.now = 1000.0
 
     def key(self) -> agent.FreeKey:
-        return agent.FreeKey(lambda: self.writes.append("show"), lambda: self.writes.append("hide"))
+        return agent.FreeKey(
+            lambda: self.writes.append("show"),
+            lambda: self.writes.append("hide"),
+            clock=lambda: self.now,
+        )
 
 
 def test_the_free_key_is_written_once_per_change_and_first_whatever_it_says() -> None:
@@ -196,6 +201,24 @@ def test_the_free_key_is_written_once_per_change_and_first_whatever_it_says() ->
     for free in (False, False, True, True, True, False):
         key.set(free)
     assert keys.writes == ["hide", "show", "hide"]
+
+
+def test_a_free_key_is_put_again_now_and_then_while_the_tpu_stays_free() -> None:
+    """A key lost while the TPU stays free (a GCS restarted without its store) must come
+    back without a change to trigger it; a hidden key is not deleted again."""
+    keys = Keys()
+    key = keys.key()
+    key.set(True)
+    keys.now += agent.FREE_RENEW_S / 2
+    key.set(True)
+    assert keys.writes == ["show"]
+    keys.now += agent.FREE_RENEW_S / 2
+    key.set(True)
+    assert keys.writes == ["show", "show"]
+    key.set(False)
+    keys.now += 3 * agent.FREE_RENEW_S
+    key.set(False)
+    assert keys.writes == ["show", "show", "hide"]
 
 
 def test_a_look_at_the_lock_shows_the_key_while_free_and_hides_it_once_held(
@@ -255,3 +278,5 @@ def test_the_cluster_read_lists_the_free_keys_without_reading_them(
     assert notes.seen_free == {"n1", "n2"}
     assert set(notes.owners) == {"n3"}
     assert read == [["tpu-owner/n3"]]
+    # Their agents wrote the keys, so they are up: an ask of one is waited for.
+    assert agent.AGENTS.is_up("n1") and agent.AGENTS.is_up("n2")

@@ -26,7 +26,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -82,8 +82,12 @@ WATCH_S = 0.5
 """How often a host's agent looks at libtpu's lock while no owner is recorded, to keep
 its ``tpu-free/`` key true. A reservation does not ask a host whose key the cluster read
 found (:meth:`tpuslice._reserve.claim.Reserver._ask_owners`), so a process outside Ray
-that takes the TPU is missed for at most this long plus the read's age; it is then met by
+that takes the TPU is missed for at most this long plus the read's age (at most
+:data:`~tpuslice._reserve.claim.FREE_KEY_TRUST_S`); it is then met by
 the first call, a TPUInUseError naming it, as for a host this driver saw free lately."""
+FREE_RENEW_S = 30.0
+"""How often a host's agent puts its ``tpu-free/`` key again while the TPU stays free
+(one KV write per host per this long), in case the key was lost."""
 OWNER_RECHECK_S = 2.0
 """While a TPU owner is recorded for a host, how often its agent looks whether that
 process still holds the TPU: the record of one that exited must not keep the slice busy
@@ -159,20 +163,32 @@ class OwnerWatch:
 
 class FreeKey:
     """A host's ``tpu-free/<node id>`` key: present while its agent last saw the TPU free.
-    Written only when what it says changes (a put or a delete per change, none per look).
-    Not thread-safe: the agent calls it under its record lock.
+    Written when what it says changes (a put or a delete per change, none per look), and
+    put again every :data:`FREE_RENEW_S` while free, so that a key lost meanwhile (a GCS
+    restarted without a persistent store, or deleted as a dead node's by a cluster read
+    that raced this node's join) comes back. Not thread-safe: the agent calls it under its
+    record lock.
 
     Args:
         show: Writes the key.
         hide: Deletes it.
+        clock: Monotonic seconds.
     """
 
-    def __init__(self, show: Callable[[], object], hide: Callable[[], object]) -> None:
+    def __init__(
+        self,
+        show: Callable[[], object],
+        hide: Callable[[], object],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._show = show
         self._hide = hide
+        self._clock = clock
         self._free: bool | None = None
         """What the key says now; unknown at first, since an earlier agent of this host
         (one Ray restarted) may have left it either way."""
+        self._shown_at = 0.0
 
     def set(self, free: bool) -> None:
         """Make the key say whether the TPU is free.
@@ -180,10 +196,12 @@ class FreeKey:
         Args:
             free: Whether it is.
         """
-        if self._free is free:
+        now = self._clock()
+        if self._free is free and not (free and now - self._shown_at >= FREE_RENEW_S):
             return
         if free:
             self._show()
+            self._shown_at = now
         else:
             self._hide()
         self._free = free
@@ -504,6 +522,15 @@ class Agents:
         else:
             self._free_at.pop(node_id, None)
 
+    def vouched(self, node_ids: Collection[str]) -> None:
+        """Remember that these nodes' agents are up: each wrote its ``tpu-free/`` key,
+        so an ask of one that is slow to answer is waited for, not taken as free.
+
+        Args:
+            node_ids: The nodes whose keys a cluster read listed.
+        """
+        self._up.update(node_ids)
+
     def is_up(self, node_id: str) -> bool:
         """Whether the node's agent has answered this process.
 
@@ -733,6 +760,7 @@ def recorded_notes(now: float | None = None) -> HostNotes:
     seen_free = frozenset(
         key.removeprefix(FREE_KEY_PREFIX) for key in listed if key.startswith(FREE_KEY_PREFIX)
     )
+    AGENTS.vouched(seen_free)
     keys = [
         key
         for key in listed
@@ -766,6 +794,17 @@ def recorded_notes(now: float | None = None) -> HostNotes:
         if standing is None or notice.deadline < standing.deadline:
             notices[node] = notice
     return HostNotes(owners, notices, suspects, seen_free)
+
+
+def forget_free_keys(node_ids: Sequence[str]) -> None:
+    """Delete the ``tpu-free/`` keys of these nodes, which Ray lists as dead: their
+    agents died with them, and nothing else would (a node that comes back has a new id).
+
+    Args:
+        node_ids: The dead nodes.
+    """
+    for node in node_ids:
+        _ray.kv_delete(FREE_KEY_PREFIX + node, NAMESPACE)
 
 
 def notices_for(node_ids: Sequence[str]) -> dict[str, Notice]:

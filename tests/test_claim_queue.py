@@ -440,3 +440,29 @@ def test_a_requeue_keeps_the_place_against_a_decision_between_its_calls() -> Non
     place.requeue()
     assert isinstance(queue.poll("later"), Waiting)
     assert place.wait(0.0) == Granted(("v6e-16-0",))
+
+
+def test_a_request_that_lost_a_race_for_an_idle_slice_queues_in_the_order_asked() -> None:
+    """The request sees an idle slice and claims it directly; while its group is placed,
+    someone who does not queue takes a host of that slice, and another request reaches
+    the queue. Having lost, ours queues too: ahead of the other, which was asked for
+    after it, and it is granted the next slice handed back."""
+    cluster = queued_cluster(2)
+    busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
+
+    def lose_the_race() -> None:
+        cluster.take("v6e-16-0", 2, {"TPU": 4})
+        queue_of(cluster).enqueue(other("asked-later"))
+
+    cluster.script("create_group", 1, lose_the_race)
+    order: list[list[str]] = []
+
+    def free_the_busy_slice() -> None:
+        order.append(tickets(cluster))
+        cluster.remove_group(busy)
+
+    cluster.script("sleep", 12, free_the_busy_slice)
+    reservation = reserver(cluster, head_reservation_timeout_s=30).run()
+    assert names(reservation) == ["v6e-16-1"]
+    assert len(order) == 1 and order[0][1:] == ["asked-later"]  # ours was first in line
+    assert tickets(cluster) == ["asked-later"]

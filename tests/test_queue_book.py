@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from tpuslice._queue.book import Granted, Never, QueueBook, Unknown, Waiting
+from tpuslice._queue.book import ASKED_MAX_S, Granted, Never, QueueBook, Unknown, Waiting
 from tpuslice._queue.schedule import Holding, Waiter
 from tpuslice.errors import InvalidArgumentError
 
@@ -233,3 +233,38 @@ def test_a_claimed_slice_waits_for_a_holder_record_only_from_work_that_writes_on
     assert book.decide({KIND: ["s2"]}, [Holding(KIND, 3)], recorded={"s2"}) == {}  # shown idle
     assert book.decide({KIND: []}, [Holding(KIND, 4)], recorded={"s2"}) == {}
     assert book.decide({KIND: ["s2"]}, [Holding(KIND, 3)], recorded={"s2"}) == {"last": ("s2",)}
+
+
+def test_a_ticket_asked_for_earlier_goes_ahead_of_one_that_reached_the_queue_first(
+    book: QueueBook,
+) -> None:
+    """Its reservation spent 0.3 s reading the cluster and losing a race for an idle
+    slice; the other was asked for and queued meanwhile."""
+    book.enqueue(want("queued-first"))
+    book.enqueue(want("asked-first"), asked_s=0.3)
+    assert [w.ticket for w, _, _ in book.tickets()] == ["asked-first", "queued-first"]
+    assert book.decide({KIND: ["s1"]}) == {"asked-first": ("s1",)}
+
+
+def test_a_ticket_is_numbered_earlier_by_a_bounded_time(clock: Clock) -> None:
+    """A driver that says it was asked 100 s ago does not go ahead of a ticket that has
+    waited in the queue for longer than the bound."""
+    stamp = Stamp()
+    book = QueueBook(clock, stamp)
+    book.enqueue(want("waiting"))
+    stamp.now += round((ASKED_MAX_S + 1) * 1e9)
+    book.enqueue(want("says-100-s"), asked_s=100.0)
+    stamp.now += 1
+    book.enqueue(want("says-half-the-bound"), asked_s=ASKED_MAX_S / 2)
+    order = [w.ticket for w, _, _ in book.tickets()]
+    assert order == ["waiting", "says-100-s", "says-half-the-bound"]
+
+
+def test_tickets_asked_for_at_the_same_instant_keep_distinct_numbers() -> None:
+    class Frozen:
+        def __call__(self) -> int:
+            return 5_000_000_000
+
+    book = QueueBook(Clock(), Frozen())
+    numbers = {book.enqueue(want(name), asked_s=1.0) for name in ("a", "b", "c")}
+    assert len(numbers) == 3

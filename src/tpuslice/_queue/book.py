@@ -37,6 +37,12 @@ queue learns of a dead driver sooner, from Ray's job table)."""
 REJOIN_S = 5.0
 """How long a restarted queue keeps the place of a ticket it had, for its driver to come
 back (drivers poll every 50 ms, and keep trying a queue that does not answer)."""
+ASKED_MAX_S = 10.0
+"""How much earlier than it reached the queue a new ticket's arrival may be numbered, for
+the time its reservation spent before queueing (:attr:`Ticket.asked_s
+<tpuslice._queue.service.Ticket>`). That time is a read of the cluster and a lost race
+for idle slices, or a queue still starting; the bound keeps a driver that says more from
+going ahead of waiters that queued long before it."""
 SETTLE_S = 2.0
 """After a grant is claimed, its slices may still show idle in the cluster's resource view
 for a moment; they are kept out of the idle ones until they show in use, or this long."""
@@ -122,13 +128,19 @@ class QueueBook:
     preemptions: dict[str, Preemption] = field(default_factory=dict)
     """Holder -> the preemption the last decision chose (new ones only)."""
 
-    def enqueue(self, waiter: Waiter, who: str = "", *, arrival: int | None = None) -> int:
+    def enqueue(
+        self, waiter: Waiter, who: str = "", *, arrival: int | None = None, asked_s: float = 0.0
+    ) -> int:
         """Add a ticket (again, after a restart, with ``arrival`` to keep its place).
 
         Args:
             waiter: The request (its ``arrival`` is replaced).
             who: The driver or job, for status.
             arrival: Its original arrival number, if it had one.
+            asked_s: Without ``arrival``: how long ago its reservation was asked for. Its
+                number is that much earlier than now, by at most :data:`ASKED_MAX_S`, and
+                then ahead of tickets that reached the queue first but were asked for
+                later.
 
         Returns:
             Its arrival number.
@@ -140,7 +152,15 @@ class QueueBook:
         kept = self._entries.get(waiter.ticket)
         if kept is not None and not kept.rejoining:
             raise InvalidArgumentError(f"ticket {waiter.ticket} is already queued")
-        number = max(self.stamp(), self._latest + 1) if arrival is None else arrival
+        if arrival is not None:
+            number = arrival
+        elif asked_s > 0:
+            number = self.stamp() - round(min(asked_s, ASKED_MAX_S) * 1e9)
+            taken = {e.waiter.arrival for e in self._entries.values()}
+            while number in taken:  # distinct numbers keep the order total
+                number -= 1
+        else:
+            number = max(self.stamp(), self._latest + 1)
         self._latest = max(self._latest, number)
         entry = _Entry(replace(waiter, arrival=number), who, self.clock())
         if kept is not None:

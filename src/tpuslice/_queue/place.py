@@ -44,6 +44,8 @@ class QueuePlace:
             first answer gives it one).
         time_left: Seconds to the request's deadline, now (``None``: it has none); sent
             with each enqueue.
+        asked: Seconds since the reservation was asked for, now; sent with each enqueue
+            (the queue uses it only for a ticket with no arrival number yet).
     """
 
     def __init__(
@@ -57,9 +59,11 @@ class QueuePlace:
         tenant: str = "",
         preemptible: bool = False,
         arrival: int | None = None,
+        asked: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.queue = queue
         self.time_left = time_left
+        self.asked = asked
         self.ticket = Ticket(
             ticket=uuid.uuid4().hex[:12],
             kind=kind,
@@ -79,7 +83,7 @@ class QueuePlace:
         Raises:
             QueueUnreachableError: the queue did not answer.
         """
-        self.ticket = replace(self.ticket, time_left_s=self.time_left())
+        self.ticket = replace(self.ticket, time_left_s=self.time_left(), asked_s=self.asked())
         self.arrival = self.queue.enqueue(self.ticket, self.arrival)
 
     def wait(self, timeout_s: float) -> Answer:

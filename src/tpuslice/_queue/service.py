@@ -90,6 +90,12 @@ class Ticket:
             granted a suspect slice (:func:`~tpuslice._queue.schedule.last_resort`).
         tenant: Whom it is charged to (``""``: none named).
         preemptible: Whether its work may be preempted once it runs.
+        asked_s: Seconds since the reservation was asked for, as it is sent (its read of
+            the cluster and any race for idle slices it lost before it queued). The
+            queue numbers its arrival that much earlier (see
+            :data:`~tpuslice._queue.book.ASKED_MAX_S`), so reservations asked for at
+            about the same time queue in the order they were asked for, not in the order
+            they reached the queue. A duration, so the clocks need not agree.
     """
 
     ticket: str
@@ -101,6 +107,7 @@ class Ticket:
     time_left_s: float | None = None
     tenant: str = ""
     preemptible: bool = False
+    asked_s: float = 0.0
 
 
 class SliceQueue(Protocol):
@@ -301,7 +308,7 @@ class QueueService:
             tenant=ticket.tenant,
             preemptible=ticket.preemptible,
         )
-        number = self.book.enqueue(waiter, ticket.who, arrival=arrival)
+        number = self.book.enqueue(waiter, ticket.who, arrival=arrival, asked_s=ticket.asked_s)
         self._tickets[ticket.ticket] = ticket
         self._kinds.setdefault(ticket.kind.key, ticket.kind)
         self._changed = True

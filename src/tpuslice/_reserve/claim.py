@@ -343,6 +343,8 @@ class Reserver:
         is for ``high`` until the count is fixed (:meth:`_fix_count`)."""
         self.deadline: float | None = None
         """When the reservation gives up (on :attr:`clock`), once it runs."""
+        self.started = 0.0
+        """When it began to run (on :attr:`clock`): its queue ticket says how long ago."""
         self.targets: Targets = targets or WholeSlices(request.plan, self.low, self.time_left)
         self.claims: dict[int, Claim] = {}
         self.in_flight: list[PlacementGroup] = []
@@ -402,6 +404,7 @@ class Reserver:
             KeyboardInterrupt: as raised; like every error, after all groups are removed.
         """
         started = self.clock.now()
+        self.started = started
         deadline = None if self.timeout is None else started + self.timeout
         self.deadline = deadline
         pause = POLL_S[0]
@@ -546,6 +549,7 @@ class Reserver:
             tenant=self.request.tenant or "",
             preemptible=self.request.preemptible,
             arrival=self.request.arrival_ns,
+            asked=lambda: self.clock.now() - self.started,
         )
         try:
             place.join()

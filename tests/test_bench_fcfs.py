@@ -68,3 +68,29 @@ def test_a_drivers_jobs_after_a_failed_one_are_left_out() -> None:
     failed = Job(0, 0, 1, 0.0, error="boom")
     jobs = [failed, ran(0, 1, 1, 1.0, 1.0, 3.0), ran(1, 0, 1, 0.0, 0.0, 2.0)]
     assert set(bench.fcfs_replay(jobs)) == {(1, 0)}
+
+
+def test_jobs_submitted_within_the_tie_window_are_taken_in_the_order_they_started() -> None:
+    """Five jobs submitted within 6 ms on four slices: the first submitted lost the race
+    and started last, when a slice came back. Strict FCFS cannot order submits that
+    close, so the replay keeps the run's order: that job waits for the first end."""
+    jobs = [
+        ran(0, 0, 1, 0.000, 2.5, 4.5),
+        *(ran(d, 0, 1, 0.002 + d / 1000, 0.3, 2.5) for d in range(1, 5)),
+    ]
+    waits = bench.fcfs_replay(jobs)
+    assert waits[0, 0] == pytest.approx(2.203)
+    assert [waits[d, 0] for d in range(1, 5)] == [0.0] * 4
+    assert bench.beyond_fcfs(jobs)[0] == pytest.approx(0.297)
+
+
+def test_a_job_submitted_outside_the_tie_window_keeps_its_place() -> None:
+    """Submitted 0.2 s before the others, a job that started after them is still owed
+    the first slice: its replay wait is 0 and its real wait counts in full."""
+    jobs = [
+        ran(0, 0, 1, 0.0, 2.5, 4.5),
+        *(ran(d, 0, 1, 0.2, 0.3, 2.5) for d in range(1, 5)),
+    ]
+    waits = bench.fcfs_replay(jobs)
+    assert waits[0, 0] == 0.0
+    assert bench.beyond_fcfs(jobs)[0] == pytest.approx(2.5)

@@ -8,7 +8,11 @@ One SimulatedCluster of 4 slices of v6e 4x4 (16 simulated TPU VMs). Six driver p
 start together; each runs ``--jobs`` (3) one-shot jobs in a row, each job holding its
 slice(s) for ``--hold`` seconds (a task per host that sleeps). Four drivers ask for 1
 slice per job, two for 2. Library defaults throughout (a job that fails ends its driver,
-as a user's script would stop). Paths, one after the other on the same cluster:
+as a user's script would stop). A driver done with its jobs stays connected until every
+driver is done: a driver's exit has Ray stop its worker process on each of the 16 hosts,
+which here share 2 cores (on TPU VMs each host stops its own), and that load would
+otherwise fall on the hand-backs and grants of the jobs still running. Paths, one after
+the other on the same cluster:
 
 - ``ours``: ``tpuslice.run_on_slice`` (the queue grants slices; drivers wait in it).
 - ``ours-fresh``: the same, as the first work on the freshly started cluster, so
@@ -63,6 +67,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -523,6 +528,16 @@ def child_main(args: argparse.Namespace) -> None:
     while any(j.reserved and not j.back_end for j in jobs) and time.time() < deadline:
         time.sleep(0.01)
     print(json.dumps([asdict(j) for j in jobs]), flush=True)
+    sys.stdin.readline()  # stay connected until every driver is done (module docstring)
+
+
+def driver_report(proc: subprocess.Popen[str]) -> str | None:
+    """A driver's JSON line, once it printed it (``None`` if it exited first)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("["):
+            return line
+    return None
 
 
 def trace_phases(jobs: list[Job]) -> None:
@@ -791,13 +806,19 @@ def run_path(
         proc.stdin.flush()
     result = PathResult(path, weights=dict(weights or {}))
     cpu_before = cpu_by_kind()
-    with IdleSampler() as sampler:
-        for proc in procs:
-            out, errs = proc.communicate(timeout=PATH_TIMEOUT_S)
-            lines = [line for line in out.splitlines() if line.startswith("[")]
-            if proc.returncode != 0 or not lines:
-                raise RuntimeError(f"{path} driver failed: {errs[-2000:]}")
-            result.jobs += [Job(**j) for j in json.loads(lines[-1])]
+    with IdleSampler() as sampler, ThreadPoolExecutor(len(procs)) as pool:
+        reading = [pool.submit(driver_report, proc) for proc in procs]
+        try:
+            reports = [future.result(timeout=PATH_TIMEOUT_S) for future in reading]
+        except BaseException:
+            for proc in procs:  # ends the readers too
+                proc.kill()
+            raise
+    for proc, report in zip(procs, reports, strict=True):
+        _, errs = proc.communicate("exit\n", timeout=60)
+        if proc.returncode != 0 or report is None:
+            raise RuntimeError(f"{path} driver failed: {errs[-2000:]}")
+        result.jobs += [Job(**j) for j in json.loads(report)]
     result.held_idle_slice_s = sampler.slice_seconds
     result.held_idle_long_slice_s = sampler.long_slice_seconds
     result.cpu_s = cpu_spent(cpu_before)

@@ -64,6 +64,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -402,7 +403,9 @@ def fcfs_replay(jobs: list[Job]) -> dict[tuple[int, int], float]:
     job as long as it ran (its first task's start to its end), each next job submitted
     the moment the last one ends, and a job started as soon as enough slices are free
     and every job submitted before it has started (jobs submitted within :data:`TIE_S`
-    of the earliest one waiting: in the order the run started them). The schedule of
+    of the earliest one waiting: in the order the run started them, so a slice may be
+    kept those few ms for one not yet submitted, which favours the run by as much). The
+    schedule of
     :func:`fcfs_schedule` has every driver submit at one instant and every job last the
     same, so every slice frees at once; a real run's drivers start a little apart and
     their jobs end apart, and a job needing 2 slices then waits for the second.
@@ -767,6 +770,10 @@ def run_path(
     tenants (:func:`driver_tenants`), whose quotas the caller has set."""
     names = list(weights or {})
     dealt = driver_tenants(DRIVERS, len(names)) if names else []
+    # Each driver's stderr goes to a file: a pipe nobody reads until the end would stop a
+    # driver that logs more than it holds.
+    files = contextlib.ExitStack()
+    logs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in DRIVERS]  # noqa: SIM115  (closed below)
     procs = [
         subprocess.Popen(
             [
@@ -789,36 +796,48 @@ def run_path(
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=log,
             text=True,
         )
-        for d, n in enumerate(DRIVERS)
+        for (d, n), log in zip(enumerate(DRIVERS), logs, strict=True)
     ]
-    for proc in procs:  # every driver connected and warm
-        assert proc.stdout is not None and proc.stdin is not None
-        line = proc.stdout.readline()
-        if line.strip() != "ready":
-            raise RuntimeError(f"{path} driver did not start: {line!r}")
-    start_at = time.time() + 0.5
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write(f"{start_at}\n")
-        proc.stdin.flush()
+
+    def failed(proc: subprocess.Popen[str], log: Any, what: str) -> RuntimeError:
+        log.seek(0)
+        return RuntimeError(f"{path} driver {what}: {log.read()[-2000:]}")
+
     result = PathResult(path, weights=dict(weights or {}))
-    cpu_before = cpu_by_kind()
-    with IdleSampler() as sampler, ThreadPoolExecutor(len(procs)) as pool:
-        reading = [pool.submit(driver_report, proc) for proc in procs]
-        try:
-            reports = [future.result(timeout=PATH_TIMEOUT_S) for future in reading]
-        except BaseException:
-            for proc in procs:  # ends the readers too
+    try:
+        for proc, log in zip(procs, logs, strict=True):  # every driver connected and warm
+            assert proc.stdout is not None and proc.stdin is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise failed(proc, log, "did not start")
+        start_at = time.time() + 0.5
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{start_at}\n")
+            proc.stdin.flush()
+        cpu_before = cpu_by_kind()
+        deadline = time.monotonic() + PATH_TIMEOUT_S
+        with IdleSampler() as sampler, ThreadPoolExecutor(len(procs)) as pool:
+            reading = [pool.submit(driver_report, proc) for proc in procs]
+            try:
+                reports = [f.result(timeout=deadline - time.monotonic()) for f in reading]
+            except BaseException:
+                for proc in procs:  # ends the readers too
+                    proc.kill()
+                raise
+        for proc, log, report in zip(procs, logs, reports, strict=True):
+            proc.communicate("exit\n", timeout=60)
+            if proc.returncode != 0 or report is None:
+                raise failed(proc, log, "failed")
+            result.jobs += [Job(**j) for j in json.loads(report)]
+    finally:
+        for proc in procs:  # none is left running, whatever failed
+            if proc.poll() is None:
                 proc.kill()
-            raise
-    for proc, report in zip(procs, reports, strict=True):
-        _, errs = proc.communicate("exit\n", timeout=60)
-        if proc.returncode != 0 or report is None:
-            raise RuntimeError(f"{path} driver failed: {errs[-2000:]}")
-        result.jobs += [Job(**j) for j in json.loads(report)]
+                proc.wait()
+        files.close()
     result.held_idle_slice_s = sampler.slice_seconds
     result.held_idle_long_slice_s = sampler.long_slice_seconds
     result.cpu_s = cpu_spent(cpu_before)

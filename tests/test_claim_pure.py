@@ -169,16 +169,24 @@ def test_a_slice_picked_rounds_ago_is_judged_by_the_latest_read() -> None:
     assert asked == [["v6e-16-0/1"]]
 
 
-def test_a_read_older_than_the_trust_bound_spares_no_host() -> None:
-    """Every host vouched free, but the groups are made long after the read: every
-    host is asked."""
-    cluster = InMemoryCluster([("v6e", "4x4", 1)])
-    hosts = cluster.slice_hosts["v6e-16-0"]
-    cluster.seen_free.update(hosts)
-    cluster.script("create_group", 1, lambda: cluster.clock.sleep(claim.FREE_KEY_TRUST_S + 1))
+def test_after_an_old_read_the_free_keys_are_listed_again_before_any_host_is_spared() -> None:
+    """Every host was vouched free at the read, but the groups are made long after it,
+    and meanwhile a process took one host's TPU (its agent withdrew the key). The keys
+    are listed again (one call): only that host is asked, found owned, and its slice
+    given back for the other."""
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
+    cluster.seen_free.update(n for hosts in cluster.slice_hosts.values() for n in hosts)
+
+    def late_and_taken() -> None:
+        cluster.clock.sleep(claim.FREE_KEY_TRUST_S + 1)
+        cluster.own_tpu("v6e-16-0", 2, "pid 5 (python nb.py)")
+
+    cluster.script("create_group", 1, late_and_taken)
     asked = record_asks(cluster)
-    reserver(cluster, num_slices=1).run()
-    assert asked == [hosts]
+    reservation = reserver(cluster, num_slices=1).run()
+    assert names(reservation) == ["v6e-16-1"]
+    assert asked == [["v6e-16-0/2"]]
+    assert cluster.calls["free_hosts"] == 1
 
 
 def test_no_host_is_asked_when_every_agent_saw_its_tpu_free() -> None:

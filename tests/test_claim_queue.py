@@ -452,6 +452,7 @@ def test_a_request_that_lost_a_race_for_an_idle_slice_queues_in_the_order_asked(
 
     def lose_the_race() -> None:
         cluster.take("v6e-16-0", 2, {"TPU": 4})
+        cluster.clock.t += 0.5  # the other is asked for half a second after ours
         queue_of(cluster).enqueue(other("asked-later"))
 
     cluster.script("create_group", 1, lose_the_race)
@@ -466,3 +467,27 @@ def test_a_request_that_lost_a_race_for_an_idle_slice_queues_in_the_order_asked(
     assert names(reservation) == ["v6e-16-1"]
     assert len(order) == 1 and order[0][1:] == ["asked-later"]  # ours was first in line
     assert tickets(cluster) == ["asked-later"]
+
+
+def test_a_grant_is_judged_by_the_free_keys_listed_after_it_not_by_its_view() -> None:
+    """The grant's view is the queue's read, in which every host was vouched free; a
+    process took a TPU of the granted slice after that read. The claimant lists the
+    agents' keys again, asks that host, finds it owned, and waits for the other slice."""
+    cluster = queued_cluster(2)
+    cluster.seen_free.update(n for hosts in cluster.slice_hosts.values() for n in hosts)
+    first = cluster.take("v6e-16-0", 0, {"TPU": 4})
+    second = cluster.take("v6e-16-1", 0, {"TPU": 4})
+    cluster.script("sleep", 2, lambda: cluster.remove_group(first))
+    cluster.script("create_group", 1, lambda: cluster.own_tpu("v6e-16-0", 3, "pid 8 (python x.py)"))
+    cluster.script("sleep", 6, lambda: cluster.remove_group(second))
+    asked: list[list[str]] = []
+    probe = cluster.start_owner_probe
+
+    def record(node_ids: Any) -> Any:
+        asked.append(list(node_ids))
+        return probe(node_ids)
+
+    cluster.start_owner_probe = record  # type: ignore[method-assign]
+    reservation = reserver(cluster, head_reservation_timeout_s=30).run()
+    assert names(reservation) == ["v6e-16-1"]
+    assert asked[0] == ["v6e-16-0/3"]

@@ -268,3 +268,18 @@ def test_tickets_asked_for_at_the_same_instant_keep_distinct_numbers() -> None:
     book = QueueBook(Clock(), Frozen())
     numbers = {book.enqueue(want(name), asked_s=1.0) for name in ("a", "b", "c")}
     assert len(numbers) == 3
+
+
+def test_a_backdated_ticket_stays_behind_the_places_kept_through_a_restart(clock: Clock) -> None:
+    """The restarted queue's clock is 2 s behind its predecessor's: a ticket asked for
+    1 s ago still comes after the tickets the old queue had, which reached it first."""
+    old_stamp = Stamp()
+    old_stamp.now = 5_000_000_000
+    old = QueueBook(clock, old_stamp)
+    kept = old.enqueue(want("kept"))
+    behind = Stamp()
+    behind.now = kept - 2_000_000_000
+    new = QueueBook(clock, behind)
+    new.expect(replace(want("kept"), arrival=kept), "pid 1")
+    new.enqueue(want("new"), asked_s=1.0)
+    assert [w.ticket for w, _, _ in new.tickets()] == ["kept", "new"]

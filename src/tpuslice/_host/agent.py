@@ -532,13 +532,15 @@ class Agents:
         self._up.update(node_ids)
 
     def is_up(self, node_id: str) -> bool:
-        """Whether the node's agent has answered this process.
+        """Whether the node's agent has answered this process, or a listing showed its
+        ``tpu-free/`` key (:meth:`vouched`; a dead node's key lasts until a cluster read
+        deletes it).
 
         Args:
             node_id: The node.
 
         Returns:
-            True once it answered.
+            True once either happened.
         """
         return node_id in self._up
 
@@ -794,6 +796,24 @@ def recorded_notes(now: float | None = None) -> HostNotes:
         if standing is None or notice.deadline < standing.deadline:
             notices[node] = notice
     return HostNotes(owners, notices, suspects, seen_free)
+
+
+def free_hosts() -> frozenset[str]:
+    """The nodes whose agents' ``tpu-free/`` keys are there now (one listing): each agent
+    saw its TPU free at its last look, at most :data:`WATCH_S` ago, or confirmed it since.
+
+    Returns:
+        Their node ids (none when the store cannot be read: then every host is asked);
+        the nodes are also marked up (see :meth:`Agents.vouched`).
+    """
+    try:
+        keys = _ray.kv_list(FREE_KEY_PREFIX, NAMESPACE)
+    except _ray.kv_errors() as exc:
+        logger.debug("could not list the agents' free keys: %s", exc)
+        return frozenset()
+    nodes = frozenset(key.removeprefix(FREE_KEY_PREFIX) for key in keys)
+    AGENTS.vouched(nodes)
+    return nodes
 
 
 def forget_free_keys(node_ids: Sequence[str]) -> None:

@@ -123,6 +123,9 @@ class QueueBook:
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _settling: dict[str, tuple[float, Waiter]] = field(default_factory=dict)
     _latest: int = 0
+    _kept_latest: int = 0
+    """The latest arrival among the places kept from before a restart: a new ticket,
+    backdated or not, comes after every one of them."""
     _last: dict[str, Answer] = field(default_factory=dict)
     _order: dict[str, int] = field(default_factory=dict)
     preemptions: dict[str, Preemption] = field(default_factory=dict)
@@ -155,7 +158,10 @@ class QueueBook:
         if arrival is not None:
             number = arrival
         elif asked_s > 0:
-            number = self.stamp() - round(min(asked_s, ASKED_MAX_S) * 1e9)
+            # Never ahead of a place kept from before a restart: that ticket reached the
+            # old queue, so it was asked for before any that had not, whatever the clocks.
+            now = max(self.stamp(), self._latest + 1)
+            number = max(now - round(min(asked_s, ASKED_MAX_S) * 1e9), self._kept_latest + 1)
             taken = {e.waiter.arrival for e in self._entries.values()}
             while number in taken:  # distinct numbers keep the order total
                 number -= 1
@@ -180,6 +186,7 @@ class QueueBook:
         if waiter.ticket in self._entries:
             return
         self._latest = max(self._latest, waiter.arrival)
+        self._kept_latest = max(self._kept_latest, waiter.arrival)
         seen = self.clock() - self.lease_s + rejoin_s  # its lease runs out after rejoin_s
         self._entries[waiter.ticket] = _Entry(waiter, who, seen, rejoining=True)
 

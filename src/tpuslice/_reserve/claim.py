@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import threading
 import uuid
@@ -422,7 +423,9 @@ class Reserver:
                     snapshot = ClusterSnapshot({s.name: s for s in granted.view})
                 else:
                     snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
-                self._note_seen_free(snapshot, read_at)
+                # A grant's view is as old as the queue's read, which its answer does
+                # not say: its free keys are listed again before any host is spared.
+                self._note_seen_free(snapshot, read_at if granted is None else -math.inf)
                 snapshot = self.targets.prepare(snapshot)
                 if isinstance(self.targets, WholeSlices):
                     snapshot = CLAIMS_HERE.hide(snapshot, self, self.clock.now())
@@ -715,12 +718,13 @@ class Reserver:
         looks every half second, and an answer would only repeat that. The latest read,
         not the one the slice was picked on: a multi-slice reservation without the queue
         may have picked some slices rounds ago, and a process may have taken a TPU since.
-        A read older than :data:`FREE_KEY_TRUST_S` spares no host."""
-        trusted = (
-            self._seen_free
-            if self.clock.now() - self._seen_free_at <= FREE_KEY_TRUST_S
-            else frozenset()
-        )
+        When that read is older than :data:`FREE_KEY_TRUST_S`, or the slices came with a
+        queue grant (whose view is as old as the queue's read), the keys are listed again
+        first: one call, where asking is a round trip to each host's agent."""
+        if self.clock.now() - self._seen_free_at > FREE_KEY_TRUST_S:
+            listed_at = self.clock.now()
+            self._seen_free, self._seen_free_at = self.ops.free_hosts(), listed_at
+        trusted = self._seen_free
         asked = [
             h.node_id
             for claim in claims

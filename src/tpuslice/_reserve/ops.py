@@ -103,6 +103,16 @@ class ClusterOps(Protocol):
         """
         ...
 
+    def free_hosts(self) -> frozenset[str]:
+        """The hosts whose agents say now that their TPU is free (their ``tpu-free/``
+        keys), in one listing: as good as a fresh cluster read's, and cheaper than asking
+        the hosts.
+
+        Returns:
+            Their node ids.
+        """
+        ...
+
     def start_owner_probe(self, node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
         """Start asking each host who owns its TPU; the answer comes from the returned call.
 
@@ -291,6 +301,16 @@ class RayOps:
             True if the cluster can grow.
         """
         return _ray.cluster_can_grow()
+
+    def free_hosts(self) -> frozenset[str]:
+        """List the hosts' ``tpu-free/`` keys (:func:`tpuslice._host.agent.free_hosts`).
+
+        Returns:
+            The node ids whose keys are there.
+        """
+        from tpuslice._host.agent import free_hosts
+
+        return free_hosts()
 
     def start_owner_probe(self, node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
         """Ask the hosts' TPU agents (:func:`tpuslice._host.agent.start_probe`).

@@ -27,7 +27,8 @@ class QueuedRequest:
         count: ``(min, max)`` slices.
         priority: Higher first.
         who: The driver (``pid 12 on host-a (job 01000000)``).
-        since: When it first enqueued (wall-clock seconds).
+        since: When its reservation was asked for, as the queue numbered its arrival
+            (wall-clock seconds; see :data:`~tpuslice._queue.book.ASKED_MAX_S`).
         position: Its place in the queue, from 1.
         granted: Slices granted to it and not yet claimed.
         reason: Why it waits.

@@ -41,6 +41,7 @@ T = TypeVar("T")
 NODE_ID_LABEL = "ray.io/node-id"
 OPERATIONS = (
     "snapshot",
+    "free_hosts",
     "start_owner_probe",
     "owner_answers",
     "create_group",
@@ -214,7 +215,10 @@ class InMemoryCluster:
                 self._snapshot,
                 reprobe=self._record_owners,
                 clock=self.clock.now,
-                stamp=lambda: next(stamps),
+                # Nanoseconds of the cluster's clock, as the queue actor's wall clock
+                # numbers arrivals (a ticket's age is counted back from it), one apart
+                # for tickets enqueued at the same instant.
+                stamp=lambda: round(self.clock.now() * 1e9) + next(stamps),
                 wall=self.clock.now,
                 decide_every_s=0.0,
             )
@@ -436,6 +440,14 @@ class InMemoryCluster:
             Whether an autoscaler is present.
         """
         return self._call("can_grow", lambda: self.growable)
+
+    def free_hosts(self) -> frozenset[str]:
+        """The hosts whose agents' ``tpu-free/`` keys are there: :attr:`seen_free`.
+
+        Returns:
+            Their node ids.
+        """
+        return self._call("free_hosts", lambda: frozenset(self.seen_free))
 
     def start_owner_probe(self, node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
         """Ask each host who owns its TPU (:attr:`tpu_owners`) and record the answers, as

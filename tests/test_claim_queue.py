@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 
-from test_claim_pure import HEAD, V6E, Placements, names, others_hosts, reserver
+from test_claim_pure import (
+    HEAD,
+    V6E,
+    Placements,
+    names,
+    others_hosts,
+    record_asks,
+    reserver,
+)
 from tpuslice._queue.book import Granted, Waiting
 from tpuslice._queue.service import REPROBE_S, QueueService, SliceKind, Ticket
 from tpuslice._reserve import claim
@@ -480,14 +488,7 @@ def test_a_grant_is_judged_by_the_free_keys_listed_after_it_not_by_its_view() ->
     cluster.script("sleep", 2, lambda: cluster.remove_group(first))
     cluster.script("create_group", 1, lambda: cluster.own_tpu("v6e-16-0", 3, "pid 8 (python x.py)"))
     cluster.script("sleep", 6, lambda: cluster.remove_group(second))
-    asked: list[list[str]] = []
-    probe = cluster.start_owner_probe
-
-    def record(node_ids: Any) -> Any:
-        asked.append(list(node_ids))
-        return probe(node_ids)
-
-    cluster.start_owner_probe = record  # type: ignore[method-assign]
+    asked = record_asks(cluster)
     reservation = reserver(cluster, head_reservation_timeout_s=30).run()
     assert names(reservation) == ["v6e-16-1"]
     assert asked[0] == ["v6e-16-0/3"]

@@ -10,7 +10,6 @@ trust and a hand-back that did not see the slice free.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 
 import pytest
@@ -260,18 +259,6 @@ def test_as_freed_frees_every_host_and_keeps_the_rest_of_the_slice() -> None:
     assert after.idle
     assert [h.node_id for h in after.hosts.values()] == [h.node_id for h in before.hosts.values()]
     assert after.hosts[0].head_free is True
-
-
-def test_as_freed_vouches_for_no_host_the_old_read_saw_free() -> None:
-    """The read is older than the hand-back; a process may have taken a TPU since, so
-    the claimant must ask every host rather than trust that read."""
-    world = Held()
-    name = world.names[0]
-    before = held_info(world, name)
-    vouched = {w: h._replace(tpu_seen_free=True) for w, h in before.hosts.items()}
-    after = as_freed(dataclasses.replace(before, hosts=vouched))
-    assert after is not None
-    assert not any(h.tpu_seen_free for h in after.hosts.values())
 
 
 def test_as_freed_keeps_a_metadata_notice_and_drops_the_queues() -> None:

@@ -759,10 +759,7 @@ def recorded_notes(now: float | None = None) -> HostNotes:
     owners: dict[str, TPUOwner] = {}
     notices: dict[str, Notice] = {}
     listed = _ray.kv_list(HOST_KEY_PREFIX, NAMESPACE)
-    seen_free = frozenset(
-        key.removeprefix(FREE_KEY_PREFIX) for key in listed if key.startswith(FREE_KEY_PREFIX)
-    )
-    AGENTS.vouched(seen_free)
+    seen_free = _vouched_by(listed)
     keys = [
         key
         for key in listed
@@ -811,7 +808,15 @@ def free_hosts() -> frozenset[str]:
     except _ray.kv_errors() as exc:
         logger.debug("could not list the agents' free keys: %s", exc)
         return frozenset()
-    nodes = frozenset(key.removeprefix(FREE_KEY_PREFIX) for key in keys)
+    return _vouched_by(keys)
+
+
+def _vouched_by(keys: Sequence[str]) -> frozenset[str]:
+    """The nodes whose ``tpu-free/`` keys are among ``keys``, marked up (their agents
+    wrote them: see :meth:`Agents.vouched`)."""
+    nodes = frozenset(
+        k.removeprefix(FREE_KEY_PREFIX) for k in keys if k.startswith(FREE_KEY_PREFIX)
+    )
     AGENTS.vouched(nodes)
     return nodes
 

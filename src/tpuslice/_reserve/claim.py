@@ -354,9 +354,9 @@ class Reserver:
         """Slices picked whose hosts are not asked yet who owns their TPUs (asked once
         their worker groups are created)."""
         self._seen_free: frozenset[str] = frozenset()
-        """The hosts the latest read (or grant) listed as seen free by their agents."""
+        """The hosts the latest read or listing found seen free by their agents."""
         self._seen_free_at = float("-inf")
-        """When that read was taken (on :attr:`clock`)."""
+        """When that read or listing was taken (on :attr:`clock`; never, after a grant)."""
         self._next_reprobe = 0.0
         self.demand: AutoscalerDemand | None = None
         self._can_grow: bool | None = None
@@ -418,14 +418,15 @@ class Reserver:
                         granted = self._wait_for_grant(deadline, started)
                     finally:
                         self.waited_s += self.clock.now() - waiting_since
-                read_at = self.clock.now()
                 if granted is not None and granted.view:
                     snapshot = ClusterSnapshot({s.name: s for s in granted.view})
+                    # As old as the queue's read, which the grant does not say: the free
+                    # keys are listed again before any host is spared.
+                    self._seen_free_at = -math.inf
                 else:
+                    read_at = self.clock.now()
                     snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)
-                # A grant's view is as old as the queue's read, which its answer does
-                # not say: its free keys are listed again before any host is spared.
-                self._note_seen_free(snapshot, read_at if granted is None else -math.inf)
+                    self._note_seen_free(snapshot, read_at)
                 snapshot = self.targets.prepare(snapshot)
                 if isinstance(self.targets, WholeSlices):
                     snapshot = CLAIMS_HERE.hide(snapshot, self, self.clock.now())

@@ -643,8 +643,7 @@ def _state(
 def as_freed(info: SliceInfo, now: float | None = None) -> SliceInfo | None:
     """The slice as a hand-back that saw it free leaves it: every host's ``TPU`` and head
     resource free, and the queue's notice gone (it only warned the work that has now
-    left). No host is vouched free by its agent: the read is older than the hand-back,
-    and a process may have taken a TPU since, so the claimant asks.
+    left).
 
     Args:
         info: The slice as last read, while its work held it.
@@ -660,7 +659,6 @@ def as_freed(info: SliceInfo, now: float | None = None) -> SliceInfo | None:
             tpu_available=host.tpu_total,
             head_free=None if host.head_free is None else True,
             notice=None if given_by_queue(host.notice) else host.notice,
-            tpu_seen_free=False,
         )
         for worker, host in info.hosts.items()
     }

@@ -161,7 +161,7 @@ class SliceQueue(Protocol):
 
         Args:
             slices: Their names.
-            freed: The hand-back saw Ray's view show them free.
+            freed: The hand-back removed their groups once their TPUs were confirmed free.
         """
         ...
 
@@ -395,8 +395,11 @@ class QueueService:
 
         Args:
             slices: Their names.
-            freed: The hand-back saw Ray's view show them free, so the next decision may
-                grant them before it reads the cluster again (:meth:`quick_reading`).
+            freed: The hand-back removed their groups once their TPUs were confirmed free,
+                so the next decision may grant them before it reads the cluster again
+                (:meth:`quick_reading`). Ray's view may show them free only a report
+                later: the claimant waits for that, and a read meanwhile shows them held
+                by no one's record, like a claim in flight.
         """
         self._changed = True
         if freed:

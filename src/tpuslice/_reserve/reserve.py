@@ -508,9 +508,10 @@ class SlicePlacementGroup(ShutsDownOnExit):
         """Give the slices back: stop the tasks started here by tpuslice and every owner
         process that opened a TPU (an owner that never did stays up, as this driver's
         spare on its host), confirm on each host that no process of this job still owns its TPU
-        (stopping any that does), remove every worker and head group, and wait (bounded)
-        until Ray's resource view shows the hosts free, so that the slices are claimable
-        at once when this returns (see :func:`tpuslice._view.cluster.wait_freed`). Idempotent."""
+        (stopping any that does), remove every worker and head group, tell the queue, and
+        wait (bounded) until Ray's resource view shows the hosts free, so that the slices
+        are claimable at once when this returns (see
+        :func:`tpuslice._view.cluster.wait_freed`). Idempotent."""
         pids = self._reported_pids()
         self._cancel_launched()
         left = self._ownership.hand_back(pids) if self._reservation.claims else None
@@ -522,6 +523,14 @@ class SlicePlacementGroup(ShutsDownOnExit):
             SPARES.keep(left.kept)
             restock = [n for n in left.restock if n in lasting]
         reservation, self._reservation = self._reservation, Reservation()
+        hosts = [h for claim in reservation.claims for h in claim.target.hosts.values()]
+        names = [claim.slice_name for claim in reservation.claims]
+        forgotten = (
+            # While the groups go: a held slice with no record counts as a claim in flight.
+            _RECORDS.submit(forget_held, names, [h.node_id for h in hosts], self._holder)
+            if reservation.recorded and ray.is_initialized()
+            else None
+        )
         # Heads first: a slice whose head is free while its TPUs are still held looks
         # busy to everyone; the other order would show it claimed with no work on it.
         for claim in reservation.claims:
@@ -530,21 +539,17 @@ class SlicePlacementGroup(ShutsDownOnExit):
         for claim in reservation.claims:
             remove_group(claim.worker_pg)
         if reservation.claims and ray.is_initialized():
-            hosts = [h for claim in reservation.claims for h in claim.target.hosts.values()]
-            head = self._plan.shape.head_resource if self._plan.needs_head_claim else None
-            freed = wait_freed(hosts, head)
-            names = [claim.slice_name for claim in reservation.claims]
-            if reservation.recorded:
-                forgotten = _RECORDS.submit(
-                    forget_held, names, [h.node_id for h in hosts], self._holder
-                )
-                # Reported free, the slices may be granted at once: the next holder must
-                # not meet this one's records or the queue's notice to it. Otherwise
-                # not waited for: the queue counts idle slices as no one's, whatever
-                # their records say, and clears its notices on them itself.
-                if freed:
-                    freed = _settled(forgotten)
+            # Reported free, the slices may be granted at once: the next holder must not
+            # meet this one's records or the queue's notice to it. Otherwise not waited
+            # for: the queue counts idle slices as no one's, whatever their records say,
+            # and clears its notices on them itself.
+            freed = forgotten is None or _settled(forgotten)
+            # Told before Ray's view shows the hosts free: the queue's grant reaches the
+            # next claimant while the hosts report, and the claimant waits for the view
+            # before it asks Ray to place anything there (Reserver._shown_free).
             QUEUE_LINK.notify_released(names, freed=freed)
+            head = self._plan.shape.head_resource if self._plan.needs_head_claim else None
+            wait_freed(hosts, head)  # so that this driver's next read finds them free
             SPARES.refill(restock)  # last: their processes would slow the steps above
         if reservation.claims:
             held = time.monotonic() - self._reserved_at

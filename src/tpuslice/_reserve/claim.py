@@ -633,7 +633,9 @@ class Reserver:
         """
         hosts = [h for s in granted.slices.values() for h in s.hosts.values()]
         head = self.plan.shape.head_resource if self.plan.needs_head_claim else None
-        return self.ops.wait_shown_free(hosts, head, FREED_BOUND_S)
+        left = self.time_left()
+        bound = FREED_BOUND_S if left is None else min(FREED_BOUND_S, left)
+        return self.ops.wait_shown_free(hosts, head, bound)
 
     def _read(self) -> ClusterSnapshot:
         snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)

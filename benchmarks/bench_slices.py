@@ -28,6 +28,11 @@ Operations (keys for ``--only``; N is 4 slices, or all there are if fewer):
 - ``fresh-reserve-run``: a new driver process per call, which loads every path's modules
   first, then times ``ray.init`` (every path alike) + reserve 1 slice + the first call +
   results. It starts no worker process beforehand: a new driver has none.
+- ``hand-over``: another driver (a new process) holds one slice through the same path and
+  has called on it once, every other slice is held by a raw group, and this driver asks
+  for one slice and waits; the other driver then shuts its reservation down. Timed from
+  the start of that shutdown to the results of this driver's first call on the slice
+  (wall clock, across the two processes): a slice changing hands between drivers.
 - ``one-shot``: reserve, a task per host, results, release, in this driver;
   ``one-shot-fresh``: the same in a fresh driver process per call.
 - ``held``: a call on a slice reserved beforehand (floor: raw tasks on a raw group of its
@@ -70,9 +75,12 @@ import logging
 import math
 import os
 import platform
+import select
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
@@ -403,12 +411,111 @@ class HeldSlices:
         return Sample(now() - started, results)
 
 
+# --- a slice changing hands between drivers ---------------------------------------------------
+
+WAITING_S = 1.0
+"""How long this driver's reservation waits before the other driver hands its slice back:
+long enough to be waiting (in the queue, or in Ray's scheduler), on every path."""
+
+
+def hand_over(hold: Hold, path: str, setup: Setup) -> Sample:
+    """Another driver holds ``setup.names[0]`` (the other slices are held by raw groups);
+    this driver asks for one slice, and the other hands its slice back. Timed from the
+    start of that hand-back to the results of this driver's first call on the slice."""
+    if len(setup.names) < 2:
+        raise BenchError("hand-over needs at least two slices")
+    others = [whole_slice_group(setup, name) for name in setup.names[1:]]
+    try:
+        ray.get([pg.ready() for pg in others])
+        with tempfile.TemporaryFile("w+") as errors:
+            try:
+                return hand_over_from_child(hold, path, setup, errors)
+            except BenchError as exc:
+                errors.seek(0)
+                raise BenchError(f"{exc}; it said:\n{errors.read()[-2000:]}") from exc
+    finally:
+        for pg in others:
+            remove_placement_group(pg)
+
+
+def whole_slice_group(setup: Setup, name: str) -> PlacementGroup:
+    """Every host's TPU of slice ``name`` and its head resource (which Ray's reservation
+    looks for first), pinned by label."""
+    selectors = [
+        {SLICE_NAME_LABEL: name, WORKER_ID_LABEL: str(w)} for w in range(setup.shape.num_hosts)
+    ]
+    bundles = [{"TPU": float(setup.shape.chips_per_host)} for _ in selectors]
+    bundles[0][setup.shape.head_resource] = 1.0
+    return placement_group(bundles, strategy="SPREAD", bundle_label_selector=selectors)
+
+
+def hand_over_from_child(hold: Hold, path: str, setup: Setup, errors: Any) -> Sample:
+    """:func:`hand_over` once the other slices are held; the child's stderr to ``errors``."""
+    child = subprocess.Popen(
+        child_command(setup, path, "hand-over"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=errors,
+        text=True,
+    )
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        if line_within(child.stdout, CHILD_TIMEOUT_S).strip() != "held":
+            raise BenchError(f"hand-over: the other driver for {path} did not hold its slice")
+        got: dict[str, Any] = {}
+
+        def reserve_and_call() -> None:
+            handle = hold.reserve(setup, 1)
+            try:
+                got["results"] = hold.call(handle)
+                got["done"] = time.time()
+            finally:
+                hold.release(handle)
+
+        waiter = threading.Thread(target=reserve_and_call, daemon=True)
+        waiter.start()
+        time.sleep(WAITING_S)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        began = json.loads(line_within(child.stdout, CHILD_TIMEOUT_S) or "{}").get("began")
+        if began is None:
+            raise BenchError(f"hand-over: the other driver for {path} did not hand back")
+        waiter.join(CHILD_TIMEOUT_S)
+        if "done" not in got:
+            raise BenchError(f"hand-over: {path} got no slice within {CHILD_TIMEOUT_S:.0f} s")
+        return Sample(got["done"] - began, got["results"])
+    finally:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.communicate(timeout=CHILD_TIMEOUT_S)
+        child.kill()
+
+
+def line_within(stream: Any, seconds: float) -> str:
+    """The next line of a child's output, or ``""`` if none comes within ``seconds``."""
+    ready, _, _ = select.select([stream], [], [], seconds)
+    return str(stream.readline()) if ready else ""
+
+
+def child_hand_over(setup: Setup, path: str) -> None:
+    """The other driver of :func:`hand_over`: hold one slice and call on it once, say
+    ``held``, and on the next line of stdin hand the slice back, saying when it began."""
+    connect(setup.address)
+    hold = HOLDS[path]
+    handle = hold.reserve(setup, 1)
+    hold.call(handle)
+    print("held", flush=True)
+    sys.stdin.readline()
+    began = time.time()
+    hold.release(handle)
+    print(json.dumps({"began": began}), flush=True)
+
+
 # --- fresh driver processes -------------------------------------------------------------------
 
 
-def fresh_driver(setup: Setup, path: str, child_op: str) -> Sample:
-    """Run one ``child_op`` call of ``path`` in a new driver process; its report is JSON."""
-    command = [
+def child_command(setup: Setup, path: str, child_op: str) -> list[str]:
+    """The command line of a new driver process running ``child_op`` through ``path``."""
+    return [
         sys.executable,
         os.path.abspath(__file__),
         "--child",
@@ -424,6 +531,11 @@ def fresh_driver(setup: Setup, path: str, child_op: str) -> Sample:
         "--slice-name",
         setup.names[0],
     ]
+
+
+def fresh_driver(setup: Setup, path: str, child_op: str) -> Sample:
+    """Run one ``child_op`` call of ``path`` in a new driver process; its report is JSON."""
+    command = child_command(setup, path, child_op)
     started = now()
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False
@@ -479,6 +591,9 @@ def child_main(args: argparse.Namespace) -> None:
     _ = (tpuslice.run_on_slice, ray_tpu.run_on_slice)
     shape = slice_shape(args.topology, args.generation)
     setup = Setup(args.generation, args.topology, shape, (args.slice_name,), args.address)
+    if args.child_op == "hand-over":
+        child_hand_over(setup, args.child)
+        return
     sample = CHILD_OPS[args.child_op](setup, args.child)
     print(json.dumps({"seconds": sample.seconds, "results": sample.results}), flush=True)
     # No ray.shutdown() here: at exit, tpuslice's hooks (registered after ray.init's) run
@@ -725,7 +840,14 @@ def reservation_ops(setup: Setup) -> list[Operation]:
         through_holds(f"reserve-{many}-after-shutdown", title, reserve_after_shutdown, setup, many)
     )
     title = "fresh driver: connect, reserve 1 slice, first run"
-    return [*ops, in_fresh_drivers("fresh-reserve-run", title, "reserve-run", setup)]
+    ops.append(in_fresh_drivers("fresh-reserve-run", title, "reserve-run", setup))
+    if count >= 2:
+        calls: dict[str, Callable[[], Sample]] = {
+            path: functools.partial(hand_over, HOLDS[path], path, setup) for path in PATHS
+        }
+        title = "another driver's slice handed over, first run"
+        ops.append(Operation("hand-over", title, calls, cold=False, passes=1))
+    return ops
 
 
 def operations(setup: Setup) -> list[Operation]:
@@ -1051,6 +1173,10 @@ NOTES = (
     "(outside the timing); the floor's removal (one GCS call) is inside its timing.",
     "held: floor = raw tasks into a raw group of its own slice (ours' owner processes hold "
     "our group's TPUs); Ray's call runs on its own reservation of another slice.",
+    "handed over: another driver (a new process) holds one slice through the same path, "
+    "every other slice is held by a raw group, and this driver waits for a slice; timed "
+    "(wall clock across the two processes) from the start of the other's shutdown to the "
+    "results of this driver's first call on the slice.",
 )
 
 
@@ -1141,7 +1267,7 @@ def parse_args() -> argparse.Namespace:
         ),
     )
     parser.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
-    parser.add_argument("--child-op", choices=tuple(CHILD_OPS), help=argparse.SUPPRESS)
+    parser.add_argument("--child-op", choices=(*CHILD_OPS, "hand-over"), help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--slice-name", help=argparse.SUPPRESS)
     args = parser.parse_args()

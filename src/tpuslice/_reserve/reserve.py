@@ -540,9 +540,8 @@ class SlicePlacementGroup(ShutsDownOnExit):
             remove_group(claim.worker_pg)
         if reservation.claims and ray.is_initialized():
             # Reported free, the slices may be granted at once: the next holder must not
-            # meet this one's records or the queue's notice to it. Otherwise not waited
-            # for: the queue counts idle slices as no one's, whatever their records say,
-            # and clears its notices on them itself.
+            # meet this one's records or the queue's notice to it. Records not gone in
+            # time are reported as not freed: the queue then reads before it grants.
             freed = forgotten is None or _settled(forgotten)
             # Told before Ray's view shows the hosts free: the queue's grant reaches the
             # next claimant while the hosts report, and the claimant waits for the view

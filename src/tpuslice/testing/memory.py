@@ -89,11 +89,6 @@ class FakeClock:
         self.t += max(0.0, seconds)
 
 
-def _is_head(resource: str) -> bool:
-    """Whether a resource is a slice's head resource (``TPU-v6e-16-head``)."""
-    return resource.startswith("TPU-") and resource.endswith("-head")
-
-
 @dataclass
 class MemoryNode:
     """One in-memory host (Ray node).
@@ -220,6 +215,8 @@ class InMemoryCluster:
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self._scripts: list[tuple[str, int, Callable[[], None], bool]] = []
         self._names = itertools.count()
+        self._head_resources: dict[str, str] = {}
+        """Slice name -> its head resource."""
         stamps = itertools.count(1)
         self.queue: QueueService | None = (
             QueueService(
@@ -270,6 +267,7 @@ class InMemoryCluster:
             self.nodes[node_id] = MemoryNode(node_id, labels, resources)
             hosts.append(node_id)
         self.slice_hosts[name] = hosts
+        self._head_resources[name] = shape.head_resource
         self._place_pending()
         return name
 
@@ -686,12 +684,13 @@ class InMemoryCluster:
         """The available resources of each alive node, as the view shows them: an
         :attr:`unreported` node's TPU and head resource still taken."""
         shown: dict[str, dict[str, float]] = {}
+        heads = set(self._head_resources.values())
         for n in self.nodes.values():
             if not n.alive:
                 continue
             free = {k: n.free(k) for k in n.resources if n.free(k) > 0}
             if n.node_id in self.unreported:
-                free = {k: v for k, v in free.items() if k != TPU_RESOURCE and not _is_head(k)}
+                free = {k: v for k, v in free.items() if k != TPU_RESOURCE and k not in heads}
             shown[n.node_id] = free
         return shown
 

@@ -9,6 +9,7 @@ queue to reach it claims directly, as before, and says so once.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from tpuslice._queue.service import REPROBE_S, QueueService, SliceKind, Ticket
 from tpuslice._reserve import claim
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._tpu.clock import Clock
+from tpuslice._view.queue_record import FRESH_S, QueueRecord
 from tpuslice.errors import InsufficientSlicesError, QueueUnreachableError, ReservationTimeoutError
 from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
 
@@ -219,6 +221,27 @@ def test_a_granted_slice_the_view_never_shows_free_goes_back_to_the_queue() -> N
     assert names(reserver(cluster).run()) == ["v6e-16-1"]
     assert cluster.calls["create_group"] == 1
     assert tickets(cluster) == []
+
+
+def test_a_stale_record_that_lists_waiters_still_sends_a_reservation_to_the_queue() -> None:
+    """Under load the queue may write its record less often than its freshness bound
+    while others wait: a reservation that took the idle slice then would go ahead of
+    them. It queues behind the earlier request, which is granted the slice."""
+    cluster = queued_cluster(2)
+    cluster.take("v6e-16-0", 0, {"TPU": 4})
+    queue = queue_of(cluster)
+    queue.enqueue(other("earlier"))
+    current = queue.record
+
+    def stale() -> QueueRecord:
+        record = current()
+        return replace(record, at=record.at - FRESH_S)
+
+    queue.record = stale  # type: ignore[method-assign]
+    with pytest.raises(ReservationTimeoutError):
+        reserver(cluster, head_reservation_timeout_s=5.0).run()
+    assert queue.book.granted("earlier") == ("v6e-16-1",)
+    assert cluster.live_groups("reserver") == []
 
 
 def test_ctrl_c_while_queued_leaves_the_queue_and_holds_nothing() -> None:

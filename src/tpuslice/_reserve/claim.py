@@ -529,10 +529,23 @@ class Reserver:
             return False
         if after_claiming or snapshot.quotas.configured:
             return True
-        if any(r for r in snapshot.queued(self.kind.key)):
+        if self._others_wait(snapshot):
             return True
         picks = self.targets.pick(snapshot, {})
         return len(picks) < self.low
+
+    def _others_wait(self, snapshot: ClusterSnapshot) -> bool:
+        """Whether the queue's record shows requests for this kind. A record too old to
+        describe a live queue still counts while it lists requests not yet granted: the
+        queue writes one at every decision while anyone waits, so it is slow (a loaded
+        cluster) or gone, and enqueueing finds out which; a reservation that claimed an
+        idle slice instead would go ahead of them."""
+        if snapshot.queued(self.kind.key):
+            return True
+        record = snapshot.queue
+        return record is not None and any(
+            r.kind == self.kind.key and not r.granted for r in record.requests
+        )
 
     def _join_queue(self, snapshot: ClusterSnapshot) -> None:
         """Give back anything claimed, then enqueue; if no queue answers, say so once

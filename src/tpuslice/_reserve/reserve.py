@@ -508,10 +508,10 @@ class SlicePlacementGroup(ShutsDownOnExit):
         """Give the slices back: stop the tasks started here by tpuslice and every owner
         process that opened a TPU (an owner that never did stays up, as this driver's
         spare on its host), confirm on each host that no process of this job still owns its TPU
-        (stopping any that does), remove every worker and head group, tell the queue, and
-        wait (bounded) until Ray's resource view shows the hosts free, so that the slices
-        are claimable at once when this returns (see
-        :func:`tpuslice._view.cluster.wait_freed`). Idempotent."""
+        (stopping any that does), remove every worker and head group, wait (bounded)
+        until Ray's resource view shows the hosts free, so that the slices are claimable
+        at once when this returns (see :func:`tpuslice._view.cluster.wait_freed`), and
+        tell the queue. Idempotent."""
         pids = self._reported_pids()
         self._cancel_launched()
         left = self._ownership.hand_back(pids) if self._reservation.claims else None
@@ -542,13 +542,12 @@ class SlicePlacementGroup(ShutsDownOnExit):
             # Reported free, the slices may be granted at once: the next holder must not
             # meet this one's records or the queue's notice to it. Records not gone in
             # time are reported as not freed: the queue then reads before it grants.
-            freed = forgotten is None or _settled(forgotten)
-            # Told before Ray's view shows the hosts free: the queue's grant reaches the
-            # next claimant while the hosts report, and the claimant waits for the view
-            # before it asks Ray to place anything there (Reserver._shown_free).
-            QUEUE_LINK.notify_released(names, freed=freed)
             head = self._plan.shape.head_resource if self._plan.needs_head_claim else None
-            wait_freed(hosts, head)  # so that this driver's next read finds them free
+            # Told only once Ray's view shows the hosts free: told before, the next
+            # claimant could take them before they were ever shown free, and this wait
+            # (so that this driver's next read finds them free) would run to its bound.
+            freed = wait_freed(hosts, head) and (forgotten is None or _settled(forgotten))
+            QUEUE_LINK.notify_released(names, freed=freed)
             SPARES.refill(restock)  # last: their processes would slow the steps above
         if reservation.claims:
             held = time.monotonic() - self._reserved_at

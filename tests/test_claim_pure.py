@@ -700,25 +700,3 @@ def test_a_wait_for_no_groups_answers_at_once_without_asking_ray() -> None:
     from tpuslice._reserve.groups import wait_all
 
     assert wait_all([], 30.0) == []
-
-
-def test_only_a_placed_groups_tpu_bundle_counts_as_a_host_taken_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A hand-back's hosts count as taken by the next holder only where a placed group
-    holds their TPU: a removed or pending group, or one asking only for CPUs there, proves
-    nothing about the hand-back's own groups being gone."""
-    from tpuslice._reserve import groups
-
-    def row(state: str, bundles: dict[int, dict[str, float]], nodes: dict[int, str]) -> dict:
-        return {"state": state, "bundles": bundles, "bundles_to_node_id": nodes}
-
-    table = {
-        "a": row("CREATED", {0: {"TPU": 4.0}, 1: {"TPU": 4.0}}, {0: "n0", 1: "n9"}),
-        "b": row("CREATED", {0: {"CPU": 1.0}}, {0: "n1"}),
-        "c": row("REMOVED", {0: {"TPU": 4.0}}, {0: "n2"}),
-        "d": row("PENDING", {0: {"TPU": 4.0}}, {}),
-    }
-    monkeypatch.setattr(groups.ray.util, "placement_group_table", lambda: table)
-    assert groups.hosts_taken_by_groups(["n0", "n1", "n2", "n3"], ["TPU"]) == {"n0"}
-    assert groups.hosts_taken_by_groups(["n1"], ["CPU"]) == {"n1"}

@@ -181,48 +181,6 @@ def test_a_granted_slice_taken_meanwhile_requeues_in_the_same_place() -> None:
     assert tickets(cluster) == ["later"]
 
 
-def hand_back_unreported(cluster: InMemoryCluster, group: MemoryGroup, slice_name: str) -> None:
-    """A hand-back as the driver makes it: the group goes and the queue is told at once,
-    before the hosts report to the view; the queue actor grants from its last read
-    (its quick decision)."""
-    queue = queue_of(cluster)
-    cluster.remove_group(group)
-    cluster.unreported.update(cluster.slice_hosts[slice_name])
-    queue.released([slice_name], freed=True)
-    quick = queue.quick_reading()
-    assert quick is not None
-    assert queue.apply(quick)  # granted before the view shows the slice free
-
-
-def test_a_grant_of_a_slice_the_view_does_not_show_free_yet_waits_for_the_view() -> None:
-    """Ray leaves a group asked for on hosts it has not seen freed pending until the GCS
-    retries it, so the claimant of a grant that outran the hosts' report asks for its
-    group only once the view shows them free."""
-    cluster = queued_cluster(1)
-    busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
-    cluster.script("sleep", 2, lambda: hand_back_unreported(cluster, busy, "v6e-16-0"))
-    cluster.script("sleep", 4, cluster.unreported.clear)  # the hosts report
-    unreported_at_create: list[bool] = []
-    cluster.script("create_group", 1, lambda: unreported_at_create.append(bool(cluster.unreported)))
-    assert names(reserver(cluster).run()) == ["v6e-16-0"]
-    assert unreported_at_create == [False]
-    assert cluster.calls["wait_shown_free"] == 1
-
-
-def test_a_granted_slice_the_view_never_shows_free_goes_back_to_the_queue() -> None:
-    """A granted slice whose hosts the view does not show free within the bound (taken
-    again, or gone) is given back, and the request is served by the next slice freed;
-    nothing was asked for on the first."""
-    cluster = queued_cluster(2)
-    first = cluster.take("v6e-16-0", 0, {"TPU": 4})
-    second = cluster.take("v6e-16-1", 0, {"TPU": 4})
-    cluster.script("sleep", 2, lambda: hand_back_unreported(cluster, first, "v6e-16-0"))
-    free_later(cluster, 300, second)
-    assert names(reserver(cluster).run()) == ["v6e-16-1"]
-    assert cluster.calls["create_group"] == 1
-    assert tickets(cluster) == []
-
-
 def test_a_stale_record_that_lists_waiters_still_sends_a_reservation_to_the_queue() -> None:
     """Under load the queue may write its record less often than its freshness bound
     while others wait: a reservation that took the idle slice then would go ahead of

@@ -1,36 +1,28 @@
 """A slice handed back free changes hands before the queue reads the cluster again. Pure.
 
-The hand-back removed the slice's groups once its TPUs were confirmed free, so the queue
-grants it from its last read with only that slice changed, and the full decision still
-follows; a read made before Ray's view shows the hosts free still sees the slice freed.
-Anything besides its work that kept the slice from being ready (a dead host, a TPU owner,
-a host's own notice, a suspect host) keeps it from being granted that way, as does a read
-too old to trust and a hand-back that could not clear its holder records in time.
+The hand-back saw Ray's view show the slice free, so the queue grants it from its last
+read with only that slice changed, and the full decision still follows. Anything besides
+its work that kept the slice from being ready (a dead host, a TPU owner, a host's own
+notice, a suspect host) keeps it from being granted that way, as does a read too old to
+trust and a hand-back that did not see the slice free.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Collection
 
 import pytest
 
 from test_queue_runner import BOUND_S, Slices, run, ticket
 from tpuslice._host.notices import Notice
 from tpuslice._queue.book import Granted, Waiting
-from tpuslice._queue.service import (
-    FREED_SHOWN_S,
-    QUICK_WITHIN_S,
-    QueueService,
-    SliceKind,
-    Ticket,
-)
+from tpuslice._queue.service import QUICK_WITHIN_S, QueueService, SliceKind, Ticket
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.topology import slice_shape
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState, as_freed, wait_freed
 from tpuslice._view.holders import QUEUE_SOURCE, Holder
-from tpuslice.testing.memory import FakeClock, InMemoryCluster, MemoryGroup
+from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
 
 KIND = SliceKind(slice_shape("4x4", "v6e"), 1)
 
@@ -67,12 +59,10 @@ class Held:
         self.reads += 1
         return self.cluster.snapshot(per_chip)
 
-    def hand_back(self, name: str, *, freed: bool = True, reported: bool = True) -> None:
+    def hand_back(self, name: str, *, freed: bool = True) -> None:
         """The work on ``name`` ends: its groups and holder record go, and the queue is
-        told (``reported=False``: before Ray's view shows its hosts free)."""
+        told."""
         self.cluster.remove_group(self.groups.pop(name))
-        if not reported:
-            self.cluster.unreported.update(self.cluster.slice_hosts[name])
         self.holders.pop(name, None)
         self.service.released([name], freed=freed)
 
@@ -165,36 +155,6 @@ def test_a_slice_granted_quickly_and_claimed_is_never_granted_again() -> None:
     assert world.quick() == {"w2": (second,)}
     assert world.service.apply(reading) == {}
     assert isinstance(world.service.answer("w3"), Waiting)
-
-
-def test_a_read_just_after_a_hand_back_still_sees_its_slice_freed() -> None:
-    """A hand-back reports before Ray's view shows its hosts free. A read in between
-    shows the slice held; were it taken as the truth, a two-slice waiter, which only a
-    full decision grants (a quick one grants just the slices handed back), would wait
-    for the read after the next news, up to the queue's periodic look."""
-    world = Held()
-    first, second = world.names
-    world.service.enqueue(Ticket("w", KIND, (2, 2), 0, "pid w", "job"))
-    assert world.service.apply(world.service.read()) == {}
-    world.hand_back(first, reported=False)
-    assert world.service.apply(world.service.read()) == {}  # one slice of two
-    world.hand_back(second, reported=False)
-    assert not world.quick()
-    assert world.service.apply(world.service.read()) == {"w": (first, second)}
-
-
-def test_a_slice_the_view_shows_held_past_the_lag_is_held() -> None:
-    """Past :data:`FREED_SHOWN_S` the view is the truth again: a slice it still shows
-    held (taken again by someone outside the queue) is not granted."""
-    world = Held()
-    first = world.names[0]
-    world.service.enqueue(wait_ticket("w"))
-    assert world.service.apply(world.service.read()) == {}
-    world.hand_back(first, reported=False)
-    world.cluster.clock.t += FREED_SHOWN_S
-    assert world.service.apply(world.service.read()) == {}
-    world.cluster.unreported.clear()
-    assert world.service.apply(world.service.read()) == {"w": (first,)}
 
 
 def test_a_quick_decision_grants_only_the_slices_just_handed_back() -> None:
@@ -356,66 +316,12 @@ def test_the_runner_answers_a_freed_slices_waiter_while_the_next_read_is_held() 
     run(scenario)
 
 
-def test_a_wait_for_the_view_that_no_longer_sees_a_host_does_not_call_its_slice_free() -> None:
-    """A host gone from Ray's view stops the wait for it, but the slice is not whole: the
-    claimant of a grant must not take it (nor a hand-back vouch for it)."""
+def test_a_hand_back_that_no_longer_sees_a_host_does_not_report_its_slice_free() -> None:
+    """A host gone from Ray's view stops the wait for it, but the slice is not whole:
+    the hand-back must not vouch for it."""
     world = Held()
     hosts = list(held_info(world, world.names[0]).hosts.values())
     every = {h.node_id: {"TPU": h.tpu_total} for h in hosts}
     assert wait_freed(hosts, None, read=lambda: every, clock=Clock())
     gone = {n: free for n, free in every.items() if n != hosts[1].node_id}
     assert not wait_freed(hosts, None, read=lambda: gone, clock=Clock())
-
-
-def test_a_hand_backs_wait_ends_once_the_next_holder_took_hosts_never_shown_free() -> None:
-    """The next claimant may take a hand-back's hosts before any look saw them free; the
-    view then never shows them free, and without asking who holds them the hand-back's
-    wait would run to its bound."""
-    world = Held()
-    hosts = list(held_info(world, world.names[0]).hosts.values())
-    held_again = {h.node_id: {"TPU": 0.0} for h in hosts}
-    asked: list[tuple[float, set[str]]] = []
-    clock = FakeClock()
-
-    def taken(nodes: Collection[str]) -> set[str]:
-        asked.append((clock.t, set(nodes)))
-        return {hosts[0].node_id} if len(asked) == 1 else set(nodes)
-
-    assert wait_freed(
-        hosts, None, read=lambda: held_again, taken=taken, clock=Clock(clock.now, clock.sleep)
-    )
-    assert clock.t < 0.5  # not the 2 s bound
-    # Not asked until the view has had a report's time to show them free; then only for
-    # the hosts still waited for.
-    assert asked[0][0] >= 0.1
-    assert asked[1][1] == {h.node_id for h in hosts[1:]}
-
-
-def test_a_hand_back_the_view_shows_free_at_once_never_asks_who_holds_its_hosts() -> None:
-    """The usual case costs no placement-group read."""
-    world = Held()
-    hosts = list(held_info(world, world.names[0]).hosts.values())
-    free = {h.node_id: {"TPU": h.tpu_total} for h in hosts}
-
-    def taken(nodes: Collection[str]) -> set[str]:
-        raise AssertionError("asked")
-
-    assert wait_freed(hosts, None, read=lambda: free, taken=taken, clock=Clock())
-
-
-def test_a_hand_back_whose_hosts_stay_held_by_no_group_waits_to_its_bound() -> None:
-    """Held by something other than a group (a task asking for TPU directly), a host proves
-    nothing about the hand-back's groups: the wait ends at its bound, reported not freed."""
-    world = Held()
-    hosts = list(held_info(world, world.names[0]).hosts.values())
-    held = {h.node_id: {"TPU": 0.0} for h in hosts}
-    clock = FakeClock()
-    assert not wait_freed(
-        hosts,
-        None,
-        timeout_s=1.0,
-        read=lambda: held,
-        taken=lambda nodes: set(),
-        clock=Clock(clock.now, clock.sleep),
-    )
-    assert clock.t >= 1.0

@@ -149,7 +149,7 @@ class SliceQueueActor:
 
         Args:
             slices: Their names.
-            freed: The hand-back removed their groups once their TPUs were confirmed free.
+            freed: The hand-back saw Ray's view show them free.
         """
         await self.runner.released(slices, freed=freed)
 
@@ -260,7 +260,7 @@ class RayQueue:
 
         Args:
             slices: Their names.
-            freed: The hand-back removed their groups once their TPUs were confirmed free.
+            freed: The hand-back saw Ray's view show them free.
         """
         self.handle.released.remote(list(slices), freed)
 
@@ -335,9 +335,8 @@ class QueueLink:
 
         Args:
             slices: The slices handed back.
-            freed: The hand-back removed their groups once their TPUs were confirmed
-                free (the queue may then grant them before it reads the cluster again;
-                the claimant waits for Ray's view to show them free).
+            freed: The hand-back saw Ray's view show them free (the queue may then grant
+                them before it reads the cluster again).
         """
         if not slices or not ray.is_initialized():
             return

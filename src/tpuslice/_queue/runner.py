@@ -137,7 +137,7 @@ class QueueRunner:
 
         Args:
             slices: Their names.
-            freed: The hand-back removed their groups once their TPUs were confirmed free.
+            freed: The hand-back saw Ray's view show them free.
         """
         self.service.released(slices, freed=freed)
         if freed:

@@ -44,11 +44,6 @@ DEAD_CHECK_S = 1.0
 REPROBE_S = 2.0
 """While anyone waits, how often hosts busy only by a TPU-owner record are asked again,
 so a record of a process that has since exited cannot keep its slice busy."""
-FREED_SHOWN_S = 1.0
-"""How long after a hand-back reported its slices free a read may still show them held: it
-reports before Ray's view shows its hosts free, a resource report later (about 100 ms
-here). A read that begins within this still sees them freed. Below the book's settling
-time, so that a slice claimed again meanwhile still counts as its claimant's."""
 QUICK_WITHIN_S = 2.0
 """How old the last read may be for slices handed back since to be granted from it at
 once (:meth:`QueueService.quick_reading`). While anyone waits a read is at most
@@ -166,7 +161,7 @@ class SliceQueue(Protocol):
 
         Args:
             slices: Their names.
-            freed: The hand-back removed their groups once their TPUs were confirmed free.
+            freed: The hand-back saw Ray's view show them free.
         """
         ...
 
@@ -277,10 +272,7 @@ class QueueService:
         self._freed: set[str] = set()
         """Slices handed back free since the last quick reading."""
         self._freed_in_read: set[str] = set()
-        """Slices handed back free since the read under way began, or so shortly before
-        that it may not show them free (:data:`FREED_SHOWN_S`)."""
-        self._freed_at: dict[str, float] = {}
-        """Slice -> when its hand-back reported it free (kept for :data:`FREED_SHOWN_S`)."""
+        """Slices handed back free since the read under way began."""
         self._read_began = -float("inf")
         self._last: tuple[float, Reading] | None = None
         """The last read applied, and when that read began."""
@@ -403,17 +395,13 @@ class QueueService:
 
         Args:
             slices: Their names.
-            freed: The hand-back removed their groups once their TPUs were confirmed free,
-                so the next decision may grant them before it reads the cluster again
-                (:meth:`quick_reading`). Ray's view may show them free only a report
-                later: the claimant waits for that, and a read meanwhile shows them held
-                by no one's record, like a claim in flight.
+            freed: The hand-back saw Ray's view show them free, so the next decision may
+                grant them before it reads the cluster again (:meth:`quick_reading`).
         """
         self._changed = True
         if freed:
             self._freed.update(slices)
             self._freed_in_read.update(slices)
-            self._freed_at.update(dict.fromkeys(slices, self._clock()))
 
     # --- deciding -------------------------------------------------------------------
 
@@ -480,8 +468,7 @@ class QueueService:
         # The read covers every change so far; one reported while it runs must make
         # the next decision due at once, not wait for the periodic look.
         self._changed = False
-        self._freed_at = {s: at for s, at in self._freed_at.items() if now - at < FREED_SHOWN_S}
-        self._freed_in_read = set(self._freed_at)
+        self._freed_in_read = set()
         self._read_began = now
 
         def read() -> Reading:
@@ -559,9 +546,8 @@ class QueueService:
         changed_during_read = self._changed
         quick = bool(reading.quick)
         if not quick and self._freed_in_read:
-            # Handed back after this read began, or just before (Ray's view lags the
-            # hand-back's report): it may still show them held, and a quick decision may
-            # already have granted them.
+            # Handed back after this read began: it may still show them held, and a
+            # quick decision may already have granted them.
             reading, _ = self._with_freed(reading, self._freed_in_read)
         for ticket, found in list(self._tickets.items()):
             if found.job in reading.dead:

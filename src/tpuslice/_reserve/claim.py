@@ -44,13 +44,7 @@ from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.targets import Targets, WholeSlices
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
-from tpuslice._view.cluster import (
-    FREED_BOUND_S,
-    ClusterSnapshot,
-    HostInfo,
-    SliceInfo,
-    SliceState,
-)
+from tpuslice._view.cluster import ClusterSnapshot, HostInfo, SliceInfo, SliceState
 from tpuslice.errors import (
     InsufficientSlicesError,
     QueueUnreachableError,
@@ -439,8 +433,7 @@ class Reserver:
                 self._drop_broken(snapshot)
                 if granted is not None:
                     self._fix_count(len(granted.slices))
-                    if self._shown_free(_only(snapshot, granted.slices)):
-                        self._claim(_only(snapshot, granted.slices))
+                    self._claim(_only(snapshot, granted.slices))
                     if len(self.claims) < self.plan.num_slices:
                         self._requeue("a granted slice was taken meanwhile")
                         self._check_deadline(deadline, snapshot, started)
@@ -632,23 +625,6 @@ class Reserver:
             if self.clock.now() - now < QUEUE_POLL_S:
                 # Answered at once (a queue in memory, or one not answering): pause.
                 self.clock.sleep(QUEUE_POLL_S)
-
-    def _shown_free(self, granted: ClusterSnapshot) -> bool:
-        """Wait (bounded) until Ray's view shows the granted slices' hosts free. A
-        hand-back tells the queue before its hosts report their freed resources, and a
-        group asked for on them before that does not place until the GCS retries it
-        (see :func:`~tpuslice._view.cluster.wait_freed`). The grant took longer than the
-        report, mostly, so this is one look.
-
-        Returns:
-            Whether every host was shown free (``False``: one is gone, or someone took
-            it meanwhile; the grant goes back to the queue).
-        """
-        hosts = [h for s in granted.slices.values() for h in s.hosts.values()]
-        head = self.plan.shape.head_resource if self.plan.needs_head_claim else None
-        left = self.time_left()
-        bound = FREED_BOUND_S if left is None else min(FREED_BOUND_S, left)
-        return self.ops.wait_shown_free(hosts, head, bound)
 
     def _read(self) -> ClusterSnapshot:
         snapshot = self.ops.snapshot(self.plan.tpu_resource_per_chip)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,33 +52,6 @@ def live_placement_groups() -> list[dict[str, Any]]:
     """
     table = ray.util.placement_group_table()
     return [pg for pg in table.values() if pg.get("state") != "REMOVED"]
-
-
-def hosts_taken_by_groups(node_ids: Collection[str], resources: Collection[str]) -> set[str]:
-    """Of these hosts, those on which a placed group holds one of ``resources``.
-
-    After a hand-back removed its groups, such a group is someone else's: it proves the
-    hand-back's hold gone even if Ray's resource view never showed the host free between
-    the two (the placement group table is the GCS's own record, with no report lag).
-
-    Args:
-        node_ids: The hosts.
-        resources: Resource names (``TPU``, a head resource).
-
-    Returns:
-        The node ids with a bundle of a placed group that asks for any of them.
-    """
-    wanted, names = set(node_ids), set(resources)
-    taken: set[str] = set()
-    for pg in ray.util.placement_group_table().values():
-        if pg.get("state") != "CREATED":
-            continue
-        bundles = pg.get("bundles") or {}
-        for index, node in (pg.get("bundles_to_node_id") or {}).items():
-            asks = bundles.get(index) or {}
-            if node in wanted and any(asks.get(name, 0) > 0 for name in names):
-                taken.add(node)
-    return taken
 
 
 def remove_group(pg: PlacementGroup | None) -> None:

@@ -23,7 +23,7 @@ from tpuslice import _ray
 from tpuslice._queue.service import SliceQueue
 from tpuslice._reserve.groups import remove_group, wait_all
 from tpuslice._tpu.keys import CLAIMING_KEY_PREFIX, NAMESPACE
-from tpuslice._view.cluster import ClusterSnapshot, HostInfo, read_snapshot, wait_freed
+from tpuslice._view.cluster import ClusterSnapshot, read_snapshot
 
 
 class ClusterOps(Protocol):
@@ -110,23 +110,6 @@ class ClusterOps(Protocol):
 
         Returns:
             Their node ids.
-        """
-        ...
-
-    def wait_shown_free(
-        self, hosts: Sequence[HostInfo], head_resource: str | None, timeout: float
-    ) -> bool:
-        """Wait until the resource view has shown each host's TPU free (and the head
-        resource, on the host that has it), as :func:`~tpuslice._view.cluster.wait_freed`.
-
-        Args:
-            hosts: The hosts, with their ``TPU`` totals.
-            head_resource: The slice's head resource, or ``None``.
-            timeout: Seconds to wait at most.
-
-        Returns:
-            True once every host was shown free; False if the time passed first or a
-            host is gone.
         """
         ...
 
@@ -328,22 +311,6 @@ class RayOps:
         from tpuslice._host.agent import free_hosts
 
         return free_hosts()
-
-    def wait_shown_free(
-        self, hosts: Sequence[HostInfo], head_resource: str | None, timeout: float
-    ) -> bool:
-        """Poll Ray's available resources until every host was shown free.
-
-        Args:
-            hosts: The hosts, with their ``TPU`` totals.
-            head_resource: The slice's head resource, or ``None``.
-            timeout: Seconds to wait at most.
-
-        Returns:
-            True once every host was shown free; False if the time passed first or a
-            host is gone.
-        """
-        return wait_freed(hosts, head_resource, timeout_s=timeout)
 
     def start_owner_probe(self, node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
         """Ask the hosts' TPU agents (:func:`tpuslice._host.agent.start_probe`).

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
@@ -27,12 +27,7 @@ from tpuslice._queue.actor import QUEUE_LINK
 from tpuslice._queue.place import this_driver
 from tpuslice._reserve import observe
 from tpuslice._reserve.claim import Reservation, Reserver
-from tpuslice._reserve.groups import (
-    RankPlacement,
-    hosts_taken_by_groups,
-    remove_group,
-    wait_all,
-)
+from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
 from tpuslice._reserve.owners import SliceOwnership
 from tpuslice._reserve.plan import ReservationPlan
 from tpuslice._reserve.request import SliceRequest
@@ -40,7 +35,7 @@ from tpuslice._reserve.spares import SPARES
 from tpuslice._reserve.targets import Targets
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
-from tpuslice._tpu.labels import SLICE_NAME_LABEL, TPU_RESOURCE, CallEnv
+from tpuslice._tpu.labels import SLICE_NAME_LABEL, CallEnv
 from tpuslice._view.cluster import HostInfo, SliceInfo, wait_freed
 from tpuslice._view.holders import Holder, forget_held, record_held
 from tpuslice.errors import (
@@ -58,11 +53,9 @@ _T = TypeVar("_T", bound="ShutsDownOnExit")
 logger = logging.getLogger(__name__)
 
 _RECORDS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpuslice-holders")
-"""Writes the holder records off the reservation's path, in order: a hand-back's
-deletion runs after its reservation's records were written."""
 FORGET_BOUND_S = 2.0
-"""How long a hand-back waits for its holder records and the queue's notices to go
-before it reports its slices free (a few KV calls)."""
+"""How long a hand-back that saw its slices free waits for its holder records and the
+queue's notices to go before it reports them free (a few KV calls)."""
 
 
 def _settled(done: Future[Any]) -> bool:
@@ -75,10 +68,8 @@ def _settled(done: Future[Any]) -> bool:
     return True
 
 
-def _taken_again(node_ids: Collection[str]) -> set[str]:
-    """Of a hand-back's hosts, those whose TPU a placed group holds again (the next
-    holder's: the hand-back's own groups are removed)."""
-    return hosts_taken_by_groups(node_ids, [TPU_RESOURCE])
+"""Writes the holder records off the reservation's path, in order: a hand-back's
+deletion runs after its reservation's records were written."""
 
 
 class ShutsDownOnExit:
@@ -517,10 +508,10 @@ class SlicePlacementGroup(ShutsDownOnExit):
         """Give the slices back: stop the tasks started here by tpuslice and every owner
         process that opened a TPU (an owner that never did stays up, as this driver's
         spare on its host), confirm on each host that no process of this job still owns its TPU
-        (stopping any that does), remove every worker and head group, tell the queue, and
-        wait (bounded) until Ray's resource view shows the hosts free or taken by the
-        next holder, so that the slices are claimable at once when this returns (see
-        :func:`tpuslice._view.cluster.wait_freed`). Idempotent."""
+        (stopping any that does), remove every worker and head group, wait (bounded)
+        until Ray's resource view shows the hosts free, so that the slices are claimable
+        at once when this returns (see :func:`tpuslice._view.cluster.wait_freed`), and
+        tell the queue. Idempotent."""
         pids = self._reported_pids()
         self._cancel_launched()
         left = self._ownership.hand_back(pids) if self._reservation.claims else None
@@ -551,15 +542,12 @@ class SlicePlacementGroup(ShutsDownOnExit):
             # Reported free, the slices may be granted at once: the next holder must not
             # meet this one's records or the queue's notice to it. Records not gone in
             # time are reported as not freed: the queue then reads before it grants.
-            freed = forgotten is None or _settled(forgotten)
-            # Told before Ray's view shows the hosts free: the queue's grant reaches the
-            # next claimant while the hosts report, and the claimant waits for the view
-            # before it asks Ray to place anything there (Reserver._shown_free).
-            QUEUE_LINK.notify_released(names, freed=freed)
             head = self._plan.shape.head_resource if self._plan.needs_head_claim else None
-            # So that this driver's next read finds them free, or held by their next
-            # claimant, who may take them before a look here saw them free.
-            wait_freed(hosts, head, taken=_taken_again)
+            # Told only once Ray's view shows the hosts free: told before, the next
+            # claimant could take them before they were ever shown free, and this wait
+            # (so that this driver's next read finds them free) would run to its bound.
+            freed = wait_freed(hosts, head) and (forgotten is None or _settled(forgotten))
+            QUEUE_LINK.notify_released(names, freed=freed)
             SPARES.refill(restock)  # last: their processes would slow the steps above
         if reservation.claims:
             held = time.monotonic() - self._reserved_at

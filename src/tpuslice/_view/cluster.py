@@ -722,12 +722,6 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
 FREED_BOUND_S = 2.0
 """How long a hand-back waits for Ray's resource view to show its hosts free."""
 FREED_POLL_S = 0.01
-TAKEN_AFTER_S = 0.15
-"""From when a hand-back's wait also asks whether its hosts were taken again: a resource
-report (about 100 ms) after which the view would have shown them free, had no one
-claimed them first."""
-TAKEN_POLL_S = 0.05
-"""How often, from then on, it asks (one read of the placement group table)."""
 
 
 def wait_freed(
@@ -736,43 +730,34 @@ def wait_freed(
     *,
     timeout_s: float = FREED_BOUND_S,
     read: Callable[[], Available] | None = None,
-    taken: Callable[[Collection[str]], Collection[str]] | None = None,
     clock: Clock | None = None,
 ) -> bool:
     """Wait until Ray's resource view has shown each host's TPU free (and, on a host
-    that has it, the head resource), once, or until someone else holds it: the groups of
-    a hand-back are gone then.
+    that has it, the head resource), once: the groups of a hand-back are gone then.
 
     Removing a placement group returns before its hosts report their resources back
     (about 100 ms on an idle cluster). A group asked for on those hosts meanwhile does
     not place until the GCS retries it, 0.3-0.9 s later (benchmarks/RESULTS.md), so a
     hand-back that waits for the view ends with its slice claimable at once. Each host
     counts once seen free, even if someone takes it again at once; a host the view no
-    longer lists (dead) counts as free. A host the next claimant took before a look saw
-    it free counts too, once ``taken`` names it: otherwise the wait would run to its
-    bound.
+    longer lists (dead) counts as free.
 
     Args:
         hosts: The hosts handed back, with their ``TPU`` totals.
         head_resource: The slice's head resource (``TPU-v6e-16-head``), or ``None``.
         timeout_s: Bound on the wait.
         read: Reads the available resources per node (default: Ray's view).
-        taken: Of the node ids given, those another holder's group now holds (asked
-            from :data:`TAKEN_AFTER_S` on, every :data:`TAKEN_POLL_S`); ``None``: not
-            asked.
         clock: Injected time.
 
     Returns:
-        True once every host was seen free or taken again; False if the bound passed
-        first, or if a host was no longer listed (its slice is not whole: only a new
-        read can say what it is now).
+        True once every host was seen free; False if the bound passed first, or if a
+        host was no longer listed (its slice is not whole: only a new read can say what
+        it is now).
     """
     read = read or _ray.available_resources_per_node
     clock = clock or Clock()
     waiting = {h.node_id: h for h in hosts}
-    started = clock.now()
-    deadline = started + timeout_s
-    next_taken = started + TAKEN_AFTER_S
+    deadline = clock.now() + timeout_s
     all_listed = True
     while True:
         available = read()
@@ -785,10 +770,6 @@ def wait_freed(
                 and (head_ok or free.get(head_resource or "", 0.0) >= 1.0)
             ):
                 del waiting[node]
-        if waiting and taken is not None and clock.now() >= next_taken:
-            for node in taken(list(waiting)):
-                waiting.pop(node, None)
-            next_taken = clock.now() + TAKEN_POLL_S
         if not waiting:
             return all_listed
         if clock.now() >= deadline:

@@ -32,10 +32,9 @@ from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import DEFAULT_COOLDOWN_S, Blame, Suspect, SuspectReason
 from tpuslice._queue.service import QueueService, SliceQueue
 from tpuslice._reserve.ops import ClaimingRecord
-from tpuslice._tpu.clock import Clock
-from tpuslice._tpu.labels import TPU_RESOURCE, host_labels, host_resources
+from tpuslice._tpu.labels import host_labels, host_resources
 from tpuslice._tpu.topology import slice_shape
-from tpuslice._view.cluster import ClusterSnapshot, HostInfo, build_snapshot, wait_freed
+from tpuslice._view.cluster import ClusterSnapshot, build_snapshot
 from tpuslice.errors import InvalidArgumentError, QueueUnreachableError
 
 T = TypeVar("T")
@@ -43,7 +42,6 @@ NODE_ID_LABEL = "ray.io/node-id"
 OPERATIONS = (
     "snapshot",
     "free_hosts",
-    "wait_shown_free",
     "start_owner_probe",
     "owner_answers",
     "create_group",
@@ -206,17 +204,11 @@ class InMemoryCluster:
         """Node id -> the notice standing on it (a metadata server's or the queue's)."""
         self.cooldown_s = DEFAULT_COOLDOWN_S
         """The cluster's cool-down of a suspect host."""
-        self.unreported: set[str] = set()
-        """Node ids whose freed resources the view does not show yet (a hand-back's hosts
-        before their next report to the GCS): reads show their TPU and head resource
-        taken until the test reports them (removes them here)."""
         self.claiming: dict[str, ClaimingRecord] = {}
         """Slice name -> the reservation claiming it, as written to the KV store."""
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self._scripts: list[tuple[str, int, Callable[[], None], bool]] = []
         self._names = itertools.count()
-        self._head_resources: dict[str, str] = {}
-        """Slice name -> its head resource."""
         stamps = itertools.count(1)
         self.queue: QueueService | None = (
             QueueService(
@@ -267,7 +259,6 @@ class InMemoryCluster:
             self.nodes[node_id] = MemoryNode(node_id, labels, resources)
             hosts.append(node_id)
         self.slice_hosts[name] = hosts
-        self._head_resources[name] = shape.head_resource
         self._place_pending()
         return name
 
@@ -458,32 +449,6 @@ class InMemoryCluster:
         """
         return self._call("free_hosts", lambda: frozenset(self.seen_free))
 
-    def wait_shown_free(
-        self, hosts: Sequence[HostInfo], head_resource: str | None, timeout: float
-    ) -> bool:
-        """Look at the view, as :func:`~tpuslice._view.cluster.wait_freed` does, until no
-        host is in :attr:`unreported` (the clock moves by each pause).
-
-        Args:
-            hosts: The hosts, with their ``TPU`` totals.
-            head_resource: The slice's head resource, or ``None``.
-            timeout: Seconds to wait at most.
-
-        Returns:
-            True once every host was shown free; False if the time passed first or a
-            host is gone.
-        """
-        return self._call(
-            "wait_shown_free",
-            lambda: wait_freed(
-                hosts,
-                head_resource,
-                timeout_s=timeout,
-                read=self._available,
-                clock=Clock(self.clock.now, self.clock.sleep),
-            ),
-        )
-
     def start_owner_probe(self, node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
         """Ask each host who owns its TPU (:attr:`tpu_owners`) and record the answers, as
         the hosts' agents do.
@@ -666,9 +631,14 @@ class InMemoryCluster:
             }
             for i, n in enumerate(self.nodes.values())
         ]
+        available = {
+            n.node_id: {k: n.free(k) for k in n.resources if n.free(k) > 0}
+            for n in self.nodes.values()
+            if n.alive
+        }
         snapshot = build_snapshot(
             records,
-            self._available(),
+            available,
             per_chip,
             taken_at=self.clock.t,
             tpu_owners=self.recorded_owners,
@@ -679,20 +649,6 @@ class InMemoryCluster:
         if self.queue is None:
             return snapshot
         return dataclasses.replace(snapshot, queue=self.queue.record())
-
-    def _available(self) -> dict[str, dict[str, float]]:
-        """The available resources of each alive node, as the view shows them: an
-        :attr:`unreported` node's TPU and head resource still taken."""
-        shown: dict[str, dict[str, float]] = {}
-        heads = set(self._head_resources.values())
-        for n in self.nodes.values():
-            if not n.alive:
-                continue
-            free = {k: n.free(k) for k in n.resources if n.free(k) > 0}
-            if n.node_id in self.unreported:
-                free = {k: v for k, v in free.items() if k != TPU_RESOURCE and k not in heads}
-            shown[n.node_id] = free
-        return shown
 
     def _unplace(self, group: MemoryGroup) -> None:
         for node_id, bundle in zip(group.nodes or [], group.bundles, strict=False):

@@ -15,7 +15,8 @@ from clusterutil import exit_cleanly, wait_for, where_am_i
 from tpuslice._host.context import MEGASCALE_VARS, HostContext
 from tpuslice._reserve.reserve import plumbing
 from tpuslice._run.run import launch
-from tpuslice.testing import SimulatedCluster, live_placement_groups
+from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
+from tpuslice.testing import SimulatedCluster, live_placement_groups, remove_placement_groups
 
 pytestmark = pytest.mark.cluster
 
@@ -151,6 +152,70 @@ def test_one_shot_failure_releases_the_slice_and_fails_the_rest(
     assert not isinstance(info.value, ray.exceptions.GetTimeoutError)
     assert time.monotonic() - start < 30
     wait_for(lambda: not live_placement_groups(), timeout=5, what="slice released")
+
+
+@ray.remote
+def what_ray_gave() -> dict[str, object]:
+    """What Ray gave a task: its node, group, TPU ids, and the TPU variables it set."""
+    runtime = ray.get_runtime_context()
+    return {
+        "node": runtime.get_node_id(),
+        "group": runtime.get_placement_group_id(),
+        "tpu_ids": runtime.get_accelerator_ids().get("TPU", []),
+        "visible": os.environ.get("TPU_VISIBLE_CHIPS"),
+        "worker": os.environ.get("TPU_WORKER_ID"),
+    }
+
+
+def test_a_one_shot_runs_on_each_rank_host_holding_no_resources_of_its_own(
+    tpu_cluster: SimulatedCluster,
+) -> None:
+    """Each bundle is a host's whole TPU, so each rank's task goes straight to its host,
+    holding no Ray resources (the bundle keeps the TPU): it runs on its rank's host, in
+    no placement group, with no TPU ids, and sees the host's own TPU values, as a task
+    holding the whole host does with Ray (the deliberate difference in the docs)."""
+    hosts = {
+        (n["Labels"].get(SLICE_NAME_LABEL), n["Labels"].get(WORKER_ID_LABEL)): n["NodeID"]
+        for n in ray.nodes()
+        if n["Alive"]
+    }
+    refs = tpuslice.run_on_slice(what_ray_gave, **V4)
+    seen = ray.get(refs)
+    name = next(s for (s, w), node in hosts.items() if node == seen[0]["node"])
+    assert [r["node"] for r in seen] == [hosts[name, "0"], hosts[name, "1"]]
+    assert [r["worker"] for r in seen] == ["0", "1"]
+    assert {(r["group"], r["visible"]) for r in seen} == {(None, None)}
+    assert [r["tpu_ids"] for r in seen] == [[], []]
+    wait_for(lambda: not live_placement_groups(), timeout=10, what="the slice given back")
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["one-shot", "held"])
+def test_preemptible_work_ends_when_its_groups_are_taken_back(
+    tpu_cluster: SimulatedCluster, tmp_path: Path, held: bool
+) -> None:
+    """The queue takes a preemptible reservation's slices back by removing its groups, so
+    preemptible work runs inside its bundles (a one-shot's tasks, a held slice's owners):
+    removing the groups, as the queue does when the grace runs out, ends it."""
+    spg = tpuslice.SlicePlacementGroup(**V4, preemptible=True) if held else None
+    try:
+        marker = str(tmp_path / "started")
+        refs = (
+            tpuslice.run_on_slice(sleeper, marker, tpu_slice=spg)
+            if spg is not None
+            else tpuslice.run_on_slice(sleeper, marker, **V4, preemptible=True)
+        )
+        wait_for(lambda: len(list(tmp_path.iterdir())) == 2, timeout=60, what="work started")
+        start = time.monotonic()
+        assert remove_placement_groups() >= 1
+        for ref in refs:
+            with pytest.raises(ray.exceptions.RayError) as info:
+                ray.get(ref, timeout=30)
+            assert not isinstance(info.value, ray.exceptions.GetTimeoutError)
+        assert time.monotonic() - start < 30
+    finally:
+        if spg is not None:
+            spg.shutdown()
+    wait_for(lambda: not live_placement_groups(), timeout=10, what="nothing left reserved")
 
 
 @ray.remote

@@ -9,7 +9,10 @@ from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
 from tpuslice._host.context import HostContext
 
@@ -32,6 +35,11 @@ class RankPlacement:
     group: PlacementGroup
     bundle: int
     tpu: float
+    host: str | None = None
+    """The node id of the rank's host when its tasks go there directly, holding no Ray
+    resources (``None``: they go into the bundle, holding its TPU). Only where the bundle
+    is the host's whole TPU, which it keeps reserved, and where Ray's removing the group
+    need not end the tasks; the reservation decides (``SlicePlacementGroup._ranks``)."""
 
     def strategy(self) -> PlacementGroupSchedulingStrategy:
         """Ray's scheduling strategy that puts work in this rank's bundle.
@@ -42,6 +50,32 @@ class RankPlacement:
         return PlacementGroupSchedulingStrategy(
             placement_group=self.group, placement_group_bundle_index=self.bundle
         )
+
+    def task_options(self) -> dict[str, Any]:
+        """Ray's options for one task of this rank: no CPU, never retried (a retried task
+        would run outside its gang), and either sent straight to :attr:`host` or put in
+        the bundle, holding its TPU.
+
+        A raylet schedules a task into a bundle only once its view of the cluster has
+        that bundle, which comes with the next resource report (every 100 ms by
+        default), so the first tasks into a new group wait for it; a task sent to a node
+        and holding nothing is forwarded there at once.
+
+        Returns:
+            The options, for ``.options(**...)``.
+        """
+        if self.host is not None:
+            return {
+                "num_cpus": 0,
+                "max_retries": 0,
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(self.host, soft=False),
+            }
+        return {
+            "num_cpus": 0,
+            "resources": {"TPU": self.tpu},
+            "max_retries": 0,
+            "scheduling_strategy": self.strategy(),
+        }
 
 
 def live_placement_groups() -> list[dict[str, Any]]:

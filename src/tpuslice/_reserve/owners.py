@@ -12,7 +12,9 @@ on a held slice (``tpu_slice=``) runs each rank's call in that bundle's *owner*:
   first call runs in the driver's spare on that host (:mod:`tpuslice._reserve.spares`),
   not in a process started for it on every host. Where a bundle is part of a host, the
   owner is created in the bundle at the first call, holding its TPU, so Ray gives it
-  that bundle's chips;
+  that bundle's chips; so it is too where the queue may take the slice back
+  (``preemptible``), since taking back removes the groups, which ends only the actors
+  inside them;
 - every later call reuses it, so a JAX backend stays initialised between calls (and an
   actor call is cheaper than a task: about 5 ms against 13 ms for a 4-host round here);
 - the calls of one gang are submitted to every owner under one lock, so all owners see
@@ -105,8 +107,8 @@ class Owners:
         Args:
             ranks: Where each rank runs, in rank order.
             runtime_env: The runtime environment of the owners' processes, if any.
-            pinned_to: Each rank's node id when every bundle is a whole host's TPU and
-                the owners run in the job's runtime environment: they are then taken
+            pinned_to: Each rank's node id when the owners may run outside the bundles
+                and in the job's runtime environment: they are then taken
                 from :data:`SPARES` (see the module docstring).
 
         Returns:
@@ -236,8 +238,10 @@ class SliceOwnership:
     Args:
         ranks: Where each rank runs, in rank order (called when needed).
         rank_nodes: The node id of each rank's host (for the agents' hand-back check).
-        whole_hosts: Each bundle is a whole host's TPU, so the owners can be this
-            driver's spares, pinned to the hosts (see the module docstring).
+        on_hosts: The owners may run outside the bundles, pinned to the hosts: each
+            bundle is a host's whole TPU, and the slices cannot be taken back (which
+            removes their groups, and ends only what runs inside them). They are then
+            this driver's spares (see the module docstring).
     """
 
     def __init__(
@@ -245,11 +249,11 @@ class SliceOwnership:
         ranks: Callable[[], Sequence[RankPlacement]],
         rank_nodes: Callable[[], Sequence[str]],
         *,
-        whole_hosts: bool = False,
+        on_hosts: bool = False,
     ) -> None:
         self._ranks = ranks
         self._rank_nodes = rank_nodes
-        self._whole_hosts = whole_hosts
+        self._on_hosts = on_hosts
         self._lock = threading.Lock()
         self._owners: Owners | None = None
         self._runtime_env: Any = None
@@ -276,7 +280,7 @@ class SliceOwnership:
         """
         with self._lock:
             if self._owners is None:
-                pinned = list(self._rank_nodes()) if self._whole_hosts else None
+                pinned = list(self._rank_nodes()) if self._on_hosts else None
                 self._owners = Owners.start(self._ranks(), runtime_env, pinned_to=pinned)
                 self._runtime_env = runtime_env
             elif runtime_env and runtime_env != self._runtime_env:
@@ -368,7 +372,7 @@ class SliceOwnership:
             nodes = list(self._rank_nodes())
             for node, pid in owners.pids(nodes).items():
                 known.setdefault(node, set()).update(pid)
-            if self._whole_hosts:
+            if self._on_hosts:
                 kept = owners.take_clean(nodes)
             owners.kill()
         try:
@@ -380,7 +384,7 @@ class SliceOwnership:
         for node in [n for n in kept if answered.get(n, False) is not None]:
             # The host's TPU is not confirmed free: a spare there would only wait.
             ray.kill(kept.pop(node).handle, no_restart=True)
-        if owners is None or owners.actor_group or not self._whole_hosts:
+        if owners is None or owners.actor_group or not self._on_hosts:
             return HandBack(kept, [])
         restock = [n for n, found in answered.items() if found is None and n not in kept]
         return HandBack(kept, restock)

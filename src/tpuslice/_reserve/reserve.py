@@ -204,10 +204,15 @@ class SlicePlacementGroup(ShutsDownOnExit):
         observe.reservation_ended(
             request, "granted", self._reserved_at - asked, slices=self.slice_names
         )
+        # Work goes straight to the hosts, holding no Ray resources, where each bundle is
+        # a host's whole TPU (which the bundle keeps reserved), unless the queue may take
+        # the slices back: it does so by removing their groups, which ends only the tasks
+        # and actors inside them.
+        self._on_hosts = self._plan.whole_host_bundles and not request.preemptible
         self._ownership = SliceOwnership(
             self._ranks,
             self._rank_nodes,
-            whole_hosts=self._plan.bundles_per_host == 1,
+            on_hosts=self._on_hosts,
         )
         self._holder = uuid.uuid4().hex[:12]
         if self._reservation.recorded:
@@ -344,12 +349,15 @@ class SlicePlacementGroup(ShutsDownOnExit):
         ]
 
     def _ranks(self, slice_index: int | None = None) -> list[RankPlacement]:
-        """Where each rank runs (see :meth:`Plumbing.ranks`)."""
+        """Where each rank runs (see :meth:`Plumbing.ranks`); with its host where its
+        work goes straight there (see :meth:`_start`)."""
         tpu = self.bundle_resources.get("TPU", self.devices_per_host)
+        groups = self._worker_groups()
+        hosts: list[str | None] = [*self._rank_nodes()] if self._on_hosts else [None] * len(groups)
         return [
-            RankPlacement(context, group, bundle, tpu)
-            for context, (group, bundle) in zip(
-                host_contexts(self), self._worker_groups(), strict=True
+            RankPlacement(context, group, bundle, tpu, host)
+            for context, (group, bundle), host in zip(
+                host_contexts(self), groups, hosts, strict=True
             )
             if slice_index is None or context.slice_index == slice_index
         ]

@@ -138,8 +138,8 @@ def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
 def placements(
     spg: SlicePlacementGroup, slice_index: int | None = None
 ) -> list[tuple[HostContext, dict[str, Any]]]:
-    """``(context, task options)`` per rank: the bundle's TPU, no CPU, pinned to its
-    bundle, never retried (a retried host task would run outside its gang).
+    """``(context, task options)`` per rank: on its host or in its bundle, no CPU, never
+    retried (see :meth:`~tpuslice._reserve.groups.RankPlacement.task_options`).
 
     Args:
         spg: A held reservation.
@@ -151,18 +151,7 @@ def placements(
     Raises:
         SliceShutdownError: ``spg`` was shut down.
     """
-    return [
-        (
-            rank.context,
-            {
-                "num_cpus": 0,
-                "resources": {"TPU": rank.tpu},
-                "max_retries": 0,
-                "scheduling_strategy": rank.strategy(),
-            },
-        )
-        for rank in plumbing(spg).ranks(slice_index)
-    ]
+    return [(rank.context, rank.task_options()) for rank in plumbing(spg).ranks(slice_index)]
 
 
 def launch(

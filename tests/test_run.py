@@ -154,9 +154,10 @@ def test_one_shot_failure_releases_the_slice_and_fails_the_rest(
     wait_for(lambda: not live_placement_groups(), timeout=5, what="slice released")
 
 
-@ray.remote
+@ray.remote(resources={"TPU": 4})
 def what_ray_gave() -> dict[str, object]:
-    """What Ray gave a task: its node, group, TPU ids, and the TPU variables it set."""
+    """What Ray gave a task: its node, group, TPU ids, and the TPU variables it set.
+    Declared with a whole host's TPU, as code written for Ray 2.60 often is."""
     runtime = ray.get_runtime_context()
     return {
         "node": runtime.get_node_id(),
@@ -171,9 +172,10 @@ def test_a_one_shot_runs_on_each_rank_host_holding_no_resources_of_its_own(
     tpu_cluster: SimulatedCluster,
 ) -> None:
     """Each bundle is a host's whole TPU, so each rank's task goes straight to its host,
-    holding no Ray resources (the bundle keeps the TPU): it runs on its rank's host, in
-    no placement group, with no TPU ids, and sees the host's own TPU values, as a task
-    holding the whole host does with Ray (the deliberate difference in the docs)."""
+    holding no Ray resources (the bundle keeps the TPU), even where the function declares
+    the host's TPU: it runs on its rank's host, in no placement group, with no TPU ids,
+    and sees the host's own TPU values, as a task holding the whole host does with Ray
+    (the deliberate difference in the docs)."""
     hosts = {
         (n["Labels"].get(SLICE_NAME_LABEL), n["Labels"].get(WORKER_ID_LABEL)): n["NodeID"]
         for n in ray.nodes()

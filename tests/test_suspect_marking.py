@@ -158,6 +158,8 @@ def test_a_failure_pinned_on_a_host_keeps_its_blame_unless_a_notice_explains_it(
 def test_only_a_tasks_own_crash_or_node_death_pins_its_host() -> None:
     assert pinned_on_host(rex.WorkerCrashedError()) is SuspectReason.WORKER_CRASH
     assert pinned_on_host(rex.NodeDiedError("node 1a2b died")) is HOST_FAILURE
+    # A gang's task is sent to its rank's host: Ray cannot schedule it once that node died.
+    assert pinned_on_host(rex.TaskUnschedulableError("node 1a2b is dead")) is HOST_FAILURE
     wrapped = rex.RayTaskError("f", "tb", rex.WorkerCrashedError(), "ray::f", 1, "10.0.0.1")
     for exc in (rex.TaskCancelledError(), rex.ActorDiedError(), wrapped, ValueError("x")):
         assert pinned_on_host(exc) is None

@@ -53,8 +53,10 @@ class RankPlacement:
 
     def task_options(self) -> dict[str, Any]:
         """Ray's options for one task of this rank: no CPU, never retried (a retried task
-        would run outside its gang), and either sent straight to :attr:`host` or put in
-        the bundle, holding its TPU.
+        would run outside its gang), and either sent straight to :attr:`host`, holding no
+        resources (a function declared with the host's ``TPU`` would otherwise never be
+        scheduled there: the bundle holds all of it), or put in the bundle, holding its
+        TPU.
 
         A raylet schedules a task into a bundle only once its view of the cluster has
         that bundle, which comes with the next resource report (every 100 ms by
@@ -67,6 +69,7 @@ class RankPlacement:
         if self.host is not None:
             return {
                 "num_cpus": 0,
+                "resources": {},  # not even what the user's function declares: see above
                 "max_retries": 0,
                 "scheduling_strategy": NodeAffinitySchedulingStrategy(self.host, soft=False),
             }

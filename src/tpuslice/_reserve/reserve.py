@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from tpuslice._host.context import HostContext
+from tpuslice import _ray
+from tpuslice._host.context import SUBHOST_BOUNDS_KEY, HostContext
 from tpuslice._host.notices import Notice
 from tpuslice._queue.actor import QUEUE_LINK
 from tpuslice._queue.place import this_driver
@@ -433,8 +434,11 @@ class SlicePlacementGroup(ShutsDownOnExit):
             ray.cancel(ref, force=True)
 
     def _rank_env(self, rank: int) -> CallEnv:
-        """What this reservation sets for rank ``rank``'s calls besides its slice context
-        (nothing for whole slices: their hosts' own ``TPU_*`` values hold).
+        """What this reservation sets for rank ``rank``'s calls besides its slice context:
+        for whole slices, their hosts' own ``TPU_*`` values hold; where the work runs on
+        the hosts holding no chips, of hosts with more than 2, the wrapper is told which
+        sub-host chip bounds Ray may have left in the worker (see
+        :data:`~tpuslice._host.context.SUBHOST_BOUNDS_KEY`).
 
         Args:
             rank: A rank of this reservation.
@@ -442,6 +446,8 @@ class SlicePlacementGroup(ShutsDownOnExit):
         Returns:
             Variables to set (or, as None, unset) around the call.
         """
+        if self._on_hosts and self._plan.shape.chips_per_host > 2:
+            return {SUBHOST_BOUNDS_KEY: ";".join(_ray.subhost_chip_bounds())}
         return {}
 
     def notices(self) -> list[Notice]:
@@ -765,8 +771,9 @@ class Plumbing:
         return self._spg._reservation.arrival
 
     def ranks(self, slice_index: int | None = None) -> list[RankPlacement]:
-        """Where each rank runs: its context, its bundle and the bundle's TPU. Tasks,
-        actor groups and owners are all placed from this.
+        """Where each rank runs: its context, its bundle, the bundle's TPU, and its host
+        where its tasks go straight there. Tasks, actor groups and owners are all placed
+        from this.
 
         Args:
             slice_index: Only that slice's ranks (``None``: every rank).

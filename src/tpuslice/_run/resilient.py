@@ -39,6 +39,7 @@ from ray.exceptions import (
     RayTaskError,
     ReferenceCountingAssertionError,
     TaskCancelledError,
+    TaskUnschedulableError,
     WorkerCrashedError,
 )
 
@@ -145,7 +146,9 @@ def pinned_on_host(exc: BaseException) -> SuspectReason | None:
     """
     if isinstance(exc, WorkerCrashedError):
         return SuspectReason.WORKER_CRASH
-    if isinstance(exc, NodeDiedError):
+    if isinstance(exc, NodeDiedError | TaskUnschedulableError):
+        # A gang's task goes to its rank's host, or into a bundle pinned there; Ray finds
+        # it unschedulable when that node is dead.
         return SuspectReason.HOST_FAILURE
     return None
 
@@ -356,7 +359,7 @@ class GangBrokenError(Exception):
         host = plumbing(spg).rank_hosts()[rank]
         worker = -1 if host.worker_id is None else host.worker_id
         blame = Blame(host.node_id, host.slice_name, worker, reason, cause)
-        return cls(classify(exc), cause, blamed=(blame,))
+        return cls(Outcome.HOST_FAILURE, cause, blamed=(blame,))
 
 
 AttemptBody = Callable[[SlicePlacementGroup, AttemptWatch], list[Any]]

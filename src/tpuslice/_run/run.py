@@ -375,8 +375,8 @@ agents' release timeout)."""
 class Releaser:
     """One daemon thread that shuts one-shot slices down when their tasks end.
 
-    Ends means: every task finished, or any task failed (the gang is broken; removing
-    the groups stops the rest, whose refs then fail promptly since we never retry them).
+    Ends means: every task finished, or any task failed (the gang is broken; the
+    hand-back cancels the rest, whose refs then fail promptly since we never retry them).
 
     At interpreter exit (:meth:`close`, an exit hook from the first one-shot on, which
     runs before Ray shuts down: :data:`tpuslice._process.EXIT_HOOKS`) the thread is stopped
@@ -420,8 +420,8 @@ class Releaser:
                 self._thread.start()
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
-        """Stop the thread, then give back every one-shot still held (their tasks are
-        stopped with their groups), here. Waits for a hand-back in progress at most
+        """Stop the thread, then give back every one-shot still held (the hand-back
+        cancels their tasks), here. Waits for a hand-back in progress at most
         ``timeout_s``.
 
         Args:

@@ -107,9 +107,9 @@ except ProcessLookupError:
     pass
 """
 """Kills the command's process group once the host task's process is gone (reparented:
-its parent changed). Ray ends a task's process with SIGKILL when its placement group is
-removed before the task handled its cancel (a loaded host); the command, in a session of
-its own, would otherwise run on for ever."""
+its parent changed). Ray ends a task's process with SIGKILL when the task is cancelled
+by force, or its placement group removed, before it handled its cancel (a loaded host);
+the command, in a session of its own, would otherwise run on for ever."""
 
 
 def _guard(group: int) -> subprocess.Popen[bytes]:
@@ -206,11 +206,15 @@ def run_command(spg: SlicePlacementGroup, command: str, on_line: Printer) -> lis
                 thread.join(timeout=0.1)
     except KeyboardInterrupt:
         cancel_all()
-        # Let each host's task run its cleanup (kill its command's process group) before
-        # the caller removes the slice, which would SIGKILL the task first.
+        # Let each host's task run its cleanup (kill its command's process group); a task
+        # that has not ended by then is stopped outright (its guard then kills the
+        # command), since removing the slice's groups ends no task that runs outside them.
         deadline = time.monotonic() + CANCEL_GRACE_S
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        for (_, stream), thread in zip(streams, threads, strict=True):
+            if thread.is_alive():
+                ray.cancel(stream, force=True)
         raise
     return [r for r in results if r is not None]
 

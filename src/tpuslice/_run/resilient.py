@@ -135,8 +135,9 @@ def classify(exc: BaseException) -> Outcome:
 
 def pinned_on_host(exc: BaseException) -> SuspectReason | None:
     """Whether a task's own exception pins the failure on the host it ran on, by type
-    only: its node died, or its worker process crashed there. A wrapped one (user code
-    that saw a nested task fail) does not: that task may have run anywhere.
+    only: its node died (or, for a task sent there, was dead), or its worker process
+    crashed there. A wrapped one (user code that saw a nested task fail) does not: that
+    task may have run anywhere.
 
     Args:
         exc: The exception a task's ref raised.
@@ -147,8 +148,8 @@ def pinned_on_host(exc: BaseException) -> SuspectReason | None:
     if isinstance(exc, WorkerCrashedError):
         return SuspectReason.WORKER_CRASH
     if isinstance(exc, NodeDiedError | TaskUnschedulableError):
-        # A gang's task goes to its rank's host, or into a bundle pinned there; Ray finds
-        # it unschedulable when that node is dead.
+        # A gang's task sent straight to its rank's host is unschedulable once that node
+        # is dead (Ray fails it at once rather than wait).
         return SuspectReason.HOST_FAILURE
     return None
 

@@ -1,6 +1,7 @@
 """The contention benchmark's replay of a run under strict FCFS with no overheads
 (benchmarks/bench_contention.py): on the run's own arrivals and job lengths, what each
-job would have waited, and how much longer the worst job really waited. Pure."""
+job would have waited, and how much longer the worst job really waited; the slices idle
+while a request waited, measured and replayed; which paths share a cluster. Pure."""
 
 from __future__ import annotations
 
@@ -94,3 +95,80 @@ def test_a_job_submitted_outside_the_tie_window_keeps_its_place() -> None:
     waits = bench.fcfs_replay(jobs)
     assert waits[0, 0] == 0.0
     assert bench.beyond_fcfs(jobs)[0] == pytest.approx(2.5)
+
+
+def test_idle_while_waiting_counts_idle_slices_up_to_what_the_waiting_want() -> None:
+    """Samples hold until the next; a wait's edges between samples count where they fall.
+    [0, 0.5): 2 idle, 2 wanted; [0.5, 1): 2 idle, 3 wanted; [1, 2): none idle;
+    [2, 2.5): 3 idle, 3 wanted; [2.5, 3): 3 idle, 2 wanted."""
+    idle = [(0.0, 2), (1.0, 0), (2.0, 3), (3.0, 3)]
+    waits = [(0.5, 2.5, 1), (0.0, 3.0, 2)]
+    assert bench.idle_while_waiting(idle, waits) == pytest.approx(1.0 + 1.0 + 1.5 + 1.0)
+
+
+def test_idle_while_waiting_needs_two_samples_and_stops_at_the_last() -> None:
+    assert bench.idle_while_waiting([(0.0, 4)], [(0.0, 9.0, 1)]) == 0.0
+    assert bench.idle_while_waiting([(1.0, 4), (2.0, 4)], [(0.0, 9.0, 1)]) == pytest.approx(1.0)
+    assert bench.idle_while_waiting([(0.0, 4), (5.0, 4)], [(1.0, 1.0, 2)]) == 0.0
+
+
+def test_the_busy_timeline_steps_at_every_start_and_end() -> None:
+    runs = [(0.0, 2.0, 1), (1.0, 3.0, 2), (2.0, 4.0, 1)]
+    assert bench.busy_timeline(runs) == [(0.0, 1), (1.0, 3), (2.0, 3), (3.0, 1), (4.0, 0)]
+
+
+def two_slice_job_behind_three() -> list[Job]:
+    """Three 1-slice jobs hold 3 of 4 slices, ending at 2, 3 and 4 s; a 2-slice job
+    submitted at 0.1 s starts at 2 s, a 1-slice job submitted at 0.2 s at 3 s: the
+    replay's own schedule."""
+    return [
+        ran(0, 0, 1, 0.0, 0.0, 2.0),
+        ran(1, 0, 1, 0.0, 0.0, 3.0),
+        ran(2, 0, 1, 0.0, 0.0, 4.0),
+        ran(3, 0, 2, 0.1, 2.0, 4.0),
+        ran(4, 0, 1, 0.2, 3.0, 5.0),
+    ]
+
+
+def test_strict_fcfs_leaves_a_slice_idle_while_a_two_slice_job_waits() -> None:
+    """From 0.1 s to 2 s one slice is free and both late jobs wait behind the 2-slice
+    one: 1.9 slice-seconds idle while waiting, even with no overheads."""
+    assert bench.replay_idle_while_waiting(two_slice_job_behind_three()) == pytest.approx(1.9)
+
+
+def test_a_run_that_was_its_replay_leaves_nothing_beyond_it() -> None:
+    """Samples of that run's idle slices every 50 ms give the replay's integral, to
+    within the 50 ms the sampling blurs at each step."""
+    jobs = two_slice_job_behind_three()
+    runs = [(j.start, j.end, j.slices) for j in jobs if j.start is not None and j.end is not None]
+    busy = bench.busy_timeline(runs)
+
+    def idle_at(t: float) -> int:
+        return bench.SLICES - next((n for m, n in reversed(busy) if m <= t), 0)
+
+    samples = [(k * 0.05, idle_at(k * 0.05)) for k in range(101)]
+    report = bench.iww_report(jobs, samples)
+    assert report["iww_replay_slice_s"] == pytest.approx(1.9)
+    assert abs(report["iww_beyond_replay_slice_s"]) <= 0.05
+    assert report["slices_handed_over"] == 6
+    assert report["iww_beyond_per_slice_s"] == pytest.approx(
+        report["iww_beyond_replay_slice_s"] / 6
+    )
+
+
+def test_each_fresh_path_after_the_first_starts_a_cluster_that_later_paths_share() -> None:
+    groups = bench.cluster_groups(["ours-fresh", "floor-fresh", "ours", "floor"])
+    assert groups == [["ours-fresh"], ["floor-fresh", "ours", "floor"]]
+    assert bench.cluster_groups(["floor", "ours-fresh", "ours"]) == [
+        ["floor"],
+        ["ours-fresh", "ours"],
+    ]
+    assert bench.base_path("floor-fresh") == "floor"
+
+
+def test_a_path_is_held_against_the_floor_of_its_freshness_else_the_other() -> None:
+    both = [{"path": "floor-fresh"}, {"path": "floor"}]
+    assert bench.floor_for("ours-fresh", both) == {"path": "floor-fresh"}
+    assert bench.floor_for("ours", both) == {"path": "floor"}
+    assert bench.floor_for("ours-fresh", both[1:]) == {"path": "floor"}
+    assert bench.floor_for("ours", []) is None

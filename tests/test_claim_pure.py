@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from tpuslice._reserve import claim
-from tpuslice._reserve.ops import ClaimingRecord
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.labels import SLICE_NAME_LABEL
@@ -26,7 +25,7 @@ HEAD = "TPU-v6e-16-head"
 
 
 def reserver(cluster: InMemoryCluster, **request: Any) -> claim.Reserver:
-    clock = Clock(cluster.clock.now, cluster.clock.sleep)
+    clock = Clock(cluster.clock.now, cluster.clock.sleep, cluster.clock.stamp)
     return claim.Reserver(SliceRequest(**{**V6E, **request}), clock=clock, ops=cluster)
 
 
@@ -110,7 +109,7 @@ def test_n_slices_are_claimed_in_one_look_and_placed_together() -> None:
     cluster = InMemoryCluster([("v6e", "4x4", 3)])
     reservation = reserver(cluster, num_slices=3).run()
     assert names(reservation) == ["v6e-16-0", "v6e-16-1", "v6e-16-2"]
-    assert cluster.calls["snapshot"] == 1
+    assert cluster.calls["snapshot"] == 0  # the grant carries the queue's look
     assert cluster.calls["create_group"] == 1  # one group of 12 bundles, heads included
     assert cluster.calls["wait_placed"] == 1
     assert worker_nodes(cluster, reservation)[4:8] == [f"v6e-16-1/{w}" for w in range(4)]
@@ -186,7 +185,7 @@ def test_after_an_old_read_the_free_keys_are_listed_again_before_any_host_is_spa
     reservation = reserver(cluster, num_slices=1).run()
     assert names(reservation) == ["v6e-16-1"]
     assert asked == [["v6e-16-0/2"]]
-    assert cluster.calls["free_hosts"] == 1
+    assert cluster.calls["free_hosts"] == 2  # once for each grant
 
 
 def test_no_host_is_asked_when_every_agent_saw_its_tpu_free() -> None:
@@ -271,12 +270,12 @@ def test_a_slice_breaking_while_the_rest_are_claimed_is_given_back() -> None:
     assert on_broken == []
 
 
-def test_a_head_taken_between_look_and_claim_moves_to_another_slice() -> None:
-    """Worker 0's head of the picked slice is taken after the look: our group (which asks
+def test_a_head_taken_between_grant_and_claim_moves_to_another_slice() -> None:
+    """Worker 0's head of the picked slice is taken after the grant: our group (which asks
     for it in bundle 0) does not place within the claim bound, is removed, and the next
     round ends on the other slice."""
     cluster = InMemoryCluster([("v6e", "4x4", 2)])
-    cluster.script("snapshot", 1, lambda: cluster.take("v6e-16-0", 0, {HEAD: 1}), after=True)
+    cluster.script("create_group", 1, lambda: cluster.take("v6e-16-0", 0, {HEAD: 1}))
     reservation = reserver(cluster).run()
     assert names(reservation) == ["v6e-16-1"]
     assert cluster.clock.t == pytest.approx(claim.CLAIM_BOUND_S)  # one bounded wait
@@ -284,15 +283,15 @@ def test_a_head_taken_between_look_and_claim_moves_to_another_slice() -> None:
     assert worker_nodes(cluster, reservation) == [f"v6e-16-1/{w}" for w in range(4)]
 
 
-def test_a_host_taken_between_look_and_claim_gives_that_slice_back(
+def test_a_host_taken_between_grant_and_claim_gives_that_slice_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Host 2 of the picked slice is taken after the look: our group (head included) is
+    """Host 2 of the picked slice is taken after the grant: our group (head included) is
     placed whole or not at all, so nothing of ours lands on the slice, not even worker
     0's head; within the claim bound the slice is given back and another is placed."""
     cluster = InMemoryCluster([("v6e", "4x4", 2)])
     placements = Placements(cluster, monkeypatch)
-    cluster.script("snapshot", 1, lambda: cluster.take("v6e-16-0", 2, {"TPU": 1}), after=True)
+    cluster.script("create_group", 1, lambda: cluster.take("v6e-16-0", 2, {"TPU": 1}))
     reservation = reserver(cluster).run()
     assert names(reservation) == ["v6e-16-1"]
     assert cluster.clock.t == pytest.approx(claim.CLAIM_BOUND_S)
@@ -304,12 +303,12 @@ def test_a_host_taken_between_look_and_claim_gives_that_slice_back(
 def test_pg_per_slice_keeps_the_slice_that_placed_and_replaces_the_other(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """One group per slice; the second slice's host is taken after the look. The first
+    """One group per slice; the second slice's host is taken after the grant. The first
     slice stays claimed (as slice 0), the second is given back with nothing of ours left
     on it, and a third replaces it; each slice ends with exactly its own group."""
     cluster = InMemoryCluster([("v6e", "4x4", 3)])
     placements = Placements(cluster, monkeypatch)
-    cluster.script("snapshot", 1, lambda: cluster.take("v6e-16-1", 3, {"TPU": 1}), after=True)
+    cluster.script("create_group", 1, lambda: cluster.take("v6e-16-1", 3, {"TPU": 1}))
     reservation = reserver(cluster, num_slices=2, pg_per_slice=True).run()
     assert names(reservation) == ["v6e-16-0", "v6e-16-2"]
     groups = [c.worker_pg for c in reservation.claims]
@@ -320,41 +319,6 @@ def test_pg_per_slice_keeps_the_slice_that_placed_and_replaces_the_other(
             f"{c.slice_name}/{w}" for w in range(4)
         }
     assert placements.on("v6e-16-1") == set()
-
-
-def test_autoscaler_demand_is_adopted_when_the_new_slice_lands() -> None:
-    """Nothing idle, the cluster can grow: a pending unpinned head claim is the demand;
-    the slice the autoscaler adds is adopted through it, with no second head claim (the
-    workers' group does not ask for the head again)."""
-    cluster = InMemoryCluster([("v6e", "4x4", 1)], can_grow=True)
-    cluster.take("v6e-16-0", 1, {"TPU": 1})
-    cluster.script("sleep", 2, lambda: cluster.add_slice("v6e", "4x4", "v6e-16-grown"))
-    reservation = reserver(cluster).run()
-    assert names(reservation) == ["v6e-16-grown"]
-    head = reservation.claims[0].head_pg
-    assert head is not None  # the demand claim, which no slice already there could satisfy
-    assert cluster._group(head).selectors[0][SLICE_NAME_LABEL] == "!in(v6e-16-0)"
-    assert cluster.live_groups("reserver") == [head, reservation.combined_pg]
-
-
-def test_a_slice_adopted_through_demand_gets_no_second_head_in_its_block() -> None:
-    """Two wanted, one idle: the idle one is picked, the other comes from the autoscaler
-    through a demand group kept as that claim's head. In the one worker group, the picked
-    slice's block asks for its head in bundle 0; the adopted slice's block asks for none
-    (its demand group holds it, so asking again could never place)."""
-    cluster = InMemoryCluster([("v6e", "4x4", 2)], can_grow=True)
-    cluster.take("v6e-16-1", 1, {"TPU": 4})
-    cluster.script("sleep", 2, lambda: cluster.add_slice("v6e", "4x4", "v6e-16-grown"))
-    reservation = reserver(cluster, num_slices=2).run()
-    assert names(reservation) == ["v6e-16-0", "v6e-16-grown"]
-    picked, adopted = reservation.claims
-    assert picked.head_pg is None and adopted.head_pg is not None
-    group = reservation.combined_pg
-    assert isinstance(group, MemoryGroup)
-    assert heads_at(group) == [0]  # the picked slice's bundle 0 only
-    assert worker_nodes(cluster, reservation)[4] == "v6e-16-grown/0"
-    assert cluster.bundle_node(adopted.head_pg, 0) == "v6e-16-grown/0"
-    assert cluster.live_groups("reserver") == [adopted.head_pg, group]
 
 
 def test_without_an_autoscaler_a_request_too_big_fails_at_once() -> None:
@@ -373,7 +337,7 @@ def test_a_timeout_while_slices_are_busy_says_what_the_cluster_has() -> None:
         reserver(cluster, head_reservation_timeout_s=3.0).run()
     text = str(info.value)
     assert "2 whole slice(s), 2 busy (v6e-16-0: 1/4 hosts in use; v6e-16-1: 1/4" in text
-    assert "holding 0 of 1" in text
+    assert "first in the cluster's queue" in text
     assert 3.0 <= cluster.clock.t <= 3.0 + claim.POLL_S[1]
     assert cluster.live_groups("reserver") == []
 
@@ -512,22 +476,6 @@ def test_two_reservations_of_one_process_pick_different_slices_without_waiting()
     assert cluster.live_groups("reserver") == [second[0].combined_pg, first.combined_pg]
 
 
-def test_a_slice_another_reservation_here_is_claiming_shows_why_it_is_busy() -> None:
-    """With the only slice being claimed by another reservation of this process, a second
-    one times out saying so."""
-    cluster = InMemoryCluster([("v6e", "4x4", 1)])
-    errors: list[BaseException] = []
-
-    def second() -> None:
-        with pytest.raises(ReservationTimeoutError) as caught:
-            reserver(cluster, head_reservation_timeout_s=1.0).run()
-        errors.append(caught.value)
-
-    cluster.script("create_group", 1, second)
-    assert names(reserver(cluster).run()) == ["v6e-16-0"]
-    assert claim.CLAIMING_HERE_REASON in str(errors[0])
-
-
 def test_a_reservation_that_ended_no_longer_hides_its_slices() -> None:
     """Interrupted after picking a slice, a reservation forgets it: the next one of this
     process takes that slice."""
@@ -540,124 +488,6 @@ def test_a_reservation_that_ended_no_longer_hides_its_slices() -> None:
     with pytest.raises(KeyboardInterrupt):
         reserver(cluster).run()
     assert names(reserver(cluster).run()) == ["v6e-16-0"]
-
-
-def test_a_head_that_did_not_place_no_longer_hides_its_slice() -> None:
-    """A head claim of ``reserve_tpu_slice`` that did not place is given back at once: in
-    the pause before the reservation looks again (the other user's head gone by then),
-    the process's other reservations see that slice ready, not being claimed here."""
-    cluster = InMemoryCluster([("v6e", "4x4", 2)])
-    held: list[MemoryGroup] = []
-    seen: list[str] = []
-    cluster.script(
-        "snapshot", 1, lambda: held.append(cluster.take("v6e-16-0", 0, {HEAD: 1})), after=True
-    )
-
-    def release_and_look() -> None:
-        cluster.remove_group(held[0])
-        view = claim.CLAIMS_HERE.hide(cluster.snapshot(1), object(), cluster.clock.now())
-        seen.append(view.slices["v6e-16-0"].state.value)
-
-    cluster.script("sleep", 1, release_and_look)
-    clock = Clock(cluster.clock.now, cluster.clock.sleep)
-    reservation = claim.Reserver(
-        SliceRequest(**V6E), clock=clock, ops=cluster, heads_only=True
-    ).run()
-    assert seen == ["ready"]
-    assert names(reservation) == ["v6e-16-0"]  # looked again and took it
-
-
-def test_only_a_ready_slice_is_shown_busy_while_another_reservation_here_claims_it() -> None:
-    """A broken slice stays broken (so a shortage is still told at once), whoever here
-    is about to claim it."""
-    cluster = InMemoryCluster([("v6e", "4x4", 2)])
-    cluster.kill_host("v6e-16-1", 2)
-    here = claim.ClaimsHere()
-    first, second = object(), object()
-    snapshot = cluster.snapshot(1)
-    here.pick(snapshot, first, lambda view: dict(enumerate(view.slices.values())), now=0.0)
-    view = here.hide(snapshot, second, 0.0)
-    assert view.slices["v6e-16-0"].reason == claim.CLAIMING_HERE_REASON
-    assert view.slices["v6e-16-1"] == snapshot.slices["v6e-16-1"]
-    assert view.slices["v6e-16-1"].state.value == "broken"
-    assert here.hide(snapshot, first, 0.0) == snapshot  # its own picks are not hidden from it
-
-
-# --- reservations of other processes -----------------------------------------------------
-
-OTHER_PROCESS = "4242-0123456789ab"
-
-
-def test_a_slice_another_process_is_claiming_is_passed_over_without_waiting() -> None:
-    """Another driver recorded that it is claiming the first idle slice, and Ray does
-    not show it held yet: this reservation takes the second at once, its record stands
-    while it claims, and it is gone once the reservation ends (the other's is left)."""
-    cluster = InMemoryCluster([("v6e", "4x4", 2)])
-    cluster.mark_claiming("v6e-16-0", OTHER_PROCESS, claim.CLAIMING_STALE_S)
-    during: list[set[str]] = []
-    cluster.script("create_group", 1, lambda: during.append(set(cluster.claiming)))
-    reservation = reserver(cluster).run()
-    assert names(reservation) == ["v6e-16-1"]
-    assert during == [{"v6e-16-0", "v6e-16-1"}]
-    assert cluster.clock.t == 0
-    assert set(cluster.claiming) == {"v6e-16-0"}
-    assert cluster.claiming["v6e-16-0"].by == OTHER_PROCESS
-
-
-def test_with_every_idle_slice_claimed_elsewhere_a_reservation_waits_in_the_queue() -> None:
-    """Both idle slices are being claimed by other drivers: this reservation claims none
-    of them (it would only wait out groups that cannot place), and it waits in the queue
-    instead. One driver's group then places and the other driver gives up: the queue
-    grants this reservation the slice given up."""
-    cluster = InMemoryCluster([("v6e", "4x4", 2)], queue=True)
-    for name in ("v6e-16-0", "v6e-16-1"):
-        cluster.mark_claiming(name, OTHER_PROCESS + name, claim.CLAIMING_STALE_S)
-
-    def one_placed_one_gave_up() -> None:
-        for worker in range(4):
-            cluster.take("v6e-16-0", worker, {"TPU": 4, **({HEAD: 1} if worker == 0 else {})})
-        cluster.unmark_claiming("v6e-16-0", OTHER_PROCESS + "v6e-16-0")
-        cluster.unmark_claiming("v6e-16-1", OTHER_PROCESS + "v6e-16-1")
-
-    cluster.script("sleep", 1, one_placed_one_gave_up)
-    reservation = reserver(cluster, head_reservation_timeout_s=30.0).run()
-    assert names(reservation) == ["v6e-16-1"]
-    assert cluster.calls["slice_queue"] >= 1
-    assert cluster.calls["create_group"] == 1  # only the group that placed
-
-
-def test_a_last_resort_slice_another_process_is_claiming_is_not_raced_for() -> None:
-    """The only slice has a suspect host, so it is a last resort, and another driver is
-    claiming it: the reservation does not take it (nor spin on it), and times out."""
-    cluster = InMemoryCluster([("v6e", "4x4", 1)])
-    cluster.suspect("v6e-16-0", 2)
-    cluster.mark_claiming("v6e-16-0", OTHER_PROCESS, claim.CLAIMING_STALE_S)
-    with pytest.raises(ReservationTimeoutError) as caught:
-        reserver(cluster, head_reservation_timeout_s=1.0).run()
-    assert "1 with a suspect host" in str(caught.value)
-    assert cluster.calls["create_group"] == 0
-    assert cluster.claiming["v6e-16-0"].by == OTHER_PROCESS
-
-
-def test_a_stale_claiming_record_is_taken_over() -> None:
-    """A record older than the stale bound (its driver died before deleting it) does not
-    keep the slice from this reservation."""
-    cluster = InMemoryCluster([("v6e", "4x4", 1)])
-    cluster.mark_claiming("v6e-16-0", OTHER_PROCESS, claim.CLAIMING_STALE_S)
-    cluster.clock.t += claim.CLAIMING_STALE_S + 1
-    assert names(reserver(cluster).run()) == ["v6e-16-0"]
-    assert cluster.claiming == {}
-
-
-def test_a_claiming_record_that_cannot_be_read_does_not_block() -> None:
-    """An unreadable record is as good as none."""
-    assert ClaimingRecord.parse(b"not json") is None
-    assert ClaimingRecord.parse(None) is None
-    record = ClaimingRecord(OTHER_PROCESS, 100.0)
-    assert ClaimingRecord.parse(record.to_json()) == record
-    assert not record.yields_to("mine", 105.0, 10.0)
-    assert record.yields_to("mine", 111.0, 10.0)
-    assert record.yields_to(OTHER_PROCESS, 105.0, 10.0)
 
 
 # --- TPU owners --------------------------------------------------------------------------

@@ -68,11 +68,13 @@ def tickets(cluster: InMemoryCluster) -> list[str]:
     return [w.ticket for w, _, _ in queue_of(cluster).book.tickets()]
 
 
-def test_an_uncontended_request_claims_at_once_without_the_queue() -> None:
+def test_an_uncontended_request_is_granted_in_its_first_call_and_reads_nothing_itself() -> None:
+    """The queue's grant carries the slice's view: the driver reads no cluster."""
     cluster = queued_cluster()
     assert names(reserver(cluster).run()) == ["v6e-16-0"]
-    assert cluster.calls["slice_queue"] == 0
-    assert cluster.calls["snapshot"] == 1
+    assert cluster.calls["slice_queue"] == 1
+    assert cluster.calls["snapshot"] == 0
+    assert cluster.calls["sleep"] == 0
 
 
 def test_a_request_short_of_slices_waits_holding_nothing_then_gets_all_at_once() -> None:
@@ -216,11 +218,11 @@ def test_ctrl_c_while_queued_leaves_the_queue_and_holds_nothing() -> None:
     assert cluster.live_groups("reserver") == []
 
 
-def test_an_impossible_request_fails_at_once_and_never_queues() -> None:
+def test_an_impossible_request_fails_at_once_and_leaves_the_queue() -> None:
     cluster = queued_cluster(2)
     with pytest.raises(InsufficientSlicesError, match="asked for 3, the cluster has 2"):
         reserver(cluster, num_slices=3).run()
-    assert cluster.calls["slice_queue"] == 0
+    assert tickets(cluster) == []  # told at once by the queue, and left it
     assert cluster.clock.t == 0
 
 
@@ -233,26 +235,6 @@ def test_waiting_position_is_kept_for_the_message() -> None:
         r.run()
     assert r.place is None  # left
     assert isinstance(queue_of(cluster).book.poll("ahead"), Waiting)
-
-
-def test_without_a_queue_it_claims_directly_and_says_so_once(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """No queue: it waits for the second slice by looking again (no arrival order), with
-    nothing placed meanwhile (the idle slice is only picked), takes both together, and
-    one warning is logged for the process however many reservations wait."""
-    monkeypatch.setattr(claim, "FALLBACK_WARNING", claim.FallbackWarning())
-    cluster = InMemoryCluster([("v6e", "4x4", 2)])
-    busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
-    held = free_later(cluster, 2, busy)
-    with caplog.at_level(logging.WARNING, logger="tpuslice._reserve.claim"):
-        assert names(reserver(cluster, num_slices=2).run()) == ["v6e-16-0", "v6e-16-1"]
-        busy = cluster.take("v6e-16-0", 0, {"TPU": 1})
-        with pytest.raises(ReservationTimeoutError, match="holding 0 of 1"):
-            reserver(cluster, head_reservation_timeout_s=0.2).run()
-    assert held == [0]  # waited with nothing placed, not even the idle slice's head
-    warnings = [r for r in caplog.records if "without the cluster-wide queue" in r.message]
-    assert len(warnings) == 1
 
 
 class Flaky:
@@ -268,29 +250,93 @@ class Flaky:
         return getattr(self.queue, name)
 
 
-@pytest.mark.parametrize(("outage", "falls_back"), [(5.0, False), (claim.QUEUE_GRACE_S + 5, True)])
-def test_a_queue_that_stops_answering_is_waited_for_then_given_up(
-    outage: float, falls_back: bool, monkeypatch: pytest.MonkeyPatch
+def flaky_queue(
+    cluster: InMemoryCluster, monkeypatch: pytest.MonkeyPatch, down_until: float
+) -> Flaky:
+    flaky = Flaky(queue_of(cluster), 0.0, down_until)
+    monkeypatch.setattr(cluster, "slice_queue", lambda: flaky)
+    return flaky
+
+
+def test_a_queue_that_does_not_answer_is_waited_for_visibly_then_admits(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A short outage (a restart) keeps the reservation queued; a long one makes it
-    claim directly, as without a queue."""
+    """The queue is still starting: the reservation claims nothing meanwhile (the slice
+    is idle), says every few seconds that it waits for the queue, and is admitted by it
+    once it answers."""
+    cluster = queued_cluster(1)
+    flaky_queue(cluster, monkeypatch, down_until=12.0)
+    with caplog.at_level(logging.WARNING, logger="tpuslice._reserve.claim"):
+        reservation = reserver(cluster, head_reservation_timeout_s=30).run()
+    assert names(reservation) == ["v6e-16-0"]
+    assert cluster.clock.t >= 12.0
+    said = [r.getMessage() for r in caplog.records if "waiting for the slice queue" in r.message]
+    assert said[0].startswith("waiting for the slice queue to start: 0 s")
+    assert 2 <= len(said) <= 12.0 / claim.PROGRESS_S + 1  # every few seconds, not a flood
+    assert cluster.calls["create_group"] == 1  # nothing was claimed before the grant
+
+
+def test_a_queue_that_never_answers_ends_in_a_timeout_that_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = queued_cluster(1)
+    flaky_queue(cluster, monkeypatch, down_until=float("inf"))
+    with pytest.raises(ReservationTimeoutError, match="the slice queue, which admits every"):
+        reserver(cluster, head_reservation_timeout_s=5.0).run()
+    assert 5.0 <= cluster.clock.t <= 5.0 + claim.POLL_S[1]
+    assert cluster.calls["create_group"] == 0
+    assert cluster.live_groups("reserver") == []
+
+
+def test_reservations_that_waited_for_the_queue_are_served_in_the_order_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ours was asked for first; another driver's request, asked for a second later,
+    reaches the queue first, as soon as it answers. The one idle slice is still ours."""
+    cluster = queued_cluster(1)
+    flaky_queue(cluster, monkeypatch, down_until=3.0)
+
+    def another_driver_gets_there_first() -> None:
+        asked_later = cluster.clock.stamp()
+        cluster.clock.t = 3.0
+        queue_of(cluster).enqueue(other("asked-later"), asked_later)
+
+    cluster.script("sleep", 1, another_driver_gets_there_first)
+    reservation = reserver(cluster, head_reservation_timeout_s=30).run()
+    assert names(reservation) == ["v6e-16-0"]
+    assert tickets(cluster) == ["asked-later"]
+
+
+@pytest.mark.parametrize("outage", [3.0, 60.0])
+def test_a_queue_that_stops_answering_while_a_request_waits_is_waited_for(
+    outage: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart, short or long: the reservation keeps waiting in its place (never
+    claiming around the queue), and is granted the slice once it is handed back."""
     cluster = queued_cluster(1)
     busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
     flaky = Flaky(queue_of(cluster), 1.0, 1.0 + outage)
     monkeypatch.setattr(cluster, "slice_queue", lambda: flaky)
     cluster.clock.on_sleep = None
-    free_at = 2.0 + outage
+    free_at = 2.0
     original_sleep = cluster.clock.sleep
+    created: list[float] = []
+    original_create = cluster.create_group
+
+    def create(*args: Any, **kwargs: Any) -> Any:
+        created.append(cluster.clock.t)
+        return original_create(*args, **kwargs)
 
     def sleep(seconds: float) -> None:
         original_sleep(seconds)
         if cluster.clock.t >= free_at and not busy.removed:
             cluster.remove_group(busy)
 
+    monkeypatch.setattr(cluster, "create_group", create)
     r = reserver(cluster, head_reservation_timeout_s=None)
-    r.clock = Clock(cluster.clock.now, sleep)
+    r.clock = Clock(cluster.clock.now, sleep, cluster.clock.stamp)
     assert names(r.run()) == ["v6e-16-0"]
-    assert r.queueable is (not falls_back)
+    assert created and created[0] >= 1.0 + outage  # only once the queue answered again
 
 
 # --- ranges of slices ----------------------------------------------------------------------
@@ -303,7 +349,6 @@ def test_a_range_takes_every_idle_slice_up_to_its_max() -> None:
     assert names(reservation) == ["v6e-16-0", "v6e-16-1"]
     assert reservation.plan is not None and reservation.plan.num_slices == 2
     assert reservation.plan.num_bundles == 8  # two slices' hosts, not three
-    assert cluster.calls["slice_queue"] == 0
 
 
 def test_a_range_below_its_min_waits_in_the_queue_then_takes_what_is_idle() -> None:
@@ -423,16 +468,13 @@ def test_a_queued_request_lets_autoscaler_demand_go_rather_than_adopt_it() -> No
     assert claimed_while_queued == [0]  # the new slice was not adopted out of order
 
 
-@pytest.mark.parametrize("queue", [False, True], ids=["claiming", "queued"])
-def test_a_slice_the_autoscaler_adds_is_taken_as_soon_as_the_demand_lands_on_it(
-    queue: bool,
-) -> None:
+def test_a_slice_the_autoscaler_adds_is_granted_as_soon_as_the_demand_lands_on_it() -> None:
     """The demand group lands on the slice the autoscaler added, and is found there
     through Ray's table of groups, not by a wait of no time (which finds nothing placed,
-    in Ray as in InMemoryCluster). Claiming, the request adopts the slice; queued, it
-    lets its demand go and the queue grants the slice. Either way at once: a demand
-    group never found would hold the new slice itself until the deadline."""
-    cluster = InMemoryCluster([("v6e", "4x4", 1)], queue=queue, can_grow=True)
+    in Ray as in InMemoryCluster). The request lets its demand go and the queue grants
+    the slice, at once: a demand group never found would hold the new slice itself until
+    the deadline."""
+    cluster = InMemoryCluster([("v6e", "4x4", 1)], can_grow=True)
     cluster.take("v6e-16-0", 0, {"TPU": 4})
     cluster.script("sleep", 3, lambda: cluster.add_slice("v6e", "4x4", "v6e-16-new"))
     started = cluster.clock.t
@@ -464,40 +506,13 @@ def test_a_requeue_keeps_the_place_against_a_decision_between_its_calls() -> Non
             return interleaved
 
     place = QueuePlace(Interleaved(), other("ours").kind, (1, 1), 0)
-    place.join()
+    place.join(0.0)
     queue.enqueue(other("later"))
     cluster.remove_group(busy)
     assert place.wait(0.0) == Granted(("v6e-16-0",))
     place.requeue()
     assert isinstance(queue.poll("later"), Waiting)
     assert place.wait(0.0) == Granted(("v6e-16-0",))
-
-
-def test_a_request_that_lost_a_race_for_an_idle_slice_queues_in_the_order_asked() -> None:
-    """The request sees an idle slice and claims it directly; while its group is placed,
-    someone who does not queue takes a host of that slice, and another request reaches
-    the queue. Having lost, ours queues too: ahead of the other, which was asked for
-    after it, and it is granted the next slice handed back."""
-    cluster = queued_cluster(2)
-    busy = cluster.take("v6e-16-1", 0, {"TPU": 4})
-
-    def lose_the_race() -> None:
-        cluster.take("v6e-16-0", 2, {"TPU": 4})
-        cluster.clock.t += 0.5  # the other is asked for half a second after ours
-        queue_of(cluster).enqueue(other("asked-later"))
-
-    cluster.script("create_group", 1, lose_the_race)
-    order: list[list[str]] = []
-
-    def free_the_busy_slice() -> None:
-        order.append(tickets(cluster))
-        cluster.remove_group(busy)
-
-    cluster.script("sleep", 12, free_the_busy_slice)
-    reservation = reserver(cluster, head_reservation_timeout_s=30).run()
-    assert names(reservation) == ["v6e-16-1"]
-    assert len(order) == 1 and order[0][1:] == ["asked-later"]  # ours was first in line
-    assert tickets(cluster) == ["asked-later"]
 
 
 def test_a_grant_is_judged_by_the_free_keys_listed_after_it_not_by_its_view() -> None:

@@ -7,27 +7,28 @@ test_queue_book, test_queue_service, test_queue_runner, test_claim_queue."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import ray
 
 import tpuslice
-from clusterutil import exit_cleanly, hold_host, wait_for
+from clusterutil import hold_host, wait_for
 from tpuslice._tpu.keys import NAMESPACE
 from tpuslice._tpu.keys import QUEUE_ACTOR_NAME as QUEUE_NAME
 from tpuslice._view.cluster import read_snapshot
 from tpuslice._view.queue_record import QueuedRequest
-from tpuslice.testing import SimulatedCluster, assert_no_placement_groups
+from tpuslice.testing import SimulatedCluster, assert_no_placement_groups, live_placement_groups
 
 pytestmark = pytest.mark.cluster
 
@@ -208,43 +209,50 @@ def test_backfill_goes_around_a_blocked_request_but_not_onto_its_slices(
     nothing_left()
 
 
-STARTS_AT_EXIT = textwrap.dedent(
-    """
-    import sys, threading, time, ray
-    ray.init(address=sys.argv[1], log_to_driver=False)
-    from tpuslice._queue import actor as queue_actor
-
-    marker, original, entered = sys.argv[2], ray.get_actor, threading.Event()
-
-    def slow_get_actor(*args, **kwargs):
-        entered.set()
-        time.sleep(1.0)  # the driver exits meanwhile
-        try:
-            return original(*args, **kwargs)
-        finally:
-            with open(marker, "w") as f:
-                f.write("finished")
-
-    ray.get_actor = slow_get_actor
-    queue_actor.QUEUE_LINK.start_in_background()
-    assert entered.wait(30)
-    print("exiting", flush=True)
-    """
-)
-
-
-def test_a_driver_exiting_while_the_queue_starts_lets_the_start_finish_first(
-    tpu_cluster: SimulatedCluster, tmp_path: Path
+def test_with_the_queue_stopped_reservations_wait_for_it_visibly_then_go_in_order(
+    tpu_cluster: SimulatedCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The background start of the queue is in a Ray call when the script ends: the exit
-    waits for it (bounded) before Ray shuts down, so the call completes and the process
-    exits cleanly (a daemon thread left running would be cut off at exit, or call Ray
-    after Ray shut down and die with Ray's fatal 'core worker has already been
-    shutdown')."""
-    marker = tmp_path / "marker"
-    stdout = exit_cleanly(STARTS_AT_EXIT, tpu_cluster.address, str(marker), timeout=120)
-    assert "exiting" in stdout
-    assert marker.exists(), "the queue start was cut off at exit"
+    """The queue's process is stopped (as on an overloaded head node): two reservations
+    claim nothing while they wait for it, and each says so. Once it answers again they
+    are admitted in the order they were asked for: the first wants both slices, so the
+    second, though its call may reach the queue first, waits for the first's hand-back."""
+    from tpuslice._queue.actor import QUEUE_LINK
+
+    queue = QUEUE_LINK.slice_queue()
+    pid = ray.get(queue.handle.pid.remote())
+    held: dict[str, float] = {}
+    errors: list[BaseException] = []
+
+    def reserve(label: str, count: int) -> None:
+        try:
+            with tpuslice.SlicePlacementGroup(
+                "2x2x2", "v4", num_slices=count, head_reservation_timeout_s=120
+            ):
+                held[label] = time.monotonic()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            errors.append(exc)
+
+    def told() -> int:
+        return sum("waiting for the slice queue to start" in r.message for r in caplog.records)
+
+    threads = [
+        threading.Thread(target=reserve, args=("first", 2)),
+        threading.Thread(target=reserve, args=("second", 1)),
+    ]
+    with caplog.at_level(logging.WARNING, logger="tpuslice._reserve.claim"):
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            threads[0].start()
+            wait_for(lambda: told() >= 1, timeout=60, what="the first to say it waits")
+            threads[1].start()
+            wait_for(lambda: told() >= 2, timeout=60, what="the second to say it waits")
+            assert live_placement_groups() == []  # nothing claimed around the queue
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for thread in threads:
+            thread.join(timeout=120)
+    assert not errors, errors
+    assert held["first"] < held["second"]
     assert_no_placement_groups()
 
 

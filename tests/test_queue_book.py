@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from tpuslice._queue.book import ASKED_MAX_S, Granted, Never, QueueBook, Unknown, Waiting
+from tpuslice._queue.book import Granted, Never, QueueBook, Unknown, Waiting
 from tpuslice._queue.schedule import Holding, Waiter
 from tpuslice.errors import InvalidArgumentError
 
@@ -158,10 +158,46 @@ def test_a_request_the_cluster_can_never_hold_is_told_so(book: QueueBook) -> Non
     assert isinstance(answer, Never) and "the cluster has 4" in answer.reason
 
 
-def test_a_ticket_is_queued_once(book: QueueBook) -> None:
+def test_a_ticket_joined_again_is_queued_once_in_its_first_place(book: QueueBook) -> None:
+    """A driver sends its join again while the queue is slow: the copy changes nothing."""
+    first = book.enqueue(want("a"))
+    book.enqueue(want("b"))
+    assert book.enqueue(want("a"), arrival=first + 100) == first
+    assert [w.ticket for w, _, _ in book.tickets()] == ["a", "b"]
+
+
+@pytest.mark.parametrize("end", ["leave", "claimed"])
+def test_a_late_copy_of_a_join_does_not_queue_an_ended_ticket_again(
+    book: QueueBook, end: str
+) -> None:
+    """The driver gave up (or claimed) before a copy of its join reached the queue."""
     book.enqueue(want("a"))
-    with pytest.raises(InvalidArgumentError, match="already queued"):
+    getattr(book, end)("a")
+    with pytest.raises(InvalidArgumentError, match="has left the queue"):
         book.enqueue(want("a"))
+    assert book.tickets() == []
+
+
+def test_tickets_queue_in_the_order_their_drivers_stamped_not_the_order_they_arrived(
+    book: QueueBook,
+) -> None:
+    """Drivers that started together reach a queue that was still starting in any order;
+    each ticket carries when its reservation was asked for."""
+    book.enqueue(want("asked-second"), arrival=2_000)
+    book.enqueue(want("asked-first"), arrival=1_500)
+    assert [w.ticket for w, _, _ in book.tickets()] == ["asked-first", "asked-second"]
+    assert book.decide({KIND: ["s1"]}) == {"asked-first": ("s1",)}
+
+
+def test_a_driver_back_without_its_number_takes_over_its_kept_place(clock: Clock) -> None:
+    """Its first join never answered (the queue died meanwhile), so it has no number of
+    its own: the place the restarted queue kept for its ticket is its place."""
+    stamp = Stamp()
+    new = QueueBook(clock, stamp)
+    new.expect(replace(want("kept"), arrival=500), "pid 1")
+    new.enqueue(want("later"))
+    assert new.enqueue(want("kept")) == 500
+    assert [w.ticket for w, _, _ in new.tickets()] == ["kept", "later"]
 
 
 def test_leaving_gives_the_grant_back(book: QueueBook) -> None:
@@ -233,53 +269,3 @@ def test_a_claimed_slice_waits_for_a_holder_record_only_from_work_that_writes_on
     assert book.decide({KIND: ["s2"]}, [Holding(KIND, 3)], recorded={"s2"}) == {}  # shown idle
     assert book.decide({KIND: []}, [Holding(KIND, 4)], recorded={"s2"}) == {}
     assert book.decide({KIND: ["s2"]}, [Holding(KIND, 3)], recorded={"s2"}) == {"last": ("s2",)}
-
-
-def test_a_ticket_asked_for_earlier_goes_ahead_of_one_that_reached_the_queue_first(
-    book: QueueBook,
-) -> None:
-    """Its reservation spent 0.3 s reading the cluster and losing a race for an idle
-    slice; the other was asked for and queued meanwhile."""
-    book.enqueue(want("queued-first"))
-    book.enqueue(want("asked-first"), asked_s=0.3)
-    assert [w.ticket for w, _, _ in book.tickets()] == ["asked-first", "queued-first"]
-    assert book.decide({KIND: ["s1"]}) == {"asked-first": ("s1",)}
-
-
-def test_a_ticket_is_numbered_earlier_by_a_bounded_time(clock: Clock) -> None:
-    """A driver that says it was asked 100 s ago does not go ahead of a ticket that has
-    waited in the queue for longer than the bound."""
-    stamp = Stamp()
-    book = QueueBook(clock, stamp)
-    book.enqueue(want("waiting"))
-    stamp.now += round((ASKED_MAX_S + 1) * 1e9)
-    book.enqueue(want("says-100-s"), asked_s=100.0)
-    stamp.now += 1
-    book.enqueue(want("says-half-the-bound"), asked_s=ASKED_MAX_S / 2)
-    order = [w.ticket for w, _, _ in book.tickets()]
-    assert order == ["waiting", "says-100-s", "says-half-the-bound"]
-
-
-def test_tickets_asked_for_at_the_same_instant_keep_distinct_numbers() -> None:
-    class Frozen:
-        def __call__(self) -> int:
-            return 5_000_000_000
-
-    book = QueueBook(Clock(), Frozen())
-    numbers = {book.enqueue(want(name), asked_s=1.0) for name in ("a", "b", "c")}
-    assert len(numbers) == 3
-
-
-def test_a_backdated_ticket_stays_behind_the_places_kept_through_a_restart(clock: Clock) -> None:
-    """The restarted queue's clock is 2 s behind its predecessor's: a ticket asked for
-    1 s ago still comes after the tickets the old queue had, which reached it first."""
-    old_stamp = Stamp()
-    old_stamp.now = 5_000_000_000
-    old = QueueBook(clock, old_stamp)
-    kept = old.enqueue(want("kept"))
-    behind = Stamp()
-    behind.now = kept - 2_000_000_000
-    new = QueueBook(clock, behind)
-    new.expect(replace(want("kept"), arrival=kept), "pid 1")
-    new.enqueue(want("new"), asked_s=1.0)
-    assert [w.ticket for w, _, _ in new.tickets()] == ["kept", "new"]

@@ -12,7 +12,7 @@ from collections.abc import Collection
 from tpuslice._queue.book import Granted, Never, Waiting
 from tpuslice._queue.service import QueueService, SliceKind, Ticket
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._view.queue_record import QueueRecord
+from tpuslice._view.queue_record import QueuedRequest, QueueRecord
 from tpuslice.testing.memory import InMemoryCluster
 
 
@@ -133,3 +133,47 @@ def test_a_restarted_service_keeps_the_places_of_its_last_record() -> None:
     assert isinstance(new.service.poll("second"), Waiting)
     new.service.enqueue(ticket("first"), first)
     assert new.service.poll("first") == Granted(("v6e-16-0",))
+
+
+def test_a_request_that_arrives_during_a_read_of_no_kinds_waits_for_the_next_one() -> None:
+    """The read began with no one waiting, so it covers no slices: the first request of
+    its kind, which arrived meanwhile, is neither granted nor told it can never be, and
+    the next decision (due at once) reads its slices and grants it."""
+    cluster = InMemoryCluster([("v6e", "4x4", 1)])
+    service = World(cluster).service
+    read = service.reader()
+    service.enqueue(ticket("first"))
+    service.apply(read())
+    assert isinstance(service.answer("first"), Waiting)
+    assert service.due()
+    assert service.decide() == {"first": ("v6e-16-0",)}
+
+
+def test_a_driver_back_after_a_restart_is_not_told_never_by_a_read_of_no_kinds() -> None:
+    """A restarted queue keeps the places of the waiters its last record lists; its first
+    read covers no slices (no driver is back yet). The driver that takes its place over
+    is told where it stands by a decision that read its slices, not that it can never be
+    served."""
+
+    cluster = InMemoryCluster([("v6e", "4x4", 1)])
+    busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
+    service = World(cluster).service
+    request = QueuedRequest(
+        ticket="back",
+        kind=kind().key,
+        count=(1, 1),
+        priority=0,
+        who="pid back",
+        since=1.0,
+        position=1,
+        arrival=10**9,
+    )
+    service.expect([request])
+    service.decide()  # no driver back yet: nothing read
+    service.enqueue(ticket("back"), 10**9)
+    assert not isinstance(service.answer("back"), Never)
+    service.decide()
+    assert isinstance(service.answer("back"), Waiting)
+    cluster.remove_group(busy)
+    service.decide()
+    assert service.answer("back") == Granted(("v6e-16-0",))

@@ -10,6 +10,7 @@ import ray.util.tpu as ray_tpu
 
 import tpuslice
 from tpuslice._reserve.request import SliceRequest
+from tpuslice._tpu.labels import SLICE_NAME_LABEL
 from tpuslice.errors import InvalidArgumentError, InvalidResourceError, InvalidTopologyError
 
 
@@ -235,3 +236,29 @@ def test_a_sub_slice_request_that_cannot_be_met_as_asked_is_refused_saying_which
 ) -> None:
     with pytest.raises(error, match=names):
         SliceRequest(topology="2x2", accelerator_version="v6e", **options)  # type: ignore[arg-type]
+
+
+def test_the_slices_a_requests_label_selectors_accept() -> None:
+    """Bundle k of a slice lands on worker k // bundles_per_host; a slice is accepted when
+    some slice index's bundles all find their hosts' labels matching."""
+    from tpuslice._reserve.plan import accepted_slices
+
+    def hosts(zone: str, name: str) -> dict[int, dict[str, str]]:
+        return {w: {"zone": zone, SLICE_NAME_LABEL: name} for w in range(4)}
+
+    labels = {"s-a": hosts("a", "s-a"), "s-b": hosts("b", "s-b"), "s-c": hosts("c", "s-c")}
+    zoned = SliceRequest(
+        topology="4x4", accelerator_version="v6e", bundle_label_selector=[{"zone": "in(a,c)"}] * 4
+    )
+    assert accepted_slices(zoned.plan, labels) == {"s-a", "s-c"}
+    pinned = SliceRequest(
+        topology="4x4",
+        accelerator_version="v6e",
+        num_slices=2,
+        bundle_label_selector=[{SLICE_NAME_LABEL: "s-b"}] * 4 + [{SLICE_NAME_LABEL: "s-c"}] * 4,
+    )
+    assert accepted_slices(pinned.plan, labels) == {"s-b", "s-c"}
+    negative = SliceRequest(
+        topology="4x4", accelerator_version="v6e", bundle_label_selector=[{"zone": "!b"}] * 4
+    )
+    assert accepted_slices(negative.plan, labels) == {"s-a", "s-c"}

@@ -419,7 +419,7 @@ class HeldSlices:
     group of the reservation removed when the attempt leaves."""
 
     def __init__(self, cluster: InMemoryCluster, request: SliceRequest) -> None:
-        clock = Clock(cluster.clock.now, cluster.clock.sleep)
+        clock = Clock(cluster.clock.now, cluster.clock.sleep, cluster.clock.stamp)
         reservation = claim.Reserver(request, clock=clock, ops=cluster).run()
         assert reservation.plan is not None
         self.cluster = cluster
@@ -458,7 +458,7 @@ def test_a_run_over_a_range_shrinks_when_a_slice_is_lost_and_grows_back() -> Non
         body,  # type: ignore[arg-type]
         request,
         RetryPolicy(),
-        clock=Clock(cluster.clock.now, cluster.clock.sleep),
+        clock=Clock(cluster.clock.now, cluster.clock.sleep, cluster.clock.stamp),
         reserve=lambda r: HeldSlices(cluster, r),  # type: ignore[arg-type,return-value]
         make_watch=no_watch,  # type: ignore[arg-type]
     )

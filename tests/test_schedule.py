@@ -175,3 +175,55 @@ def test_three_two_slice_requests_on_three_slices_all_complete() -> None:
 def test_a_slice_offered_under_two_kinds_is_refused() -> None:
     with pytest.raises(InvalidArgumentError, match="slice s1 is listed under kinds"):
         decide([waiter("a", 1)], {V6E: ["s1"], "v6e-16/2x4": ["s1"]})
+
+
+# --- requests restricted by label selectors ------------------------------------------------
+
+
+def test_a_restricted_request_is_granted_only_the_slices_it_accepts() -> None:
+    got = decide([waiter("zone-b", 1, only=frozenset({"c"}))], {V6E: ["a", "b", "c"]})
+    assert got.grants == {"zone-b": ("c",)}
+
+
+def test_a_blocked_restricted_request_holds_back_only_its_own_slices() -> None:
+    """It waits for a busy slice; a later request of the kind takes an idle other one (it
+    could not serve the first), and one that wants the first's slice waits behind it."""
+    queue = [
+        waiter("pinned", 1, arrival=1, only=frozenset({"a"})),
+        waiter("any", 1, arrival=2),
+        waiter("also-a", 1, arrival=3, only=frozenset({"a", "b"})),
+    ]
+    got = decide(queue, {V6E: ["b"]}, [Holding(V6E, 1)])
+    assert got.grants == {"any": ("b",)}
+    assert "pinned" in got.blocked and "also-a" in got.blocked
+
+
+def test_an_unrestricted_blocked_request_still_holds_back_everyone_behind_it() -> None:
+    queue = [waiter("two", 2, arrival=1), waiter("zone", 1, arrival=2, only=frozenset({"a"}))]
+    got = decide(queue, {V6E: ["a"]}, [Holding(V6E, 1)])
+    assert got.grants == {}
+    assert got.earmarks["two"] == ("a",)
+
+
+def test_a_request_that_names_its_slice_takes_it_though_suspect() -> None:
+    """A health check pins the suspect slice it checks: no other slice could serve it."""
+    got = decide([waiter("check", 1, only=frozenset({"s"}))], {V6E: ["a"]}, suspects={V6E: ["s"]})
+    assert got.grants == {"check": ("s",)}
+    spread = decide(
+        [waiter("zone", 1, only=frozenset({"s", "a2"}))],
+        {V6E: []},
+        suspects={V6E: ["s"]},
+        trusted={V6E: 4},
+    )
+    assert spread.grants == {}  # it could wait for a trusted one it accepts
+
+
+def test_a_restricted_request_the_cluster_can_never_hold_is_told_so() -> None:
+    got = decide([waiter("two-pinned", 2, only=frozenset({"a"}))], {V6E: ["a", "b"]})
+    assert "the cluster has 1 that its label selectors accept" in got.never["two-pinned"]
+
+
+def test_a_restricted_request_never_preempts() -> None:
+    victim = Holding(V6E, 1, preemptible=True, holder="low", priority=-5, who="low")
+    got = decide([waiter("pinned", 1, priority=5, only=frozenset({"a"}))], {V6E: []}, [victim])
+    assert got.preempt == {}

@@ -184,7 +184,7 @@ def test_a_place_given_an_arrival_enqueues_with_it_and_keeps_it() -> None:
     world.hold(names[1], "y", "t", preemptible=False)
     world.service.enqueue(ask("later", "t"))  # arrival 1 s on the stamps' clock
     place = QueuePlace(world.service, KIND, (1, 1), 0, arrival=5)
-    place.join()
+    place.join(0.0)
     assert place.arrival == 5
     world.leave(names[0])
     world.at(1.0)

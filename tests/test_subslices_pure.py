@@ -113,7 +113,7 @@ def reserve(
         **request,
     )
     targets = SubSlices(req, cluster, known.discover, known.load, cluster.clock.now)
-    clock = Clock(cluster.clock.now, cluster.clock.sleep)
+    clock = Clock(cluster.clock.now, cluster.clock.sleep, cluster.clock.stamp)
     reserver = claim.Reserver(req, clock=clock, ops=cluster, targets=targets)
     return reserver.run(), targets
 

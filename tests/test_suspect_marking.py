@@ -169,7 +169,7 @@ class Held:
     """A reservation of an in-memory cluster as the loop holds it, its hosts known."""
 
     def __init__(self, cluster: InMemoryCluster, request: SliceRequest, log: list[str]) -> None:
-        clock = Clock(cluster.clock.now, cluster.clock.sleep)
+        clock = Clock(cluster.clock.now, cluster.clock.sleep, cluster.clock.stamp)
         reservation = claim.Reserver(request, clock=clock, ops=cluster).run()
         self.cluster, self.log = cluster, log
         self.slice_names = [c.slice_name for c in reservation.claims]
@@ -211,7 +211,7 @@ def test_a_retry_after_a_hang_goes_to_another_slice() -> None:
         body,  # type: ignore[arg-type]
         SliceRequest(topology="2x2x2", accelerator_version="v4"),
         RetryPolicy(max_retries_hang=1),
-        clock=Clock(cluster.clock.now, cluster.clock.sleep),
+        clock=Clock(cluster.clock.now, cluster.clock.sleep, cluster.clock.stamp),
         reserve=lambda r: Held(cluster, r, log),  # type: ignore[arg-type,return-value]
         watching=WatchConfig(heartbeat_timeout_s=5.0),
         make_watch=lambda config, spg, event: world.watch(spg.hosts, config),  # type: ignore[attr-defined]

@@ -115,12 +115,11 @@ def test_a_suspect_slice_is_taken_when_no_other_exists_and_says_so(
     assert "host 2 suspect (hang), 10 min left" in caplog.text
 
 
-@pytest.mark.parametrize("queued", [False, True])
-def test_with_a_trusted_slice_busy_a_suspect_one_is_taken_near_the_deadline(queued: bool) -> None:
+def test_with_a_trusted_slice_busy_a_suspect_one_is_taken_near_the_deadline() -> None:
     """The trusted slice stays busy: the request takes the suspect one once its deadline is
-    LAST_RESORT_S away, not before, and not at the timeout. With the queue, the ticket
-    carries the time left, and the queue grants it on its own clock."""
-    cluster = InMemoryCluster([("v6e", "4x4", 2)], queue=queued)
+    LAST_RESORT_S away, not before, and not at the timeout. The ticket carries the time
+    left, and the queue grants it on its own clock."""
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
     cluster.take("v6e-16-0", 0, {"TPU": 4})
     cluster.suspect("v6e-16-1", 3)
     reservation = reserver(cluster, head_reservation_timeout_s=100).run()
@@ -128,9 +127,8 @@ def test_with_a_trusted_slice_busy_a_suspect_one_is_taken_near_the_deadline(queu
     assert 100 - LAST_RESORT_S <= cluster.clock.t < 100
 
 
-@pytest.mark.parametrize("queued", [False, True])
-def test_a_trusted_slice_freed_before_the_margin_is_taken_instead(queued: bool) -> None:
-    cluster = InMemoryCluster([("v6e", "4x4", 2)], queue=queued)
+def test_a_trusted_slice_freed_before_the_margin_is_taken_instead() -> None:
+    cluster = InMemoryCluster([("v6e", "4x4", 2)])
     busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
     cluster.suspect("v6e-16-1", 3)
     cluster.script("sleep", 3, lambda: cluster.remove_group(busy))

@@ -4,8 +4,8 @@ The actor (``tpuslice-queue`` in namespace ``tpuslice``, on the head node, resta
 Ray if it dies) is an async actor running a :class:`~tpuslice._queue.runner.QueueRunner`
 over the live cluster: a driver's ask is held until its ticket is granted, decisions are
 made when something changes, and each decision's record goes to Ray's KV store. Drivers
-reach it through :class:`RayQueue`; when it cannot be reached they claim idle slices directly
-(the claiming loop logs that once per process), so a cluster without it still works.
+reach it through :class:`RayQueue`. It admits every whole-slice reservation: a driver
+that cannot reach it waits for it (see :class:`QueueLink`), and never claims without it.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from typing import Any
 import ray
 
 from tpuslice import _ray, metrics
-from tpuslice._process import EXIT_HOOKS
 from tpuslice._queue.book import LEASE_S, Answer
 from tpuslice._queue.orders import USAGE_SAVE_S, carry_out, read_usage, save_usage
 from tpuslice._queue.runner import QueueRunner
-from tpuslice._queue.service import QueueService, Ticket
+from tpuslice._queue.service import Joined, QueueService, Ticket
 from tpuslice._queue.share import UsageMeter, held_by
 from tpuslice._tpu.keys import NAMESPACE, QUEUE_KEY
 from tpuslice._tpu.keys import QUEUE_ACTOR_NAME as NAME
@@ -38,7 +37,7 @@ from tpuslice.slice_seconds import SliceSeconds
 
 logger = logging.getLogger(__name__)
 
-CALL_TIMEOUT_S = 10.0
+CALL_TIMEOUT_S = 2.0
 """How long a driver waits for the queue to answer (it may be starting or restarting),
 beyond the time it asked the queue to hold the call."""
 MAX_ASKS = 100_000
@@ -104,17 +103,18 @@ class SliceQueueActor:
             self._usage_saved = now
             save_usage(usage, now)
 
-    async def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
-        """See :meth:`QueueRunner.enqueue`.
+    async def join(self, ticket: Ticket, arrival: int | None, timeout_s: float) -> Joined:
+        """See :meth:`QueueRunner.join`.
 
         Args:
             ticket: The request.
             arrival: Its original arrival number.
+            timeout_s: How long to hold the call at most.
 
         Returns:
-            Its arrival number.
+            Its arrival number and the answer.
         """
-        return await self.runner.enqueue(ticket, arrival)
+        return await self.runner.join(ticket, arrival, timeout_s)
 
     async def wait(self, ticket: str, timeout_s: float) -> Answer:
         """See :meth:`QueueRunner.wait`.
@@ -202,23 +202,28 @@ class RayQueue:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
-        """Enqueue (again, with ``arrival``, to keep a place).
+    def join(self, ticket: Ticket, arrival: int | None, timeout_s: float) -> Joined:
+        """Enqueue (again, with ``arrival``, to keep a place), held until the ticket is
+        granted or can never be, or ``timeout_s`` passed. Joining again with the same
+        ticket is harmless (a queue still starting may get several copies).
 
         Args:
             ticket: The request.
-            arrival: Its original arrival number.
+            arrival: Its arrival number.
+            timeout_s: How long the actor may hold the call.
 
         Returns:
-            Its arrival number.
+            Its arrival number and the answer.
 
         Raises:
-            QueueUnreachableError: the queue did not answer.
+            QueueUnreachableError: the queue did not answer (yet).
         """
         if not ticket.job:
             ticket = replace(ticket, job=_ray.current_job_id())
-        number: int = self._get(self.handle.enqueue.remote(ticket, arrival))
-        return number
+        joined: Joined = self._get(
+            self.handle.join.remote(ticket, arrival, timeout_s), timeout_s + CALL_TIMEOUT_S
+        )
+        return joined
 
     def wait(self, ticket: str, timeout_s: float) -> Answer:
         """Where a ticket stands, once granted (or never grantable), or after at most
@@ -256,13 +261,26 @@ class RayQueue:
         self.handle.leave.remote(ticket)
 
     def released(self, slices: Sequence[str], *, freed: bool = False) -> None:
-        """A hand-back ended (not waited for).
+        """A hand-back ended: waited for, within :data:`CALL_TIMEOUT_S` (a driver that
+        exits right after its hand-back would otherwise drop the call, and the slices
+        would wait for the queue's next periodic look).
 
         Args:
             slices: Their names.
             freed: The hand-back saw Ray's view show them free.
         """
-        self.handle.released.remote(list(slices), freed)
+        ray.wait([self.handle.released.remote(list(slices), freed)], timeout=CALL_TIMEOUT_S)
+
+    def ping(self, timeout_s: float) -> None:
+        """Wait until the actor answers.
+
+        Args:
+            timeout_s: How long to wait.
+
+        Raises:
+            QueueUnreachableError: it did not answer in time.
+        """
+        self._get(self.handle.counts.remote(), timeout_s)
 
     def _get(self, ref: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
         try:
@@ -275,27 +293,20 @@ class RayQueue:
             raise QueueUnreachableError(f"the slice queue did not answer: {exc}") from exc
 
 
-START_AT_EXIT_S = 5.0
-"""At interpreter exit, how long to wait for a queue start still in progress."""
+START_WAIT_S = 60.0
+"""How long a cluster's set-up waits for the queue to answer (:meth:`QueueLink.start`):
+its first start is a new worker process on the head node, slow on a loaded machine."""
 
 
 class QueueLink:
-    """This process's way to the cluster's queue: the cached handle (and the cluster it
-    belongs to; tests connect to several in turn), and the background starts of the
-    queue, once per cluster.
-
-    Two locks: ``_lock`` guards the handle and is held while Ray finds or creates the
-    actor; the starts have their own, so that starting never waits behind a claiming
-    loop that is asking Ray for the queue.
+    """This process's way to the cluster's queue: the cached handle, and the cluster it
+    belongs to (tests connect to several in turn).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._handle: RayQueue | None = None
         self._handle_cluster: str | None = None
-        self._starting_lock = threading.Lock()
-        self._started_on: set[str | None] = set()
-        self._starters: list[threading.Thread] = []
 
     def slice_queue(self) -> RayQueue:
         """The cluster's queue, created on the head node if there is none (cached).
@@ -328,10 +339,24 @@ class QueueLink:
             self._handle_cluster = _cluster_id()
             return self._handle
 
+    def start(self, timeout_s: float = START_WAIT_S) -> None:
+        """Have the cluster's queue running and answering, and wait for it (a cluster
+        set-up step: the queue is then up before any reservation needs it). If it does
+        not answer within ``timeout_s``, the first reservations wait for it instead.
+
+        Args:
+            timeout_s: How long to wait for it to answer.
+
+        Raises:
+            QueueUnreachableError: it could neither be found nor created, or did not
+                answer within ``timeout_s``.
+        """
+        self.slice_queue().ping(timeout_s)
+
     def notify_released(self, slices: Sequence[str], *, freed: bool = False) -> None:
         """Tell the cluster's queue, if one runs, that a hand-back of these slices ended,
-        so it decides now rather than at its next periodic look. Best effort (not waited
-        for; never starts a queue; a queue that misses it sees the slices at that look).
+        so it decides now rather than at its next periodic look. Best effort (waited for
+        within a bound; never starts a queue; a queue that misses it sees the slices at that look).
 
         Args:
             slices: The slices handed back.
@@ -362,55 +387,6 @@ class QueueLink:
         with self._lock:
             if self._handle is queue:
                 self._handle = None
-
-    def start_in_background(self) -> None:
-        """Have the cluster's queue actor running (it also reports the cluster's gauges,
-        :mod:`tpuslice.metrics`) without waiting: once per process and cluster, a daemon
-        thread finds or creates it (tried again next time if that failed).
-
-        :meth:`finish_starting` is an exit hook (:data:`tpuslice._process.EXIT_HOOKS`), so it
-        runs before Ray shuts down, and the thread never calls Ray after that (a process
-        whose thread does dies with Ray's fatal "core worker has already been shutdown").
-        """
-        if not ray.is_initialized():
-            return
-        cluster = _cluster_id()
-        with self._starting_lock:
-            if cluster in self._started_on:
-                return
-            self._started_on.add(cluster)
-            EXIT_HOOKS.add(self.finish_starting)
-            thread = threading.Thread(
-                target=self._start_quietly,
-                args=(cluster,),
-                name="tpuslice-queue-start",
-                daemon=True,
-            )
-            thread.start()  # under the lock: finish_starting never sees it not yet started
-            self._starters[:] = [t for t in self._starters if t.is_alive()] + [thread]
-
-    def finish_starting(self, timeout_s: float = START_AT_EXIT_S) -> None:
-        """Wait, at most ``timeout_s`` in all, for every queue start in progress to end
-        (see :meth:`start_in_background`).
-
-        Args:
-            timeout_s: The bound.
-        """
-        deadline = time.monotonic() + timeout_s
-        with self._starting_lock:
-            threads = list(self._starters)
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        if any(t.is_alive() for t in threads):
-            logger.warning("the slice queue was still starting at exit after %.0f s", timeout_s)
-
-    def _start_quietly(self, cluster: str | None) -> None:
-        try:
-            self.slice_queue()
-        except Exception as exc:  # noqa: BLE001 - a background nicety: log, try again later
-            with self._starting_lock:
-                self._started_on.discard(cluster)
-            logger.debug("the slice queue (and its cluster metrics) did not start: %s", exc)
 
     def _handle_is_current(self) -> bool:
         """Whether the cached handle belongs to the cluster this process is connected to."""

@@ -37,12 +37,6 @@ queue learns of a dead driver sooner, from Ray's job table)."""
 REJOIN_S = 5.0
 """How long a restarted queue keeps the place of a ticket it had, for its driver to come
 back (drivers poll every 50 ms, and keep trying a queue that does not answer)."""
-ASKED_MAX_S = 10.0
-"""How much earlier than it reached the queue a new ticket's arrival may be numbered, for
-the time its reservation spent before queueing (:attr:`Ticket.asked_s
-<tpuslice._queue.service.Ticket>`). That time is a read of the cluster and a lost race
-for idle slices, or a queue still starting; the bound keeps a driver that says more from
-going ahead of waiters that queued long before it."""
 SETTLE_S = 2.0
 """After a grant is claimed, its slices may still show idle in the cluster's resource view
 for a moment; they are kept out of the idle ones until they show in use, or this long."""
@@ -71,10 +65,13 @@ class Granted:
         slices: The slice names, lowest first.
         view: The slices as the queue's decision saw them, so the claimant need not read
             the cluster again (empty when the queue did not attach them).
+        quotas: Whether the cluster had quotas at that decision (then the claimant
+            records whose the slices are, :mod:`tpuslice._view.holders`).
     """
 
     slices: tuple[str, ...]
     view: tuple[SliceInfo, ...] = field(default=(), compare=False)
+    quotas: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -123,52 +120,42 @@ class QueueBook:
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _settling: dict[str, tuple[float, Waiter]] = field(default_factory=dict)
     _latest: int = 0
-    _kept_latest: int = 0
-    """The latest arrival among the places kept from before a restart: a new ticket,
-    backdated or not, comes after every one of them."""
+    _ended: dict[str, float] = field(default_factory=dict)
+    """Tickets that left or were claimed, and when (kept for a lease, so that a late copy
+    of a join cannot queue them again)."""
     _last: dict[str, Answer] = field(default_factory=dict)
     _order: dict[str, int] = field(default_factory=dict)
     preemptions: dict[str, Preemption] = field(default_factory=dict)
     """Holder -> the preemption the last decision chose (new ones only)."""
 
-    def enqueue(
-        self, waiter: Waiter, who: str = "", *, arrival: int | None = None, asked_s: float = 0.0
-    ) -> int:
+    def enqueue(self, waiter: Waiter, who: str = "", *, arrival: int | None = None) -> int:
         """Add a ticket (again, after a restart, with ``arrival`` to keep its place).
 
         Args:
             waiter: The request (its ``arrival`` is replaced).
             who: The driver or job, for status.
             arrival: Its original arrival number, if it had one.
-            asked_s: Without ``arrival``: how long ago its reservation was asked for. Its
-                number is that much earlier than now, by at most :data:`ASKED_MAX_S`, and
-                then ahead of tickets that reached the queue first but were asked for
-                later.
 
         Returns:
-            Its arrival number.
+            Its arrival number. A ticket already in the book keeps its place (a driver
+            sends its join again while the queue is slow to answer); one that takes over
+            a placeholder kept by :meth:`expect` takes over its grant too.
 
         Raises:
-            InvalidArgumentError: the ticket is already in the book (other than as a
-                placeholder kept by :meth:`expect`, which it takes over, with any grant).
+            InvalidArgumentError: the ticket has left the book (given up or claimed)
+                within the lease: a late copy of its join, which must not queue it again.
         """
         kept = self._entries.get(waiter.ticket)
         if kept is not None and not kept.rejoining:
-            raise InvalidArgumentError(f"ticket {waiter.ticket} is already queued")
-        if arrival is not None:
-            number = arrival
-        elif asked_s > 0:
-            # Never ahead of a place kept from before a restart: that ticket reached the
-            # old queue, so it was asked for before any that had not, whatever the clocks.
-            now = max(self.stamp(), self._latest + 1)
-            number = max(now - round(min(asked_s, ASKED_MAX_S) * 1e9), self._kept_latest + 1)
-            taken = {e.waiter.arrival for e in self._entries.values()}
-            while number in taken:  # distinct numbers keep the order total
-                number -= 1
-        else:
-            number = max(self.stamp(), self._latest + 1)
+            return kept.waiter.arrival
+        if waiter.ticket in self._ended:
+            raise InvalidArgumentError(f"ticket {waiter.ticket} has left the queue")
+        if arrival is None and kept is not None:
+            arrival = kept.waiter.arrival
+        number = arrival if arrival is not None else max(self.stamp(), self._latest + 1)
         self._latest = max(self._latest, number)
         entry = _Entry(replace(waiter, arrival=number), who, self.clock())
+        self._last.pop(waiter.ticket, None)  # a placeholder's answer was not its driver's
         if kept is not None:
             entry.granted = kept.granted
         self._entries[waiter.ticket] = entry
@@ -186,7 +173,6 @@ class QueueBook:
         if waiter.ticket in self._entries:
             return
         self._latest = max(self._latest, waiter.arrival)
-        self._kept_latest = max(self._kept_latest, waiter.arrival)
         seen = self.clock() - self.lease_s + rejoin_s  # its lease runs out after rejoin_s
         self._entries[waiter.ticket] = _Entry(waiter, who, seen, rejoining=True)
 
@@ -241,6 +227,7 @@ class QueueBook:
         """
         entry = self._entries.pop(ticket, None)
         self._last.pop(ticket, None)
+        self._ended[ticket] = self.clock()
         if entry is not None:
             for name in entry.granted:
                 self._settling[name] = (self.clock() + self.settle_s, entry.waiter)
@@ -298,6 +285,7 @@ class QueueBook:
         """
         self._entries.pop(ticket, None)
         self._last.pop(ticket, None)
+        self._ended[ticket] = self.clock()
 
     def entry(self, ticket: str) -> tuple[Waiter, str] | None:
         """A ticket's request and who asked, if it is in the book.
@@ -367,6 +355,7 @@ class QueueBook:
         sharing: Sharing | None = None,
         recorded: Collection[str] | None = None,
         keep_settling: bool = False,
+        unread: Collection[str] = (),
     ) -> dict[str, tuple[str, ...]]:
         """Drop tickets whose lease ran out (with their grants), then grant what the
         policy says (its preemptions are left in :attr:`preemptions`).
@@ -383,6 +372,7 @@ class QueueBook:
                 records are not read, and a slice settles once shown in use.
             keep_settling: Leave every claim settling as it is (``idle`` is from a read
                 older than some claims).
+            unread: Kinds the read did not cover: their waiters wait for the next pass.
 
         Returns:
             The new grants of this pass: ticket -> slices.
@@ -391,6 +381,9 @@ class QueueBook:
         for ticket, entry in list(self._entries.items()):
             if now - entry.seen > self.lease_s:
                 self.leave(ticket)
+        for ticket, ended in list(self._ended.items()):
+            if now - ended > self.lease_s:
+                del self._ended[ticket]
         suspects = suspects or {}
         shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}
         if not keep_settling:
@@ -426,6 +419,7 @@ class QueueBook:
             trusted=trusted,
             now=now,
             sharing=sharing,
+            unread=unread,
         )
         for ticket, slices in decision.grants.items():
             self._entries[ticket].granted = slices

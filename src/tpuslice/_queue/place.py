@@ -44,8 +44,7 @@ class QueuePlace:
             first answer gives it one).
         time_left: Seconds to the request's deadline, now (``None``: it has none); sent
             with each enqueue.
-        asked: Seconds since the reservation was asked for, now; sent with each enqueue
-            (the queue uses it only for a ticket with no arrival number yet).
+        only: The slices its label selectors accept (``None``: any of its kind).
     """
 
     def __init__(
@@ -59,11 +58,10 @@ class QueuePlace:
         tenant: str = "",
         preemptible: bool = False,
         arrival: int | None = None,
-        asked: Callable[[], float] = lambda: 0.0,
+        only: frozenset[str] | None = None,
     ) -> None:
         self.queue = queue
         self.time_left = time_left
-        self.asked = asked
         self.ticket = Ticket(
             ticket=uuid.uuid4().hex[:12],
             kind=kind,
@@ -73,18 +71,33 @@ class QueuePlace:
             job="",
             tenant=tenant,
             preemptible=preemptible,
+            only=None if only is None else tuple(sorted(only)),
         )
         self.arrival = arrival
+        self.joined = False
+        """Whether the queue has answered a join (a join not answered may be pending)."""
         self.last: Answer | None = None
 
-    def join(self) -> None:
-        """Enqueue (again, keeping the first arrival number).
+    def join(self, timeout_s: float) -> Answer:
+        """Enqueue (again, keeping the first arrival number), held until granted, or
+        at most ``timeout_s``.
+
+        Args:
+            timeout_s: How long the queue may hold the call.
+
+        Returns:
+            Where the ticket stands.
 
         Raises:
-            QueueUnreachableError: the queue did not answer.
+            QueueUnreachableError: the queue did not answer (a call to a queue still
+                starting stays pending: joining again waits for it).
         """
-        self.ticket = replace(self.ticket, time_left_s=self.time_left(), asked_s=self.asked())
-        self.arrival = self.queue.enqueue(self.ticket, self.arrival)
+        self.ticket = replace(self.ticket, time_left_s=self.time_left())
+        joined = self.queue.join(self.ticket, self.arrival, timeout_s)
+        self.joined = True
+        self.arrival = joined.arrival
+        self.last = joined.answer
+        return joined.answer
 
     def wait(self, timeout_s: float) -> Answer:
         """Where the ticket stands once it is granted or can never be, or after at most
@@ -103,8 +116,7 @@ class QueuePlace:
         answer = self.queue.wait(self.ticket.ticket, timeout_s)
         if isinstance(answer, Unknown):
             logger.info("the slice queue lost ticket %s; queueing again", self.ticket.ticket)
-            self.join()
-            answer = self.queue.wait(self.ticket.ticket, 0.0)
+            answer = self.join(timeout_s)
         if isinstance(answer, Waiting) and answer != self.last:
             logger.debug("queued for %s: position %d", self.ticket.kind.key, answer.position)
         self.last = answer
@@ -112,11 +124,11 @@ class QueuePlace:
 
     def requeue(self) -> None:
         """Give a grant back and wait again in the same place (a granted slice was taken
-        by someone who does not queue).
+        by work outside the queue, or its group did not place).
 
-        A new ticket with the old arrival number is enqueued before the granted one
-        leaves: were it the other way round, a decision between the two calls could
-        grant the slices given back to a later waiter.
+        A new ticket with the old arrival number is enqueued (not held) before the
+        granted one leaves: were it the other way round, a decision between the two
+        calls could grant the slices given back to a later waiter.
 
         Raises:
             QueueUnreachableError: the queue did not answer.
@@ -124,7 +136,7 @@ class QueuePlace:
         old = self.ticket.ticket
         self.ticket = replace(self.ticket, ticket=uuid.uuid4().hex[:12])
         try:
-            self.join()
+            self.join(0.0)
         finally:
             self.queue.leave(old)
 

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from tpuslice._queue.book import Answer, Waiting
-from tpuslice._queue.service import Orders, QueueService, Ticket
+from tpuslice._queue.service import Joined, Orders, QueueService, Ticket
 from tpuslice._view.queue_record import QueueRecord
 
 logger = logging.getLogger(__name__)
@@ -84,6 +84,20 @@ class QueueRunner:
         number = self.service.enqueue(ticket, arrival)
         self._changed()
         return number
+
+    async def join(self, ticket: Ticket, arrival: int | None, timeout_s: float) -> Joined:
+        """:meth:`enqueue`, then :meth:`wait`, in one call.
+
+        Args:
+            ticket: The request.
+            arrival: Its original arrival number, to keep its place.
+            timeout_s: How long to hold the call at most.
+
+        Returns:
+            Its arrival number and the answer.
+        """
+        number = await self.enqueue(ticket, arrival)
+        return Joined(number, await self.wait(ticket.ticket, timeout_s))
 
     async def wait(self, ticket: str, timeout_s: float) -> Answer:
         """Where a ticket stands: answered once it is granted, can never be, or is not

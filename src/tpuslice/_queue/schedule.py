@@ -12,7 +12,9 @@ work holding the others, which waiters are granted which slices now. The rules:
    of its kind: they stay free (unclaimed) for it, and later waiters may not take them.
    So a stream of small requests cannot starve a big one that arrived first.
 4. **Other kinds.** A later waiter may start, out of order, on idle slices of another
-   kind; never on slices earmarked for a waiter ahead of it.
+   kind; never on slices earmarked for a waiter ahead of it. A waiter restricted to some
+   slices of its kind (label selectors) is, for this rule, of a kind of its own: blocked,
+   it holds back only the slices it could take, and it never causes a preemption.
 5. **Suspects last.** Idle slices with a suspect host (one that failed a run lately) are
    granted only as a last resort (:func:`last_resort`), and after every trusted idle one.
 6. **Tenants.** With quotas configured, the order across tenants is by standing and fair
@@ -29,7 +31,7 @@ work holding the others, which waiters are granted which slices now. The rules:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tpuslice._queue.share import Sharing
@@ -72,6 +74,8 @@ class Waiter:
         deadline: When it gives up, on the clock the queue decides by; ``None``: never.
         tenant: Whom it is charged to (``""``: no tenant named).
         preemptible: Whether its work may be preempted once it runs.
+        only: The slices of its kind it may be granted (its label selectors accept no
+            others); ``None``: any.
     """
 
     ticket: str
@@ -82,6 +86,7 @@ class Waiter:
     deadline: float | None = None
     tenant: str = ""
     preemptible: bool = False
+    only: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         low, high = self.count
@@ -184,6 +189,7 @@ def decide(
     trusted: Mapping[str, int] | None = None,
     now: float = 0.0,
     sharing: Sharing | None = None,
+    unread: Collection[str] = (),
 ) -> Decision:
     """Apply the rules (module docstring) to the queue once.
 
@@ -197,6 +203,8 @@ def decide(
         now: The time on the clock of the waiters' deadlines and the holdings' times.
         sharing: The cluster's quotas and its tenants' past use (default: none
             configured).
+        unread: Kinds whose slices this pass did not read (their first waiter arrived
+            during the read): their waiters are left as they were, for the next pass.
 
     Returns:
         The grants, earmarks, preemptions and reasons of this pass.
@@ -218,6 +226,8 @@ def decide(
     ordered = queue_order(waiters)
     ledger = _Ledger(sharing.quotas, holding)
     for kind in dict.fromkeys(w.kind for w in ordered):
+        if kind in unread:
+            continue  # its waiters are judged at a pass that read its slices
         held = [h for h in holding if h.kind == kind]
         free = sorted(idle.get(kind, ()))
         count = trusted.get(kind, 0) if trusted is not None else len(free) + _held(held)
@@ -255,9 +265,12 @@ class _Offer:
         """What the waiter may be granted: the trusted idle slices, then the suspect ones
         if it may have a last resort."""
         left = None if waiter.deadline is None else waiter.deadline - now
-        if self.suspects and last_resort(self.trusted, waiter.count[0], left):
-            return self.free + self.suspects
-        return list(self.free)
+        usable = list(self.free)
+        # A waiter that names its slices (no more than it wants) has no other to wait for.
+        named = waiter.only is not None and len(waiter.only) <= waiter.count[1]
+        if self.suspects and (named or last_resort(self.trusted, waiter.count[0], left)):
+            usable += self.suspects
+        return usable if waiter.only is None else [s for s in usable if s in waiter.only]
 
     def take(self, names: Sequence[str]) -> None:
         taken = set(names)
@@ -335,13 +348,19 @@ class _KindPass:
 
     def run(self, waiters: list[Waiter]) -> None:
         earmarked: dict[str, list[str]] = {}
+        behind = False
+        """Whether a blocked waiter ahead could take any slice of the kind: then every
+        later one waits behind it (one restricted by labels holds back only its own
+        slices, which it took out of the offer)."""
         by_ticket = {w.ticket: w for w in waiters}
         for waiter in self._serving(waiters):
             self.decision.order.append(waiter.ticket)
             low, high = waiter.count
-            if low > self.capacity:
+            capacity = self.capacity if waiter.only is None else len(waiter.only)
+            if low > capacity:
+                accepted = "" if waiter.only is None else " that its label selectors accept"
                 self.decision.never[waiter.ticket] = (
-                    f"needs {low} slice(s) of {waiter.kind}; the cluster has {self.capacity}"
+                    f"needs {low} slice(s) of {waiter.kind}; the cluster has {capacity}{accepted}"
                 )
                 continue
             if self.quotas.configured:
@@ -351,21 +370,22 @@ class _KindPass:
                     continue
                 high = min(high, room)
             usable = self.offer.usable(waiter, self.now)
-            if not earmarked and len(usable) >= low:
+            if not behind and len(usable) >= low:
                 taken = usable[: min(high, len(usable))]
                 self.offer.take(taken)
                 self.decision.grants[waiter.ticket] = tuple(sorted(taken))
                 self._count(waiter, len(taken))
                 continue
-            # Blocked: keep what is idle for it; every later waiter of its kind waits behind it.
+            # Blocked: keep what is idle for it.
             earmarked[waiter.ticket] = usable
             self.offer.take(usable)
+            behind = behind or waiter.only is None
         for ahead, (ticket, slices) in enumerate(earmarked.items()):
             self.decision.earmarks[ticket] = tuple(slices)
             self.decision.blocked[ticket] = self._blocked_reason(
                 by_ticket[ticket], ahead, len(slices), by_ticket, earmarked
             )
-            if not ahead:
+            if not ahead and by_ticket[ticket].only is None:
                 self._preempt_for(by_ticket[ticket], len(slices))
 
     def _serving(self, waiters: list[Waiter]) -> Iterator[Waiter]:

@@ -90,12 +90,8 @@ class Ticket:
             granted a suspect slice (:func:`~tpuslice._queue.schedule.last_resort`).
         tenant: Whom it is charged to (``""``: none named).
         preemptible: Whether its work may be preempted once it runs.
-        asked_s: Seconds since the reservation was asked for, as it is sent (its read of
-            the cluster and any race for idle slices it lost before it queued). The
-            queue numbers its arrival that much earlier (see
-            :data:`~tpuslice._queue.book.ASKED_MAX_S`), so reservations asked for at
-            about the same time queue in the order they were asked for, not in the order
-            they reached the queue. A duration, so the clocks need not agree.
+        only: The slices it may be granted (those its label selectors accept), lowest
+            first; ``None``: any of its kind.
     """
 
     ticket: str
@@ -107,7 +103,7 @@ class Ticket:
     time_left_s: float | None = None
     tenant: str = ""
     preemptible: bool = False
-    asked_s: float = 0.0
+    only: tuple[str, ...] | None = None
 
 
 class SliceQueue(Protocol):
@@ -115,15 +111,18 @@ class SliceQueue(Protocol):
     memory). Calls raise :class:`~tpuslice.errors.QueueUnreachableError` when it cannot
     be reached."""
 
-    def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
-        """Wait in the queue.
+    def join(self, ticket: Ticket, arrival: int | None, timeout_s: float) -> Joined:
+        """Wait in the queue, and where the ticket stands once it is granted or can never
+        be, or after at most ``timeout_s`` (one call: an uncontended request is granted
+        in it).
 
         Args:
             ticket: The request.
             arrival: Its original arrival number, to keep its place after a restart.
+            timeout_s: How long the queue may hold the call.
 
         Returns:
-            Its arrival number.
+            Its arrival number and the answer.
         """
         ...
 
@@ -164,6 +163,19 @@ class SliceQueue(Protocol):
             freed: The hand-back saw Ray's view show them free.
         """
         ...
+
+
+@dataclass(frozen=True)
+class Joined:
+    """What :meth:`SliceQueue.join` answers.
+
+    Attributes:
+        arrival: The ticket's arrival number (its place, kept through restarts).
+        answer: Where it stands.
+    """
+
+    arrival: int
+    answer: Answer
 
 
 STALE_HOLDER_S = 60.0
@@ -281,6 +293,8 @@ class QueueService:
         self._reprobed = -float("inf")
         self.reads = 0
         """Cluster reads so far (one per decision)."""
+        self._quotas_set = False
+        """Whether the last decision's read found quotas configured."""
 
     # --- what drivers tell it -------------------------------------------------------
 
@@ -307,8 +321,9 @@ class QueueService:
             deadline=deadline,
             tenant=ticket.tenant,
             preemptible=ticket.preemptible,
+            only=None if ticket.only is None else frozenset(ticket.only),
         )
-        number = self.book.enqueue(waiter, ticket.who, arrival=arrival, asked_s=ticket.asked_s)
+        number = self.book.enqueue(waiter, ticket.who, arrival=arrival)
         self._tickets[ticket.ticket] = ticket
         self._kinds.setdefault(ticket.kind.key, ticket.kind)
         self._changed = True
@@ -351,7 +366,7 @@ class QueueService:
         if isinstance(answer, Waiting):
             return replace(answer, ahead=tuple(self._describe(t) for t in answer.ahead))
         if isinstance(answer, Granted):
-            return replace(answer, view=self._views.get(ticket, ()))
+            return replace(answer, view=self._views.get(ticket, ()), quotas=self._quotas_set)
         return answer
 
     def wait(self, ticket: str, timeout_s: float = 0.0) -> Answer:
@@ -371,6 +386,20 @@ class QueueService:
         return self.answer(ticket)
 
     poll = wait
+
+    def join(self, ticket: Ticket, arrival: int | None = None, timeout_s: float = 0.0) -> Joined:
+        """:meth:`enqueue`, then :meth:`wait` (at once, in one process).
+
+        Args:
+            ticket: The request.
+            arrival: Its original arrival number, to keep its place.
+            timeout_s: Ignored here.
+
+        Returns:
+            Its arrival number and the answer.
+        """
+        number = self.enqueue(ticket, arrival)
+        return Joined(number, self.wait(ticket.ticket, timeout_s))
 
     def claimed(self, ticket: str) -> None:
         """The driver holds its grant.
@@ -554,6 +583,7 @@ class QueueService:
                 self.leave(ticket)
         wall, now = self._wall(), self._clock()
         quotas = reading.quotas
+        self._quotas_set = quotas.configured
         idle: dict[str, list[str]] = {}
         suspects: dict[str, list[str]] = {}
         trusted: dict[str, int] = {}
@@ -563,7 +593,7 @@ class QueueService:
         for key in sorted({t.kind.key for t in self._tickets.values()}):
             kind = self._kinds[key]
             snapshot = reading.snapshots.get(kind.tpu_resource_per_chip)
-            if snapshot is None:
+            if snapshot is None:  # its first waiter came during the read
                 continue
             slices = by_kind[key] = snapshot.matching(kind.shape, kind.tpu_resource_per_chip)
             infos.update((s.name, s) for s in slices)
@@ -573,6 +603,9 @@ class QueueService:
             idle[key] = [s.name for s in grantable if s.state is SliceState.READY]
             suspects[key] = [s.name for s in grantable if s.last_resort]
             trusted[key] = sum(1 for s in slices if s.trusted)
+        # Kinds this read did not cover: their first waiter came during the read, or only
+        # the places a restarted queue keeps wait for them (their drivers not back yet).
+        unread = {w.kind for w, _, _ in self.book.tickets()} - idle.keys()
         shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}
         # Claimed grants not yet recorded are counted by the book, as their requests'.
         # A quick decision's read is older than some claims: it must not end their
@@ -599,6 +632,7 @@ class QueueService:
             sharing=Sharing(quotas, usage),
             recorded=reading.holders,
             keep_settling=quick,
+            unread=unread,
         )
         for ticket, names in grants.items():
             self._views[ticket] = tuple(infos[n] for n in names if n in infos)
@@ -606,8 +640,10 @@ class QueueService:
             return grants
         self._last = (self._read_began, reading)
         self.orders = _orders(self.book.preemptions, reading, wall)
-        # A slice whose notice is cleared now is grantable at once: decide again then.
-        changed_during_read = changed_during_read or bool(self.orders.clear)
+        # A slice whose notice is cleared now is grantable at once, and a kind the read
+        # did not cover that a driver waits for is read at once: decide again then.
+        waited = unread & {t.kind.key for t in self._tickets.values()}  # the next read covers
+        changed_during_read = changed_during_read or bool(self.orders.clear) or bool(waited)
         self._decided = self._clock()
         for ticket in list(self._tickets):
             if self.book.entry(ticket) is None:  # its lease ran out

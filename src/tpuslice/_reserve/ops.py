@@ -10,19 +10,17 @@ in-memory stand-in, so every step of the loop is tested without a cluster.
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
+import ray
 from ray.util import placement_group_table
 from ray.util.placement_group import PlacementGroup, placement_group
 
 from tpuslice import _ray
 from tpuslice._queue.service import SliceQueue
 from tpuslice._reserve.groups import remove_group, wait_all
-from tpuslice._tpu.keys import CLAIMING_KEY_PREFIX, NAMESPACE
+from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice._view.cluster import ClusterSnapshot, read_snapshot
 
 
@@ -136,83 +134,14 @@ class ClusterOps(Protocol):
         """
         ...
 
-    def mark_claiming(self, slice_name: str, token: str, stale_after_s: float) -> bool:
-        """Record, cluster-wide and in one test-and-set, that the reservation ``token``
-        is claiming the slice, unless another reservation's record younger than
-        ``stale_after_s`` stands.
-
-        Args:
-            slice_name: The slice.
-            token: The claiming reservation.
-            stale_after_s: Age past which another's record is ignored (its writer died).
+    def slice_labels(self) -> dict[str, dict[int, Mapping[str, str]]]:
+        """Every live TPU host's node labels, by slice name and worker id (for the slices
+        a request's label selectors accept).
 
         Returns:
-            Whether this reservation's record stands (``True`` too when no record can be
-            kept at all: the claim then races as any would).
+            ``{slice name: {worker id: labels}}``.
         """
         ...
-
-    def unmark_claiming(self, slice_name: str, token: str) -> None:
-        """Delete the reservation's record for the slice (a record another took over
-        from it as stale may go too: that costs at most a race).
-
-        Args:
-            slice_name: The slice.
-            token: The reservation that claimed it.
-        """
-        ...
-
-
-@dataclass(frozen=True)
-class ClaimingRecord:
-    """A ``claiming/<slice>`` record: which reservation is claiming the slice, since when.
-
-    Attributes:
-        by: The claiming reservation's token.
-        at: When it began claiming (seconds since the epoch: records are compared
-            across processes).
-    """
-
-    by: str
-    at: float
-
-    def yields_to(self, token: str, now: float, stale_after_s: float) -> bool:
-        """Whether reservation ``token`` may claim the slice over this record: it is
-        its own, or stale (its writer died or hung before deleting it).
-
-        Args:
-            token: The reservation that would claim.
-            now: The time now (seconds since the epoch).
-            stale_after_s: Age past which the record is ignored.
-
-        Returns:
-            True if ``token`` may claim.
-        """
-        return self.by == token or now - self.at > stale_after_s
-
-    def to_json(self) -> bytes:
-        """The record as stored.
-
-        Returns:
-            JSON bytes.
-        """
-        return json.dumps({"by": self.by, "at": self.at}).encode()
-
-    @classmethod
-    def parse(cls, raw: bytes | None) -> ClaimingRecord | None:
-        """A stored record; ``None`` when absent or unreadable.
-
-        Args:
-            raw: The stored bytes, or ``None``.
-
-        Returns:
-            The record, or ``None``.
-        """
-        try:
-            data = json.loads(raw) if raw else None
-            return cls(str(data["by"]), float(data["at"])) if isinstance(data, dict) else None
-        except (ValueError, KeyError, TypeError):
-            return None
 
 
 class RayOps:
@@ -338,47 +267,19 @@ class RayOps:
 
         return QUEUE_LINK.slice_queue()
 
-    def mark_claiming(self, slice_name: str, token: str, stale_after_s: float) -> bool:
-        """Write ``claiming/<slice>`` in tpuslice's KV namespace unless another's stands.
-
-        Args:
-            slice_name: The slice.
-            token: The claiming reservation.
-            stale_after_s: Age past which another's record is ignored.
+    def slice_labels(self) -> dict[str, dict[int, Mapping[str, str]]]:
+        """Read every live TPU host's labels from Ray's node table, in one call.
 
         Returns:
-            Whether this reservation's record stands.
+            ``{slice name: {worker id: labels}}``.
         """
-        key = CLAIMING_KEY_PREFIX + slice_name
-        mine = ClaimingRecord(token, time.time())
-        try:
-            for _ in range(2):  # a record deleted between the put and the read: once more
-                if not _ray.kv_put(key, mine.to_json(), NAMESPACE, overwrite=False):
-                    return True
-                raw = _ray.kv_get(key, NAMESPACE)
-                if raw is None:
-                    continue
-                standing = ClaimingRecord.parse(raw)  # an unreadable record counts as none
-                if standing is not None and not standing.yields_to(token, mine.at, stale_after_s):
-                    return False
-                _ray.kv_put(key, mine.to_json(), NAMESPACE)
-                return True
-            return False
-        except _ray.kv_errors():
-            return True
-
-    def unmark_claiming(self, slice_name: str, token: str) -> None:
-        """Delete ``claiming/<slice>``, in one GCS call. The record is this reservation's
-        unless another took it over as stale; deleting that one too costs at most a race.
-
-        Args:
-            slice_name: The slice.
-            token: The reservation that claimed it.
-        """
-        try:
-            _ray.kv_delete(CLAIMING_KEY_PREFIX + slice_name, NAMESPACE)
-        except _ray.kv_errors():
-            pass  # stale soon: others ignore it then
+        found: dict[str, dict[int, Mapping[str, str]]] = {}
+        for node in ray.nodes():
+            labels: Mapping[str, str] = node.get("Labels") or {}
+            worker = labels.get(WORKER_ID_LABEL, "")
+            if node.get("Alive") and labels.get(SLICE_NAME_LABEL) and worker.isdigit():
+                found.setdefault(labels[SLICE_NAME_LABEL], {})[int(worker)] = labels
+        return found
 
 
 RAY_OPS: ClusterOps = RayOps()

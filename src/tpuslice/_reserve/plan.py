@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tpuslice._queue.schedule import last_resort
-from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
+from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL, selector_matches
 from tpuslice._tpu.topology import SliceShape
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
 
@@ -152,6 +152,37 @@ def _pin(target: SliceInfo, worker: int) -> dict[str, str]:
         return {NODE_ID_LABEL: host.node_id}
     worker_id = worker if host.worker_id is None else host.worker_id
     return {SLICE_NAME_LABEL: host.slice_name or target.name, WORKER_ID_LABEL: str(worker_id)}
+
+
+def accepted_slices(
+    plan: ReservationPlan, labels: Mapping[str, Mapping[int, Mapping[str, str]]]
+) -> frozenset[str]:
+    """The slices the plan's label selectors accept: those on which some slice index's
+    bundles would each find its host's labels matching (bundle ``k`` of a slice lands on
+    worker ``k // bundles_per_host``). Pure.
+
+    Args:
+        plan: The reservation.
+        labels: Every TPU host's labels, by slice name and worker id.
+
+    Returns:
+        The accepted slice names.
+    """
+
+    def fits(hosts: Mapping[int, Mapping[str, str]], index: int) -> bool:
+        first = index * plan.bundles_per_slice
+        return all(
+            selector_matches(
+                hosts.get(k // plan.bundles_per_host, {}), plan.user_selector(first + k)
+            )
+            for k in range(plan.bundles_per_slice)
+        )
+
+    return frozenset(
+        name
+        for name, hosts in labels.items()
+        if any(fits(hosts, index) for index in range(plan.num_slices))
+    )
 
 
 def pick_slices(

@@ -186,9 +186,6 @@ class SlicePlacementGroup(ShutsDownOnExit):
                 "Ray is not initialised: call ray.init(address=...) before reserving slices "
                 "(or use tpuslice.testing.SimulatedCluster)"
             )
-        # The cluster's queue (which also reports the cluster's gauges) starts off this
-        # path, so that on a fresh cluster it is up by the time anyone has to wait.
-        QUEUE_LINK.start_in_background()
         asked = time.monotonic()
         self._asked_at = self._held_at = time.time()  # wall clock, as the gang's beats
         try:

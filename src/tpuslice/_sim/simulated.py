@@ -83,7 +83,7 @@ from tpuslice._tpu.labels import (
 )
 from tpuslice._tpu.subslice import chip_coordinates
 from tpuslice._tpu.topology import SliceShape, slice_shape
-from tpuslice.errors import InvalidArgumentError, TPUSliceError
+from tpuslice.errors import InvalidArgumentError, QueueUnreachableError, TPUSliceError
 
 logger = logging.getLogger(__name__)
 
@@ -471,9 +471,11 @@ class SimulatedCluster:
         return str(self._cluster.address)
 
     def connect(self, namespace: str | None = None) -> None:
-        """``ray.init`` this process to the simulated cluster, and start every host's TPU
-        agent in the background (:mod:`tpuslice._host.agent`; a real cluster's agents exist
-        after their first use, so this keeps a fresh simulated one comparable).
+        """``ray.init`` this process to the simulated cluster, start every host's TPU agent
+        in the background (:mod:`tpuslice._host.agent`; a real cluster's agents exist after
+        their first use, so this keeps a fresh simulated one comparable), and start the
+        cluster's slice queue, waiting until it answers (the set-up step the docs give for
+        a real cluster, so that no reservation waits for it).
 
         Args:
             namespace: Ray namespace of this driver (default: an anonymous one).
@@ -489,8 +491,13 @@ class SimulatedCluster:
         )
         self._connected = True
         from tpuslice._host.agent import AGENTS
+        from tpuslice._queue.actor import QUEUE_LINK
 
         AGENTS.handles([h.node.node_id for s in self.slices.values() for h in s.hosts if h.alive])
+        try:
+            QUEUE_LINK.start()
+        except QueueUnreachableError as exc:  # the first reservations wait for it instead
+            logger.warning("the slice queue did not start with the cluster: %s", exc)
 
     def shutdown(self) -> None:
         """Disconnect this process if it is connected to this cluster (through

@@ -52,11 +52,6 @@ HEALTH_KEY_PREFIX = "health/"
 """``health/<check id>/<slice>``: where a health check's rank 0 listens (``ip:port``),
 for the other ranks to connect to; deleted when the check ends."""
 
-CLAIMING_KEY_PREFIX = "claiming/"
-"""``claiming/<slice>``: the reservation claiming the idle slice right now and since when,
-so that drivers starting together do not all claim the same one; deleted once its group
-placed or was given up, and ignored once stale."""
-
 RAY_SUBSLICE_NAMESPACE = "tpu_subslice"
 """Ray 2.60's namespace for a slice's sub-slice labels (``tpu_subslice/<slice>``)."""
 

@@ -7,6 +7,8 @@ keys against Ray's own constants.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from tpuslice._tpu.topology import SliceShape
 
 CallEnv = dict[str, str | None]
@@ -89,3 +91,29 @@ def host_env(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str, st
         ENV_TPU_ACCELERATOR_TYPE: shape.pod_type,
         ENV_TPU_TOPOLOGY: shape.topology,
     }
+
+
+def selector_matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    """Whether a node with these labels satisfies a label selector, as Ray judges it:
+    values ``v``, ``!v``, ``in(a,b)`` and ``!in(a,b)``; as in Kubernetes, a node without
+    the label matches only the negative forms.
+
+    Args:
+        labels: The node's labels.
+        selector: Label -> wanted value.
+
+    Returns:
+        True if every label's condition holds.
+    """
+    for key, wanted in selector.items():
+        have = labels.get(key)
+        negative = wanted.startswith("!")
+        body = wanted[1:] if negative else wanted
+        if body.startswith("in(") and body.endswith(")"):
+            values = {v.strip() for v in body[3:-1].split(",")}
+        else:
+            values = {body}
+        found = have is not None and have in values
+        if found == negative:
+            return False
+    return True

@@ -17,6 +17,7 @@ from rich.table import Table
 
 import tpuslice
 from tpuslice import events
+from tpuslice._queue.actor import QUEUE_LINK, START_WAIT_S
 from tpuslice._tpu import topology as topo
 from tpuslice._view import cluster
 from tpuslice.cli import goodput as cli_goodput
@@ -26,7 +27,7 @@ from tpuslice.cli import owners as cli_owners
 from tpuslice.cli import quota as cli_quota
 from tpuslice.cli import status
 from tpuslice.cli.connect import UsageError, connected
-from tpuslice.errors import InvalidArgumentError
+from tpuslice.errors import InvalidArgumentError, QueueUnreachableError
 
 console = Console()
 
@@ -244,6 +245,37 @@ def _watch_live(read: Callable[[], cluster.ClusterSnapshot], interval: float) ->
             lambda: live.update(_render(read()), refresh=True),
             interval,
         )
+
+
+# --- queue -----------------------------------------------------------------------------------
+
+
+@main.group(name="queue")
+def queue_group() -> None:
+    """The cluster's slice queue, which admits every whole-slice reservation."""
+
+
+@queue_group.command(name="start")
+@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+@click.option(
+    "--timeout",
+    type=float,
+    default=START_WAIT_S,
+    show_default=True,
+    help="Seconds to wait for it to answer.",
+)
+def start_queue(address: str | None, timeout: float) -> None:
+    """Start the queue if it is not running, and wait until it answers.
+
+    A step of a cluster's set-up (after the head node starts): the first reservations
+    then need not wait for it.
+    """
+    with connected(address):
+        try:
+            QUEUE_LINK.start(timeout)
+        except QueueUnreachableError as exc:
+            raise click.ClickException(str(exc)) from exc
+    console.print("the slice queue is running")
 
 
 cli_jobs.register(main)

@@ -31,8 +31,13 @@ from ray.util.placement_group import PlacementGroup
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import DEFAULT_COOLDOWN_S, Blame, Suspect, SuspectReason
 from tpuslice._queue.service import QueueService, SliceQueue
-from tpuslice._reserve.ops import ClaimingRecord
-from tpuslice._tpu.labels import host_labels, host_resources
+from tpuslice._tpu.labels import (
+    SLICE_NAME_LABEL,
+    WORKER_ID_LABEL,
+    host_labels,
+    host_resources,
+    selector_matches,
+)
 from tpuslice._tpu.topology import slice_shape
 from tpuslice._view.cluster import ClusterSnapshot, build_snapshot
 from tpuslice.errors import InvalidArgumentError, QueueUnreachableError
@@ -50,8 +55,7 @@ OPERATIONS = (
     "bundle_node",
     "can_grow",
     "slice_queue",
-    "mark_claiming",
-    "unmark_claiming",
+    "slice_labels",
     "sleep",
 )
 
@@ -67,6 +71,17 @@ class FakeClock:
 
     t: float = 0.0
     on_sleep: Callable[[float], None] | None = None
+    _stamped: int = 0
+
+    def stamp(self) -> int:
+        """A wall-clock stamp: the time now in nanoseconds, made distinct (later stamps
+        at the same time are one nanosecond apart), as arrival numbers are.
+
+        Returns:
+            Nanoseconds.
+        """
+        self._stamped = max(round(self.t * 1e9), self._stamped + 1)
+        return self._stamped
 
     def now(self) -> float:
         """The time now.
@@ -169,7 +184,8 @@ class InMemoryCluster:
         cpus_per_host: Logical CPUs of each host.
         queue: Offer a cluster-wide queue (:attr:`queue`, a
             :class:`~tpuslice._queue.service.QueueService` on this cluster's clock); without
-            one, :meth:`slice_queue` raises as for an unreachable queue.
+            one (``False``), :meth:`slice_queue` raises as for a queue that does not
+            answer, and whole-slice reservations wait for it.
 
     Raises:
         InvalidArgumentError: an item names no valid slice shape (see
@@ -182,7 +198,7 @@ class InMemoryCluster:
         *,
         can_grow: bool = False,
         cpus_per_host: float = 8.0,
-        queue: bool = False,
+        queue: bool = True,
     ) -> None:
         """Add the given slices, every host idle."""
         self.clock = FakeClock(on_sleep=lambda s: self._call("sleep", lambda: None))
@@ -204,12 +220,9 @@ class InMemoryCluster:
         """Node id -> the notice standing on it (a metadata server's or the queue's)."""
         self.cooldown_s = DEFAULT_COOLDOWN_S
         """The cluster's cool-down of a suspect host."""
-        self.claiming: dict[str, ClaimingRecord] = {}
-        """Slice name -> the reservation claiming it, as written to the KV store."""
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self._scripts: list[tuple[str, int, Callable[[], None], bool]] = []
         self._names = itertools.count()
-        stamps = itertools.count(1)
         self.queue: QueueService | None = (
             QueueService(
                 self._snapshot,
@@ -218,7 +231,7 @@ class InMemoryCluster:
                 # Nanoseconds of the cluster's clock, as the queue actor's wall clock
                 # numbers arrivals (a ticket's age is counted back from it), one apart
                 # for tickets enqueued at the same instant.
-                stamp=lambda: round(self.clock.now() * 1e9) + next(stamps),
+                stamp=self.clock.stamp,
                 wall=self.clock.now,
                 decide_every_s=0.0,
             )
@@ -483,43 +496,23 @@ class InMemoryCluster:
 
         return self._call("slice_queue", find)
 
-    def mark_claiming(self, slice_name: str, token: str, stale_after_s: float) -> bool:
-        """Record that ``token`` claims the slice unless another's fresh record stands
-        (:attr:`claiming`, times on the clock).
-
-        Args:
-            slice_name: The slice.
-            token: The claiming reservation.
-            stale_after_s: Age past which another's record is ignored.
+    def slice_labels(self) -> dict[str, dict[int, Mapping[str, str]]]:
+        """Every live host's labels, by slice name and worker id.
 
         Returns:
-            Whether this reservation's record stands.
+            ``{slice name: {worker id: labels}}``.
         """
 
-        def mark() -> bool:
-            now = self.clock.now()
-            standing = self.claiming.get(slice_name)
-            if standing is not None and not standing.yields_to(token, now, stale_after_s):
-                return False
-            self.claiming[slice_name] = ClaimingRecord(token, now)
-            return True
+        def read() -> dict[str, dict[int, Mapping[str, str]]]:
+            found: dict[str, dict[int, Mapping[str, str]]] = {}
+            for node in self.nodes.values():
+                name = node.labels.get(SLICE_NAME_LABEL)
+                worker = node.labels.get(WORKER_ID_LABEL, "")
+                if node.alive and name and worker.isdigit():
+                    found.setdefault(name, {})[int(worker)] = dict(node.labels)
+            return found
 
-        return self._call("mark_claiming", mark)
-
-    def unmark_claiming(self, slice_name: str, token: str) -> None:
-        """Delete the reservation's record for the slice, if it is its own.
-
-        Args:
-            slice_name: The slice.
-            token: The reservation that claimed it.
-        """
-
-        def unmark() -> None:
-            standing = self.claiming.get(slice_name)
-            if standing is not None and standing.by == token:
-                del self.claiming[slice_name]
-
-        self._call("unmark_claiming", unmark)
+        return self._call("slice_labels", read)
 
     def mark_suspects(self, blames: Sequence[Blame]) -> list[Suspect]:
         """Mark hosts suspect for :attr:`cooldown_s` from the clock's time now, as
@@ -673,7 +666,7 @@ class InMemoryCluster:
         planned: dict[str, dict[str, float]] = {}
         for bundle, selector in zip(group.bundles, group.selectors, strict=True):
             for node in self.nodes.values():
-                if not _matches(node.labels, selector) or not node.alive:
+                if not selector_matches(node.labels, selector) or not node.alive:
                     continue
                 if group.strategy == "STRICT_SPREAD" and node.node_id in chosen:
                     continue
@@ -688,20 +681,3 @@ class InMemoryCluster:
             else:
                 return None
         return chosen
-
-
-def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
-    """Ray's label-selector values: ``v``, ``!v``, ``in(a,b)`` and ``!in(a,b)``. As in
-    Kubernetes, a node without the label matches only the negative forms."""
-    for key, wanted in selector.items():
-        have = labels.get(key)
-        negative = wanted.startswith("!")
-        body = wanted[1:] if negative else wanted
-        if body.startswith("in(") and body.endswith(")"):
-            values = {v.strip() for v in body[3:-1].split(",")}
-        else:
-            values = {body}
-        found = have is not None and have in values
-        if found == negative:
-            return False
-    return True

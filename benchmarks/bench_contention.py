@@ -195,6 +195,7 @@ class PathResult:
             "load_1m": self.load_1m,
             "jobs_done": len(done),
             "jobs_failed": sum(1 for j in self.jobs if j.error),
+            "errors": sorted({j.error for j in self.jobs if j.error}),
             "makespan_s": last - first,
             "makespan_over_ideal": (last - first) / ideal,
             "longest_wait_s": max(waits, default=0.0),
@@ -1184,6 +1185,7 @@ def report_lines(report: dict[str, Any]) -> list[str]:
             f"{s['iww_slice_s']:.2f} | {s['iww_replay_slice_s']:.2f} | "
             f"{s['iww_beyond_replay_slice_s']:.2f} | {s['iww_beyond_per_slice_s']:.3f} |"
         )
+    lines += [f"{s['path']} failed: {error}" for s in report["paths"] for error in s["errors"]]
     lines += report["verdicts"]
     return lines + two_tenant_lines(report["two_tenants"])
 

@@ -530,3 +530,24 @@ def test_a_grant_is_judged_by_the_free_keys_listed_after_it_not_by_its_view() ->
     reservation = reserver(cluster, head_reservation_timeout_s=30).run()
     assert names(reservation) == ["v6e-16-1"]
     assert asked[0] == ["v6e-16-0/3"]
+
+
+def test_a_never_from_the_queue_that_the_cluster_contradicts_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The queue's read missed a slice (a host back since): the reservation reads the
+    cluster, finds it can be served, and waits on rather than failing."""
+    from tpuslice._queue.book import Never
+
+    cluster = queued_cluster(1)
+    busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
+    queue = queue_of(cluster)
+    real_wait = queue.wait
+    answers = iter([Never("needs 1 slice(s) of v6e-16 4x4; the cluster has 0")])
+
+    def wait(ticket: str, timeout_s: float = 0.0) -> Any:
+        return next(answers, None) or real_wait(ticket, timeout_s)
+
+    monkeypatch.setattr(queue, "wait", wait)
+    cluster.script("sleep", 2, lambda: cluster.remove_group(busy))
+    assert names(reserver(cluster, head_reservation_timeout_s=30).run()) == ["v6e-16-0"]

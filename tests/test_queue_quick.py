@@ -325,3 +325,17 @@ def test_a_hand_back_that_no_longer_sees_a_host_does_not_report_its_slice_free()
     assert wait_freed(hosts, None, read=lambda: every, clock=Clock())
     gone = {n: free for n, free in every.items() if n != hosts[1].node_id}
     assert not wait_freed(hosts, None, read=lambda: gone, clock=Clock())
+
+
+def test_a_quick_decision_never_says_a_request_can_never_be_served() -> None:
+    """The quick decision offers only the slice just handed back: it cannot count the one
+    kept idle for the request since the last full read, so it must not judge that the
+    cluster is too small for it. The full decision then grants both."""
+    world = Held()
+    world.service.enqueue(Ticket("pair", KIND, (2, 2), 0, "pid pair", "job"))
+    world.hand_back(world.names[0], freed=False)
+    assert world.service.apply(world.service.read()) == {}  # the first kept idle for it
+    world.hand_back(world.names[1])
+    assert world.quick() == {}
+    assert isinstance(world.service.answer("pair"), Waiting)
+    assert world.service.apply(world.service.read()) == {"pair": tuple(world.names)}

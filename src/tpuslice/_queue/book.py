@@ -428,10 +428,14 @@ class QueueBook:
         configured = sharing is not None and sharing.quotas.configured
         self._order = {t: i for i, t in enumerate(decision.order)} if configured else {}
         still = self._in_order(self._waiters(granted=False))
-        self._last = {}
+        last, self._last = self._last, {}
         for place, waiter in enumerate(still, start=1):
             ticket = waiter.ticket
-            if ticket in decision.never:
+            if ticket in decision.never and keep_settling:
+                # A quick decision offers only the slices just handed back, so it cannot
+                # count what the cluster has: "never" is for a full read to say.
+                self._last[ticket] = last.get(ticket, Waiting(place, (), ""))
+            elif ticket in decision.never:
                 self._last[ticket] = Never(decision.never[ticket])
             else:
                 ahead = tuple(w.ticket for w in still[: place - 1])

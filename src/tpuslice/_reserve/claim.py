@@ -298,12 +298,10 @@ class Reserver:
                 snapshot = self._read()
                 self._check_possible(snapshot)
                 self._follow_demand(snapshot)
-            if isinstance(answer, Never) and not growing:
-                # The cluster looked possible to us, but not to the queue (its view of
-                # what the request accepts): the queue's word stands.
-                raise InsufficientSlicesError(
-                    f"cannot reserve {self.plan.describe()}: {answer.reason}"
-                )
+            if isinstance(answer, Never):
+                # Our own read finds the cluster can hold it (a host back, a slice come
+                # out of maintenance since the queue's read): ask again in a while.
+                logger.info("the slice queue says %s; asking again", answer.reason)
             if isinstance(answer, Waiting) and self.clock.now() - now >= hold:
                 logger.info(
                     "waiting %.0f s for %s: %s",

@@ -14,8 +14,8 @@ rebuilding but the waiters, who enqueue again with their arrival numbers.
 A waiter whose driver has died leaves as soon as ``dead_jobs`` (Ray's job table, on the
 actor) says so; one that merely stops asking leaves after the book's lease.
 Each decision's :class:`~tpuslice._view.queue_record.QueueRecord` goes to ``publish``, for
-status and for drivers deciding whether to queue at all. A grant carries the granted
-slices as the decision saw them, so the claimant need not read the cluster again.
+status. A grant carries the granted slices as the decision saw them, so the claimant
+need not read the cluster again.
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
 The queue actor writes one :class:`QueueRecord` to Ray's KV store (namespace
 ``tpuslice``, key :data:`QUEUE_KEY`). ``tpuslice status`` shows it, and every snapshot
-carries it, so a driver about to reserve knows, at no extra cost, whether others already
-wait for its kind of slice (then it queues behind them) or not (then it claims at once).
-A record older than :data:`FRESH_S` is ignored: the queue writes one at every decision
-while anyone waits, so an old one means its actor is gone or idle.
+carries it, so status and metrics show who waits at no extra cost. A record older than
+:data:`FRESH_S` is not shown as waiting: the queue writes one at every decision while
+anyone waits, so an old one means its actor is gone or idle.
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ class QueuedRequest:
         count: ``(min, max)`` slices.
         priority: Higher first.
         who: The driver (``pid 12 on host-a (job 01000000)``).
-        since: When its reservation was asked for, as the queue numbered its arrival
-            (wall-clock seconds; see :data:`~tpuslice._queue.book.ASKED_MAX_S`).
+        since: When its reservation was asked for, as its driver stamped it (wall-clock
+            seconds).
         position: Its place in the queue, from 1.
         granted: Slices granted to it and not yet claimed.
         reason: Why it waits.

@@ -144,7 +144,8 @@ def test_a_request_that_arrives_during_a_read_of_no_kinds_waits_for_the_next_one
     read = service.reader()
     service.enqueue(ticket("first"))
     service.apply(read())
-    assert isinstance(service.answer("first"), Waiting)
+    answer = service.answer("first")
+    assert isinstance(answer, Waiting) and "reads the v6e-16 4x4 slices next" in answer.reason
     assert service.due()
     assert service.decide() == {"first": ("v6e-16-0",)}
 

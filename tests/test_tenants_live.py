@@ -126,11 +126,16 @@ def test_a_higher_priority_preempts_lower_preemptible_work_and_status_says_so(
         notices = wait_for(low.notices, 30, "the queue's notice on the preemptible work")
         assert {n.slice_name for n in notices} == set(taken)
         assert fixed.notices() == []
-        # The queue gives its notices before it publishes the decision's record.
+        # The queue gives its notices before it publishes the decision's record (an
+        # earlier record, of a decision before the preemption, may still be there).
         snapshot = wait_for(
-            lambda: (found := read_snapshot()).queued() and found,
+            lambda: (
+                (found := read_snapshot()).queued()
+                and "preempting" in found.queued()[0].reason
+                and found
+            ),
             10,
-            "the request in the queue's record",
+            "the request in the queue's record, preempting",
         )
         info = snapshot.slices[taken[0]]
         assert state_label(info) == "PREEMPTING" and "s left" in info.reason

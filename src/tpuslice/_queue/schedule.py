@@ -226,8 +226,11 @@ def decide(
     ordered = queue_order(waiters)
     ledger = _Ledger(sharing.quotas, holding)
     for kind in dict.fromkeys(w.kind for w in ordered):
-        if kind in unread:
-            continue  # its waiters are judged at a pass that read its slices
+        if kind in unread:  # its waiters are judged at a pass that read its slices
+            for waiter in ordered:
+                if waiter.kind == kind:
+                    decision.blocked[waiter.ticket] = f"the queue reads the {kind} slices next"
+            continue
         held = [h for h in holding if h.kind == kind]
         free = sorted(idle.get(kind, ()))
         count = trusted.get(kind, 0) if trusted is not None else len(free) + _held(held)

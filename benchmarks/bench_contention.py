@@ -148,8 +148,6 @@ class Job:
     skew: float = 0.0
     """From the job's first task starting to its last."""
     error: str = ""
-    queued: float | None = None
-    """tpuslice paths: when the reservation joined the queue (``None``: it claimed at once)."""
     granted: float | None = None
     """tpuslice paths: when the queue granted the slices (the driver's poll saw it)."""
     reserved: float | None = None
@@ -722,8 +720,6 @@ def trace_phases(jobs: list[Job]) -> None:
     owner: dict[int, Job] = {}
 
     def traced_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if jobs and jobs[-1].queued is None:
-            jobs[-1].queued = time.time()
         granted = wait_for_grant(self, *args, **kwargs)
         if jobs:
             jobs[-1].granted = time.time()

@@ -247,14 +247,14 @@ class Reserver:
         back) if a slice was taken meanwhile, or its hosts' TPUs are owned."""
         self._end_demand()
         if granted.view:
-            snapshot = ClusterSnapshot({s.name: s for s in granted.view})
+            snapshot = self.targets.prepare(ClusterSnapshot({s.name: s for s in granted.view}))
             # As old as the queue's read, which the grant does not say: the free keys are
             # listed again before any host is spared.
             self._seen_free_at = -math.inf
         else:
             snapshot = self._read()
         self._fix_count(len(granted.slices))
-        self._claim(_only(self.targets.prepare(snapshot), granted.slices))
+        self._claim(_only(snapshot, granted.slices))
         if len(self.claims) < self.plan.num_slices:
             logger.info("a granted slice was taken meanwhile")
             return None

@@ -2,32 +2,44 @@
 Run by hand (not a test; it starts a simulated cluster, so only one at a time):
 
     python benchmarks/bench_slices.py [--generation v6e] [--topology 4x4]
-        [--slices 4] [--rounds 7] [--json] [--only reserve-1-run,fresh-reserve-run]
+        [--slices 4] [--host-cpus 8] [--hog] [--rounds 7] [--json]
+        [--only reserve-1-run,fresh-reserve-run,fresh-reserve-N-run]
 
-One SimulatedCluster (default 4 slices of v6e 4x4, 16 simulated TPU VMs). Three paths per
-operation, ratios to the first:
+One SimulatedCluster (default 4 slices of v6e 4x4, 16 simulated TPU VMs, ``--host-cpus``
+logical CPUs each, 8 by default). With ``--hog`` a process spinning a busy loop takes one
+core (``cpu_hog`` of ``bench_contention.py``, imported from this folder) from just after
+the cluster is up until the last round ends, as another user's work on the machine would.
+The report's header states the CPUs per host, whether the hog ran and the machine's load
+average at the start (taken before the cluster starts). Three paths per operation, ratios
+to the first:
 
 - ``floor``: raw Ray. One placement group, one ``{"CPU": 1, "TPU": chips}`` bundle per host
   pinned by ``bundle_label_selector`` to the slice name and worker id, ``pg.ready()``, one
   trivial task per host in its bundle, results, removal.
 - ``ray``: Ray 2.60's ``ray.util.tpu`` (``SlicePlacementGroup`` + ready, ``run_on_slice``).
-- ``ours``: ``tpuslice.SlicePlacementGroup`` and ``tpuslice.run_on_slice``.
+- ``ours``: ``tpuslice.SlicePlacementGroup`` and ``tpuslice.run_on_slice``. Ours runs
+  every call as Ray 2.60 does: one Ray task per host in its bundle, holding the bundle's
+  TPU, in the job's worker processes (it starts no process of its own: no per-host owner
+  processes, no spares).
 
-Operations (keys for ``--only``; N is 4 slices, or all there are if fewer):
+Operations (keys for ``--only``; N is 4 slices, or all there are if fewer; ``--only``
+takes N literally too, e.g. ``reserve-N-run``):
 
 - ``reserve-1``, ``-2``, ``-4``: reserve that many slices, timed until every bundle is
   placed; the release is not timed.
 - ``reserve-1-run``, ``reserve-N-run``: a held reservation's first use. Timed from before
   the reservation to the results of the first call on it: floor = raw group + ready + one
   raw task per host; Ray = ``SlicePlacementGroup`` + ready + ``run_on_slice(tpu_slice=)``;
-  ours = ``SlicePlacementGroup`` + ``run_on_slice(tpu_slice=)``, whose first call starts
-  the reservation's owner processes (one per host) inside the timing. Release not timed.
+  ours = ``SlicePlacementGroup`` + ``run_on_slice(tpu_slice=)`` (a task per host in its
+  bundle, as Ray's). Release not timed.
 - ``reserve-N-after-shutdown``: each path reserves N slices, calls once and shuts them
   down (untimed; how long that shutdown took is kept and reported as its hand-back), then
   at once, with no settling between, reserves N slices again, timed until placed.
-- ``fresh-reserve-run``: a new driver process per call, which loads every path's modules
-  first, then times ``ray.init`` (every path alike) + reserve 1 slice + the first call +
-  results. It starts no worker process beforehand: a new driver has none.
+- ``fresh-reserve-run``, ``fresh-reserve-N-run``: a new driver process per call, which
+  loads every path's modules first, then times ``ray.init`` (every path alike) + reserve 1
+  slice (N slices) + the first call + results, as ``reserve-1-run`` (``reserve-N-run``)
+  does in this driver. It starts no worker process beforehand: a new driver has none.
+  ``fresh-reserve-N-run`` runs only where N > 1.
 - ``hand-over``: another driver (a new process) holds one slice through the same path and
   has called on it once, every other slice is held by a raw group, and this driver asks
   for one slice and waits; the other driver then shuts its reservation down. Timed from
@@ -35,11 +47,11 @@ Operations (keys for ``--only``; N is 4 slices, or all there are if fewer):
   (wall clock, across the two processes): a slice changing hands between drivers.
 - ``one-shot``: reserve, a task per host, results, release, in this driver;
   ``one-shot-fresh``: the same in a fresh driver process per call.
-- ``held``: a call on a slice reserved beforehand (floor: raw tasks on a raw group of its
-  own; ours runs in the slice's owner processes, started by the first, untimed call).
+- ``held``: a call on a slice reserved beforehand and called once, untimed (each path on
+  a slice of its own; floor: raw tasks on a raw group).
 - ``hand-back``: hand a held slice back after one call (only the release is timed: ours
-  stops its owners and has each host's agent confirm the TPU free before the groups go;
-  the floor removes its group).
+  has each host's agent confirm the TPU free, stopping any process of the work that still
+  holds it, then removes the groups; the floor removes its group).
 - ``subslice``, ``subslice-learn``: where the slices can be cut (v6e 4x4: 2x4 halves),
   reserve a sub-slice (until its bundles are placed): with the layout already recorded,
   and with every record of it dropped first (the floor then reserves the slice whole, runs
@@ -48,14 +60,13 @@ Operations (keys for ``--only``; N is 4 slices, or all there are if fewer):
 
 Method: worker processes are first started by a plain task on every host; then one cold
 round (the first call of each path in this driver, fresh drivers excepted); then a few
-calls through each path on every host of one reservation (ours' owner processes end with
-it, so every later reservation starts its own); then ``--rounds`` rounds, interleaved: in
-round r each operation runs floor, ray, ours in an order rotated by r (twice per round;
-five times for the cheap held-slice call, once for fresh drivers). After each call
-everything is released and the benchmark polls ``tpuslice.read_snapshot()`` (bounded)
-until every slice is idle and no placement group is left. Ray's config is untouched: its
-~100 ms resource-report period is in the numbers (the first tasks into a fresh placement
-group wait for it).
+calls through each path on every host of one reservation; then ``--rounds`` rounds,
+interleaved: in round r each operation runs floor, ray, ours in an order rotated by r
+(twice per round; five times for the cheap held-slice call, once for fresh drivers). After
+each call everything is released and the benchmark polls ``tpuslice.read_snapshot()``
+(bounded) until every slice is idle and no placement group is left. Ray's config is
+untouched: its ~100 ms resource-report period is in the numbers (the first tasks into a
+fresh placement group wait for it).
 
 Ray's one-shot ``run_on_slice`` keeps its slice until the driver exits, so in this driver
 the benchmark removes the leaked group after each call (not timed), and ``one-shot-fresh``
@@ -90,6 +101,7 @@ from typing import Any
 
 import ray
 import ray.util.tpu as ray_tpu
+from bench_contention import cpu_hog
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
@@ -114,6 +126,9 @@ CHILD_TIMEOUT_S = 120.0
 WARM_CALLS = 3
 MANY_SLICES = 4
 """N of the reserve-N + run operations: this many slices, or all there are if fewer."""
+HOST_CPUS = 8
+"""Logical CPUs of each simulated host, unless ``--host-cpus`` says otherwise (the
+SimulatedCluster default, which this benchmark always used)."""
 TARGETS = {
     "reserve-1-run": (1.3, "ray"),  # ours reserve 1 + first run / Ray's
     "reserve-n-run": (1.0, "ray"),  # ours reserve N + first run / Ray's
@@ -258,12 +273,12 @@ def ray_one_shot(setup: Setup, remove_leak: bool = True) -> Sample:
 
 
 def ours_hold(setup: Setup, num_slices: int) -> tpuslice.SlicePlacementGroup:
-    """Returns once every slice is claimed and placed; no owner process is started yet."""
+    """Returns once every slice is claimed and placed."""
     return tpuslice.SlicePlacementGroup(setup.topology, setup.generation, num_slices=num_slices)
 
 
 def ours_call(spg: tpuslice.SlicePlacementGroup) -> list[HostResult]:
-    """The first call on a reservation also starts its owner processes, one per host."""
+    """One task per host in its bundle, holding the bundle's TPU, as Ray's call does."""
     results: list[HostResult] = ray.get(tpuslice.run_on_slice(whoami, tpu_slice=spg))
     return results
 
@@ -350,9 +365,9 @@ def used_then_released(hold: Hold, setup: Setup, num_slices: int) -> float:
 
 
 def hand_back(hold: Hold, setup: Setup, num_slices: int) -> Sample:
-    """Only the release of a reservation used once is timed. Ours also stops its owner
-    processes and has each host's agent confirm that no process of the work still owns
-    the TPU before the groups go; the floor removes its group."""
+    """Only the release of a reservation used once is timed. Ours has each host's agent
+    confirm that no process of the work still owns the TPU (stopping any that does), then
+    removes the groups; the floor removes its group."""
     return Sample(used_then_released(hold, setup, num_slices))
 
 
@@ -370,9 +385,8 @@ def reserve_after_shutdown(hold: Hold, setup: Setup, num_slices: int) -> Sample:
 
 class HeldSlices:
     """One slice reserved by each path for a round (ours, Ray's, and a raw group for the
-    floor), each called once untimed: the first tasks into a fresh group wait on Ray's
-    resource report, and ours starts its owner processes (one per host, holding each
-    bundle's TPU, so the floor's tasks cannot share our group: it gets its own slice)."""
+    floor, each on a slice of its own), each called once untimed: the first tasks into a
+    fresh group wait on Ray's resource report."""
 
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
@@ -513,8 +527,9 @@ def child_hand_over(setup: Setup, path: str) -> None:
 # --- fresh driver processes -------------------------------------------------------------------
 
 
-def child_command(setup: Setup, path: str, child_op: str) -> list[str]:
-    """The command line of a new driver process running ``child_op`` through ``path``."""
+def child_command(setup: Setup, path: str, child_op: str, num_slices: int = 1) -> list[str]:
+    """The command line of a new driver process running ``child_op`` through ``path``; it
+    is given the names of the first ``num_slices`` slices, and reserves that many."""
     return [
         sys.executable,
         os.path.abspath(__file__),
@@ -528,14 +543,15 @@ def child_command(setup: Setup, path: str, child_op: str) -> list[str]:
         setup.generation,
         "--topology",
         setup.topology,
-        "--slice-name",
-        setup.names[0],
+        "--slice-names",
+        ",".join(setup.names[:num_slices]),
     ]
 
 
-def fresh_driver(setup: Setup, path: str, child_op: str) -> Sample:
-    """Run one ``child_op`` call of ``path`` in a new driver process; its report is JSON."""
-    command = child_command(setup, path, child_op)
+def fresh_driver(setup: Setup, path: str, child_op: str, num_slices: int = 1) -> Sample:
+    """Run one ``child_op`` call of ``path`` (on ``num_slices`` slices, where it reserves)
+    in a new driver process; its report is JSON."""
+    command = child_command(setup, path, child_op, num_slices)
     started = now()
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False
@@ -562,13 +578,14 @@ def child_one_shot(setup: Setup, path: str) -> Sample:
 
 
 def child_reserve_run(setup: Setup, path: str) -> Sample:
-    """A new user's first steps, all timed: connect, reserve one slice, the first call,
-    its results (the release is not). No worker process is started first: a new driver
-    has none, so its first tasks (or ours' owners) start them."""
+    """A new user's first steps, all timed: connect, reserve as many slices as the driver
+    was given names of (the floor reserves those), the first call, its results (the
+    release is not). No worker process is started first: a new driver has none, so its
+    first tasks start them."""
     started = now()
     connect(setup.address)
     connected = now() - started
-    sample = reserve_and_run(HOLDS[path], setup, 1)
+    sample = reserve_and_run(HOLDS[path], setup, len(setup.names))
     return Sample(connected + sample.seconds, sample.results)
 
 
@@ -585,12 +602,13 @@ def child_main(args: argparse.Namespace) -> None:
     # tpuslice loads its modules on first use, and with PYTHONDONTWRITEBYTECODE=1 (set on
     # this machine) each new process also compiles them (~100-170 ms measured).
     import tpuslice._host.agent
-    import tpuslice._reserve.owners
+    import tpuslice._reserve.reserve
     import tpuslice._run.run
 
     _ = (tpuslice.run_on_slice, ray_tpu.run_on_slice)
     shape = slice_shape(args.topology, args.generation)
-    setup = Setup(args.generation, args.topology, shape, (args.slice_name,), args.address)
+    names = tuple(args.slice_names.split(","))
+    setup = Setup(args.generation, args.topology, shape, names, args.address)
     if args.child_op == "hand-over":
         child_hand_over(setup, args.child)
         return
@@ -618,8 +636,7 @@ def warm_hosts(times: int) -> None:
 
 
 def warm_paths(setup: Setup) -> None:
-    """A few calls through each path on every host of every slice. No owner process of
-    ours outlives this: ours starts them per reservation and stops them at its release."""
+    """A few calls through each path on every host of every slice."""
     for hold in HOLDS.values():
         handle = hold.reserve(setup, len(setup.names))
         try:
@@ -813,10 +830,13 @@ def through_holds(
     return Operation(key, title, calls, **options)
 
 
-def in_fresh_drivers(key: str, title: str, child_op: str, setup: Setup) -> Operation:
-    """Every call of every path in a new driver process (each is that driver's first)."""
+def in_fresh_drivers(
+    key: str, title: str, child_op: str, setup: Setup, num_slices: int = 1
+) -> Operation:
+    """Every call of every path in a new driver process (each is that driver's first),
+    on ``num_slices`` slices where the call reserves."""
     calls: dict[str, Callable[[], Sample]] = {
-        path: functools.partial(fresh_driver, setup, path, child_op) for path in PATHS
+        path: functools.partial(fresh_driver, setup, path, child_op, num_slices) for path in PATHS
     }
     return Operation(key, title, calls, cold=False, passes=1)
 
@@ -841,6 +861,10 @@ def reservation_ops(setup: Setup) -> list[Operation]:
     )
     title = "fresh driver: connect, reserve 1 slice, first run"
     ops.append(in_fresh_drivers("fresh-reserve-run", title, "reserve-run", setup))
+    if many > 1:
+        title = f"fresh driver: connect, reserve {slices(many)}, first run"
+        key = f"fresh-reserve-{many}-run"
+        ops.append(in_fresh_drivers(key, title, "reserve-run", setup, many))
     if count >= 2:
         calls: dict[str, Callable[[], Sample]] = {
             path: functools.partial(hand_over, HOLDS[path], path, setup) for path in PATHS
@@ -921,10 +945,19 @@ def run_round(
         settle(setup)
 
 
+def operation_keys(keys: Sequence[str], many: int) -> list[str]:
+    """``--only``'s keys with a literal N read as ``many`` (``reserve-N-run`` is
+    ``reserve-4-run`` on 4 slices; ``fresh-reserve-N-run`` on one slice is
+    ``fresh-reserve-run``)."""
+    found = [key.replace("-N-", f"-{many}-") for key in keys]
+    return ["fresh-reserve-run" if key == "fresh-reserve-1-run" else key for key in found]
+
+
 def run_all(
     setup: Setup, rounds: int, progress: Callable[[str], None], only: Sequence[str] = ()
 ) -> Records:
     records: Records = {}
+    only = operation_keys(only, many_slices(len(setup.names)))
     ops = [op for op in operations(setup) if not only or op.key in only]
     if not ops:
         raise BenchError(f"--only {','.join(only)}: no such operation here")
@@ -1059,6 +1092,11 @@ def targets(table: Sequence[Row], many: int) -> list[Target]:
         ("reserve-1-run", "reserve-1-run", "reserve 1 slice + first run"),
         ("fresh-reserve-run", "reserve-1-run", "connect + reserve 1 slice + first run"),
         (
+            f"fresh-reserve-{many}-run",
+            "reserve-n-run",
+            f"connect + reserve {slices(many)} + first run",
+        ),
+        (
             f"reserve-{many}-after-shutdown",
             "after-shutdown",
             f"reserve {slices(many)} right after a shutdown",
@@ -1115,13 +1153,23 @@ COLUMNS = (
 )
 
 
+def header(info: dict[str, Any]) -> str:
+    """The run's conditions: the cluster, the rounds, the CPUs per host, the hog and the
+    machine's load average at the start."""
+    load = ", ".join(f"{x:.2f}" for x in info["load_average_at_start"])
+    return (
+        f"{info['slices']} x {info['generation']} {info['topology']} slices "
+        f"({info['hosts']} simulated hosts, {info['host_cpus']} CPU"
+        f"{'s' if info['host_cpus'] != 1 else ''} each), "
+        f"{info['rounds']} interleaved rounds; "
+        + ("a one-core CPU hog throughout; " if info["hog"] else "no CPU hog; ")
+        + f"load average at start {load} (1, 5, 15 min); n samples per path; ms"
+    )
+
+
 def render(table: Sequence[Row], found: Sequence[Target], info: dict[str, Any]) -> Table:
     out = Table(
-        title=(
-            f"{info['slices']} x {info['generation']} {info['topology']} slices "
-            f"({info['hosts']} simulated hosts), {info['rounds']} interleaved rounds; "
-            "n samples per path; ms"
-        ),
+        title=header(info),
         title_justify="left",
     )
     for column in COLUMNS:
@@ -1151,9 +1199,10 @@ NOTES = (
     "x floor: median / the floor's median for the same operation; x Ray: ours / Ray's.",
     "cold: the first call of each path in this driver (worker processes already started).",
     "pids/host: most distinct worker pids one host showed / calls per host (1 = one warm "
-    "process reused; fresh drivers excluded); after a reserve, ours' first call runs in the "
-    "owner processes that reservation starts, so ours shows a new pid per call there. in "
-    "order: calls whose results came back slice by slice in TPU worker order.",
+    "process reused; fresh drivers excluded). in order: calls whose results came back slice "
+    "by slice in TPU worker order.",
+    "ours runs every call as Ray 2.60 does: one Ray task per host in its bundle, holding "
+    "the bundle's TPU (no owner processes, no spares).",
     "n: samples per path, from every round (2 per round; 5 for held-slice calls, 1 for fresh "
     "drivers).",
     "reserve N, first run: timed from before the reservation (floor: raw group + ready; "
@@ -1167,12 +1216,14 @@ NOTES = (
     "runs every call of every path in a new driver process (it first runs a plain task per "
     "host so its worker processes exist; only the call is timed).",
     "fresh driver, connect + reserve + run: a new driver per call, its modules loaded first; "
-    "timed: ray.init (every path alike), reserve 1 slice, the first call, its results. No "
-    "worker process is started beforehand (a new driver has none).",
+    "timed: ray.init (every path alike), reserve 1 slice (or N), the first call, its "
+    "results. No worker process is started beforehand (a new driver has none).",
     "one-shot: ours gives the slice back from a background thread once the tasks end "
     "(outside the timing); the floor's removal (one GCS call) is inside its timing.",
-    "held: floor = raw tasks into a raw group of its own slice (ours' owner processes hold "
-    "our group's TPUs); Ray's call runs on its own reservation of another slice.",
+    "held: each path calls on a slice of its own, reserved and called once before the "
+    "timing: floor = raw tasks into a raw group; Ray's and ours on their own reservations.",
+    "hand-back: ours has each host's agent confirm the TPU free, then removes the groups; "
+    "the floor removes its group.",
     "handed over: another driver (a new process) holds one slice through the same path, "
     "every other slice is held by a raw group, and this driver waits for a slice; timed "
     "(wall clock across the two processes) from the start of the other's shutdown to the "
@@ -1241,10 +1292,19 @@ def report_json(
 
 
 @contextlib.contextmanager
-def simulated(generation: str, topology: str, count: int, err: Console) -> Iterator[Setup]:
-    """The one simulated cluster, connected; shut down on the way out, whatever happens."""
-    err.print(f"starting {count} x {generation} {topology} (about 1.2 s per host)")
-    with SimulatedCluster([(generation, topology, count)], connect=True) as sim:
+def simulated(
+    generation: str, topology: str, count: int, err: Console, host_cpus: int = HOST_CPUS
+) -> Iterator[Setup]:
+    """The one simulated cluster (``host_cpus`` logical CPUs per host), connected; shut
+    down on the way out, whatever happens."""
+    err.print(
+        f"starting {count} x {generation} {topology}, {host_cpus} CPU"
+        f"{'s' if host_cpus != 1 else ''} per host "
+        "(about 1.2 s per host)"
+    )
+    with SimulatedCluster(
+        [(generation, topology, count)], cpus_per_host=host_cpus, connect=True
+    ) as sim:
         shape = slice_shape(topology, generation)
         err.print(f"cluster up in {sim.startup_seconds:.1f} s")
         yield Setup(generation, topology, shape, tuple(sorted(sim.slices)), sim.address)
@@ -1255,6 +1315,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--generation", default="v6e", help="TPU generation (default v6e)")
     parser.add_argument("--topology", default="4x4", help="slice topology (default 4x4)")
     parser.add_argument("--slices", type=int, default=4, help="slices in the cluster (4)")
+    parser.add_argument(
+        "--host-cpus",
+        type=int,
+        default=HOST_CPUS,
+        help=f"logical CPUs of each simulated host ({HOST_CPUS})",
+    )
+    parser.add_argument(
+        "--hog", action="store_true", help="a busy loop on one core during the rounds"
+    )
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds (>= 5; 7)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
@@ -1263,18 +1332,21 @@ def parse_args() -> argparse.Namespace:
         default=[],
         help=(
             "run only these operations (keys such as reserve-1,reserve-4-run,"
-            "reserve-4-after-shutdown,fresh-reserve-run,subslice)"
+            "reserve-4-after-shutdown,fresh-reserve-run,fresh-reserve-4-run,subslice; "
+            "N for 4 or all slices if fewer, as in reserve-N-run)"
         ),
     )
     parser.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
     parser.add_argument("--child-op", choices=(*CHILD_OPS, "hand-over"), help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
-    parser.add_argument("--slice-name", help=argparse.SUPPRESS)
+    parser.add_argument("--slice-names", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rounds < 5:
         parser.error("--rounds must be at least 5")
     if args.slices < 1:
         parser.error("--slices must be at least 1")
+    if args.host_cpus < 1:
+        parser.error("--host-cpus must be at least 1")
     return args
 
 
@@ -1286,13 +1358,19 @@ def main() -> None:
     err = Console(stderr=True)
     host = machine()  # before the cluster starts: its load average is the machine's own
     started = now()
-    with simulated(args.generation, args.topology, args.slices, err) as setup:
+    with (
+        simulated(args.generation, args.topology, args.slices, err, args.host_cpus) as setup,
+        cpu_hog() if args.hog else nullcontext(),  # after the cluster is up, to the end
+    ):
         records = run_all(setup, args.rounds, lambda message: err.print(message), args.only)
     info = {
         "generation": args.generation,
         "topology": args.topology,
         "slices": args.slices,
         "hosts": args.slices * setup.shape.num_hosts,
+        "host_cpus": args.host_cpus,
+        "hog": args.hog,
+        "load_average_at_start": host["load_average_at_start"],
         "rounds": args.rounds,
         "wall_s": round(now() - started, 1),
     }

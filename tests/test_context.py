@@ -13,11 +13,9 @@ import os
 import subprocess
 import sys
 
-import pytest
 from ray import cloudpickle
 
-from tpuslice import _ray
-from tpuslice._host.context import SUBHOST_BOUNDS_KEY, with_context
+from tpuslice._host.context import with_context
 
 LOADER = """
 import json, os, pickle, sys
@@ -74,32 +72,3 @@ def test_a_worker_runs_the_wrapper_without_importing_tpuslice() -> None:
     assert seen["after_rank"] is None
     assert seen["after_port"] == "1111"
     assert seen["keep"] == "kept"
-
-
-def test_sub_host_bounds_left_in_a_worker_are_dropped_for_a_call_on_every_chip(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Ray leaves the chip bounds of an earlier 1- or 2-chip task in its worker. A rank
-    that runs on all of its host's chips while its task holds none has them unset for its
-    call (and back after it); a host's own bounds, and a sub-slice's, are kept."""
-
-    def seen() -> tuple[str | None, ...]:
-        return tuple(
-            os.environ.get(k)
-            for k in ("TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS", SUBHOST_BOUNDS_KEY)
-        )
-
-    call = with_context(seen)
-    told = {SUBHOST_BOUNDS_KEY: ";".join(_ray.subhost_chip_bounds())}
-    for left in _ray.subhost_chip_bounds():
-        monkeypatch.setenv("TPU_CHIPS_PER_HOST_BOUNDS", left)
-        monkeypatch.setenv("TPU_HOST_BOUNDS", "1,1,1")
-        assert call(told) == (None, None, None)
-        assert seen() == (left, "1,1,1", None)
-        assert call({}) == (left, "1,1,1", None)  # only where the reservation says so
-    monkeypatch.setenv("TPU_CHIPS_PER_HOST_BOUNDS", "2,2,1")
-    monkeypatch.setenv("TPU_HOST_BOUNDS", "2,2,2")
-    assert call(told) == ("2,2,1", "2,2,2", None)
-    monkeypatch.setenv("TPU_CHIPS_PER_HOST_BOUNDS", "1,1,1")
-    own = {**told, "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1", "TPU_HOST_BOUNDS": "1,2,1"}
-    assert call(own) == ("2,2,1", "1,2,1", None)

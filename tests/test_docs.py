@@ -264,7 +264,7 @@ def test_sphinx_roles_become_optional_cross_references() -> None:
     assert roles.resolve(spg["__init__"], "num_slices") == (
         "tpuslice._reserve.reserve.SlicePlacementGroup.num_slices"
     )
-    assert roles.resolve(spg, "SliceOwnership") == "tpuslice._reserve.owners.SliceOwnership"
+    assert roles.resolve(spg, "RankPlacement") == "tpuslice._reserve.groups.RankPlacement"
     assert roles.resolve(spg, "no_such_name") == "no_such_name"
     text = roles.rewrite(
         spg, "see :meth:`~SlicePlacementGroup.shutdown` and :mod:`tpuslice._reserve.claim`"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import ray
+import ray.util.tpu as ray_tpu
 
 import tpuslice
 from clusterutil import exit_cleanly, wait_for, where_am_i
@@ -162,33 +163,50 @@ def what_ray_gave() -> dict[str, object]:
     return {
         "node": runtime.get_node_id(),
         "group": runtime.get_placement_group_id(),
-        "tpu_ids": runtime.get_accelerator_ids().get("TPU", []),
-        "visible": os.environ.get("TPU_VISIBLE_CHIPS"),
-        "worker": os.environ.get("TPU_WORKER_ID"),
+        "tpu_ids": sorted(runtime.get_accelerator_ids().get("TPU", [])),
+        "tpu_env": {k: v for k, v in os.environ.items() if k.startswith("TPU_")},
     }
 
 
-def test_a_one_shot_runs_on_each_rank_host_holding_no_resources_of_its_own(
-    tpu_cluster: SimulatedCluster,
-) -> None:
-    """Each bundle is a host's whole TPU, so each rank's task goes straight to its host,
-    holding no Ray resources (the bundle keeps the TPU), even where the function declares
-    the host's TPU: it runs on its rank's host, in no placement group, with no TPU ids,
-    and sees the host's own TPU values, as a task holding the whole host does with Ray
-    (the deliberate difference in the docs)."""
+def test_a_call_sees_what_ray_2_60s_run_on_slice_shows(tpu_cluster: SimulatedCluster) -> None:
+    """Inside a call, Ray shows what it shows under Ray 2.60's ``run_on_slice``: the
+    slice's placement group, the bundle's TPU ids, and the host's ``TPU_*`` values, for a
+    one-shot and for a call on a held slice alike (what docs/migrating.md says)."""
     hosts = {
         (n["Labels"].get(SLICE_NAME_LABEL), n["Labels"].get(WORKER_ID_LABEL)): n["NodeID"]
         for n in ray.nodes()
         if n["Alive"]
     }
-    refs = tpuslice.run_on_slice(what_ray_gave, **V4)
-    seen = ray.get(refs)
-    name = next(s for (s, w), node in hosts.items() if node == seen[0]["node"])
-    assert [r["node"] for r in seen] == [hosts[name, "0"], hosts[name, "1"]]
-    assert [r["worker"] for r in seen] == ["0", "1"]
-    assert {(r["group"], r["visible"]) for r in seen} == {(None, None)}
-    assert [r["tpu_ids"] for r in seen] == [[], []]
+
+    def by_worker(seen: list[dict[str, object]]) -> dict[object, dict[str, object]]:
+        """What each worker id saw; the slice's own name checked apart (the three runs
+        may get different slices)."""
+        by = {}
+        for r in seen:
+            env = dict(r["tpu_env"])  # type: ignore[call-overload]
+            assert env.pop("TPU_NAME") in {"v4-16-a", "v4-16-b"}
+            by[env["TPU_WORKER_ID"]] = {"tpu_ids": r["tpu_ids"], "env": env}
+        return by
+
+    one_shot = ray.get(tpuslice.run_on_slice(what_ray_gave, **V4))
+    name = next(s for (s, w), node in hosts.items() if node == one_shot[0]["node"])
+    assert [r["node"] for r in one_shot] == [hosts[name, "0"], hosts[name, "1"]]
     wait_for(lambda: not live_placement_groups(), timeout=10, what="the slice given back")
+    with tpuslice.SlicePlacementGroup(**V4) as spg:
+        held = ray.get(tpuslice.run_on_slice(what_ray_gave, tpu_slice=spg))
+        assert spg.placement_group is not None
+        groups = {spg.placement_group.id.hex()}
+    wait_for(lambda: not live_placement_groups(), timeout=10, what="the slice given back")
+    ray_spg = ray_tpu.SlicePlacementGroup(**V4)
+    try:
+        theirs = ray.get(ray_tpu.run_on_slice(what_ray_gave, tpu_slice=ray_spg))
+    finally:
+        ray_spg.shutdown()
+    for ours in (one_shot, held):
+        assert all(r["group"] is not None for r in ours)
+        assert by_worker(ours) == by_worker(theirs)
+    assert {r["group"] for r in held} <= groups
+    assert all(r["tpu_ids"] == ["0", "1", "2", "3"] for r in theirs)
 
 
 @pytest.mark.parametrize("held", [False, True], ids=["one-shot", "held"])
@@ -330,21 +348,21 @@ def env_now() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in CONTEXT_VARS}
 
 
-def test_owners_run_every_held_call_in_one_process_with_its_own_context(
+def test_a_held_slices_calls_run_in_one_worker_per_host_with_their_own_context(
     tpu_cluster: SimulatedCluster,
 ) -> None:
-    """On a held slice, each rank's calls run in one owner process (not a task worker),
-    each with its context, and the environment is restored between calls."""
+    """On a held slice, Ray gives each rank's calls the same worker, each call sees its
+    context, and nothing of it stays in the worker between calls."""
     with tpuslice.SlicePlacementGroup(**V4, num_slices=2) as spg:
+        options = [rank.task_options() for rank in plumbing(spg).ranks()]
+        before = ray.get([env_now.options(**o).remote() for o in options])
         first = ray.get(tpuslice.run_on_slice(context, tpu_slice=spg))
         second = ray.get(tpuslice.run_on_slice(context, tpu_slice=spg))
         assert [r["pid"] for r in first] == [r["pid"] for r in second]
         assert [r["host"].rank for r in second] == [0, 1, 2, 3]
         assert {r["env"]["MEGASCALE_NUM_SLICES"] for r in second} == {"2"}
-        owners = plumbing(spg).ownership.current
-        assert owners is not None and len(owners.handles) == 4
-        leftover = [ray.get(h.call.remote(env_now._function, {}, (), {})) for h in owners.handles]
-    assert leftover == [{}] * 4  # nothing of a call's context stays in the owner
+        after = ray.get([env_now.options(**o).remote() for o in options])
+    assert after == before  # nothing of a call's context stays in the worker
 
 
 EXITING = """

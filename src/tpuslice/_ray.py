@@ -232,21 +232,6 @@ def dashboard_kv_namespace() -> str:
     return str(ray_constants.KV_NAMESPACE_DASHBOARD)
 
 
-def subhost_chip_bounds() -> tuple[str, ...]:
-    """The ``TPU_CHIPS_PER_HOST_BOUNDS`` values Ray sets in a worker for a task given 1 or
-    2 chips of a bigger host (and leaves there after the task).
-
-    Returns:
-        The values.
-    """
-    from ray._private.accelerators import tpu
-
-    return (
-        tpu.TPU_CHIPS_PER_HOST_BOUNDS_1_CHIP_CONFIG,
-        tpu.TPU_CHIPS_PER_HOST_BOUNDS_2_CHIP_CONFIG,
-    )
-
-
 def current_node_id() -> str:
     """Hex id of the node this process runs on (driver or worker)."""
     return str(ray.get_runtime_context().get_node_id())

@@ -705,6 +705,22 @@ def release_tpus(
     )
 
 
+def stop_job_tpus(node_ids: Sequence[str], job_id: str) -> None:
+    """On each node, have its agent stop the processes of Ray job ``job_id`` that still
+    own its TPU, without waiting for the answers (the queue's take-back: a worker of the
+    work taken back can outlive its group in Ray's pool of idle workers).
+
+    Args:
+        node_ids: The hosts taken back.
+        job_id: The job whose work ran there (hex).
+    """
+    for node, agent in AGENTS.handles(node_ids).items():
+        try:
+            agent.release.remote(job_id, [], GRACE_S, RELEASE_TIMEOUT_S)
+        except ray.exceptions.RayError as exc:  # its host is gone: nothing to free there
+            logger.debug("could not ask the agent of %s to free its TPU: %s", node[:12], exc)
+
+
 def kill_owner(node_id: str, pid: int, timeout_s: float = 5.0) -> TPUOwner | None:
     """Stop the TPU owner ``pid`` on one node, if it is this user's process.
 

@@ -3,9 +3,8 @@
 :class:`HostContext` is a rank's place in the gang (rank, world size, slice, worker id,
 coordinator); :func:`current_host` reads it back inside the call. :func:`with_context`
 wraps a user's function so that each call runs with the context in ``os.environ``.
-This module is what a host's worker process loads to run calls (the owners of
-:mod:`tpuslice._reserve.owners` import it at their first call), so it stays small: no Ray, and
-nothing of the reservation machinery.
+This module is what a host's worker process may load to run calls (the wrapper itself
+ships by value), so it stays small: no Ray, and nothing of the reservation machinery.
 """
 
 from __future__ import annotations
@@ -99,16 +98,6 @@ def current_host(environ: Mapping[str, str] | None = None) -> HostContext:
 TPU_IN_USE = "The TPU is already in use"
 """What libtpu says when another process owns the host's TPU."""
 
-SUBHOST_BOUNDS_KEY = "TPUSLICE_SUBHOST_BOUNDS"
-"""In a call's environment, for a rank that runs on all of its host's chips while its
-task holds none of them (see :meth:`~tpuslice._reserve.groups.RankPlacement.task_options`):
-the ``TPU_CHIPS_PER_HOST_BOUNDS`` values Ray sets for a task given 1 or 2 chips of the
-host, ``;``-separated. Ray leaves those in the worker after such a task, and clears them
-only for a task it gives every chip, so the wrapper (:func:`with_context`) unsets them,
-and the host bounds Ray set with them, around the call when it finds one. The key itself
-is never set."""
-CHIP_BOUNDS_VARS = ("TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
-
 
 def apply_env(values: Mapping[str, str | None]) -> None:
     """Set each variable in ``os.environ``, or unset it where its value is ``None`` (what
@@ -126,8 +115,7 @@ def apply_env(values: Mapping[str, str | None]) -> None:
 
 def with_context(function: Callable[..., Any], returns: int | None = None) -> Callable[..., Any]:
     """The user's function, called with the slice context in ``os.environ`` (stale
-    ``MEGASCALE_*`` the context does not set are dropped, and stale sub-host chip bounds
-    where :data:`SUBHOST_BOUNDS_KEY` says so; all is restored after).
+    ``MEGASCALE_*`` the context does not set are dropped; all is restored after).
 
     With ``returns`` (the function's own ``num_returns``), the wrapper also returns this
     process's pid as one more value: the slice's hand-back uses it to stop exactly the
@@ -156,10 +144,6 @@ def with_context(function: Callable[..., Any], returns: int | None = None) -> Ca
 
     def run_in_context(__tpuslice_env: CallEnv, *args: Any, **kwargs: Any) -> Any:
         env = dict(__tpuslice_env)
-        stale = env.pop(SUBHOST_BOUNDS_KEY, None)
-        if stale and os.environ.get(CHIP_BOUNDS_VARS[0]) in stale.split(";"):
-            for key in CHIP_BOUNDS_VARS:
-                env.setdefault(key, None)
         saved = {key: os.environ.get(key) for key in {*env, *MEGASCALE_VARS}}
         for key in MEGASCALE_VARS:
             os.environ.pop(key, None)

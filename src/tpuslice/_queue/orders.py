@@ -20,6 +20,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from tpuslice import _ray, events, metrics
+from tpuslice._host.agent import stop_job_tpus
 from tpuslice._queue.service import Orders
 from tpuslice._queue.share import Usage
 from tpuslice._tpu.keys import NAMESPACE, USAGE_KEY
@@ -76,9 +77,11 @@ def carry_out(orders: Orders) -> None:
 
 
 def _take_back(records: list[Holder]) -> bool:
-    """Remove a holder's placement groups, then forget its records (its hand-back, if it
-    ever comes, finds them gone, which it takes in its stride). A removal that fails keeps
-    the records, so the next decision tries again.
+    """Remove a holder's placement groups, have its hosts' agents stop the processes of
+    its job that still own their TPUs (a task's idle worker keeps libtpu's lock after its
+    group is gone; the agents are not waited for), then forget its records (its
+    hand-back, if it ever comes, finds them gone, which it takes in its stride). A
+    removal that fails keeps the records, so the next decision tries again.
 
     Returns:
         Whether its slices were taken back.
@@ -91,6 +94,9 @@ def _take_back(records: list[Holder]) -> bool:
         except (ray.exceptions.RayError, ConnectionError) as exc:
             logger.warning("could not take back placement group %s: %s", group, exc)
             return False
+    nodes = sorted({n for r in records for n in r.nodes})
+    if records[0].job and nodes:
+        stop_job_tpus(nodes, records[0].job)
     try:
         forget_records([r.slice_name for r in records], records[0].holder)
     except _ray.kv_errors() as exc:

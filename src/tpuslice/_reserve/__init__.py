@@ -1,6 +1,6 @@
 """Reserving slices: the validated request and its plan, the targets and the claiming
-loop, the cluster operations it goes through, placement groups, elastic demand, TPU
-ownership (owners and spares), ``SlicePlacementGroup``, marking hosts suspect and
+loop, the cluster operations it goes through, placement groups and the rank's place
+in them, elastic demand, ``SlicePlacementGroup``, marking hosts suspect and
 clearing them, and recording each reservation's outcome.
 
 May import: :mod:`tpuslice._queue` and below.

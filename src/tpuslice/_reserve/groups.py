@@ -9,10 +9,7 @@ from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
-from ray.util.scheduling_strategies import (
-    NodeAffinitySchedulingStrategy,
-    PlacementGroupSchedulingStrategy,
-)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tpuslice._host.context import HostContext
 
@@ -22,7 +19,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RankPlacement:
     """Where one rank of a held reservation runs: its context, its bundle, and the TPU
-    the bundle holds. Tasks, actor groups and owners all place a rank from this.
+    the bundle holds. Tasks and actor groups both place a rank from this.
 
     Attributes:
         context: The rank's slice context.
@@ -35,11 +32,6 @@ class RankPlacement:
     group: PlacementGroup
     bundle: int
     tpu: float
-    host: str | None = None
-    """The node id of the rank's host when its tasks go there directly, holding no Ray
-    resources (``None``: they go into the bundle, holding its TPU). Only where the bundle
-    is the host's whole TPU, which it keeps reserved, and where Ray's removing the group
-    need not end the tasks; the reservation decides (``SlicePlacementGroup._ranks``)."""
 
     def strategy(self) -> PlacementGroupSchedulingStrategy:
         """Ray's scheduling strategy that puts work in this rank's bundle.
@@ -52,27 +44,13 @@ class RankPlacement:
         )
 
     def task_options(self) -> dict[str, Any]:
-        """Ray's options for one task of this rank: no CPU, never retried (a retried task
-        would run outside its gang), and either sent straight to :attr:`host`, holding no
-        resources (a function declared with the host's ``TPU`` would otherwise never be
-        scheduled there: the bundle holds all of it), or put in the bundle, holding its
-        TPU.
-
-        A raylet schedules a task into a bundle only once its view of the cluster has
-        that bundle, which comes with the next resource report (every 100 ms by
-        default), so the first tasks into a new group wait for it; a task sent to a node
-        and holding nothing is forwarded there at once.
+        """Ray's options for one task of this rank, as Ray 2.60's ``run_on_slice`` gives
+        them: no CPU, the bundle's ``TPU``, in the bundle; and never retried (a retried
+        task would run outside its gang).
 
         Returns:
             The options, for ``.options(**...)``.
         """
-        if self.host is not None:
-            return {
-                "num_cpus": 0,
-                "resources": {},  # not even what the user's function declares: see above
-                "max_retries": 0,
-                "scheduling_strategy": NodeAffinitySchedulingStrategy(self.host, soft=False),
-            }
         return {
             "num_cpus": 0,
             "resources": {"TPU": self.tpu},

@@ -66,13 +66,6 @@ class ReservationPlan:
         return self.bundles_per_slice * self.num_slices
 
     @property
-    def whole_host_bundles(self) -> bool:
-        """Each bundle is its host's whole TPU: work pinned to the host needs no share of
-        the bundle (which keeps the TPU reserved), and sees the host's own ``TPU_*``
-        values, as Ray gives a task holding every chip of a host."""
-        return self.bundles_per_host == 1
-
-    @property
     def needs_head_claim(self) -> bool:
         """Multi-host slices are claimed through worker 0's head resource, as in Ray; a
         sub-slice is not (Ray claims none for it either)."""

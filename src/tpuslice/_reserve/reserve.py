@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
@@ -21,18 +21,15 @@ from typing import Any, TypeVar
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from tpuslice import _ray
-from tpuslice._host.context import SUBHOST_BOUNDS_KEY, HostContext
+from tpuslice._host.context import HostContext
 from tpuslice._host.notices import Notice
 from tpuslice._queue.actor import QUEUE_LINK
 from tpuslice._queue.place import this_driver
 from tpuslice._reserve import observe
 from tpuslice._reserve.claim import Reservation, Reserver
 from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
-from tpuslice._reserve.owners import SliceOwnership
 from tpuslice._reserve.plan import ReservationPlan
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._reserve.spares import SPARES
 from tpuslice._reserve.targets import Targets
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
@@ -202,16 +199,8 @@ class SlicePlacementGroup(ShutsDownOnExit):
         observe.reservation_ended(
             request, "granted", self._reserved_at - asked, slices=self.slice_names
         )
-        # Work goes straight to the hosts, holding no Ray resources, where each bundle is
-        # a host's whole TPU (which the bundle keeps reserved), unless the queue may take
-        # the slices back: it does so by removing their groups, which ends only the tasks
-        # and actors inside them.
-        self._on_hosts = self._plan.whole_host_bundles and not request.preemptible
-        self._ownership = SliceOwnership(
-            self._ranks,
-            self._rank_nodes,
-            on_hosts=self._on_hosts,
-        )
+        self._actor_group: object | None = None
+        """The SliceActorGroup whose actors hold the bundles' TPUs while it lives."""
         self._holder = uuid.uuid4().hex[:12]
         if self._reservation.recorded:
             _RECORDS.submit(record_held, self._holders())
@@ -222,6 +211,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         request, held = self._request, list[Holder]()
         if request.subslice:  # the queue deals in whole slices; a sub-slice is not one
             return held
+        job = str(ray.get_runtime_context().get_job_id())
         for claim in self._reservation.claims:
             groups = [claim.head_pg, claim.worker_pg, self._reservation.combined_pg]
             held.append(
@@ -234,6 +224,8 @@ class SlicePlacementGroup(ShutsDownOnExit):
                     since=self._held_at,
                     who=this_driver(),
                     groups=tuple(dict.fromkeys(g.id.hex() for g in groups if g is not None)),
+                    job=job,
+                    nodes=tuple(h.node_id for h in claim.target.hosts.values()),
                 )
             )
         return held
@@ -347,15 +339,12 @@ class SlicePlacementGroup(ShutsDownOnExit):
         ]
 
     def _ranks(self, slice_index: int | None = None) -> list[RankPlacement]:
-        """Where each rank runs (see :meth:`Plumbing.ranks`); with its host where its
-        work goes straight there (see :meth:`_start`)."""
+        """Where each rank runs: its bundle (see :meth:`Plumbing.ranks`)."""
         tpu = self.bundle_resources.get("TPU", self.devices_per_host)
-        groups = self._worker_groups()
-        hosts: list[str | None] = [*self._rank_nodes()] if self._on_hosts else [None] * len(groups)
         return [
-            RankPlacement(context, group, bundle, tpu, host)
-            for context, (group, bundle), host in zip(
-                host_contexts(self), groups, hosts, strict=True
+            RankPlacement(context, group, bundle, tpu)
+            for context, (group, bundle) in zip(
+                host_contexts(self), self._worker_groups(), strict=True
             )
             if slice_index is None or context.slice_index == slice_index
         ]
@@ -432,10 +421,8 @@ class SlicePlacementGroup(ShutsDownOnExit):
 
     def _rank_env(self, rank: int) -> CallEnv:
         """What this reservation sets for rank ``rank``'s calls besides its slice context:
-        for whole slices, their hosts' own ``TPU_*`` values hold; where the work runs on
-        the hosts holding no chips, of hosts with more than 2, the wrapper is told which
-        sub-host chip bounds Ray may have left in the worker (see
-        :data:`~tpuslice._host.context.SUBHOST_BOUNDS_KEY`).
+        nothing for whole slices, whose hosts' own ``TPU_*`` values hold (a sub-slice
+        sets its own).
 
         Args:
             rank: A rank of this reservation.
@@ -443,9 +430,18 @@ class SlicePlacementGroup(ShutsDownOnExit):
         Returns:
             Variables to set (or, as None, unset) around the call.
         """
-        if self._on_hosts and self._plan.shape.chips_per_host > 2:
-            return {SUBHOST_BOUNDS_KEY: ";".join(_ray.subhost_chip_bounds())}
         return {}
+
+    def _confirm_free(self, pids: Mapping[str, set[int]] | None = None) -> None:
+        """Have each host's agent stop the processes of this work that still own its TPU,
+        and confirm it (see :func:`tpuslice._host.agent.confirm_released`).
+
+        Args:
+            pids: Per host, pids of processes that ran this slice's tasks.
+        """
+        from tpuslice._host.agent import confirm_released  # agent builds on reserve's siblings
+
+        confirm_released(sorted(set(self._rank_nodes())), pids)
 
     def notices(self) -> list[Notice]:
         """Preemption or maintenance notices standing on this reservation's hosts now,
@@ -459,20 +455,6 @@ class SlicePlacementGroup(ShutsDownOnExit):
 
         found = notices_for(sorted(set(self._rank_nodes())))
         return sorted(found.values(), key=lambda n: n.deadline)
-
-    def _lasting(self, nodes: list[str]) -> list[str]:
-        """Those of ``nodes`` whose slice has no preemption or maintenance notice: a spare
-        started on a host about to go would only take CPU from the work moving off it."""
-        warned = {n.slice_name for n in self.notices()}
-        if not warned:
-            return nodes
-        going = {
-            host.node_id
-            for claim in self._reservation.claims
-            if claim.slice_name in warned
-            for host in claim.target.hosts.values()
-        }
-        return [node for node in nodes if node not in going]
 
     def _rank_nodes(self) -> list[str]:
         """The Ray node id of each rank's host.
@@ -512,27 +494,20 @@ class SlicePlacementGroup(ShutsDownOnExit):
                 try:
                     found.setdefault(nodes[rank], set()).add(int(ray.get(ref, timeout=5)))
                 except ray.exceptions.RayError:
-                    continue  # its task failed or was cancelled: Ray ended that process
+                    continue  # failed or cancelled: the agents find its worker by its job
         return found
 
     def shutdown(self) -> None:
-        """Give the slices back: stop the tasks started here by tpuslice and every owner
-        process that opened a TPU (an owner that never did stays up, as this driver's
-        spare on its host), confirm on each host that no process of this job still owns its TPU
-        (stopping any that does), remove every worker and head group, wait (bounded)
-        until Ray's resource view shows the hosts free, so that the slices are claimable
-        at once when this returns (see :func:`tpuslice._view.cluster.wait_freed`), and
-        tell the queue. Idempotent."""
+        """Give the slices back: cancel the tasks started here by tpuslice, confirm on
+        each host that no process of this work still owns its TPU (an idle worker keeps
+        libtpu's lock: the host's agent stops it), remove every worker and head group
+        (which ends the actors inside them), wait (bounded) until Ray's resource view
+        shows the hosts free, so that the slices are claimable at once when this returns
+        (see :func:`tpuslice._view.cluster.wait_freed`), and tell the queue. Idempotent."""
         pids = self._reported_pids()
         self._cancel_launched()
-        left = self._ownership.hand_back(pids) if self._reservation.claims else None
-        restock: list[str] = []
-        if left is not None:
-            lasting = set(self._lasting([*left.kept, *left.restock]))
-            for node in [n for n in left.kept if n not in lasting]:
-                ray.kill(left.kept.pop(node).handle, no_restart=True)
-            SPARES.keep(left.kept)
-            restock = [n for n in left.restock if n in lasting]
+        if self._reservation.claims:
+            self._confirm_free(pids)
         reservation, self._reservation = self._reservation, Reservation()
         hosts = [h for claim in reservation.claims for h in claim.target.hosts.values()]
         names = [claim.slice_name for claim in reservation.claims]
@@ -559,7 +534,6 @@ class SlicePlacementGroup(ShutsDownOnExit):
             # (so that this driver's next read finds them free) would run to its bound.
             freed = wait_freed(hosts, head) and (forgotten is None or _settled(forgotten))
             QUEUE_LINK.notify_released(names, freed=freed)
-            SPARES.refill(restock)  # last: their processes would slow the steps above
         if reservation.claims:
             held = time.monotonic() - self._reserved_at
             what = observe.describe_request(self._request)[0]
@@ -706,9 +680,25 @@ class Plumbing:
         return self._spg._request
 
     @property
-    def ownership(self) -> SliceOwnership:
-        """Who owns the reservation's TPUs (its owners), and handing them back."""
-        return self._spg._ownership
+    def actor_group(self) -> object | None:
+        """The SliceActorGroup whose actors hold the bundles' TPUs, while it lives."""
+        return self._spg._actor_group
+
+    @actor_group.setter
+    def actor_group(self, group: object | None) -> None:
+        self._spg._actor_group = group
+
+    def confirm_free(self, *, after_tasks: bool = False) -> None:
+        """Confirm on every host that no process of this work owns its TPU, stopping any
+        that does (an actor group's actors, once killed, or a task's idle worker).
+
+        Args:
+            after_tasks: Only if tasks ran on the reservation (else there is nothing
+                to ask: no call has been made on it).
+        """
+        if after_tasks and not self._spg._worker_pids and not self._spg._launched:
+            return
+        self._spg._confirm_free(self._spg._reported_pids())
 
     def worker_groups(self) -> list[tuple[PlacementGroup, int]]:
         """Where each rank's bundle is.
@@ -768,9 +758,8 @@ class Plumbing:
         return self._spg._reservation.arrival
 
     def ranks(self, slice_index: int | None = None) -> list[RankPlacement]:
-        """Where each rank runs: its context, its bundle, the bundle's TPU, and its host
-        where its tasks go straight there. Tasks, actor groups and owners are all placed
-        from this.
+        """Where each rank runs: its context, its bundle, and the bundle's TPU. Tasks and
+        actor groups are both placed from this.
 
         Args:
             slice_index: Only that slice's ranks (``None``: every rank).

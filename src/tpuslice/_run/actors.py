@@ -83,9 +83,14 @@ class SliceActorGroup(ShutsDownOnExit):
         self.watching = WatchConfig(heartbeat_timeout_s, startup_timeout_s)
         self._beats = f"{BEAT_PREFIX}{uuid.uuid4().hex[:12]}/"
         self._started = time.time()
-        # One process per host owns a TPU: earlier run_on_slice calls' owners step aside
-        # (their TPUs confirmed free) before this group's actors start.
-        plumbing(tpu_slice).ownership.retire()
+        if plumbing(tpu_slice).actor_group is not None:
+            raise InvalidArgumentError(
+                "this slice already has a SliceActorGroup, whose actors hold its TPUs; "
+                "shut that group down first, or reserve another slice"
+            )
+        # One process per host owns a TPU: an idle worker of earlier run_on_slice calls
+        # that opened it goes (its TPU confirmed free) before this group's actors start.
+        plumbing(tpu_slice).confirm_free(after_tasks=True)
         remote_cls = actor_cls if hasattr(actor_cls, "remote") else ray.remote(actor_cls)
         self.slice = tpu_slice
         self.owns_slice = owns_slice
@@ -111,7 +116,7 @@ class SliceActorGroup(ShutsDownOnExit):
                         scheduling_strategy=rank.strategy(),
                     ).remote(*args, **kwargs)
                 )
-            plumbing(tpu_slice).ownership.adopt(self.actors)
+            plumbing(tpu_slice).actor_group = self
         except BaseException:
             self.shutdown()
             raise
@@ -302,14 +307,14 @@ class SliceActorGroup(ShutsDownOnExit):
         if times is not None and actors:
             times.hand_back = goodput.now()
             times.ended = times.ended or times.hand_back  # a failure seen by get() ended it
-        if actors:
-            plumbing(self.slice).ownership.disown(actors)
+        if actors and plumbing(self.slice).actor_group is self:
+            plumbing(self.slice).actor_group = None
         for actor in actors:
             ray.kill(actor, no_restart=True)
         if self.owns_slice:
             self.slice.shutdown()
         elif actors and not self.slice.is_shut_down:
-            plumbing(self.slice).ownership.confirm_free()
+            plumbing(self.slice).confirm_free()
         if actors and keyed:
             if times is not None:
                 times.handed_back = goodput.now()

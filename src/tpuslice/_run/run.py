@@ -27,7 +27,7 @@ from tpuslice._host.context import HostContext, with_context
 from tpuslice._host.heartbeats import BEAT_ENV, beat_key
 from tpuslice._process import EXIT_HOOKS
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbing, reserve_slices
+from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing, reserve_slices
 from tpuslice._run import observe
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX
@@ -138,7 +138,7 @@ def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
 def placements(
     spg: SlicePlacementGroup, slice_index: int | None = None
 ) -> list[tuple[HostContext, dict[str, Any]]]:
-    """``(context, task options)`` per rank: on its host or in its bundle, no CPU, never
+    """``(context, task options)`` per rank: in its bundle, holding its TPU, no CPU, never
     retried (see :meth:`~tpuslice._reserve.groups.RankPlacement.task_options`).
 
     Args:
@@ -297,41 +297,12 @@ def run_on_slice(
             f"TPU slice placement group was not ready within {pg_ready_timeout_s}s: a host of "
             f"{', '.join(tpu_slice.slice_names)} may have died"
         )
-    return call_owned(fn, tpu_slice, args, kwargs, slice_index)
-
-
-def call_owned(
-    fn: Any,
-    spg: SlicePlacementGroup,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-    slice_index: int | None = None,
-) -> list[ray.ObjectRef]:
-    """Run ``fn`` on a held slice, each rank in the process that owns its bundle's TPU
-    (started at the first call; see :mod:`tpuslice._reserve.owners`).
-
-    Args:
-        fn: A ``@ray.remote`` function.
-        spg: A held reservation.
-        args: Positional arguments for every rank.
-        kwargs: Keyword arguments for every rank.
-        slice_index: Only that slice's ranks.
-
-    Returns:
-        One ref per rank, in rank order.
-
-    Raises:
-        InvalidArgumentError: ``fn``'s runtime_env differs from the owners'.
-    """
-    function, options = _ray.remote_function_parts(fn)
-    owners = plumbing(spg).ownership.owners(options.get("runtime_env"))
-    envs = [
-        (context.rank, call_env(spg, context))
-        for context in host_contexts(spg)
-        if slice_index is None or context.slice_index == slice_index
-    ]
-    num_returns = options.get("num_returns")
-    return owners.submit(function, envs, args, kwargs, num_returns)
+    if plumbing(tpu_slice).actor_group is not None:
+        raise InvalidArgumentError(
+            "this slice's TPUs are held by its SliceActorGroup's actors: call their "
+            "methods (group.call or the actors), or shut the group down first"
+        )
+    return launch(fn, tpu_slice, args, kwargs, slice_index)
 
 
 dispatch = run_on_slice

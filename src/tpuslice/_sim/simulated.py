@@ -1146,16 +1146,11 @@ USER_WORK_EXCLUDED = (
 )
 """Process titles :meth:`SimulatedCluster.hang_host` leaves running: idle workers, the
 node's Ray agents and tpuslice's own actors (a stuck collective does not stop those)."""
-IDLE_OWNER_TITLE = "ray::HostOwner"
-"""An owner running no call (Ray titles it ``ray::HostOwner.call`` while it runs one):
-a driver's spare on the host, in no collective, so a stuck collective leaves it be."""
 
 
 def _is_user_work(pid: int) -> bool:
     """Whether a process is a Ray worker running a user's task or actor."""
     title = process_title(pid).strip()
-    if title == IDLE_OWNER_TITLE:
-        return False
     return title.startswith("ray::") and not title.startswith(USER_WORK_EXCLUDED)
 
 

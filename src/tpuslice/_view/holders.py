@@ -43,6 +43,9 @@ class Holder:
         since: When it was held (wall-clock seconds).
         who: The driver (``pid 12 on host-a``).
         groups: Its placement groups on the slice, as hex ids.
+        job: The Ray job whose work runs there (hex): a take-back has the hosts' agents
+            stop that job's processes that still own their TPUs.
+        nodes: The slice's hosts, as node ids.
     """
 
     holder: str
@@ -53,6 +56,8 @@ class Holder:
     since: float
     who: str
     groups: tuple[str, ...] = ()
+    job: str = ""
+    nodes: tuple[str, ...] = ()
 
     def to_json(self) -> bytes:
         """Encode for the KV store.
@@ -62,6 +67,7 @@ class Holder:
         """
         data = asdict(self)
         data["groups"] = list(self.groups)
+        data["nodes"] = list(self.nodes)
         return json.dumps(data).encode()
 
     @classmethod
@@ -88,6 +94,8 @@ class Holder:
                 since=float(data["since"]),
                 who=str(data.get("who", "")),
                 groups=tuple(str(g) for g in data.get("groups", ())),
+                job=str(data.get("job", "")),
+                nodes=tuple(str(n) for n in data.get("nodes", ())),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a holder record: {exc}") from exc

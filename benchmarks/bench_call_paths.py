@@ -14,9 +14,9 @@ bundle per host and runs one call per host, then removes the group. Candidates:
   would keep TPU calls in workers of their own;
 - ``actor``: an actor created in its bundle holding its ``TPU``, then called.
 
-For each: a fresh driver's first call (a new driver process per round, timed from its
-connection), a warm driver's first call into a new group, and a later call on the same
-group. Medians of ``--rounds``.
+For each: a fresh driver's first call (a new driver process per round, connected and
+with its group placed, timed from the call to its results), a warm driver's first call
+into a new group, and a later call on the same group. Medians of ``--rounds``.
 """
 
 from __future__ import annotations

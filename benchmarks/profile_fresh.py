@@ -107,7 +107,9 @@ def child(path: str, address: str, slices: int) -> None:
         ray.get(refs)
         spent["first results"] = time.perf_counter() - submitted
         total = time.perf_counter() - start
+        timed = dict(spent)  # the shutdown's agent calls below are not part of the run
         spg.shutdown()
+        spent = defaultdict(float, timed)
     else:
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

@@ -73,3 +73,17 @@ def test_a_killed_worker_that_lost_its_environment_first_is_looked_at_again(
     found, seen = host
     assert found.release("01000000", [], grace_s=1.0, timeout_s=10.0) is None
     assert seen == [("delete", "tpu-owner/n1")]
+
+
+def test_an_idle_worker_of_no_named_job_that_owns_the_tpu_is_stopped(
+    host: tuple[agent.HostAgent, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker Ray started before the job used it names no job in its environment, and
+    a take-back knows no pids: an idle Ray worker owning the TPU of work being handed back
+    ran that work, so it is stopped (SIGTERM), and the host recorded free once it exits."""
+    prestarted = TPUOwner(4545, "ray::IDLE", "ffffffff", 0, True)
+    script(monkeypatch, [prestarted, None])
+    found, seen = host
+    assert found.release("01000000", [], grace_s=1.0, timeout_s=10.0) is None
+    assert seen[0] == ("signal", 4545, agent.signal.SIGTERM)
+    assert seen[-1] == ("delete", "tpu-owner/n1")

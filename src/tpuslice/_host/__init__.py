@@ -1,6 +1,6 @@
 """What runs on, or reads, one TPU host: node detection, the metadata server and its
 notices, libtpu's lock and who owns the TPU, the per-call context (``HostContext`` and the
-env), the owner actor's body, heartbeats, suspect records, and the host agent.
+env), heartbeats, suspect records, and the host agent.
 
 May import: :mod:`tpuslice._tpu`, :mod:`tpuslice.errors`, :mod:`tpuslice._ray`.
 """

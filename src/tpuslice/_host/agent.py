@@ -88,6 +88,8 @@ the first call, a TPUInUseError naming it, as for a host this driver saw free la
 FREE_RENEW_S = 30.0
 """How often a host's agent puts its ``tpu-free/`` key again while the TPU stays free
 (one KV write per host per this long), in case the key was lost."""
+IDLE = "ray::IDLE"
+"""The command line Ray gives a worker process that runs no task."""
 OWNER_RECHECK_S = 2.0
 """While a TPU owner is recorded for a host, how often its agent looks whether that
 process still holds the TPU: the record of one that exited must not keep the slice busy
@@ -290,7 +292,10 @@ class HostAgent:
         self, job_id: str, pids: list[int], grace_s: float, timeout_s: float
     ) -> dict[str, Any] | None:
         """Stop every process that ran the work being handed back and still owns this
-        host's TPU: one of ``pids``, or a worker started for Ray job ``job_id``. Wait until
+        host's TPU: one of ``pids``, a worker started for Ray job ``job_id``, or an idle
+        Ray worker (``ray::IDLE``: the work's bundle held this TPU, and the reservation
+        found it free when it claimed it, so an idle worker holding it ran that work,
+        even one Ray started before the job whose environment names none). Wait until
         none does.
 
         Args:
@@ -316,7 +321,8 @@ class HostAgent:
                 # and devices go with it in a moment; it is nobody's to judge or signal.
                 time.sleep(0.02)
                 continue
-            if owner.pid not in ours and owner.job_id != job_id:
+            idle = owner.command.startswith(IDLE)
+            if owner.pid not in ours and owner.job_id != job_id and not idle:
                 if owner.pid in foreign:
                     return self._record(owner)
                 # Looked at once more before it is called someone else's: a worker of
@@ -680,10 +686,10 @@ def release_tpus(
     """On every node, stop the processes that ran the work being handed back and still
     own its TPU, and confirm none does.
 
-    A process counts as ours if its pid is in ``pids`` for that node (it ran our tasks or
-    is one of our owners), or it is a worker started for ``job_id`` (Ray sets
-    ``RAY_JOB_ID`` in such a worker's environment; a prestarted worker shows ``ffffffff``
-    instead, which is why the pids are needed). Anyone else is left alone.
+    A process counts as ours if its pid is in ``pids`` for that node (it ran our tasks),
+    if it is a worker started for ``job_id`` (Ray sets ``RAY_JOB_ID`` in such a worker's
+    environment; a prestarted worker shows ``ffffffff`` instead), or if it is an idle Ray
+    worker (see :meth:`HostAgent.release`). Anyone else is left alone.
 
     Args:
         node_ids: The hosts being handed back.
@@ -714,11 +720,15 @@ def stop_job_tpus(node_ids: Sequence[str], job_id: str) -> None:
         node_ids: The hosts taken back.
         job_id: The job whose work ran there (hex).
     """
-    for node, agent in AGENTS.handles(node_ids).items():
-        try:
-            agent.release.remote(job_id, [], GRACE_S, RELEASE_TIMEOUT_S)
-        except ray.exceptions.RayError as exc:  # its host is gone: nothing to free there
-            logger.debug("could not ask the agent of %s to free its TPU: %s", node[:12], exc)
+    try:
+        agents = AGENTS.handles(node_ids)
+    except (ray.exceptions.RayError, ConnectionError, ValueError) as exc:
+        logger.warning(
+            "could not ask the agents of %d host(s) to free their TPUs: %s", len(node_ids), exc
+        )
+        return
+    for agent in agents.values():
+        agent.release.remote(job_id, [], GRACE_S, RELEASE_TIMEOUT_S)
 
 
 def kill_owner(node_id: str, pid: int, timeout_s: float = 5.0) -> TPUOwner | None:

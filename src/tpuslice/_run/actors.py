@@ -76,7 +76,8 @@ class SliceActorGroup(ShutsDownOnExit):
 
         Raises:
             SliceShutdownError: ``tpu_slice`` was shut down.
-            InvalidArgumentError: a timeout is not finite seconds > 0.
+            InvalidArgumentError: a timeout is not finite seconds > 0, or another
+                SliceActorGroup lives on ``tpu_slice``.
         """
         if tpu_slice.is_shut_down:
             raise SliceShutdownError("tpu_slice has been shut down; reserve a new one")

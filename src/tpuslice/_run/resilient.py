@@ -148,8 +148,8 @@ def pinned_on_host(exc: BaseException) -> SuspectReason | None:
     if isinstance(exc, WorkerCrashedError):
         return SuspectReason.WORKER_CRASH
     if isinstance(exc, NodeDiedError | TaskUnschedulableError):
-        # A gang's task sent straight to its rank's host is unschedulable once that node
-        # is dead (Ray fails it at once rather than wait).
+        # A gang's task in its rank's bundle is unschedulable once that bundle's node is
+        # dead (Ray fails it at once rather than wait).
         return SuspectReason.HOST_FAILURE
     return None
 

@@ -248,7 +248,8 @@ def run_on_slice(
     Raises:
         TypeError: ``fn`` is not a remote function.
         InvalidArgumentError: no topology/accelerator without ``tpu_slice``, a
-            ``tpu_slice`` already shut down, or a bad ``slice_index`` or shape.
+            ``tpu_slice`` already shut down, or one whose TPUs a live
+            :class:`~tpuslice.SliceActorGroup` holds, or a bad ``slice_index`` or shape.
         NotConnectedError: Ray is not initialised.
         InsufficientSlicesError: a one-shot asks for slices the cluster cannot have.
         ReservationTimeoutError: no idle slices in time, or ``tpu_slice`` not ready
@@ -290,17 +291,17 @@ def run_on_slice(
             "The provided tpu_slice has already been shut down. Create a new "
             "SlicePlacementGroup or pass tpu_slice=None to reserve one automatically."
         )
+    if plumbing(tpu_slice).actor_group is not None:
+        raise InvalidArgumentError(
+            "this slice's TPUs are held by its SliceActorGroup's actors: call their "
+            "methods (group.call or the actors), or shut the group down first"
+        )
     # With no timeout, Ray blocks until the group is placed; queued tasks wait for their
     # bundles just the same, so we skip that round trip (it is most of our per-call cost).
     if pg_ready_timeout_s is not None and not tpu_slice.wait_ready(pg_ready_timeout_s):
         raise ReservationTimeoutError(
             f"TPU slice placement group was not ready within {pg_ready_timeout_s}s: a host of "
             f"{', '.join(tpu_slice.slice_names)} may have died"
-        )
-    if plumbing(tpu_slice).actor_group is not None:
-        raise InvalidArgumentError(
-            "this slice's TPUs are held by its SliceActorGroup's actors: call their "
-            "methods (group.call or the actors), or shut the group down first"
         )
     return launch(fn, tpu_slice, args, kwargs, slice_index)
 

@@ -94,7 +94,7 @@ class Holder:
                 since=float(data["since"]),
                 who=str(data.get("who", "")),
                 groups=tuple(str(g) for g in data.get("groups", ())),
-                job=str(data.get("job", "")),
+                job=str(data.get("job") or ""),
                 nodes=tuple(str(n) for n in data.get("nodes", ())),
             )
         except (KeyError, TypeError, AttributeError) as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -200,6 +201,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
             request, "granted", self._reserved_at - asked, slices=self.slice_names
         )
         self._actor_group: object | None = None
+        self._actor_group_lock = threading.Lock()
         """The SliceActorGroup whose actors hold the bundles' TPUs while it lives."""
         self._holder = uuid.uuid4().hex[:12]
         if self._reservation.recorded:
@@ -684,9 +686,32 @@ class Plumbing:
         """The SliceActorGroup whose actors hold the bundles' TPUs, while it lives."""
         return self._spg._actor_group
 
-    @actor_group.setter
-    def actor_group(self, group: object | None) -> None:
-        self._spg._actor_group = group
+    def hold_for_actor_group(self, group: object) -> None:
+        """Make ``group`` the reservation's one actor group, before its actors start.
+
+        Args:
+            group: The SliceActorGroup.
+
+        Raises:
+            InvalidArgumentError: another actor group lives on the reservation.
+        """
+        with self._spg._actor_group_lock:
+            if self._spg._actor_group is not None:
+                raise InvalidArgumentError(
+                    "this slice already has a SliceActorGroup, whose actors hold its TPUs; "
+                    "shut that group down first, or reserve another slice"
+                )
+            self._spg._actor_group = group
+
+    def drop_actor_group(self, group: object) -> None:
+        """``group`` has gone (idempotent; another group's hold is left alone).
+
+        Args:
+            group: The SliceActorGroup.
+        """
+        with self._spg._actor_group_lock:
+            if self._spg._actor_group is group:
+                self._spg._actor_group = None
 
     def confirm_free(self, *, after_tasks: bool = False) -> None:
         """Confirm on every host that no process of this work owns its TPU, stopping any

@@ -84,29 +84,25 @@ class SliceActorGroup(ShutsDownOnExit):
         self.watching = WatchConfig(heartbeat_timeout_s, startup_timeout_s)
         self._beats = f"{BEAT_PREFIX}{uuid.uuid4().hex[:12]}/"
         self._started = time.time()
-        if plumbing(tpu_slice).actor_group is not None:
-            raise InvalidArgumentError(
-                "this slice already has a SliceActorGroup, whose actors hold its TPUs; "
-                "shut that group down first, or reserve another slice"
-            )
-        # One process per host owns a TPU: an idle worker of earlier run_on_slice calls
-        # that opened it goes (its TPU confirmed free) before this group's actors start.
-        plumbing(tpu_slice).confirm_free(after_tasks=True)
         remote_cls = actor_cls if hasattr(actor_cls, "remote") else ray.remote(actor_cls)
         self.slice = tpu_slice
         self.owns_slice = owns_slice
         self.times: AttemptTimes | None = None
         """The group's moments, for its goodput account: kept for a group that owns its
         slices (the reservation's time is the group's), from its reservation's start."""
-        if owns_slice:
-            held = plumbing(tpu_slice)
-            self.times = AttemptTimes(
-                held.asked_at(), held.queued_s(), held.held_at(), only_call=False
-            )
         ranks = plumbing(tpu_slice).ranks()
         self.contexts: list[HostContext] = [rank.context for rank in ranks]
         self.actors: list[Any] = []
         try:
+            plumbing(tpu_slice).hold_for_actor_group(self)
+            # One process per host owns a TPU: an idle worker of earlier run_on_slice
+            # calls that opened it goes (its TPU confirmed free) before the actors start.
+            plumbing(tpu_slice).confirm_free(after_tasks=True)
+            if owns_slice:
+                held = plumbing(tpu_slice)
+                self.times = AttemptTimes(
+                    held.asked_at(), held.queued_s(), held.held_at(), only_call=False
+                )
             for rank in ranks:
                 self.actors.append(
                     remote_cls.options(
@@ -117,7 +113,6 @@ class SliceActorGroup(ShutsDownOnExit):
                         scheduling_strategy=rank.strategy(),
                     ).remote(*args, **kwargs)
                 )
-            plumbing(tpu_slice).actor_group = self
         except BaseException:
             self.shutdown()
             raise
@@ -308,8 +303,7 @@ class SliceActorGroup(ShutsDownOnExit):
         if times is not None and actors:
             times.hand_back = goodput.now()
             times.ended = times.ended or times.hand_back  # a failure seen by get() ended it
-        if actors and plumbing(self.slice).actor_group is self:
-            plumbing(self.slice).actor_group = None
+        plumbing(self.slice).drop_actor_group(self)
         for actor in actors:
             ray.kill(actor, no_restart=True)
         if self.owns_slice:

@@ -201,8 +201,8 @@ class SlicePlacementGroup(ShutsDownOnExit):
             request, "granted", self._reserved_at - asked, slices=self.slice_names
         )
         self._actor_group: object | None = None
-        self._actor_group_lock = threading.Lock()
         """The SliceActorGroup whose actors hold the bundles' TPUs while it lives."""
+        self._actor_group_lock = threading.Lock()
         self._holder = uuid.uuid4().hex[:12]
         if self._reservation.recorded:
             _RECORDS.submit(record_held, self._holders())

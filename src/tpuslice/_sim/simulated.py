@@ -95,6 +95,13 @@ FAST_FAILURE_DETECTION = {
     "health_check_failure_threshold": 3,
 }
 
+IDLE_WORKERS = {"num_workers_soft_limit": 8}
+"""How many idle worker processes a host keeps for its jobs. Ray keeps as many as the
+node has logical CPUs, over 100 on a TPU VM, so a job's next task there finds a warm
+worker. A simulated host with few logical CPUs would end each idle worker about a second
+after its task, which no TPU VM does; 8 a host keeps that warmth within this machine's
+memory."""
+
 FAST_METRICS = {"metrics_report_interval_ms": 2000}
 """Processes push their metrics to their node's agent every 2 s instead of Ray's 10 s, so
 tests see them sooner (:mod:`tpuslice.metrics`)."""
@@ -960,7 +967,7 @@ class SimulatedCluster:
             "include_dashboard": False,
             "object_store_memory": self.object_store_bytes,
         }
-        system_config = dict(FAST_METRICS)
+        system_config = {**IDLE_WORKERS, **FAST_METRICS}
         if self._fast_failure_detection:
             system_config.update(FAST_FAILURE_DETECTION)
         head_args["_system_config"] = system_config

@@ -16,7 +16,8 @@ from tpuslice import goodput, slice_seconds
 from tpuslice._host import heartbeats
 from tpuslice._host.heartbeats import BEAT_ENV, Progress
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._run.resilient import GangBrokenError, Outcome, ResilientRun, RetryPolicy
+from tpuslice._run.observe import Outcome
+from tpuslice._run.resilient import GangBrokenError, ResilientRun, RetryPolicy
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.keys import SLICE_SECONDS_KEY_PREFIX
 from tpuslice.errors import InvalidArgumentError, ReservationTimeoutError, RetriesExhaustedError

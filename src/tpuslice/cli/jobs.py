@@ -31,10 +31,9 @@ from tpuslice._reserve.observe import describe_request
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup
 from tpuslice._run import observe
+from tpuslice._run.observe import AttemptEvent, Outcome
 from tpuslice._run.resilient import (
-    AttemptEvent,
     GangBrokenError,
-    Outcome,
     ResilientRun,
     RetryPolicy,
     judged,

@@ -19,6 +19,14 @@ from tpuslice._process import EXIT_HOOKS
 from tpuslice._tpu.compat import DEFAULT_COORDINATOR_PORT
 from tpuslice.errors import InvalidArgumentError
 
+__all__ = [
+    "DEFAULT_COORDINATOR_PORT",
+    "distributed_args",
+    "init_jax_profiler",
+    "initialize",
+    "open_tpu",
+]
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROFILER_PORT = 9999

@@ -50,6 +50,8 @@ from tpuslice.cli.connect import UsageError, connect_or_none
 from tpuslice.cli.waiting import WaitLine, in_cli_terms
 from tpuslice.errors import InvalidArgumentError, RetriesExhaustedError, TPUSliceError
 
+__all__ = ["register"]
+
 console = Console()
 err_console = Console(stderr=True)
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import ray.util.tpu as ray_tpu
@@ -69,6 +71,26 @@ def test_every_name_in_all_is_loadable_and_nothing_else_is() -> None:
     assert set(tpuslice._EXPORTS) == set(tpuslice.__all__) - {"__version__"}
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = tpuslice.nope  # type: ignore[attr-defined]
+
+
+def public_modules() -> list[str]:
+    """Every module of tpuslice with no part of its dotted name led by an underscore."""
+    root = Path(tpuslice.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        parts = ["tpuslice", *path.relative_to(root).with_suffix("").parts]
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        if not any(part.startswith("_") for part in parts):
+            found.append(".".join(parts))
+    return found
+
+
+@pytest.mark.parametrize("name", public_modules())
+def test_every_public_module_lists_its_public_names_and_has_them(name: str) -> None:
+    module = importlib.import_module(name)
+    listed = vars(module).get("__all__")
+    assert isinstance(listed, list), f"{name} has no __all__: list its public names"
+    assert [n for n in listed if not hasattr(module, n)] == [], f"{name}.__all__"
 
 
 def test_importing_tpuslice_or_its_pytest_plugin_does_not_import_ray() -> None:

@@ -50,4 +50,4 @@ def test_a_host_error_with_a_blank_message_is_recorded_not_an_index_error() -> N
 
 def test_current_host_outside_a_task_says_so() -> None:
     with pytest.raises(tpuslice.NotConnectedError, match="inside a task"):
-        tpuslice.current_host({})
+        tpuslice.current_host()

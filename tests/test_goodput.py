@@ -16,7 +16,8 @@ from tpuslice import goodput, slice_seconds
 from tpuslice._host import heartbeats
 from tpuslice._host.heartbeats import BEAT_ENV, Progress
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._run.resilient import GangBrokenError, Outcome, ResilientRun, RetryPolicy
+from tpuslice._run.observe import Outcome
+from tpuslice._run.resilient import GangBrokenError, ResilientRun, RetryPolicy
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.keys import SLICE_SECONDS_KEY_PREFIX
 from tpuslice.errors import InvalidArgumentError, ReservationTimeoutError, RetriesExhaustedError
@@ -445,13 +446,13 @@ def test_slice_seconds_add_up_per_minute_and_read_back_over_a_window(store: Stor
     slice_seconds.SliceSeconds(clock=wall).add(snapshot, 5.0)  # a restarted queue: a new keeper
     assert len(store.list(SLICE_SECONDS_KEY_PREFIX, None)) == 2
     wall.now += 30.0
-    both = slice_seconds.read_slice_seconds(120.0, now=wall.now)
+    both = slice_seconds._read_slice_seconds(120.0, wall.now)
     assert both["v6e-16"]["idle"] == 30.0 and both["v6e-16"]["productive"] == 0.0
     assert (
-        slice_seconds.read_slice_seconds(30.0, now=wall.now)["v6e-16"]["idle"] == 10.0
+        slice_seconds._read_slice_seconds(30.0, wall.now)["v6e-16"]["idle"] == 10.0
     )  # this minute only
     assert (
-        slice_seconds.read_slice_seconds(31.0, now=wall.now)["v6e-16"]["idle"] == 30.0
+        slice_seconds._read_slice_seconds(31.0, wall.now)["v6e-16"]["idle"] == 30.0
     )  # the last one whole
     wall.now += slice_seconds.BUCKETS_KEPT_S + 60.0
     keeper.add(snapshot, 5.0)  # a new minute, a day later: the old minutes go

@@ -10,7 +10,8 @@ from ray import exceptions as rex
 
 from test_resilient_pure import REQUEST, FakeSlices, no_watch, scripted_body
 from tpuslice._run.health import HostVerdict, SliceHealth, Vetting
-from tpuslice._run.resilient import AttemptEvent, ResilientRun, RetryPolicy
+from tpuslice._run.observe import AttemptEvent
+from tpuslice._run.resilient import ResilientRun, RetryPolicy
 from tpuslice._tpu.clock import Clock
 from tpuslice.errors import RetriesExhaustedError, SliceUnhealthyError
 

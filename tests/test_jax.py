@@ -27,7 +27,7 @@ def test_import_tpuslice_does_not_import_jax() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_distributed_args_come_from_the_slice_context() -> None:
+def test_distributed_args_come_from_the_slice_context(monkeypatch: pytest.MonkeyPatch) -> None:
     context = HostContext(
         rank=3,
         world_size=4,
@@ -38,7 +38,9 @@ def test_distributed_args_come_from_the_slice_context() -> None:
         hosts_per_slice=2,
         coordinator_address="10.0.0.7",
     )
-    assert tjax.distributed_args(context.env(), port=1234) == {
+    for name, value in context.env().items():
+        monkeypatch.setenv(name, value)
+    assert tjax.distributed_args(port=1234) == {
         "coordinator_address": "10.0.0.7:1234",
         "num_processes": 4,
         "process_id": 3,

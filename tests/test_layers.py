@@ -4,7 +4,8 @@ Each subpackage's ``__init__`` says what it is and what it may import; :data:`LA
 that rule in one list. The checks, each failing with ``file:line`` and the rule broken:
 
 - a module imports only modules of its own layer or of the layers below it;
-- no import circle, counting imports inside functions too (they run on first use);
+- no import circle, counting imports inside functions (they run on first use) and under
+  ``TYPE_CHECKING`` (the type checker, and ``typing.get_type_hints``, follow them);
 - no production module imports :mod:`tpuslice.testing`;
 - only ``_ray.py`` imports Ray's private modules (``ray._private``, ``ray._raylet``, ...);
 - no module imports an underscore name from another module (private modules are fine).
@@ -72,15 +73,6 @@ def sources(root: Path = SRC) -> dict[str, tuple[str, str]]:
     return found
 
 
-def _type_checking_lines(tree: ast.AST) -> set[int]:
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.body:
-                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
-    return lines
-
-
 def _imports(tree: ast.AST) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
     """Every import statement, and whether it is inside a function."""
 
@@ -105,7 +97,6 @@ def read_imports(
     problems: list[str] = []
     for name, (path, text) in modules.items():
         tree = ast.parse(text, filename=path)
-        skipped = _type_checking_lines(tree)
         is_package = path.endswith("__init__.py")
         for node, in_function in _imports(tree):
             where = f"{path}:{node.lineno}"
@@ -157,7 +148,7 @@ def read_imports(
                         f"{where}: production module {name} imports {target}; the simulator "
                         "is tpuslice._sim, and tpuslice.testing is for tests only"
                     )
-                if node.lineno in skipped or target == name:
+                if target == name:
                     continue
                 edges.append(Edge(name, target, where, in_function))
     return edges, problems
@@ -256,6 +247,15 @@ def test_a_circle_fails_even_through_an_import_inside_a_function() -> None:
     assert len(found) == 1 and found[0].startswith("import circle: ")
     assert "tpuslice/_reserve/planted_a.py:2" in found[0]
     assert "tpuslice/_reserve/planted_b.py:1" in found[0]
+
+
+def test_a_circle_fails_even_through_an_import_for_type_checking_only() -> None:
+    found = planted(
+        "tpuslice._reserve.planted_a",
+        "if TYPE_CHECKING:\n    from tpuslice._reserve.planted_b import B\n",
+        ("tpuslice._reserve.planted_b", "from tpuslice._reserve import planted_a\n"),
+    )
+    assert len(found) == 1 and "tpuslice/_reserve/planted_a.py:2" in found[0]
 
 
 def test_production_code_importing_testing_fails() -> None:

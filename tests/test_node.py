@@ -172,7 +172,6 @@ def make_vfio_group(root: Path, group: str, vendor: str | bytes | None) -> None:
 def test_accel_devices_are_counted(tmp_path: Path) -> None:
     make_accel(tmp_path, 4)
     assert node.count_tpu_chips(tmp_path) == (4, "/dev/accel*")
-    assert node.get_num_tpu_chips_on_node(root=tmp_path) == 4
 
 
 def test_accel_directory_is_an_nvidia_driver_not_a_tpu(tmp_path: Path) -> None:
@@ -199,7 +198,7 @@ def test_accel_devices_win_over_vfio(tmp_path: Path) -> None:
 
 def test_no_devices_means_zero_chips(tmp_path: Path) -> None:
     assert node.count_tpu_chips(tmp_path) == (0, "none")
-    assert node.get_num_tpu_chips_on_node(root=tmp_path / "missing") == 0
+    assert node.count_tpu_chips(tmp_path / "missing") == (0, "none")
 
 
 # --- the metadata client -----------------------------------------------------------------
@@ -436,20 +435,20 @@ def test_ambiguous_pod_type_leaves_topology_to_tpu_env(
 
 def test_get_current_pod_name(serve: Callable[..., FakeMetadataServer]) -> None:
     server = serve()
-    assert node.get_current_pod_name(env=GKE_ENV, metadata=OFFLINE) == "gke-slice"
+    assert node._pod_name(GKE_ENV, OFFLINE) == "gke-slice"
     metadata = MetadataClient(server.base_url, 5)
-    assert node.get_current_pod_name(env={}, metadata=metadata) == "7458121212"
+    assert node._pod_name({}, metadata) == "7458121212"
     closed = MetadataClient(closed_port_url(), 5)
-    assert node.get_current_pod_name(env={}, metadata=closed) is None
+    assert node._pod_name({}, closed) is None
 
 
 def test_public_functions_default_to_the_process_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("TPU_NAME", "from-os-environ")
-    assert node.get_current_pod_name(metadata=OFFLINE) == "from-os-environ"
+    assert node.get_current_pod_name() == "from-os-environ"
     monkeypatch.delenv("TPU_NAME")
-    assert node.get_current_pod_name(metadata=OFFLINE) is None
+    assert node._pod_name(metadata=OFFLINE) is None
 
 
 @pytest.mark.parametrize(
@@ -469,12 +468,12 @@ def test_get_current_pod_worker_count(
 ) -> None:
     env = {} if pod_type is None else {"TPU_ACCELERATOR_TYPE": pod_type}
     root = make_accel(tmp_path, chips)
-    assert node.get_current_pod_worker_count(env=env, metadata=OFFLINE, root=root) == expected
+    assert node._pod_worker_count(env, OFFLINE, root) == expected
 
 
-def test_get_num_tpu_chips_on_node_reads_only_devices(tmp_path: Path) -> None:
-    root = make_accel(tmp_path, 4)
-    assert node.get_num_tpu_chips_on_node(env={"TPU_WORKER_ID": "abc"}, root=root) == 4
+def test_get_num_tpu_chips_on_node_reads_only_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TPU_WORKER_ID", "abc")
+    assert node.get_num_tpu_chips_on_node() == node.count_tpu_chips()[0]
 
 
 # --- labels, resources, ray start ----------------------------------------------------------

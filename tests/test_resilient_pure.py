@@ -12,11 +12,10 @@ from ray import exceptions as rex
 import tpuslice
 from tpuslice._reserve import claim
 from tpuslice._reserve.request import SliceRequest
+from tpuslice._run.observe import AttemptEvent, Outcome
 from tpuslice._run.resilient import (
-    AttemptEvent,
     Decision,
     GangBrokenError,
-    Outcome,
     ResilientRun,
     RetryPolicy,
     classify,

@@ -19,9 +19,9 @@ from tpuslice._host.suspects import DEFAULT_COOLDOWN_S, Blame, SuspectReason
 from tpuslice._reserve import claim
 from tpuslice._reserve import suspects as marking
 from tpuslice._reserve.request import SliceRequest
+from tpuslice._run.observe import Outcome
 from tpuslice._run.resilient import (
     GangBrokenError,
-    Outcome,
     ResilientRun,
     RetryPolicy,
     judged,

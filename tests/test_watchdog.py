@@ -12,10 +12,9 @@ import pytest
 from tpuslice._host.heartbeats import BEAT_ENV, Progress
 from tpuslice._host.notices import Notice
 from tpuslice._reserve.request import SliceRequest
+from tpuslice._run.observe import AttemptEvent, Outcome
 from tpuslice._run.resilient import (
-    AttemptEvent,
     GangBrokenError,
-    Outcome,
     ResilientRun,
     RetryPolicy,
     judged,

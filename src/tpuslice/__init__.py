@@ -75,8 +75,8 @@ _EXPORTS: dict[str, str] = {
     "SlicePlacementGroup": "tpuslice._reserve.reserve",
     "reserve_tpu_slice": "tpuslice._reserve.reserve",
     "slice_placement_group": "tpuslice._reserve.reserve",
-    "AttemptEvent": "tpuslice._run.resilient",
-    "Outcome": "tpuslice._run.resilient",
+    "AttemptEvent": "tpuslice._run.observe",
+    "Outcome": "tpuslice._run.observe",
     "classify": "tpuslice._run.resilient",
     "run_resilient": "tpuslice._run.resilient",
     "HostContext": "tpuslice._host.context",
@@ -114,12 +114,8 @@ if TYPE_CHECKING:
         SliceActorGroup,
     )
     from tpuslice._run.health import HostVerdict, SliceHealth, check_slice
-    from tpuslice._run.resilient import (
-        AttemptEvent,
-        Outcome,
-        classify,
-        run_resilient,
-    )
+    from tpuslice._run.observe import AttemptEvent, Outcome
+    from tpuslice._run.resilient import classify, run_resilient
     from tpuslice._run.run import (
         dispatch,
         run_on_slice,

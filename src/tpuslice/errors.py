@@ -13,6 +13,29 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = [
+    "AmbiguousPodTypeError",
+    "AttemptRecord",
+    "DiscoveryFailedError",
+    "HostHungError",
+    "HostLostError",
+    "InsufficientSlicesError",
+    "InvalidAcceleratorError",
+    "InvalidArgumentError",
+    "InvalidResourceError",
+    "InvalidTopologyError",
+    "NoSubsliceParentError",
+    "NotConnectedError",
+    "ReservationTimeoutError",
+    "RetriesExhaustedError",
+    "SliceShutdownError",
+    "SliceUnhealthyError",
+    "SubsliceUnavailableError",
+    "TPUInUseError",
+    "TPUSliceError",
+    "TokenAuthError",
+]
+
 
 class TPUSliceError(Exception):
     """Base class of every error tpuslice raises on purpose."""

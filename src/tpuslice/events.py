@@ -27,6 +27,8 @@ from tpuslice._process import EXIT_HOOKS
 from tpuslice._tpu.keys import EVENT_KEY_PREFIX as KEY_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
 
+__all__ = ["KINDS", "MAX_EVENTS", "SliceEvent", "flush", "read_events"]
+
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 

@@ -44,6 +44,8 @@ from tpuslice._host.heartbeats import Progress
 from tpuslice._process import EXIT_HOOKS
 from tpuslice._tpu.keys import GOODPUT_KEY_PREFIX, NAMESPACE
 
+__all__ = ["CATEGORIES", "LOST_CAUSES", "Account", "flush", "read_accounts"]
+
 logger = logging.getLogger(__name__)
 
 CATEGORIES = (

@@ -12,13 +12,20 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import Mapping
 from typing import Any
 
 from tpuslice import _ray
 from tpuslice._process import EXIT_HOOKS
 from tpuslice._tpu.compat import DEFAULT_COORDINATOR_PORT
 from tpuslice.errors import InvalidArgumentError
+
+__all__ = [
+    "DEFAULT_COORDINATOR_PORT",
+    "distributed_args",
+    "init_jax_profiler",
+    "initialize",
+    "open_tpu",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -123,14 +130,11 @@ def register_profiler_port(port: int) -> str | None:
     return key
 
 
-def distributed_args(
-    environ: Mapping[str, str] | None = None, port: int = DEFAULT_COORDINATOR_PORT
-) -> dict[str, Any]:
+def distributed_args(port: int = DEFAULT_COORDINATOR_PORT) -> dict[str, Any]:
     """``coordinator_address``, ``num_processes`` and ``process_id`` for
     ``jax.distributed.initialize``, from the slice context of the running task.
 
     Args:
-        environ: Where to read the slice context (default: ``os.environ``).
         port: Port of the coordinator on rank 0's host.
 
     Returns:
@@ -142,7 +146,7 @@ def distributed_args(
     """
     from tpuslice._host.context import current_host
 
-    host = current_host(environ)
+    host = current_host()
     return {
         "coordinator_address": f"{host.coordinator_address}:{port}",
         "num_processes": host.world_size,

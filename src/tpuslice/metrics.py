@@ -31,6 +31,8 @@ from tpuslice._view.cluster import HostInfo, HostState, SliceState
 if TYPE_CHECKING:
     from tpuslice._view.cluster import ClusterSnapshot
 
+__all__ = ["exported_names"]
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "tpuslice_"

@@ -20,6 +20,8 @@ from tpuslice._host.heartbeats import SLICE_MARK, Progress
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX, NAMESPACE, SLICE_SECONDS_KEY_PREFIX
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
 
+__all__ = ["BUCKETS_KEPT_S", "SLICE_STATES", "read_slice_seconds"]
+
 SLICE_STATES = ("productive", "busy", "idle", "broken", "notice")
 """Where the cluster's slice-seconds go: busy with a gang that beat lately, busy
 otherwise, idle (ready, or suspect with every host free), broken, under notice."""
@@ -147,13 +149,12 @@ def _parse_bucket(raw: bytes) -> dict[str, dict[str, float]]:
         return {}
 
 
-def read_slice_seconds(since_s: float, *, now: float | None = None) -> dict[str, dict[str, float]]:
+def read_slice_seconds(since_s: float) -> dict[str, dict[str, float]]:
     """The cluster's slice-seconds by pod type and state over the last ``since_s`` seconds
     (whole minutes: the minute ``since_s`` ago began is counted whole).
 
     Args:
         since_s: How far back.
-        now: The end of the window (default: now).
 
     Returns:
         Pod type -> state -> slice-seconds (every state of :data:`SLICE_STATES`).
@@ -161,9 +162,12 @@ def read_slice_seconds(since_s: float, *, now: float | None = None) -> dict[str,
     Raises:
         ValueError: ``since_s`` is not above 0.
     """
+    return _read_slice_seconds(since_s, time.time())
+
+
+def _read_slice_seconds(since_s: float, end: float) -> dict[str, dict[str, float]]:
     if not since_s > 0:
         raise ValueError(f"since_s must be above 0, got {since_s}")
-    end = time.time() if now is None else now
     first = int((end - since_s) // BUCKET_S) * BUCKET_S
     oldest = f"{SLICE_SECONDS_KEY_PREFIX}{first:012d}"
     keys = [k for k in _ray.kv_list(SLICE_SECONDS_KEY_PREFIX, NAMESPACE) if k >= oldest]

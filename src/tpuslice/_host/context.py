@@ -69,11 +69,8 @@ class HostContext:
         return env
 
 
-def current_host(environ: Mapping[str, str] | None = None) -> HostContext:
-    """The :class:`HostContext` of the running task or actor.
-
-    Args:
-        environ: Where to read the context (default: ``os.environ``).
+def current_host() -> HostContext:
+    """The :class:`HostContext` of the running task or actor (read from ``os.environ``).
 
     Returns:
         This host's place in the gang: rank, world size, slice, worker id, coordinator.
@@ -82,10 +79,9 @@ def current_host(environ: Mapping[str, str] | None = None) -> HostContext:
         NotConnectedError: called outside a task started by :func:`run_on_slice` or a
             :class:`~tpuslice.SliceActorGroup` actor (there is no context).
     """
-    environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     for name, kind in HostContext.__annotations__.items():
-        raw = environ.get(f"{ENV_PREFIX}{name.upper()}")
+        raw = os.environ.get(f"{ENV_PREFIX}{name.upper()}")
         if raw is None:
             raise NotConnectedError(
                 "no slice context here: current_host() works inside a task started by "

@@ -3,9 +3,10 @@
 Each fact comes from the first source that has it: the GKE/KubeRay environment
 (``TPU_NAME``, ``TPU_WORKER_ID``, ``TPU_ACCELERATOR_TYPE``, ``TPU_TOPOLOGY``), then the GCE
 metadata server (one short time budget, so it never hangs off GCP), and chips from ``/dev``.
-Every source is injectable (``env``, ``metadata``, ``root``) so tests are deterministic.
-The public functions keep Ray 2.60's names and results; ``node_labels``, ``node_resources``
-and ``ray_start_args`` give what Ray advertises for a TPU host, for hosts it cannot detect.
+The functions here take every source (``env``, ``metadata``, ``root``) so tests are
+deterministic, but for Ray 2.60's public ones, which keep its names, signatures and results.
+``node_labels``, ``node_resources`` and ``ray_start_args`` give what Ray advertises for a TPU
+host, for hosts it cannot detect.
 """
 
 from __future__ import annotations
@@ -322,36 +323,26 @@ def detect(
     )
 
 
-# --- Ray 2.60's public functions (ray.util.tpu), same names and results ---------------------
-# Each takes the same sources as detect() and reads only the ones it needs.
+# --- Ray 2.60's public functions (ray.util.tpu), same names, signatures and results --------
+# Each reads the real sources; the private function behind it takes them, for tests.
 
 
-def get_current_pod_name(
-    *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
-) -> str | None:
+def get_current_pod_name() -> str | None:
     """The name of the TPU slice this host belongs to; None if not on a TPU pod.
-
-    Args:
-        env: Environment to read (default: ``os.environ``).
-        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
-        root: Not read; accepted so every function here takes the same sources.
 
     Returns:
         ``TPU_NAME``, else the metadata ``instance-id``; None, not an error, if neither.
     """
+    return _pod_name()
+
+
+def _pod_name(env: Environ | None = None, metadata: MetadataClient | None = None) -> str | None:
     found = _lookup(*_resolve(env, metadata), _SLICE_NAME, str.strip)
     return found[0] if found else None
 
 
-def get_current_pod_worker_count(
-    *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
-) -> int | None:
+def get_current_pod_worker_count() -> int | None:
     """Hosts in this host's TPU slice; None if not on a TPU pod or no chips are visible.
-
-    Args:
-        env: Environment to read (default: ``os.environ``).
-        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
-        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
 
     Returns:
         Pod cores over this host's cores, rounded up; None, not an error, without a pod
@@ -360,25 +351,25 @@ def get_current_pod_worker_count(
     Raises:
         InvalidArgumentError: ``TPU_ACCELERATOR_TYPE`` is set but is not a pod type.
     """
+    return _pod_worker_count()
+
+
+def _pod_worker_count(
+    env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
+) -> int | None:
     pod = _lookup(*_resolve(env, metadata), _POD_TYPE, _parse_pod_type)
     chips = count_tpu_chips(root)[0] if pod else 0
     return HostTPUInfo(pod_type=pod[0] if pod else None, chips=chips).worker_count
 
 
-def get_num_tpu_chips_on_node(
-    *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
-) -> int:
-    """TPU chips on this host; 0 if none. Reads only ``root`` (``/dev``, ``/sys``).
-
-    Args:
-        env: Not read; accepted so every function here takes the same sources.
-        metadata: Not read, for the same reason.
-        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
+def get_num_tpu_chips_on_node() -> int:
+    """TPU chips on this host; 0 if none. Reads only ``/dev`` and ``/sys``
+    (:func:`count_tpu_chips`).
 
     Returns:
         The chip count; 0, not an error, when none is seen.
     """
-    return count_tpu_chips(root)[0]
+    return count_tpu_chips()[0]
 
 
 # --- advertising this host to Ray ---------------------------------------------------------

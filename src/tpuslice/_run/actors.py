@@ -45,8 +45,7 @@ logger = logging.getLogger(__name__)
 class SliceActorGroup(ShutsDownOnExit):
     """Actors of ``actor_cls`` on every bundle of ``tpu_slice``, in rank order.
 
-    With ``owns_slice=True`` (the default when you pass topology arguments to
-    :meth:`create`), :meth:`shutdown` also gives the slice back.
+    A group made by :meth:`create` owns its slices: its :meth:`shutdown` gives them back.
     """
 
     def __init__(
@@ -54,7 +53,6 @@ class SliceActorGroup(ShutsDownOnExit):
         actor_cls: Any,
         tpu_slice: SlicePlacementGroup,
         *args: Any,
-        owns_slice: bool = False,
         heartbeat_timeout_s: float | None = None,
         startup_timeout_s: float | None = None,
         **kwargs: Any,
@@ -65,7 +63,6 @@ class SliceActorGroup(ShutsDownOnExit):
             actor_cls: A class, or a ``@ray.remote`` actor class.
             tpu_slice: A held reservation.
             *args: Passed to every actor's constructor.
-            owns_slice: :meth:`shutdown` also gives ``tpu_slice`` back.
             heartbeat_timeout_s: With the actors' methods calling
                 :func:`tpuslice.heartbeat`: :meth:`get` raises
                 :class:`~tpuslice.errors.HostHungError` when an actor that beat has been
@@ -79,6 +76,20 @@ class SliceActorGroup(ShutsDownOnExit):
             InvalidArgumentError: a timeout is not finite seconds > 0, or another
                 SliceActorGroup lives on ``tpu_slice``.
         """
+        self._start(actor_cls, tpu_slice, args, kwargs, heartbeat_timeout_s, startup_timeout_s)
+
+    def _start(
+        self,
+        actor_cls: Any,
+        tpu_slice: SlicePlacementGroup,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        heartbeat_timeout_s: float | None,
+        startup_timeout_s: float | None,
+        owns_slice: bool = False,
+    ) -> None:
+        """The constructor's work; ``owns_slice``: :meth:`shutdown` also gives
+        ``tpu_slice`` back (a group :meth:`create` made)."""
         if tpu_slice.is_shut_down:
             raise SliceShutdownError("tpu_slice has been shut down; reserve a new one")
         self.watching = WatchConfig(heartbeat_timeout_s, startup_timeout_s)
@@ -86,7 +97,7 @@ class SliceActorGroup(ShutsDownOnExit):
         self._started = time.time()
         remote_cls = actor_cls if hasattr(actor_cls, "remote") else ray.remote(actor_cls)
         self.slice = tpu_slice
-        self.owns_slice = owns_slice
+        self._owns_slice = owns_slice
         self.times: AttemptTimes | None = None
         """The group's moments, for its goodput account: kept for a group that owns its
         slices (the reservation's time is the group's), from its reservation's start."""
@@ -177,15 +188,9 @@ class SliceActorGroup(ShutsDownOnExit):
         WatchConfig(heartbeat_timeout_s, startup_timeout_s)  # checked before reserving
         spg = reserve_slices(request)
         try:
-            return cls(
-                actor_cls,
-                spg,
-                *args,
-                owns_slice=True,
-                heartbeat_timeout_s=heartbeat_timeout_s,
-                startup_timeout_s=startup_timeout_s,
-                **kwargs,
-            )
+            group = cls.__new__(cls)
+            group._start(actor_cls, spg, args, kwargs, heartbeat_timeout_s, startup_timeout_s, True)
+            return group
         except BaseException:
             spg.shutdown()
             raise
@@ -306,7 +311,7 @@ class SliceActorGroup(ShutsDownOnExit):
         plumbing(self.slice).drop_actor_group(self)
         for actor in actors:
             ray.kill(actor, no_restart=True)
-        if self.owns_slice:
+        if self._owns_slice:
             self.slice.shutdown()
         elif actors and not self.slice.is_shut_down:
             plumbing(self.slice).confirm_free()

@@ -1,24 +1,92 @@
-"""What a run tells its observers as it ends: each call here adds an event to the
-timeline (:mod:`tpuslice.events`) and records the matching metrics
-(:mod:`tpuslice.metrics`), or keeps a one-shot's goodput account (:mod:`tpuslice.goodput`),
-never raising into the caller's work (:func:`tpuslice._reserve.observe.never_raises`).
+"""What a run tells its observers: the steps of a resilient run (:class:`AttemptEvent`)
+and how a failed one ended (:class:`Outcome`); each call here adds an event to the timeline
+(:mod:`tpuslice.events`) and records the matching metrics (:mod:`tpuslice.metrics`), or keeps
+a one-shot's goodput account (:mod:`tpuslice.goodput`), never raising into the caller's work
+(:func:`tpuslice._reserve.observe.never_raises`).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Literal
 
 from tpuslice import _ray, events, goodput, metrics
+from tpuslice._host.notices import Notice
 from tpuslice._reserve.observe import describe_request, never_raises
 from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing
 from tpuslice._tpu.keys import NAMESPACE
 
 logger = logging.getLogger(__name__)
 
-if TYPE_CHECKING:
-    from tpuslice._run.resilient import AttemptEvent
+
+class Outcome(str, enum.Enum):
+    """How a failed attempt ended; it decides which retry budget the attempt uses."""
+
+    PREEMPTION = "preemption"
+    """A host was preempted or taken for maintenance: its slice had a notice (the run
+    left before the hosts went, or a host was lost after the notice)."""
+    FAILURE = "failure"
+    """The user's code raised, or something we do not recognise went wrong."""
+    HOST_FAILURE = "host_failure"
+    """A host was lost with no notice: the VM died, a worker crashed or was OOM-killed."""
+    HANG = "hang"
+    """Hosts stopped making progress (heartbeats), or never started (start-up timeout)."""
+
+
+EventKind = Literal["started", "notice", "failed", "check_failed", "succeeded", "giving_up"]
+
+
+@dataclass(frozen=True)
+class AttemptEvent:
+    """One step of a resilient run, passed to ``on_event`` (and a ``notice`` also to
+    ``on_notice``) as it happens.
+
+    Attributes:
+        kind: ``started``, ``notice`` (a host of the attempt was warned), ``failed``,
+            ``check_failed`` (its slices failed their health check before it ran),
+            ``succeeded`` or ``giving_up``.
+        attempt: The attempt's number, from 1.
+        slice_names: Its slices.
+        outcome: How it failed (``failed``, ``giving_up``).
+        cause: What happened, in one line.
+        next_action: What the run does next.
+        duration_s: Seconds since the attempt started (``failed``, ``succeeded``).
+        evidence: What decided the outcome (the notice seen, none seen, silent hosts).
+        notice: The notice (``notice`` events).
+    """
+
+    kind: EventKind
+    attempt: int
+    slice_names: tuple[str, ...] = ()
+    outcome: Outcome | None = None
+    cause: str = ""
+    next_action: str = ""
+    duration_s: float = 0.0
+    evidence: str = ""
+    notice: Notice | None = None
+
+    def describe(self) -> str:
+        """One log line: ``attempt 2 on v4-16-b: failed after 3.1 s: preemption (...); ...``.
+
+        Returns:
+            The event as one line of text.
+        """
+        where = f" on {', '.join(self.slice_names)}" if self.slice_names else ""
+        text = f"attempt {self.attempt}{where}: {self.kind.replace('_', ' ')}"
+        if self.kind in ("failed", "succeeded"):
+            text += f" after {self.duration_s:.1f} s"
+        if self.outcome is not None and self.kind == "failed":
+            text += f": {self.outcome.value} ({self.cause}); next: {self.next_action}"
+        elif self.cause:
+            text += f": {self.cause}"
+            if self.next_action:
+                text += f"; next: {self.next_action}"
+        if self.evidence and self.kind == "failed":
+            text += f" [evidence: {self.evidence}]"
+        return text
 
 
 @never_raises

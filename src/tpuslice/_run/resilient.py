@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import ray
 from ray.exceptions import (
@@ -52,6 +51,7 @@ from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbi
 from tpuslice._reserve.suspects import mark_suspects
 from tpuslice._run import observe
 from tpuslice._run.health import UnfitSlices, Vetting
+from tpuslice._run.observe import AttemptEvent, Outcome
 from tpuslice._run.run import check_run_args, launch
 from tpuslice._run.watchdog import AttemptWatch, Broken, WatchConfig
 from tpuslice._tpu.clock import Clock
@@ -74,20 +74,6 @@ READY_BOUND_S = 30.0
 """How long a fresh reservation may take to report ready before we call its host lost."""
 WAIT_SLICE_S = 1.0
 """Longest single ``ray.wait``, so Ctrl-C is seen promptly while the gang runs."""
-
-
-class Outcome(str, enum.Enum):
-    """How a failed attempt ended; it decides which retry budget the attempt uses."""
-
-    PREEMPTION = "preemption"
-    """A host was preempted or taken for maintenance: its slice had a notice (the run
-    left before the hosts went, or a host was lost after the notice)."""
-    FAILURE = "failure"
-    """The user's code raised, or something we do not recognise went wrong."""
-    HOST_FAILURE = "host_failure"
-    """A host was lost with no notice: the VM died, a worker crashed or was OOM-killed."""
-    HANG = "hang"
-    """Hosts stopped making progress (heartbeats), or never started (start-up timeout)."""
 
 
 HOST_LOSS: tuple[type[BaseException], ...] = (
@@ -262,61 +248,6 @@ class RetryPolicy:
         first, cap = self.backoff_s
         delay = min(first * 2 ** (retries - 1), cap)
         return Decision(True, delay, f"{outcome.value} retry {used} of {budget}")
-
-
-# --- events -------------------------------------------------------------------------------
-
-EventKind = Literal["started", "notice", "failed", "check_failed", "succeeded", "giving_up"]
-
-
-@dataclass(frozen=True)
-class AttemptEvent:
-    """One step of a resilient run, passed to ``on_event`` (and a ``notice`` also to
-    ``on_notice``) as it happens.
-
-    Attributes:
-        kind: ``started``, ``notice`` (a host of the attempt was warned), ``failed``,
-            ``check_failed`` (its slices failed their health check before it ran),
-            ``succeeded`` or ``giving_up``.
-        attempt: The attempt's number, from 1.
-        slice_names: Its slices.
-        outcome: How it failed (``failed``, ``giving_up``).
-        cause: What happened, in one line.
-        next_action: What the run does next.
-        duration_s: Seconds since the attempt started (``failed``, ``succeeded``).
-        evidence: What decided the outcome (the notice seen, none seen, silent hosts).
-        notice: The notice (``notice`` events).
-    """
-
-    kind: EventKind
-    attempt: int
-    slice_names: tuple[str, ...] = ()
-    outcome: Outcome | None = None
-    cause: str = ""
-    next_action: str = ""
-    duration_s: float = 0.0
-    evidence: str = ""
-    notice: Notice | None = None
-
-    def describe(self) -> str:
-        """One log line: ``attempt 2 on v4-16-b: failed after 3.1 s: preemption (...); ...``.
-
-        Returns:
-            The event as one line of text.
-        """
-        where = f" on {', '.join(self.slice_names)}" if self.slice_names else ""
-        text = f"attempt {self.attempt}{where}: {self.kind.replace('_', ' ')}"
-        if self.kind in ("failed", "succeeded"):
-            text += f" after {self.duration_s:.1f} s"
-        if self.outcome is not None and self.kind == "failed":
-            text += f": {self.outcome.value} ({self.cause}); next: {self.next_action}"
-        elif self.cause:
-            text += f": {self.cause}"
-            if self.next_action:
-                text += f"; next: {self.next_action}"
-        if self.evidence and self.kind == "failed":
-            text += f" [evidence: {self.evidence}]"
-        return text
 
 
 EventCallback = Callable[[AttemptEvent], None]

@@ -36,7 +36,6 @@ from tpuslice._reserve.ops import RAY_OPS, ClusterOps
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, reserve_slices
 from tpuslice._tpu import subslice
-from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, CallEnv
 from tpuslice._tpu.topology import SliceShape
@@ -401,15 +400,11 @@ class SubslicePlacementGroup(SlicePlacementGroup):
         )
 
     @classmethod
-    def reserve(
-        cls, request: SliceRequest, *, clock: Clock | None = None, ops: ClusterOps = RAY_OPS
-    ) -> SubslicePlacementGroup:
+    def _reserve(cls, request: SliceRequest) -> SubslicePlacementGroup:
         """Reserve an idle sub-slice for ``request`` (``subslice=True``).
 
         Args:
             request: The sub-slice request.
-            clock: Injected time for tests.
-            ops: The cluster (Ray's by default).
 
         Returns:
             The reservation.
@@ -423,11 +418,11 @@ class SubslicePlacementGroup(SlicePlacementGroup):
                 RuntimeError and a ReservationTimeoutError).
         """
         if not request.subslice:
-            raise InvalidArgumentError("SubslicePlacementGroup.reserve needs subslice=True")
-        targets = SubSlices(request, ops)
+            raise InvalidArgumentError("a sub-slice reservation needs subslice=True")
+        targets = SubSlices(request, RAY_OPS)
         spg = cls.__new__(cls)
         try:
-            spg._start(request, clock, targets)
+            spg._start(request, None, targets)
         except InsufficientSlicesError as exc:
             raise NoSubsliceParentError(str(exc)) from None
         except ReservationTimeoutError as exc:
@@ -589,7 +584,7 @@ def subslice_placement_group(
         subslice=True,
         subslice_index=subslice_index,
     )
-    return SubslicePlacementGroup.reserve(request)
+    return SubslicePlacementGroup._reserve(request)
 
 
 __all__ = [

@@ -68,14 +68,11 @@ class LibtpuError(RuntimeError):
     """What JAX raises when libtpu refuses to start (the text is JAX's and libtpu's)."""
 
 
-def open_tpu(environ: Mapping[str, str] | None = None) -> Path | None:
-    """Start this simulated host's TPU backend in this process, as libtpu would.
+def open_tpu() -> Path | None:
+    """Start this simulated host's TPU backend in this process, as libtpu would; the
+    environment must name a simulated host root (``TPUSLICE_SIM_HOST_ROOT``).
 
     Idempotent within a process (JAX starts its backend once).
-
-    Args:
-        environ: The environment to read (default: ``os.environ``); it must name a
-            simulated host root (``TPUSLICE_SIM_HOST_ROOT``).
 
     Returns:
         The lockfile now held by this process, or ``None`` when an escape hatch says not
@@ -86,12 +83,11 @@ def open_tpu(environ: Mapping[str, str] | None = None) -> Path | None:
             (libtpu's own messages, with JAX's prefix).
         RuntimeError: this is not a simulated host.
     """
-    environ = os.environ if environ is None else environ
-    if not environ.get(SIM_ROOT_ENV):
+    if not os.environ.get(SIM_ROOT_ENV):
         raise RuntimeError(
             f"{SIM_ROOT_ENV} is not set: open_tpu stands in for libtpu on simulated hosts only"
         )
-    return OPENED.open(host_root(environ), environ)
+    return OPENED.open(host_root(os.environ), os.environ)
 
 
 class OpenedTPU:

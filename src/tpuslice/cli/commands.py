@@ -29,6 +29,8 @@ from tpuslice.cli import status
 from tpuslice.cli.connect import UsageError, connected
 from tpuslice.errors import InvalidArgumentError, QueueUnreachableError
 
+__all__ = ["main"]
+
 console = Console()
 
 

@@ -19,6 +19,8 @@ import ray
 from tpuslice import _auth, _ray
 from tpuslice.errors import TokenAuthError
 
+__all__ = ["UsageError", "connect_or_none", "connected"]
+
 NO_CLUSTER_HINT = "start one with `tpuslice simulate`, or pass --address HOST:PORT"
 PROBE_TIMEOUT_S = 3.0
 

@@ -20,6 +20,8 @@ from tpuslice.cli import goodput_view as view
 from tpuslice.cli.connect import UsageError, connected
 from tpuslice.goodput import Account
 
+__all__ = ["register"]
+
 console = Console()
 
 SINCE_FORM = re.compile(rf"^(\d+)([{''.join(view.SINCE_UNITS)}])$")

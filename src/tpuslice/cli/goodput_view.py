@@ -18,6 +18,8 @@ from rich.text import Text
 
 from tpuslice.goodput import CATEGORIES, LOST_CAUSES, Account
 
+__all__ = ["SINCE_UNITS", "render_account", "render_cluster"]
+
 BAR_WIDTH = 60
 """Columns of the bar, when the console is at least that wide."""
 CATEGORY_STYLES = {

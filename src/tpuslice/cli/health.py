@@ -19,6 +19,8 @@ from tpuslice._view import cluster
 from tpuslice.cli.connect import UsageError, connected
 from tpuslice.errors import InvalidArgumentError, ReservationTimeoutError
 
+__all__ = ["register"]
+
 console = Console()
 
 

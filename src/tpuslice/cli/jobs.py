@@ -31,10 +31,9 @@ from tpuslice._reserve.observe import describe_request
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup
 from tpuslice._run import observe
+from tpuslice._run.observe import AttemptEvent, Outcome
 from tpuslice._run.resilient import (
-    AttemptEvent,
     GangBrokenError,
-    Outcome,
     ResilientRun,
     RetryPolicy,
     judged,
@@ -50,6 +49,8 @@ from tpuslice.cli import status
 from tpuslice.cli.connect import UsageError, connect_or_none
 from tpuslice.cli.waiting import WaitLine, in_cli_terms
 from tpuslice.errors import InvalidArgumentError, RetriesExhaustedError, TPUSliceError
+
+__all__ = ["register"]
 
 console = Console()
 err_console = Console(stderr=True)

@@ -14,6 +14,8 @@ from rich.markup import escape
 from tpuslice._view import cluster
 from tpuslice.cli.connect import UsageError, connected
 
+__all__ = ["register"]
+
 console = Console()
 
 

@@ -34,6 +34,8 @@ from tpuslice._view.quotas import (
 from tpuslice.cli.connect import UsageError, connected
 from tpuslice.errors import AmbiguousPodTypeError, InvalidArgumentError
 
+__all__ = ["register"]
+
 console = Console()
 
 

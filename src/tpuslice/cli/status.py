@@ -24,6 +24,8 @@ from tpuslice._tpu import subslice
 from tpuslice._view.cluster import ClusterSnapshot, HostInfo, HostState, SliceInfo, SliceState
 from tpuslice.events import SliceEvent
 
+__all__ = ["owners_table", "render_status", "status_dict", "summary_line", "timeline_table"]
+
 STATE_STYLES = {
     SliceState.READY: "bold green",
     SliceState.BUSY: "bold yellow",

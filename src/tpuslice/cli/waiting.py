@@ -21,6 +21,8 @@ from rich.text import Text
 
 from tpuslice._view.cluster import ClusterSnapshot, read_snapshot
 
+__all__ = ["WaitLine", "in_cli_terms"]
+
 CLI_OPTIONS = {
     "max_retries_failure / max_retries_preemption": "--retries",
     "head_reservation_timeout_s": "--timeout",

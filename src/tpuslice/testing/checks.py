@@ -17,12 +17,8 @@ if TYPE_CHECKING:
 __all__ = [
     "assert_no_placement_groups",
     "assert_slices_ready",
-    "describe",
-    "held_by_nothing",
-    "holders",
     "live_placement_groups",
     "remove_placement_groups",
-    "slices_not_ready",
 ]
 
 

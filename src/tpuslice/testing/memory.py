@@ -42,6 +42,8 @@ from tpuslice._tpu.topology import slice_shape
 from tpuslice._view.cluster import ClusterSnapshot, build_snapshot
 from tpuslice.errors import InvalidArgumentError, QueueUnreachableError
 
+__all__ = ["FakeClock", "InMemoryCluster", "MemoryGroup", "MemoryNode"]
+
 T = TypeVar("T")
 NODE_ID_LABEL = "ray.io/node-id"
 OPERATIONS = (

@@ -24,6 +24,8 @@ import pytest
 if TYPE_CHECKING:  # imported inside the fixtures: a pytest run that uses none pays nothing
     from tpuslice._sim.simulated import SimulatedCluster
 
+__all__ = ["RayAccountingWarning", "simulated_cluster", "tpu_cluster"]
+
 
 CLUSTER_MARK = "cluster"
 CLUSTER_FIXTURES = frozenset({"simulated_cluster", "tpu_cluster"})

@@ -28,7 +28,7 @@ from tpuslice._queue.service import REPROBE_S, QueueService, SliceKind, Ticket
 from tpuslice._reserve import claim
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._tpu.clock import Clock
-from tpuslice._view.queue_record import FRESH_S, QueueRecord
+from tpuslice._view.queue_record import RECORD_FRESH_S, QueueRecord
 from tpuslice.errors import InsufficientSlicesError, QueueUnreachableError, ReservationTimeoutError
 from tpuslice.testing.memory import InMemoryCluster, MemoryGroup
 
@@ -195,7 +195,7 @@ def test_a_stale_record_that_lists_waiters_still_sends_a_reservation_to_the_queu
 
     def stale() -> QueueRecord:
         record = current()
-        return replace(record, at=record.at - FRESH_S)
+        return replace(record, at=record.at - RECORD_FRESH_S)
 
     queue.record = stale  # type: ignore[method-assign]
     with pytest.raises(ReservationTimeoutError):

@@ -276,7 +276,7 @@ def test_cluster_shows_a_table_per_pod_type_a_total_and_what_productive_means(
 
 
 def test_cluster_json_is_the_slice_seconds_and_the_window(store: Store) -> None:
-    store.slice_seconds = {"v6e-16": {s: 60.0 for s in slice_seconds.SLICE_STATES}}
+    store.slice_seconds = {"v6e-16": {s: 60.0 for s in slice_seconds.TIME_USES}}
     result = invoke("--cluster", "--since", "15m", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == {"since_s": 900.0, "slice_seconds": store.slice_seconds}

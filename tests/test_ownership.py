@@ -22,7 +22,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import tpuslice
 from clusterutil import hold_host, wait_for
-from tpuslice._host.agent import FRESH_S
+from tpuslice._host.agent import FREE_TRUST_S
 from tpuslice._host.tpu_lock import SIM_ROOT_ENV
 from tpuslice._reserve.reserve import plumbing
 from tpuslice._sim.procs import pid_alive
@@ -217,8 +217,8 @@ def notebook(tpu_cluster: SimulatedCluster) -> Iterator[subprocess.Popen[str]]:
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     # Not a synchronisation: this driver trusts its own recent finding that the host was
-    # free (it handed the slice back in an earlier test) for FRESH_S; let that pass.
-    time.sleep(FRESH_S)
+    # free (it handed the slice back in an earlier test) for FREE_TRUST_S; let that pass.
+    time.sleep(FREE_TRUST_S)
     # The host's agent looks at the lock every half second and then withdraws its word
     # that the TPU is free; until it has, a reservation would not ask that host.
     wait_for(

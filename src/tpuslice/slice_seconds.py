@@ -1,7 +1,7 @@
 """The cluster's slice-seconds by state: where every slice's time went, whoever ran on it.
 
 Every report of the queue actor's cluster reporter (every 5 s) gives each slice's seconds
-since the last report to one of :data:`SLICE_STATES`. A busy slice is ``productive``
+since the last report to one of :data:`TIME_USES`. A busy slice is ``productive``
 while a gang on it beats: a rank's heartbeat key names its slice
 (``beat/<attempt>/<rank>@<slice>``, :data:`SLICE_MARK`). The seconds go to the metric
 ``tpuslice_slice_seconds{state, pod_type}`` and to per-minute totals in Ray's KV store
@@ -20,9 +20,9 @@ from tpuslice._host.heartbeats import SLICE_MARK, Progress
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX, NAMESPACE, SLICE_SECONDS_KEY_PREFIX
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
 
-__all__ = ["BUCKETS_KEPT_S", "SLICE_STATES", "read_slice_seconds"]
+__all__ = ["BUCKETS_KEPT_S", "TIME_USES", "read_slice_seconds"]
 
-SLICE_STATES = ("productive", "busy", "idle", "broken", "notice")
+TIME_USES = ("productive", "busy", "idle", "broken", "notice")
 """Where the cluster's slice-seconds go: busy with a gang that beat lately, busy
 otherwise, idle (ready, or suspect with every host free), broken, under notice."""
 BEAT_FRESH_S = 10.0
@@ -53,7 +53,7 @@ def beating_slices(published: Mapping[str, bytes], now: float) -> set[str]:
 
 
 def slice_state(info: SliceInfo, beating: set[str]) -> str:
-    """Where a slice's time goes now (one of :data:`SLICE_STATES`). Pure.
+    """Where a slice's time goes now (one of :data:`TIME_USES`). Pure.
 
     Args:
         info: The slice.
@@ -157,7 +157,7 @@ def read_slice_seconds(since_s: float) -> dict[str, dict[str, float]]:
         since_s: How far back.
 
     Returns:
-        Pod type -> state -> slice-seconds (every state of :data:`SLICE_STATES`).
+        Pod type -> state -> slice-seconds (every state of :data:`TIME_USES`).
 
     Raises:
         ValueError: ``since_s`` is not above 0.
@@ -175,7 +175,7 @@ def _read_slice_seconds(since_s: float, end: float) -> dict[str, dict[str, float
     total: dict[str, dict[str, float]] = {}
     for raw in values.values():
         for pod_type, by_state in _parse_bucket(raw).items():
-            into = total.setdefault(pod_type, dict.fromkeys(SLICE_STATES, 0.0))
+            into = total.setdefault(pod_type, dict.fromkeys(TIME_USES, 0.0))
             for state, value in by_state.items():
                 into[state] = into.get(state, 0.0) + value
     return total

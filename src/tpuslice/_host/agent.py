@@ -1,8 +1,8 @@
 """One small agent per TPU host: who owns its TPU, and giving it back.
 
 Only code running on a host can see who holds its TPU (``/proc``, libtpu's lockfile).
-Asking through tasks would start a worker process on every host for every new driver
-(2-3 s on the simulator, where hosts share 2 cores), so tpuslice keeps one detached
+Asking through tasks would start a worker process on every host for every new driver,
+so tpuslice keeps one detached
 actor per TPU host instead, ``tpuslice-host:<node id>`` in the ``tpuslice`` namespace,
 created on first use and shared by every driver. It uses no resources and dies with its host.
 
@@ -70,12 +70,12 @@ job's before it leaves it be (a worker being killed can seem so for a moment).""
 START_WAIT_S = 1.0
 """How long a reservation waits for an agent not yet known to be up (it may be
 starting) before it counts that host's TPU as free."""
-FRESH_S = 2.0
+FREE_TRUST_S = 2.0
 """How long this driver trusts its own finding that a host's TPU is free (from a probe
 or a hand-back) before a reservation asks that host again. Back-to-back jobs in one
-driver skip a probe round (about 10 ms); a process outside Ray that takes the TPU in
-those 2 s is met by the next call instead (a TPUInUseError naming it) and recorded at
-that slice's hand-back."""
+driver skip a probe round; a process outside Ray that takes the TPU meanwhile is met by
+the next call instead (a TPUInUseError naming it) and recorded at that slice's
+hand-back."""
 
 
 WATCH_S = 0.5
@@ -459,7 +459,7 @@ class Agents:
 
         An existing agent is looked up by name (well under a millisecond); only a missing
         one is created, since creating (even ``get_if_exists``) makes a new driver export
-        the actor class first (about 100 ms on the simulator).
+        the actor class first.
 
         Args:
             node_id: Hex id of a live node.
@@ -490,9 +490,8 @@ class Agents:
 
     def handles(self, node_ids: Sequence[str]) -> dict[str, Any]:
         """The agents of several nodes; those this driver has no handle to yet are looked
-        up at once (each lookup is a round trip to the GCS, about 5 ms on the simulator,
-        which a fresh driver's first reservation of 16 hosts would otherwise pay 16 times
-        in a row).
+        up at once (each lookup is a round trip to the GCS, which a fresh driver's first
+        reservation of 16 hosts would otherwise pay 16 times in a row).
 
         Args:
             node_ids: Hex ids of live nodes.
@@ -615,7 +614,7 @@ def start_probe(
     node_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S
 ) -> Callable[[], dict[str, str | None]]:
     """Ask each node's agent who owns its TPU, without waiting yet. A host this driver saw
-    free within :data:`FRESH_S` (its own probe or hand-back) is not asked again.
+    free within :data:`FREE_TRUST_S` (its own probe or hand-back) is not asked again.
 
     An agent that has not answered this process before may still be starting (the first
     reservations on a fresh cluster start them): it gets :data:`START_WAIT_S`, and if it
@@ -632,7 +631,7 @@ def start_probe(
         ``None`` when the TPU is free or the agent could not answer (logged).
     """
     now = time.monotonic()
-    asked = [n for n in node_ids if not AGENTS.seen_free_within(n, FRESH_S, now)]
+    asked = [n for n in node_ids if not AGENTS.seen_free_within(n, FREE_TRUST_S, now)]
     refs = {node: handle.owner.remote() for node, handle in AGENTS.handles(asked).items()}
 
     def answers() -> dict[str, str | None]:

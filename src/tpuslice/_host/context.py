@@ -120,9 +120,8 @@ def with_context(function: Callable[..., Any], returns: int | None = None) -> Ca
     The wrapper refers to no tpuslice module, only ``os``, a tuple, a string and a copy
     of :func:`apply_env` made here, so Ray ships it by value and a host's worker runs it
     without importing tpuslice: in a new job, every host's worker process would otherwise
-    import it at once on the first call (24-30 ms each on an idle machine, up to 110 ms
-    under load). Only when libtpu refuses the TPU is tpuslice imported, to say who holds
-    it.
+    import it at once on the first call. Only when libtpu refuses the TPU is tpuslice
+    imported, to say who holds it.
 
     Args:
         function: The user's Python function.

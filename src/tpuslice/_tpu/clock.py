@@ -1,5 +1,7 @@
-"""Injected time: every wait and timeout in tpuslice reads and sleeps through a
-:class:`Clock`, so tests of waiting logic need no real waiting."""
+"""Injected time for the waits whose logic is tested without Ray: a reservation's wait
+for slices, a resilient run's back-off and the cluster view's polls read and sleep
+through a :class:`Clock`, so their tests need no real waiting. Other waits (a thread's
+period, a bound on one Ray call) read the real time."""
 
 from __future__ import annotations
 

@@ -735,10 +735,9 @@ def wait_freed(
     """Wait until Ray's resource view has shown each host's TPU free (and, on a host
     that has it, the head resource), once: the groups of a hand-back are gone then.
 
-    Removing a placement group returns before its hosts report their resources back
-    (about 100 ms on an idle cluster). A group asked for on those hosts meanwhile does
-    not place until the GCS retries it, 0.3-0.9 s later (benchmarks/RESULTS.md), so a
-    hand-back that waits for the view ends with its slice claimable at once. Each host
+    Removing a placement group returns before its hosts report their resources back. A
+    group asked for on those hosts meanwhile does not place until the GCS retries it,
+    so a hand-back that waits for the view ends with its slice claimable at once. Each host
     counts once seen free, even if someone takes it again at once; a host the view no
     longer lists (dead) counts as free.
 

@@ -3,7 +3,7 @@
 The queue actor writes one :class:`QueueRecord` to Ray's KV store (namespace
 ``tpuslice``, key :data:`QUEUE_KEY`). ``tpuslice status`` shows it, and every snapshot
 carries it, so status and metrics show who waits at no extra cost. A record older than
-:data:`FRESH_S` is not shown as waiting: the queue writes one at every decision while
+:data:`RECORD_FRESH_S` is not shown as waiting: the queue writes one at every decision while
 anyone waits, so an old one means its actor is gone or idle.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-FRESH_S = 3.0
+RECORD_FRESH_S = 3.0
 """A record older than this no longer describes a live queue."""
 
 
@@ -96,9 +96,9 @@ class QueueRecord:
             now: Wall-clock seconds.
 
         Returns:
-            True if it was written less than :data:`FRESH_S` ago.
+            True if it was written less than :data:`RECORD_FRESH_S` ago.
         """
-        return now - self.at < FRESH_S
+        return now - self.at < RECORD_FRESH_S
 
     def waiting_for(self, kind: str, now: float) -> list[QueuedRequest]:
         """The requests of a kind, if the record is fresh.

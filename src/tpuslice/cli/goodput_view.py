@@ -266,17 +266,17 @@ def slice_seconds_table(pod_type: str, by_state: Mapping[str, float]) -> Table:
         by_state: State -> slice-seconds.
 
     Returns:
-        The table, states in :data:`~tpuslice.slice_seconds.SLICE_STATES` order (any other
+        The table, states in :data:`~tpuslice.slice_seconds.TIME_USES` order (any other
         state after them).
     """
-    from tpuslice.slice_seconds import SLICE_STATES
+    from tpuslice.slice_seconds import TIME_USES
 
     total = sum(by_state.values())
     table = Table(title=pod_type or "(no pod type)", title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("state")
     table.add_column("slice-seconds", justify="right")
     table.add_column("share", justify="right")
-    states = [*SLICE_STATES, *sorted(set(by_state) - set(SLICE_STATES))]
+    states = [*TIME_USES, *sorted(set(by_state) - set(TIME_USES))]
     for state in states:
         seconds = by_state.get(state, 0.0)
         share = 100 * seconds / total if total > 0 else 0.0

@@ -90,9 +90,9 @@ def slices_not_ready(names: Iterable[str] | None = None, timeout: float = 30.0) 
         time.sleep(0.05)
 
 
-TPUSLICE_IDLE_ACTORS = frozenset({"HostAgent", "HostOwner"})
+TPUSLICE_IDLE_ACTORS = frozenset({"HostAgent"})
 """tpuslice's actors that hold no Ray resources once no placement group is alive: each
-host's agent, and owners kept as spares."""
+host's agent."""
 
 
 def holders(info: SliceInfo) -> list[str]:

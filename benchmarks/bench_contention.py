@@ -156,6 +156,10 @@ class Job:
     """tpuslice paths: when the one-shot's hand-back began (its tasks had ended)."""
     back_end: float | None = None
     """tpuslice paths: when the hand-back ended (every group removed)."""
+    confirm_s: float | None = None
+    """tpuslice paths: of the hand-back, the agents' confirmation that the TPUs are free."""
+    view_s: float | None = None
+    """tpuslice paths: of the hand-back, the wait for Ray's view to show the hosts free."""
     slices_held: list[str] = field(default_factory=list)
     tenant: str = ""
     """The two-tenant path: whom the job was charged to (else the default tenant)."""
@@ -223,7 +227,9 @@ def phases(done: list[Job]) -> dict[str, float]:
     - ``held_to_start``: held to the first task starting;
     - ``end_to_back``: the tasks' end (the driver has the results) to the hand-back's
       start (the releaser noticed);
-    - ``back``: the hand-back itself (owners stopped, TPUs confirmed free, groups removed);
+    - ``back``: the hand-back itself (owners stopped, TPUs confirmed free, groups removed),
+      and of it ``back_confirm`` (the agents' confirmation) and ``back_view`` (the wait
+      for Ray's view to show the hosts free);
     - ``slice_gap``: per slice, from one job's hand-back end to the next job's grant of it
       (how long a freed slice waited for the queue to hand it on).
     """
@@ -250,6 +256,8 @@ def phases(done: list[Job]) -> dict[str, float]:
         "held_to_start_s": mean([(j.reserved, j.start) for j in traced]),
         "end_to_back_s": mean([(j.end, j.back_start) for j in traced]),
         "back_s": mean([(j.back_start, j.back_end) for j in traced]),
+        "back_confirm_s": _mean([j.confirm_s for j in traced if j.confirm_s is not None]),
+        "back_view_s": _mean([j.view_s for j in traced if j.view_s is not None]),
         "slice_gap_s": _mean(gaps),
     }
 
@@ -717,7 +725,22 @@ def trace_phases(jobs: list[Job]) -> None:
     wait_for_grant = claim.Reserver._wait_for_grant
     reserve_slices = run.reserve_slices  # what a one-shot reserves through
     shutdown = reserve.SlicePlacementGroup.shutdown
+    confirm_free = reserve.SlicePlacementGroup._confirm_free
+    wait_freed = reserve.wait_freed
     owner: dict[int, Job] = {}
+
+    def traced_confirm(self: Any, *args: Any, **kwargs: Any) -> None:
+        begun = time.time()
+        confirm_free(self, *args, **kwargs)
+        if jobs:
+            jobs[-1].confirm_s = time.time() - begun
+
+    def traced_wait_freed(*args: Any, **kwargs: Any) -> bool:
+        begun = time.time()
+        freed: bool = wait_freed(*args, **kwargs)
+        if jobs:
+            jobs[-1].view_s = time.time() - begun
+        return freed
 
     def traced_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         granted = wait_for_grant(self, *args, **kwargs)
@@ -744,6 +767,8 @@ def trace_phases(jobs: list[Job]) -> None:
     claim.Reserver._wait_for_grant = traced_wait  # type: ignore[method-assign]
     run.reserve_slices = traced_reserve  # type: ignore[assignment]
     reserve.SlicePlacementGroup.shutdown = traced_shutdown  # type: ignore[method-assign]
+    reserve.SlicePlacementGroup._confirm_free = traced_confirm  # type: ignore[method-assign]
+    reserve.wait_freed = traced_wait_freed
 
 
 def warm_every_host() -> None:

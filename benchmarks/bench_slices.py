@@ -129,14 +129,20 @@ MANY_SLICES = 4
 HOST_CPUS = 8
 """Logical CPUs of each simulated host, unless ``--host-cpus`` says otherwise (the
 SimulatedCluster default, which this benchmark always used)."""
-TARGETS = {
-    "reserve-1-run": (1.3, "ray"),  # ours reserve 1 + first run / Ray's
-    "reserve-n-run": (1.0, "ray"),  # ours reserve N + first run / Ray's
-    "after-shutdown": (2.0, "floor"),  # ours reserve N right after a shutdown / the floor's
-    "held": (1.1, "floor"),  # ours call on a held slice / raw tasks on a raw group
-    "one-shot": (1.1, "floor"),  # ours one-shot / the floor's reserve, tasks, removal
-}
-"""Goal per kind of operation: the most ours' median may be, as a multiple of that path's."""
+GOALS: list[tuple[str, str, float, str]] = [
+    ("reserve-1-run", "floor", 1.1, "reserve 1 slice + first run"),
+    ("reserve-{n}-run", "floor", 1.1, "reserve {slices} + first run"),
+    ("fresh-reserve-run", "floor", 1.2, "connect + reserve 1 slice + first run"),
+    ("fresh-reserve-run", "ray", 1.0, "connect + reserve 1 slice + first run"),
+    ("fresh-reserve-{n}-run", "floor", 1.2, "connect + reserve {slices} + first run"),
+    ("fresh-reserve-{n}-run", "ray", 1.0, "connect + reserve {slices} + first run"),
+    ("one-shot", "floor", 1.1, "one-shot run on one slice (this driver)"),
+    ("one-shot-fresh", "floor", 1.1, "one-shot run on one slice (fresh driver)"),
+    ("reserve-{n}-after-shutdown", "floor", 2.0, "reserve {slices} right after a shutdown"),
+    ("held", "floor", 1.0, "call on a held slice"),
+]
+"""Each goal: the operation ({n} is the N of reserve-N), the path its ratio divides by,
+the most ours' median may be as a multiple of that path's median, and what it is."""
 
 HostResult = tuple[str, int, int]
 """What the trivial task returns: slice name, TPU worker id (the host's env), worker pid."""
@@ -1086,37 +1092,19 @@ def targets(table: Sequence[Row], many: int) -> list[Target]:
     """The goals whose operations ran (all of them unless ``--only`` chose some); ``many``
     is the N of the reserve-N operations."""
     by = {(r.op, r.path): r for r in table}
-    goals = [
-        ("one-shot", "one-shot", "one-shot run on one slice (this driver)"),
-        ("one-shot-fresh", "one-shot", "one-shot run on one slice (fresh driver)"),
-        ("reserve-1-run", "reserve-1-run", "reserve 1 slice + first run"),
-        ("fresh-reserve-run", "reserve-1-run", "connect + reserve 1 slice + first run"),
-        (
-            f"fresh-reserve-{many}-run",
-            "reserve-n-run",
-            f"connect + reserve {slices(many)} + first run",
-        ),
-        (
-            f"reserve-{many}-after-shutdown",
-            "after-shutdown",
-            f"reserve {slices(many)} right after a shutdown",
-        ),
-        ("held", "held", "call on a held slice"),
-    ]
-    if many > 1:
-        goals.insert(
-            3, (f"reserve-{many}-run", "reserve-n-run", f"reserve {slices(many)} + first run")
-        )
     found = []
-    for op, kind, what in goals:
+    for template, against, goal, what in GOALS:
+        if "{n}" in template and many == 1:
+            continue
+        op = template.format(n=many)
         if (op, "ours") not in by:
             continue
-        goal, against = TARGETS[kind]
         ours, theirs = by[op, "ours"], by[op, "ray"]
         value = ours.x_floor if against == "floor" else ours.x_ray
         assert value is not None
+        described = what.format(slices=slices(many))
         found.append(
-            Target(what, against, goal, value, ours.x_floor, theirs.x_floor, value <= goal)
+            Target(described, against, goal, value, ours.x_floor, theirs.x_floor, value <= goal)
         )
     return found
 

@@ -32,6 +32,17 @@ def test_slice_spec_parses_cli_forms() -> None:
         SliceSpec.parse("v6e:4x4:two")
 
 
+def test_one_spec_alone_is_one_slice_spec() -> None:
+    two = [SliceSpec("v6e", "4x4", 2)]
+    assert SimulatedCluster("v6e:4x4:2").specs == two
+    assert SimulatedCluster(("v6e", "4x4", 2)).specs == two
+    assert SimulatedCluster(SliceSpec("v6e", "4x4", 2)).specs == two
+    assert SimulatedCluster(["v6e:4x4:2", ("v4", "2x2x1")]).specs == [
+        *two,
+        SliceSpec("v4", "2x2x1", 1),
+    ]
+
+
 def test_bad_slices_fail_before_anything_starts() -> None:
     with pytest.raises(ValueError, match="did you mean '4x4'"):
         SimulatedCluster([("v6e", "3x3", 1)])

@@ -283,6 +283,17 @@ def as_spec(item: SliceLike) -> SliceSpec:
     return SliceSpec(*item)
 
 
+def _one_or_many(slices: SliceLike | Iterable[SliceLike]) -> list[SliceLike]:
+    """``slices`` as a list of specs: one spec given alone (whose string or fields would
+    otherwise be read one character or field at a time) becomes a list of one."""
+    if isinstance(slices, SliceSpec | str):
+        return [slices]
+    items = list(slices)
+    if items and isinstance(items[0], str) and ":" not in items[0]:
+        return [tuple(items)]  # one tuple of fields, such as ("v6e", "4x4", 2)
+    return items
+
+
 @dataclass
 class SimulatedHost:
     """One simulated TPU VM. ``node`` is ``None`` while the host is dead.
@@ -361,7 +372,7 @@ class SimulatedCluster:
 
     def __init__(
         self,
-        slices: Iterable[SliceLike] = (("v6e", "4x4", 2),),
+        slices: SliceLike | Iterable[SliceLike] = (("v6e", "4x4", 2),),
         *,
         cpus_per_host: int = 8,
         head_cpus: int = 2,
@@ -373,8 +384,10 @@ class SimulatedCluster:
         auth: bool = False,
         progress: Callable[[str], None] | None = None,
     ) -> None:
-        """Check every slice spec; nothing starts until :meth:`start`."""
-        self.specs = [as_spec(s) for s in slices]
+        """Check every slice spec; nothing starts until :meth:`start`. ``slices`` may also
+        be one spec alone (a :class:`SliceSpec`, a ``"v6e:4x4:2"`` string, or one tuple of
+        its fields)."""
+        self.specs = [as_spec(s) for s in _one_or_many(slices)]
         for spec in self.specs:
             spec.shape()  # validate before starting anything
         self.cpus_per_host = cpus_per_host

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from tpuslice import _ray, events
+from tpuslice import events
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import HOLDER_KEY_PREFIX, NAMESPACE, QUOTAS_KEY, USAGE_KEY
 from tpuslice._view.holders import Holder
 from tpuslice._view.quotas import Quotas, TenantQuota

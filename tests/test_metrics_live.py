@@ -21,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from clusterutil import exported_metrics, take_back_a_quota, wait_for
 from test_dashboard import load, queried_metrics
-from tpuslice import _ray, metrics
+from tpuslice import metrics
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
 from tpuslice.cli.commands import main
 from tpuslice.testing import SimulatedCluster, live_placement_groups

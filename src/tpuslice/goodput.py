@@ -39,9 +39,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tpuslice import _ray, events, metrics
+from tpuslice import events, metrics
 from tpuslice._host.heartbeats import Progress
-from tpuslice._process import EXIT_HOOKS
+from tpuslice._tpu import _ray
+from tpuslice._tpu._process import EXIT_HOOKS
 from tpuslice._tpu.keys import GOODPUT_KEY_PREFIX, NAMESPACE
 
 __all__ = ["CATEGORIES", "LOST_CAUSES", "Account", "flush", "read_accounts"]

@@ -15,8 +15,9 @@ import json
 import time
 from collections.abc import Callable, Mapping
 
-from tpuslice import _ray, metrics
+from tpuslice import metrics
 from tpuslice._host.heartbeats import SLICE_MARK, Progress
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX, NAMESPACE, SLICE_SECONDS_KEY_PREFIX
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
 

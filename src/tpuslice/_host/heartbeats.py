@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
-from tpuslice import _ray
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE
 from tpuslice.errors import InvalidArgumentError
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from tpuslice import _ray
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, SUSPECT_COOLDOWN_KEY, SUSPECT_KEY_PREFIX
 from tpuslice.errors import InvalidArgumentError
 
@@ -264,7 +264,7 @@ def mark(blames: Sequence[Blame], *, now: float | None = None) -> list[Suspect]:
         The records written.
 
     Raises:
-        ConnectionError: Ray is not connected (or another of :func:`tpuslice._ray.kv_errors`).
+        ConnectionError: Ray is not connected (or another of :func:`tpuslice._tpu._ray.kv_errors`).
     """
     if not blames:
         return []

@@ -19,12 +19,13 @@ from typing import Any
 
 import ray
 
-from tpuslice import _ray, metrics
+from tpuslice import metrics
 from tpuslice._queue.book import LEASE_S, Answer
 from tpuslice._queue.orders import USAGE_SAVE_S, carry_out, read_usage, save_usage
 from tpuslice._queue.runner import QueueRunner
 from tpuslice._queue.service import Joined, QueueService, Ticket
 from tpuslice._queue.share import UsageMeter, held_by
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, QUEUE_KEY
 from tpuslice._tpu.keys import QUEUE_ACTOR_NAME as NAME
 from tpuslice._view.cluster import ClusterSnapshot, read_queue_record, read_snapshot

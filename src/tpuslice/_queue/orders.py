@@ -19,10 +19,11 @@ import time
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from tpuslice import _ray, events, metrics
+from tpuslice import events, metrics
 from tpuslice._host.agent import stop_job_tpus
 from tpuslice._queue.service import Orders
 from tpuslice._queue.share import Usage
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, USAGE_KEY
 from tpuslice._view.holders import Holder, clear_notices, forget_records, give_notices
 from tpuslice._view.quotas import DEFAULT_HALF_LIFE_S, read_quotas

@@ -17,9 +17,9 @@ import ray
 from ray.util import placement_group_table
 from ray.util.placement_group import PlacementGroup, placement_group
 
-from tpuslice import _ray
 from tpuslice._queue.service import SliceQueue
 from tpuslice._reserve.groups import remove_group, wait_all
+from tpuslice._tpu import _ray
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice._view.cluster import ClusterSnapshot, read_snapshot
 

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tpuslice import _ray, events, goodput, metrics
+from tpuslice import events, goodput, metrics
 from tpuslice._host.notices import Notice
 from tpuslice._reserve.observe import describe_request, never_raises
 from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE
 
 logger = logging.getLogger(__name__)

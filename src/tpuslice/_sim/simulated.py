@@ -54,7 +54,6 @@ from typing import Any
 import ray
 from ray.cluster_utils import Cluster
 
-from tpuslice import _auth, _ray
 from tpuslice._host.context import apply_env
 from tpuslice._host.metadata import METADATA_HOST_ENV
 from tpuslice._host.tpu_lock import SIM_ROOT_ENV, TPUOwner, find_owners
@@ -73,6 +72,7 @@ from tpuslice._sim.procs import (
     send_signal,
     sigkill,
 )
+from tpuslice._tpu import _auth, _ray
 from tpuslice._tpu.labels import (
     HOST_ENV_VARS,
     SLICE_NAME_LABEL,

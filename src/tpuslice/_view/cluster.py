@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 
 import ray
 
-from tpuslice import _ray
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Suspect
+from tpuslice._tpu import _ray
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import resolve_resource_per_chip
 from tpuslice._tpu.keys import NAMESPACE as QUEUE_NAMESPACE

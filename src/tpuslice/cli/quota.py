@@ -18,8 +18,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tpuslice import _ray, events
+from tpuslice import events
 from tpuslice._queue.orders import read_usage
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
 from tpuslice._tpu.topology import parse_pod_type, slice_shape
 from tpuslice._view.holders import read_holders

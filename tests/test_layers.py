@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"_tpu._process", "_tpu._ray", "_tpu._auth"},
     {"_host"},
     {"_view"},
-    {"events", "metrics", "goodput", "slice_seconds"},
+    {"record"},
     {"_queue"},
     {"_sim"},
     {"_reserve"},

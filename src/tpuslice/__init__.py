@@ -3,10 +3,10 @@
 Layers, lowest first; a module imports only its layer and those below (tests/test_layers.py):
 ``errors`` -> ``_tpu`` (pure facts) -> its seams to Ray and the OS, ``_tpu._process``,
 ``_tpu._ray``, ``_tpu._auth`` (joining a cluster) -> ``_host`` (one host) -> ``_view``
-(reading the cluster) -> ``events``, ``metrics``, ``goodput``, ``slice_seconds`` (what runs
-record) -> ``_queue`` (the cluster's queue) -> ``_sim`` (the simulator) -> ``_reserve``
-(reserving) -> ``_run`` (running) -> ``jax`` -> ``cli`` -> ``testing``; this ``__init__``
-offers the public names of them all.
+(reading the cluster) -> ``record`` (what everything else records into) -> ``_queue`` (the
+cluster's queue) -> ``_sim`` (the simulator) -> ``_reserve`` (reserving) -> ``_run``
+(running) -> ``jax`` -> ``cli`` -> ``testing``; this ``__init__`` offers the public names
+of them all.
 
 The public names load on first use (PEP 562), so ``import tpuslice`` (and the pytest
 plugin, which every pytest run in an environment with tpuslice loads) does not import Ray.
@@ -68,7 +68,7 @@ _EXPORTS: dict[str, str] = {
     "init_jax_profiler": "tpuslice.jax",
     "heartbeat": "tpuslice._host.heartbeats",
     "checkpointed": "tpuslice._host.heartbeats",
-    "Account": "tpuslice.goodput",
+    "Account": "tpuslice.record.goodput",
     "Notice": "tpuslice._host.notices",
     "get_current_pod_name": "tpuslice._host.node",
     "get_current_pod_worker_count": "tpuslice._host.node",
@@ -181,10 +181,10 @@ if TYPE_CHECKING:
         TPUInUseError,
         TPUSliceError,
     )
-    from tpuslice.goodput import Account
     from tpuslice.jax import (
         init_jax_profiler,
     )
+    from tpuslice.record.goodput import Account
 
 
 def __getattr__(name: str) -> Any:

@@ -2,5 +2,5 @@
 grants, the service that decides on a cluster reading, the event loop that drives it, the
 queue actor, and a driver's place in the queue.
 
-May import: :mod:`tpuslice.events`, :mod:`tpuslice.metrics`, :mod:`tpuslice._view` and below.
+May import: :mod:`tpuslice.record` and below.
 """

@@ -19,7 +19,6 @@ from typing import Any
 
 import ray
 
-from tpuslice import metrics
 from tpuslice._queue.book import LEASE_S, Answer
 from tpuslice._queue.orders import USAGE_SAVE_S, carry_out, read_usage, save_usage
 from tpuslice._queue.runner import QueueRunner
@@ -33,8 +32,9 @@ from tpuslice._view.holders import read_holders
 from tpuslice._view.queue_record import QueueRecord
 from tpuslice._view.quotas import quota_keys, read_quotas
 from tpuslice.errors import QueueUnreachableError
-from tpuslice.metrics import ClusterReporter
-from tpuslice.slice_seconds import SliceSeconds
+from tpuslice.record import metrics
+from tpuslice.record.metrics import ClusterReporter
+from tpuslice.record.slice_seconds import SliceSeconds
 
 logger = logging.getLogger(__name__)
 

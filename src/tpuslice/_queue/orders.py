@@ -19,7 +19,6 @@ import time
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from tpuslice import events, metrics
 from tpuslice._host.agent import stop_job_tpus
 from tpuslice._queue.service import Orders
 from tpuslice._queue.share import Usage
@@ -27,6 +26,7 @@ from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, USAGE_KEY
 from tpuslice._view.holders import Holder, clear_notices, forget_records, give_notices
 from tpuslice._view.quotas import DEFAULT_HALF_LIFE_S, read_quotas
+from tpuslice.record import events, metrics
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import ray
 
-from tpuslice import goodput
 from tpuslice._host.context import MEGASCALE_VARS, HostContext
 from tpuslice._host.heartbeats import BEAT_ENV, beat_key
 from tpuslice._reserve.observe import describe_request
@@ -38,7 +37,8 @@ from tpuslice.errors import (
     SliceShutdownError,
     first_line,
 )
-from tpuslice.goodput import AttemptTimes
+from tpuslice.record import goodput
+from tpuslice.record.goodput import AttemptTimes
 
 logger = logging.getLogger(__name__)
 

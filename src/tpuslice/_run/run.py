@@ -22,7 +22,6 @@ from typing import Any
 
 import ray
 
-from tpuslice import goodput
 from tpuslice._host.context import HostContext, with_context
 from tpuslice._host.heartbeats import BEAT_ENV, beat_key
 from tpuslice._reserve.request import SliceRequest
@@ -37,6 +36,7 @@ from tpuslice.errors import (
     InvalidArgumentError,
     ReservationTimeoutError,
 )
+from tpuslice.record import goodput
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from tpuslice._tpu.keys import BEAT_KEY_PREFIX as BEAT_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
 from tpuslice._view.cluster import HostInfo
 from tpuslice.errors import InvalidArgumentError
-from tpuslice.goodput import GangProgress
+from tpuslice.record.goodput import GangProgress
 
 logger = logging.getLogger(__name__)
 

@@ -104,7 +104,7 @@ memory."""
 
 FAST_METRICS = {"metrics_report_interval_ms": 2000}
 """Processes push their metrics to their node's agent every 2 s instead of Ray's 10 s, so
-tests see them sooner (:mod:`tpuslice.metrics`)."""
+tests see them sooner (:mod:`tpuslice.record.metrics`)."""
 
 
 HANG_SIGNAL = signal.SIGUSR2

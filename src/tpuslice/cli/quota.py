@@ -18,7 +18,6 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tpuslice import events
 from tpuslice._queue.orders import read_usage
 from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
@@ -34,6 +33,7 @@ from tpuslice._view.quotas import (
 )
 from tpuslice.cli.connect import UsageError, connected
 from tpuslice.errors import AmbiguousPodTypeError, InvalidArgumentError
+from tpuslice.record import events
 
 __all__ = ["register"]
 

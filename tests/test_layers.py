@@ -27,9 +27,9 @@ LAYERS: list[set[str]] = [
     {"_host"},
     {"_view"},
     {"record"},
-    {"_queue"},
-    {"_sim"},
+    {"_reserve.queue"},
     {"_reserve"},
+    {"_sim"},
     {"_run"},
     {"jax"},
     {"cli"},
@@ -37,8 +37,9 @@ LAYERS: list[set[str]] = [
     {"__init__"},
 ]
 """Lowest first. A layer is a subpackage of ``tpuslice`` or a top-level module, or a
-module or subpackage inside one (``_tpu._ray``), which then is a layer of its own;
-``__init__`` is the package itself, whose public names load lazily from every layer."""
+module or subpackage inside one (``_tpu._ray``, ``_reserve.queue``), which then is a
+layer of its own; ``__init__`` is the package itself, whose public names load lazily
+from every layer."""
 
 RAY_PRIVATE_ALLOWED = {"tpuslice._tpu._ray"}
 
@@ -246,6 +247,15 @@ def test_a_pure_tpu_module_importing_a_seam_to_ray_or_the_os_fails() -> None:
     assert found == [
         "tpuslice/_tpu/planted.py:1: tpuslice._tpu.planted (layer ['_tpu']) imports "
         "tpuslice._tpu._ray (layer ['_tpu._auth', '_tpu._process', '_tpu._ray']), "
+        "a layer above it"
+    ]
+
+
+def test_the_queue_importing_the_rest_of_reserve_fails() -> None:
+    found = planted("tpuslice._reserve.queue.planted", "from tpuslice._reserve import claim\n")
+    assert found == [
+        "tpuslice/_reserve/queue/planted.py:1: tpuslice._reserve.queue.planted (layer "
+        "['_reserve.queue']) imports tpuslice._reserve.claim (layer ['_reserve']), "
         "a layer above it"
     ]
 

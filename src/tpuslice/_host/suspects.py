@@ -6,7 +6,7 @@ namespace ``tpuslice``). The cluster view reads the records in the same listing 
 agents' owner and notice records (:func:`tpuslice._host.agent.recorded_notes`), so a slice
 with a suspect host shows as such to status, to new reservations and to the queue, at no
 extra cost. Placement then prefers other slices, and takes a suspect one only as a last
-resort (:func:`tpuslice._queue.schedule.last_resort`).
+resort (:func:`tpuslice._reserve.queue.schedule.last_resort`).
 
 A record is keyed by the host's Ray node id: a VM replaced by a new one (same slice name,
 new node id) is not suspect. A record ends at its ``until``; a reader that sees an ended

@@ -498,7 +498,7 @@ class SimulatedCluster:
         )
         self._connected = True
         from tpuslice._host.agent import AGENTS
-        from tpuslice._queue.actor import QUEUE_LINK
+        from tpuslice._reserve.queue.actor import QUEUE_LINK
 
         AGENTS.handles([h.node.node_id for s in self.slices.values() for h in s.hosts if h.alive])
         try:

@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 
 import tpuslice
-from tpuslice._queue.actor import QUEUE_LINK, START_WAIT_S
+from tpuslice._reserve.queue.actor import QUEUE_LINK, START_WAIT_S
 from tpuslice._tpu import topology as topo
 from tpuslice._view import cluster
 from tpuslice.cli import goodput as cli_goodput

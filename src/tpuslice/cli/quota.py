@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tpuslice._queue.orders import read_usage
+from tpuslice._reserve.queue.orders import read_usage
 from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
 from tpuslice._tpu.topology import parse_pod_type, slice_shape

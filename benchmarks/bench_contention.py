@@ -895,7 +895,7 @@ class IdleSampler:
     @staticmethod
     def _read(nodes: Mapping[str, Any]) -> dict[str, list[tuple[bool, bool]]]:
         """Each slice's hosts, each as ``(head resource taken, every TPU free)``."""
-        from tpuslice import _ray
+        from tpuslice._tpu import _ray
 
         available = _ray.available_resources_per_node()
         slices: dict[str, list[tuple[bool, bool]]] = {}
@@ -1071,7 +1071,7 @@ def quotas_set(weights: Mapping[str, float]) -> Iterator[None]:
     """The cluster's quotas for the two-tenant path: each tenant a weight and no slices,
     so both borrow (the same standing), on slices no quota covers (so their work need not
     be preemptible); the record is deleted after, so other paths queue as before."""
-    from tpuslice import _ray
+    from tpuslice._tpu import _ray
     from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
     from tpuslice._view.quotas import Quotas, TenantQuota
 

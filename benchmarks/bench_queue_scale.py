@@ -25,8 +25,8 @@ already idle when its driver asked are counted apart (``at once``).
 
 Designs:
 
-- ``event``: :class:`~tpuslice._queue.service.QueueService` driven by
-  :class:`~tpuslice._queue.runner.QueueRunner`, as the queue actor runs them: asks held,
+- ``event``: :class:`~tpuslice._reserve.queue.service.QueueService` driven by
+  :class:`~tpuslice._reserve.queue.runner.QueueRunner`, as the queue actor runs them: asks held,
   decisions on changes (reads in a thread), periodic looks while anyone waits; a slice
   handed back free is granted from the last read before the next one (as a hand-back
   that saw Ray's view show its slices free reports them).
@@ -56,9 +56,9 @@ from typing import Protocol
 from rich.console import Console
 from rich.table import Table
 
-from tpuslice._queue.book import Answer, Granted, Waiting
-from tpuslice._queue.runner import QueueRunner
-from tpuslice._queue.service import QueueService, SliceKind, Ticket
+from tpuslice._reserve.queue.book import Answer, Granted, Waiting
+from tpuslice._reserve.queue.runner import QueueRunner
+from tpuslice._reserve.queue.service import QueueService, SliceKind, Ticket
 from tpuslice._tpu.topology import slice_shape
 from tpuslice._view.cluster import ClusterSnapshot
 from tpuslice.testing.memory import InMemoryCluster, MemoryGroup

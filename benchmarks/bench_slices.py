@@ -111,8 +111,7 @@ from rich.console import Console
 from rich.table import Table
 
 import tpuslice
-from tpuslice import _ray
-from tpuslice._tpu import keys, subslice
+from tpuslice._tpu import _ray, keys, subslice
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice._tpu.topology import SliceShape, slice_shape
 from tpuslice._view import layouts

@@ -75,8 +75,8 @@ def child(path: str, address: str, slices: int) -> None:
     if path == "ours":
         import tpuslice
         from tpuslice._host import agent
-        from tpuslice._queue import place
         from tpuslice._reserve import claim, ops
+        from tpuslice._reserve.queue import place
         from tpuslice._run import run
 
         spent["imports"] = time.perf_counter() - start

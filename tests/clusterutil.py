@@ -17,7 +17,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 import tpuslice
 import tpuslice.jax as tjax
-from tpuslice import _ray
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice._view.quotas import Quotas, TenantQuota

@@ -88,7 +88,7 @@ def no_stray_timeline_events(
     process is connected)."""
     if {"tpu_cluster", "simulated_cluster"} & set(request.fixturenames):
         return
-    from tpuslice import events, goodput
+    from tpuslice.record import events, goodput
 
     def dropped(*args: object) -> None:
         return None

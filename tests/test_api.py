@@ -73,6 +73,23 @@ def test_every_name_in_all_is_loadable_and_nothing_else_is() -> None:
         _ = tpuslice.nope  # type: ignore[attr-defined]
 
 
+RECORD_MODULES = {"events", "goodput", "metrics", "slice_seconds"}
+
+
+def test_record_offers_its_modules_and_names_from_them_without_importing_ray() -> None:
+    from tpuslice import record
+
+    assert list(record.__all__) == sorted(record.__all__, key=isort_key)
+    assert set(record._EXPORTS) == set(record.__all__) - RECORD_MODULES
+    for name, module in record._EXPORTS.items():
+        assert getattr(record, name) is getattr(importlib.import_module(module), name), name
+    for name in RECORD_MODULES:
+        assert getattr(record, name) is importlib.import_module(f"tpuslice.record.{name}")
+    code = "import sys, tpuslice.record; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def public_modules() -> list[str]:
     """Every module of tpuslice with no part of its dotted name led by an underscore."""
     root = Path(tpuslice.__file__).parent

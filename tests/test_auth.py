@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tpuslice import _auth, _ray
+from tpuslice._tpu import _auth, _ray
 from tpuslice.errors import TokenAuthError, TPUSliceError
 
 # --- which token a driver presents (pure) ---------------------------------------------------

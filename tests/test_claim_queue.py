@@ -23,9 +23,9 @@ from test_claim_pure import (
     record_asks,
     reserver,
 )
-from tpuslice._queue.book import Granted, Waiting
-from tpuslice._queue.service import REPROBE_S, QueueService, SliceKind, Ticket
 from tpuslice._reserve import claim
+from tpuslice._reserve.queue.book import Granted, Waiting
+from tpuslice._reserve.queue.service import REPROBE_S, QueueService, SliceKind, Ticket
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._tpu.clock import Clock
 from tpuslice._view.queue_record import RECORD_FRESH_S, QueueRecord
@@ -161,7 +161,7 @@ def test_the_queue_restarting_keeps_the_waiters_order(caplog: pytest.LogCaptureF
 
     cluster.script("sleep", 2, restart)
     cluster.script("sleep", 4, lambda: cluster.remove_group(busy))
-    with caplog.at_level(logging.INFO, logger="tpuslice._queue.place"):
+    with caplog.at_level(logging.INFO, logger="tpuslice._reserve.queue.place"):
         assert names(reserver(cluster).run()) == ["v6e-16-0"]
     assert tickets(cluster) == ["newcomer"]
     assert any("lost ticket" in r.message for r in caplog.records)
@@ -486,7 +486,7 @@ def test_a_slice_the_autoscaler_adds_is_granted_as_soon_as_the_demand_lands_on_i
 def test_a_requeue_keeps_the_place_against_a_decision_between_its_calls() -> None:
     """The grant is given back while a later waiter polls between every call ours makes
     to the queue: the slice given back is granted to ours again, not to the later one."""
-    from tpuslice._queue.place import QueuePlace
+    from tpuslice._reserve.queue.place import QueuePlace
 
     cluster = queued_cluster(1)
     busy = cluster.take("v6e-16-0", 0, {"TPU": 4})
@@ -537,7 +537,7 @@ def test_a_never_from_the_queue_that_the_cluster_contradicts_is_asked_again(
 ) -> None:
     """The queue's read missed a slice (a host back since): the reservation reads the
     cluster, finds it can be served, and waits on rather than failing."""
-    from tpuslice._queue.book import Never
+    from tpuslice._reserve.queue.book import Never
 
     cluster = queued_cluster(1)
     busy = cluster.take("v6e-16-0", 0, {"TPU": 4})

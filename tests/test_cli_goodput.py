@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from tpuslice import goodput, slice_seconds
 from tpuslice.cli import goodput as cli_goodput
 from tpuslice.cli import goodput_view
 from tpuslice.cli.commands import main
-from tpuslice.goodput import (
+from tpuslice.record import goodput, slice_seconds
+from tpuslice.record.goodput import (
     CATEGORIES,
     LOST_CAUSES,
     Account,

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from tpuslice import _ray, events
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import HOLDER_KEY_PREFIX, NAMESPACE, QUOTAS_KEY, USAGE_KEY
 from tpuslice._view.holders import Holder
 from tpuslice._view.quotas import Quotas, TenantQuota
 from tpuslice.cli import quota as cli_quota
 from tpuslice.cli.commands import main
+from tpuslice.record import events
 
 
 class Store:

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from clusterutil import wait_for
-from tpuslice import goodput
 from tpuslice.cli.commands import main
+from tpuslice.record import goodput
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
 pytestmark = pytest.mark.cluster

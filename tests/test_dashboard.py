@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tpuslice import metrics
+from tpuslice.record import metrics
 
 DASHBOARDS = Path(__file__).parent.parent / "dashboards"
 

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from tpuslice import events
-from tpuslice.events import EventWriter, SliceEvent, event_key, keys_to_trim
+from tpuslice.record import events
+from tpuslice.record.events import EventWriter, SliceEvent, event_key, keys_to_trim
 
 
 class Store:

@@ -8,7 +8,7 @@ import inspect
 import ray._private.worker
 
 from test_layers import sources
-from tpuslice._process import ExitHooks
+from tpuslice._tpu._process import ExitHooks
 
 
 def test_each_hook_is_registered_once_in_the_order_added() -> None:
@@ -45,10 +45,10 @@ def test_only_the_process_module_imports_atexit() -> None:
         f"{path}:{node.lineno}"
         for name, (path, text) in sources().items()
         for node in ast.walk(ast.parse(text))
-        if name != "tpuslice._process"
+        if name != "tpuslice._tpu._process"
         and (
             (isinstance(node, ast.Import) and any(a.name == "atexit" for a in node.names))
             or (isinstance(node, ast.ImportFrom) and node.module == "atexit")
         )
     ]
-    assert users == [], "register exit hooks through tpuslice._process.EXIT_HOOKS"
+    assert users == [], "register exit hooks through tpuslice._tpu._process.EXIT_HOOKS"

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from ray import exceptions as rex
 
-from tpuslice import goodput, slice_seconds
 from tpuslice._host import heartbeats
 from tpuslice._host.heartbeats import BEAT_ENV, Progress
 from tpuslice._reserve.request import SliceRequest
@@ -21,7 +20,8 @@ from tpuslice._run.resilient import GangBrokenError, ResilientRun, RetryPolicy
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.keys import SLICE_SECONDS_KEY_PREFIX
 from tpuslice.errors import InvalidArgumentError, ReservationTimeoutError, RetriesExhaustedError
-from tpuslice.goodput import CATEGORIES, Account, AttemptTimes, GangProgress, account_of
+from tpuslice.record import goodput, slice_seconds
+from tpuslice.record.goodput import CATEGORIES, Account, AttemptTimes, GangProgress, account_of
 
 
 def spent(account: Account) -> dict[str, float]:

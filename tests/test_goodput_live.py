@@ -22,10 +22,11 @@ from click.testing import CliRunner
 
 import tpuslice
 from clusterutil import run_in_background, wait_for
-from tpuslice import AttemptEvent, Outcome, goodput
+from tpuslice import AttemptEvent, Outcome
 from tpuslice._reserve.suspects import clear_slice
 from tpuslice._view.cluster import SliceState, read_snapshot
 from tpuslice.cli.commands import main
+from tpuslice.record import goodput
 from tpuslice.testing import SimulatedCluster, assert_no_placement_groups
 
 pytestmark = pytest.mark.cluster

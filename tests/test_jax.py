@@ -14,8 +14,8 @@ import ray
 import tpuslice
 import tpuslice.jax as tjax
 from clusterutil import free_port, spmd_allgather_function, wait_for
-from tpuslice import _ray
 from tpuslice._host.context import HostContext
+from tpuslice._tpu import _ray
 from tpuslice.testing import SimulatedCluster
 
 jax = pytest.importorskip("jax")

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import ray._private.accelerators.tpu as ray_tpu_manager
 
-from tpuslice import _ray
-from tpuslice._tpu import labels
+from tpuslice._tpu import _ray, labels
 from tpuslice._tpu.topology import slice_shape
 
 

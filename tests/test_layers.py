@@ -7,7 +7,7 @@ that rule in one list. The checks, each failing with ``file:line`` and the rule 
 - no import circle, counting imports inside functions (they run on first use) and under
   ``TYPE_CHECKING`` (the type checker, and ``typing.get_type_hints``, follow them);
 - no production module imports :mod:`tpuslice.testing`;
-- only ``_ray.py`` imports Ray's private modules (``ray._private``, ``ray._raylet``, ...);
+- only ``_tpu/_ray.py`` imports Ray's private modules (``ray._private``, ``ray._raylet``, ...);
 - no module imports an underscore name from another module (private modules are fine).
 """
 
@@ -21,33 +21,37 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: list[set[str]] = [
-    {"errors", "_process", "_ray", "_auth"},
+    {"errors"},
     {"_tpu"},
+    {"_tpu._process", "_tpu._ray", "_tpu._auth"},
     {"_host"},
     {"_view"},
-    {"events", "metrics", "goodput", "slice_seconds"},
-    {"_queue"},
-    {"_sim"},
+    {"record"},
+    {"_reserve.queue"},
     {"_reserve"},
+    {"_sim"},
     {"_run"},
     {"jax"},
     {"cli"},
     {"testing"},
     {"__init__"},
 ]
-"""Lowest first. A layer is a subpackage of ``tpuslice`` or a top-level module;
-``__init__`` is the package itself, whose public names load lazily from every layer."""
+"""Lowest first. A layer is a subpackage of ``tpuslice`` or a top-level module, or a
+module or subpackage inside one (``_tpu._ray``, ``_reserve.queue``), which then is a
+layer of its own; ``__init__`` is the package itself, whose public names load lazily
+from every layer."""
 
-RAY_PRIVATE_ALLOWED = {"tpuslice._ray"}
+RAY_PRIVATE_ALLOWED = {"tpuslice._tpu._ray"}
 
 
 def rank_of(module: str) -> int:
-    """The layer of ``tpuslice.<part>...``."""
-    parts = module.split(".")
-    part = parts[1] if len(parts) > 1 else "__init__"
-    for rank, layer in enumerate(LAYERS):
-        if part in layer:
-            return rank
+    """The layer of ``tpuslice.<part>...``: the one naming the longest leading run of its
+    parts (``_tpu._ray`` for ``tpuslice._tpu._ray``, ``_tpu`` for ``tpuslice._tpu.keys``)."""
+    parts = module.split(".")[1:] or ["__init__"]
+    for end in range(len(parts), 0, -1):
+        for rank, layer in enumerate(LAYERS):
+            if ".".join(parts[:end]) in layer:
+                return rank
     raise AssertionError(f"{module} is in no layer of LAYERS: add its subpackage there")
 
 
@@ -119,7 +123,7 @@ def read_imports(
                 ):
                     if name not in RAY_PRIVATE_ALLOWED:
                         problems.append(
-                            f"{where}: imports Ray's private {target}; only tpuslice._ray may"
+                            f"{where}: imports Ray's private {target}; only tpuslice._tpu._ray may"
                         )
                     continue
                 if not target.startswith("tpuslice"):
@@ -238,6 +242,24 @@ def test_an_import_up_the_layers_fails_naming_file_line_and_rule() -> None:
     ]
 
 
+def test_a_pure_tpu_module_importing_a_seam_to_ray_or_the_os_fails() -> None:
+    found = planted("tpuslice._tpu.planted", "from tpuslice._tpu import _ray\n")
+    assert found == [
+        "tpuslice/_tpu/planted.py:1: tpuslice._tpu.planted (layer ['_tpu']) imports "
+        "tpuslice._tpu._ray (layer ['_tpu._auth', '_tpu._process', '_tpu._ray']), "
+        "a layer above it"
+    ]
+
+
+def test_the_queue_importing_the_rest_of_reserve_fails() -> None:
+    found = planted("tpuslice._reserve.queue.planted", "from tpuslice._reserve import claim\n")
+    assert found == [
+        "tpuslice/_reserve/queue/planted.py:1: tpuslice._reserve.queue.planted (layer "
+        "['_reserve.queue']) imports tpuslice._reserve.claim (layer ['_reserve']), "
+        "a layer above it"
+    ]
+
+
 def test_a_circle_fails_even_through_an_import_inside_a_function() -> None:
     found = planted(
         "tpuslice._reserve.planted_a",
@@ -268,7 +290,7 @@ def test_ray_private_names_outside_ray_py_fail() -> None:
     found = planted("tpuslice._host.planted", "import ray._private.services\n")
     assert found == [
         "tpuslice/_host/planted.py:1: imports Ray's private ray._private.services; "
-        "only tpuslice._ray may"
+        "only tpuslice._tpu._ray may"
     ]
 
 

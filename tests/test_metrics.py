@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from test_status import mixed_snapshot, queued_snapshot
-from tpuslice import metrics
 from tpuslice._reserve.observe import describe_request
 from tpuslice._reserve.request import SliceRequest
+from tpuslice.record import metrics
 
 
 def values(snapshot: object, known: set[str] | None = None) -> dict[tuple[str, ...], float]:

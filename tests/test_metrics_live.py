@@ -21,9 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from clusterutil import exported_metrics, take_back_a_quota, wait_for
 from test_dashboard import load, queried_metrics
-from tpuslice import _ray, metrics
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
 from tpuslice.cli.commands import main
+from tpuslice.record import metrics
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
 pytestmark = pytest.mark.cluster
@@ -32,7 +33,7 @@ DRIVER = textwrap.dedent(
     """
     import json, os, pathlib, sys, time
     import ray, tpuslice
-    from tpuslice import events
+    from tpuslice.record import events
 
     ray.init(address=sys.argv[1], log_to_driver=False)
     marks = pathlib.Path(sys.argv[2])

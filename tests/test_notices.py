@@ -140,9 +140,9 @@ def test_the_cluster_view_drops_notices_left_by_hosts_long_gone(
     deletes a notice STALE_S past its deadline (and keeps a fresh one)."""
     import time
 
-    from tpuslice import _ray
     from tpuslice._host import agent
     from tpuslice._host.notices import STALE_S
+    from tpuslice._tpu import _ray
 
     now = time.time()
     old = Notice("preemption", "TRUE", now - STALE_S - 60, now - STALE_S - 30, "n1", "s", 0)

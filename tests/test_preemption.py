@@ -22,11 +22,12 @@ import ray
 
 import tpuslice
 from clusterutil import hold_host, markers_written, run_in_background, wait_for
-from tpuslice import AttemptEvent, Outcome, _ray
+from tpuslice import AttemptEvent, Outcome
 from tpuslice._host.suspects import SuspectReason
 from tpuslice._reserve.suspects import clear_slice
 from tpuslice._sim.procs import pid_alive
 from tpuslice._sim.simulated import MIGRATE_ON_MAINTENANCE
+from tpuslice._tpu import _ray
 from tpuslice._view.cluster import SliceState, read_snapshot
 from tpuslice.cli.status import state_label
 from tpuslice.testing import SimulatedCluster, assert_no_placement_groups

@@ -36,7 +36,7 @@ from promutil import (
     wait_for_answer,
 )
 from test_dashboard import load
-from tpuslice import _ray
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
 from tpuslice.testing import SimulatedCluster
 

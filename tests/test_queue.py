@@ -149,7 +149,7 @@ def test_a_waiter_whose_driver_dies_leaves_the_queue_at_once(
     """Killed without a word: its ticket goes as soon as Ray marks its job dead, long
     before its lease would run out. (The next waiter moving up is the pure tier's:
     test_queue_runner::test_a_waiter_whose_driver_died_leaves_while_asking_and_the_next_is_granted.)"""
-    from tpuslice._queue.book import LEASE_S
+    from tpuslice._reserve.queue.book import LEASE_S
 
     with busy(*V4_SLICES):
         doomed = start_driver(tpu_cluster.address, "doomed")
@@ -216,7 +216,7 @@ def test_with_the_queue_stopped_reservations_wait_for_it_visibly_then_go_in_orde
     claim nothing while they wait for it, and each says so. Once it answers again they
     are admitted in the order they were asked for: the first wants both slices, so the
     second, though its call may reach the queue first, waits for the first's hand-back."""
-    from tpuslice._queue.actor import QUEUE_LINK
+    from tpuslice._reserve.queue.actor import QUEUE_LINK
 
     queue = QUEUE_LINK.slice_queue()
     pid = ray.get(queue.handle.pid.remote())
@@ -262,8 +262,8 @@ def test_a_driver_whose_queue_was_killed_for_good_finds_a_new_one(
     """The queue actor is killed with no restart: this driver's next call says the queue
     is gone, and the one after finds the cluster's queue again (a new one, started on the
     head), instead of failing on the dead handle for the rest of the process."""
-    from tpuslice._queue import actor as queue_actor
-    from tpuslice._queue.book import Unknown
+    from tpuslice._reserve.queue import actor as queue_actor
+    from tpuslice._reserve.queue.book import Unknown
     from tpuslice.errors import QueueUnreachableError
 
     queue = queue_actor.QUEUE_LINK.slice_queue()

@@ -1,4 +1,4 @@
-"""The queue's bookkeeping (tpuslice._queue.book): leases, grants, restarts. Pure."""
+"""The queue's bookkeeping (tpuslice._reserve.queue.book): leases, grants, restarts. Pure."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from tpuslice._queue.book import Granted, Never, QueueBook, Unknown, Waiting
-from tpuslice._queue.schedule import Holding, Waiter
+from tpuslice._reserve.queue.book import Granted, Never, QueueBook, Unknown, Waiting
+from tpuslice._reserve.queue.schedule import Holding, Waiter
 from tpuslice.errors import InvalidArgumentError
 
 KIND = "v6e-16"

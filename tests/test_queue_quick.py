@@ -16,8 +16,8 @@ import pytest
 
 from test_queue_runner import BOUND_S, Slices, run, ticket
 from tpuslice._host.notices import Notice
-from tpuslice._queue.book import Granted, Waiting
-from tpuslice._queue.service import QUICK_WITHIN_S, QueueService, SliceKind, Ticket
+from tpuslice._reserve.queue.book import Granted, Waiting
+from tpuslice._reserve.queue.service import QUICK_WITHIN_S, QueueService, SliceKind, Ticket
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.topology import slice_shape
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState, as_freed, wait_freed

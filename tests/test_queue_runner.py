@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from tpuslice._queue import runner as queue_runner
-from tpuslice._queue.book import Answer, Granted, Never, Unknown, Waiting
-from tpuslice._queue.runner import QueueRunner
-from tpuslice._queue.service import QueueService, SliceKind, Ticket
+from tpuslice._reserve.queue import runner as queue_runner
+from tpuslice._reserve.queue.book import Answer, Granted, Never, Unknown, Waiting
+from tpuslice._reserve.queue.runner import QueueRunner
+from tpuslice._reserve.queue.service import QueueService, SliceKind, Ticket
 from tpuslice._tpu.topology import slice_shape
 from tpuslice._view.cluster import ClusterSnapshot
 from tpuslice.testing.memory import InMemoryCluster, MemoryGroup

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from tpuslice._queue.book import Granted, Never, Waiting
-from tpuslice._queue.service import QueueService, SliceKind, Ticket
+from tpuslice._reserve.queue.book import Granted, Never, Waiting
+from tpuslice._reserve.queue.service import QueueService, SliceKind, Ticket
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._view.queue_record import QueuedRequest, QueueRecord
 from tpuslice.testing.memory import InMemoryCluster

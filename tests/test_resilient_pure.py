@@ -29,7 +29,7 @@ from tpuslice.errors import (
     RetriesExhaustedError,
     SliceShutdownError,
 )
-from tpuslice.goodput import GangProgress
+from tpuslice.record.goodput import GangProgress
 from tpuslice.testing.memory import InMemoryCluster
 
 PREEMPTION, FAILURE = Outcome.PREEMPTION, Outcome.FAILURE

@@ -396,7 +396,7 @@ def test_a_driver_that_exits_with_a_one_shot_running_gives_it_back_and_exits_cle
     before Ray shuts down (else the process dies with Ray's fatal 'core worker has
     already been shutdown'), and the running one is handed back and recorded as
     interrupted."""
-    from tpuslice import events
+    from tpuslice.record import events
 
     stdout = exit_cleanly(EXITING, tpu_cluster.address, str(tmp_path))
     assert "ranks [0, 1, 2, 3]" in stdout and "exiting with 4 ranks running" in stdout

@@ -1,5 +1,5 @@
-"""The cluster-wide queue's policy (tpuslice._queue.schedule): order, all-or-nothing grants,
-earmarks, other kinds served past a blocked request, ranges; and a replay of a contention
+"""The cluster-wide queue's policy (tpuslice._reserve.queue.schedule): order, all-or-nothing
+grants, earmarks, other kinds served past a blocked request, ranges; and a replay of a contention
 scenario on the policy alone. Pure."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tpuslice._queue.schedule import Decision, Holding, Waiter, decide, queue_order
+from tpuslice._reserve.queue.schedule import Decision, Holding, Waiter, decide, queue_order
 from tpuslice.errors import InvalidArgumentError
 
 V6E = "v6e-16"

@@ -1,4 +1,4 @@
-"""Tenants sharing a cluster (tpuslice._queue.share and the queue's policy with quotas):
+"""Tenants sharing a cluster (tpuslice._reserve.queue.share and the queue's policy with quotas):
 standing, borrowing and its limits, taking a quota back, priority preemption only when
 needed, weighted fair share over a replayed workload, decay, and no starvation. Pure."""
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tpuslice._queue.schedule import Decision, Holding, Waiter, decide
-from tpuslice._queue.share import Sharing, Usage
+from tpuslice._reserve.queue.schedule import Decision, Holding, Waiter, decide
+from tpuslice._reserve.queue.share import Sharing, Usage
 from tpuslice._view.quotas import Quotas, Standing, TenantQuota, quota_keys
 from tpuslice.errors import InvalidArgumentError
 

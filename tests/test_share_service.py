@@ -5,9 +5,9 @@ outstays its grace is taken back. Pure."""
 
 from __future__ import annotations
 
-from tpuslice._queue.book import Granted, Waiting
-from tpuslice._queue.service import Orders, QueueService, SliceKind, Ticket
-from tpuslice._queue.share import UsageMeter
+from tpuslice._reserve.queue.book import Granted, Waiting
+from tpuslice._reserve.queue.service import Orders, QueueService, SliceKind, Ticket
+from tpuslice._reserve.queue.share import UsageMeter
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._view.cluster import SliceState
 from tpuslice._view.holders import QUEUE_SOURCE, Holder
@@ -176,7 +176,7 @@ def test_use_is_counted_per_tenant_from_the_holder_records() -> None:
 
 def test_a_place_given_an_arrival_enqueues_with_it_and_keeps_it() -> None:
     """A resilient run's retry enqueues with the run's first arrival, ahead of later ones."""
-    from tpuslice._queue.place import QueuePlace
+    from tpuslice._reserve.queue.place import QueuePlace
 
     world = World(Quotas())
     names = sorted(world.cluster.slice_hosts)

@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.text import Text
 
 from test_cluster_view import cpu_node, idle, killed, take, tpu_node, tpu_slice
-from tpuslice import _ray
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Blame, Suspect, SuspectReason
+from tpuslice._tpu import _ray
 from tpuslice._tpu.topology import slice_shape
 from tpuslice._view import cluster
 from tpuslice._view.cluster import ClusterSnapshot, SliceState, build_snapshot

@@ -19,9 +19,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import tpuslice
 from clusterutil import free_port, hold_host, spmd_allgather_function, wait_for
-from tpuslice import _ray
 from tpuslice._reserve.reserve import plumbing
-from tpuslice._tpu import keys, subslice
+from tpuslice._tpu import _ray, keys, subslice
 from tpuslice._view import layouts
 from tpuslice.cli.commands import main
 from tpuslice.testing import SimulatedCluster

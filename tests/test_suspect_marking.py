@@ -12,7 +12,6 @@ import pytest
 from ray import exceptions as rex
 
 from test_suspects import Store, blame
-from tpuslice import events
 from tpuslice._host.heartbeats import BEAT_ENV
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import DEFAULT_COOLDOWN_S, Blame, SuspectReason
@@ -31,6 +30,7 @@ from tpuslice._run.resilient import (
 from tpuslice._run.watchdog import CHECK_S, AttemptWatch, WatchConfig
 from tpuslice._tpu.clock import Clock
 from tpuslice._view.cluster import HostInfo, SliceState
+from tpuslice.record import events
 from tpuslice.testing.memory import InMemoryCluster
 
 HANG, HOST_FAILURE = SuspectReason.HANG, SuspectReason.HOST_FAILURE

@@ -11,8 +11,8 @@ import pytest
 from test_claim_pure import names, reserver
 from test_subslices_pure import Layouts, workers
 from test_subslices_pure import reserve as reserve_subslice
-from tpuslice._queue.schedule import LAST_RESORT_S, Holding, Waiter, decide, last_resort
-from tpuslice._queue.service import SliceKind, Ticket
+from tpuslice._reserve.queue.schedule import LAST_RESORT_S, Holding, Waiter, decide, last_resort
+from tpuslice._reserve.queue.service import SliceKind, Ticket
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._view.cluster import SliceState
 from tpuslice.testing.memory import InMemoryCluster

@@ -12,7 +12,6 @@ import pytest
 
 from test_cluster_view import idle, killed, take, tpu_node, tpu_slice
 from test_status import render
-from tpuslice import _ray, metrics
 from tpuslice._host import agent, suspects
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import (
@@ -22,10 +21,12 @@ from tpuslice._host.suspects import (
     Suspect,
     SuspectReason,
 )
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, SUSPECT_COOLDOWN_KEY, SUSPECT_KEY_PREFIX
 from tpuslice._view.cluster import SliceState, build_snapshot
 from tpuslice.cli import status
 from tpuslice.errors import InvalidArgumentError
+from tpuslice.record import metrics
 from tpuslice.testing.memory import InMemoryCluster
 
 HANG = SuspectReason.HANG

@@ -14,7 +14,8 @@ import pytest
 
 import tpuslice
 from clusterutil import beat_until_go, markers_written, run_in_background, wait_for
-from tpuslice import AttemptEvent, Outcome, _ray
+from tpuslice import AttemptEvent, Outcome
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import HOLDER_KEY_PREFIX, NAMESPACE, PREEMPT_KEY_PREFIX, QUOTAS_KEY
 from tpuslice._view.cluster import SliceState, read_snapshot
 from tpuslice._view.quotas import Quotas, TenantQuota

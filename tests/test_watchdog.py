@@ -30,7 +30,7 @@ from tpuslice._run.watchdog import (
 )
 from tpuslice._tpu.clock import Clock
 from tpuslice.errors import InvalidArgumentError
-from tpuslice.goodput import GangProgress
+from tpuslice.record.goodput import GangProgress
 
 # --- find_hang ----------------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ import ray
 from rich.console import Console
 
 import tpuslice
-from tpuslice import goodput
 from tpuslice.cli.goodput_view import render_account
+from tpuslice.record import goodput
 from tpuslice.testing import SimulatedCluster
 
 OUTPUT = Path(__file__).resolve().parents[1] / "img" / "goodput.svg"

@@ -1,11 +1,12 @@
 """tpuslice: run SPMD work on whole Google Cloud TPU slices with Ray.
 
 Layers, lowest first; a module imports only its layer and those below (tests/test_layers.py):
-``errors``, ``_process``, ``_ray``, ``_auth`` (joining a cluster) -> ``_tpu`` (pure facts) ->
-``_host`` (one host) -> ``_sim`` (the simulator) -> ``_view`` (reading the cluster) ->
-``events``, ``metrics``, ``goodput``, ``slice_seconds`` (what runs record) -> ``_queue`` (the
-cluster's queue) -> ``_reserve`` (reserving) -> ``_run`` (running) -> ``jax`` -> ``cli`` ->
-``testing``; this ``__init__`` offers the public names of them all.
+``errors`` -> ``_tpu`` (pure facts) -> its seams to Ray and the OS, ``_tpu._process``,
+``_tpu._ray``, ``_tpu._auth`` (joining a cluster) -> ``_host`` (one host) -> ``_view``
+(reading the cluster) -> ``record`` (what everything else records into) ->
+``_reserve.queue`` (the cluster's queue) -> ``_reserve`` (reserving) -> ``_sim`` (the
+simulator) -> ``_run`` (running) -> ``jax`` -> ``cli`` -> ``testing``; this ``__init__``
+offers the public names of them all.
 
 The public names load on first use (PEP 562), so ``import tpuslice`` (and the pytest
 plugin, which every pytest run in an environment with tpuslice loads) does not import Ray.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tpuslice import _process
+from tpuslice._tpu import _process
 
 __version__ = "0.1.0"
 
@@ -62,12 +63,12 @@ _EXPORTS: dict[str, str] = {
     "subslice_placement_group": "tpuslice._run.subslices",
     "TPUInUseError": "tpuslice.errors",
     "TokenAuthError": "tpuslice.errors",
-    "connect": "tpuslice._auth",
+    "connect": "tpuslice._tpu._auth",
     "TPUSliceError": "tpuslice.errors",
     "init_jax_profiler": "tpuslice.jax",
     "heartbeat": "tpuslice._host.heartbeats",
     "checkpointed": "tpuslice._host.heartbeats",
-    "Account": "tpuslice.goodput",
+    "Account": "tpuslice.record.goodput",
     "Notice": "tpuslice._host.notices",
     "get_current_pod_name": "tpuslice._host.node",
     "get_current_pod_worker_count": "tpuslice._host.node",
@@ -96,7 +97,6 @@ _EXPORTS: dict[str, str] = {
 """Each public name and the module that defines it."""
 
 if TYPE_CHECKING:
-    from tpuslice._auth import connect
     from tpuslice._host.context import HostContext, current_host
     from tpuslice._host.heartbeats import checkpointed, heartbeat
     from tpuslice._host.node import (
@@ -125,6 +125,7 @@ if TYPE_CHECKING:
         SubslicePlacementGroup,
         subslice_placement_group,
     )
+    from tpuslice._tpu._auth import connect
     from tpuslice._tpu.compat import (
         DEFAULT_MEGASCALE_PORT,
         DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
@@ -180,10 +181,10 @@ if TYPE_CHECKING:
         TPUInUseError,
         TPUSliceError,
     )
-    from tpuslice.goodput import Account
     from tpuslice.jax import (
         init_jax_profiler,
     )
+    from tpuslice.record.goodput import Account
 
 
 def __getattr__(name: str) -> Any:

@@ -14,8 +14,8 @@ import os
 import socket
 from typing import Any
 
-from tpuslice import _ray
-from tpuslice._process import EXIT_HOOKS
+from tpuslice._tpu import _ray
+from tpuslice._tpu._process import EXIT_HOOKS
 from tpuslice._tpu.compat import DEFAULT_COORDINATOR_PORT
 from tpuslice.errors import InvalidArgumentError
 

@@ -2,5 +2,5 @@
 notices, libtpu's lock and who owns the TPU, the per-call context (``HostContext`` and the
 env), heartbeats, suspect records, and the host agent.
 
-May import: :mod:`tpuslice._tpu`, :mod:`tpuslice.errors`, :mod:`tpuslice._ray`.
+May import: :mod:`tpuslice._tpu` (its facts and its seams to Ray), :mod:`tpuslice.errors`.
 """

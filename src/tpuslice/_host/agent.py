@@ -33,7 +33,6 @@ from typing import Any, NamedTuple
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from tpuslice import _ray
 from tpuslice._host.notices import (
     MAINTENANCE_PATH,
     PREEMPTED_PATH,
@@ -43,6 +42,7 @@ from tpuslice._host.notices import (
 )
 from tpuslice._host.suspects import Suspect, forget, live_suspects
 from tpuslice._host.tpu_lock import TPUOwner, find_owner, holds_tpu, host_root, lock_holder
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import AGENT_NAME_PREFIX as NAME_PREFIX
 from tpuslice._tpu.keys import (
     FREE_KEY_PREFIX,

@@ -7,7 +7,7 @@ only notes the time in this process (no Ray call, no I/O: a dict write); a daemo
 publishes the current key's :class:`Progress` to Ray's KV store (namespace ``tpuslice``)
 every :data:`PUBLISH_S`, and the driver reads it: the watchdog for hangs
 (:mod:`tpuslice._run.watchdog`), the run's goodput account for when work started and
-what the last checkpoint saved (:mod:`tpuslice.goodput`). :func:`checkpointed` wakes the
+what the last checkpoint saved (:mod:`tpuslice.record.goodput`). :func:`checkpointed` wakes the
 publisher at once, so that a checkpoint saved just before the hosts go still reaches the
 driver. Outside such a call both do nothing, and a beat whose call has ended is not
 published.
@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
-from tpuslice import _ray
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE
 from tpuslice.errors import InvalidArgumentError
 

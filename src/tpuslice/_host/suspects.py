@@ -6,7 +6,7 @@ namespace ``tpuslice``). The cluster view reads the records in the same listing 
 agents' owner and notice records (:func:`tpuslice._host.agent.recorded_notes`), so a slice
 with a suspect host shows as such to status, to new reservations and to the queue, at no
 extra cost. Placement then prefers other slices, and takes a suspect one only as a last
-resort (:func:`tpuslice._queue.schedule.last_resort`).
+resort (:func:`tpuslice._reserve.queue.schedule.last_resort`).
 
 A record is keyed by the host's Ray node id: a VM replaced by a new one (same slice name,
 new node id) is not suspect. A record ends at its ``until``; a reader that sees an ended
@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from tpuslice import _ray
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, SUSPECT_COOLDOWN_KEY, SUSPECT_KEY_PREFIX
 from tpuslice.errors import InvalidArgumentError
 
@@ -264,7 +264,7 @@ def mark(blames: Sequence[Blame], *, now: float | None = None) -> list[Suspect]:
         The records written.
 
     Raises:
-        ConnectionError: Ray is not connected (or another of :func:`tpuslice._ray.kv_errors`).
+        ConnectionError: Ray is not connected (or another of :func:`tpuslice._tpu._ray.kv_errors`).
     """
     if not blames:
         return []

@@ -1,7 +1,7 @@
 """The claiming loop behind :class:`~tpuslice._reserve.reserve.SlicePlacementGroup`.
 
 A whole-slice reservation is admitted by the cluster-wide queue
-(:mod:`tpuslice._queue.actor`), and only by it: it joins the queue, is granted slices, and
+(:mod:`tpuslice._reserve.queue.actor`), and only by it: it joins the queue, is granted slices, and
 claims exactly those, all at once (it never holds some slices while it waits for more).
 A queue that does not answer yet is waited for, bounded by the reservation's timeout,
 and the log says so. Claiming places one worker group for the granted slices (or one per
@@ -15,7 +15,7 @@ Sub-slices are parts of a slice's hosts, not the queue's unit: they claim direct
 polling the cluster until their hosts are idle (:meth:`Reserver.run`).
 
 Slices with a suspect host (one that failed a run lately) are picked only as a last
-resort (:func:`tpuslice._queue.schedule.last_resort`); a claim of one says so
+resort (:func:`tpuslice._reserve.queue.schedule.last_resort`); a claim of one says so
 (:attr:`Claim.suspect`), and the log says why it was taken. Any failure or interrupt
 removes everything made so far, and leaves the queue.
 """
@@ -30,12 +30,12 @@ from dataclasses import dataclass, field, replace
 
 from ray.util.placement_group import PlacementGroup
 
-from tpuslice._queue.book import Answer, Granted, Never, Waiting
-from tpuslice._queue.place import QueuePlace
-from tpuslice._queue.service import SliceKind
 from tpuslice._reserve.demand import AutoscalerDemand
 from tpuslice._reserve.ops import RAY_OPS, ClusterOps
 from tpuslice._reserve.plan import ReservationPlan, accepted_slices
+from tpuslice._reserve.queue.book import Answer, Granted, Never, Waiting
+from tpuslice._reserve.queue.place import QueuePlace
+from tpuslice._reserve.queue.service import SliceKind
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.targets import Targets, WholeSlices
 from tpuslice._tpu.clock import Clock

@@ -1,6 +1,6 @@
 """What a reservation tells its observers as things happen: each call here adds an event
-to the timeline (:mod:`tpuslice.events`) and records the matching metrics
-(:mod:`tpuslice.metrics`), as do hosts marked suspect and slices cleared. Neither waits on
+to the timeline (:mod:`tpuslice.record.events`) and records the matching metrics
+(:mod:`tpuslice.record.metrics`), as do hosts marked suspect and slices cleared. Neither waits on
 the GCS nor raises into the caller's work. A run's outcomes are recorded by
 :mod:`tpuslice._run.observe`, the same way.
 """
@@ -12,9 +12,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from tpuslice import events, metrics
 from tpuslice._host.suspects import Suspect
 from tpuslice._reserve.request import SliceRequest
+from tpuslice.record import events, metrics
 
 logger = logging.getLogger(__name__)
 DETAIL_CHARS = 120

@@ -17,9 +17,9 @@ import ray
 from ray.util import placement_group_table
 from ray.util.placement_group import PlacementGroup, placement_group
 
-from tpuslice import _ray
-from tpuslice._queue.service import SliceQueue
 from tpuslice._reserve.groups import remove_group, wait_all
+from tpuslice._reserve.queue.service import SliceQueue
+from tpuslice._tpu import _ray
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice._view.cluster import ClusterSnapshot, read_snapshot
 
@@ -255,7 +255,8 @@ class RayOps:
         return start_probe(node_ids)
 
     def slice_queue(self) -> SliceQueue:
-        """The queue actor (:meth:`tpuslice._queue.actor.QueueLink.slice_queue`), created if needed.
+        """The queue actor, created if needed
+        (:meth:`tpuslice._reserve.queue.actor.QueueLink.slice_queue`).
 
         Returns:
             A handle to it.
@@ -263,7 +264,7 @@ class RayOps:
         Raises:
             QueueUnreachableError: it could neither be found nor created.
         """
-        from tpuslice._queue.actor import QUEUE_LINK
+        from tpuslice._reserve.queue.actor import QUEUE_LINK
 
         return QUEUE_LINK.slice_queue()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tpuslice._queue.schedule import last_resort
+from tpuslice._reserve.queue.schedule import last_resort
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL, selector_matches
 from tpuslice._tpu.topology import SliceShape
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
@@ -187,7 +187,7 @@ def pick_slices(
     time_left_s: float | None = None,
 ) -> dict[int, SliceInfo]:
     """Choose an idle whole slice for every slice index not in ``taken``: a ready one,
-    or, as a last resort (:func:`~tpuslice._queue.schedule.last_resort`), one whose hosts
+    or, as a last resort (:func:`~tpuslice._reserve.queue.schedule.last_resort`), one whose hosts
     are all free but one is suspect. A slice pinned by name is taken even if suspect: no
     other could serve its index.
 

@@ -24,12 +24,12 @@ from ray.util.placement_group import PlacementGroup
 
 from tpuslice._host.context import HostContext
 from tpuslice._host.notices import Notice
-from tpuslice._queue.actor import QUEUE_LINK
-from tpuslice._queue.place import this_driver
 from tpuslice._reserve import observe
 from tpuslice._reserve.claim import Reservation, Reserver
 from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
 from tpuslice._reserve.plan import ReservationPlan
+from tpuslice._reserve.queue.actor import QUEUE_LINK
+from tpuslice._reserve.queue.place import this_driver
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.targets import Targets
 from tpuslice._tpu.clock import Clock

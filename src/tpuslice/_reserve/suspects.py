@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from tpuslice import _ray
 from tpuslice._host import suspects
 from tpuslice._host.suspects import Blame, Suspect, duration
 from tpuslice._reserve import observe
+from tpuslice._tpu import _ray
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def clear_slice(slice_name: str, why: str = "") -> list[Suspect]:
 
     Raises:
         ConnectionError: Ray is not connected (or another of
-            :func:`tpuslice._ray.kv_errors`).
+            :func:`tpuslice._tpu._ray.kv_errors`).
     """
     records = suspects.clear_slice(slice_name)
     if records:

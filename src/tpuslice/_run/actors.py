@@ -18,7 +18,6 @@ from typing import Any
 
 import ray
 
-from tpuslice import _ray, goodput
 from tpuslice._host.context import MEGASCALE_VARS, HostContext
 from tpuslice._host.heartbeats import BEAT_ENV, beat_key
 from tpuslice._reserve.observe import describe_request
@@ -26,6 +25,7 @@ from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import ShutsDownOnExit, SlicePlacementGroup, plumbing, reserve_slices
 from tpuslice._run.run import call_env
 from tpuslice._run.watchdog import CHECK_S, WatchConfig, describe_hang
+from tpuslice._tpu import _ray
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX as BEAT_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
@@ -37,7 +37,8 @@ from tpuslice.errors import (
     SliceShutdownError,
     first_line,
 )
-from tpuslice.goodput import AttemptTimes
+from tpuslice.record import goodput
+from tpuslice.record.goodput import AttemptTimes
 
 logger = logging.getLogger(__name__)
 

@@ -37,13 +37,13 @@ from typing import Any
 
 import ray
 
-from tpuslice import _ray
 from tpuslice._host.context import current_host
 from tpuslice._host.suspects import Blame, SuspectReason
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, reserve_slices
 from tpuslice._reserve.suspects import clear_slice, mark_suspects
 from tpuslice._run.run import launch
+from tpuslice._tpu import _ray
 from tpuslice._tpu.compat import DEFAULT_COORDINATOR_PORT, DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.keys import HEALTH_KEY_PREFIX, NAMESPACE
 from tpuslice._tpu.labels import SLICE_NAME_LABEL

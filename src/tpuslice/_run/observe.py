@@ -1,7 +1,8 @@
 """What a run tells its observers: the steps of a resilient run (:class:`AttemptEvent`)
 and how a failed one ended (:class:`Outcome`); each call here adds an event to the timeline
-(:mod:`tpuslice.events`) and records the matching metrics (:mod:`tpuslice.metrics`), or keeps
-a one-shot's goodput account (:mod:`tpuslice.goodput`), never raising into the caller's work
+(:mod:`tpuslice.record.events`) and records the matching metrics
+(:mod:`tpuslice.record.metrics`), or keeps a one-shot's goodput account
+(:mod:`tpuslice.record.goodput`), never raising into the caller's work
 (:func:`tpuslice._reserve.observe.never_raises`).
 """
 
@@ -13,11 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tpuslice import _ray, events, goodput, metrics
 from tpuslice._host.notices import Notice
 from tpuslice._reserve.observe import describe_request, never_raises
 from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE
+from tpuslice.record import events, goodput, metrics
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,6 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
-from tpuslice import goodput
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Blame, SuspectReason
 from tpuslice._reserve.observe import describe_request
@@ -66,7 +65,8 @@ from tpuslice.errors import (
     SliceUnhealthyError,
     first_line,
 )
-from tpuslice.goodput import Account, AttemptTimes
+from tpuslice.record import goodput
+from tpuslice.record.goodput import Account, AttemptTimes
 
 logger = logging.getLogger(__name__)
 

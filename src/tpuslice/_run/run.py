@@ -22,13 +22,13 @@ from typing import Any
 
 import ray
 
-from tpuslice import _ray, goodput
 from tpuslice._host.context import HostContext, with_context
 from tpuslice._host.heartbeats import BEAT_ENV, beat_key
-from tpuslice._process import EXIT_HOOKS
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing, reserve_slices
 from tpuslice._run import observe
+from tpuslice._tpu import _ray
+from tpuslice._tpu._process import EXIT_HOOKS
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX
 from tpuslice._tpu.labels import CallEnv
@@ -36,6 +36,7 @@ from tpuslice.errors import (
     InvalidArgumentError,
     ReservationTimeoutError,
 )
+from tpuslice.record import goodput
 
 logger = logging.getLogger(__name__)
 
@@ -351,7 +352,7 @@ class Releaser:
     hand-back cancels the rest, whose refs then fail promptly since we never retry them).
 
     At interpreter exit (:meth:`close`, an exit hook from the first one-shot on, which
-    runs before Ray shuts down: :data:`tpuslice._process.EXIT_HOOKS`) the thread is stopped
+    runs before Ray shuts down: :data:`tpuslice._tpu._process.EXIT_HOOKS`) the thread is stopped
     between two Ray calls and every one-shot still held is given back on the exiting
     thread: the thread never calls Ray after Ray shut down (which ends the process with a
     fatal error), and nothing stays reserved.

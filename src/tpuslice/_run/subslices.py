@@ -31,8 +31,8 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from tpuslice._queue.schedule import last_resort
 from tpuslice._reserve.ops import RAY_OPS, ClusterOps
+from tpuslice._reserve.queue.schedule import last_resort
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, reserve_slices
 from tpuslice._tpu import subslice

@@ -31,15 +31,15 @@ from typing import Any, NamedTuple
 
 import ray
 
-from tpuslice import _ray
 from tpuslice._host.heartbeats import BEAT_ENV, Progress, beat_key
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Blame, SuspectReason
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX as BEAT_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
 from tpuslice._view.cluster import HostInfo
 from tpuslice.errors import InvalidArgumentError
-from tpuslice.goodput import GangProgress
+from tpuslice.record.goodput import GangProgress
 
 logger = logging.getLogger(__name__)
 

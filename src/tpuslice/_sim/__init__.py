@@ -2,6 +2,6 @@
 nodes on this machine, their metadata server, a simulated libtpu that takes the TPU as
 the real one does, and the process helpers they use.
 
-May import: :mod:`tpuslice._queue` and below (the queue, which a simulated cluster starts
-when a driver connects; never :mod:`tpuslice.testing`, which builds on it).
+May import: :mod:`tpuslice._reserve` (with its queue, which a simulated cluster starts when
+a driver connects) and below; never :mod:`tpuslice.testing`, which builds on it.
 """

@@ -40,8 +40,8 @@ from tpuslice._host.tpu_lock import (
     lockfile,
     tpu_devices,
 )
-from tpuslice._process import EXIT_HOOKS
 from tpuslice._sim.faults import TPU_HANGS, hang_forever, has_fault
+from tpuslice._tpu._process import EXIT_HOOKS
 
 BACKEND = "Unable to initialize backend 'tpu': "
 """How JAX reports a TPU backend that failed to start (a ``RuntimeError``)."""

@@ -54,7 +54,6 @@ from typing import Any
 import ray
 from ray.cluster_utils import Cluster
 
-from tpuslice import _auth, _ray
 from tpuslice._host.context import apply_env
 from tpuslice._host.metadata import METADATA_HOST_ENV
 from tpuslice._host.tpu_lock import SIM_ROOT_ENV, TPUOwner, find_owners
@@ -73,6 +72,7 @@ from tpuslice._sim.procs import (
     send_signal,
     sigkill,
 )
+from tpuslice._tpu import _auth, _ray
 from tpuslice._tpu.labels import (
     HOST_ENV_VARS,
     SLICE_NAME_LABEL,
@@ -104,7 +104,7 @@ memory."""
 
 FAST_METRICS = {"metrics_report_interval_ms": 2000}
 """Processes push their metrics to their node's agent every 2 s instead of Ray's 10 s, so
-tests see them sooner (:mod:`tpuslice.metrics`)."""
+tests see them sooner (:mod:`tpuslice.record.metrics`)."""
 
 
 HANG_SIGNAL = signal.SIGUSR2
@@ -511,7 +511,7 @@ class SimulatedCluster:
         )
         self._connected = True
         from tpuslice._host.agent import AGENTS
-        from tpuslice._queue.actor import QUEUE_LINK
+        from tpuslice._reserve.queue.actor import QUEUE_LINK
 
         AGENTS.handles([h.node.node_id for s in self.slices.values() for h in s.hosts if h.alive])
         try:

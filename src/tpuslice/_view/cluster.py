@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 
 import ray
 
-from tpuslice import _ray
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Suspect
+from tpuslice._tpu import _ray
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import resolve_resource_per_chip
 from tpuslice._tpu.keys import NAMESPACE as QUEUE_NAMESPACE
@@ -205,7 +205,7 @@ class SliceInfo:
     @property
     def last_resort(self) -> bool:
         """Whether it is suspect but idle: reservable only as a last resort
-        (:func:`tpuslice._queue.schedule.last_resort`)."""
+        (:func:`tpuslice._reserve.queue.schedule.last_resort`)."""
         return self.state is SliceState.SUSPECT and self.idle
 
     @property
@@ -325,7 +325,7 @@ class ClusterSnapshot:
 
     def idle_suspects(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
         """Suspect slices of this shape whose every host is free: reservable as a last
-        resort (:func:`tpuslice._queue.schedule.last_resort`).
+        resort (:func:`tpuslice._reserve.queue.schedule.last_resort`).
 
         Args:
             shape: The shape asked for (see :meth:`SliceInfo.matches`).

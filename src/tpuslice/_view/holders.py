@@ -20,8 +20,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from tpuslice import _ray
 from tpuslice._host.notices import Notice
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import HOLDER_KEY_PREFIX, NAMESPACE, PREEMPT_KEY_PREFIX
 
 logger = logging.getLogger(__name__)

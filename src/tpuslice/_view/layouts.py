@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import ray
 
-from tpuslice import _ray
-from tpuslice._tpu import subslice
+from tpuslice._tpu import _ray, subslice
 from tpuslice._tpu.keys import LAYOUT_KEY_PREFIX as KEY_PREFIX
 from tpuslice._tpu.keys import NAMESPACE, RAY_SUBSLICE_NAMESPACE
 from tpuslice._view.cluster import SliceInfo

@@ -104,7 +104,7 @@ class QueueRecord:
         """The requests of a kind, if the record is fresh.
 
         Args:
-            kind: A kind key (:attr:`tpuslice._queue.service.SliceKind.key`).
+            kind: A kind key (:attr:`tpuslice._reserve.queue.service.SliceKind.key`).
             now: Wall-clock seconds.
 
         Returns:

@@ -2,7 +2,7 @@
 for :func:`read_quotas`.
 
 ``tpuslice quota set`` writes the record (key :data:`~tpuslice._tpu.keys.QUOTAS_KEY`);
-the queue reads it at each decision (:mod:`tpuslice._queue.share` says what it does
+the queue reads it at each decision (:mod:`tpuslice._reserve.queue.share` says what it does
 with it), and every cluster snapshot reads it, so that a driver knows to go through the
 queue rather than claim idle slices itself while quotas are set. A tenant is a label,
 not a credential: anyone who can reach the cluster can name any tenant.
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from tpuslice import _ray
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
 from tpuslice.errors import InvalidArgumentError
 

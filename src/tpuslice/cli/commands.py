@@ -16,8 +16,7 @@ from rich.live import Live
 from rich.table import Table
 
 import tpuslice
-from tpuslice import events
-from tpuslice._queue.actor import QUEUE_LINK, START_WAIT_S
+from tpuslice._reserve.queue.actor import QUEUE_LINK, START_WAIT_S
 from tpuslice._tpu import topology as topo
 from tpuslice._view import cluster
 from tpuslice.cli import goodput as cli_goodput
@@ -28,6 +27,7 @@ from tpuslice.cli import quota as cli_quota
 from tpuslice.cli import status
 from tpuslice.cli.connect import UsageError, connected
 from tpuslice.errors import InvalidArgumentError, QueueUnreachableError
+from tpuslice.record import events
 
 __all__ = ["main"]
 

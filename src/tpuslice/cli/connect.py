@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import click
 import ray
 
-from tpuslice import _auth, _ray
+from tpuslice._tpu import _auth, _ray
 from tpuslice.errors import TokenAuthError
 
 __all__ = ["UsageError", "connect_or_none", "connected"]

@@ -1,7 +1,7 @@
 """``tpuslice goodput``: where one run's wall time went, or where the cluster's slice-seconds
 went over a window (``--cluster``).
 
-A run keeps its account (:class:`tpuslice.goodput.Account`) when it ends; this command
+A run keeps its account (:class:`tpuslice.record.goodput.Account`) when it ends; this command
 reads the accounts back, picks one and hands it to :mod:`tpuslice.cli.goodput_view`, which
 draws it (a bar of its categories, a table, what the account could not see).
 """
@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import click
 from rich.console import Console
 
-from tpuslice import goodput
 from tpuslice.cli import goodput_view as view
 from tpuslice.cli.connect import UsageError, connected
-from tpuslice.goodput import Account
+from tpuslice.record import goodput
+from tpuslice.record.goodput import Account
 
 __all__ = ["register"]
 
@@ -162,7 +162,7 @@ def show_cluster(since_s: float, as_json: bool, address: str | None) -> None:
         as_json: Print ``{"since_s": ..., "slice_seconds": {pod type: {state: s}}}``.
         address: The Ray cluster, as for :func:`~tpuslice.cli.connect.connect`.
     """
-    from tpuslice.slice_seconds import read_slice_seconds
+    from tpuslice.record.slice_seconds import read_slice_seconds
 
     with connected(address):
         found = read_slice_seconds(since_s)

@@ -1,4 +1,4 @@
-"""What ``tpuslice goodput`` shows: a run's :class:`~tpuslice.goodput.Account`, or the
+"""What ``tpuslice goodput`` shows: a run's :class:`~tpuslice.record.goodput.Account`, or the
 cluster's slice-seconds by state, as rich renderables.
 
 Pure: no Ray, no I/O. The bar gives each category a glyph on a colour, so it reads the
@@ -16,7 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tpuslice.goodput import CATEGORIES, LOST_CAUSES, Account
+from tpuslice.record.goodput import CATEGORIES, LOST_CAUSES, Account
 
 __all__ = ["SINCE_UNITS", "render_account", "render_cluster"]
 
@@ -69,7 +69,7 @@ def bar_cells(seconds: Mapping[str, float], width: int = BAR_WIDTH) -> list[tupl
         width: Cells in the bar (raised to the number of categories shown, if fewer).
 
     Returns:
-        ``(category, cells)`` in :data:`~tpuslice.goodput.CATEGORIES` order, non-zero
+        ``(category, cells)`` in :data:`~tpuslice.record.goodput.CATEGORIES` order, non-zero
         categories only; the cells sum to the width (an empty list for no time at all).
     """
     shown = [c for c in CATEGORIES if seconds.get(c, 0.0) > 0]
@@ -131,7 +131,7 @@ def chip(category: str) -> Text:
     """`` p  productive``: a category's bar cell, then its name.
 
     Args:
-        category: One of :data:`~tpuslice.goodput.CATEGORIES`.
+        category: One of :data:`~tpuslice.record.goodput.CATEGORIES`.
 
     Returns:
         The styled text.
@@ -266,10 +266,10 @@ def slice_seconds_table(pod_type: str, by_state: Mapping[str, float]) -> Table:
         by_state: State -> slice-seconds.
 
     Returns:
-        The table, states in :data:`~tpuslice.slice_seconds.TIME_USES` order (any other
+        The table, states in :data:`~tpuslice.record.slice_seconds.TIME_USES` order (any other
         state after them).
     """
-    from tpuslice.slice_seconds import TIME_USES
+    from tpuslice.record.slice_seconds import TIME_USES
 
     total = sum(by_state.values())
     table = Table(title=pod_type or "(no pod type)", title_justify="left", box=box.SIMPLE_HEAD)
@@ -300,7 +300,7 @@ def render_cluster(
         A table per pod type, a total line and what the states mean; a line saying so
         when nothing was counted.
     """
-    from tpuslice.slice_seconds import BUCKETS_KEPT_S
+    from tpuslice.record.slice_seconds import BUCKETS_KEPT_S
 
     window = since_label(since_s)
     if not slice_seconds:

@@ -24,7 +24,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tpuslice import events
 from tpuslice._host.context import HostContext, current_host
 from tpuslice._reserve.groups import live_placement_groups
 from tpuslice._reserve.observe import describe_request
@@ -49,6 +48,7 @@ from tpuslice.cli import status
 from tpuslice.cli.connect import UsageError, connect_or_none
 from tpuslice.cli.waiting import WaitLine, in_cli_terms
 from tpuslice.errors import InvalidArgumentError, RetriesExhaustedError, TPUSliceError
+from tpuslice.record import events
 
 __all__ = ["register"]
 

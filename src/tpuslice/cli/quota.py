@@ -18,8 +18,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tpuslice import _ray, events
-from tpuslice._queue.orders import read_usage
+from tpuslice._reserve.queue.orders import read_usage
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, QUOTAS_KEY
 from tpuslice._tpu.topology import parse_pod_type, slice_shape
 from tpuslice._view.holders import read_holders
@@ -33,6 +33,7 @@ from tpuslice._view.quotas import (
 )
 from tpuslice.cli.connect import UsageError, connected
 from tpuslice.errors import AmbiguousPodTypeError, InvalidArgumentError
+from tpuslice.record import events
 
 __all__ = ["register"]
 

@@ -22,7 +22,7 @@ from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Suspect, duration
 from tpuslice._tpu import subslice
 from tpuslice._view.cluster import ClusterSnapshot, HostInfo, HostState, SliceInfo, SliceState
-from tpuslice.events import SliceEvent
+from tpuslice.record.events import SliceEvent
 
 __all__ = ["owners_table", "render_status", "status_dict", "summary_line", "timeline_table"]
 
@@ -580,7 +580,7 @@ def timeline_table(events: list[SliceEvent], now: float | None = None) -> Render
     """The recent history of reservations and runs, oldest first.
 
     Args:
-        events: From :func:`tpuslice.events.read_events`.
+        events: From :func:`tpuslice.record.events.read_events`.
         now: Wall-clock seconds (default: now), for the "ago" column.
 
     Returns:

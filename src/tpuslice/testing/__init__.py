@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tpuslice import _process
+from tpuslice._tpu import _process
 
 _EXPORTS: dict[str, str] = {
     "InMemoryCluster": "tpuslice.testing.memory",

@@ -105,7 +105,7 @@ def holders(info: SliceInfo) -> list[str]:
     Returns:
         ``Squatter pid 4242 on host 1`` for each.
     """
-    from tpuslice import _ray
+    from tpuslice._tpu import _ray
 
     workers = {h.node_id: w for w, h in info.hosts.items()}
     return [

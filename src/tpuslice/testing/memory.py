@@ -30,7 +30,7 @@ from ray.util.placement_group import PlacementGroup
 
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import DEFAULT_COOLDOWN_S, Blame, Suspect, SuspectReason
-from tpuslice._queue.service import QueueService, SliceQueue
+from tpuslice._reserve.queue.service import QueueService, SliceQueue
 from tpuslice._tpu.labels import (
     SLICE_NAME_LABEL,
     WORKER_ID_LABEL,
@@ -185,8 +185,8 @@ class InMemoryCluster:
         can_grow: What :meth:`can_grow` answers (an autoscaler is present).
         cpus_per_host: Logical CPUs of each host.
         queue: Offer a cluster-wide queue (:attr:`queue`, a
-            :class:`~tpuslice._queue.service.QueueService` on this cluster's clock); without
-            one (``False``), :meth:`slice_queue` raises as for a queue that does not
+            :class:`~tpuslice._reserve.queue.service.QueueService` on this cluster's clock);
+            without one (``False``), :meth:`slice_queue` raises as for a queue that does not
             answer, and whole-slice reservations wait for it.
 
     Raises:

@@ -1,5 +1,5 @@
 """What the queue actor does to running work after a decision, and the tenants' use kept
-across its restarts: the I/O side of :class:`~tpuslice._queue.service.Orders`.
+across its restarts: the I/O side of :class:`~tpuslice._reserve.queue.service.Orders`.
 
 - A preemption gives a notice on each host of the work's slices
   (:func:`~tpuslice._view.holders.give_notices`), which the work sees as it sees a GCE
@@ -19,13 +19,14 @@ import time
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from tpuslice import _ray, events, metrics
 from tpuslice._host.agent import stop_job_tpus
-from tpuslice._queue.service import Orders
-from tpuslice._queue.share import Usage
+from tpuslice._reserve.queue.service import Orders
+from tpuslice._reserve.queue.share import Usage
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, USAGE_KEY
 from tpuslice._view.holders import Holder, clear_notices, forget_records, give_notices
 from tpuslice._view.quotas import DEFAULT_HALF_LIFE_S, read_quotas
+from tpuslice.record import events, metrics
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ Accounts are kept in Ray's GCS KV store (``goodput/<end ns>-<writer>-<n>``, name
 ``tpuslice``, the newest :data:`MAX_ACCOUNTS`) for ``tpuslice goodput``, and counted in
 the metric ``tpuslice_goodput_seconds{category, cause}``.
 
-The cluster's side, slice-seconds by state, is :mod:`tpuslice.slice_seconds`.
+The cluster's side, slice-seconds by state, is :mod:`tpuslice.record.slice_seconds`.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tpuslice import _ray, events, metrics
 from tpuslice._host.heartbeats import Progress
-from tpuslice._process import EXIT_HOOKS
+from tpuslice._tpu import _ray
+from tpuslice._tpu._process import EXIT_HOOKS
 from tpuslice._tpu.keys import GOODPUT_KEY_PREFIX, NAMESPACE
+from tpuslice.record import events, metrics
 
 __all__ = ["CATEGORIES", "LOST_CAUSES", "Account", "flush", "read_accounts"]
 

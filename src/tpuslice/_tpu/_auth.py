@@ -24,7 +24,7 @@ from typing import Any
 
 import ray
 
-from tpuslice import _ray
+from tpuslice._tpu import _ray
 from tpuslice.errors import TokenAuthError
 
 logger = logging.getLogger(__name__)

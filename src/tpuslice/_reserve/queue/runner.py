@@ -1,6 +1,6 @@
 """The queue's event loop: decisions when something changes, and long asks.
 
-:class:`QueueRunner` drives a :class:`~tpuslice._queue.service.QueueService` on an asyncio
+:class:`QueueRunner` drives a :class:`~tpuslice._reserve.queue.service.QueueService` on an asyncio
 loop (the queue actor's, or a test's). A driver's :meth:`QueueRunner.wait` is held until
 its ticket is granted, can never be, or its time is up, so a waiter costs one call per
 grant (plus one per ``timeout_s`` it asks for), not a poll every few milliseconds. One
@@ -9,7 +9,7 @@ hand-back) or, while anyone waits, until the service's next periodic look; then 
 the cluster once in a thread (the loop keeps answering meanwhile), applies the policy on
 the loop, wakes the waiters whose answers changed, and publishes the record in a thread.
 Slices a hand-back saw free are granted as its report arrives, from the last read
-(:meth:`~tpuslice._queue.service.QueueService.quick_reading`), so a freed slice does not
+(:meth:`~tpuslice._reserve.queue.service.QueueService.quick_reading`), so a freed slice does not
 wait for a read of the whole cluster, or for one under way, to change hands.
 Nothing here imports Ray.
 """
@@ -22,8 +22,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from tpuslice._queue.book import Answer, Waiting
-from tpuslice._queue.service import Joined, Orders, QueueService, Ticket
+from tpuslice._reserve.queue.book import Answer, Waiting
+from tpuslice._reserve.queue.service import Joined, Orders, QueueService, Ticket
 from tpuslice._view.queue_record import QueueRecord
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ the tickets it had (:meth:`QueueBook.expect`): each keeps its place, as a placeh
 polls answer :class:`Unknown` (so its driver enqueues again, taking it over, grant and
 all), until its driver is back or :data:`REJOIN_S` has passed.
 
-The policy itself (who gets what) is :func:`tpuslice._queue.schedule.decide`.
+The policy itself (who gets what) is :func:`tpuslice._reserve.queue.schedule.decide`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from tpuslice._queue.schedule import Holding, Preemption, Waiter, decide, queue_order
-from tpuslice._queue.share import Sharing
+from tpuslice._reserve.queue.schedule import Holding, Preemption, Waiter, decide, queue_order
+from tpuslice._reserve.queue.share import Sharing
 from tpuslice.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -366,7 +366,7 @@ class QueueBook:
             holding: The work holding the kinds' other slices.
             suspects: Kind -> its idle slices with a suspect host (kept out the same way).
             trusted: Kind -> its trusted slices, idle or busy (see
-                :func:`~tpuslice._queue.schedule.decide`).
+                :func:`~tpuslice._reserve.queue.schedule.decide`).
             sharing: Quotas and usage, when tenants share the cluster.
             recorded: Slices whose holder record was read (see :meth:`settle`); ``None``:
                 records are not read, and a slice settles once shown in use.

@@ -15,8 +15,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 
-from tpuslice._queue.book import Answer, Granted, Unknown, Waiting
-from tpuslice._queue.service import SliceKind, SliceQueue, Ticket
+from tpuslice._reserve.queue.book import Answer, Granted, Unknown, Waiting
+from tpuslice._reserve.queue.service import SliceKind, SliceQueue, Ticket
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class QueuePlace:
             timeout_s: How long the queue may hold the call.
 
         Returns:
-            The answer (never :class:`~tpuslice._queue.book.Unknown`).
+            The answer (never :class:`~tpuslice._reserve.queue.book.Unknown`).
 
         Raises:
             QueueUnreachableError: the queue did not answer.

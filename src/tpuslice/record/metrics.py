@@ -233,9 +233,9 @@ def goodput_seconds(category: str, seconds: float, cause: str = "") -> None:
     """A run ended: count where its seconds went.
 
     Args:
-        category: One of :data:`tpuslice.goodput.CATEGORIES`.
+        category: One of :data:`tpuslice.record.goodput.CATEGORIES`.
         seconds: Its seconds in that category.
-        cause: For ``lost``, why (:data:`tpuslice.goodput.LOST_CAUSES`); else empty.
+        cause: For ``lost``, why (:data:`tpuslice.record.goodput.LOST_CAUSES`); else empty.
     """
     _apply("goodput_seconds", seconds, {"category": category, "cause": cause})
 
@@ -244,7 +244,7 @@ def slice_seconds(state: str, pod_type: str, seconds: float) -> None:
     """Count slice-seconds spent in a state.
 
     Args:
-        state: One of :data:`tpuslice.slice_seconds.SLICE_STATES`.
+        state: One of :data:`tpuslice.record.slice_seconds.SLICE_STATES`.
         pod_type: The slices' pod type.
         seconds: Slice-seconds.
     """

@@ -18,7 +18,7 @@ work holding the others, which waiters are granted which slices now. The rules:
 5. **Suspects last.** Idle slices with a suspect host (one that failed a run lately) are
    granted only as a last resort (:func:`last_resort`), and after every trusted idle one.
 6. **Tenants.** With quotas configured, the order across tenants is by standing and fair
-   share, and grants keep to borrow limits (:mod:`tpuslice._queue.share`); within a
+   share, and grants keep to borrow limits (:mod:`tpuslice._reserve.queue.share`); within a
    tenant it stays priority, then arrival. With none configured, rule 1 holds as is.
 7. **Preemption, only when needed.** When the first blocked request of a kind can be
    served only by taking slices back, running work marked preemptible is chosen to leave:
@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tpuslice._queue.share import Sharing
+from tpuslice._reserve.queue.share import Sharing
 from tpuslice._view.quotas import Quotas, Standing, describe_tenant
 from tpuslice.errors import InvalidArgumentError
 

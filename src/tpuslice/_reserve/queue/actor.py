@@ -1,7 +1,7 @@
 """The cluster-wide queue on Ray: one named detached actor, and the drivers' handle to it.
 
 The actor (``tpuslice-queue`` in namespace ``tpuslice``, on the head node, restarted by
-Ray if it dies) is an async actor running a :class:`~tpuslice._queue.runner.QueueRunner`
+Ray if it dies) is an async actor running a :class:`~tpuslice._reserve.queue.runner.QueueRunner`
 over the live cluster: a driver's ask is held until its ticket is granted, decisions are
 made when something changes, and each decision's record goes to Ray's KV store. Drivers
 reach it through :class:`RayQueue`. It admits every whole-slice reservation: a driver
@@ -19,12 +19,12 @@ from typing import Any
 
 import ray
 
-from tpuslice import _ray, metrics
-from tpuslice._queue.book import LEASE_S, Answer
-from tpuslice._queue.orders import USAGE_SAVE_S, carry_out, read_usage, save_usage
-from tpuslice._queue.runner import QueueRunner
-from tpuslice._queue.service import Joined, QueueService, Ticket
-from tpuslice._queue.share import UsageMeter, held_by
+from tpuslice._reserve.queue.book import LEASE_S, Answer
+from tpuslice._reserve.queue.orders import USAGE_SAVE_S, carry_out, read_usage, save_usage
+from tpuslice._reserve.queue.runner import QueueRunner
+from tpuslice._reserve.queue.service import Joined, QueueService, Ticket
+from tpuslice._reserve.queue.share import UsageMeter, held_by
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, QUEUE_KEY
 from tpuslice._tpu.keys import QUEUE_ACTOR_NAME as NAME
 from tpuslice._view.cluster import ClusterSnapshot, read_queue_record, read_snapshot
@@ -32,8 +32,9 @@ from tpuslice._view.holders import read_holders
 from tpuslice._view.queue_record import QueueRecord
 from tpuslice._view.quotas import quota_keys, read_quotas
 from tpuslice.errors import QueueUnreachableError
-from tpuslice.metrics import ClusterReporter
-from tpuslice.slice_seconds import SliceSeconds
+from tpuslice.record import metrics
+from tpuslice.record.metrics import ClusterReporter
+from tpuslice.record.slice_seconds import SliceSeconds
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The cluster-wide queue as a service, without Ray: what the queue actor runs.
 
-:class:`QueueService` keeps a :class:`~tpuslice._queue.book.QueueBook`, learns each kind of
-slice from the requests that wait for it (:class:`SliceKind`), and decides who gets what
+:class:`QueueService` keeps a :class:`~tpuslice._reserve.queue.book.QueueBook`, learns each
+kind of slice from the requests that wait for it (:class:`SliceKind`), and decides who gets what
 when something changed: a waiter arrived or left, a grant was claimed, a hand-back ended
 (:meth:`QueueService.released`). While anyone waits it also decides every
 ``decide_every_s`` with no news, which is how it sees what no one reports: a host that
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from tpuslice._host.notices import Notice
-from tpuslice._queue.book import LEASE_S, Answer, Granted, QueueBook, Waiting
-from tpuslice._queue.schedule import Holding, Preemption, Waiter
-from tpuslice._queue.share import Sharing, UsageMeter, held_by
+from tpuslice._reserve.queue.book import LEASE_S, Answer, Granted, QueueBook, Waiting
+from tpuslice._reserve.queue.schedule import Holding, Preemption, Waiter
+from tpuslice._reserve.queue.share import Sharing, UsageMeter, held_by
 from tpuslice._tpu.topology import SliceShape
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState, as_freed
 from tpuslice._view.holders import QUEUE_SOURCE, Holder, given_by_queue, holders_by_id
@@ -87,7 +87,7 @@ class Ticket:
         time_left_s: Seconds to the request's deadline as it is sent; ``None``: none. The
             queue makes it a deadline on its own clock when the ticket arrives, so the
             driver's and the queue's clocks need not agree. Near it, the request may be
-            granted a suspect slice (:func:`~tpuslice._queue.schedule.last_resort`).
+            granted a suspect slice (:func:`~tpuslice._reserve.queue.schedule.last_resort`).
         tenant: Whom it is charged to (``""``: none named).
         preemptible: Whether its work may be preempted once it runs.
         only: The slices it may be granted (those its label selectors accept), lowest
@@ -242,7 +242,7 @@ class QueueService:
         clock: Monotonic seconds.
         stamp: Wall-clock nanoseconds (arrival numbers).
         wall: Wall-clock seconds (for records).
-        lease_s: See :data:`~tpuslice._queue.book.LEASE_S`.
+        lease_s: See :data:`~tpuslice._reserve.queue.book.LEASE_S`.
         decide_every_s: See :data:`DECIDE_EVERY_S`.
     """
 
@@ -332,7 +332,7 @@ class QueueService:
     def expect(self, requests: Iterable[QueuedRequest]) -> None:
         """Keep the places of the requests a previous queue held (this one restarted)
         until their drivers enqueue again, or for
-        :data:`~tpuslice._queue.book.REJOIN_S`.
+        :data:`~tpuslice._reserve.queue.book.REJOIN_S`.
 
         Args:
             requests: The previous queue's last record's requests.
@@ -358,9 +358,9 @@ class QueueService:
             ticket: The ticket.
 
         Returns:
-            The book's answer; a :class:`~tpuslice._queue.book.Waiting` names the requests
+            The book's answer; a :class:`~tpuslice._reserve.queue.book.Waiting` names the requests
             ahead (who and what) rather than their ticket ids, and a
-            :class:`~tpuslice._queue.book.Granted` carries the slices' view.
+            :class:`~tpuslice._reserve.queue.book.Granted` carries the slices' view.
         """
         answer = self.book.poll(ticket)
         if isinstance(answer, Waiting):
@@ -371,7 +371,7 @@ class QueueService:
 
     def wait(self, ticket: str, timeout_s: float = 0.0) -> Answer:
         """Decide first if that is due, then answer (at once: this is the queue in one
-        process; the actor holds the call instead, see :mod:`tpuslice._queue.actor`).
+        process; the actor holds the call instead, see :mod:`tpuslice._reserve.queue.actor`).
 
         Args:
             ticket: The ticket.

@@ -6,7 +6,7 @@ while a gang on it beats: a rank's heartbeat key names its slice
 (``beat/<attempt>/<rank>@<slice>``, :data:`SLICE_MARK`). The seconds go to the metric
 ``tpuslice_slice_seconds{state, pod_type}`` and to per-minute totals in Ray's KV store
 (``slice-seconds/<minute>``, kept a day) for ``tpuslice goodput --cluster``
-(:func:`read_slice_seconds`). A run's own account is :mod:`tpuslice.goodput`.
+(:func:`read_slice_seconds`). A run's own account is :mod:`tpuslice.record.goodput`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import json
 import time
 from collections.abc import Callable, Mapping
 
-from tpuslice import _ray, metrics
 from tpuslice._host.heartbeats import SLICE_MARK, Progress
+from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX, NAMESPACE, SLICE_SECONDS_KEY_PREFIX
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
+from tpuslice.record import metrics
 
 __all__ = ["BUCKETS_KEPT_S", "TIME_USES", "read_slice_seconds"]
 

@@ -26,7 +26,7 @@ What the policy guarantees:
 - **A tenant's quota can always be taken back.** Work beyond its tenant's quota is
   granted only if it is preemptible, or if it fits in the slices of that kind that no
   tenant's quota covers. So whatever runs on a quota's slices that is not its owner's can
-  be preempted when the owner asks (rule 7 of :mod:`tpuslice._queue.schedule`).
+  be preempted when the owner asks (rule 7 of :mod:`tpuslice._reserve.queue.schedule`).
 - **A borrow limit is never exceeded by a grant.** A range request is cut to fit it.
 - **Configured weights are met over time** when every tenant keeps demand: the split of
   slice-seconds between tenants of one standing tends to the split of their weights,

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, TypeVar
 
-from tpuslice import _ray
-from tpuslice._process import EXIT_HOOKS
+from tpuslice._tpu import _ray
+from tpuslice._tpu._process import EXIT_HOOKS
 from tpuslice._tpu.keys import EVENT_KEY_PREFIX as KEY_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
 

@@ -1,0 +1,56 @@
+"""The modules everything else records into: the slice timeline (``events``), tpuslice's
+Ray metrics (``metrics``), each run's goodput account (``goodput``), and the cluster's
+slice-seconds by state (``slice_seconds``). The layers above record their own outcomes
+here (``_reserve/observe.py``, ``_run/observe.py``, the queue).
+
+This package offers the four modules and what a reader of the records needs: the
+timeline's ``SliceEvent`` and ``read_events``, goodput's ``Account`` and
+``read_accounts``, and ``read_slice_seconds``. Everything else keeps its module's name
+(``events.flush`` and ``goodput.flush`` both exist). Names load on first use, so
+``import tpuslice.record`` imports no Ray.
+
+May import: :mod:`tpuslice._view` and below.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tpuslice._tpu import _process
+
+_EXPORTS: dict[str, str] = {
+    "SliceEvent": "tpuslice.record.events",
+    "read_events": "tpuslice.record.events",
+    "Account": "tpuslice.record.goodput",
+    "read_accounts": "tpuslice.record.goodput",
+    "read_slice_seconds": "tpuslice.record.slice_seconds",
+}
+"""Each public name and the module that defines it (the modules themselves load as
+submodules)."""
+
+if TYPE_CHECKING:
+    from tpuslice.record import events, goodput, metrics, slice_seconds
+    from tpuslice.record.events import SliceEvent, read_events
+    from tpuslice.record.goodput import Account, read_accounts
+    from tpuslice.record.slice_seconds import read_slice_seconds
+
+
+def __getattr__(name: str) -> Any:
+    return _process.load(__name__, _EXPORTS, name, globals())
+
+
+def __dir__() -> list[str]:
+    return _process.listing(globals(), __all__)
+
+
+__all__ = [
+    "Account",
+    "SliceEvent",
+    "events",
+    "goodput",
+    "metrics",
+    "read_accounts",
+    "read_events",
+    "read_slice_seconds",
+    "slice_seconds",
+]

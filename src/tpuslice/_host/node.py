@@ -5,13 +5,10 @@ Each fact comes from the first source that has it: the GKE/KubeRay environment
 metadata server (one short time budget, so it never hangs off GCP), and chips from ``/dev``.
 The functions here take every source (``env``, ``metadata``, ``root``) so tests are
 deterministic, but for Ray 2.60's public ones, which keep its names, signatures and results.
-``node_labels``, ``node_resources`` and ``ray_start_args`` give what Ray advertises for a TPU
-host, for hosts it cannot detect.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -43,7 +40,6 @@ _POD_TYPE = (ray_names.ENV_TPU_ACCELERATOR_TYPE, "accelerator-type")
 _TOPOLOGY = (ray_names.ENV_TPU_TOPOLOGY, "tpu-env")
 
 # Kubernetes label value syntax, which `ray start --labels` enforces.
-_LABEL_VALUE_RE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?")
 _TPU_ENV_TOPOLOGY_RE = re.compile(r"^\s*TOPOLOGY:\s*['\"]?([^'\"\s]+)['\"]?", re.MULTILINE)
 
 
@@ -370,88 +366,3 @@ def get_num_tpu_chips_on_node() -> int:
         The chip count; 0, not an error, when none is seen.
     """
     return count_tpu_chips()[0]
-
-
-# --- advertising this host to Ray ---------------------------------------------------------
-
-
-# With a HostTPUInfo in hand, call its .labels() and .resources() instead.
-
-
-def node_labels(
-    *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
-) -> dict[str, str]:
-    """Ray's ``ray.io/tpu-*`` and ``ray.io/accelerator-type`` labels for this host.
-
-    Args:
-        env: Environment to read (default: ``os.environ``).
-        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
-        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
-
-    Returns:
-        Label key to value, for the facts found (see :func:`detect`).
-
-    Raises:
-        InvalidArgumentError: a ``TPU_*`` environment variable is set but malformed.
-    """
-    return detect(env=env, metadata=metadata, root=root).labels()
-
-
-def node_resources(
-    *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
-) -> dict[str, float]:
-    """Ray's TPU resources for this host: see :meth:`HostTPUInfo.resources`.
-
-    Args:
-        env: Environment to read (default: ``os.environ``).
-        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
-        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
-
-    Returns:
-        Resource name to amount, for the facts found (see :func:`detect`).
-
-    Raises:
-        InvalidArgumentError: a ``TPU_*`` environment variable is set but malformed.
-    """
-    return detect(env=env, metadata=metadata, root=root).resources()
-
-
-def ray_start_args(
-    info: HostTPUInfo | None = None,
-    *,
-    env: Environ | None = None,
-    metadata: MetadataClient | None = None,
-    root: StrPath = "/",
-) -> list[str]:
-    """``["--labels", "k=v,...", "--resources", '{"TPU": 4, ...}']`` for ``ray start``.
-
-    For hosts where Ray does not detect its TPU itself; ``shlex.join`` it for a shell.
-
-    Args:
-        info: This host's facts; ``None`` detects them from the sources below.
-        env: Environment to read when ``info`` is None (default: ``os.environ``).
-        metadata: GCE metadata client when ``info`` is None (default: a fresh one).
-        root: Filesystem root for chips when ``info`` is None.
-
-    Returns:
-        The arguments; empty when no fact is known.
-
-    Raises:
-        InvalidArgumentError: a label value is not a valid Ray label value, or (when
-            detecting) a ``TPU_*`` environment variable is malformed.
-    """
-    info = info or detect(env=env, metadata=metadata, root=root)
-    labels = info.labels()
-    for key, value in labels.items():
-        if not _LABEL_VALUE_RE.fullmatch(value):
-            raise InvalidArgumentError(
-                f"label {key}={value!r} cannot be passed to `ray start --labels`: a value is "
-                "at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
-            )
-    resources = {k: int(v) if v.is_integer() else v for k, v in info.resources().items()}
-    args: list[str] = []
-    if labels:
-        args += ["--labels", ",".join(f"{key}={value}" for key, value in labels.items())]
-    if resources:
-        args += ["--resources", json.dumps(resources)]
-    return args

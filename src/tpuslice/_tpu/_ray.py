@@ -15,17 +15,6 @@ from typing import Any
 import ray
 
 
-def raylet_label_constants() -> dict[str, str]:
-    """Ray's own spellings of the TPU label keys (for the test that pins ours)."""
-    raylet = ray._raylet
-    return {
-        "slice": raylet.RAY_NODE_TPU_SLICE_NAME_KEY,
-        "worker": raylet.RAY_NODE_TPU_WORKER_ID_KEY,
-        "pod_type": raylet.RAY_NODE_TPU_POD_TYPE_KEY,
-        "topology": raylet.RAY_NODE_TPU_TOPOLOGY_KEY,
-    }
-
-
 def available_resources_per_node() -> dict[str, dict[str, float]]:
     """Available resources of every alive node, in one GCS read.
 

@@ -14,7 +14,7 @@ from ray import exceptions as rex
 from test_suspects import Store, blame
 from tpuslice._host.heartbeats import BEAT_ENV
 from tpuslice._host.notices import Notice
-from tpuslice._host.suspects import DEFAULT_COOLDOWN_S, Blame, SuspectReason
+from tpuslice._host.suspects import DEFAULT_COOLDOWN_S, Blame, SuspectReason, read_all
 from tpuslice._reserve import claim
 from tpuslice._reserve import suspects as marking
 from tpuslice._reserve.request import SliceRequest
@@ -59,7 +59,7 @@ def test_marking_logs_and_records_each_host_and_never_raises(
         "cleared",
         {"slices": ("v4-16-a",), "detail": "host(s) 1 trusted again: health check passed"},
     )
-    assert marking.read_suspects() == {}
+    assert read_all() == {}
 
 
 def test_the_timeline_has_kinds_for_marking_and_clearing() -> None:

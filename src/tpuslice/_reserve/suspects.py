@@ -88,12 +88,3 @@ def set_suspect_cooldown(seconds: float) -> None:
         ConnectionError: Ray is not connected.
     """
     suspects.set_cooldown(seconds)
-
-
-def read_suspects() -> dict[str, Suspect]:
-    """Every live suspect record of the cluster (a snapshot has them too, per host).
-
-    Returns:
-        The records by node id; empty when Ray is not connected.
-    """
-    return suspects.read_all()

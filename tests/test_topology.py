@@ -289,7 +289,7 @@ def test_spelled_out_examples_from_the_brief() -> None:
 
 
 def assert_workers_are_a_bijection_onto_the_grid(shape: SliceShape) -> None:
-    workers = list(shape.iter_workers())
+    workers = list(enumerate(product(*(range(side) for side in shape.worker_grid))))
     assert [worker_id for worker_id, _ in workers] == list(range(shape.num_hosts))
     for worker_id, coords in workers:
         assert shape.worker_coords(worker_id) == coords
@@ -301,7 +301,7 @@ def assert_workers_are_a_bijection_onto_the_grid(shape: SliceShape) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(shapes.filter(lambda s: s.num_hosts <= 512))
-def test_worker_coords_and_iter_workers_agree_and_cover_the_grid(shape: SliceShape) -> None:
+def test_worker_coords_follow_worker_id_order_and_cover_the_grid(shape: SliceShape) -> None:
     assert_workers_are_a_bijection_onto_the_grid(shape)
 
 

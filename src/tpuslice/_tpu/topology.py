@@ -12,7 +12,6 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import product
 
 from tpuslice.errors import (
     AmbiguousPodTypeError,
@@ -452,14 +451,6 @@ class SliceShape:
             coords.append(worker_id % side)
             worker_id //= side
         return tuple(reversed(coords))
-
-    def iter_workers(self) -> Iterator[tuple[int, tuple[int, ...]]]:
-        """Every ``(worker_id, coords)`` in worker-id order.
-
-        Yields:
-            Each host's worker id and its grid position (as :meth:`worker_coords`).
-        """
-        yield from enumerate(product(*(range(side) for side in self.worker_grid)))
 
 
 def slice_shape(

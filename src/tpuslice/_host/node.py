@@ -21,6 +21,7 @@ from typing import TypeAlias, TypeVar
 from tpuslice._host.metadata import (
     MetadataClient,
 )
+from tpuslice._host.tpu_lock import tpu_devices
 from tpuslice._tpu import labels as ray_names
 from tpuslice._tpu import topology as topo
 from tpuslice.errors import InvalidAcceleratorError, InvalidArgumentError
@@ -30,8 +31,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Environ: TypeAlias = "Mapping[str, str]"
 StrPath: TypeAlias = "str | os.PathLike[str]"
-
-GOOGLE_PCI_VENDOR_ID = "0x1ae0"
 
 # Each fact: (GKE env var, GCE metadata attribute).
 _SLICE_NAME = (ray_names.ENV_TPU_NAME, "instance-id")
@@ -142,55 +141,10 @@ def count_tpu_chips(root: StrPath = "/") -> tuple[int, str]:
         The chip count and its source; ``(0, "none")``, not an error, when no chip is
         seen or the directories cannot be read.
     """
-    base = Path(root)
-    accel = _count_accel(base / "dev")
-    if accel:
-        return accel, "/dev/accel*"
-    vfio = _count_vfio(base)
-    return (vfio, "/dev/vfio") if vfio else (0, "none")
-
-
-def _count_accel(dev: Path) -> int:
-    """``/dev/accel0..N``. A ``/dev/accel`` *directory* is an NVIDIA driver (570+), not TPU.
-
-    Real chips are character devices; we only require "not a directory" (as Ray does),
-    which also lets tests fake chips with plain files.
-    """
-    try:
-        return sum(1 for path in dev.glob("accel*") if not path.is_dir())
-    except OSError as exc:
-        logger.debug("cannot list %s: %s", dev, exc)
-        return 0
-
-
-def _count_vfio(base: Path) -> int:
-    """``/dev/vfio/<group>`` groups backed by a Google PCI device (one chip per group)."""
-    try:
-        groups = [p.name for p in (base / "dev" / "vfio").iterdir() if p.name.isdigit()]
-    except OSError as exc:
-        logger.debug("no VFIO groups: %s", exc)
-        return 0
-    iommu = base / "sys" / "kernel" / "iommu_groups"
-    return sum(1 for group in groups if _is_google_group(iommu / group / "devices"))
-
-
-def _is_google_group(devices: Path) -> bool:
-    """True if a PCI device in the IOMMU group has Google's vendor id; unreadable is False
-    (a false positive would hide a non-TPU device such as a BlueField NIC's VFIO group)."""
-    try:
-        vendor_files = list(devices.glob("*/vendor"))
-    except OSError as exc:
-        logger.debug("cannot list %s: %s", devices, exc)
-        return False
-    for vendor_file in vendor_files:
-        try:
-            vendor = vendor_file.read_text(encoding="ascii").strip().lower()
-        except (OSError, ValueError) as exc:  # ValueError: UnicodeDecodeError
-            logger.debug("cannot read %s: %s", vendor_file, exc)
-            continue
-        if vendor == GOOGLE_PCI_VENDOR_ID:
-            return True
-    return False
+    devices = tpu_devices(Path(root))
+    if not devices:
+        return 0, "none"
+    return len(devices), "/dev/accel*" if devices[0].name.startswith("accel") else "/dev/vfio"
 
 
 # --- what this host is -------------------------------------------------------------------

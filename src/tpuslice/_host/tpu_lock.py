@@ -63,6 +63,9 @@ def tpu_devices(root: Path) -> list[Path]:
     """The TPU chips' device files under ``root``: ``dev/accel<N>`` (a ``dev/accel``
     *directory* is an NVIDIA driver, not a TPU), else VFIO groups of a Google device.
 
+    Real chips are character devices; we only require "not a directory" (as Ray does),
+    which also lets tests fake chips with plain files.
+
     Args:
         root: The host root.
 
@@ -84,6 +87,8 @@ def tpu_devices(root: Path) -> list[Path]:
 
 
 def _google_device_in(devices: Path) -> bool:
+    """True if a PCI device in the IOMMU group has Google's vendor id; unreadable is False
+    (a false positive would hide a non-TPU device such as a BlueField NIC's VFIO group)."""
     with contextlib.suppress(OSError):
         for vendor in devices.glob("*/vendor"):
             with contextlib.suppress(OSError, ValueError):

@@ -386,18 +386,17 @@ def host_label(environ: Mapping[str, str] | None = None) -> str:
     return f"{name}/{worker}" if name and worker else os.uname().nodename
 
 
-def in_use_error(cause: BaseException, environ: Mapping[str, str] | None = None) -> TPUInUseError:
+def in_use_error(cause: BaseException) -> TPUInUseError:
     """tpuslice's error for libtpu's refusal ``cause``, naming the host and the owner.
 
     Args:
         cause: The error libtpu (through JAX) raised.
-        environ: The process's environment (default: ``os.environ``).
 
     Returns:
         The error to raise in its place (chain ``cause`` to it).
     """
-    host = host_label(environ)
-    owner = find_owner(host_root(environ))
+    host = host_label()
+    owner = find_owner(host_root())
     if owner is not None and owner.pid == os.getpid():
         owner = None  # libtpu refused us, so the holder is someone else we cannot see
     held = owner.describe() if owner else "another process (not visible: another user's?)"

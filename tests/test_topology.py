@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from itertools import product
 
 import pytest
@@ -20,7 +21,23 @@ from tpuslice.errors import (
     TPUSliceError,
 )
 
-ALL_SHAPES: list[SliceShape] = list(topo.all_shapes())
+
+def all_shapes() -> Iterator[SliceShape]:
+    """Every valid (generation, topology, chips_per_vm) shape, default chips_per_vm first.
+
+    Yields:
+        Each shape, by generation, then topology (smallest first), then chips per VM.
+    """
+    for gen in GENERATIONS.values():
+        for topology in gen.sorted_topologies():
+            default = topo.default_chips_per_vm(gen, topology)
+            yield SliceShape(gen, topology, default)
+            for per_vm in topo.VALID_CHIPS_PER_VM:
+                if per_vm != default and topo.chips_in(topology) % per_vm == 0:
+                    yield SliceShape(gen, topology, per_vm)
+
+
+ALL_SHAPES: list[SliceShape] = list(all_shapes())
 shapes = st.sampled_from(ALL_SHAPES)
 generations = st.sampled_from(sorted(GENERATIONS))
 

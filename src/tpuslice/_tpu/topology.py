@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tpuslice.errors import (
@@ -531,18 +530,3 @@ def parse_pod_type(pod_type: str, chips_per_vm: int | None = None) -> SliceShape
         f"pod type '{pod_type}' is ambiguous: {chips} chips of {gen.name} can be "
         f"{' or '.join(candidates)}; pass the topology explicitly"
     )
-
-
-def all_shapes() -> Iterator[SliceShape]:
-    """Every valid (generation, topology, chips_per_vm) shape, default chips_per_vm first.
-
-    Yields:
-        Each shape, by generation, then topology (smallest first), then chips per VM.
-    """
-    for gen in GENERATIONS.values():
-        for topo in gen.sorted_topologies():
-            default = default_chips_per_vm(gen, topo)
-            yield SliceShape(gen, topo, default)
-            for per_vm in VALID_CHIPS_PER_VM:
-                if per_vm != default and chips_in(topo) % per_vm == 0:
-                    yield SliceShape(gen, topo, per_vm)

@@ -476,51 +476,6 @@ def test_get_num_tpu_chips_on_node_reads_only_devices(monkeypatch: pytest.Monkey
 # --- labels, resources, ray start ----------------------------------------------------------
 
 
-def host_env(worker_id: int) -> dict[str, str]:
-    """GKE's env for a v6e 4x4 host (v6e-16 alone is ambiguous: 4x4 or 2x8)."""
-    return {
-        "TPU_NAME": "slice-a",
-        "TPU_WORKER_ID": str(worker_id),
-        "TPU_ACCELERATOR_TYPE": "v6e-16",
-        "TPU_TOPOLOGY": "4x4",
-    }
-
-
-def host(worker_id: int, tmp_path: Path) -> HostTPUInfo:
-    return node.detect(env=host_env(worker_id), metadata=OFFLINE, root=make_accel(tmp_path, 4))
-
-
-def test_labels_and_resources_of_worker_0(tmp_path: Path) -> None:
-    info = host(0, tmp_path)
-    assert info.labels() == {
-        "ray.io/tpu-slice-name": "slice-a",
-        "ray.io/tpu-worker-id": "0",
-        "ray.io/tpu-pod-type": "v6e-16",
-        "ray.io/tpu-topology": "4x4",
-        "ray.io/accelerator-type": "TPU-V6E",
-    }
-    assert info.resources() == {
-        "TPU": 4.0,
-        "accelerator_type:TPU-V6E": 1.0,
-        "slice-a": 1.0,
-        "TPU-v6e-16-head": 1.0,
-    }
-
-
-def test_labels_and_resources_of_worker_2(tmp_path: Path) -> None:
-    info = host(2, tmp_path)
-    assert info.labels()["ray.io/tpu-worker-id"] == "2"
-    assert info.resources() == {"TPU": 4.0, "accelerator_type:TPU-V6E": 1.0, "slice-a": 1.0}
-
-
-def test_slice_resources_need_name_worker_and_pod_type() -> None:
-    info = HostTPUInfo(slice_name="slice-a", pod_type="v6e-16", chips=4)  # worker id unknown
-    assert info.resources() == {"TPU": 4.0, "accelerator_type:TPU-V6E": 1.0}
-    assert "ray.io/tpu-worker-id" not in info.labels()
-    assert HostTPUInfo().labels() == {}
-    assert HostTPUInfo().resources() == {}
-
-
 def test_node_module_does_not_import_ray() -> None:
     tree = ast.parse(Path(node.__file__).read_text())
     imported = {

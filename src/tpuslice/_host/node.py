@@ -193,39 +193,6 @@ class HostTPUInfo:
         cores = int(self.pod_type.rsplit("-", 1)[1])
         return -(-cores // (self.chips * gen.cores_per_chip))
 
-    def labels(self) -> dict[str, str]:
-        """Ray's node labels for this host, each only when its fact is known.
-
-        Returns:
-            Label key to value (``ray.io/tpu-slice-name`` and the rest).
-        """
-        values = {
-            ray_names.SLICE_NAME_LABEL: self.slice_name,
-            ray_names.WORKER_ID_LABEL: None if self.worker_id is None else str(self.worker_id),
-            ray_names.POD_TYPE_LABEL: self.pod_type,
-            ray_names.TOPOLOGY_LABEL: self.topology,
-            ray_names.ACCELERATOR_TYPE_LABEL: self.accelerator_type,
-        }
-        return {key: value for key, value in values.items() if value is not None}
-
-    def resources(self) -> dict[str, float]:
-        """As Ray sets them: ``TPU`` (chips), ``accelerator_type:TPU-V6E``, ``<slice name>``,
-        and ``TPU-<pod type>-head`` on worker 0; the last two need name, id and pod type.
-
-        Returns:
-            Resource name to amount; empty when no fact is known.
-        """
-        resources: dict[str, float] = {}
-        if self.chips > 0:
-            resources[ray_names.TPU_RESOURCE] = float(self.chips)
-        if self.accelerator_type:
-            resources[f"accelerator_type:{self.accelerator_type}"] = 1.0
-        if self.slice_name and self.worker_id is not None and self.pod_type:
-            resources[self.slice_name] = 1.0
-            if self.worker_id == 0:
-                resources[f"TPU-{self.pod_type}-head"] = 1.0
-        return resources
-
 
 def _resolve(
     env: Environ | None, metadata: MetadataClient | None

@@ -36,7 +36,7 @@ class Store:
         )
         monkeypatch.setattr(events, "flush", lambda timeout_s=2.0: True)
 
-    def put(self, key: str, value: bytes, ns: str | None, *, overwrite: bool = True) -> bool:
+    def put(self, key: str, value: bytes, ns: str | None) -> bool:
         existed = f"{ns}/{key}" in self.kv
         self.kv[f"{ns}/{key}"] = value
         return existed

@@ -19,10 +19,11 @@ import ray
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from test_topology import all_shapes
 from tpuslice._host import agent
 from tpuslice._host.notices import Notice
 from tpuslice._tpu import _ray
-from tpuslice._tpu.topology import SliceShape, all_shapes, slice_shape
+from tpuslice._tpu.topology import SliceShape, slice_shape
 from tpuslice._view.cluster import (
     ClusterSnapshot,
     HostState,

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import pytest
 import ray._private.accelerators.tpu as ray_tpu_manager
+from ray import _raylet
 
-from tpuslice._tpu import _ray, labels
+from tpuslice._tpu import labels
 from tpuslice._tpu.topology import slice_shape
 
 
 def test_label_keys_are_rays() -> None:
-    assert _ray.raylet_label_constants() == {
-        "slice": labels.SLICE_NAME_LABEL,
-        "worker": labels.WORKER_ID_LABEL,
-        "pod_type": labels.POD_TYPE_LABEL,
-        "topology": labels.TOPOLOGY_LABEL,
-    }
+    assert labels.SLICE_NAME_LABEL == _raylet.RAY_NODE_TPU_SLICE_NAME_KEY
+    assert labels.WORKER_ID_LABEL == _raylet.RAY_NODE_TPU_WORKER_ID_KEY
+    assert labels.POD_TYPE_LABEL == _raylet.RAY_NODE_TPU_POD_TYPE_KEY
+    assert labels.TOPOLOGY_LABEL == _raylet.RAY_NODE_TPU_TOPOLOGY_KEY
 
 
 def test_host_environment_names_are_the_ones_ray_reads() -> None:

@@ -7,11 +7,8 @@ device trees are built under tmp_path and passed as ``root``.
 from __future__ import annotations
 
 import ast
-import json
 import logging
 import math
-import re
-import shlex
 import socket
 import threading
 import time
@@ -477,95 +474,6 @@ def test_get_num_tpu_chips_on_node_reads_only_devices(monkeypatch: pytest.Monkey
 
 
 # --- labels, resources, ray start ----------------------------------------------------------
-
-
-def host_env(worker_id: int) -> dict[str, str]:
-    """GKE's env for a v6e 4x4 host (v6e-16 alone is ambiguous: 4x4 or 2x8)."""
-    return {
-        "TPU_NAME": "slice-a",
-        "TPU_WORKER_ID": str(worker_id),
-        "TPU_ACCELERATOR_TYPE": "v6e-16",
-        "TPU_TOPOLOGY": "4x4",
-    }
-
-
-def host(worker_id: int, tmp_path: Path) -> HostTPUInfo:
-    return node.detect(env=host_env(worker_id), metadata=OFFLINE, root=make_accel(tmp_path, 4))
-
-
-def test_labels_and_resources_of_worker_0(tmp_path: Path) -> None:
-    info = host(0, tmp_path)
-    assert info.labels() == {
-        "ray.io/tpu-slice-name": "slice-a",
-        "ray.io/tpu-worker-id": "0",
-        "ray.io/tpu-pod-type": "v6e-16",
-        "ray.io/tpu-topology": "4x4",
-        "ray.io/accelerator-type": "TPU-V6E",
-    }
-    assert info.resources() == {
-        "TPU": 4.0,
-        "accelerator_type:TPU-V6E": 1.0,
-        "slice-a": 1.0,
-        "TPU-v6e-16-head": 1.0,
-    }
-
-
-def test_labels_and_resources_of_worker_2(tmp_path: Path) -> None:
-    info = host(2, tmp_path)
-    assert info.labels()["ray.io/tpu-worker-id"] == "2"
-    assert info.resources() == {"TPU": 4.0, "accelerator_type:TPU-V6E": 1.0, "slice-a": 1.0}
-
-
-def test_node_labels_and_resources_detect_from_the_given_sources(tmp_path: Path) -> None:
-    env = host_env(0)
-    root = make_accel(tmp_path, 4)
-    assert node.node_labels(env=env, metadata=OFFLINE, root=root) == host(0, tmp_path).labels()
-    resources = node.node_resources(env=env, metadata=OFFLINE, root=root)
-    assert resources == host(0, tmp_path).resources()
-
-
-def test_slice_resources_need_name_worker_and_pod_type() -> None:
-    info = HostTPUInfo(slice_name="slice-a", pod_type="v6e-16", chips=4)  # worker id unknown
-    assert info.resources() == {"TPU": 4.0, "accelerator_type:TPU-V6E": 1.0}
-    assert "ray.io/tpu-worker-id" not in info.labels()
-    assert HostTPUInfo().labels() == {}
-    assert HostTPUInfo().resources() == {}
-
-
-def test_ray_start_args(tmp_path: Path) -> None:
-    args = node.ray_start_args(host(0, tmp_path))
-    assert args == [
-        "--labels",
-        "ray.io/tpu-slice-name=slice-a,ray.io/tpu-worker-id=0,ray.io/tpu-pod-type=v6e-16,"
-        "ray.io/tpu-topology=4x4,ray.io/accelerator-type=TPU-V6E",
-        "--resources",
-        '{"TPU": 4, "accelerator_type:TPU-V6E": 1, "slice-a": 1, "TPU-v6e-16-head": 1}',
-    ]
-    assert shlex.split(shlex.join(args)) == args
-    assert shlex.join(args).endswith("""--resources '{"TPU": 4, "accelerator_type:TPU-V6E": 1, \
-"slice-a": 1, "TPU-v6e-16-head": 1}'""")
-    assert json.loads(args[3]) == host(0, tmp_path).resources()
-
-
-def test_ray_start_labels_parse_with_rays_own_parser(tmp_path: Path) -> None:
-    label_utils = pytest.importorskip("ray._private.label_utils")  # what `ray start` runs
-    args = node.ray_start_args(host(2, tmp_path))
-    assert label_utils.parse_node_labels_string(args[1]) == host(2, tmp_path).labels()
-
-
-def test_ray_start_args_detect_when_no_info_is_given(tmp_path: Path) -> None:
-    env = host_env(0)
-    args = node.ray_start_args(env=env, metadata=OFFLINE, root=make_accel(tmp_path, 4))
-    assert args == node.ray_start_args(host(0, tmp_path))
-    assert node.ray_start_args(env={}, metadata=OFFLINE, root=tmp_path / "empty") == []
-
-
-def test_ray_start_args_reject_a_name_ray_cannot_label() -> None:
-    info = HostTPUInfo(slice_name="my slice,x=y", worker_id=0, pod_type="v6e-16", chips=4)
-    with pytest.raises(
-        InvalidArgumentError, match=re.escape("ray.io/tpu-slice-name='my slice,x=y'")
-    ):
-        node.ray_start_args(info)
 
 
 def test_node_module_does_not_import_ray() -> None:

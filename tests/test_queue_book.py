@@ -236,14 +236,6 @@ def test_a_claimed_slice_is_offered_again_after_the_settling_time(
     assert book.decide({KIND: ["s1"]}, [Holding(KIND, 3)]) == {"b": ("s1",)}
 
 
-def test_overdue_tickets_are_listed(book: QueueBook, clock: Clock) -> None:
-    book.enqueue(want("quiet"))
-    book.enqueue(want("busy"))
-    clock.now = 1.0
-    book.poll("busy")
-    assert book.overdue(0.5) == ["quiet"]
-
-
 def test_a_claimed_slice_waits_for_a_holder_record_only_from_work_that_writes_one(
     book: QueueBook,
 ) -> None:

@@ -129,7 +129,10 @@ def test_readers_ignore_and_delete_ended_records(monkeypatch: pytest.MonkeyPatch
     suspects.mark([blame("old")], now=0.0)
     suspects.mark([blame("new")], now=1000.0)
     store.data[SUSPECT_KEY_PREFIX + "junk"] = b"not json at all"
-    assert list(suspects.read_all(now=1000.0)) == ["new"]
+    live, ended = suspects.live_suspects(store.data, now=1000.0)
+    assert list(live) == ["new"]
+    assert sorted(ended) == [SUSPECT_KEY_PREFIX + "junk", SUSPECT_KEY_PREFIX + "old"]
+    assert suspects.clear_slice("elsewhere", now=1000.0) == []  # a reader deletes them
     assert sorted(store.data) == [SUSPECT_KEY_PREFIX + "new"]
 
 

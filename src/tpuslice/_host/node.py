@@ -5,13 +5,10 @@ Each fact comes from the first source that has it: the GKE/KubeRay environment
 metadata server (one short time budget, so it never hangs off GCP), and chips from ``/dev``.
 The functions here take every source (``env``, ``metadata``, ``root``) so tests are
 deterministic, but for Ray 2.60's public ones, which keep its names, signatures and results.
-``node_labels``, ``node_resources`` and ``ray_start_args`` give what Ray advertises for a TPU
-host, for hosts it cannot detect.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -24,6 +21,7 @@ from typing import TypeAlias, TypeVar
 from tpuslice._host.metadata import (
     MetadataClient,
 )
+from tpuslice._host.tpu_lock import tpu_devices
 from tpuslice._tpu import labels as ray_names
 from tpuslice._tpu import topology as topo
 from tpuslice.errors import InvalidAcceleratorError, InvalidArgumentError
@@ -34,8 +32,6 @@ T = TypeVar("T")
 Environ: TypeAlias = "Mapping[str, str]"
 StrPath: TypeAlias = "str | os.PathLike[str]"
 
-GOOGLE_PCI_VENDOR_ID = "0x1ae0"
-
 # Each fact: (GKE env var, GCE metadata attribute).
 _SLICE_NAME = (ray_names.ENV_TPU_NAME, "instance-id")
 _WORKER_ID = (ray_names.ENV_TPU_WORKER_ID, "agent-worker-number")
@@ -43,7 +39,6 @@ _POD_TYPE = (ray_names.ENV_TPU_ACCELERATOR_TYPE, "accelerator-type")
 _TOPOLOGY = (ray_names.ENV_TPU_TOPOLOGY, "tpu-env")
 
 # Kubernetes label value syntax, which `ray start --labels` enforces.
-_LABEL_VALUE_RE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?")
 _TPU_ENV_TOPOLOGY_RE = re.compile(r"^\s*TOPOLOGY:\s*['\"]?([^'\"\s]+)['\"]?", re.MULTILINE)
 
 
@@ -146,55 +141,10 @@ def count_tpu_chips(root: StrPath = "/") -> tuple[int, str]:
         The chip count and its source; ``(0, "none")``, not an error, when no chip is
         seen or the directories cannot be read.
     """
-    base = Path(root)
-    accel = _count_accel(base / "dev")
-    if accel:
-        return accel, "/dev/accel*"
-    vfio = _count_vfio(base)
-    return (vfio, "/dev/vfio") if vfio else (0, "none")
-
-
-def _count_accel(dev: Path) -> int:
-    """``/dev/accel0..N``. A ``/dev/accel`` *directory* is an NVIDIA driver (570+), not TPU.
-
-    Real chips are character devices; we only require "not a directory" (as Ray does),
-    which also lets tests fake chips with plain files.
-    """
-    try:
-        return sum(1 for path in dev.glob("accel*") if not path.is_dir())
-    except OSError as exc:
-        logger.debug("cannot list %s: %s", dev, exc)
-        return 0
-
-
-def _count_vfio(base: Path) -> int:
-    """``/dev/vfio/<group>`` groups backed by a Google PCI device (one chip per group)."""
-    try:
-        groups = [p.name for p in (base / "dev" / "vfio").iterdir() if p.name.isdigit()]
-    except OSError as exc:
-        logger.debug("no VFIO groups: %s", exc)
-        return 0
-    iommu = base / "sys" / "kernel" / "iommu_groups"
-    return sum(1 for group in groups if _is_google_group(iommu / group / "devices"))
-
-
-def _is_google_group(devices: Path) -> bool:
-    """True if a PCI device in the IOMMU group has Google's vendor id; unreadable is False
-    (a false positive would hide a non-TPU device such as a BlueField NIC's VFIO group)."""
-    try:
-        vendor_files = list(devices.glob("*/vendor"))
-    except OSError as exc:
-        logger.debug("cannot list %s: %s", devices, exc)
-        return False
-    for vendor_file in vendor_files:
-        try:
-            vendor = vendor_file.read_text(encoding="ascii").strip().lower()
-        except (OSError, ValueError) as exc:  # ValueError: UnicodeDecodeError
-            logger.debug("cannot read %s: %s", vendor_file, exc)
-            continue
-        if vendor == GOOGLE_PCI_VENDOR_ID:
-            return True
-    return False
+    devices = tpu_devices(Path(root))
+    if not devices:
+        return 0, "none"
+    return len(devices), "/dev/accel*" if devices[0].name.startswith("accel") else "/dev/vfio"
 
 
 # --- what this host is -------------------------------------------------------------------
@@ -242,39 +192,6 @@ class HostTPUInfo:
             return None
         cores = int(self.pod_type.rsplit("-", 1)[1])
         return -(-cores // (self.chips * gen.cores_per_chip))
-
-    def labels(self) -> dict[str, str]:
-        """Ray's node labels for this host, each only when its fact is known.
-
-        Returns:
-            Label key to value (``ray.io/tpu-slice-name`` and the rest).
-        """
-        values = {
-            ray_names.SLICE_NAME_LABEL: self.slice_name,
-            ray_names.WORKER_ID_LABEL: None if self.worker_id is None else str(self.worker_id),
-            ray_names.POD_TYPE_LABEL: self.pod_type,
-            ray_names.TOPOLOGY_LABEL: self.topology,
-            ray_names.ACCELERATOR_TYPE_LABEL: self.accelerator_type,
-        }
-        return {key: value for key, value in values.items() if value is not None}
-
-    def resources(self) -> dict[str, float]:
-        """As Ray sets them: ``TPU`` (chips), ``accelerator_type:TPU-V6E``, ``<slice name>``,
-        and ``TPU-<pod type>-head`` on worker 0; the last two need name, id and pod type.
-
-        Returns:
-            Resource name to amount; empty when no fact is known.
-        """
-        resources: dict[str, float] = {}
-        if self.chips > 0:
-            resources[ray_names.TPU_RESOURCE] = float(self.chips)
-        if self.accelerator_type:
-            resources[f"accelerator_type:{self.accelerator_type}"] = 1.0
-        if self.slice_name and self.worker_id is not None and self.pod_type:
-            resources[self.slice_name] = 1.0
-            if self.worker_id == 0:
-                resources[f"TPU-{self.pod_type}-head"] = 1.0
-        return resources
 
 
 def _resolve(
@@ -370,88 +287,3 @@ def get_num_tpu_chips_on_node() -> int:
         The chip count; 0, not an error, when none is seen.
     """
     return count_tpu_chips()[0]
-
-
-# --- advertising this host to Ray ---------------------------------------------------------
-
-
-# With a HostTPUInfo in hand, call its .labels() and .resources() instead.
-
-
-def node_labels(
-    *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
-) -> dict[str, str]:
-    """Ray's ``ray.io/tpu-*`` and ``ray.io/accelerator-type`` labels for this host.
-
-    Args:
-        env: Environment to read (default: ``os.environ``).
-        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
-        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
-
-    Returns:
-        Label key to value, for the facts found (see :func:`detect`).
-
-    Raises:
-        InvalidArgumentError: a ``TPU_*`` environment variable is set but malformed.
-    """
-    return detect(env=env, metadata=metadata, root=root).labels()
-
-
-def node_resources(
-    *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
-) -> dict[str, float]:
-    """Ray's TPU resources for this host: see :meth:`HostTPUInfo.resources`.
-
-    Args:
-        env: Environment to read (default: ``os.environ``).
-        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
-        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
-
-    Returns:
-        Resource name to amount, for the facts found (see :func:`detect`).
-
-    Raises:
-        InvalidArgumentError: a ``TPU_*`` environment variable is set but malformed.
-    """
-    return detect(env=env, metadata=metadata, root=root).resources()
-
-
-def ray_start_args(
-    info: HostTPUInfo | None = None,
-    *,
-    env: Environ | None = None,
-    metadata: MetadataClient | None = None,
-    root: StrPath = "/",
-) -> list[str]:
-    """``["--labels", "k=v,...", "--resources", '{"TPU": 4, ...}']`` for ``ray start``.
-
-    For hosts where Ray does not detect its TPU itself; ``shlex.join`` it for a shell.
-
-    Args:
-        info: This host's facts; ``None`` detects them from the sources below.
-        env: Environment to read when ``info`` is None (default: ``os.environ``).
-        metadata: GCE metadata client when ``info`` is None (default: a fresh one).
-        root: Filesystem root for chips when ``info`` is None.
-
-    Returns:
-        The arguments; empty when no fact is known.
-
-    Raises:
-        InvalidArgumentError: a label value is not a valid Ray label value, or (when
-            detecting) a ``TPU_*`` environment variable is malformed.
-    """
-    info = info or detect(env=env, metadata=metadata, root=root)
-    labels = info.labels()
-    for key, value in labels.items():
-        if not _LABEL_VALUE_RE.fullmatch(value):
-            raise InvalidArgumentError(
-                f"label {key}={value!r} cannot be passed to `ray start --labels`: a value is "
-                "at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
-            )
-    resources = {k: int(v) if v.is_integer() else v for k, v in info.resources().items()}
-    args: list[str] = []
-    if labels:
-        args += ["--labels", ",".join(f"{key}={value}" for key, value in labels.items())]
-    if resources:
-        args += ["--resources", json.dumps(resources)]
-    return args

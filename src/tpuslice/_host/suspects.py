@@ -317,24 +317,6 @@ def forget(keys: Iterable[str]) -> None:
             logger.debug("could not delete %s: %s", key, exc)
 
 
-def read_all(now: float | None = None) -> dict[str, Suspect]:
-    """Every live suspect record of the cluster (one listing, one read); ended ones are
-    deleted. The cluster view reads them with the other host records instead.
-
-    Args:
-        now: Wall-clock seconds (default: now).
-
-    Returns:
-        Records by node id; empty when Ray is not connected.
-    """
-    keys = _ray.kv_list(SUSPECT_KEY_PREFIX, NAMESPACE)
-    found, ended = live_suspects(
-        _ray.kv_get_many(keys, NAMESPACE), time.time() if now is None else now
-    )
-    forget(ended)
-    return found
-
-
 def clear_slice(slice_name: str, now: float | None = None) -> list[Suspect]:
     """Trust every host of a slice again: delete the records of its hosts (ended ones
     anywhere go too).

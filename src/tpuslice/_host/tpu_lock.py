@@ -63,6 +63,9 @@ def tpu_devices(root: Path) -> list[Path]:
     """The TPU chips' device files under ``root``: ``dev/accel<N>`` (a ``dev/accel``
     *directory* is an NVIDIA driver, not a TPU), else VFIO groups of a Google device.
 
+    Real chips are character devices; we only require "not a directory" (as Ray does),
+    which also lets tests fake chips with plain files.
+
     Args:
         root: The host root.
 
@@ -84,6 +87,8 @@ def tpu_devices(root: Path) -> list[Path]:
 
 
 def _google_device_in(devices: Path) -> bool:
+    """True if a PCI device in the IOMMU group has Google's vendor id; unreadable is False
+    (a false positive would hide a non-TPU device such as a BlueField NIC's VFIO group)."""
     with contextlib.suppress(OSError):
         for vendor in devices.glob("*/vendor"):
             with contextlib.suppress(OSError, ValueError):
@@ -146,12 +151,11 @@ class TPUOwner:
         )
 
 
-def lock_holder(root: Path, proc: Path = PROC) -> int | None:
+def lock_holder(root: Path) -> int | None:
     """The pid holding a POSIX lock on ``root``'s libtpu lockfile, from ``/proc/locks``.
 
     Args:
         root: The host root.
-        proc: Where procfs is mounted.
 
     Returns:
         The pid, or ``None`` if the file is missing or nobody holds it.
@@ -160,7 +164,7 @@ def lock_holder(root: Path, proc: Path = PROC) -> int | None:
     if key is None:
         return None
     try:
-        table = (proc / "locks").read_text()
+        table = (PROC / "locks").read_text()
     except OSError:
         return None
     return _posix_lock_holders(table).get(key)
@@ -187,14 +191,13 @@ def _posix_lock_holders(table: str) -> dict[str, int]:
     return holders
 
 
-def device_holders(root: Path, proc: Path = PROC, only: Sequence[Path] | None = None) -> list[int]:
+def device_holders(root: Path, only: Sequence[Path] | None = None) -> list[int]:
     """Pids holding any of ``root``'s TPU devices open (libtpu's own search).
 
     Processes whose descriptors cannot be read (other users') are skipped.
 
     Args:
         root: The host root.
-        proc: Where procfs is mounted.
         only: Look for these devices only (libtpu itself looks at chip 0's).
 
     Returns:
@@ -203,36 +206,27 @@ def device_holders(root: Path, proc: Path = PROC, only: Sequence[Path] | None = 
     devices = {str(path) for path in (tpu_devices(root) if only is None else only)}
     if not devices:
         return []
-    found = []
-    for pid in _pids(proc):
-        with contextlib.suppress(OSError):
-            for fd in os.scandir(proc / str(pid) / "fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(fd.path) in devices:
-                        found.append(pid)
-                        break
-    return found
+    return [pid for pid in _pids() if _holds(pid, devices)]
 
 
-def _pids(proc: Path) -> Iterator[int]:
+def _pids() -> Iterator[int]:
     with contextlib.suppress(OSError):
-        for entry in os.scandir(proc):
+        for entry in os.scandir(PROC):
             if entry.name.isdigit():
                 yield int(entry.name)
 
 
-def describe_process(pid: int, holds_lock: bool, proc: Path = PROC) -> TPUOwner:
+def describe_process(pid: int, holds_lock: bool) -> TPUOwner:
     """What ``/proc`` says of ``pid``: command line, Ray job, owner uid.
 
     Args:
         pid: The process.
         holds_lock: Whether it holds libtpu's lock.
-        proc: Where procfs is mounted.
 
     Returns:
         The owner record; fields that cannot be read are empty or ``None``.
     """
-    base = proc / str(pid)
+    base = PROC / str(pid)
     command = ""
     with contextlib.suppress(OSError):
         raw = (base / "cmdline").read_bytes().replace(b"\0", b" ").strip()
@@ -248,9 +242,7 @@ def describe_process(pid: int, holds_lock: bool, proc: Path = PROC) -> TPUOwner:
     return TPUOwner(pid, command, job_id, uid, holds_lock)
 
 
-def find_owner(
-    root: Path, proc: Path = PROC, *, among: Iterable[int] | None = None
-) -> TPUOwner | None:
+def find_owner(root: Path, *, among: Iterable[int] | None = None) -> TPUOwner | None:
     """Who owns ``root``'s TPU: the lockfile's holder, else a process with a TPU device
     open (one that bypassed the lock), else nobody.
 
@@ -261,37 +253,35 @@ def find_owner(
 
     Args:
         root: The host root (:func:`host_root`).
-        proc: Where procfs is mounted.
         among: Only these processes are searched for open devices (``None``: all).
 
     Returns:
         The owner, or ``None`` if the TPU is free.
     """
-    holder = lock_holder(root, proc)
+    holder = lock_holder(root)
     if holder is not None:
-        return describe_process(holder, True, proc)
+        return describe_process(holder, True)
     if among is None:
-        holders = device_holders(root, proc)
+        holders = device_holders(root)
     else:
         devices = {str(path) for path in tpu_devices(root)}
-        holders = [pid for pid in sorted(set(among)) if _holds(pid, devices, proc)]
-    return describe_process(holders[0], False, proc) if holders else None
+        holders = [pid for pid in sorted(set(among)) if _holds(pid, devices)]
+    return describe_process(holders[0], False) if holders else None
 
 
-def find_owners(roots: Sequence[Path], proc: Path = PROC) -> dict[Path, TPUOwner]:
+def find_owners(roots: Sequence[Path]) -> dict[Path, TPUOwner]:
     """:func:`find_owner` for many host roots on one machine (the simulator's hosts share
     one): ``/proc/locks`` is read once and every process's descriptors are scanned once
     for all of them, where a call per root would scan every process once per root.
 
     Args:
         roots: The host roots.
-        proc: Where procfs is mounted.
 
     Returns:
         The owner of each root whose TPU is owned; free roots are left out.
     """
     try:
-        locks = _posix_lock_holders((proc / "locks").read_text())
+        locks = _posix_lock_holders((PROC / "locks").read_text())
     except OSError:
         locks = {}
     owners: dict[Path, TPUOwner] = {}
@@ -299,44 +289,43 @@ def find_owners(roots: Sequence[Path], proc: Path = PROC) -> dict[Path, TPUOwner
     for root in roots:
         key = _lock_key(root)
         if key is not None and key in locks:
-            owners[root] = describe_process(locks[key], True, proc)
+            owners[root] = describe_process(locks[key], True)
             continue
         device_root.update({str(path): root for path in tpu_devices(root)})
     if not device_root:
         return owners
     holders: dict[Path, int] = {}
-    for pid in sorted(_pids(proc)):
+    for pid in sorted(_pids()):
         with contextlib.suppress(OSError):
-            for fd in os.scandir(proc / str(pid) / "fd"):
+            for fd in os.scandir(PROC / str(pid) / "fd"):
                 with contextlib.suppress(OSError):
                     held = device_root.get(os.readlink(fd.path))
                     if held is not None:
                         holders.setdefault(held, pid)
     for root, pid in holders.items():
-        owners[root] = describe_process(pid, False, proc)
+        owners[root] = describe_process(pid, False)
     return owners
 
 
-def holds_tpu(pid: int, root: Path, proc: Path = PROC) -> bool:
+def holds_tpu(pid: int, root: Path) -> bool:
     """Whether ``pid`` holds ``root``'s TPU: libtpu's lock, or any TPU device open.
 
     Args:
         pid: The process.
         root: The host root (:func:`host_root`).
-        proc: Where procfs is mounted.
 
     Returns:
         ``True`` if it holds either.
     """
-    if lock_holder(root, proc) == pid:
+    if lock_holder(root) == pid:
         return True
-    return _holds(pid, {str(path) for path in tpu_devices(root)}, proc)
+    return _holds(pid, {str(path) for path in tpu_devices(root)})
 
 
-def _holds(pid: int, devices: set[str], proc: Path) -> bool:
+def _holds(pid: int, devices: set[str]) -> bool:
     """Whether ``pid`` has any of ``devices`` open."""
     with contextlib.suppress(OSError):
-        for fd in os.scandir(proc / str(pid) / "fd"):
+        for fd in os.scandir(PROC / str(pid) / "fd"):
             with contextlib.suppress(OSError):
                 if os.readlink(fd.path) in devices:
                     return True
@@ -397,18 +386,17 @@ def host_label(environ: Mapping[str, str] | None = None) -> str:
     return f"{name}/{worker}" if name and worker else os.uname().nodename
 
 
-def in_use_error(cause: BaseException, environ: Mapping[str, str] | None = None) -> TPUInUseError:
+def in_use_error(cause: BaseException) -> TPUInUseError:
     """tpuslice's error for libtpu's refusal ``cause``, naming the host and the owner.
 
     Args:
         cause: The error libtpu (through JAX) raised.
-        environ: The process's environment (default: ``os.environ``).
 
     Returns:
         The error to raise in its place (chain ``cause`` to it).
     """
-    host = host_label(environ)
-    owner = find_owner(host_root(environ))
+    host = host_label()
+    owner = find_owner(host_root())
     if owner is not None and owner.pid == os.getpid():
         owner = None  # libtpu refused us, so the holder is someone else we cannot see
     held = owner.describe() if owner else "another process (not visible: another user's?)"

@@ -74,26 +74,3 @@ def clear_slice(slice_name: str, why: str = "") -> list[Suspect]:
         logger.info("%s host(s) %s trusted again%s", slice_name, hosts, reason)
         observe.slice_cleared(slice_name, records, why)
     return records
-
-
-def set_suspect_cooldown(seconds: float) -> None:
-    """Set how long hosts marked suspect from now on stay suspect, for the whole cluster
-    (default :data:`~tpuslice._host.suspects.DEFAULT_COOLDOWN_S`).
-
-    Args:
-        seconds: Finite seconds > 0.
-
-    Raises:
-        InvalidArgumentError: it is not finite seconds > 0.
-        ConnectionError: Ray is not connected.
-    """
-    suspects.set_cooldown(seconds)
-
-
-def read_suspects() -> dict[str, Suspect]:
-    """Every live suspect record of the cluster (a snapshot has them too, per host).
-
-    Returns:
-        The records by node id; empty when Ray is not connected.
-    """
-    return suspects.read_all()

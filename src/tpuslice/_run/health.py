@@ -305,7 +305,7 @@ def check_held(
         for key in keys:
             with contextlib.suppress(*_ray.kv_errors()):
                 _ray.kv_delete(key, NAMESPACE)
-    verdicts = [_judge(spg, i, answers, started, clock) for i, answers in enumerate(reports)]
+    verdicts = [_judge(spg, i, answers, started) for i, answers in enumerate(reports)]
     if check is not None and all(h.ok for hosts in verdicts for h in hosts):
         verdicts = _user_check(spg, check, verdicts, clock)
     elapsed = clock() - started
@@ -338,7 +338,6 @@ def _judge(
     index: int,
     answers: list[tuple[dict[str, Any] | None, float | None, str]],
     started: float,
-    clock: Callable[[], float],
 ) -> list[HostVerdict]:
     """Turn one slice's reports into verdicts, blaming whom the reach results point at."""
     info = spg.slices[index]

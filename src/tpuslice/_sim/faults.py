@@ -117,23 +117,20 @@ def hang_forever() -> None:
     threading.Event().wait()
 
 
-def install_network_faults(root: Path, environ: dict[str, str] | None = None) -> bool:
+def install_network_faults(root: Path) -> bool:
     """Make this process's TCP connections obey :data:`UNREACHABLE` (see the module
     docstring); only a process Ray started for a job is affected.
 
     Args:
         root: This process's host root.
-        environ: Where to read ``RAY_JOB_ID`` and the metadata server (default:
-            ``os.environ``).
 
     Returns:
         Whether the process is the user's work (and so now obeys the fault).
     """
-    environ = dict(os.environ if environ is None else environ)
-    if not environ.get(JOB_ENV):
+    if not os.environ.get(JOB_ENV):
         return False
     shared = root.parent.parent
-    metadata = environ.get(METADATA_ENV, "")
+    metadata = os.environ.get(METADATA_ENV, "")
     cls: Any = socket.socket
     real_bind: Callable[..., Any] = cls.bind
     real_connect: Callable[..., Any] = cls.connect

@@ -437,7 +437,7 @@ class SimulatedCluster:
             hosts: list[tuple[SimulatedSlice, int]] = []
             for spec in self.specs:
                 for _ in range(spec.count):
-                    hosts += self._new_slice(spec.shape(), None, None, spec.layout_seed)
+                    hosts += self._new_slice(spec.shape(), None, spec.layout_seed)
             self._start_hosts(hosts)
             self._wait_for_alive_nodes()
         except BaseException:
@@ -604,7 +604,7 @@ class SimulatedCluster:
             SimulatorError: a host did not start or register in time.
         """
         shape = slice_shape(topology, accelerator, chips_per_vm)
-        hosts = self._new_slice(shape, None, tpu_resource_per_chip, layout_seed)
+        hosts = self._new_slice(shape, tpu_resource_per_chip, layout_seed)
         self._start_hosts(hosts)
         self._wait_for_alive_nodes()
         return hosts[0][0].name
@@ -992,13 +992,12 @@ class SimulatedCluster:
     def _new_slice(
         self,
         shape: SliceShape,
-        name: str | None,
         per_chip: int | None = None,
         layout_seed: int | None = None,
     ) -> list[tuple[SimulatedSlice, int]]:
         """Record a new slice, its hosts' metadata servers running; return its hosts to
         start (:meth:`_start_hosts`)."""
-        name = name or self._next_name(shape)
+        name = self._next_name(shape)
         sim_slice = SimulatedSlice(name, shape, per_chip or self.tpu_resource_per_chip)
         sim_slice.physical = physical_layout(shape, name, layout_seed)
         self.slices[name] = sim_slice

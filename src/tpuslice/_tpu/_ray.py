@@ -15,17 +15,6 @@ from typing import Any
 import ray
 
 
-def raylet_label_constants() -> dict[str, str]:
-    """Ray's own spellings of the TPU label keys (for the test that pins ours)."""
-    raylet = ray._raylet
-    return {
-        "slice": raylet.RAY_NODE_TPU_SLICE_NAME_KEY,
-        "worker": raylet.RAY_NODE_TPU_WORKER_ID_KEY,
-        "pod_type": raylet.RAY_NODE_TPU_POD_TYPE_KEY,
-        "topology": raylet.RAY_NODE_TPU_TOPOLOGY_KEY,
-    }
-
-
 def available_resources_per_node() -> dict[str, dict[str, float]]:
     """Available resources of every alive node, in one GCS read.
 
@@ -162,17 +151,16 @@ def kv_errors() -> tuple[type[BaseException], ...]:
     return (ray.exceptions.RayError, ConnectionError, OSError, RuntimeError)
 
 
-def kv_put(key: str, value: bytes, namespace: str | None, *, overwrite: bool = True) -> bool:
+def kv_put(key: str, value: bytes, namespace: str | None) -> bool:
     """Write Ray's internal key-value store. Public alternative: none.
 
-    With ``overwrite=False`` a key that exists is left as it is, in one GCS call: a
-    test-and-set. Returns whether the key existed before. Raises ``ConnectionError`` (one
-    of :func:`kv_errors`) when Ray is not connected."""
+    Returns whether the key existed before. Raises ``ConnectionError`` (one of
+    :func:`kv_errors`) when Ray is not connected."""
     from ray.experimental import internal_kv
 
     if not internal_kv._internal_kv_initialized():
         raise ConnectionError(f"cannot write {key!r}: Ray is not connected")
-    existed = internal_kv._internal_kv_put(key, value, overwrite=overwrite, namespace=namespace)
+    existed = internal_kv._internal_kv_put(key, value, namespace=namespace)
     return bool(existed)
 
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import product
 
 from tpuslice.errors import (
     AmbiguousPodTypeError,
@@ -453,14 +451,6 @@ class SliceShape:
             worker_id //= side
         return tuple(reversed(coords))
 
-    def iter_workers(self) -> Iterator[tuple[int, tuple[int, ...]]]:
-        """Every ``(worker_id, coords)`` in worker-id order.
-
-        Yields:
-            Each host's worker id and its grid position (as :meth:`worker_coords`).
-        """
-        yield from enumerate(product(*(range(side) for side in self.worker_grid)))
-
 
 def slice_shape(
     topology: str, accelerator_version: str, chips_per_vm: int | None = None
@@ -540,18 +530,3 @@ def parse_pod_type(pod_type: str, chips_per_vm: int | None = None) -> SliceShape
         f"pod type '{pod_type}' is ambiguous: {chips} chips of {gen.name} can be "
         f"{' or '.join(candidates)}; pass the topology explicitly"
     )
-
-
-def all_shapes() -> Iterator[SliceShape]:
-    """Every valid (generation, topology, chips_per_vm) shape, default chips_per_vm first.
-
-    Yields:
-        Each shape, by generation, then topology (smallest first), then chips per VM.
-    """
-    for gen in GENERATIONS.values():
-        for topo in gen.sorted_topologies():
-            default = default_chips_per_vm(gen, topo)
-            yield SliceShape(gen, topo, default)
-            for per_vm in VALID_CHIPS_PER_VM:
-                if per_vm != default and chips_in(topo) % per_vm == 0:
-                    yield SliceShape(gen, topo, per_vm)

@@ -131,7 +131,6 @@ def set_cooldown(seconds: float, address: str | None) -> None:
         UsageError: ``seconds`` is not finite, or there is no cluster to connect to.
     """
     from tpuslice._host import suspects
-    from tpuslice._reserve.suspects import set_suspect_cooldown
 
     try:
         suspects.check_cooldown(seconds)
@@ -139,7 +138,7 @@ def set_cooldown(seconds: float, address: str | None) -> None:
         raise UsageError(str(exc)) from exc
     with connected(address):
         before = suspects.cooldown()
-        set_suspect_cooldown(seconds)
+        suspects.set_cooldown(seconds)
     console.print(
         f"hosts marked suspect from now on stay suspect for {seconds:g} s "
         f"(was {before:g} s); hosts already suspect keep their end time"

@@ -311,18 +311,6 @@ class QueueBook:
         entry = self._entries.get(ticket)
         return () if entry is None else entry.granted
 
-    def overdue(self, after_s: float) -> list[str]:
-        """Tickets not polled for ``after_s`` seconds (their drivers may be gone).
-
-        Args:
-            after_s: Seconds.
-
-        Returns:
-            The tickets.
-        """
-        now = self.clock()
-        return [t for t, e in self._entries.items() if now - e.seen > after_s]
-
     def tickets(self) -> list[tuple[Waiter, str, float]]:
         """What the queue holds, for status.
 

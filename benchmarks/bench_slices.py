@@ -606,7 +606,7 @@ def child_main(args: argparse.Namespace) -> None:
     # Load every path's modules before any timing, as Ray's and the floor's already are:
     # tpuslice loads its modules on first use, and with PYTHONDONTWRITEBYTECODE=1 (set on
     # this machine) each new process also compiles them (~100-170 ms measured).
-    import tpuslice._host.agent
+    import tpuslice._reserve.queue.agents
     import tpuslice._reserve.reserve
     import tpuslice._run.run
 

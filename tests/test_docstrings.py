@@ -19,6 +19,8 @@ import tpuslice
 CHECKED_MODULES: tuple[str, ...] = (
     "tpuslice._run.actors",
     "tpuslice._host.agent",
+    "tpuslice._view.agents",
+    "tpuslice._reserve.queue.agents",
     "tpuslice._reserve.claim",
     "tpuslice.cli.commands",
     "tpuslice.cli.connect",

@@ -19,7 +19,7 @@ import time
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from tpuslice._host.agent import stop_job_tpus
+from tpuslice._reserve.queue.agents import stop_job_tpus
 from tpuslice._reserve.queue.service import Orders
 from tpuslice._reserve.queue.share import Usage
 from tpuslice._tpu import _ray

@@ -30,6 +30,7 @@ from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
 from tpuslice._reserve.plan import ReservationPlan
 from tpuslice._reserve.queue.actor import QUEUE_LINK
 from tpuslice._reserve.queue.agents import confirm_released
+from tpuslice._reserve.queue.holders import forget_held, record_held
 from tpuslice._reserve.queue.place import this_driver
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.targets import Targets
@@ -38,7 +39,7 @@ from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, CallEnv
 from tpuslice._view.agents import notices_for
 from tpuslice._view.cluster import HostInfo, SliceInfo, wait_freed
-from tpuslice._view.holders import Holder, forget_held, record_held
+from tpuslice._view.holders import Holder
 from tpuslice.errors import (
     InsufficientSlicesError,
     InvalidArgumentError,

@@ -218,7 +218,7 @@ def known_layouts(snapshot: cluster.ClusterSnapshot) -> dict[str, dict[int, int]
     for info in snapshot.slices.values():
         if info.shape is None or info.shape.chips_per_host != 4 or info.shape.is_single_host:
             continue
-        layout = layouts.load(info, record=False)
+        layout = layouts.load(info)
         if layout is not None:
             found[info.name] = dict(layout.physical)
     return found

@@ -28,7 +28,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import ray
@@ -411,3 +411,15 @@ def forget_free_keys(node_ids: Sequence[str]) -> None:
     """
     for node in node_ids:
         _ray.kv_delete(FREE_KEY_PREFIX + node, NAMESPACE)
+
+
+def forget_stale_notices(keys: Iterable[str]) -> None:
+    """Delete notice records a reader found stale
+    (:meth:`~tpuslice._host.notices.Notice.stale`): their host died, its agent with it, or
+    was replaced, and nobody else would delete them.
+
+    Args:
+        keys: Their KV keys (``tpu-notice/``, or the queue's ``tpu-preempt/``).
+    """
+    for key in keys:
+        _ray.kv_delete(key, NAMESPACE)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from tpuslice._host.agent import forget_stale_notices
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Suspect, forget, live_suspects
 from tpuslice._host.tpu_lock import TPUOwner
@@ -59,9 +60,10 @@ def recorded_notes(now: float | None = None) -> HostNotes:
     and the suspect records, by node id (Ray's KV store: one listing and one read for all,
     so a cluster with none costs one call; the free keys are only listed, never read).
 
-    A notice more than :data:`~tpuslice._host.notices.STALE_S` past its deadline is deleted:
-    its host died (its agent with it) or was replaced, and nobody else would. So is a
-    suspect record whose cool-down ended.
+    A notice more than :data:`~tpuslice._host.notices.STALE_S` past its deadline is deleted
+    (:func:`tpuslice._host.agent.forget_stale_notices`): its host died (its agent with it)
+    or was replaced, and nobody else would. So is a suspect record whose cool-down ended
+    (:func:`tpuslice._host.suspects.forget`). This module writes nothing itself.
 
     Args:
         now: Wall-clock seconds (default: now).
@@ -71,6 +73,7 @@ def recorded_notes(now: float | None = None) -> HostNotes:
     """
     owners: dict[str, TPUOwner] = {}
     notices: dict[str, Notice] = {}
+    stale: list[str] = []
     listed = _ray.kv_list(HOST_KEY_PREFIX, NAMESPACE)
     seen_free = _vouched_by(listed)
     keys = [
@@ -98,13 +101,14 @@ def recorded_notes(now: float | None = None) -> HostNotes:
             logger.debug("ignoring unreadable record %s: %s", key, exc)
             continue
         if notice.stale(now):
-            _ray.kv_delete(key, NAMESPACE)
+            stale.append(key)
             continue
         node = _node_of(key)
         standing = notices.get(node)
         # Both the host's own and the queue's may stand: the sooner one is what matters.
         if standing is None or notice.deadline < standing.deadline:
             notices[node] = notice
+    forget_stale_notices(stale)
     return HostNotes(owners, notices, suspects, seen_free)
 
 

@@ -9,10 +9,10 @@ A sub-slice reservation goes through the same claiming loop as a whole slice
   sub-slice, idle or busy, could serve, or the deadline is near); parts of one slice are
   held by different jobs at once, and a sub-slice another job took between the look and
   the claim is given back, not waited on;
-- a slice's layout is learned once (:mod:`tpuslice._view.layouts`): only when no known
-  sub-slice is idle and the slice is wholly idle, through an ordinary whole-slice
-  reservation pinned to it (so never while anyone holds part of it), again when its hosts
-  are replaced;
+- a slice's layout is learned once (:mod:`tpuslice._view.layouts`, recorded by
+  :mod:`tpuslice._run.layout_records`): only when no known sub-slice is idle and the slice
+  is wholly idle, through an ordinary whole-slice reservation pinned to it (so never while
+  anyone holds part of it), again when its hosts are replaced;
 - the result is a :class:`SubslicePlacementGroup`, a :class:`~tpuslice.SlicePlacementGroup`
   of the sub-slice's hosts in rank order (physical order, see
   ``compat.SUBSLICE_DIFFERENCES``): ``run_on_slice`` and ``SliceActorGroup`` run on it

@@ -111,6 +111,7 @@ from rich.console import Console
 from rich.table import Table
 
 import tpuslice
+from tpuslice._run import layout_records
 from tpuslice._tpu import _ray, keys, subslice
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice._tpu.topology import SliceShape, slice_shape
@@ -606,7 +607,7 @@ def child_main(args: argparse.Namespace) -> None:
     # Load every path's modules before any timing, as Ray's and the floor's already are:
     # tpuslice loads its modules on first use, and with PYTHONDONTWRITEBYTECODE=1 (set on
     # this machine) each new process also compiles them (~100-170 ms measured).
-    import tpuslice._host.agent
+    import tpuslice._reserve.queue.agents
     import tpuslice._reserve.reserve
     import tpuslice._run.run
 
@@ -758,7 +759,7 @@ def prepare_subslice(setup: Setup, sub: str, learn: bool) -> None:
     """Untimed: drop every record (``learn``), or make sure the layout is recorded."""
     if learn:
         forget_layouts(setup)
-    elif layouts.load(read_snapshot().slices[setup.names[0]]) is None:
+    elif layout_records.load(read_snapshot().slices[setup.names[0]]) is None:
         with tpuslice.subslice_placement_group(sub, setup.generation):
             pass
         settle(setup)
@@ -766,7 +767,7 @@ def prepare_subslice(setup: Setup, sub: str, learn: bool) -> None:
 
 def floor_subslice(setup: Setup, sub: str, learn: bool) -> Sample:
     prepare_subslice(setup, sub, learn)
-    known = None if learn else layouts.load(read_snapshot().slices[setup.names[0]])
+    known = None if learn else layout_records.load(read_snapshot().slices[setup.names[0]])
     started = now()
     physical = floor_learn(setup) if known is None else known.physical
     pg = floor_subslice_group(setup, sub, physical)

@@ -74,16 +74,15 @@ def child(path: str, address: str, slices: int) -> None:
 
     if path == "ours":
         import tpuslice
-        from tpuslice._host import agent
         from tpuslice._reserve import claim, ops
-        from tpuslice._reserve.queue import place
+        from tpuslice._reserve.queue import agents, place
         from tpuslice._run import run
 
         spent["imports"] = time.perf_counter() - start
         place.QueuePlace.join = _timed(spent, "queue", place.QueuePlace.join)  # type: ignore[method-assign]
         place.QueuePlace.wait = _timed(spent, "queue", place.QueuePlace.wait)  # type: ignore[method-assign]
         ops.RayOps.snapshot = _timed(spent, "cluster read", ops.RayOps.snapshot)  # type: ignore[method-assign]
-        agent.Agents.handles = _timed(spent, "agent lookups", agent.Agents.handles)  # type: ignore[method-assign]
+        agents.Agents.handles = _timed(spent, "agent lookups", agents.Agents.handles)  # type: ignore[method-assign]
         claim.Reserver._free_of_owners = _timed(  # type: ignore[method-assign]
             spent, "owner probe", claim.Reserver._free_of_owners
         )

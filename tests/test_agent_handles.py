@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tpuslice._host import agent
+from tpuslice._reserve.queue import agents as agent
 
 
 class FakeLookups:

@@ -661,7 +661,7 @@ def test_a_read_deletes_the_free_keys_of_dead_nodes_and_no_other(
         forget(node_ids)
         done.set()
 
-    monkeypatch.setattr(agent, "forget_free_keys", forgotten)
+    monkeypatch.setattr("tpuslice._view.cluster.forget_free_keys", forgotten)
     read_snapshot(1)
     assert done.wait(10)  # the deletes run in the background; all of them by now
     assert deleted == [f"tpu-free/{ids[1]}"]

@@ -19,6 +19,8 @@ import tpuslice
 CHECKED_MODULES: tuple[str, ...] = (
     "tpuslice._run.actors",
     "tpuslice._host.agent",
+    "tpuslice._view.agents",
+    "tpuslice._reserve.queue.agents",
     "tpuslice._reserve.claim",
     "tpuslice.cli.commands",
     "tpuslice.cli.connect",
@@ -38,6 +40,8 @@ CHECKED_MODULES: tuple[str, ...] = (
     "tpuslice._host.context",
     "tpuslice._host.tpu_lock",
     "tpuslice._view.layouts",
+    "tpuslice._run.layout_records",
+    "tpuslice._reserve.queue.holders",
     "tpuslice._tpu.subslice",
     "tpuslice._run.subslices",
     "tpuslice._reserve.targets",

@@ -8,7 +8,8 @@ that rule in one list. The checks, each failing with ``file:line`` and the rule 
   ``TYPE_CHECKING`` (the type checker, and ``typing.get_type_hints``, follow them);
 - no production module imports :mod:`tpuslice.testing`;
 - only ``_tpu/_ray.py`` imports Ray's private modules (``ray._private``, ``ray._raylet``, ...);
-- no module imports an underscore name from another module (private modules are fine).
+- no module imports an underscore name from another module (private modules are fine);
+- no module of :mod:`tpuslice._view`, which only reads, names Ray's KV writers.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ layer of its own; ``__init__`` is the package itself, whose public names load la
 from every layer."""
 
 RAY_PRIVATE_ALLOWED = {"tpuslice._tpu._ray"}
+
+KV_WRITERS = {"kv_put", "kv_delete", "_internal_kv_put", "_internal_kv_del"}
+"""Ray's KV writers: ``_tpu/_ray.py``'s, and the private ones they wrap."""
 
 
 def rank_of(module: str) -> int:
@@ -203,10 +207,27 @@ def circles(edges: list[Edge]) -> list[str]:
     return found
 
 
+def view_writes(modules: Mapping[str, tuple[str, str]]) -> list[str]:
+    """Each place a module of ``tpuslice._view`` names a KV writer (a call, or a
+    reference handed on as a callback)."""
+    found = []
+    for name, (path, text) in modules.items():
+        if name != "tpuslice._view" and not name.startswith("tpuslice._view."):
+            continue
+        for node in ast.walk(ast.parse(text, filename=path)):
+            named = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+            if named in KV_WRITERS:
+                found.append(
+                    f"{path}:{node.lineno}: names Ray's KV writer {named}; tpuslice._view "
+                    "only reads: write from the layer of the code that needs it"
+                )
+    return found
+
+
 def check(modules: Mapping[str, tuple[str, str]]) -> list[str]:
     """Every violation in these modules."""
     edges, problems = read_imports(modules)
-    return problems + layer_violations(edges) + circles(edges)
+    return problems + layer_violations(edges) + circles(edges) + view_writes(modules)
 
 
 def planted(module: str, text: str, *more: tuple[str, str]) -> list[str]:
@@ -297,3 +318,14 @@ def test_ray_private_names_outside_ray_py_fail() -> None:
 def test_a_private_name_from_another_module_fails() -> None:
     found = planted("tpuslice._run.planted", "from tpuslice._reserve.claim import _hosts\n")
     assert len(found) == 1 and "the private name _hosts from tpuslice._reserve.claim" in found[0]
+
+
+def test_the_view_writing_into_rays_kv_fails() -> None:
+    found = planted(
+        "tpuslice._view.planted",
+        "from tpuslice._tpu import _ray\n\n_ray.kv_delete('tpu-free/n1', 'tpuslice')\n",
+    )
+    assert found == [
+        "tpuslice/_view/planted.py:3: names Ray's KV writer kv_delete; tpuslice._view only "
+        "reads: write from the layer of the code that needs it"
+    ]

@@ -140,9 +140,9 @@ def test_the_cluster_view_drops_notices_left_by_hosts_long_gone(
     deletes a notice STALE_S past its deadline (and keeps a fresh one)."""
     import time
 
-    from tpuslice._host import agent
     from tpuslice._host.notices import STALE_S
     from tpuslice._tpu import _ray
+    from tpuslice._view import agents
 
     now = time.time()
     old = Notice("preemption", "TRUE", now - STALE_S - 60, now - STALE_S - 30, "n1", "s", 0)
@@ -153,7 +153,7 @@ def test_the_cluster_view_drops_notices_left_by_hosts_long_gone(
         _ray, "kv_get_many", lambda keys, ns: {k: store[k] for k in keys if k in store}
     )
     monkeypatch.setattr(_ray, "kv_delete", lambda key, ns: store.pop(key))
-    notes = agent.recorded_notes()
+    notes = agents.recorded_notes()
     assert notes.owners == {} and notes.notices == {"n2": fresh} and notes.suspects == {}
     assert list(store) == ["tpu-notice/n2"]
 

@@ -12,6 +12,8 @@ import pytest
 from tpuslice._host import agent
 from tpuslice._host.agent import OwnerWatch
 from tpuslice._host.tpu_lock import TPUOwner
+from tpuslice._reserve.queue import agents as client
+from tpuslice._view import agents as view
 
 
 class Host:
@@ -274,9 +276,9 @@ def test_the_cluster_read_lists_the_free_keys_without_reading_them(
 
     monkeypatch.setattr(agent._ray, "kv_list", lambda prefix, ns: sorted(store))
     monkeypatch.setattr(agent._ray, "kv_get_many", get_many)
-    notes = agent.recorded_notes()
+    notes = view.recorded_notes()
     assert notes.seen_free == {"n1", "n2"}
     assert set(notes.owners) == {"n3"}
     assert read == [["tpu-owner/n3"]]
     # Their agents wrote the keys, so they are up: an ask of one is waited for.
-    assert agent.AGENTS.is_up("n1") and agent.AGENTS.is_up("n2")
+    assert client.AGENTS.is_up("n1") and client.AGENTS.is_up("n2")

@@ -22,8 +22,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import tpuslice
 from clusterutil import hold_host, wait_for
-from tpuslice._host.agent import FREE_TRUST_S
 from tpuslice._host.tpu_lock import SIM_ROOT_ENV
+from tpuslice._reserve.queue.agents import FREE_TRUST_S
 from tpuslice._reserve.reserve import plumbing
 from tpuslice._sim.procs import pid_alive
 from tpuslice.cli.commands import main

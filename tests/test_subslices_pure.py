@@ -15,6 +15,7 @@ import pytest
 from tpuslice._host.context import with_context
 from tpuslice._reserve import claim
 from tpuslice._reserve.request import SliceRequest
+from tpuslice._run import layout_records
 from tpuslice._run.subslices import SubSlices, subslice_env
 from tpuslice._tpu import keys, subslice
 from tpuslice._tpu.clock import Clock
@@ -54,15 +55,15 @@ class Layouts:
 
 class RecordedLayouts(Layouts):
     """As :class:`Layouts`, but each layout learned is recorded, and read back, by
-    tpuslice's own records (:mod:`tpuslice._view.layouts`) in a :class:`Store`."""
+    tpuslice's own records (:mod:`tpuslice._run.layout_records`) in a :class:`Store`."""
 
     def discover(self, info: SliceInfo, request: SliceRequest) -> Layout:
         learned = super().discover(info, request)
-        layouts.save(learned)
+        layout_records.save(learned)
         return learned
 
     def load(self, info: SliceInfo) -> Layout | None:
-        return layouts.load(info)
+        return layout_records.load(info)
 
 
 class Store:
@@ -222,11 +223,11 @@ def test_a_layout_another_driver_recorded_is_read_not_learned_until_a_host_is_re
     info = cluster.snapshot(1).slices["v6e-16-0"]
     nodes = {w: h.node_id for w, h in info.hosts.items()}
     learned = Layout("v6e-16-0", "4x4", scrambled(4, 9), nodes)
-    layouts.save(learned)  # by the other driver
+    layout_records.save(learned)  # by the other driver
     layouts.forget("v6e-16-0")  # this one has no copy
-    assert layouts.load(info) == learned
+    assert layout_records.load(info) == learned
     replace_host(cluster, "v6e-16-0", 1)
-    assert layouts.load(cluster.snapshot(1).slices["v6e-16-0"]) is None
+    assert layout_records.load(cluster.snapshot(1).slices["v6e-16-0"]) is None
 
 
 def test_subslice_index_picks_that_sub_slice_and_out_of_range_fails_at_once() -> None:

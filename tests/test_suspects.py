@@ -12,7 +12,7 @@ import pytest
 
 from test_cluster_view import idle, killed, take, tpu_node, tpu_slice
 from test_status import render
-from tpuslice._host import agent, suspects
+from tpuslice._host import suspects
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import (
     DEFAULT_COOLDOWN_S,
@@ -23,6 +23,7 @@ from tpuslice._host.suspects import (
 )
 from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, SUSPECT_COOLDOWN_KEY, SUSPECT_KEY_PREFIX
+from tpuslice._view import agents
 from tpuslice._view.cluster import SliceState, build_snapshot
 from tpuslice.cli import status
 from tpuslice.errors import InvalidArgumentError
@@ -155,10 +156,10 @@ def test_the_cluster_view_reads_suspects_in_the_listing_of_the_other_host_record
     store.data["tpu-notice/n2"] = notice.to_json()
     (record,) = suspects.mark([blame("n1")], now=1000.0)
     store.calls.clear()
-    notes = agent.recorded_notes(now=1001.0)
+    notes = agents.recorded_notes(now=1001.0)
     assert store.calls == ["list", "get_many"]
     assert (notes.owners, notes.notices, notes.suspects) == ({}, {"n2": notice}, {"n1": record})
-    assert agent.recorded_notes(now=record.until).suspects == {}
+    assert agents.recorded_notes(now=record.until).suspects == {}
     assert SUSPECT_KEY_PREFIX + "n1" not in store.data  # the reader deleted the ended one
 
 

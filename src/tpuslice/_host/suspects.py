@@ -3,7 +3,7 @@
 When a run hangs on a host, loses it without notice, or a worker crashes there, whoever
 saw it writes a :class:`Suspect` record in Ray's KV store (``tpu-suspect/<node id>``,
 namespace ``tpuslice``). The cluster view reads the records in the same listing as the
-agents' owner and notice records (:func:`tpuslice._host.agent.recorded_notes`), so a slice
+agents' owner and notice records (:func:`tpuslice._view.agents.recorded_notes`), so a slice
 with a suspect host shows as such to status, to new reservations and to the queue, at no
 extra cost. Placement then prefers other slices, and takes a suspect one only as a last
 resort (:func:`tpuslice._reserve.queue.schedule.last_resort`).

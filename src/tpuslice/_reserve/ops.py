@@ -18,9 +18,11 @@ from ray.util import placement_group_table
 from ray.util.placement_group import PlacementGroup, placement_group
 
 from tpuslice._reserve.groups import remove_group, wait_all
+from tpuslice._reserve.queue.agents import start_probe
 from tpuslice._reserve.queue.service import SliceQueue
 from tpuslice._tpu import _ray
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
+from tpuslice._view.agents import free_hosts
 from tpuslice._view.cluster import ClusterSnapshot, read_snapshot
 
 
@@ -232,17 +234,15 @@ class RayOps:
         return _ray.cluster_can_grow()
 
     def free_hosts(self) -> frozenset[str]:
-        """List the hosts' ``tpu-free/`` keys (:func:`tpuslice._host.agent.free_hosts`).
+        """List the hosts' ``tpu-free/`` keys (:func:`tpuslice._view.agents.free_hosts`).
 
         Returns:
             The node ids whose keys are there.
         """
-        from tpuslice._host.agent import free_hosts
-
         return free_hosts()
 
     def start_owner_probe(self, node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
-        """Ask the hosts' TPU agents (:func:`tpuslice._host.agent.start_probe`).
+        """Ask the hosts' TPU agents (:func:`tpuslice._reserve.queue.agents.start_probe`).
 
         Args:
             node_ids: The hosts to ask.
@@ -250,8 +250,6 @@ class RayOps:
         Returns:
             A function that waits for the answers.
         """
-        from tpuslice._host.agent import start_probe
-
         return start_probe(node_ids)
 
     def slice_queue(self) -> SliceQueue:

@@ -29,14 +29,17 @@ from tpuslice._reserve.claim import Reservation, Reserver
 from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
 from tpuslice._reserve.plan import ReservationPlan
 from tpuslice._reserve.queue.actor import QUEUE_LINK
+from tpuslice._reserve.queue.agents import confirm_released
+from tpuslice._reserve.queue.holders import forget_held, record_held
 from tpuslice._reserve.queue.place import this_driver
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.targets import Targets
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, CallEnv
+from tpuslice._view.agents import notices_for
 from tpuslice._view.cluster import HostInfo, SliceInfo, wait_freed
-from tpuslice._view.holders import Holder, forget_held, record_held
+from tpuslice._view.holders import Holder
 from tpuslice.errors import (
     InsufficientSlicesError,
     InvalidArgumentError,
@@ -436,13 +439,11 @@ class SlicePlacementGroup(ShutsDownOnExit):
 
     def _confirm_free(self, pids: Mapping[str, set[int]] | None = None) -> None:
         """Have each host's agent stop the processes of this work that still own its TPU,
-        and confirm it (see :func:`tpuslice._host.agent.confirm_released`).
+        and confirm it (see :func:`tpuslice._reserve.queue.agents.confirm_released`).
 
         Args:
             pids: Per host, pids of processes that ran this slice's tasks.
         """
-        from tpuslice._host.agent import confirm_released  # agent builds on reserve's siblings
-
         confirm_released(sorted(set(self._rank_nodes())), pids)
 
     def notices(self) -> list[Notice]:
@@ -453,8 +454,6 @@ class SlicePlacementGroup(ShutsDownOnExit):
         Returns:
             The notices; empty when none stands.
         """
-        from tpuslice._host.agent import notices_for  # agent.py builds on reserve's siblings
-
         found = notices_for(sorted(set(self._rank_nodes())))
         return sorted(found.values(), key=lambda n: n.deadline)
 

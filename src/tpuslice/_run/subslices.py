@@ -9,10 +9,10 @@ A sub-slice reservation goes through the same claiming loop as a whole slice
   sub-slice, idle or busy, could serve, or the deadline is near); parts of one slice are
   held by different jobs at once, and a sub-slice another job took between the look and
   the claim is given back, not waited on;
-- a slice's layout is learned once (:mod:`tpuslice._view.layouts`): only when no known
-  sub-slice is idle and the slice is wholly idle, through an ordinary whole-slice
-  reservation pinned to it (so never while anyone holds part of it), again when its hosts
-  are replaced;
+- a slice's layout is learned once (:mod:`tpuslice._view.layouts`, recorded by
+  :mod:`tpuslice._run.layout_records`): only when no known sub-slice is idle and the slice
+  is wholly idle, through an ordinary whole-slice reservation pinned to it (so never while
+  anyone holds part of it), again when its hosts are replaced;
 - the result is a :class:`SubslicePlacementGroup`, a :class:`~tpuslice.SlicePlacementGroup`
   of the sub-slice's hosts in rank order (physical order, see
   ``compat.SUBSLICE_DIFFERENCES``): ``run_on_slice`` and ``SliceActorGroup`` run on it
@@ -35,6 +35,7 @@ from tpuslice._reserve.ops import RAY_OPS, ClusterOps
 from tpuslice._reserve.queue.schedule import last_resort
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SlicePlacementGroup, reserve_slices
+from tpuslice._run import layout_records
 from tpuslice._tpu import subslice
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, CallEnv
@@ -66,7 +67,8 @@ class SubSlices:
         request: A ``subslice=True`` request.
         ops: The cluster (Ray's by default).
         discover: Learns a slice's layout (default: :func:`discover_layout`).
-        load: Reads a slice's recorded layout (default: :func:`tpuslice._view.layouts.load`).
+        load: Reads a slice's recorded layout (default:
+            :func:`tpuslice._run.layout_records.load`).
         now: Monotonic seconds (the claiming loop's clock, for tests).
     """
 
@@ -82,7 +84,7 @@ class SubSlices:
         self.plan = request.plan
         self.ops = ops
         self._discover = discover or discover_layout
-        self._load = load or layouts.load
+        self._load = load or layout_records.load
         self.layouts: dict[str, layouts.Layout] = {}
         self.chosen: dict[tuple[str, tuple[int, ...]], tuple[str, int]] = {}
         """``(slice, worker ids)`` of each picked sub-slice -> its parent topology, index."""
@@ -361,7 +363,7 @@ def discover_layout(info: SliceInfo, request: SliceRequest) -> layouts.Layout:
     except ValueError as exc:
         raise DiscoveryFailedError(str(exc)) from exc
     layout = layouts.Layout(info.name, shape.topology, physical, nodes)
-    layouts.save(layout)
+    layout_records.save(layout)
     logger.info(
         "learned the layout of %s (%s) in %.1f s",
         info.name,

@@ -37,6 +37,7 @@ from tpuslice._host.suspects import Blame, SuspectReason
 from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX as BEAT_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
+from tpuslice._view.agents import notices_for
 from tpuslice._view.cluster import HostInfo
 from tpuslice.errors import InvalidArgumentError
 from tpuslice.record.goodput import GangProgress
@@ -281,11 +282,7 @@ class AttemptWatch:
         self.hosts = list(hosts)
         self._read_dead = read_dead
         self._on_notice_event = on_notice_event
-        if read_notices is None:
-            from tpuslice._host.agent import notices_for  # agent.py imports Ray actors
-
-            read_notices = notices_for
-        self._read_notices = read_notices
+        self._read_notices = notices_for if read_notices is None else read_notices
         self._read_beats = read_beats or (lambda keys: _ray.kv_get_many(list(keys), NAMESPACE))
         self._forget = forget or (lambda prefix: _ray.kv_delete(prefix, NAMESPACE, prefix=True))
         self._clock = clock

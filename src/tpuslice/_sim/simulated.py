@@ -492,10 +492,10 @@ class SimulatedCluster:
 
     def connect(self, namespace: str | None = None) -> None:
         """``ray.init`` this process to the simulated cluster, start every host's TPU agent
-        in the background (:mod:`tpuslice._host.agent`; a real cluster's agents exist after
-        their first use, so this keeps a fresh simulated one comparable), and start the
-        cluster's slice queue, waiting until it answers (the set-up step the docs give for
-        a real cluster, so that no reservation waits for it).
+        in the background (:mod:`tpuslice._reserve.queue.agents`; a real cluster's agents
+        exist after their first use, so this keeps a fresh simulated one comparable), and
+        start the cluster's slice queue, waiting until it answers (the set-up step the docs
+        give for a real cluster, so that no reservation waits for it).
 
         Args:
             namespace: Ray namespace of this driver (default: an anonymous one).
@@ -510,8 +510,8 @@ class SimulatedCluster:
             logging_level=logging.WARNING,
         )
         self._connected = True
-        from tpuslice._host.agent import AGENTS
         from tpuslice._reserve.queue.actor import QUEUE_LINK
+        from tpuslice._reserve.queue.agents import AGENTS
 
         AGENTS.handles([h.node.node_id for s in self.slices.values() for h in s.hosts if h.alive])
         try:

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import ray
 
+from tpuslice._host.agent import forget_free_keys
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Suspect
 from tpuslice._tpu import _ray
@@ -37,6 +38,7 @@ from tpuslice._tpu.labels import (
     WORKER_ID_LABEL,
 )
 from tpuslice._tpu.topology import SliceShape, parse_pod_type, slice_shape
+from tpuslice._view.agents import recorded_notes
 from tpuslice._view.holders import given_by_queue
 from tpuslice._view.queue_record import QueuedRequest, QueueRecord
 from tpuslice._view.quotas import Quotas, read_quotas
@@ -674,7 +676,7 @@ def as_freed(info: SliceInfo, now: float | None = None) -> SliceInfo | None:
 def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     """Read the connected cluster: one available-resources call (``ray.nodes()`` too
     when the set of alive nodes changed), and, alongside, the TPU owners and notices the
-    hosts' agents recorded (:mod:`tpuslice._host.agent`), the suspect hosts
+    hosts' agents recorded (:mod:`tpuslice._view.agents`), the suspect hosts
     (:mod:`tpuslice._host.suspects`) and the queue's record from Ray's KV store. A dead
     node's ``tpu-free/`` key found on the way is deleted, in the background.
 
@@ -691,11 +693,6 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
     # The KV read goes through another GCS client than the node and resource reads, so
     # it runs alongside them (they share one client and would only queue behind it).
-    from tpuslice._host.agent import (  # agent.py builds on this module's siblings
-        forget_free_keys,
-        recorded_notes,
-    )
-
     recorded = SNAPSHOT_READS.kv_reader.submit(recorded_notes)
     queued = SNAPSHOT_READS.kv_reader.submit(read_queue_record)
     quotas = SNAPSHOT_READS.kv_reader.submit(read_quotas)

@@ -1,4 +1,5 @@
-"""Who holds each slice, and the queue's notices to leave: records in Ray's KV store.
+"""Who holds each slice, and the queue's notices to leave: reading the records in Ray's
+KV store (their writers are :mod:`tpuslice._reserve.queue.holders`).
 
 A reservation, once it holds its slices, records a :class:`Holder` for each
 (``holder/<slice>``): its tenant, priority, whether it may be preempted, since when, and
@@ -14,15 +15,14 @@ the format a metadata server's preemption notice takes (``tpu-preempt/<node id>`
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from tpuslice._host.notices import Notice
 from tpuslice._tpu import _ray
-from tpuslice._tpu.keys import HOLDER_KEY_PREFIX, NAMESPACE, PREEMPT_KEY_PREFIX
+from tpuslice._tpu.keys import HOLDER_KEY_PREFIX, NAMESPACE
 
 logger = logging.getLogger(__name__)
 
@@ -101,60 +101,6 @@ class Holder:
             raise ValueError(f"not a holder record: {exc}") from exc
 
 
-def record_held(holders: Iterable[Holder]) -> None:
-    """Record a reservation's slices as held by it (best effort: a cluster without these
-    records still works; its queue sees the slices busy, held by no one it can name).
-
-    Args:
-        holders: One per slice.
-    """
-    try:
-        for holder in holders:
-            _ray.kv_put(HOLDER_KEY_PREFIX + holder.slice_name, holder.to_json(), NAMESPACE)
-    except _ray.kv_errors() as exc:
-        logger.debug("could not record the slices held: %s", exc)
-
-
-def forget_held(slice_names: Sequence[str], node_ids: Sequence[str], holder: str) -> None:
-    """At a hand-back: delete the slices' holder records and the notices the queue gave
-    their hosts, those of this reservation only (the slices may already be another's,
-    after a preemption took them back), best effort.
-
-    Args:
-        slice_names: The slices handed back.
-        node_ids: Their hosts.
-        holder: The reservation's holder id.
-    """
-    try:
-        forget_records(slice_names, holder)
-        # One listing, then only the hosts warned: almost always none.
-        prefix = PREEMPT_KEY_PREFIX
-        warned = [k for k in _ray.kv_list(prefix, NAMESPACE) if k.removeprefix(prefix) in node_ids]
-        for key, raw in _ray.kv_get_many(warned, NAMESPACE).items():
-            with contextlib.suppress(ValueError):
-                if Notice.from_json(raw).holder == holder:
-                    _ray.kv_delete(key, NAMESPACE)
-    except _ray.kv_errors() as exc:
-        logger.debug("could not forget the slices held: %s", exc)
-
-
-def forget_records(slice_names: Sequence[str], holder: str) -> None:
-    """Delete the holder records of these slices that are still ``holder``'s.
-
-    Args:
-        slice_names: The slices.
-        holder: The holder id whose records go.
-    """
-    keys = [HOLDER_KEY_PREFIX + name for name in slice_names]
-    for key, raw in _ray.kv_get_many(keys, NAMESPACE).items():
-        try:
-            mine = Holder.from_json(raw).holder == holder
-        except ValueError:
-            mine = True  # unreadable: nobody's
-        if mine:
-            _ray.kv_delete(key, NAMESPACE)
-
-
 def read_holders() -> dict[str, Holder]:
     """Every holder record, by slice (one listing and one read).
 
@@ -172,26 +118,6 @@ def read_holders() -> dict[str, Holder]:
             continue
         found[holder.slice_name] = holder
     return found
-
-
-def give_notices(notices: Iterable[Notice]) -> None:
-    """Record the queue's notices on their hosts.
-
-    Args:
-        notices: One per host (their ``node_id`` names the host).
-    """
-    for notice in notices:
-        _ray.kv_put(PREEMPT_KEY_PREFIX + notice.node_id, notice.to_json(), NAMESPACE)
-
-
-def clear_notices(node_ids: Iterable[str]) -> None:
-    """Delete the queue's notices on these hosts.
-
-    Args:
-        node_ids: The hosts.
-    """
-    for node_id in node_ids:
-        _ray.kv_delete(PREEMPT_KEY_PREFIX + node_id, NAMESPACE)
 
 
 def given_by_queue(notice: Notice | None) -> bool:

@@ -1,4 +1,5 @@
-"""Where each host of a slice physically sits: learned once per slice, kept in Ray's KV.
+"""Where each host of a slice physically sits: learned once per slice, kept in Ray's KV
+(read here; :mod:`tpuslice._run.layout_records` writes the records).
 
 A slice's *layout* maps each TPU worker id to its physical position (see
 :mod:`tpuslice._tpu.subslice`). It is learned by *discovery*: reserve the whole slice (only
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -157,28 +157,28 @@ def forget(slice_name: str) -> None:
     KNOWN_LAYOUTS.forget(slice_name)
 
 
-def load(info: SliceInfo, *, record: bool = True) -> Layout | None:
+def load(info: SliceInfo) -> Layout | None:
     """The layout of a slice: this process's copy if it still describes the slice, else
-    as recorded.
+    as recorded. Reads only: a layout found only in Ray's record names no nodes
+    (:func:`tpuslice._run.layout_records.load` records it as tpuslice's).
 
     Args:
         info: The slice now.
-        record: When only Ray's record exists, write tpuslice's (with today's nodes).
 
     Returns:
-        tpuslice's record if current, else one read from Ray's (recorded now as ours,
-        with today's nodes), else ``None``: the slice must be discovered.
+        tpuslice's record if current, else one read from Ray's (``nodes`` ``None``), else
+        ``None``: the slice must be discovered.
     """
     cached = KNOWN_LAYOUTS.get(info.name)
     if cached is not None and cached.current_for(info):
         return cached
-    found = _read(info, record)
+    found = _read(info)
     if found is not None and found.nodes is not None:
         KNOWN_LAYOUTS.keep(found)
     return found
 
 
-def _read(info: SliceInfo, record: bool) -> Layout | None:
+def _read(info: SliceInfo) -> Layout | None:
     raw = _ray.kv_get(KEY_PREFIX + info.name, NAMESPACE)
     if raw is not None:
         try:
@@ -193,12 +193,7 @@ def _read(info: SliceInfo, record: bool) -> Layout | None:
             logger.warning("ignoring the unreadable layout record of %s: %s", info.name, exc)
         else:
             return layout if layout.current_for(info) else None
-    from_ray = _from_ray_record(info)
-    if from_ray is not None and record:
-        layout = Layout(info.name, info.topology, from_ray.physical, _nodes(info))
-        save(layout, ray_too=False, source="ray")
-        return layout
-    return from_ray
+    return _from_ray_record(info)
 
 
 def _from_ray_record(info: SliceInfo) -> Layout | None:
@@ -219,33 +214,6 @@ def _from_ray_record(info: SliceInfo) -> Layout | None:
         info.name, info.topology, {w: p for w, p in physical.items() if p is not None}, None
     )
     return layout if layout.current_for(info) else None
-
-
-def _nodes(info: SliceInfo) -> dict[int, str]:
-    return {w: h.node_id for w, h in info.hosts.items() if h.alive}
-
-
-def save(layout: Layout, *, ray_too: bool = True, source: str = "tpuslice") -> None:
-    """Record a layout: tpuslice's record, and Ray's (so Ray's API reads it).
-
-    Args:
-        layout: What discovery learned.
-        ray_too: Also write Ray's record.
-        source: Who learned it: ``tpuslice``, or ``ray`` (read from Ray's record).
-    """
-    data = {
-        "topology": layout.topology,
-        "physical": {str(w): p for w, p in layout.physical.items()},
-        "nodes": {str(w): n for w, n in (layout.nodes or {}).items()},
-        "source": source,
-        "learned_at": time.time(),
-    }
-    _ray.kv_put(KEY_PREFIX + layout.slice_name, json.dumps(data).encode(), NAMESPACE)
-    if layout.nodes is not None:
-        KNOWN_LAYOUTS.keep(layout)
-    if ray_too:
-        record = json.dumps(layout.ray_labels()).encode()
-        _ray.kv_put(subslice.kv_key(layout.slice_name).decode(), record, RAY_SUBSLICE_NAMESPACE)
 
 
 def chip_coordinates_here() -> list[list[int]]:

@@ -17,6 +17,7 @@ from rich.table import Table
 
 import tpuslice
 from tpuslice._reserve.queue.actor import QUEUE_LINK, START_WAIT_S
+from tpuslice._reserve.queue.agents import describe_errors, probe_owners
 from tpuslice._tpu import topology as topo
 from tpuslice._view import cluster
 from tpuslice.cli import goodput as cli_goodput
@@ -194,8 +195,6 @@ def ask_owners(snapshot: cluster.ClusterSnapshot) -> None:
     Args:
         snapshot: The cluster's hosts.
     """
-    from tpuslice._host.agent import describe_errors, probe_owners
-
     nodes = [h.node_id for s in snapshot.slices.values() for h in s.hosts.values() if h.alive]
     with console.status(f"asking {len(nodes)} TPU host(s) who owns their TPU"):
         failed = describe_errors(probe_owners(nodes))
@@ -219,7 +218,7 @@ def known_layouts(snapshot: cluster.ClusterSnapshot) -> dict[str, dict[int, int]
     for info in snapshot.slices.values():
         if info.shape is None or info.shape.chips_per_host != 4 or info.shape.is_single_host:
             continue
-        layout = layouts.load(info, record=False)
+        layout = layouts.load(info)
         if layout is not None:
             found[info.name] = dict(layout.physical)
     return found

@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from tpuslice._reserve.queue.agents import kill_owner, probe_owners
 from tpuslice._view import cluster
 from tpuslice.cli.connect import UsageError, connected
 
@@ -52,8 +53,6 @@ def find_host(snapshot: cluster.ClusterSnapshot, host: str) -> cluster.HostInfo:
 @click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
 def release_tpu(host: str, yes: bool, address: str | None) -> None:
     """Stop the process that owns HOST's TPU (your own processes only; asks first)."""
-    from tpuslice._host.agent import kill_owner, probe_owners
-
     with connected(address):
         target = find_host(cluster.read_snapshot(), host)
         found = probe_owners([target.node_id])[target.node_id]

@@ -19,6 +19,7 @@ from typing import Any
 
 import ray
 
+from tpuslice._reserve.queue.agents import start_probe
 from tpuslice._reserve.queue.book import LEASE_S, Answer
 from tpuslice._reserve.queue.orders import USAGE_SAVE_S, carry_out, read_usage, save_usage
 from tpuslice._reserve.queue.runner import QueueRunner
@@ -185,8 +186,6 @@ def _publish(record: QueueRecord) -> None:
 
 
 def _reprobe(node_ids: Sequence[str]) -> None:
-    from tpuslice._host.agent import start_probe  # the agents build on the queue's siblings
-
     start_probe(node_ids)()
 
 

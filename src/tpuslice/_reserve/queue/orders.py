@@ -2,7 +2,7 @@
 across its restarts: the I/O side of :class:`~tpuslice._reserve.queue.service.Orders`.
 
 - A preemption gives a notice on each host of the work's slices
-  (:func:`~tpuslice._view.holders.give_notices`), which the work sees as it sees a GCE
+  (:func:`~tpuslice._reserve.queue.holders.give_notices`), which the work sees as it sees a GCE
   preemption notice, records a ``preempted`` event, and counts it.
 - Work still there when its grace runs out has its placement groups removed (its tasks and
   actors end with them), its records forgotten, and a ``taken_back`` event.
@@ -19,12 +19,13 @@ import time
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from tpuslice._host.agent import stop_job_tpus
+from tpuslice._reserve.queue.agents import stop_job_tpus
+from tpuslice._reserve.queue.holders import clear_notices, forget_records, give_notices
 from tpuslice._reserve.queue.service import Orders
 from tpuslice._reserve.queue.share import Usage
 from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, USAGE_KEY
-from tpuslice._view.holders import Holder, clear_notices, forget_records, give_notices
+from tpuslice._view.holders import Holder
 from tpuslice._view.quotas import DEFAULT_HALF_LIFE_S, read_quotas
 from tpuslice.record import events, metrics
 

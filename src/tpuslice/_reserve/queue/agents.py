@@ -1,0 +1,410 @@
+"""A driver's client to the host agents (:mod:`tpuslice._host.agent`): their handles,
+and what it asks of them.
+
+- :func:`probe_owners` and :func:`start_probe`: each host's TPU owner, if any.
+- :func:`release_tpus` and :func:`confirm_released`: on each host, stop this job's
+  processes that still own the TPU (SIGTERM, then SIGKILL after a grace), and confirm
+  the TPU is free of them; :func:`stop_job_tpus` asks the same without waiting (the
+  queue's take-back).
+- :func:`kill_owner`: stop a named owner on request (``tpuslice release-tpu``), only a
+  process of the same user.
+
+What the agents record is read by :mod:`tpuslice._view.agents`. The client sits in the
+queue's layer because the queue asks the agents too (its take-backs and its re-probes).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from tpuslice._host.agent import HostAgent
+from tpuslice._host.tpu_lock import TPUOwner
+from tpuslice._tpu.keys import AGENT_NAME_PREFIX as NAME_PREFIX
+from tpuslice._tpu.keys import NAMESPACE
+from tpuslice._view.agents import LISTED_FREE
+
+logger = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 60.0
+"""Bound on one round of agent calls; the first on a host includes starting its agent."""
+LOOKUPS_AT_ONCE = 8
+"""Agent handles a driver looks up at once (threads, each waiting on the GCS)."""
+GRACE_S = 2.0
+"""How long an owner may take to exit after SIGTERM before it gets SIGKILL."""
+RELEASE_TIMEOUT_S = 15.0
+START_WAIT_S = 1.0
+"""How long a reservation waits for an agent not yet known to be up (it may be
+starting) before it counts that host's TPU as free."""
+FREE_TRUST_S = 2.0
+"""How long this driver trusts its own finding that a host's TPU is free (from a probe
+or a hand-back) before a reservation asks that host again. Back-to-back jobs in one
+driver skip a probe round; a process outside Ray that takes the TPU meanwhile is met by
+the next call instead (a TPUInUseError naming it) and recorded at that slice's
+hand-back."""
+
+_remote_agent = ray.remote(num_cpus=0, max_restarts=-1)(HostAgent)
+
+
+class Agents:
+    """This driver's handles to the host agents, and what their answers told it: which
+    agents are up, and when each host's TPU was last seen free.
+
+    A host's own lock is held while its handle is found or created, so that it gets one
+    agent, and the hosts of one reservation are looked up at once (:meth:`handles`); the
+    notes are single dict and set operations, taken without a lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        """Guards :attr:`_host_locks`."""
+        self._host_locks: dict[str, threading.Lock] = {}
+        self._handles: dict[str, Any] = {}
+        self._free_at: dict[str, float] = {}
+        """Node id -> when this driver last saw its TPU free (monotonic seconds)."""
+        self._up: set[str] = set()
+        """Nodes whose agents have answered this process: they are up."""
+
+    def handle(self, node_id: str) -> Any:
+        """The agent actor of one node, created there if it has none (cached).
+
+        An existing agent is looked up by name (well under a millisecond); only a missing
+        one is created, since creating (even ``get_if_exists``) makes a new driver export
+        the actor class first.
+
+        Args:
+            node_id: Hex id of a live node.
+
+        Returns:
+            Its actor handle.
+        """
+        handle = self._handles.get(node_id)
+        if handle is not None:
+            return handle
+        with self._lock:
+            host_lock = self._host_locks.setdefault(node_id, threading.Lock())
+        with host_lock:
+            handle = self._handles.get(node_id)  # another thread's, found meanwhile
+            if handle is None:
+                try:
+                    handle = ray.get_actor(NAME_PREFIX + node_id, namespace=NAMESPACE)
+                except ValueError:  # no agent there yet
+                    handle = _remote_agent.options(
+                        name=NAME_PREFIX + node_id,
+                        namespace=NAMESPACE,
+                        lifetime="detached",
+                        get_if_exists=True,
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                    ).remote(node_id)
+                self._handles[node_id] = handle
+            return handle
+
+    def handles(self, node_ids: Sequence[str]) -> dict[str, Any]:
+        """The agents of several nodes; those this driver has no handle to yet are looked
+        up at once (each lookup is a round trip to the GCS, which a fresh driver's first
+        reservation of 16 hosts would otherwise pay 16 times in a row).
+
+        Args:
+            node_ids: Hex ids of live nodes.
+
+        Returns:
+            Node id -> its agent's actor handle.
+        """
+        missing = [n for n in dict.fromkeys(node_ids) if n not in self._handles]
+        if len(missing) > 1:
+            with ThreadPoolExecutor(min(LOOKUPS_AT_ONCE, len(missing))) as pool:
+                list(pool.map(self.handle, missing))
+        return {node: self.handle(node) for node in node_ids}
+
+    def forget(self, node_id: str) -> None:
+        """Drop a node's handle after a failed call (found or created again next time).
+
+        Args:
+            node_id: The node.
+        """
+        self._handles.pop(node_id, None)
+
+    def note(self, node_id: str, owner: object) -> None:
+        """Remember that the node's agent answered, and when its host was seen free
+        (forget that as soon as it was seen owned).
+
+        Args:
+            node_id: The node.
+            owner: What the agent answered: ``None`` when the TPU is free.
+        """
+        self._up.add(node_id)
+        if owner is None:
+            self._free_at[node_id] = time.monotonic()
+        else:
+            self._free_at.pop(node_id, None)
+
+    def is_up(self, node_id: str) -> bool:
+        """Whether the node's agent has answered this process, or a listing showed its
+        ``tpu-free/`` key (:data:`~tpuslice._view.agents.LISTED_FREE`; a dead node's key
+        lasts until a cluster read deletes it).
+
+        Args:
+            node_id: The node.
+
+        Returns:
+            True once either happened.
+        """
+        return node_id in self._up or node_id in LISTED_FREE
+
+    def seen_free_within(self, node_id: str, seconds: float, now: float) -> bool:
+        """Whether this driver saw the node's TPU free less than ``seconds`` before ``now``.
+
+        Args:
+            node_id: The node.
+            seconds: How recent the finding must be.
+            now: Monotonic seconds.
+
+        Returns:
+            True if it was seen free that recently.
+        """
+        return now - self._free_at.get(node_id, -seconds) < seconds
+
+
+AGENTS = Agents()
+"""This driver's agent handles."""
+
+
+def _round(
+    node_ids: Sequence[str], call: Callable[[str, Any], Any], timeout_s: float
+) -> dict[str, TPUOwner | Exception | None]:
+    """Call every node's agent at once; each node's owner, or the error its call met."""
+    refs = {node: call(node, handle) for node, handle in AGENTS.handles(node_ids).items()}
+    if not refs:
+        return {}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    done = set(ready)
+    results: dict[str, TPUOwner | Exception | None] = {}
+    for node, ref in refs.items():
+        if ref not in done:
+            results[node] = TimeoutError(f"the TPU agent on node {node[:12]} did not answer")
+            continue
+        try:
+            data = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            AGENTS.forget(node)  # recreated next time, if the node still lives
+            results[node] = exc
+            continue
+        results[node] = None if data is None else TPUOwner.from_dict(data)
+        AGENTS.note(node, data)
+    return results
+
+
+def probe_owners(
+    node_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S, *, thorough: bool = True
+) -> dict[str, TPUOwner | Exception | None]:
+    """Each node's TPU owner now.
+
+    Args:
+        node_ids: Live TPU hosts.
+        timeout_s: Bound on the whole round (including starting agents).
+        thorough: Also find processes that bypassed libtpu's lock (see
+            :meth:`tpuslice._host.agent.HostAgent.owner`).
+
+    Returns:
+        Per node: its owner, ``None`` if the TPU is free, or the error that prevented
+        the answer (host gone, no answer in time).
+    """
+    return _round(node_ids, lambda node, a: a.owner.remote(thorough), timeout_s)
+
+
+def start_probe(
+    node_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S
+) -> Callable[[], dict[str, str | None]]:
+    """Ask each node's agent who owns its TPU, without waiting yet. A host this driver saw
+    free within :data:`FREE_TRUST_S` (its own probe or hand-back) is not asked again.
+
+    An agent that has not answered this process before may still be starting (the first
+    reservations on a fresh cluster start them): it gets :data:`START_WAIT_S`, and if it
+    has not answered by then its TPU counts as free. Its record joins the cluster view
+    once it is up, and a process it would have named is met by the first call instead,
+    as a :class:`~tpuslice.errors.TPUInUseError` naming it.
+
+    Args:
+        node_ids: The hosts to ask.
+        timeout_s: Bound on the wait for agents known to be up.
+
+    Returns:
+        A function that waits (bounded) and returns, per node, the owner described, or
+        ``None`` when the TPU is free or the agent could not answer (logged).
+    """
+    now = time.monotonic()
+    asked = [n for n in node_ids if not AGENTS.seen_free_within(n, FREE_TRUST_S, now)]
+    refs = {node: handle.owner.remote() for node, handle in AGENTS.handles(asked).items()}
+
+    def answers() -> dict[str, str | None]:
+        found: dict[str, str | None] = dict.fromkeys(node_ids)  # seen free just now
+        if not refs:
+            return found
+        done = _wait_for(refs, timeout_s)
+        for node, ref in refs.items():
+            found[node] = None
+            if ref not in done:
+                if AGENTS.is_up(node):
+                    logger.warning("TPU agent on node %s did not answer; assuming free", node[:12])
+                else:
+                    logger.info("TPU agent on node %s is starting; TPU not checked", node[:12])
+                continue
+            try:
+                data = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                AGENTS.forget(node)
+                logger.warning("TPU agent on node %s failed: %s", node[:12], exc)
+                continue
+            found[node] = None if data is None else TPUOwner.from_dict(data).describe()
+            AGENTS.note(node, data)
+        return found
+
+    return answers
+
+
+def _wait_for(refs: Mapping[str, Any], timeout_s: float) -> set[Any]:
+    """The refs answered: every agent gets :data:`START_WAIT_S`; those that answered this
+    process before get up to ``timeout_s`` in all."""
+    started = time.monotonic()
+    pending = list(refs.values())
+    ready, pending = ray.wait(pending, num_returns=len(pending), timeout=START_WAIT_S)
+    known = [refs[n] for n in refs if AGENTS.is_up(n) and refs[n] in pending]
+    if known:
+        rest = max(0.0, timeout_s - (time.monotonic() - started))
+        more, _ = ray.wait(known, num_returns=len(known), timeout=rest)
+        ready = [*ready, *more]
+    return set(ready)
+
+
+def release_tpus(
+    node_ids: Sequence[str],
+    pids: Mapping[str, set[int]] | None = None,
+    job_id: str | None = None,
+    *,
+    grace_s: float = GRACE_S,
+    timeout_s: float = RELEASE_TIMEOUT_S,
+) -> dict[str, TPUOwner | Exception | None]:
+    """On every node, stop the processes that ran the work being handed back and still
+    own its TPU, and confirm none does.
+
+    A process counts as ours if its pid is in ``pids`` for that node (it ran our tasks),
+    if it is a worker started for ``job_id`` (Ray sets ``RAY_JOB_ID`` in such a worker's
+    environment; a prestarted worker shows ``ffffffff`` instead), or if it is an idle Ray
+    worker (see :meth:`tpuslice._host.agent.HostAgent.release`). Anyone else is left alone.
+
+    Args:
+        node_ids: The hosts being handed back.
+        pids: Per node, pids of processes that ran this work.
+        job_id: This job (hex; default: the driver's).
+        grace_s: Seconds between SIGTERM and SIGKILL.
+        timeout_s: Bound on the whole round.
+
+    Returns:
+        Per node: ``None`` (free), someone else's owner (left alone), or the error that
+        prevented the answer.
+    """
+    job = job_id or ray.get_runtime_context().get_job_id()
+    known = pids or {}
+    return _round(
+        node_ids,
+        lambda node, a: a.release.remote(job, sorted(known.get(node, ())), grace_s, timeout_s),
+        timeout_s + PROBE_TIMEOUT_S,
+    )
+
+
+def stop_job_tpus(node_ids: Sequence[str], job_id: str) -> None:
+    """On each node, have its agent stop the processes of Ray job ``job_id`` that still
+    own its TPU, without waiting for the answers (the queue's take-back: a worker of the
+    work taken back can outlive its group in Ray's pool of idle workers).
+
+    Args:
+        node_ids: The hosts taken back.
+        job_id: The job whose work ran there (hex).
+    """
+    try:
+        agents = AGENTS.handles(node_ids)
+    except (ray.exceptions.RayError, ConnectionError, ValueError) as exc:
+        logger.warning(
+            "could not ask the agents of %d host(s) to free their TPUs: %s", len(node_ids), exc
+        )
+        return
+    for agent in agents.values():
+        agent.release.remote(job_id, [], GRACE_S, RELEASE_TIMEOUT_S)
+
+
+def kill_owner(node_id: str, pid: int, timeout_s: float = 5.0) -> TPUOwner | None:
+    """Stop the TPU owner ``pid`` on one node, if it is this user's process.
+
+    Args:
+        node_id: The host.
+        pid: The owner to stop (it must still own the TPU).
+        timeout_s: Seconds between SIGTERM and SIGKILL.
+
+    Returns:
+        The owner left afterwards, ``None`` if the TPU is free.
+
+    Raises:
+        PermissionError: the process belongs to another user.
+        ray.exceptions.RayError: the agent could not be reached.
+    """
+    data = ray.get(AGENTS.handle(node_id).kill.remote(pid, os.getuid(), timeout_s))
+    return None if data is None else TPUOwner.from_dict(data)
+
+
+def describe_errors(results: Mapping[str, TPUOwner | Exception | None]) -> list[str]:
+    """One line per node whose agent could not answer (for logs).
+
+    Args:
+        results: What a round of agent calls returned.
+
+    Returns:
+        ``<node>: <error>`` for each node that did not answer.
+    """
+    return [f"{node[:12]}: {err}" for node, err in results.items() if isinstance(err, Exception)]
+
+
+def confirm_released(
+    node_ids: Sequence[str], pids: Mapping[str, set[int]] | None = None
+) -> dict[str, TPUOwner | Exception | None]:
+    """The hand-back check: on every host, stop our processes that still own the TPU and
+    confirm it. Never raises for the cluster's sake: a host that cannot answer (dead, or
+    Ray gone) is logged, since there is nothing left to free on it.
+
+    Args:
+        node_ids: The hosts being handed back.
+        pids: Per node, pids of processes that ran the work (see :func:`release_tpus`).
+
+    Returns:
+        As :func:`release_tpus`; empty if Ray is not connected.
+    """
+    if not node_ids or not ray.is_initialized():
+        return {}
+    try:
+        results = release_tpus(node_ids, pids)
+    except (ray.exceptions.RayError, ConnectionError) as exc:
+        logger.warning("could not confirm the TPUs of %d host(s) are free: %s", len(node_ids), exc)
+        return {}
+    ours = {pid for node_pids in (pids or {}).values() for pid in node_pids}
+    job = ray.get_runtime_context().get_job_id()
+    for node, found in results.items():
+        if isinstance(found, Exception):
+            logger.warning("TPU of node %s not confirmed free: %s", node[:12], found)
+        elif found is not None and (found.pid in ours or found.job_id == job):
+            held = found.describe()
+            logger.error("TPU of node %s still held by %s after SIGKILL", node[:12], held)
+        elif found is not None:
+            logger.warning(
+                "TPU of node %s is held by %s, not started by this work: left running "
+                "(tpuslice release-tpu stops it)",
+                node[:12],
+                found.describe(),
+            )
+    return results

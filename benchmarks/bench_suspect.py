@@ -49,8 +49,11 @@ STEP_S = 2.0
 
 @ray.remote
 def train() -> str:
-    """Open the TPU, then step for 2 s with a heartbeat."""
-    tpuslice.jax.open_tpu()
+    """Open the TPU (libtpu's start, without JAX's import), then step for 2 s with a
+    heartbeat."""
+    from tpuslice.testing.libtpu import open_tpu
+
+    open_tpu()
     deadline = time.monotonic() + STEP_S
     while time.monotonic() < deadline:
         tpuslice.heartbeat()

@@ -185,7 +185,9 @@ def beat_until_go(marker_dir: str, go: str, open_tpu: bool = False) -> str:
     50 ms until the go file exists."""
     host = tpuslice.current_host()
     if open_tpu:
-        tpuslice.jax.open_tpu()
+        from tpuslice.testing.libtpu import open_tpu as take_tpu
+
+        take_tpu()
     hidden = Path(marker_dir, f".{host.slice_name}.{host.rank}.{time.monotonic_ns()}")
     hidden.write_text(host.slice_name)
     hidden.rename(Path(marker_dir, hidden.name[1:]))  # appears complete, never half-written

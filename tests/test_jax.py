@@ -4,9 +4,11 @@ context, the profiler registration the Ray dashboard reads."""
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import ray
@@ -15,6 +17,8 @@ import tpuslice
 import tpuslice.jax as tjax
 from clusterutil import free_port, spmd_allgather_function, wait_for
 from tpuslice._host.context import HostContext
+from tpuslice._sim.libtpu import HOST_ROOT_ENV
+from tpuslice._sim.simulated import SIM_SITE
 from tpuslice._tpu import _ray
 from tpuslice.testing import SimulatedCluster
 
@@ -25,6 +29,60 @@ def test_import_tpuslice_does_not_import_jax() -> None:
     code = "import sys, tpuslice, tpuslice.jax; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+OPEN_AND_HOLD = """
+import sys, jax, tpuslice.jax
+from tpuslice._host import tpu_lock
+tpuslice.jax.open_tpu()
+print(tpu_lock.HOST_ROOT, len(jax.devices("tpu")), flush=True)
+sys.stdin.readline()
+"""
+SECOND = """
+import jax, tpuslice.jax
+try:
+    jax.devices()
+except RuntimeError as exc:
+    print(exc)
+try:
+    tpuslice.jax.open_tpu()
+except tpuslice.TPUInUseError as exc:
+    print(exc)
+"""
+
+
+def test_jax_on_a_simulated_host_takes_its_tpu_as_on_a_tpu_vm(tmp_path: Path) -> None:
+    """Production code calls JAX and reads the host's TPU files; the simulated host answers
+    both: JAX's first use takes its libtpu lock, and a second process is refused, by JAX
+    in libtpu's words and by tpuslice naming the first."""
+    for chip in range(4):
+        (tmp_path / "dev").mkdir(exist_ok=True)
+        (tmp_path / "dev" / f"accel{chip}").touch()
+    (tmp_path / "tmp").mkdir()
+    path = [str(SIM_SITE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, HOST_ROOT_ENV: str(tmp_path), "PYTHONPATH": os.pathsep.join(path)}
+    env.pop("JAX_PLATFORMS", None)
+    first = subprocess.Popen(
+        [sys.executable, "-c", OPEN_AND_HOLD],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout is not None
+        assert first.stdout.readline().split() == [str(tmp_path), "1"]
+        second = subprocess.run(
+            [sys.executable, "-c", SECOND], env=env, capture_output=True, text=True, timeout=120
+        )
+        jax_says, tpuslice_says = second.stdout.splitlines()[:2]
+        assert jax_says.startswith("Unable to initialize backend 'tpu': ABORTED: The TPU is")
+        assert f"in use by process with pid {first.pid}." in jax_says
+        assert "cloud_tpu_init failed" not in second.stderr
+        assert f"is in use by pid {first.pid} (" in tpuslice_says
+    finally:
+        first.kill()
+        first.wait(timeout=30)
 
 
 def test_distributed_args_come_from_the_slice_context(monkeypatch: pytest.MonkeyPatch) -> None:

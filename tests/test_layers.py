@@ -30,9 +30,9 @@ LAYERS: list[set[str]] = [
     {"record"},
     {"_reserve.queue"},
     {"_reserve"},
-    {"_sim"},
     {"_run"},
     {"jax"},
+    {"_sim"},
     {"cli"},
     {"testing"},
     {"__init__"},
@@ -224,10 +224,41 @@ def view_writes(modules: Mapping[str, tuple[str, str]]) -> list[str]:
     return found
 
 
+def simulator_names(modules: Mapping[str, tuple[str, str]]) -> list[str]:
+    """Each place a module below ``tpuslice._sim`` names the simulator in its code: one of
+    its settings (``TPUSLICE_SIM_*``), or its modules in code run as a string."""
+    found = []
+    for name, (path, text) in modules.items():
+        if rank_of(name) >= rank_of("tpuslice._sim"):
+            continue
+        tree = ast.parse(text, filename=path)
+        docstrings = {
+            id(node.value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if id(node) in docstrings:
+                    continue
+                if "TPUSLICE_SIM" in node.value or "tpuslice._sim" in node.value:
+                    found.append(
+                        f"{path}:{node.lineno}: production code names the simulator; it "
+                        "must reach production only through what a TPU VM offers"
+                    )
+    return found
+
+
 def check(modules: Mapping[str, tuple[str, str]]) -> list[str]:
     """Every violation in these modules."""
     edges, problems = read_imports(modules)
-    return problems + layer_violations(edges) + circles(edges) + view_writes(modules)
+    return (
+        problems
+        + layer_violations(edges)
+        + circles(edges)
+        + view_writes(modules)
+        + simulator_names(modules)
+    )
 
 
 def planted(module: str, text: str, *more: tuple[str, str]) -> list[str]:
@@ -328,4 +359,18 @@ def test_the_view_writing_into_rays_kv_fails() -> None:
     assert found == [
         "tpuslice/_view/planted.py:3: names Ray's KV writer kv_delete; tpuslice._view only "
         "reads: write from the layer of the code that needs it"
+    ]
+
+
+def test_production_code_naming_the_simulator_fails() -> None:
+    found = planted(
+        "tpuslice._run.planted",
+        'import os\n\nif os.environ.get("TPUSLICE_SIM_HOST_ROOT"):\n    pass\n',
+        ("tpuslice._run.planted_b", "from tpuslice._sim import libtpu\n"),
+    )
+    assert found == [
+        "tpuslice/_run/planted_b.py:1: tpuslice._run.planted_b (layer ['_run']) imports "
+        "tpuslice._sim.libtpu (layer ['_sim']), a layer above it",
+        "tpuslice/_run/planted.py:3: production code names the simulator; it must reach "
+        "production only through what a TPU VM offers",
     ]

@@ -22,9 +22,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import tpuslice
 from clusterutil import hold_host, wait_for
-from tpuslice._host.tpu_lock import SIM_ROOT_ENV
 from tpuslice._reserve.queue.agents import FREE_TRUST_S
 from tpuslice._reserve.reserve import plumbing
+from tpuslice._sim.libtpu import HOST_ROOT_ENV
 from tpuslice._sim.procs import pid_alive
 from tpuslice.cli.commands import main
 from tpuslice.testing import SimulatedCluster, live_placement_groups
@@ -40,8 +40,11 @@ OPEN_AND_HOLD = (
 
 @ray.remote
 def open_tpu_and_pid() -> int:
-    """What a JAX program's first device use does: take this host's TPU."""
-    tpuslice.jax.open_tpu()
+    """What a JAX program's first device use does: take this host's TPU (libtpu's start,
+    without JAX's import)."""
+    from tpuslice.testing.libtpu import open_tpu
+
+    open_tpu()
     return os.getpid()
 
 
@@ -68,7 +71,9 @@ def trainer_class() -> type:
 
     class Trainer:
         def __init__(self) -> None:
-            tpuslice.jax.open_tpu()
+            from tpuslice.testing.libtpu import open_tpu
+
+            open_tpu()
 
         def pid(self) -> int:
             return os.getpid()
@@ -122,7 +127,9 @@ def test_concurrent_calls_on_a_held_slice_share_its_workers(
 @ray.remote
 def hold_until(flag: str) -> int:
     """Take the TPU, then run until ``flag`` exists (an attempt cut short by a host loss)."""
-    tpuslice.jax.open_tpu()
+    from tpuslice.testing.libtpu import open_tpu
+
+    open_tpu()
     deadline = time.monotonic() + 120
     while not os.path.exists(flag) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -211,7 +218,7 @@ def test_ctrl_c_of_tpuslice_run_stops_the_commands_owning_the_tpus(
 @pytest.fixture
 def notebook(tpu_cluster: SimulatedCluster) -> Iterator[subprocess.Popen[str]]:
     """A process outside Ray (a notebook, say) holding host 2 of v6e-16-a's TPU."""
-    env = {**os.environ, SIM_ROOT_ENV: str(tpu_cluster.host_root("v6e-16-a", 2))}
+    env = {**os.environ, HOST_ROOT_ENV: str(tpu_cluster.host_root("v6e-16-a", 2))}
     proc = subprocess.Popen(
         [sys.executable, "-c", OPEN_AND_HOLD], env=env, stdout=subprocess.PIPE, text=True
     )

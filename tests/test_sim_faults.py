@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tpuslice._host.tpu_lock import SIM_ROOT_ENV, find_owner
+from tpuslice._host.tpu_lock import find_owner
 from tpuslice._sim import faults
+from tpuslice._sim.libtpu import HOST_ROOT_ENV
 
 CONNECT = textwrap.dedent(
     """
@@ -79,7 +80,7 @@ def server() -> Iterator[socket.socket]:
 def run(code: str, root: Path, *args: str, job: bool = True, **env: str) -> list[str]:
     environ = {k: v for k, v in os.environ.items() if k != faults.JOB_ENV}
     environ.update(
-        {SIM_ROOT_ENV: str(root), **env, **({faults.JOB_ENV: "01000000"} if job else {})}
+        {HOST_ROOT_ENV: str(root), **env, **({faults.JOB_ENV: "01000000"} if job else {})}
     )
     out = subprocess.run(
         [sys.executable, "-c", code, str(root), *args],
@@ -129,7 +130,7 @@ def test_peers_cannot_reach_a_port_that_work_on_an_unreachable_host_bound(
     hosts: list[Path], server: socket.socket
 ) -> None:
     faults.set_fault(hosts[0], faults.UNREACHABLE)
-    environ = {**os.environ, SIM_ROOT_ENV: str(hosts[0]), faults.JOB_ENV: "01000000"}
+    environ = {**os.environ, HOST_ROOT_ENV: str(hosts[0]), faults.JOB_ENV: "01000000"}
     listener = subprocess.Popen(
         [sys.executable, "-c", LISTEN, str(hosts[0])],
         env=environ,
@@ -162,7 +163,7 @@ def test_a_wedged_tpu_is_owned_by_the_process_that_opened_it_which_then_hangs(
     hosts: list[Path],
 ) -> None:
     faults.set_fault(hosts[0], faults.TPU_HANGS)
-    environ = {**os.environ, SIM_ROOT_ENV: str(hosts[0])}
+    environ = {**os.environ, HOST_ROOT_ENV: str(hosts[0])}
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLD], env=environ, stdout=subprocess.PIPE, text=True
     )

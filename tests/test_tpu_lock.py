@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from tpuslice._host.tpu_lock import (
-    SIM_ROOT_ENV,
     find_owner,
     find_owners,
     lock_wanted,
@@ -23,6 +22,7 @@ from tpuslice._host.tpu_lock import (
     tpu_devices,
 )
 from tpuslice._sim import libtpu
+from tpuslice._sim.libtpu import HOST_ROOT_ENV
 
 HOLDER = textwrap.dedent(
     """
@@ -52,7 +52,7 @@ class Holder:
     """A child process that opens the simulated TPU and holds it until :meth:`leave`."""
 
     def __init__(self, root: Path, **env: str) -> None:
-        environ = {**os.environ, SIM_ROOT_ENV: str(root), "RAY_JOB_ID": "0a000000", **env}
+        environ = {**os.environ, HOST_ROOT_ENV: str(root), "RAY_JOB_ID": "0a000000", **env}
         self.proc = subprocess.Popen(
             [sys.executable, "-c", HOLDER],
             env=environ,
@@ -232,7 +232,7 @@ def test_vfio_groups_count_only_with_googles_vendor_id(tmp_path: Path) -> None:
 def test_open_tpu_refuses_a_process_that_is_not_on_a_simulated_host(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv(SIM_ROOT_ENV, raising=False)
+    monkeypatch.delenv(HOST_ROOT_ENV, raising=False)
     with pytest.raises(RuntimeError, match="simulated hosts only"):
         libtpu.open_tpu()
 

@@ -4,9 +4,9 @@ Layers, lowest first; a module imports only its layer and those below (tests/tes
 ``errors`` -> ``_tpu`` (pure facts) -> its seams to Ray and the OS, ``_tpu._process``,
 ``_tpu._ray``, ``_tpu._auth`` (joining a cluster) -> ``_host`` (one host) -> ``_view``
 (reading the cluster) -> ``record`` (what everything else records into) ->
-``_reserve.queue`` (the cluster's queue) -> ``_reserve`` (reserving) -> ``_sim`` (the
-simulator) -> ``_run`` (running) -> ``jax`` -> ``cli`` -> ``testing``; this ``__init__``
-offers the public names of them all.
+``_reserve.queue`` (the cluster's queue) -> ``_reserve`` (reserving) -> ``_run``
+(running) -> ``jax`` -> ``_sim`` (the simulator, which production code below it never
+names) -> ``cli`` -> ``testing``; this ``__init__`` offers the public names of them all.
 
 The public names load on first use (PEP 562), so ``import tpuslice`` (and the pytest
 plugin, which every pytest run in an environment with tpuslice loads) does not import Ray.

@@ -160,8 +160,8 @@ def initialize(port: int = DEFAULT_COORDINATOR_PORT, **kwargs: Any) -> None:
     Call it once inside a function started by :func:`tpuslice.run_on_slice`; ``kwargs``
     go to JAX (for example ``local_device_ids``).
 
-    First the host's TPU is taken for this process (:func:`open_tpu`), so that a TPU
-    another process holds fails here, naming that process.
+    First the host's TPU is checked: if another process holds it, this fails here, naming
+    that process. JAX itself takes the TPU on its first use after this call.
 
     Args:
         port: Port of the coordinator on rank 0's host.
@@ -174,41 +174,40 @@ def initialize(port: int = DEFAULT_COORDINATOR_PORT, **kwargs: Any) -> None:
     import jax
 
     args = distributed_args(port=port)
-    open_tpu()
+    _refuse_if_held()
     jax.distributed.initialize(**args, **kwargs)
 
 
-def open_tpu() -> None:
-    """Take this host's TPU for this process, as JAX's TPU backend does on first use.
+def _refuse_if_held() -> None:
+    """Raise :class:`TPUInUseError` if another process holds libtpu's lock on this host,
+    where JAX would only say the holder's pid, later."""
+    from tpuslice._host.tpu_lock import host_root, in_use_error, lock_holder, lock_wanted
 
-    On a simulated host (``TPUSLICE_SIM_HOST_ROOT``) this stands in for that backend start
-    and takes the host's libtpu lock (:func:`tpuslice._sim.libtpu.open_tpu`). On a real
-    TPU VM, JAX takes the lock itself on first use; this checks first that no other
-    process holds it, so the failure names the owner instead of only its pid.
+    holder = lock_holder(host_root())
+    if lock_wanted(os.environ) and holder not in (None, os.getpid()):
+        raise in_use_error(RuntimeError(f"libtpu's lock is held by pid {holder}"))
+
+
+def open_tpu() -> None:
+    """Start JAX's TPU backend in this process (``jax.devices()``), which takes the host's
+    TPU for it, failing with the owner named if another process holds it.
+
+    Call it after :func:`initialize` in a multi-host job: JAX refuses a distributed start
+    once its backend runs.
 
     Raises:
         TPUInUseError: another process owns this host's TPU (host, pid, command and Ray
             job are named).
     """
-    from tpuslice._host.tpu_lock import (
-        SIM_ROOT_ENV,
-        host_root,
-        in_use_error,
-        lock_holder,
-        lock_wanted,
-    )
+    import jax
 
-    if os.environ.get(SIM_ROOT_ENV):
-        from tpuslice._sim.libtpu import IN_USE, LibtpuError
-        from tpuslice._sim.libtpu import open_tpu as start_simulated_backend
+    from tpuslice._host.context import TPU_IN_USE
+    from tpuslice._host.tpu_lock import in_use_error
 
-        try:
-            start_simulated_backend()
-        except LibtpuError as exc:
-            if IN_USE.split("{pid}")[0] in str(exc):
-                raise in_use_error(exc) from exc
-            raise
-        return
-    holder = lock_holder(host_root())
-    if lock_wanted(os.environ) and holder not in (None, os.getpid()):
-        raise in_use_error(RuntimeError(f"libtpu's lock is held by pid {holder}"))
+    _refuse_if_held()
+    try:
+        jax.devices()
+    except RuntimeError as exc:
+        if TPU_IN_USE in str(exc):
+            raise in_use_error(exc) from exc
+        raise

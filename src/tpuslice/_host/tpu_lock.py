@@ -9,8 +9,7 @@ holds is harmless and is never deleted here.
 
 :func:`find_owner` answers "who owns it": the lock holder (``/proc/locks``), else a
 process holding a TPU device open (a scan of ``/proc/*/fd``, as libtpu does). Every path
-is relative to a *host root*: ``/`` on a real TPU VM; on a simulated host, the directory
-in ``TPUSLICE_SIM_HOST_ROOT``, which holds that host's own ``tmp/`` and ``dev/``.
+is relative to a *host root*, :data:`HOST_ROOT`: ``/`` on a TPU VM.
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ from typing import Any
 
 from tpuslice.errors import TPUInUseError, first_line
 
-SIM_ROOT_ENV = "TPUSLICE_SIM_HOST_ROOT"
-"""Set on a simulated host: the directory that is that host's ``/`` for its TPU."""
 LOCKFILE = "tmp/libtpu_lockfile"
 GOOGLE_PCI_VENDOR_ID = "0x1ae0"
 JOB_ENV = "RAY_JOB_ID"
@@ -34,17 +31,20 @@ PROC = Path("/proc")
 COMMAND_LIMIT = 120
 
 
-def host_root(environ: Mapping[str, str] | None = None) -> Path:
-    """This host's root for TPU purposes: ``/``, or the simulated host's directory.
+HOST_ROOT = Path("/")
+"""The directory under which this host's ``tmp/libtpu_lockfile`` and ``dev/accel*`` live.
 
-    Args:
-        environ: Where to look for ``TPUSLICE_SIM_HOST_ROOT`` (default: ``os.environ``).
+It is ``/`` on a TPU VM. A process that sees a host's TPU files under another directory
+sets it once at start-up, before any lookup."""
+
+
+def host_root() -> Path:
+    """This host's root for TPU purposes, read when called.
 
     Returns:
-        The directory under which ``tmp/libtpu_lockfile`` and ``dev/accel*`` live.
+        :data:`HOST_ROOT`.
     """
-    environ = os.environ if environ is None else environ
-    return Path(environ.get(SIM_ROOT_ENV) or "/")
+    return HOST_ROOT
 
 
 def lockfile(root: Path) -> Path:

@@ -2,6 +2,5 @@
 resilient runs and their watchdog, health checks, recording the slice layouts a sub-slice
 reservation learns, and recording each run's outcome.
 
-May import: :mod:`tpuslice._sim` (a health check on a simulated host opens its libtpu),
-:mod:`tpuslice._reserve` and below.
+May import: :mod:`tpuslice._reserve` and below.
 """

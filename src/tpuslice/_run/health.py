@@ -8,9 +8,8 @@ at once, in rank order:
 
 - **answers**: the probe starts and reports, within the check's bound;
 - **TPU**: no other process owns the host's TPU, and a new process can start the TPU
-  backend within :data:`TPU_OPEN_S` (``jax.devices()`` on a TPU VM; the simulated libtpu
-  on a simulated host). It runs in a child process, which is killed if it does not
-  finish, so no process of the check keeps the TPU;
+  backend within :data:`TPU_OPEN_S` (``jax.devices("tpu")``). It runs in a child
+  process, which is killed if it does not finish, so no process of the check keeps the TPU;
 - **reach**: every rank connects to rank 0's coordinator port within :data:`REACH_S`,
   the first thing ``jax.distributed.initialize`` needs (rank 0 listens on JAX's port,
   or on any free port when that one is taken on the host);
@@ -61,15 +60,7 @@ imports) before its host counts as not answering."""
 USER_CHECK_S = 60.0
 """Bound on the caller's own check."""
 
-OPEN_BACKEND = """
-import os
-if os.environ.get("TPUSLICE_SIM_HOST_ROOT"):
-    from tpuslice._sim.libtpu import open_tpu
-    open_tpu()
-else:
-    import jax
-    jax.devices("tpu")
-"""
+OPEN_BACKEND = "import jax; jax.devices('tpu')"
 """Run in a child process: start the TPU backend as a JAX program's first use does."""
 
 

@@ -2,6 +2,10 @@
 nodes on this machine, their metadata server, a simulated libtpu that takes the TPU as
 the real one does, and the process helpers they use.
 
-May import: :mod:`tpuslice._reserve` (with its queue, which a simulated cluster starts when
-a driver connects) and below; never :mod:`tpuslice.testing`, which builds on it.
+It sits above the library: no module below it names it or its settings. Its libtpu
+reaches production code only through what a TPU VM offers (JAX's plugin hook, the TPU's
+files under ``tpuslice._host.tpu_lock.HOST_ROOT``, ``libtpu.sdk``).
+
+May import: :mod:`tpuslice.jax` and below; never :mod:`tpuslice.testing`, which builds on
+it.
 """

@@ -9,9 +9,10 @@ A second process is refused: JAX raises ``RuntimeError: Unable to initialize bac
 libtpu.so in this process.``, N being the process libtpu finds holding chip 0's device.
 
 :func:`open_tpu` does the same on a simulated host, under its host root
-(:func:`tpuslice._host.tpu_lock.host_root`), so code under test meets the ownership rules it
-would meet on a TPU VM. :func:`tpuslice.jax.initialize` calls it on simulated hosts. The
-escape hatches behave as in libtpu (:func:`tpuslice._host.tpu_lock.lock_wanted`), and
+(:data:`HOST_ROOT_ENV`), so code under test meets the ownership rules it would meet on a
+TPU VM. JAX reaches it as it reaches libtpu: the simulated host's ``jax_plugins`` module
+registers a ``tpu`` backend whose start is :func:`start_backend`. The escape hatches
+behave as in libtpu (:func:`tpuslice._host.tpu_lock.lock_wanted`), and
 ``TPU_LOAD_LIBRARY=0`` fails as libtpu does. On a host whose TPU hangs
 (:data:`tpuslice._sim.faults.TPU_HANGS`), the process opens it and then hangs.
 
@@ -31,11 +32,10 @@ import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tpuslice._host.tpu_lock import (
-    SIM_ROOT_ENV,
     device_holders,
-    host_root,
     lock_wanted,
     lockfile,
     tpu_devices,
@@ -43,6 +43,8 @@ from tpuslice._host.tpu_lock import (
 from tpuslice._sim.faults import TPU_HANGS, hang_forever, has_fault
 from tpuslice._tpu._process import EXIT_HOOKS
 
+HOST_ROOT_ENV = "TPUSLICE_SIM_HOST_ROOT"
+"""Set on a simulated host: the directory that is that host's ``/`` for its TPU."""
 BACKEND = "Unable to initialize backend 'tpu': "
 """How JAX reports a TPU backend that failed to start (a ``RuntimeError``)."""
 IN_USE = (
@@ -83,11 +85,31 @@ def open_tpu() -> Path | None:
             (libtpu's own messages, with JAX's prefix).
         RuntimeError: this is not a simulated host.
     """
-    if not os.environ.get(SIM_ROOT_ENV):
+    root = os.environ.get(HOST_ROOT_ENV)
+    if not root:
         raise RuntimeError(
-            f"{SIM_ROOT_ENV} is not set: open_tpu stands in for libtpu on simulated hosts only"
+            f"{HOST_ROOT_ENV} is not set: open_tpu stands in for libtpu on simulated hosts only"
         )
-    return OPENED.open(host_root(os.environ), os.environ)
+    return OPENED.open(Path(root), os.environ)
+
+
+def start_backend() -> Any:
+    """JAX's ``tpu`` backend on a simulated host: libtpu's start, then a CPU client.
+
+    Returns:
+        The XLA client JAX uses as this host's ``tpu`` backend.
+
+    Raises:
+        RuntimeError: libtpu's refusal, in its words; JAX prefixes ``Unable to initialize
+            backend 'tpu': `` as it does for the real one.
+    """
+    from jax._src import xla_bridge
+
+    try:
+        open_tpu()
+    except LibtpuError as exc:
+        raise RuntimeError(str(exc).removeprefix(BACKEND)) from None
+    return xla_bridge.make_cpu_client()
 
 
 class OpenedTPU:

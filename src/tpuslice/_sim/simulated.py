@@ -56,8 +56,9 @@ from ray.cluster_utils import Cluster
 
 from tpuslice._host.context import apply_env
 from tpuslice._host.metadata import METADATA_HOST_ENV
-from tpuslice._host.tpu_lock import SIM_ROOT_ENV, TPUOwner, find_owners
+from tpuslice._host.tpu_lock import TPUOwner, find_owners
 from tpuslice._sim.faults import TPU_HANGS, UNREACHABLE, clear_faults, set_fault
+from tpuslice._sim.libtpu import HOST_ROOT_ENV
 from tpuslice._sim.metadata_server import (
     MAINTENANCE_EVENT,
     PREEMPTED,
@@ -1045,7 +1046,7 @@ class SimulatedCluster:
         server = sim_slice.hosts[worker_id].metadata
         env = {
             **host_env(shape, name, worker_id),
-            SIM_ROOT_ENV: str(root),
+            HOST_ROOT_ENV: str(root),
             "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
             **({METADATA_HOST_ENV: server.host} if server is not None else {}),
         }
@@ -1247,7 +1248,7 @@ def _is_host(node: dict[str, Any], slice_name: str, worker_id: int) -> bool:
     )
 
 
-def _check_driver_env(env: Sequence[str] = (*HOST_ENV_VARS, SIM_ROOT_ENV)) -> None:
+def _check_driver_env(env: Sequence[str] = (*HOST_ENV_VARS, HOST_ROOT_ENV)) -> None:
     """Simulated nodes inherit the driver's env: a TPU_* there would leak into every host."""
     leaked = [name for name in env if name in os.environ]
     if leaked:

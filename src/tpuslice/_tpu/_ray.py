@@ -77,7 +77,7 @@ def minimal_node_agents() -> Iterator[None]:
     if real is None:  # another Ray: its agents as they come
         yield
         return
-    utils.get_dashboard_dependency_error = lambda: "a simulated host's minimal agent"
+    utils.get_dashboard_dependency_error = lambda: "a minimal agent was asked for"
     try:
         yield
     finally:

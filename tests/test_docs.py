@@ -255,12 +255,8 @@ def test_sphinx_roles_become_optional_cross_references() -> None:
     package = griffe.load("tpuslice", search_paths=[str(ROOT / "src")])
     spg = package["_reserve.reserve.SlicePlacementGroup"]
     sub = package["_run.subslices.SubslicePlacementGroup"]
-    assert (
-        roles.resolve(spg, "shutdown") == "tpuslice._reserve.reserve.SlicePlacementGroup.shutdown"
-    )
-    assert (
-        roles.resolve(sub, "shutdown") == "tpuslice._reserve.reserve.SlicePlacementGroup.shutdown"
-    )
+    assert roles.resolve(spg, "shutdown") == "tpuslice._reserve.reserve.SliceHandle.shutdown"
+    assert roles.resolve(sub, "shutdown") == "tpuslice._reserve.reserve.SliceHandle.shutdown"
     assert roles.resolve(spg["__init__"], "num_slices") == (
         "tpuslice._reserve.reserve.SlicePlacementGroup.num_slices"
     )

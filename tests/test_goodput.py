@@ -7,6 +7,7 @@ wall clock. (The same account from a real run on the simulator is test_goodput_l
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -476,19 +477,9 @@ class FakeReservation:
         self.slice_names, self.queued, self.shut = [], 0.0, True
 
 
-class FakePlumbing:
-    def __init__(self, spg: FakeReservation) -> None:
-        self.spg = spg
-        self.request = REQUEST
-
-    def asked_at(self) -> float:
-        return 100.0
-
-    def held_at(self) -> float:
-        return 103.0
-
-    def queued_s(self) -> float:
-        return self.spg.queued
+def fake_record(spg: FakeReservation) -> SimpleNamespace:
+    """What a one-shot reads of its reservation's record."""
+    return SimpleNamespace(request=REQUEST, asked_at=100.0, held_at=103.0, queued_s=spg.queued)
 
 
 def test_a_one_shot_counts_its_queue_wait_though_its_hand_back_forgets_it(
@@ -498,7 +489,7 @@ def test_a_one_shot_counts_its_queue_wait_though_its_hand_back_forgets_it(
 
     kept: list[Account] = []
     deleted: list[str] = []
-    monkeypatch.setattr(observe, "plumbing", FakePlumbing)
+    monkeypatch.setattr(observe, "record_of", fake_record)
     monkeypatch.setattr(goodput, "keep", kept.append)
     monkeypatch.setattr(goodput, "read_progress", lambda keys: GangProgress(first_beat=104.0))
     monkeypatch.setattr(
@@ -525,7 +516,7 @@ def test_a_one_shot_whose_moments_cannot_be_read_is_handed_back_all_the_same(
         raise RuntimeError("the reservation's record is gone")
 
     kept: list[Account] = []
-    monkeypatch.setattr(observe, "plumbing", unreadable)
+    monkeypatch.setattr(observe, "record_of", unreadable)
     monkeypatch.setattr(goodput, "keep", kept.append)
     monkeypatch.setattr(observe, "run_ended", lambda *args: None)
     spg = FakeReservation()

@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 import tpuslice
 from clusterutil import hold_host, wait_for
 from tpuslice._reserve.queue.agents import FREE_TRUST_S
-from tpuslice._reserve.reserve import plumbing
+from tpuslice._reserve.reserve import record_of, worker_groups
 from tpuslice._sim.libtpu import HOST_ROOT_ENV
 from tpuslice._sim.procs import pid_alive
 from tpuslice.cli.commands import main
@@ -301,7 +301,7 @@ def raw_task(spg: tpuslice.SlicePlacementGroup, **env: str) -> object:
             return f"TPUInUseError: {exc}"
         return "opened"
 
-    pg, bundle = plumbing(spg).worker_groups()[0]
+    pg, bundle = worker_groups(record_of(spg))[0]
     options = {"runtime_env": {"env_vars": env}} if env else {}
     strategy = PlacementGroupSchedulingStrategy(pg, bundle)
     return ray.get(

@@ -14,7 +14,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import tpuslice
 from clusterutil import hold_host, wait_for, where_am_i
-from tpuslice._reserve.reserve import plumbing
+from tpuslice._reserve.reserve import record_of, worker_groups
 from tpuslice.testing import SimulatedCluster, live_placement_groups
 
 pytestmark = pytest.mark.cluster
@@ -31,14 +31,23 @@ def run_everywhere(spg: tpuslice.SlicePlacementGroup) -> list[dict[str, object]]
             resources={"TPU": tpu},
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, bundle),
         ).remote()
-        for pg, bundle in plumbing(spg).worker_groups()
+        for pg, bundle in worker_groups(record_of(spg))
     ]
     return ray.get(refs, timeout=60)
+
+
+@ray.remote(num_cpus=0)
+def read_in_a_task(spg: tpuslice.SlicePlacementGroup) -> tuple[list[str], int, bool]:
+    """What a copy of the handle sent to a task reads there."""
+    return spg.slice_names, spg.num_hosts, spg.is_shut_down
 
 
 def test_reserve_ready_shutdown(tpu_cluster: SimulatedCluster) -> None:
     spg = tpuslice.SlicePlacementGroup(**V4)
     try:
+        # A copy sent to a task reads the same reservation; it is the same handle.
+        assert ray.get(read_in_a_task.remote(spg), timeout=60) == (spg.slice_names, 2, False)
+        assert ray.get(ray.put(spg)) == spg
         assert spg.slice_names[0] in V4_SLICES
         assert spg.num_hosts == 2 and spg.num_bundles == 2 and spg.chips_per_host == 4
         assert spg.wait_ready(timeout=10)
@@ -52,8 +61,9 @@ def test_reserve_ready_shutdown(tpu_cluster: SimulatedCluster) -> None:
         spg.shutdown()
     spg.shutdown()  # idempotent
     assert spg.is_shut_down
+    assert ray.get(read_in_a_task.remote(spg), timeout=60) == ([], 2, True)  # asks Ray
     with pytest.raises(tpuslice.SliceShutdownError):
-        plumbing(spg).worker_groups()
+        worker_groups(record_of(spg))
 
 
 def test_context_manager_gives_the_slice_back(tpu_cluster: SimulatedCluster) -> None:

@@ -14,7 +14,7 @@ import ray.util.tpu as ray_tpu
 import tpuslice
 from clusterutil import exit_cleanly, wait_for, where_am_i
 from tpuslice._host.context import MEGASCALE_VARS, HostContext
-from tpuslice._reserve.reserve import plumbing
+from tpuslice._reserve.reserve import ranks, record_of, worker_groups
 from tpuslice._run.run import launch
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 from tpuslice.testing import SimulatedCluster, live_placement_groups, remove_placement_groups
@@ -82,7 +82,7 @@ def test_stale_megascale_values_never_leak(tpu_cluster: SimulatedCluster) -> Non
                     plant_stale_env.options(
                         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, bundle)
                     ).remote()
-                    for pg, bundle in plumbing(spg).worker_groups()
+                    for pg, bundle in worker_groups(record_of(spg))
                 ]
             )
         )
@@ -104,7 +104,7 @@ def test_env_is_restored_after_the_task(tpu_cluster: SimulatedCluster) -> None:
                 where_am_i.options(
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, bundle)
                 ).remote()
-                for pg, bundle in plumbing(spg).worker_groups()
+                for pg, bundle in worker_groups(record_of(spg))
             ]
         )
 
@@ -354,7 +354,7 @@ def test_a_held_slices_calls_run_in_one_worker_per_host_with_their_own_context(
     """On a held slice, Ray gives each rank's calls the same worker, each call sees its
     context, and nothing of it stays in the worker between calls."""
     with tpuslice.SlicePlacementGroup(**V4, num_slices=2) as spg:
-        options = [rank.task_options() for rank in plumbing(spg).ranks()]
+        options = [rank.task_options() for rank in ranks(record_of(spg))]
         before = ray.get([env_now.options(**o).remote() for o in options])
         first = ray.get(tpuslice.run_on_slice(context, tpu_slice=spg))
         second = ray.get(tpuslice.run_on_slice(context, tpu_slice=spg))

@@ -19,7 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import tpuslice
 from clusterutil import free_port, hold_host, spmd_allgather_function, wait_for
-from tpuslice._reserve.reserve import plumbing
+from tpuslice._reserve.reserve import record_of, worker_groups
 from tpuslice._tpu import _ray, keys, subslice
 from tpuslice._view import layouts
 from tpuslice.cli.commands import main
@@ -190,7 +190,7 @@ def test_run_on_a_sub_slice_has_its_own_ranks_and_environment(fresh: SimulatedCl
     with tpuslice.subslice_placement_group("2x4", "v6e") as sg:
         got = ray.get(tpuslice.run_on_slice(where, tpu_slice=sg))
         hosts = [h.address for h in sg.slices[0].hosts.values()]
-        pg, bundle = plumbing(sg).worker_groups()[1]
+        pg, bundle = worker_groups(record_of(sg))[1]
         after = ray.get(
             plain.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, bundle)).remote()
         )

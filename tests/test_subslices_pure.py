@@ -16,9 +16,10 @@ from tpuslice._host.context import with_context
 from tpuslice._reserve import claim
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._run import layout_records
-from tpuslice._run.subslices import SubSlices, subslice_env
+from tpuslice._run.subslices import SubSlices
 from tpuslice._tpu import keys, subslice
 from tpuslice._tpu.clock import Clock
+from tpuslice._tpu.subslice import subslice_env
 from tpuslice._tpu.topology import slice_shape
 from tpuslice._view import layouts
 from tpuslice._view.cluster import SliceInfo

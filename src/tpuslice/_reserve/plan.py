@@ -9,7 +9,9 @@ bundle *i* to TPU worker *i*; :func:`shortage` and :func:`explain` say what is m
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+from typing import Any
 
 from tpuslice._reserve.queue.schedule import last_resort
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL, selector_matches
@@ -17,6 +19,42 @@ from tpuslice._tpu.topology import SliceShape
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState
 
 NODE_ID_LABEL = "ray.io/node-id"
+
+
+def thaw(value: Any) -> Any:
+    """A read-only mapping (or a tuple of them) as plain dicts, to pickle.
+
+    Args:
+        value: Any field's value.
+
+    Returns:
+        The value, its read-only mappings copied to dicts.
+    """
+    if isinstance(value, MappingProxyType):
+        return dict(value)
+    if isinstance(value, tuple):
+        return tuple(thaw(item) for item in value)
+    return value
+
+
+def freeze(value: Any) -> Any:
+    """The inverse of :func:`thaw`.
+
+    Args:
+        value: A thawed value.
+
+    Returns:
+        The value, its dicts read-only again.
+    """
+    if isinstance(value, dict):
+        return MappingProxyType(value)
+    if isinstance(value, tuple):
+        return tuple(freeze(item) for item in value)
+    return value
+
+
+def _plan_of(*values: Any) -> ReservationPlan:
+    return ReservationPlan(*(freeze(v) for v in values))
 
 
 @dataclass(frozen=True)
@@ -49,6 +87,11 @@ class ReservationPlan:
     subslice: bool = False
     """The shape is a sub-slice of a bigger slice (no head claim: worker 0 may be
     another sub-slice's)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickle the read-only mappings as dicts (a ``mappingproxy`` does not pickle);
+        they are read-only again on the way in."""
+        return (_plan_of, tuple(thaw(getattr(self, f.name)) for f in fields(self)))
 
     @property
     def devices_per_host(self) -> int:

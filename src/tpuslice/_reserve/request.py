@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
+from typing import Any
 
-from tpuslice._reserve.plan import ReservationPlan
+from tpuslice._reserve.plan import ReservationPlan, thaw
 from tpuslice._tpu.compat import (
     DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
     check_positive_int,
@@ -96,6 +97,13 @@ class SliceRequest:
     arrival_ns: int | None = None
     plan: ReservationPlan = field(init=False, repr=False, compare=False)
     """Everything derived from the fields: shape, bundles per host, bundle resources."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickle the fields, read-only mappings as dicts; made again on the way in."""
+        return (
+            _request_of,
+            ({f.name: thaw(getattr(self, f.name)) for f in fields(self) if f.init},),
+        )
 
     def __post_init__(self) -> None:
         """Freeze the mappings, then validate every field and derive :attr:`plan`."""
@@ -329,3 +337,7 @@ def _check_strategy(
             f"strategy 'STRICT_SPREAD' puts each bundle on its own node, but "
             f"{bundles_per_host} bundles share each host here{spread_hint}"
         )
+
+
+def _request_of(values: dict[str, Any]) -> SliceRequest:
+    return SliceRequest(**values)

@@ -5,6 +5,11 @@ For each slice: a head placement group on worker 0's ``TPU-<podtype>-head`` reso
 label to that slice and to each TPU worker id, so bundle *i* is worker *i*. Slices are
 picked from the cluster view (idle and whole only) and all N are claimed at once; the
 loop that does it is in :mod:`tpuslice._reserve.claim`.
+
+A reservation is a frozen record, :class:`Reserved`, made by :func:`reserve` and given
+back by :func:`hand_back`; the runners act on it through the free functions here.
+:class:`SlicePlacementGroup` is Ray's handle over one record. What changes while a
+reservation is held is a :class:`Hold`, kept by the process that reserved it.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -25,7 +31,7 @@ from ray.util.placement_group import PlacementGroup
 from tpuslice._host.context import HostContext
 from tpuslice._host.notices import Notice
 from tpuslice._reserve import observe
-from tpuslice._reserve.claim import Reservation, Reserver
+from tpuslice._reserve.claim import Reserver
 from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
 from tpuslice._reserve.plan import ReservationPlan
 from tpuslice._reserve.queue.actor import QUEUE_LINK
@@ -34,11 +40,11 @@ from tpuslice._reserve.queue.holders import forget_held, record_held
 from tpuslice._reserve.queue.place import this_driver
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.targets import Targets
-from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, CallEnv
+from tpuslice._tpu.subslice import subslice_env
 from tpuslice._view.agents import notices_for
-from tpuslice._view.cluster import HostInfo, SliceInfo, wait_freed
+from tpuslice._view.cluster import HostInfo, SliceInfo, SliceState, wait_freed
 from tpuslice._view.holders import Holder
 from tpuslice.errors import (
     InsufficientSlicesError,
@@ -55,6 +61,8 @@ _T = TypeVar("_T", bound="ShutsDownOnExit")
 logger = logging.getLogger(__name__)
 
 _RECORDS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpuslice-holders")
+"""Writes the holder records off the reservation's path, in order: a hand-back's
+deletion runs after its reservation's records were written."""
 FORGET_BOUND_S = 2.0
 """How long a hand-back that saw its slices free waits for its holder records and the
 queue's notices to go before it reports them free (a few KV calls)."""
@@ -68,10 +76,6 @@ def _settled(done: Future[Any]) -> bool:
         logger.debug("holder records not forgotten in time: %s", exc)
         return False
     return True
-
-
-"""Writes the holder records off the reservation's path, in order: a hand-back's
-deletion runs after its reservation's records were written."""
 
 
 class ShutsDownOnExit:
@@ -92,12 +96,620 @@ class ShutsDownOnExit:
         self.shutdown()
 
 
-class SlicePlacementGroup(ShutsDownOnExit):
+PROCESS = uuid.uuid4().hex
+"""This process, as a reservation's :attr:`Reserved.home` names it."""
+
+
+@dataclass(frozen=True)
+class HeldSlice:
+    """One slice a reservation holds: its view when claimed, and its groups."""
+
+    index: int
+    info: SliceInfo
+    head_pg: PlacementGroup | None
+    worker_pg: PlacementGroup | None
+
+
+@dataclass(frozen=True)
+class SubsliceAt:
+    """Where a sub-slice sits in its parent slice."""
+
+    parent_topology: str
+    index: int
+    selectors: tuple[tuple[tuple[str, str], ...], ...]
+    """One label selector per bundle, in rank order (slice name and worker id)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Reserved:
+    """What a reservation holds, frozen, so it pickles to a task and reads the same there.
+    Two records are equal when their keys are."""
+
+    key: str
+    """Unique per reservation: the holder id the queue's records and notices carry."""
+    home: str
+    """The process that reserved it (:data:`PROCESS`): the only one that hands it back."""
+    request: SliceRequest
+    plan: ReservationPlan
+    """The plan reserved: for a range of slices, with the count granted."""
+    slices: tuple[HeldSlice, ...]
+    combined_pg: PlacementGroup | None
+    asked_at: float
+    """When it asked for its slices (wall clock)."""
+    held_at: float
+    """When it held them (wall clock)."""
+    queued_s: float
+    """Of the time from asking to holding, how long it waited for slices."""
+    arrival: int | None
+    """Its place in the queue's arrival order, if it waited there."""
+    recorded: bool
+    """Whether the queue was told whose its slices are (quotas set, or preemptible)."""
+    subslice: SubsliceAt | None = None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Reserved) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+
+class Hold:
+    """What changes while this process holds a reservation: the tasks started on it, the
+    pids they report, and the actor group whose actors hold its TPUs."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.launched: list[ray.ObjectRef] = []
+        self.worker_pids: list[tuple[int, ray.ObjectRef]] = []
+        self.actor_group: object | None = None
+        self.heads_removed: set[int] = set()
+
+
+_HOLDS: dict[str, Hold] = {}
+"""This process's holds, by reservation key; a hand-back takes its hold out first."""
+_HOLDS_LOCK = threading.Lock()
+
+
+def reserve(request: SliceRequest, *, targets: Targets | None = None) -> Reserved:
+    """Reserve what ``request`` asks for, through the queue: the one way every
+    reservation is made.
+
+    Args:
+        request: The validated request.
+        targets: What to claim, when not whole slices (sub-slices).
+
+    Returns:
+        The record, held by this process until :func:`hand_back`.
+
+    Raises:
+        NotConnectedError: Ray is not initialised.
+        InsufficientSlicesError: the cluster does not have the slices and cannot grow.
+        ReservationTimeoutError: no idle slices within the request's timeout.
+    """
+    if not ray.is_initialized():
+        raise NotConnectedError(
+            "Ray is not initialised: call ray.init(address=...) before reserving slices "
+            "(or use tpuslice.testing.SimulatedCluster)"
+        )
+    asked, asked_at = time.monotonic(), time.time()  # wall clock, as the gang's beats
+    try:
+        reservation = Reserver(request, targets=targets).run()
+    except ReservationTimeoutError as exc:  # InsufficientSlicesError is one too
+        outcome = "impossible" if isinstance(exc, InsufficientSlicesError) else "timed_out"
+        observe.reservation_ended(
+            request, outcome, time.monotonic() - asked, detail=first_line(exc)
+        )
+        raise
+    held = Reserved(
+        key=uuid.uuid4().hex[:12],
+        home=PROCESS,
+        request=request,
+        plan=reservation.plan or request.plan,
+        slices=tuple(
+            HeldSlice(c.index, c.target, c.head_pg, c.worker_pg) for c in reservation.claims
+        ),
+        combined_pg=reservation.combined_pg,
+        asked_at=asked_at,
+        held_at=time.time(),
+        queued_s=reservation.queued_s,
+        arrival=reservation.arrival,
+        recorded=reservation.recorded,
+    )
+    with _HOLDS_LOCK:
+        _HOLDS[held.key] = Hold()
+    names = [s.info.name for s in held.slices]
+    observe.reservation_ended(request, "granted", time.monotonic() - asked, slices=names)
+    if held.recorded:
+        _RECORDS.submit(record_held, _holders(held))
+    return held
+
+
+def _holders(held: Reserved) -> list[Holder]:
+    """What the queue is told of the slices held: whose, how urgent, preemptible, and
+    the groups to remove if a preemption's grace runs out."""
+    request = held.request
+    if request.subslice:  # the queue deals in whole slices; a sub-slice is not one
+        return []
+    job = str(ray.get_runtime_context().get_job_id())
+    found = []
+    for piece in held.slices:
+        groups = [piece.head_pg, piece.worker_pg, held.combined_pg]
+        found.append(
+            Holder(
+                holder=held.key,
+                slice_name=piece.info.name,
+                tenant=request.tenant or "",
+                priority=request.priority,
+                preemptible=request.preemptible,
+                since=held.held_at,
+                who=this_driver(),
+                groups=tuple(dict.fromkeys(g.id.hex() for g in groups if g is not None)),
+                job=job,
+                nodes=tuple(h.node_id for h in piece.info.hosts.values()),
+            )
+        )
+    return found
+
+
+def suspect_slices(held: Reserved) -> list[SliceInfo]:
+    """The slices taken as a last resort: a host of each is suspect
+    (:attr:`~tpuslice._view.cluster.SliceState.SUSPECT`), so work may check them first.
+
+    Args:
+        held: The record.
+
+    Returns:
+        Them, in slice order; empty as a rule.
+    """
+    return [s.info for s in held.slices if s.info.state is SliceState.SUSPECT]
+
+
+def hold_of(held: Reserved) -> Hold | None:
+    """This process's hold on ``held``: ``None`` once handed back, or in another process.
+
+    Args:
+        held: The record.
+
+    Returns:
+        The hold, or ``None``.
+    """
+    return _HOLDS.get(held.key)
+
+
+def is_handed_back(held: Reserved) -> bool:
+    """Whether ``held`` was handed back: known here in the process that reserved it;
+    elsewhere (a copy in a task), asked of Ray: its worker group was removed.
+
+    Args:
+        held: The record.
+
+    Returns:
+        ``True`` once handed back.
+    """
+    if held.home == PROCESS:
+        return held.key not in _HOLDS
+    group = held.combined_pg or next((s.worker_pg for s in held.slices if s.worker_pg), None)
+    if group is None or not ray.is_initialized():
+        return True
+    return bool(ray.util.placement_group_table(group).get("state") == "REMOVED")
+
+
+def worker_groups(held: Reserved) -> list[tuple[PlacementGroup, int]]:
+    """Where each rank's bundle is.
+
+    Args:
+        held: The record.
+
+    Returns:
+        ``(group, bundle index)`` for every bundle, in rank order (slice-major).
+
+    Raises:
+        SliceShutdownError: the reservation was handed back.
+    """
+    if held.home == PROCESS and held.key not in _HOLDS:
+        raise SliceShutdownError("this SlicePlacementGroup has been shut down; create a new one")
+    plan = held.plan
+    if not plan.pg_per_slice:
+        assert held.combined_pg is not None
+        return [(held.combined_pg, i) for i in range(plan.num_bundles)]
+    return [
+        (s.worker_pg, i)
+        for s in held.slices
+        if s.worker_pg is not None
+        for i in range(plan.bundles_per_slice)
+    ]
+
+
+def host_contexts(held: Reserved) -> list[HostContext]:
+    """One context per bundle, in rank order. Pure.
+
+    Args:
+        held: The record.
+
+    Returns:
+        ``contexts[i]`` for rank *i*: slice-major, then TPU worker id.
+    """
+    plan = held.plan
+    infos = [s.info for s in held.slices]
+    coordinator = infos[0].hosts[0].address if infos else ""
+    contexts: list[HostContext] = []
+    for slice_index, info in enumerate(infos):
+        for k in range(plan.bundles_per_slice):
+            contexts.append(
+                HostContext(
+                    rank=len(contexts),
+                    world_size=plan.num_bundles,
+                    slice_index=slice_index,
+                    num_slices=plan.num_slices,
+                    slice_name=info.name,
+                    worker_id=k // plan.bundles_per_host,
+                    hosts_per_slice=plan.shape.num_hosts,
+                    coordinator_address=coordinator,
+                )
+            )
+    return contexts
+
+
+def ranks(held: Reserved, slice_index: int | None = None) -> list[RankPlacement]:
+    """Where each rank runs: its context, its bundle, and the bundle's TPU. Tasks and
+    actor groups are both placed from this.
+
+    Args:
+        held: The record.
+        slice_index: Only that slice's ranks (``None``: every rank).
+
+    Returns:
+        One per rank, in rank order (slice-major, then TPU worker id).
+
+    Raises:
+        SliceShutdownError: the reservation was handed back.
+    """
+    tpu = held.plan.bundle_resources.get("TPU", held.plan.devices_per_host)
+    return [
+        RankPlacement(context, group, bundle, tpu)
+        for context, (group, bundle) in zip(host_contexts(held), worker_groups(held), strict=True)
+        if slice_index is None or context.slice_index == slice_index
+    ]
+
+
+def rank_hosts(held: Reserved) -> list[HostInfo]:
+    """Each rank's host, as it was when reserved (its slice, worker id and node id).
+
+    Args:
+        held: The record.
+
+    Returns:
+        One host per rank, in rank order.
+    """
+    per_host = held.plan.bundles_per_host
+    return [h for s in held.slices for h in s.info.hosts.values() for _ in range(per_host)]
+
+
+def rank_env(held: Reserved, rank: int) -> CallEnv:
+    """What the reservation sets for rank ``rank``'s calls besides its slice context:
+    nothing for whole slices, whose hosts' own ``TPU_*`` values hold; a sub-slice's own
+    values, so that libtpu and JAX see it as the slice (:func:`subslice_env`).
+
+    Args:
+        held: The record.
+        rank: A rank of the reservation.
+
+    Returns:
+        Variables to set (or, as None, unset) around the call.
+    """
+    if held.subslice is None:
+        return {}
+    hosts = [h.address for h in held.slices[0].info.hosts.values()] if held.slices else []
+    return subslice_env(held.plan.shape, hosts, rank // held.plan.bundles_per_host)
+
+
+def track(
+    held: Reserved,
+    refs: Sequence[ray.ObjectRef],
+    worker_pids: Sequence[tuple[int, ray.ObjectRef]] = (),
+) -> None:
+    """Remember tasks started on the reservation, so its hand-back can stop them.
+
+    Args:
+        held: The record.
+        refs: The tasks' refs.
+        worker_pids: ``(rank, ref of the pid that ran it)`` per task: the hand-back stops
+            those processes on the rank's host if they still own its TPU.
+    """
+    hold = hold_of(held)
+    if hold is None:
+        return  # a copy in a task: its tasks end with it; the reserving driver hands back
+    with hold.lock:
+        if hold.launched:
+            _, hold.launched = ray.wait(
+                hold.launched, num_returns=len(hold.launched), timeout=0, fetch_local=False
+            )
+        hold.launched.extend(refs)
+        hold.worker_pids.extend(worker_pids)
+
+
+def actor_group_of(held: Reserved) -> object | None:
+    """The SliceActorGroup whose actors hold the bundles' TPUs, while it lives.
+
+    Args:
+        held: The record.
+
+    Returns:
+        The group, or ``None``.
+    """
+    hold = hold_of(held)
+    return None if hold is None else hold.actor_group
+
+
+def hold_for_actor_group(held: Reserved, group: object) -> None:
+    """Make ``group`` the reservation's one actor group, before its actors start.
+
+    Args:
+        held: The record.
+        group: The SliceActorGroup.
+
+    Raises:
+        InvalidArgumentError: another actor group lives on the reservation.
+    """
+    hold = hold_of(held)
+    if hold is None:
+        return
+    with hold.lock:
+        if hold.actor_group is not None:
+            raise InvalidArgumentError(
+                "this slice already has a SliceActorGroup, whose actors hold its TPUs; "
+                "shut that group down first, or reserve another slice"
+            )
+        hold.actor_group = group
+
+
+def drop_actor_group(held: Reserved, group: object) -> None:
+    """``group`` has gone (idempotent; another group's hold is left alone).
+
+    Args:
+        held: The record.
+        group: The SliceActorGroup.
+    """
+    hold = hold_of(held)
+    if hold is not None:
+        with hold.lock:
+            if hold.actor_group is group:
+                hold.actor_group = None
+
+
+def confirm_free(held: Reserved, *, after_tasks: bool = False) -> None:
+    """Confirm on every host that no process of this work owns its TPU, stopping any that
+    does (an actor group's actors, once killed, or a task's idle worker).
+
+    Args:
+        held: The record.
+        after_tasks: Only if tasks ran on the reservation (else no call has been made on
+            it, and there is nothing to ask).
+    """
+    hold = hold_of(held)
+    if hold is None or (after_tasks and not hold.worker_pids and not hold.launched):
+        return
+    confirm_released(sorted({h.node_id for h in rank_hosts(held)}), _reported_pids(held, hold))
+
+
+def _reported_pids(held: Reserved, hold: Hold) -> dict[str, set[int]]:
+    """Per host, the pids of the processes that ran this reservation's tasks (as far as
+    they finished and reported)."""
+    with hold.lock:
+        reports, hold.worker_pids = hold.worker_pids, []
+    if not reports or not ray.is_initialized():
+        return {}
+    nodes = [h.node_id for h in rank_hosts(held)]
+    refs = [ref for _, ref in reports]
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
+    ready = set(done)
+    found: dict[str, set[int]] = {}
+    for rank, ref in reports:
+        if ref in ready and rank < len(nodes):
+            try:
+                found.setdefault(nodes[rank], set()).add(int(ray.get(ref, timeout=5)))
+            except ray.exceptions.RayError:
+                continue  # failed or cancelled: the agents find its worker by its job
+    return found
+
+
+def _cancel_launched(hold: Hold) -> None:
+    """Cancel tasks still running or queued. Ray does not fail them when their group goes
+    away (queued ones would wait forever); cancelled, their refs resolve at once with
+    ``TaskCancelledError``."""
+    with hold.lock:
+        launched, hold.launched = hold.launched, []
+    if not launched or not ray.is_initialized():
+        return
+    _, running = ray.wait(launched, num_returns=len(launched), timeout=0, fetch_local=False)
+    for ref in running:
+        ray.cancel(ref, force=True)
+
+
+def remove_heads(held: Reserved, slice_index: int | None = None) -> None:
+    """Remove the head claims held as groups of their own (all, or one slice's).
+
+    Args:
+        held: The record.
+        slice_index: That slice's head only (``None``: every slice's).
+
+    Raises:
+        InvalidArgumentError: ``slice_index`` is out of range.
+    """
+    pieces = list(held.slices)
+    if slice_index is not None:
+        if not 0 <= slice_index < len(pieces):
+            raise InvalidArgumentError(
+                f"Invalid slice_index: {slice_index}; valid: 0..{len(pieces) - 1}."
+            )
+        pieces = [pieces[slice_index]]
+    hold = hold_of(held)
+    for piece in pieces:
+        remove_group(piece.head_pg)
+        if hold is not None:
+            hold.heads_removed.add(piece.index)
+
+
+def heads_held(held: Reserved) -> list[PlacementGroup]:
+    """The head claims held as groups of their own and not removed.
+
+    Args:
+        held: The record.
+
+    Returns:
+        The groups, in slice order.
+    """
+    hold = hold_of(held)
+    removed = hold.heads_removed if hold is not None else set()
+    return [s.head_pg for s in held.slices if s.head_pg is not None and s.index not in removed]
+
+
+def hand_back(held: Reserved) -> None:
+    """Give the slices back: cancel the tasks started on them, confirm on each host that
+    no process of this work still owns its TPU (an idle worker keeps libtpu's lock: the
+    host's agent stops it), remove every group (which ends the actors inside them), wait
+    (bounded) until Ray's resource view shows the hosts free, so that the slices are
+    claimable at once when this returns, and tell the queue. Idempotent. In a process
+    other than the one that reserved it, only the groups are removed, as Ray's handle does.
+
+    Args:
+        held: The record.
+    """
+    with _HOLDS_LOCK:
+        hold = _HOLDS.pop(held.key, None)
+    if hold is None:
+        if held.home != PROCESS and ray.is_initialized():
+            for piece in held.slices:
+                remove_group(piece.head_pg)
+                remove_group(piece.worker_pg)
+            remove_group(held.combined_pg)
+        return
+    pids = _reported_pids(held, hold)
+    _cancel_launched(hold)
+    if held.slices:
+        confirm_released(sorted({h.node_id for h in rank_hosts(held)}), pids)
+    hosts = [h for piece in held.slices for h in piece.info.hosts.values()]
+    names = [piece.info.name for piece in held.slices]
+    forgotten = (
+        # While the groups go: a held slice with no record counts as a claim in flight.
+        _RECORDS.submit(forget_held, names, [h.node_id for h in hosts], held.key)
+        if held.recorded and ray.is_initialized()
+        else None
+    )
+    # Heads first: a slice whose head is free while its TPUs are still held looks busy
+    # to everyone; the other order would show it claimed with no work on it.
+    for piece in held.slices:
+        remove_group(piece.head_pg)
+    remove_group(held.combined_pg)
+    for piece in held.slices:
+        remove_group(piece.worker_pg)
+    if held.slices and ray.is_initialized():
+        # Reported free, the slices may be granted at once: the next holder must not meet
+        # this one's records or the queue's notice to it. Records not gone in time are
+        # reported as not freed: the queue then reads before it grants.
+        plan = held.plan
+        head = plan.shape.head_resource if plan.needs_head_claim else None
+        # Told only once Ray's view shows the hosts free: told before, the next claimant
+        # could take them before they were ever shown free, and this wait (so that this
+        # driver's next read finds them free) would run to its bound.
+        freed = wait_freed(hosts, head) and (forgotten is None or _settled(forgotten))
+        QUEUE_LINK.notify_released(names, freed=freed)
+    if held.slices:
+        what = observe.describe_request(held.request)[0]
+        observe.released(names, time.time() - held.held_at, what)
+
+
+class SliceHandle(ShutsDownOnExit):
+    """A handle over one :class:`Reserved`: Ray's read-only properties and tpuslice's
+    additions read the record, so a handle pickles to a task and reads the same there.
+    Two handles are equal when they hold the same reservation.
+
+    Args:
+        held: The record.
+    """
+
+    def __init__(self, held: Reserved) -> None:
+        self._reserved = held
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SliceHandle) and other._reserved == self._reserved
+
+    def __hash__(self) -> int:
+        return hash(self._reserved)
+
+    @property
+    def slice_names(self) -> list[str]:
+        """Names of the reserved slices, in slice-index order (none once shut down)."""
+        return [] if self.is_shut_down else [s.info.name for s in self._reserved.slices]
+
+    @property
+    def slices(self) -> list[SliceInfo]:
+        """The cluster view of each reserved slice at the moment it was claimed (none once
+        shut down)."""
+        return [] if self.is_shut_down else [s.info for s in self._reserved.slices]
+
+    @property
+    def num_hosts(self) -> int:
+        """Hosts reserved, over every slice."""
+        return self._reserved.plan.shape.num_hosts * self._reserved.plan.num_slices
+
+    @property
+    def is_shut_down(self) -> bool:
+        """Whether the slices were given back (in a task, Ray is asked)."""
+        return is_handed_back(self._reserved)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Whether every worker group is placed (they are once the reservation returned,
+        unless a host died since).
+
+        Args:
+            timeout: Seconds to wait (``None``: effectively no limit).
+
+        Returns:
+            ``True`` once all are placed; ``False`` if the time ran out first.
+
+        Raises:
+            SliceShutdownError: the reservation was shut down.
+        """
+        groups = {pg.id: pg for pg, _ in worker_groups(self._reserved)}
+        return all(wait_all(list(groups.values()), timeout if timeout is not None else 1e9))
+
+    def notices(self) -> list[Notice]:
+        """Preemption or maintenance notices standing on this reservation's hosts now,
+        most urgent first (what their metadata servers warned of; see
+        :mod:`tpuslice._host.notices`). Reads Ray's KV store: one call when there are none.
+
+        Returns:
+            The notices; empty when none stands.
+        """
+        found = notices_for(sorted({h.node_id for h in rank_hosts(self._reserved)}))
+        return sorted(found.values(), key=lambda n: n.deadline)
+
+    def shutdown(self) -> None:
+        """Give the slices back (see :func:`hand_back`). Idempotent; never raises for a
+        copy in a task, where only the groups are removed, as with Ray's handle."""
+        hand_back(self._reserved)
+
+
+def record_of(handle: SliceHandle) -> Reserved:
+    """The record a handle holds.
+
+    Args:
+        handle: A reservation's handle.
+
+    Returns:
+        Its record.
+    """
+    return handle._reserved
+
+
+class SlicePlacementGroup(SliceHandle):
     """A reservation of ``num_slices`` whole TPU slices (Ray 2.60 ``SlicePlacementGroup``).
 
     The constructor returns once every slice is claimed and every worker bundle placed,
     so a returned object holds the slices. Use it as a context manager, or call
-    :meth:`shutdown`, to give them back.
+    :meth:`shutdown`, to give them back. It pickles: a copy sent to a task reads the same
+    reservation there.
     """
 
     def __init__(
@@ -171,69 +783,10 @@ class SlicePlacementGroup(ShutsDownOnExit):
             tenant=tenant,
             preemptible=preemptible,
         )
-        self._start(request, None)
+        super().__init__(reserve(request))
 
-    def _start(
-        self, request: SliceRequest, clock: Clock | None, targets: Targets | None = None
-    ) -> None:
-        self._reservation = Reservation()
-        self._reserved_at = time.monotonic()
-        self._launched: list[ray.ObjectRef] = []
-        self._worker_pids: list[tuple[int, ray.ObjectRef]] = []
-        self._request = request
-        self._plan = request.plan
-        if not ray.is_initialized():
-            raise NotConnectedError(
-                "Ray is not initialised: call ray.init(address=...) before reserving slices "
-                "(or use tpuslice.testing.SimulatedCluster)"
-            )
-        asked = time.monotonic()
-        self._asked_at = self._held_at = time.time()  # wall clock, as the gang's beats
-        try:
-            self._reservation = Reserver(request, clock=clock, targets=targets).run()
-        except ReservationTimeoutError as exc:  # InsufficientSlicesError is one too
-            outcome = "impossible" if isinstance(exc, InsufficientSlicesError) else "timed_out"
-            observe.reservation_ended(
-                request, outcome, time.monotonic() - asked, detail=first_line(exc)
-            )
-            raise
-        self._reserved_at = time.monotonic()
-        self._held_at = time.time()
-        self._plan = self._reservation.plan or request.plan  # a range: the count granted
-        observe.reservation_ended(
-            request, "granted", self._reserved_at - asked, slices=self.slice_names
-        )
-        self._actor_group: object | None = None
-        """The SliceActorGroup whose actors hold the bundles' TPUs while it lives."""
-        self._actor_group_lock = threading.Lock()
-        self._holder = uuid.uuid4().hex[:12]
-        if self._reservation.recorded:
-            _RECORDS.submit(record_held, self._holders())
-
-    def _holders(self) -> list[Holder]:
-        """What the queue is told of the slices held: whose, how urgent, preemptible,
-        and the groups to remove if a preemption's grace runs out."""
-        request, held = self._request, list[Holder]()
-        if request.subslice:  # the queue deals in whole slices; a sub-slice is not one
-            return held
-        job = str(ray.get_runtime_context().get_job_id())
-        for claim in self._reservation.claims:
-            groups = [claim.head_pg, claim.worker_pg, self._reservation.combined_pg]
-            held.append(
-                Holder(
-                    holder=self._holder,
-                    slice_name=claim.slice_name,
-                    tenant=request.tenant or "",
-                    priority=request.priority,
-                    preemptible=request.preemptible,
-                    since=self._held_at,
-                    who=this_driver(),
-                    groups=tuple(dict.fromkeys(g.id.hex() for g in groups if g is not None)),
-                    job=job,
-                    nodes=tuple(h.node_id for h in claim.target.hosts.values()),
-                )
-            )
-        return held
+    def _held_slices(self) -> list[HeldSlice]:
+        return [] if self.is_shut_down else list(self._reserved.slices)
 
     # --- Ray 2.60 properties ---------------------------------------------------------
 
@@ -243,132 +796,63 @@ class SlicePlacementGroup(ShutsDownOnExit):
 
     @property
     def slice_placement_group(self) -> PlacementGroup | None:
-        if self._plan.pg_per_slice:
+        if self._reserved.plan.pg_per_slice:
             raise InvalidArgumentError("pg_per_slice=True, use `slice_placement_groups` instead.")
-        return self._reservation.combined_pg
+        return None if self.is_shut_down else self._reserved.combined_pg
 
     @property
     def slice_placement_groups(self) -> list[PlacementGroup]:
-        if not self._plan.pg_per_slice:
+        if not self._reserved.plan.pg_per_slice:
             raise InvalidArgumentError("pg_per_slice=False, use `slice_placement_group` instead.")
-        return [c.worker_pg for c in self._reservation.claims if c.worker_pg is not None]
+        return [s.worker_pg for s in self._held_slices() if s.worker_pg is not None]
 
     @property
     def chips_per_host(self) -> int:
-        return self._plan.shape.chips_per_host
+        return self._reserved.plan.shape.chips_per_host
 
     @property
     def devices_per_host(self) -> int:
-        return self._plan.devices_per_host
-
-    @property
-    def num_hosts(self) -> int:
-        return self._plan.shape.num_hosts * self._plan.num_slices
+        return self._reserved.plan.devices_per_host
 
     @property
     def num_bundles(self) -> int:
-        return self._plan.num_bundles
+        return self._reserved.plan.num_bundles
 
     @property
     def topology(self) -> str:
-        return self._plan.shape.topology
+        return self._reserved.plan.shape.topology
 
     @property
     def accelerator_version(self) -> str:
-        return self._plan.shape.generation.name
+        return self._reserved.plan.shape.generation.name
 
     @property
     def num_slices(self) -> int:
-        return self._plan.num_slices
+        return self._reserved.plan.num_slices
 
     @property
     def head_placement_groups(self) -> list[PlacementGroup]:
         """Head claims held as groups of their own: none, as a rule. Ray 2.60 makes one
         per slice; tpuslice holds each slice's head resource in bundle 0 of its worker
         group (one placement round), so it stays claimed until :meth:`shutdown`."""
-        return [c.head_pg for c in self._reservation.claims if c.head_pg is not None]
+        return [] if self.is_shut_down else heads_held(self._reserved)
 
     @property
     def bundle_label_selector(self) -> list[dict[str, str]]:
+        plan = self._reserved.plan
         return [
             selector
-            for claim in self._reservation.claims
-            for selector in self._plan.worker_selectors(claim.index, claim.target)
+            for piece in self._held_slices()
+            for selector in plan.worker_selectors(piece.index, piece.info)
         ]
 
     @property
     def bundle_resources(self) -> dict[str, float]:
-        return dict(self._plan.bundle_resources)
+        return dict(self._reserved.plan.bundle_resources)
 
     @property
     def tpu_resource_per_chip(self) -> int:
-        return self._plan.tpu_resource_per_chip
-
-    # --- additions -------------------------------------------------------------------
-
-    @property
-    def slice_names(self) -> list[str]:
-        """Names of the reserved slices, in slice-index order."""
-        return [c.slice_name for c in self._reservation.claims]
-
-    @property
-    def slices(self) -> list[SliceInfo]:
-        """The cluster view of each reserved slice at the moment it was claimed."""
-        return [c.target for c in self._reservation.claims]
-
-    @property
-    def is_shut_down(self) -> bool:
-        return not self._reservation.claims
-
-    def _worker_groups(self) -> list[tuple[PlacementGroup, int]]:
-        """Where each rank's bundle is.
-
-        Returns:
-            ``(group, bundle index)`` for every bundle, in rank order (slice-major).
-
-        Raises:
-            SliceShutdownError: the reservation was shut down.
-        """
-        if self.is_shut_down:
-            raise SliceShutdownError(
-                "this SlicePlacementGroup has been shut down; create a new one"
-            )
-        if not self._plan.pg_per_slice:
-            pg = self._reservation.combined_pg
-            assert pg is not None
-            return [(pg, i) for i in range(self._plan.num_bundles)]
-        return [
-            (pg, i)
-            for pg in self.slice_placement_groups
-            for i in range(self._plan.bundles_per_slice)
-        ]
-
-    def _ranks(self, slice_index: int | None = None) -> list[RankPlacement]:
-        """Where each rank runs: its bundle (see :meth:`Plumbing.ranks`)."""
-        tpu = self.bundle_resources.get("TPU", self.devices_per_host)
-        return [
-            RankPlacement(context, group, bundle, tpu)
-            for context, (group, bundle) in zip(
-                host_contexts(self), self._worker_groups(), strict=True
-            )
-            if slice_index is None or context.slice_index == slice_index
-        ]
-
-    def wait_ready(self, timeout: float | None = None) -> bool:
-        """Whether every worker group is placed (they are once the constructor returns,
-        unless a host died since).
-
-        Args:
-            timeout: Seconds to wait (``None``: effectively no limit).
-
-        Returns:
-            ``True`` once all are placed; ``False`` if the time ran out first.
-
-        Raises:
-            SliceShutdownError: the reservation was shut down.
-        """
-        groups = {pg.id: pg for pg, _ in self._worker_groups()}
-        return all(wait_all(list(groups.values()), timeout if timeout is not None else 1e9))
+        return self._reserved.plan.tpu_resource_per_chip
 
     def release_head_pgs(self, slice_index: int | None = None) -> None:
         """Remove the head claims held as groups of their own (all, or one slice's).
@@ -382,167 +866,12 @@ class SlicePlacementGroup(ShutsDownOnExit):
         Raises:
             InvalidArgumentError: ``slice_index`` is out of range.
         """
-        claims = self._reservation.claims
-        if slice_index is not None:
-            if not 0 <= slice_index < len(claims):
-                raise InvalidArgumentError(
-                    f"Invalid slice_index: {slice_index}; valid: 0..{len(claims) - 1}."
-                )
-            claims = [claims[slice_index]]
-        for claim in claims:
-            remove_group(claim.head_pg)
-            claim.head_pg = None
-
-    def _track(
-        self,
-        refs: Sequence[ray.ObjectRef],
-        worker_pids: Sequence[tuple[int, ray.ObjectRef]] = (),
-    ) -> None:
-        """Remember tasks started on this slice, so :meth:`shutdown` can stop them (see
-        :meth:`Plumbing.track`).
-
-        Args:
-            refs: The tasks' refs.
-            worker_pids: ``(rank, ref of the pid that ran it)`` per task: the hand-back
-                stops those processes on the rank's host if they still own its TPU.
-        """
-        if self._launched:
-            _, self._launched = ray.wait(
-                self._launched, num_returns=len(self._launched), timeout=0, fetch_local=False
-            )
-        self._launched.extend(refs)
-        self._worker_pids.extend(worker_pids)
-
-    def _cancel_launched(self) -> None:
-        """Cancel tasks still running or queued here. Ray does not fail them when their
-        group goes away (queued ones would wait forever); cancelled, their refs resolve
-        at once with ``TaskCancelledError``."""
-        launched, self._launched = self._launched, []
-        if not launched or not ray.is_initialized():
-            return
-        _, running = ray.wait(launched, num_returns=len(launched), timeout=0, fetch_local=False)
-        for ref in running:
-            ray.cancel(ref, force=True)
-
-    def _rank_env(self, rank: int) -> CallEnv:
-        """What this reservation sets for rank ``rank``'s calls besides its slice context:
-        nothing for whole slices, whose hosts' own ``TPU_*`` values hold (a sub-slice
-        sets its own).
-
-        Args:
-            rank: A rank of this reservation.
-
-        Returns:
-            Variables to set (or, as None, unset) around the call.
-        """
-        return {}
-
-    def _confirm_free(self, pids: Mapping[str, set[int]] | None = None) -> None:
-        """Have each host's agent stop the processes of this work that still own its TPU,
-        and confirm it (see :func:`tpuslice._reserve.queue.agents.confirm_released`).
-
-        Args:
-            pids: Per host, pids of processes that ran this slice's tasks.
-        """
-        confirm_released(sorted(set(self._rank_nodes())), pids)
-
-    def notices(self) -> list[Notice]:
-        """Preemption or maintenance notices standing on this reservation's hosts now,
-        most urgent first (what their metadata servers warned of; see
-        :mod:`tpuslice._host.notices`). Reads Ray's KV store: one call when there are none.
-
-        Returns:
-            The notices; empty when none stands.
-        """
-        found = notices_for(sorted(set(self._rank_nodes())))
-        return sorted(found.values(), key=lambda n: n.deadline)
-
-    def _rank_nodes(self) -> list[str]:
-        """The Ray node id of each rank's host.
-
-        Returns:
-            One node id per rank, in rank order.
-        """
-        return [host.node_id for host in self._rank_hosts()]
-
-    def _rank_hosts(self) -> list[HostInfo]:
-        """Each rank's host, as it was when reserved.
-
-        Returns:
-            One host per rank, in rank order.
-        """
-        per_host = self._plan.bundles_per_host
-        return [
-            host
-            for claim in self._reservation.claims
-            for host in claim.target.hosts.values()
-            for _ in range(per_host)
-        ]
-
-    def _reported_pids(self) -> dict[str, set[int]]:
-        """Per host, the pids of the processes that ran this slice's tasks (as far as
-        they finished and reported)."""
-        reports, self._worker_pids = self._worker_pids, []
-        if not reports or not ray.is_initialized():
-            return {}
-        nodes = self._rank_nodes()
-        refs = [ref for _, ref in reports]
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
-        ready = set(done)
-        found: dict[str, set[int]] = {}
-        for rank, ref in reports:
-            if ref in ready and rank < len(nodes):
-                try:
-                    found.setdefault(nodes[rank], set()).add(int(ray.get(ref, timeout=5)))
-                except ray.exceptions.RayError:
-                    continue  # failed or cancelled: the agents find its worker by its job
-        return found
-
-    def shutdown(self) -> None:
-        """Give the slices back: cancel the tasks started here by tpuslice, confirm on
-        each host that no process of this work still owns its TPU (an idle worker keeps
-        libtpu's lock: the host's agent stops it), remove every worker and head group
-        (which ends the actors inside them), wait (bounded) until Ray's resource view
-        shows the hosts free, so that the slices are claimable at once when this returns
-        (see :func:`tpuslice._view.cluster.wait_freed`), and tell the queue. Idempotent."""
-        pids = self._reported_pids()
-        self._cancel_launched()
-        if self._reservation.claims:
-            self._confirm_free(pids)
-        reservation, self._reservation = self._reservation, Reservation()
-        hosts = [h for claim in reservation.claims for h in claim.target.hosts.values()]
-        names = [claim.slice_name for claim in reservation.claims]
-        forgotten = (
-            # While the groups go: a held slice with no record counts as a claim in flight.
-            _RECORDS.submit(forget_held, names, [h.node_id for h in hosts], self._holder)
-            if reservation.recorded and ray.is_initialized()
-            else None
-        )
-        # Heads first: a slice whose head is free while its TPUs are still held looks
-        # busy to everyone; the other order would show it claimed with no work on it.
-        for claim in reservation.claims:
-            remove_group(claim.head_pg)
-        remove_group(reservation.combined_pg)
-        for claim in reservation.claims:
-            remove_group(claim.worker_pg)
-        if reservation.claims and ray.is_initialized():
-            # Reported free, the slices may be granted at once: the next holder must not
-            # meet this one's records or the queue's notice to it. Records not gone in
-            # time are reported as not freed: the queue then reads before it grants.
-            head = self._plan.shape.head_resource if self._plan.needs_head_claim else None
-            # Told only once Ray's view shows the hosts free: told before, the next
-            # claimant could take them before they were ever shown free, and this wait
-            # (so that this driver's next read finds them free) would run to its bound.
-            freed = wait_freed(hosts, head) and (forgotten is None or _settled(forgotten))
-            QUEUE_LINK.notify_released(names, freed=freed)
-        if reservation.claims:
-            held = time.monotonic() - self._reserved_at
-            what = observe.describe_request(self._request)[0]
-            observe.released([c.slice_name for c in reservation.claims], held, what)
+        remove_heads(self._reserved, slice_index)
 
     def __repr__(self) -> str:
         state = "shut down" if self.is_shut_down else ", ".join(self.slice_names)
-        return f"SlicePlacementGroup({self._plan.shape.pod_type} x{self.num_slices}: {state})"
+        pod_type = self._reserved.plan.shape.pod_type
+        return f"SlicePlacementGroup({pod_type} x{self.num_slices}: {state})"
 
 
 def slice_placement_group(
@@ -636,240 +965,19 @@ def reserve_tpu_slice(
     return claim.slice_name, claim.head_pg
 
 
-def reserve_slices(request: SliceRequest, *, clock: Clock | None = None) -> SlicePlacementGroup:
-    """Reserve what ``request`` asks for: the path every tpuslice runner takes.
+def reserve_slices(request: SliceRequest) -> SliceHandle:
+    """Reserve what ``request`` asks for, as a handle: the path every tpuslice runner
+    takes.
 
     Args:
         request: The validated request.
-        clock: Injected time for tests (default: the real clock).
 
     Returns:
-        The reservation, holding every slice.
+        The handle, holding every slice.
 
     Raises:
         NotConnectedError: Ray is not initialised.
         InsufficientSlicesError: the cluster does not have the slices and cannot grow.
         ReservationTimeoutError: no idle slices within the request's timeout.
     """
-    spg = SlicePlacementGroup.__new__(SlicePlacementGroup)
-    spg._start(request, clock)
-    return spg
-
-
-class Plumbing:
-    """What tpuslice's own runners (``run_on_slice``, actor groups, resilient runs, the
-    CLI) use of a reservation, kept off its public handle so that the handle shows
-    Ray's names and our documented additions only.
-
-    Args:
-        spg: The reservation (a :class:`SlicePlacementGroup` or a subclass).
-    """
-
-    __slots__ = ("_spg",)
-
-    def __init__(self, spg: SlicePlacementGroup) -> None:
-        self._spg = spg
-
-    @property
-    def plan(self) -> ReservationPlan:
-        """What was derived from the request: shape, bundles, selectors."""
-        return self._spg._plan
-
-    @property
-    def request(self) -> SliceRequest:
-        """The request the reservation was made from."""
-        return self._spg._request
-
-    @property
-    def actor_group(self) -> object | None:
-        """The SliceActorGroup whose actors hold the bundles' TPUs, while it lives."""
-        return self._spg._actor_group
-
-    def hold_for_actor_group(self, group: object) -> None:
-        """Make ``group`` the reservation's one actor group, before its actors start.
-
-        Args:
-            group: The SliceActorGroup.
-
-        Raises:
-            InvalidArgumentError: another actor group lives on the reservation.
-        """
-        with self._spg._actor_group_lock:
-            if self._spg._actor_group is not None:
-                raise InvalidArgumentError(
-                    "this slice already has a SliceActorGroup, whose actors hold its TPUs; "
-                    "shut that group down first, or reserve another slice"
-                )
-            self._spg._actor_group = group
-
-    def drop_actor_group(self, group: object) -> None:
-        """``group`` has gone (idempotent; another group's hold is left alone).
-
-        Args:
-            group: The SliceActorGroup.
-        """
-        with self._spg._actor_group_lock:
-            if self._spg._actor_group is group:
-                self._spg._actor_group = None
-
-    def confirm_free(self, *, after_tasks: bool = False) -> None:
-        """Confirm on every host that no process of this work owns its TPU, stopping any
-        that does (an actor group's actors, once killed, or a task's idle worker).
-
-        Args:
-            after_tasks: Only if tasks ran on the reservation (else there is nothing
-                to ask: no call has been made on it).
-        """
-        if after_tasks and not self._spg._worker_pids and not self._spg._launched:
-            return
-        self._spg._confirm_free(self._spg._reported_pids())
-
-    def worker_groups(self) -> list[tuple[PlacementGroup, int]]:
-        """Where each rank's bundle is.
-
-        Returns:
-            ``(group, bundle index)`` for every bundle, in rank order (slice-major).
-
-        Raises:
-            SliceShutdownError: the reservation was shut down.
-        """
-        return self._spg._worker_groups()
-
-    def track(
-        self,
-        refs: Sequence[ray.ObjectRef],
-        worker_pids: Sequence[tuple[int, ray.ObjectRef]] = (),
-    ) -> None:
-        """Remember tasks started on the reservation, so its shutdown can stop them.
-
-        Args:
-            refs: The tasks' refs.
-            worker_pids: ``(rank, ref of the pid that ran it)`` per task: the hand-back
-                stops those processes on the rank's host if they still own its TPU.
-        """
-        self._spg._track(refs, worker_pids)
-
-    def asked_at(self) -> float:
-        """When the reservation asked for its slices (wall clock).
-
-        Returns:
-            Seconds since the epoch.
-        """
-        return self._spg._asked_at
-
-    def held_at(self) -> float:
-        """When it held them (wall clock).
-
-        Returns:
-            Seconds since the epoch.
-        """
-        return self._spg._held_at
-
-    def queued_s(self) -> float:
-        """Of the time from asking to holding, how long it waited for slices.
-
-        Returns:
-            Seconds.
-        """
-        return self._spg._reservation.queued_s
-
-    def arrival(self) -> int | None:
-        """Its place in the queue's arrival order, if it waited there.
-
-        Returns:
-            The arrival number, or ``None``.
-        """
-        return self._spg._reservation.arrival
-
-    def ranks(self, slice_index: int | None = None) -> list[RankPlacement]:
-        """Where each rank runs: its context, its bundle, and the bundle's TPU. Tasks and
-        actor groups are both placed from this.
-
-        Args:
-            slice_index: Only that slice's ranks (``None``: every rank).
-
-        Returns:
-            One per rank, in rank order (slice-major, then TPU worker id).
-
-        Raises:
-            SliceShutdownError: the reservation was shut down.
-        """
-        return self._spg._ranks(slice_index)
-
-    def rank_env(self, rank: int) -> CallEnv:
-        """What the reservation sets for rank ``rank``'s calls besides its slice context.
-
-        Args:
-            rank: A rank of the reservation.
-
-        Returns:
-            Variables to set (or, as None, unset) around the call.
-        """
-        return self._spg._rank_env(rank)
-
-    def rank_nodes(self) -> list[str]:
-        """The Ray node id of each rank's host.
-
-        Returns:
-            One node id per rank, in rank order.
-        """
-        return self._spg._rank_nodes()
-
-    def rank_hosts(self) -> list[HostInfo]:
-        """Each rank's host, as it was when reserved (its slice, worker id and node id).
-
-        Returns:
-            One host per rank, in rank order.
-        """
-        return self._spg._rank_hosts()
-
-    def suspect_slices(self) -> list[SliceInfo]:
-        """The slices taken as a last resort: a host of each is suspect
-        (:attr:`~tpuslice._view.cluster.SliceState.SUSPECT`), so work may check them first.
-
-        Returns:
-            Them, in slice order; empty as a rule.
-        """
-        return self._spg._reservation.suspects
-
-
-def plumbing(spg: SlicePlacementGroup) -> Plumbing:
-    """The runners' view of a reservation (see :class:`Plumbing`).
-
-    Args:
-        spg: The reservation.
-
-    Returns:
-        Its plumbing.
-    """
-    return Plumbing(spg)
-
-
-def host_contexts(spg: SlicePlacementGroup) -> list[HostContext]:
-    """One context per bundle, in rank order. Pure given the reservation.
-
-    Args:
-        spg: A reservation (shut down or not: only its plan and slices are read).
-
-    Returns:
-        ``contexts[i]`` for rank *i*: slice-major, then TPU worker id.
-    """
-    plan = spg._plan
-    slices = spg.slices
-    coordinator = slices[0].hosts[0].address if slices else ""
-    contexts: list[HostContext] = []
-    for slice_index, info in enumerate(slices):
-        for k in range(plan.bundles_per_slice):
-            contexts.append(
-                HostContext(
-                    rank=len(contexts),
-                    world_size=plan.num_bundles,
-                    slice_index=slice_index,
-                    num_slices=plan.num_slices,
-                    slice_name=info.name,
-                    worker_id=k // plan.bundles_per_host,
-                    hosts_per_slice=plan.shape.num_hosts,
-                    coordinator_address=coordinator,
-                )
-            )
-    return contexts
+    return SliceHandle(reserve(request))

@@ -22,7 +22,16 @@ from tpuslice._host.context import MEGASCALE_VARS, HostContext
 from tpuslice._host.heartbeats import BEAT_ENV, beat_key
 from tpuslice._reserve.observe import describe_request
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._reserve.reserve import ShutsDownOnExit, SlicePlacementGroup, plumbing, reserve_slices
+from tpuslice._reserve.reserve import (
+    ShutsDownOnExit,
+    SliceHandle,
+    confirm_free,
+    drop_actor_group,
+    hold_for_actor_group,
+    ranks,
+    record_of,
+    reserve_slices,
+)
 from tpuslice._run.run import call_env
 from tpuslice._run.watchdog import CHECK_S, WatchConfig, describe_hang
 from tpuslice._tpu import _ray
@@ -52,7 +61,7 @@ class SliceActorGroup(ShutsDownOnExit):
     def __init__(
         self,
         actor_cls: Any,
-        tpu_slice: SlicePlacementGroup,
+        tpu_slice: SliceHandle,
         *args: Any,
         heartbeat_timeout_s: float | None = None,
         startup_timeout_s: float | None = None,
@@ -82,7 +91,7 @@ class SliceActorGroup(ShutsDownOnExit):
     def _start(
         self,
         actor_cls: Any,
-        tpu_slice: SlicePlacementGroup,
+        tpu_slice: SliceHandle,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         heartbeat_timeout_s: float | None,
@@ -102,20 +111,20 @@ class SliceActorGroup(ShutsDownOnExit):
         self.times: AttemptTimes | None = None
         """The group's moments, for its goodput account: kept for a group that owns its
         slices (the reservation's time is the group's), from its reservation's start."""
-        ranks = plumbing(tpu_slice).ranks()
-        self.contexts: list[HostContext] = [rank.context for rank in ranks]
+        placed = ranks(record_of(tpu_slice))
+        self.contexts: list[HostContext] = [rank.context for rank in placed]
         self.actors: list[Any] = []
         try:
-            plumbing(tpu_slice).hold_for_actor_group(self)
+            hold_for_actor_group(record_of(tpu_slice), self)
             # One process per host owns a TPU: an idle worker of earlier run_on_slice
             # calls that opened it goes (its TPU confirmed free) before the actors start.
-            plumbing(tpu_slice).confirm_free(after_tasks=True)
+            confirm_free(record_of(tpu_slice), after_tasks=True)
             if owns_slice:
-                held = plumbing(tpu_slice)
+                held = record_of(tpu_slice)
                 self.times = AttemptTimes(
-                    held.asked_at(), held.queued_s(), held.held_at(), only_call=False
+                    held.asked_at, held.queued_s, held.held_at, only_call=False
                 )
-            for rank in ranks:
+            for rank in placed:
                 self.actors.append(
                     remote_cls.options(
                         num_cpus=0,
@@ -309,13 +318,13 @@ class SliceActorGroup(ShutsDownOnExit):
         if times is not None and actors:
             times.hand_back = goodput.now()
             times.ended = times.ended or times.hand_back  # a failure seen by get() ended it
-        plumbing(self.slice).drop_actor_group(self)
+        drop_actor_group(record_of(self.slice), self)
         for actor in actors:
             ray.kill(actor, no_restart=True)
         if self._owns_slice:
             self.slice.shutdown()
         elif actors and not self.slice.is_shut_down:
-            plumbing(self.slice).confirm_free()
+            confirm_free(record_of(self.slice))
         if actors and keyed:
             if times is not None:
                 times.handed_back = goodput.now()
@@ -335,7 +344,7 @@ class SliceActorGroup(ShutsDownOnExit):
                 goodput.new_run_id(),
                 "actor_group",
                 [times],
-                what=describe_request(plumbing(self.slice).request)[0],
+                what=describe_request(record_of(self.slice).request)[0],
             )
             goodput.keep(account)
         except Exception as exc:  # noqa: BLE001 - the account must not break the shutdown

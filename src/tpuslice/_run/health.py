@@ -39,7 +39,7 @@ import ray
 from tpuslice._host.context import current_host
 from tpuslice._host.suspects import Blame, SuspectReason
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._reserve.reserve import SlicePlacementGroup, reserve_slices
+from tpuslice._reserve.reserve import SliceHandle, record_of, reserve_slices, suspect_slices
 from tpuslice._reserve.suspects import clear_slice, mark_suspects
 from tpuslice._run.run import launch
 from tpuslice._tpu import _ray
@@ -261,7 +261,7 @@ def _reach(key: str, bound_s: float) -> tuple[bool, str]:
 
 
 def check_held(
-    spg: SlicePlacementGroup,
+    spg: SliceHandle,
     *,
     check: Any = None,
     tpu_open_s: float | None = None,
@@ -325,7 +325,7 @@ def _collect(
 
 
 def _judge(
-    spg: SlicePlacementGroup,
+    spg: SliceHandle,
     index: int,
     answers: list[tuple[dict[str, Any] | None, float | None, str]],
     started: float,
@@ -390,7 +390,7 @@ def reach_blame(unreached: Sequence[int], peers: int) -> dict[int, str]:
 
 
 def _user_check(
-    spg: SlicePlacementGroup,
+    spg: SliceHandle,
     check: Any,
     verdicts: list[list[HostVerdict]],
     clock: Callable[[], float],
@@ -539,10 +539,8 @@ class UnfitSlices(Exception):
         )
 
 
-def _suspect_names(spg: SlicePlacementGroup) -> set[str]:
-    from tpuslice._reserve.reserve import plumbing
-
-    return {info.name for info in plumbing(spg).suspect_slices()}
+def _suspect_names(spg: SliceHandle) -> set[str]:
+    return {info.name for info in suspect_slices(record_of(spg))}
 
 
 @dataclass
@@ -561,8 +559,8 @@ class Vetting:
             reservation that lands on one again is not checked again (the run gives up).
     """
 
-    check: Callable[[SlicePlacementGroup], list[SliceHealth]] = check_held
-    suspects_of: Callable[[SlicePlacementGroup], set[str]] = _suspect_names
+    check: Callable[[SliceHandle], list[SliceHealth]] = check_held
+    suspects_of: Callable[[SliceHandle], set[str]] = _suspect_names
     record: Callable[[SliceHealth, str], None] = record
     doubted: set[str] = field(default_factory=set)
     failed_checks: dict[str, SliceHealth] = field(default_factory=dict)
@@ -576,7 +574,7 @@ class Vetting:
         """
         self.doubted = set(slice_names) if on_the_hosts else set()
 
-    def vet(self, spg: SlicePlacementGroup) -> str:
+    def vet(self, spg: SliceHandle) -> str:
         """Check the reservation if one of its slices is in doubt.
 
         Args:

@@ -16,7 +16,7 @@ from typing import Literal
 
 from tpuslice._host.notices import Notice
 from tpuslice._reserve.observe import describe_request, never_raises
-from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing
+from tpuslice._reserve.reserve import SliceHandle, record_of
 from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE
 from tpuslice.record import events, goodput, metrics
@@ -135,7 +135,7 @@ def attempt(event: AttemptEvent) -> None:
         metrics.run_ended("resilient_attempt", outcome, event.duration_s)
 
 
-def one_shot_times(spg: SlicePlacementGroup, outcome: str) -> goodput.AttemptTimes | None:
+def one_shot_times(spg: SliceHandle, outcome: str) -> goodput.AttemptTimes | None:
     """A one-shot's moments as its tasks end, read before its hand-back (which forgets
     the reservation's own). Never raises: the hand-back follows, whatever happens here.
 
@@ -153,13 +153,13 @@ def one_shot_times(spg: SlicePlacementGroup, outcome: str) -> goodput.AttemptTim
         return None
 
 
-def _one_shot_times(spg: SlicePlacementGroup, outcome: str) -> goodput.AttemptTimes:
-    held = plumbing(spg)
+def _one_shot_times(spg: SliceHandle, outcome: str) -> goodput.AttemptTimes:
+    held = record_of(spg)
     now = goodput.now()
     return goodput.AttemptTimes(
-        asked=held.asked_at(),
-        queued_s=held.queued_s(),
-        held=held.held_at(),
+        asked=held.asked_at,
+        queued_s=held.queued_s,
+        held=held.held_at,
         ended=now,
         hand_back=now,
         outcome="" if outcome == "interrupted" else outcome,  # not a failure: nothing lost
@@ -169,7 +169,7 @@ def _one_shot_times(spg: SlicePlacementGroup, outcome: str) -> goodput.AttemptTi
 
 @never_raises
 def one_shot_account(
-    spg: SlicePlacementGroup, times: goodput.AttemptTimes, prefix: str, keys: Sequence[str]
+    spg: SliceHandle, times: goodput.AttemptTimes, prefix: str, keys: Sequence[str]
 ) -> None:
     """Keep a one-shot's goodput account, once its slices are back: its ranks' progress
     is read, and their keys deleted (no rank runs to publish again).
@@ -188,7 +188,7 @@ def one_shot_account(
         goodput.new_run_id(),
         "one_shot",
         [times],
-        what=describe_request(plumbing(spg).request)[0],
+        what=describe_request(record_of(spg).request)[0],
         outcome=times.outcome or "interrupted",
     )
     goodput.keep(account)

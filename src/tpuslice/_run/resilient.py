@@ -46,7 +46,13 @@ from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Blame, SuspectReason
 from tpuslice._reserve.observe import describe_request
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._reserve.reserve import SlicePlacementGroup, host_contexts, plumbing, reserve_slices
+from tpuslice._reserve.reserve import (
+    SliceHandle,
+    host_contexts,
+    rank_hosts,
+    record_of,
+    reserve_slices,
+)
 from tpuslice._reserve.suspects import mark_suspects
 from tpuslice._run import observe
 from tpuslice._run.health import UnfitSlices, Vetting
@@ -271,7 +277,7 @@ class GangBrokenError(Exception):
         self.blamed = blamed
 
     @classmethod
-    def from_task(cls, spg: SlicePlacementGroup, rank: int, exc: BaseException) -> GangBrokenError:
+    def from_task(cls, spg: SliceHandle, rank: int, exc: BaseException) -> GangBrokenError:
         """For the task of ``rank`` that raised ``exc``: classified, named by host, and
         blamed on that host if the exception pins it there (:func:`pinned_on_host`).
 
@@ -283,18 +289,18 @@ class GangBrokenError(Exception):
         Returns:
             The error to raise (chain ``exc`` to it).
         """
-        where = host_contexts(spg)[rank].describe()
+        where = host_contexts(record_of(spg))[rank].describe()
         cause = f"{where}: {summarize(exc)}"
         reason = pinned_on_host(exc)
         if reason is None:
             return cls(classify(exc), cause)
-        host = plumbing(spg).rank_hosts()[rank]
+        host = rank_hosts(record_of(spg))[rank]
         worker = -1 if host.worker_id is None else host.worker_id
         blame = Blame(host.node_id, host.slice_name, worker, reason, cause)
         return cls(Outcome.HOST_FAILURE, cause, blamed=(blame,))
 
 
-AttemptBody = Callable[[SlicePlacementGroup, AttemptWatch], list[Any]]
+AttemptBody = Callable[[SliceHandle, AttemptWatch], list[Any]]
 """One attempt on a held reservation, watched: the results in rank order, or
 :class:`GangBrokenError` at the first failed task (a body calls ``watch.check()`` while it
 waits, and passes a lost host through :func:`judged`). :func:`run_function` is the usual
@@ -302,7 +308,7 @@ one."""
 
 
 def watch_gang(
-    config: WatchConfig, spg: SlicePlacementGroup, notice_event: Callable[[Notice], object]
+    config: WatchConfig, spg: SliceHandle, notice_event: Callable[[Notice], object]
 ) -> AttemptWatch:
     """The watch of a gang on ``spg``'s hosts, reading Ray's KV store.
 
@@ -314,8 +320,8 @@ def watch_gang(
     Returns:
         The watch.
     """
-    ranks = [context.describe() for context in host_contexts(spg)]
-    hosts = plumbing(spg).rank_hosts()
+    ranks = [context.describe() for context in host_contexts(record_of(spg))]
+    hosts = rank_hosts(record_of(spg))
     nodes = [host.node_id for host in hosts]
     return AttemptWatch(config, nodes, ranks, notice_event, hosts=hosts)
 
@@ -358,7 +364,7 @@ def watched(watch: AttemptWatch) -> None:
         raise GangBrokenError(outcome, stop.cause, stop.evidence, stop.blamed) from None
 
 
-def arrival_of(spg: SlicePlacementGroup) -> int | None:
+def arrival_of(spg: SliceHandle) -> int | None:
     """A reservation's place in the queue's arrival order (``None`` if it did not wait
     there, or for a stand-in of one).
 
@@ -368,7 +374,7 @@ def arrival_of(spg: SlicePlacementGroup) -> int | None:
     Returns:
         The arrival number, or ``None``.
     """
-    return plumbing(spg).arrival() if isinstance(spg, SlicePlacementGroup) else None
+    return record_of(spg).arrival if isinstance(spg, SliceHandle) else None
 
 
 @dataclass
@@ -383,13 +389,13 @@ class ResilientRun:
     history: list[AttemptRecord] = field(default_factory=list)
     last_error: BaseException | None = None
     """The exception that ended the latest failed attempt (chained to the final error)."""
-    reserve: Callable[[SliceRequest], SlicePlacementGroup] = reserve_slices
+    reserve: Callable[[SliceRequest], SliceHandle] = reserve_slices
     """How each attempt reserves its slices (a seam for tests)."""
     watching: WatchConfig = field(default_factory=WatchConfig)
     """What each attempt's gang is watched for (notices always; heartbeats if set)."""
-    make_watch: Callable[
-        [WatchConfig, SlicePlacementGroup, Callable[[Notice], object]], AttemptWatch
-    ] = watch_gang
+    make_watch: Callable[[WatchConfig, SliceHandle, Callable[[Notice], object]], AttemptWatch] = (
+        watch_gang
+    )
     """How each attempt's watch is made (a seam for tests)."""
     mark: Callable[[Sequence[Blame]], object] = mark_suspects
     """Marks the hosts a failed attempt is blamed on suspect (a seam for tests)."""
@@ -406,7 +412,7 @@ class ResilientRun:
     """The run's goodput account, once it ended."""
     on_account: Callable[[Account], object] | None = None
     """Called with the account when the run ends."""
-    arrival: Callable[[SlicePlacementGroup], int | None] = arrival_of
+    arrival: Callable[[SliceHandle], int | None] = arrival_of
     """A reservation's place in the queue's arrival order (a seam for tests)."""
     first_arrival: int | None = None
     """The first attempt's place in the queue, if it waited there: the attempt after a
@@ -570,7 +576,7 @@ class ResilientRun:
 
     def run_on(
         self,
-        spg: SlicePlacementGroup,
+        spg: SliceHandle,
         number: int,
         names: tuple[str, ...],
         checked: str,
@@ -629,7 +635,7 @@ class ResilientRun:
         )
 
     def watch_for(
-        self, spg: SlicePlacementGroup, number: int, names: tuple[str, ...], started: float
+        self, spg: SliceHandle, number: int, names: tuple[str, ...], started: float
     ) -> AttemptWatch:
         """The watch of one attempt's gang: its hosts, and the ``notice`` event.
 
@@ -726,7 +732,7 @@ def run_function(
     fn: Any,
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
-    spg: SlicePlacementGroup,
+    spg: SliceHandle,
     watch: AttemptWatch,
 ) -> list[Any]:
     """The attempt body of :func:`run_resilient`: start ``fn`` on every host and collect
@@ -767,7 +773,7 @@ def run_function(
     return [results[rank] for rank in range(len(refs))]
 
 
-def queued_s(spg: SlicePlacementGroup) -> float:
+def queued_s(spg: SliceHandle) -> float:
     """How long a reservation waited for its slices (0 for a stand-in of one).
 
     Args:
@@ -776,7 +782,7 @@ def queued_s(spg: SlicePlacementGroup) -> float:
     Returns:
         Seconds.
     """
-    return plumbing(spg).queued_s() if isinstance(spg, SlicePlacementGroup) else 0.0
+    return record_of(spg).queued_s if isinstance(spg, SliceHandle) else 0.0
 
 
 new_clock: Callable[[], Clock] = Clock

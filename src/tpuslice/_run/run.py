@@ -25,7 +25,15 @@ import ray
 from tpuslice._host.context import HostContext, with_context
 from tpuslice._host.heartbeats import BEAT_ENV, beat_key
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._reserve.reserve import SlicePlacementGroup, plumbing, reserve_slices
+from tpuslice._reserve.reserve import (
+    SliceHandle,
+    actor_group_of,
+    ranks,
+    record_of,
+    reserve_slices,
+    track,
+)
+from tpuslice._reserve.reserve import rank_env as reservation_env
 from tpuslice._run import observe
 from tpuslice._tpu import _ray
 from tpuslice._tpu._process import EXIT_HOOKS
@@ -87,7 +95,7 @@ CONTEXT_REMOTES = ContextRemotes()
 """This process's remote functions made for user functions."""
 
 
-def call_env(spg: SlicePlacementGroup, context: HostContext) -> CallEnv:
+def call_env(spg: SliceHandle, context: HostContext) -> CallEnv:
     """Everything a rank's call sees set: its slice context, and what the reservation
     adds for that rank (a sub-slice's own ``TPU_*`` values, see
     :meth:`~tpuslice.SlicePlacementGroup.rank_env`).
@@ -99,7 +107,7 @@ def call_env(spg: SlicePlacementGroup, context: HostContext) -> CallEnv:
     Returns:
         The variables, to be set around the call (None: unset for the call).
     """
-    return {**context.env(), **plumbing(spg).rank_env(context.rank)}
+    return {**context.env(), **reservation_env(record_of(spg), context.rank)}
 
 
 def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
@@ -126,7 +134,7 @@ def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
         raise InvalidArgumentError(
             "slice_index can only be used when an existing tpu_slice is provided."
         )
-    if not plumbing(tpu_slice).plan.pg_per_slice:
+    if not record_of(tpu_slice).plan.pg_per_slice:
         raise InvalidArgumentError(
             "slice_index can only be used when tpu_slice was created with pg_per_slice=True."
         )
@@ -137,7 +145,7 @@ def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
 
 
 def placements(
-    spg: SlicePlacementGroup, slice_index: int | None = None
+    spg: SliceHandle, slice_index: int | None = None
 ) -> list[tuple[HostContext, dict[str, Any]]]:
     """``(context, task options)`` per rank: in its bundle, holding its TPU, no CPU, never
     retried (see :meth:`~tpuslice._reserve.groups.RankPlacement.task_options`).
@@ -152,12 +160,12 @@ def placements(
     Raises:
         SliceShutdownError: ``spg`` was shut down.
     """
-    return [(rank.context, rank.task_options()) for rank in plumbing(spg).ranks(slice_index)]
+    return [(rank.context, rank.task_options()) for rank in ranks(record_of(spg), slice_index)]
 
 
 def launch(
     fn: Any,
-    spg: SlicePlacementGroup,
+    spg: SliceHandle,
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     slice_index: int | None = None,
@@ -191,8 +199,8 @@ def launch(
         *values, pid = out
         refs.append(values[0] if wrapped.returns == 1 else values)
         pids.append((context.rank, pid))
-    plumbing(spg).track(
-        [r for ref in refs for r in (ref if isinstance(ref, list) else [ref])], pids
+    track(
+        record_of(spg), [r for ref in refs for r in (ref if isinstance(ref, list) else [ref])], pids
     )
     return refs
 
@@ -202,7 +210,7 @@ def run_on_slice(
     *args: Any,
     topology: str | None = None,
     accelerator_version: str | None = None,
-    tpu_slice: SlicePlacementGroup | None = None,
+    tpu_slice: SliceHandle | None = None,
     slice_index: int | None = None,
     num_slices: int | tuple[int, int] = 1,
     chips_per_vm: int | None = None,
@@ -292,7 +300,7 @@ def run_on_slice(
             "The provided tpu_slice has already been shut down. Create a new "
             "SlicePlacementGroup or pass tpu_slice=None to reserve one automatically."
         )
-    if plumbing(tpu_slice).actor_group is not None:
+    if actor_group_of(record_of(tpu_slice)) is not None:
         raise InvalidArgumentError(
             "this slice's TPUs are held by its SliceActorGroup's actors: call their "
             "methods (group.call or the actors), or shut the group down first"
@@ -314,7 +322,7 @@ dispatch = run_on_slice
 @dataclass
 class _OneShot:
     remaining: list[ray.ObjectRef]
-    spg: SlicePlacementGroup
+    spg: SliceHandle
     beats: tuple[str, tuple[str, ...]] = ("", ())
     """Its ranks' heartbeat keys: their prefix, and each rank's key (for its account)."""
     started: float = field(default_factory=time.monotonic)
@@ -370,7 +378,7 @@ class Releaser:
     def release_when_done(
         self,
         refs: list[ray.ObjectRef],
-        spg: SlicePlacementGroup,
+        spg: SliceHandle,
         beats: tuple[str, tuple[str, ...]] = ("", ()),
     ) -> None:
         """Shut ``spg`` down once every ref is done, or any failed (in the background).

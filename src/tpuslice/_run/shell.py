@@ -22,7 +22,7 @@ from typing import Any
 import ray
 
 from tpuslice._host.context import MEGASCALE_VARS, HostContext
-from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._reserve.reserve import SliceHandle
 from tpuslice._run.run import call_env, placements
 from tpuslice._tpu.labels import CallEnv
 from tpuslice.errors import first_line
@@ -157,7 +157,7 @@ _command_on_host = ray.remote(num_returns="streaming")(command_on_host)
 Printer = Callable[[HostContext, str], None]
 
 
-def run_command(spg: SlicePlacementGroup, command: str, on_line: Printer) -> list[HostResult]:
+def run_command(spg: SliceHandle, command: str, on_line: Printer) -> list[HostResult]:
     """Run the shell command line ``command`` on every host of ``spg`` and wait;
     ``on_line`` gets each output line as it arrives. If a host is lost, the other hosts'
     commands are cancelled (an SPMD gang cannot go on without it). On Ctrl-C all are

@@ -13,7 +13,7 @@ A sub-slice reservation goes through the same claiming loop as a whole slice
   :mod:`tpuslice._run.layout_records`): only when no known sub-slice is idle and the slice
   is wholly idle, through an ordinary whole-slice reservation pinned to it (so never while
   anyone holds part of it), again when its hosts are replaced;
-- the result is a :class:`SubslicePlacementGroup`, a :class:`~tpuslice.SlicePlacementGroup`
+- the result is a :class:`SubslicePlacementGroup`, a handle over the reservation
   of the sub-slice's hosts in rank order (physical order, see
   ``compat.SUBSLICE_DIFFERENCES``): ``run_on_slice`` and ``SliceActorGroup`` run on it
   with the sub-slice's own ranks and coordinator, and its hand-back confirms its TPUs
@@ -26,7 +26,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup
@@ -34,12 +33,20 @@ from ray.util.placement_group import PlacementGroup
 from tpuslice._reserve.ops import RAY_OPS, ClusterOps
 from tpuslice._reserve.queue.schedule import last_resort
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._reserve.reserve import SlicePlacementGroup, reserve_slices
+from tpuslice._reserve.reserve import (
+    Reserved,
+    SliceHandle,
+    SubsliceAt,
+    hand_back,
+    heads_held,
+    remove_heads,
+    reserve,
+    reserve_slices,
+)
 from tpuslice._run import layout_records
 from tpuslice._tpu import subslice
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
-from tpuslice._tpu.labels import SLICE_NAME_LABEL, CallEnv
-from tpuslice._tpu.topology import SliceShape
+from tpuslice._tpu.labels import SLICE_NAME_LABEL
 from tpuslice._view import layouts
 from tpuslice._view.cluster import ClusterSnapshot, HostInfo, HostState, SliceInfo, SliceState
 from tpuslice.errors import (
@@ -373,33 +380,23 @@ def discover_layout(info: SliceInfo, request: SliceRequest) -> layouts.Layout:
     return layout
 
 
-class SubslicePlacementGroup(SlicePlacementGroup):
+class SubslicePlacementGroup(SliceHandle):
     """A reservation of some hosts of a bigger slice that form a slice of their own (Ray
     2.60's ``SubslicePlacementGroup``); made by :func:`subslice_placement_group`.
 
-    It is a :class:`~tpuslice.SlicePlacementGroup` of the sub-slice's hosts in rank order
-    (in physical order, not Ray's worker-id order), so ``run_on_slice(fn, tpu_slice=...)``
-    and ``SliceActorGroup`` work on it; Ray's properties are offered too.
+    Its ranks are the sub-slice's hosts in physical order (not Ray's worker-id order), so
+    ``run_on_slice(fn, tpu_slice=...)`` and ``SliceActorGroup`` work on it, each call with
+    the sub-slice's own ``TPU_*`` values; Ray's properties are offered too.
+
+    Args:
+        held: The reservation's record, with where the sub-slice sits in its parent.
     """
 
-    _parent_topology: str
-    _subslice_index: int
-    _selectors: list[dict[str, str]]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """Not constructed directly: use :func:`subslice_placement_group`.
-
-        Args:
-            *args: Ignored.
-            **kwargs: Ignored.
-
-        Raises:
-            InvalidArgumentError: always.
-        """
-        raise InvalidArgumentError(
-            "SubslicePlacementGroup is made by tpuslice.subslice_placement_group(...); "
-            "it reserves and returns one"
-        )
+    def __init__(self, held: Reserved) -> None:
+        if held.subslice is None:
+            raise InvalidArgumentError("a SubslicePlacementGroup is a sub-slice's reservation")
+        super().__init__(held)
+        self._at = held.subslice
 
     @classmethod
     def _reserve(cls, request: SliceRequest) -> SubslicePlacementGroup:
@@ -422,20 +419,21 @@ class SubslicePlacementGroup(SlicePlacementGroup):
         if not request.subslice:
             raise InvalidArgumentError("a sub-slice reservation needs subslice=True")
         targets = SubSlices(request, RAY_OPS)
-        spg = cls.__new__(cls)
         try:
-            spg._start(request, None, targets)
+            held = reserve(request, targets=targets)
         except InsufficientSlicesError as exc:
             raise NoSubsliceParentError(str(exc)) from None
         except ReservationTimeoutError as exc:
             raise SubsliceUnavailableError(str(exc)) from None
         try:
-            spg._parent_topology, spg._subslice_index = targets.placement(spg.slices[0])
-            spg._selectors = SlicePlacementGroup.bundle_label_selector.fget(spg)  # type: ignore[attr-defined]
+            piece = held.slices[0]
+            parent_topology, index = targets.placement(piece.info)
+            selectors = held.plan.worker_selectors(piece.index, piece.info)
+            at = SubsliceAt(parent_topology, index, tuple(tuple(s.items()) for s in selectors))
+            return cls(dataclasses.replace(held, subslice=at))
         except BaseException:
-            spg.shutdown()
+            hand_back(held)
             raise
-        return spg
 
     # --- Ray 2.60's properties ---------------------------------------------------------
 
@@ -443,95 +441,58 @@ class SubslicePlacementGroup(SlicePlacementGroup):
     def placement_group(self) -> PlacementGroup | None:
         """The worker placement group (one bundle per host of the sub-slice, in rank
         order); None after :meth:`shutdown`, as Ray's."""
-        return self._reservation.combined_pg
+        return None if self.is_shut_down else self._reserved.combined_pg
 
     @property
     def parent_topology(self) -> str:
         """The topology of the slice it is part of."""
-        return self._parent_topology
+        return self._at.parent_topology
 
     @property
     def subslice_topology(self) -> str:
         """Its own topology."""
-        return self._plan.shape.topology
+        return self._reserved.plan.shape.topology
 
     @property
     def subslice_index(self) -> int:
         """Its index within the parent slice (Ray's label value)."""
-        return self._subslice_index
+        return self._at.index
+
+    @property
+    def slice_name(self) -> str:
+        """The parent slice's name (kept after :meth:`shutdown`, as Ray's is)."""
+        return dict(self._at.selectors[0])[SLICE_NAME_LABEL]
+
+    @property
+    def chips_per_host(self) -> int:
+        """TPU chips on each host."""
+        return self._reserved.plan.shape.chips_per_host
+
+    @property
+    def bundle_resources(self) -> dict[str, float]:
+        """Resources of each bundle."""
+        return dict(self._reserved.plan.bundle_resources)
+
+    @property
+    def head_placement_groups(self) -> list[PlacementGroup]:
+        """Head claims held as groups of their own: none (a sub-slice claims no head)."""
+        return [] if self.is_shut_down else heads_held(self._reserved)
 
     @property
     def bundle_label_selector(self) -> list[dict[str, str]]:
         """One selector per bundle, in rank order (slice name and worker id); kept after
         :meth:`shutdown`, as Ray's is."""
-        return [dict(s) for s in self._selectors]
+        return [dict(s) for s in self._at.selectors]
 
-    @property
-    def slice_name(self) -> str:
-        """The parent slice's name (kept after :meth:`shutdown`, as Ray's is)."""
-        return self._selectors[0][SLICE_NAME_LABEL]
-
-    def _rank_env(self, rank: int) -> CallEnv:
-        """The ``TPU_*`` values that make libtpu and JAX on this rank's host see the
-        sub-slice as the whole slice: its hosts in rank order, this host's place, its
-        accelerator type, topology and bounds; and no metadata server, which would describe
-        the parent (see :func:`subslice_env`).
-
-        Args:
-            rank: A rank of this reservation.
-
-        Returns:
-            Variables to set around the call.
-        """
-        hosts = [h.address for h in self.slices[0].hosts.values()] if self.slices else []
-        return subslice_env(self._plan.shape, hosts, rank // self._plan.bundles_per_host)
+    def release_head_pgs(self) -> None:
+        """Remove the head claims held as groups of their own (Ray's developer API)."""
+        remove_heads(self._reserved)
 
     def __repr__(self) -> str:
         state = "shut down" if self.is_shut_down else f"{self.slice_name} #{self.subslice_index}"
         return (
-            f"SubslicePlacementGroup({self.subslice_topology} of {self._parent_topology}: {state})"
+            f"SubslicePlacementGroup({self.subslice_topology} of {self.parent_topology}: {state})"
         )
-
-
-def subslice_env(shape: SliceShape, hosts: list[str], worker: int) -> CallEnv:
-    """What a host of a sub-slice needs set so that libtpu and JAX treat the sub-slice as
-    the slice (Ray 2.60 sets none of it). Pure.
-
-    The names are those libtpu, JAX's Cloud TPU cluster detection and GKE's TPU device
-    plugin read (../shared/REFERENCE.md; jax ``clusters/cloud_tpu_cluster.py``):
-    ``TPU_WORKER_HOSTNAMES`` / ``TPU_WORKER_ID`` (the peers and this host's index among
-    them; ``CLOUD_TPU_TASK_ID`` too), ``TPU_ACCELERATOR_TYPE`` and ``TPU_TOPOLOGY`` of the
-    sub-slice, host and chip bounds (``TPU_HOST_BOUNDS`` / ``TPU_PROCESS_BOUNDS``: its
-    worker grid; ``TPU_CHIPS_PER_*_BOUNDS``: one 2x2 host), no wrap-around links,
-    ``TPU_SKIP_MDS_QUERY`` (the metadata server describes the parent slice), and
-    ``TPU_PROCESS_ADDRESSES`` unset: when set (multi-process hosts) it lists the parent's
-    processes, and JAX's ``GkeTpuCluster`` takes it, even empty, before the host names.
-
-    Args:
-        shape: The sub-slice's shape.
-        hosts: Its hosts' addresses, in rank order.
-        worker: This host's index among them.
-
-    Returns:
-        The variables.
-    """
-    grid = list(subslice.worker_dims(shape.topology))
-    bounds = ",".join(map(str, [*grid, 1][:3] if len(grid) == 2 else grid))
-    chips = ",".join(map(str, subslice.HOST_BLOCK[3]))
-    return {
-        "TPU_WORKER_ID": str(worker),
-        "CLOUD_TPU_TASK_ID": str(worker),
-        "TPU_WORKER_HOSTNAMES": ",".join(hosts),
-        "TPU_PROCESS_ADDRESSES": None,
-        "TPU_ACCELERATOR_TYPE": shape.pod_type,
-        "TPU_TOPOLOGY": shape.topology,
-        "TPU_HOST_BOUNDS": bounds,
-        "TPU_PROCESS_BOUNDS": bounds,
-        "TPU_CHIPS_PER_HOST_BOUNDS": chips,
-        "TPU_CHIPS_PER_PROCESS_BOUNDS": chips,
-        "TPU_TOPOLOGY_WRAP": "false,false,false",
-        "TPU_SKIP_MDS_QUERY": "true",
-    }
 
 
 def subslice_placement_group(

@@ -21,7 +21,8 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 
-from tpuslice._tpu.topology import GENERATIONS, parse_dims
+from tpuslice._tpu.labels import CallEnv
+from tpuslice._tpu.topology import GENERATIONS, SliceShape, parse_dims
 from tpuslice.errors import InvalidTopologyError, listing
 
 SUBSLICE_LABEL_PREFIX = "ray.io/tpu-subslice-"
@@ -304,3 +305,44 @@ def valid_parents(subslice_topology: str, topologies: Sequence[str]) -> list[str
         if len(grid) == len(sub) and all(g >= s for g, s in zip(grid, sub, strict=True)):
             parents.append(topology)
     return sorted(parents, key=lambda t: (math.prod(worker_dims(t)), worker_dims(t)))
+
+
+def subslice_env(shape: SliceShape, hosts: list[str], worker: int) -> CallEnv:
+    """What a host of a sub-slice needs set so that libtpu and JAX treat the sub-slice as
+    the slice (Ray 2.60 sets none of it). Pure.
+
+    The names are those libtpu, JAX's Cloud TPU cluster detection and GKE's TPU device
+    plugin read (../shared/REFERENCE.md; jax ``clusters/cloud_tpu_cluster.py``):
+    ``TPU_WORKER_HOSTNAMES`` / ``TPU_WORKER_ID`` (the peers and this host's index among
+    them; ``CLOUD_TPU_TASK_ID`` too), ``TPU_ACCELERATOR_TYPE`` and ``TPU_TOPOLOGY`` of the
+    sub-slice, host and chip bounds (``TPU_HOST_BOUNDS`` / ``TPU_PROCESS_BOUNDS``: its
+    worker grid; ``TPU_CHIPS_PER_*_BOUNDS``: one 2x2 host), no wrap-around links,
+    ``TPU_SKIP_MDS_QUERY`` (the metadata server describes the parent slice), and
+    ``TPU_PROCESS_ADDRESSES`` unset: when set (multi-process hosts) it lists the parent's
+    processes, and JAX's ``GkeTpuCluster`` takes it, even empty, before the host names.
+
+    Args:
+        shape: The sub-slice's shape.
+        hosts: Its hosts' addresses, in rank order.
+        worker: This host's index among them.
+
+    Returns:
+        The variables.
+    """
+    grid = list(worker_dims(shape.topology))
+    bounds = ",".join(map(str, [*grid, 1][:3] if len(grid) == 2 else grid))
+    chips = ",".join(map(str, HOST_BLOCK[3]))
+    return {
+        "TPU_WORKER_ID": str(worker),
+        "CLOUD_TPU_TASK_ID": str(worker),
+        "TPU_WORKER_HOSTNAMES": ",".join(hosts),
+        "TPU_PROCESS_ADDRESSES": None,
+        "TPU_ACCELERATOR_TYPE": shape.pod_type,
+        "TPU_TOPOLOGY": shape.topology,
+        "TPU_HOST_BOUNDS": bounds,
+        "TPU_PROCESS_BOUNDS": bounds,
+        "TPU_CHIPS_PER_HOST_BOUNDS": chips,
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": chips,
+        "TPU_TOPOLOGY_WRAP": "false,false,false",
+        "TPU_SKIP_MDS_QUERY": "true",
+    }

@@ -28,7 +28,7 @@ from tpuslice._host.context import HostContext, current_host
 from tpuslice._reserve.groups import live_placement_groups
 from tpuslice._reserve.observe import describe_request
 from tpuslice._reserve.request import SliceRequest
-from tpuslice._reserve.reserve import SlicePlacementGroup
+from tpuslice._reserve.reserve import SliceHandle
 from tpuslice._run import observe
 from tpuslice._run.observe import AttemptEvent, Outcome
 from tpuslice._run.resilient import (
@@ -322,7 +322,7 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
     text = command[0] if len(command) == 1 else shlex.join(command)
     last: list[HostResult] = []
 
-    def attempt(spg: SlicePlacementGroup, watch: AttemptWatch) -> list[HostResult]:
+    def attempt(spg: SliceHandle, watch: AttemptWatch) -> list[HostResult]:
         last[:] = run_command(spg, text, _print_line())
         raise_if_broken(spg, last, watch)
         return last
@@ -363,7 +363,7 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
 
 
 def raise_if_broken(
-    spg: SlicePlacementGroup, results: list[HostResult], watch: AttemptWatch | None = None
+    spg: SliceHandle, results: list[HostResult], watch: AttemptWatch | None = None
 ) -> None:
     """Turn a lost host or a non-zero exit code into the resilient loop's signal.
 

@@ -115,11 +115,6 @@ class Reservation:
     with quotas set, or for work that may be preempted. Other work the queue may take as
     no one's, and it costs the reservation nothing."""
 
-    @property
-    def suspects(self) -> list[SliceInfo]:
-        """The slices taken as a last resort (a host of each is suspect), in slice order."""
-        return [c.target for c in self.claims if c.suspect]
-
 
 class Reserver:
     """Claims the slices of one request; on any failure or interrupt, removes all it made.

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -30,10 +30,11 @@ from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
 from tpuslice._reserve.plan import ReservationPlan
 from tpuslice._reserve.queue.actor import QUEUE_LINK
 from tpuslice._reserve.queue.agents import confirm_released
-from tpuslice._reserve.queue.holders import forget_held, record_held
+from tpuslice._reserve.queue.holders import HolderRecords, forget_held, record_held
 from tpuslice._reserve.queue.place import this_driver
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.targets import Targets
+from tpuslice._tpu._connection import connection
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, CallEnv
@@ -54,7 +55,6 @@ _T = TypeVar("_T", bound="ShutsDownOnExit")
 
 logger = logging.getLogger(__name__)
 
-_RECORDS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpuslice-holders")
 FORGET_BOUND_S = 2.0
 """How long a hand-back that saw its slices free waits for its holder records and the
 queue's notices to go before it reports them free (a few KV calls)."""
@@ -68,10 +68,6 @@ def _settled(done: Future[Any]) -> bool:
         logger.debug("holder records not forgotten in time: %s", exc)
         return False
     return True
-
-
-"""Writes the holder records off the reservation's path, in order: a hand-back's
-deletion runs after its reservation's records were written."""
 
 
 class ShutsDownOnExit:
@@ -208,7 +204,7 @@ class SlicePlacementGroup(ShutsDownOnExit):
         self._actor_group_lock = threading.Lock()
         self._holder = uuid.uuid4().hex[:12]
         if self._reservation.recorded:
-            _RECORDS.submit(record_held, self._holders())
+            connection().part(HolderRecords).submit(record_held, self._holders())
 
     def _holders(self) -> list[Holder]:
         """What the queue is told of the slices held: whose, how urgent, preemptible,
@@ -514,7 +510,9 @@ class SlicePlacementGroup(ShutsDownOnExit):
         names = [claim.slice_name for claim in reservation.claims]
         forgotten = (
             # While the groups go: a held slice with no record counts as a claim in flight.
-            _RECORDS.submit(forget_held, names, [h.node_id for h in hosts], self._holder)
+            connection()
+            .part(HolderRecords)
+            .submit(forget_held, names, [h.node_id for h in hosts], self._holder)
             if reservation.recorded and ray.is_initialized()
             else None
         )

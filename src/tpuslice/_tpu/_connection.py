@@ -173,19 +173,19 @@ def connection() -> Connection:
         old = _current
         if old is not None and old.identity == identity and old.pid == pid:
             return old
-        _current = Connection(identity)
+        current = _current = Connection(identity)
         EXIT_HOOKS.add(close_connection)
     if old is not None and old.pid == pid:
         old.drop()
-    return _current
+    return current
 
 
 def close_connection() -> None:
     """Close this process's connection and forget it: its one-shots are handed back and
     its writers flushed, while it can still call Ray. Called at exit, and by whoever
-    disconnects this process (the simulator, the CLI) just before. A connection that is
-    no longer this process's current one (Ray reconnected since, or a forked parent's)
-    is let go instead, as :func:`connection` would."""
+    disconnects this process (the simulator, the CLI) just before. One that Ray is no
+    longer connected through (it reconnected, or disconnected, since) is dropped instead,
+    and a forked parent's is left alone, as :func:`connection` would."""
     global _current
     current = _current
     if current is not None and current.pid == os.getpid():

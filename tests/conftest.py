@@ -80,22 +80,28 @@ def no_connection_off_this_machine(netguard_log: NetGuardLog) -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def no_stray_timeline_events(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A test that does not use the session's cluster writes no events into its timeline
-    and keeps no goodput accounts (pure tests of resilient runs record attempts while this
-    process is connected)."""
+def a_connection_of_its_own(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that does not use the session's cluster gets a connection of its own, let
+    go at its end: nothing it keeps (agent handles, layouts, ...) reaches the next test,
+    and it writes no events into the cluster's timeline and keeps no goodput accounts
+    (pure tests of resilient runs record attempts while this process is connected)."""
     if {"tpu_cluster", "simulated_cluster"} & set(request.fixturenames):
+        yield
         return
+    from tpuslice._tpu import _connection, _ray
     from tpuslice.record import events, goodput
 
     def dropped(*args: object) -> None:
         return None
 
-    for module in (events, goodput):
-        kept = events.EventWriter(put=dropped, list_keys=lambda prefix: [], delete=dropped)
-        monkeypatch.setattr(module, "WRITER", kept)
+    own = _connection.Connection(_ray.connection_identity())
+    for kind in (events.EventWriter, goodput.AccountWriter):
+        writer = own.part(kind)
+        writer._put, writer._list, writer._delete = dropped, lambda prefix: [], dropped
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_connection, "_current", own)
+        yield
+    own.drop()
 
 
 @pytest.fixture(autouse=True)

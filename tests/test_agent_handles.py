@@ -61,3 +61,17 @@ def test_callers_at_once_share_one_lookup_per_host_and_later_calls_none(
     lookups.barrier = threading.Barrier(1)
     agents.handles(["b"])
     assert lookups.looked_up.count(agent.NAME_PREFIX + "b") == 2  # forgotten: found again
+
+
+def test_at_exit_the_lookups_run_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At interpreter exit Python's executors take no work: a hand-back then still finds
+    its hosts' agents, one after another."""
+
+    class Stopped(agent.ThreadPoolExecutor):
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(agent, "ThreadPoolExecutor", Stopped)
+    monkeypatch.setattr(agent.ray, "get_actor", lambda name, namespace: f"handle of {name}")
+    found = agent.Agents().handles(["a", "b"])
+    assert found == {n: f"handle of {agent.NAME_PREFIX}{n}" for n in ("a", "b")}

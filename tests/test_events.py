@@ -159,3 +159,25 @@ def test_record_rejects_an_unknown_kind() -> None:
 def test_read_events_rejects_a_bad_limit() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         events.read_events(0)
+
+
+def test_a_closed_writer_wrote_what_was_pending_and_its_thread_ended() -> None:
+    store = Store()
+    writer = store.writer()
+    writer.record(SliceEvent(1.0, "run", detail="pending"))
+    thread = writer._thread
+    writer.close()
+    assert [e.detail for e in store.events()] == ["pending"]
+    assert thread is not None
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    writer.record(SliceEvent(2.0, "run", detail="late"))  # its connection is gone
+    assert writer.dropped == 1 and writer._thread is thread
+
+
+def test_a_dropped_writer_writes_nothing_more() -> None:
+    store = Store()
+    writer = store.writer()
+    writer.drop()
+    writer.record(SliceEvent(1.0, "run"))
+    assert writer.flush(timeout_s=1) and store.events() == [] and writer.dropped == 1

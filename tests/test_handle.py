@@ -21,6 +21,7 @@ from tpuslice._reserve.reserve import (
     drop_actor_group,
     hold_for_actor_group,
 )
+from tpuslice._tpu._connection import connection
 from tpuslice.errors import InvalidArgumentError
 
 
@@ -41,7 +42,7 @@ def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[Reserved]:
         arrival=None,
         recorded=False,
     )
-    monkeypatch.setitem(reserve._HOLDS, record.key, Hold())
+    monkeypatch.setitem(connection().part(reserve.Holds), record.key, Hold())
     yield record
 
 

@@ -24,7 +24,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: list[set[str]] = [
     {"errors"},
     {"_tpu"},
-    {"_tpu._process", "_tpu._ray", "_tpu._auth"},
+    {"_tpu._process", "_tpu._ray", "_tpu._auth", "_tpu._connection"},
     {"_host"},
     {"_view"},
     {"record"},
@@ -298,7 +298,8 @@ def test_a_pure_tpu_module_importing_a_seam_to_ray_or_the_os_fails() -> None:
     found = planted("tpuslice._tpu.planted", "from tpuslice._tpu import _ray\n")
     assert found == [
         "tpuslice/_tpu/planted.py:1: tpuslice._tpu.planted (layer ['_tpu']) imports "
-        "tpuslice._tpu._ray (layer ['_tpu._auth', '_tpu._process', '_tpu._ray']), "
+        "tpuslice._tpu._ray (layer ['_tpu._auth', '_tpu._connection', '_tpu._process', "
+        "'_tpu._ray']), "
         "a layer above it"
     ]
 

@@ -13,6 +13,7 @@ from tpuslice._host import agent
 from tpuslice._host.agent import OwnerWatch
 from tpuslice._host.tpu_lock import TPUOwner
 from tpuslice._reserve.queue import agents as client
+from tpuslice._tpu._connection import connection
 from tpuslice._view import agents as view
 
 
@@ -281,4 +282,5 @@ def test_the_cluster_read_lists_the_free_keys_without_reading_them(
     assert set(notes.owners) == {"n3"}
     assert read == [["tpu-owner/n3"]]
     # Their agents wrote the keys, so they are up: an ask of one is waited for.
-    assert client.AGENTS.is_up("n1") and client.AGENTS.is_up("n2")
+    agents = connection().part(client.Agents)
+    assert agents.is_up("n1") and agents.is_up("n2")

@@ -68,14 +68,13 @@ class RecordedLayouts(Layouts):
 
 
 class Store:
-    """Stands in for Ray's KV store where the layout records live; this process starts
-    with no copy of any layout."""
+    """Stands in for Ray's KV store where the layout records live; the test's connection
+    starts with no copy of any layout."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.data: dict[tuple[str, str | None], bytes] = {}
         monkeypatch.setattr(layouts._ray, "kv_get", lambda k, ns: self.data.get((k, ns)))
         monkeypatch.setattr(layouts._ray, "kv_put", self.put)
-        monkeypatch.setattr(layouts, "KNOWN_LAYOUTS", layouts.KnownLayouts())
 
     def put(self, key: str, value: bytes, namespace: str | None) -> None:
         self.data[key, namespace] = value

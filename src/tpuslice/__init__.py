@@ -2,7 +2,8 @@
 
 Layers, lowest first; a module imports only its layer and those below (tests/test_layers.py):
 ``errors`` -> ``_tpu`` (pure facts) -> its seams to Ray and the OS, ``_tpu._process``,
-``_tpu._ray``, ``_tpu._auth`` (joining a cluster) -> ``_host`` (one host) -> ``_view``
+``_tpu._ray``, ``_tpu._auth`` (joining a cluster), ``_tpu._connection`` (what a connected
+process keeps) -> ``_host`` (one host) -> ``_view``
 (reading the cluster) -> ``record`` (what everything else records into) ->
 ``_reserve.queue`` (the cluster's queue) -> ``_reserve`` (reserving) -> ``_run``
 (running) -> ``jax`` -> ``_sim`` (the simulator, which production code below it never

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -36,10 +36,11 @@ from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
 from tpuslice._reserve.plan import ReservationPlan
 from tpuslice._reserve.queue.actor import QUEUE_LINK
 from tpuslice._reserve.queue.agents import confirm_released
-from tpuslice._reserve.queue.holders import forget_held, record_held
+from tpuslice._reserve.queue.holders import HolderRecords, forget_held, record_held
 from tpuslice._reserve.queue.place import this_driver
 from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.targets import Targets
+from tpuslice._tpu._connection import connection
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, CallEnv
 from tpuslice._tpu.subslice import subslice_env
@@ -60,9 +61,6 @@ _T = TypeVar("_T", bound="ShutsDownOnExit")
 
 logger = logging.getLogger(__name__)
 
-_RECORDS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpuslice-holders")
-"""Writes the holder records off the reservation's path, in order: a hand-back's
-deletion runs after its reservation's records were written."""
 FORGET_BOUND_S = 2.0
 """How long a hand-back that saw its slices free waits for its holder records and the
 queue's notices to go before it reports them free (a few KV calls)."""
@@ -165,9 +163,18 @@ class Hold:
         self.heads_removed: set[int] = set()
 
 
-_HOLDS: dict[str, Hold] = {}
-"""This process's holds, by reservation key; a hand-back takes its hold out first."""
-_HOLDS_LOCK = threading.Lock()
+class Holds(dict[str, Hold]):
+    """This connection's holds, by reservation key (a part of
+    :func:`~tpuslice._tpu._connection.connection`); a hand-back takes its hold out first,
+    under :attr:`lock`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+
+def _holds() -> Holds:
+    return connection().part(Holds)
 
 
 def reserve(request: SliceRequest, *, targets: Targets | None = None) -> Reserved:
@@ -215,12 +222,13 @@ def reserve(request: SliceRequest, *, targets: Targets | None = None) -> Reserve
         arrival=reservation.arrival,
         recorded=reservation.recorded,
     )
-    with _HOLDS_LOCK:
-        _HOLDS[held.key] = Hold()
+    holds = _holds()
+    with holds.lock:
+        holds[held.key] = Hold()
     names = [s.info.name for s in held.slices]
     observe.reservation_ended(request, "granted", time.monotonic() - asked, slices=names)
     if held.recorded:
-        _RECORDS.submit(record_held, _holders(held))
+        connection().part(HolderRecords).submit(record_held, _holders(held))
     return held
 
 
@@ -273,7 +281,7 @@ def hold_of(held: Reserved) -> Hold | None:
     Returns:
         The hold, or ``None``.
     """
-    return _HOLDS.get(held.key)
+    return _holds().get(held.key)
 
 
 def is_handed_back(held: Reserved) -> bool:
@@ -287,7 +295,7 @@ def is_handed_back(held: Reserved) -> bool:
         ``True`` once handed back.
     """
     if held.home == PROCESS:
-        return held.key not in _HOLDS
+        return held.key not in _holds()
     group = held.combined_pg or next((s.worker_pg for s in held.slices if s.worker_pg), None)
     if group is None or not ray.is_initialized():
         return True
@@ -306,7 +314,7 @@ def worker_groups(held: Reserved) -> list[tuple[PlacementGroup, int]]:
     Raises:
         SliceShutdownError: the reservation was handed back.
     """
-    if held.home == PROCESS and held.key not in _HOLDS:
+    if held.home == PROCESS and held.key not in _holds():
         raise SliceShutdownError("this SlicePlacementGroup has been shut down; create a new one")
     plan = held.plan
     if not plan.pg_per_slice:
@@ -575,8 +583,9 @@ def hand_back(held: Reserved) -> None:
     Args:
         held: The record.
     """
-    with _HOLDS_LOCK:
-        hold = _HOLDS.pop(held.key, None)
+    holds = _holds()
+    with holds.lock:
+        hold = holds.pop(held.key, None)
     if hold is None:
         if held.home != PROCESS and ray.is_initialized():
             for piece in held.slices:
@@ -592,7 +601,9 @@ def hand_back(held: Reserved) -> None:
     names = [piece.info.name for piece in held.slices]
     forgotten = (
         # While the groups go: a held slice with no record counts as a claim in flight.
-        _RECORDS.submit(forget_held, names, [h.node_id for h in hosts], held.key)
+        connection()
+        .part(HolderRecords)
+        .submit(forget_held, names, [h.node_id for h in hosts], held.key)
         if held.recorded and ray.is_initialized()
         else None
     )

@@ -10,6 +10,7 @@ import json
 import time
 
 from tpuslice._tpu import _ray, subslice
+from tpuslice._tpu._connection import connection
 from tpuslice._tpu.keys import LAYOUT_KEY_PREFIX as KEY_PREFIX
 from tpuslice._tpu.keys import NAMESPACE, RAY_SUBSLICE_NAMESPACE
 from tpuslice._view import layouts
@@ -54,7 +55,7 @@ def save(layout: Layout, *, ray_too: bool = True, source: str = "tpuslice") -> N
     }
     _ray.kv_put(KEY_PREFIX + layout.slice_name, json.dumps(data).encode(), NAMESPACE)
     if layout.nodes is not None:
-        layouts.KNOWN_LAYOUTS.keep(layout)
+        connection().part(layouts.KnownLayouts).keep(layout)
     if ray_too:
         record = json.dumps(layout.ray_labels()).encode()
         _ray.kv_put(subslice.kv_key(layout.slice_name).decode(), record, RAY_SUBSLICE_NAMESPACE)

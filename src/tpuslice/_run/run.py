@@ -36,7 +36,7 @@ from tpuslice._reserve.reserve import (
 from tpuslice._reserve.reserve import rank_env as reservation_env
 from tpuslice._run import observe
 from tpuslice._tpu import _ray
-from tpuslice._tpu._process import EXIT_HOOKS
+from tpuslice._tpu._connection import Tier, connection
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX
 from tpuslice._tpu.labels import CallEnv
@@ -62,7 +62,7 @@ class _Wrapped:
 
 class ContextRemotes:
     """The remote function made for each user function (:class:`_Wrapped`), kept as long
-    as the user's function lives."""
+    as the user's function lives (a part of the connection)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -89,10 +89,6 @@ class ContextRemotes:
                 wrapped = _Wrapped(remote, returns)
                 self._made[fn] = wrapped
             return wrapped
-
-
-CONTEXT_REMOTES = ContextRemotes()
-"""This process's remote functions made for user functions."""
 
 
 def call_env(spg: SliceHandle, context: HostContext) -> CallEnv:
@@ -185,7 +181,7 @@ def launch(
     Returns:
         One ref per rank, in rank order.
     """
-    wrapped = CONTEXT_REMOTES.of(fn)
+    wrapped = connection().part(ContextRemotes).of(fn)
     refs: list[Any] = []
     pids: list[tuple[int, ray.ObjectRef]] = []
     for context, options in placements(spg, slice_index):
@@ -293,7 +289,7 @@ def run_on_slice(
         except BaseException:
             spg.shutdown()
             raise
-        RELEASER.release_when_done(refs, spg, (beats, tuple(keys)))
+        connection().part(Releaser).release_when_done(refs, spg, (beats, tuple(keys)))
         return refs
     if tpu_slice.is_shut_down:
         raise InvalidArgumentError(
@@ -359,15 +355,17 @@ class Releaser:
     Ends means: every task finished, or any task failed (the gang is broken; the
     hand-back cancels the rest, whose refs then fail promptly since we never retry them).
 
-    At interpreter exit (:meth:`close`, an exit hook from the first one-shot on, which
-    runs before Ray shuts down: :data:`tpuslice._tpu._process.EXIT_HOOKS`) the thread is stopped
-    between two Ray calls and every one-shot still held is given back on the exiting
-    thread: the thread never calls Ray after Ray shut down (which ends the process with a
-    fatal error), and nothing stays reserved.
+    A holder of the connection: when it closes (at exit, before Ray shuts down, or
+    before this process disconnects), :meth:`close` stops the thread between two Ray calls
+    and gives back every one-shot still held on the closing thread: the thread never
+    calls Ray after Ray shut down (which ends the process with a fatal error), and
+    nothing stays reserved.
     """
 
+    tier = Tier.HOLDER
+
     def __init__(self) -> None:
-        self._queue: queue.Queue[_OneShot] = queue.Queue()
+        self._queue: queue.Queue[_OneShot | None] = queue.Queue()  # None: only a wake-up
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._working = threading.Lock()
@@ -391,7 +389,6 @@ class Releaser:
         """
         self._queue.put(_OneShot(list(refs), spg, beats))
         with self._lock:
-            EXIT_HOOKS.add(self.close)
             if self._closed:
                 return  # exiting: close() gives it back
             if self._thread is None or not self._thread.is_alive():
@@ -423,6 +420,13 @@ class Releaser:
         finally:
             self._working.release()
 
+    def drop(self) -> None:
+        """Stop the thread at its next step, giving no one-shot back (their cluster is
+        not this process's any more); a hand-back in progress is not waited for."""
+        with self._lock:
+            self._closed = True
+        self._queue.put(None)
+
     def _loop(self) -> None:
         while True:
             self._take_new(block=not self.pending)
@@ -449,11 +453,11 @@ class Releaser:
 
     def _take_new(self, block: bool) -> None:
         try:
-            self.pending.append(self._queue.get(block=block))
+            taken = [self._queue.get(block=block)]
             while True:
-                self.pending.append(self._queue.get_nowait())
+                taken.append(self._queue.get_nowait())
         except queue.Empty:
-            return
+            self.pending.extend(job for job in taken if job is not None)
 
     def _settle(self, ready: set[ray.ObjectRef]) -> None:
         still = []
@@ -485,7 +489,3 @@ def _failed(ref: ray.ObjectRef) -> bool:
 
 
 FETCH_BOUND_S = 10.0
-
-
-RELEASER = Releaser()
-"""This process's releaser of one-shot slices."""

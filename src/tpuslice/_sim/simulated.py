@@ -74,6 +74,7 @@ from tpuslice._sim.procs import (
     sigkill,
 )
 from tpuslice._tpu import _auth, _ray
+from tpuslice._tpu._connection import close_connection, connection
 from tpuslice._tpu.labels import (
     HOST_ENV_VARS,
     SLICE_NAME_LABEL,
@@ -512,9 +513,10 @@ class SimulatedCluster:
         )
         self._connected = True
         from tpuslice._reserve.queue.actor import QUEUE_LINK
-        from tpuslice._reserve.queue.agents import AGENTS
+        from tpuslice._reserve.queue.agents import Agents
 
-        AGENTS.handles([h.node.node_id for s in self.slices.values() for h in s.hosts if h.alive])
+        hosts = [h.node.node_id for s in self.slices.values() for h in s.hosts if h.alive]
+        connection().part(Agents).handles(hosts)
         try:
             QUEUE_LINK.start()
         except QueueUnreachableError as exc:  # the first reservations wait for it instead
@@ -527,6 +529,7 @@ class SimulatedCluster:
         error is raised."""
         cluster, self._cluster = self._cluster, None
         if ray.is_initialized() and (self._connected or _driver_on(cluster)):
+            close_connection()
             ray.shutdown()
         self._connected = False
         for sim_slice in self.slices.values():

@@ -65,7 +65,7 @@ class ExitHooks:
     ``ray`` is imported. A hook that calls Ray is added only by a module that has imported
     Ray, so it runs while this process can still call Ray; a hook that does not (the
     simulated libtpu's) costs its process no Ray import. ``docs/internals.md`` ("At exit")
-    lists the hooks and why each is where it is in the order.
+    lists the hooks.
 
     Args:
         register: Registers one hook with the interpreter (default: :mod:`atexit`).

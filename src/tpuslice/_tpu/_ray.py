@@ -250,6 +250,21 @@ def dead_jobs(job_ids: Collection[str]) -> set[str]:
     return {j["JobID"] for j in state.job_table() if j["JobID"] in wanted and j["IsDead"]}
 
 
+def connection_identity() -> bytes | None:
+    """Which connection to Ray this process has now: its worker's id, new at every
+    ``ray.init`` (so a shutdown and an init to the same address give another); ``None``
+    when not connected. Never connects, where ``ray.get_runtime_context()`` would.
+
+    Public alternative: none; ``ray.is_initialized()`` says whether, not which.
+    """
+    from ray._private import worker
+
+    driver = worker.global_worker
+    if not driver.connected:
+        return None
+    return bytes(driver.core_worker.get_worker_id().binary())
+
+
 def current_job_id() -> str:
     """Hex id of this process's Ray job."""
     return str(ray.get_runtime_context().get_job_id())

@@ -17,6 +17,7 @@ from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Suspect, forget, live_suspects
 from tpuslice._host.tpu_lock import TPUOwner
 from tpuslice._tpu import _ray
+from tpuslice._tpu._connection import connection
 from tpuslice._tpu.keys import (
     FREE_KEY_PREFIX,
     HOST_KEY_PREFIX,
@@ -29,13 +30,14 @@ from tpuslice._tpu.keys import (
 
 logger = logging.getLogger(__name__)
 
-LISTED_FREE: set[str] = set()
-"""Nodes whose ``tpu-free/`` keys a listing in this process showed (:func:`free_hosts`,
-:func:`recorded_notes`). Each key's agent wrote it, so that agent is up, and an ask of it
-that is slow to answer is waited for, not taken as free
-(:meth:`tpuslice._reserve.queue.agents.Agents.is_up`). Process memory of what was read,
-kept here because the readers learn it; a dead node's id stays, as nothing asks a dead
-node."""
+
+class ListedFree(set[str]):
+    """Nodes whose ``tpu-free/`` keys a listing on this connection showed
+    (:func:`free_hosts`, :func:`recorded_notes`). Each key's agent wrote it, so that agent
+    is up, and an ask of it that is slow to answer is waited for, not taken as free
+    (:meth:`tpuslice._reserve.queue.agents.Agents.is_up`). A part of the connection, made
+    here because the readers learn it; a dead node's id stays, as nothing asks a dead
+    node."""
 
 
 class HostNotes(NamedTuple):
@@ -119,7 +121,7 @@ def free_hosts() -> frozenset[str]:
 
     Returns:
         Their node ids (none when the store cannot be read: then every host is asked);
-        the nodes are also noted up (:data:`LISTED_FREE`).
+        the nodes are also noted up (:class:`ListedFree`).
     """
     try:
         keys = _ray.kv_list(FREE_KEY_PREFIX, NAMESPACE)
@@ -131,11 +133,11 @@ def free_hosts() -> frozenset[str]:
 
 def _vouched_by(keys: Sequence[str]) -> frozenset[str]:
     """The nodes whose ``tpu-free/`` keys are among ``keys``, noted up (their agents
-    wrote them: see :data:`LISTED_FREE`)."""
+    wrote them: see :class:`ListedFree`)."""
     nodes = frozenset(
         k.removeprefix(FREE_KEY_PREFIX) for k in keys if k.startswith(FREE_KEY_PREFIX)
     )
-    LISTED_FREE.update(nodes)
+    connection().part(ListedFree).update(nodes)
     return nodes
 
 

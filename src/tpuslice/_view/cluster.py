@@ -16,7 +16,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -26,6 +25,7 @@ from tpuslice._host.agent import forget_free_keys
 from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Suspect
 from tpuslice._tpu import _ray
+from tpuslice._tpu._connection import Pool, connection
 from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import resolve_resource_per_chip
 from tpuslice._tpu.keys import NAMESPACE as QUEUE_NAMESPACE
@@ -693,15 +693,16 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
     per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
     # The KV read goes through another GCS client than the node and resource reads, so
     # it runs alongside them (they share one client and would only queue behind it).
-    recorded = SNAPSHOT_READS.kv_reader.submit(recorded_notes)
-    queued = SNAPSHOT_READS.kv_reader.submit(read_queue_record)
-    quotas = SNAPSHOT_READS.kv_reader.submit(read_quotas)
+    reads = connection().part(SnapshotReads)
+    recorded = reads.kv_reader.submit(recorded_notes)
+    queued = reads.kv_reader.submit(read_queue_record)
+    quotas = reads.kv_reader.submit(read_quotas)
     available = _ray.available_resources_per_node()
-    nodes = SNAPSHOT_READS.node_records(available)
+    nodes = reads.node_records(available)
     notes = recorded.result()
     dead = [n["NodeID"] for n in nodes if not n.get("Alive") and n.get("NodeID") in notes.seen_free]
     if dead:  # off the read's path: a dead node's key only costs a listing
-        SNAPSHOT_READS.kv_reader.submit(forget_free_keys, dead)
+        reads.kv_reader.submit(forget_free_keys, dead)
     owners = {node: owner.describe() for node, owner in notes.owners.items()}
     queue = queued.result()
     snapshot = build_snapshot(
@@ -774,8 +775,9 @@ def wait_freed(
 
 
 class SnapshotReads:
-    """What this process keeps from one snapshot to the next: the last ``ray.nodes()``
-    with the alive nodes it was read for, and three threads for the KV reads made alongside.
+    """What a connection keeps from one snapshot to the next (a part of it): the last
+    ``ray.nodes()`` with the alive nodes it was read for, and three threads for the KV
+    reads made alongside.
 
     No lock: the records are one reference, read once and replaced whole; two threads
     that both find them stale both read ``ray.nodes()``, and either result is right.
@@ -783,9 +785,17 @@ class SnapshotReads:
 
     def __init__(self) -> None:
         self._nodes_seen: tuple[frozenset[str], list[NodeRecord]] | None = None
-        self.kv_reader = ThreadPoolExecutor(max_workers=3, thread_name_prefix="tpuslice-snapshot")
+        self.kv_reader = Pool(3, "tpuslice-snapshot")
         """Background threads for the snapshot's KV reads (host records, queue, quotas);
         started on the first read."""
+
+    def close(self) -> None:
+        """Finish the reads started, then stop the threads."""
+        self.kv_reader.close()
+
+    def drop(self) -> None:
+        """Stop the threads, dropping reads not started."""
+        self.kv_reader.drop()
 
     def node_records(self, available: Available) -> list[NodeRecord]:
         """``ray.nodes()``, read again only when the set of alive nodes changed.
@@ -809,10 +819,6 @@ class SnapshotReads:
         now_alive = frozenset(n["NodeID"] for n in nodes if n.get("Alive"))
         self._nodes_seen = (now_alive, nodes) if now_alive == alive else None
         return nodes
-
-
-SNAPSHOT_READS = SnapshotReads()
-"""This process's snapshot reads."""
 
 
 def read_queue_record() -> QueueRecord | None:

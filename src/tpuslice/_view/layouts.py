@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import ray
 
 from tpuslice._tpu import _ray, subslice
+from tpuslice._tpu._connection import connection
 from tpuslice._tpu.keys import LAYOUT_KEY_PREFIX as KEY_PREFIX
 from tpuslice._tpu.keys import NAMESPACE, RAY_SUBSLICE_NAMESPACE
 from tpuslice._view.cluster import SliceInfo
@@ -105,9 +106,10 @@ def positions_from_coordinates(
 
 
 class KnownLayouts:
-    """Layouts this process has read or learned, by slice name. A layout tied to node ids
-    cannot change while those nodes live (it is where their chips are), so it is reused
-    without reading the KV store again while :meth:`Layout.current_for` holds."""
+    """Layouts this connection has read or learned, by slice name (a part of it). A
+    layout tied to node ids cannot change while those nodes live (it is where their chips
+    are), so it is reused without reading the KV store again while
+    :meth:`Layout.current_for` holds."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -144,17 +146,13 @@ class KnownLayouts:
             self._layouts.pop(slice_name, None)
 
 
-KNOWN_LAYOUTS = KnownLayouts()
-"""This process's copies of slice layouts."""
-
-
 def forget(slice_name: str) -> None:
     """Drop this process's copy of a slice's layout (the records stay; see :func:`load`).
 
     Args:
         slice_name: The slice.
     """
-    KNOWN_LAYOUTS.forget(slice_name)
+    connection().part(KnownLayouts).forget(slice_name)
 
 
 def load(info: SliceInfo) -> Layout | None:
@@ -169,12 +167,13 @@ def load(info: SliceInfo) -> Layout | None:
         tpuslice's record if current, else one read from Ray's (``nodes`` ``None``), else
         ``None``: the slice must be discovered.
     """
-    cached = KNOWN_LAYOUTS.get(info.name)
+    known = connection().part(KnownLayouts)
+    cached = known.get(info.name)
     if cached is not None and cached.current_for(info):
         return cached
     found = _read(info)
     if found is not None and found.nodes is not None:
-        KNOWN_LAYOUTS.keep(found)
+        known.keep(found)
     return found
 
 

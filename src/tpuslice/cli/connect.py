@@ -17,6 +17,7 @@ import click
 import ray
 
 from tpuslice._tpu import _auth, _ray
+from tpuslice._tpu._connection import close_connection
 from tpuslice.errors import TokenAuthError
 
 __all__ = ["UsageError", "connect_or_none", "connected"]
@@ -156,4 +157,5 @@ def connected(address: str | None) -> Iterator[None]:
         yield
     finally:
         if ours:
+            close_connection()
             ray.shutdown()

@@ -41,6 +41,7 @@ from tpuslice._run.run import run_on_slice
 from tpuslice._run.shell import HostResult, program_name, run_command, worst_exit_code
 from tpuslice._run.watchdog import AttemptWatch
 from tpuslice._sim.simulated import SimulatedCluster, SliceSpec
+from tpuslice._tpu._connection import close_connection
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._view import cluster
 from tpuslice._view.quotas import check_tenant
@@ -299,6 +300,7 @@ def run(
             if sim is not None:
                 sim.shutdown()
             elif ours:
+                close_connection()
                 ray.shutdown()
     sys.exit(code)
 

@@ -5,7 +5,8 @@ store so it outlives the driver.
 Each event is one key, ``event/<nanoseconds>-<writer>-<n>`` in namespace ``tpuslice``, so
 keys sort in time order. :func:`record` only appends to a list in memory: a daemon thread
 writes the events (the caller never waits on the GCS) and trims the store to the newest
-:data:`MAX_EVENTS`. The thread flushes at interpreter exit; :func:`flush` waits for it.
+:data:`MAX_EVENTS`. The writer is a part of the connection, flushed when it closes (at
+exit, after the hand-backs that record events); :func:`flush` waits for it.
 ``tpuslice status --events`` reads them back (:func:`read_events`).
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import secrets
 import threading
 import time
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol, TypeVar
 
 from tpuslice._tpu import _ray
-from tpuslice._tpu._process import EXIT_HOOKS
+from tpuslice._tpu._connection import Tier, connection
 from tpuslice._tpu.keys import EVENT_KEY_PREFIX as KEY_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
 
@@ -189,7 +189,7 @@ def keys_to_trim(keys: list[str], keep: int) -> list[str]:
 
 class EventWriter:
     """Writes recorded events (or other :class:`Recorded` items) to the KV store from a
-    daemon thread.
+    daemon thread. Made with no arguments, it is the connection's timeline writer.
 
     Args:
         put: Writes one key (default: Ray's KV store).
@@ -199,6 +199,8 @@ class EventWriter:
         trim_every_s: Seconds between two trims by this writer.
         prefix: The store's key prefix (default: the timeline's).
     """
+
+    tier = Tier.WRITER
 
     def __init__(
         self,
@@ -225,14 +227,7 @@ class EventWriter:
         self._cond = threading.Condition()
         self._busy = False
         self._thread: threading.Thread | None = None
-
-    def after_fork(self) -> None:
-        """In a forked child: a lock, thread and identity of its own, nothing pending."""
-        self._cond = threading.Condition()
-        self._thread, self._busy = None, False
-        self._pending = deque()
-        self.writer = secrets.token_hex(4)
-        self._written = 0
+        self._stopped = False
 
     def record(self, event: Recorded) -> None:
         """Queue ``event`` for writing (returns at once).
@@ -241,6 +236,9 @@ class EventWriter:
             event: What happened.
         """
         with self._cond:
+            if self._stopped:
+                self.dropped += 1
+                return
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._loop, name="tpuslice-events", daemon=True
@@ -271,11 +269,26 @@ class EventWriter:
                 self._cond.wait(left)
         return True
 
+    def close(self) -> None:
+        """Write what is pending (2 s at most), then stop the thread."""
+        self.flush()
+        self.drop()
+
+    def drop(self) -> None:
+        """Stop the thread; what is pending is not written."""
+        with self._cond:
+            self._stopped = True
+            self.dropped += len(self._pending)
+            self._pending.clear()
+            self._cond.notify_all()
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._pending:
+                while not self._pending and not self._stopped:
                     self._cond.wait()
+                if self._stopped:
+                    return
                 batch, self._pending = list(self._pending), deque()
                 self._busy = True
             try:
@@ -309,16 +322,6 @@ class EventWriter:
             logger.debug("could not trim the event store: %s", exc)
 
 
-WRITER = EventWriter()
-"""This process's event writer."""
-# Added when this module is imported, so before the exit hook of any code that records
-# events (that code imports this module first): the flush runs after those hooks, and
-# writes what they record.
-EXIT_HOOKS.add(WRITER.flush)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=WRITER.after_fork)
-
-
 def record(kind: str, **fields: Any) -> SliceEvent:
     """Add an event to the timeline (written in the background; never raises for the
     store being unreachable).
@@ -340,7 +343,7 @@ def record(kind: str, **fields: Any) -> SliceEvent:
     if not fields.get("job"):
         fields["job"] = job_id()
     event = SliceEvent(kind=kind, **fields)
-    WRITER.record(event)
+    connection().part(EventWriter).record(event)
     return event
 
 
@@ -353,7 +356,7 @@ def flush(timeout_s: float = 2.0) -> bool:
     Returns:
         Whether all were written in time.
     """
-    return WRITER.flush(timeout_s)
+    return connection().part(EventWriter).flush(timeout_s)
 
 
 def read_events(limit: int = MAX_EVENTS) -> list[SliceEvent]:

@@ -41,7 +41,7 @@ from typing import Any
 
 from tpuslice._host.heartbeats import Progress
 from tpuslice._tpu import _ray
-from tpuslice._tpu._process import EXIT_HOOKS
+from tpuslice._tpu._connection import connection
 from tpuslice._tpu.keys import GOODPUT_KEY_PREFIX, NAMESPACE
 from tpuslice.record import events, metrics
 
@@ -421,10 +421,13 @@ def _start_ends(attempt: AttemptTimes, ended: float, failed: bool) -> float:
 # --- the store -------------------------------------------------------------------------
 
 
-WRITER = events.EventWriter(keep=MAX_ACCOUNTS, prefix=GOODPUT_KEY_PREFIX)
-"""Writes this process's accounts in the background (the run's caller never waits on
-the GCS), and trims the store to the newest :data:`MAX_ACCOUNTS`."""
-EXIT_HOOKS.add(WRITER.flush)
+class AccountWriter(events.EventWriter):
+    """Writes the connection's accounts in the background (the run's caller never waits
+    on the GCS), and trims the store to the newest :data:`MAX_ACCOUNTS` (a part of the
+    connection, flushed when it closes)."""
+
+    def __init__(self) -> None:
+        super().__init__(keep=MAX_ACCOUNTS, prefix=GOODPUT_KEY_PREFIX)
 
 
 def read_progress(keys: Sequence[str]) -> GangProgress:
@@ -455,7 +458,7 @@ def keep(account: Account) -> Account:
     """
     if not account.job:
         account = replace(account, job=events.job_id())
-    WRITER.record(account)
+    connection().part(AccountWriter).record(account)
     for category in CATEGORIES:
         seconds = account.seconds.get(category, 0.0)
         if seconds > 0 and category != "lost":
@@ -484,7 +487,7 @@ def flush(timeout_s: float = 2.0) -> bool:
     Returns:
         Whether all were written in time.
     """
-    return WRITER.flush(timeout_s)
+    return connection().part(AccountWriter).flush(timeout_s)
 
 
 def read_accounts(limit: int = MAX_ACCOUNTS) -> list[Account]:

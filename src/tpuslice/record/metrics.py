@@ -144,7 +144,14 @@ def exported_names() -> set[str]:
 
 
 class _Registry:
-    """The Ray metric objects of this process, made on first use (Ray must be up)."""
+    """The Ray metric objects of this process, made on first use (Ray must be up).
+
+    Process-wide, not a part of the connection: Ray registers a metric by its name for
+    the whole process, and a metric object holds no connection (``ray.util.metrics``
+    keeps only its name, tags and Cython recorder), so the objects made before a
+    reconnection still record after it. Making them again would register each name a
+    second time, which Ray has warned about or ignored depending on its metrics backend.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

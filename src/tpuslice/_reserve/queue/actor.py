@@ -26,6 +26,7 @@ from tpuslice._reserve.queue.runner import QueueRunner
 from tpuslice._reserve.queue.service import Joined, QueueService, Ticket
 from tpuslice._reserve.queue.share import UsageMeter, held_by
 from tpuslice._tpu import _ray
+from tpuslice._tpu._connection import connection
 from tpuslice._tpu.keys import NAMESPACE, QUEUE_KEY
 from tpuslice._tpu.keys import QUEUE_ACTOR_NAME as NAME
 from tpuslice._view.cluster import ClusterSnapshot, read_queue_record, read_snapshot
@@ -298,15 +299,17 @@ START_WAIT_S = 60.0
 its first start is a new worker process on the head node, slow on a loaded machine."""
 
 
-class QueueLink:
-    """This process's way to the cluster's queue: the cached handle, and the cluster it
-    belongs to (tests connect to several in turn).
-    """
+class KnownQueue:
+    """The handle to the cluster's queue that a connection found (a part of it)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._handle: RayQueue | None = None
-        self._handle_cluster: str | None = None
+        self.lock = threading.Lock()
+        self.handle: RayQueue | None = None
+
+
+class QueueLink:
+    """This process's way to the cluster's queue. It keeps nothing: the handle found is
+    the connection's (:class:`KnownQueue`), so a reconnection finds the new cluster's."""
 
     def slice_queue(self) -> RayQueue:
         """The cluster's queue, created on the head node if there is none (cached).
@@ -317,9 +320,10 @@ class QueueLink:
         Raises:
             QueueUnreachableError: it could neither be found nor created.
         """
-        with self._lock:
-            if self._handle is not None and self._handle_is_current():
-                return self._handle
+        known = connection().part(KnownQueue)
+        with known.lock:
+            if known.handle is not None:
+                return known.handle
             try:
                 try:
                     handle = ray.get_actor(NAME, namespace=NAMESPACE)
@@ -335,9 +339,8 @@ class QueueLink:
                 raise QueueUnreachableError(
                     f"could not find or start the slice queue: {exc}"
                 ) from exc
-            self._handle = RayQueue(handle)
-            self._handle_cluster = _cluster_id()
-            return self._handle
+            known.handle = RayQueue(handle)
+            return known.handle
 
     def start(self, timeout_s: float = START_WAIT_S) -> None:
         """Have the cluster's queue running and answering, and wait for it (a cluster
@@ -365,9 +368,7 @@ class QueueLink:
         """
         if not slices or not ray.is_initialized():
             return
-        with self._lock:
-            current = self._handle is not None and self._handle_is_current()
-            queue = self._handle if current else None
+        queue = connection().part(KnownQueue).handle
         try:
             if queue is None:
                 queue = RayQueue(ray.get_actor(NAME, namespace=NAMESPACE))
@@ -384,19 +385,11 @@ class QueueLink:
         Args:
             queue: The handle whose actor died.
         """
-        with self._lock:
-            if self._handle is queue:
-                self._handle = None
-
-    def _handle_is_current(self) -> bool:
-        """Whether the cached handle belongs to the cluster this process is connected to."""
-        return self._handle_cluster == _cluster_id()
+        known = connection().part(KnownQueue)
+        with known.lock:
+            if known.handle is queue:
+                known.handle = None
 
 
 QUEUE_LINK = QueueLink()
 """This process's way to the cluster's queue."""
-
-
-def _cluster_id() -> str | None:
-    address: str | None = ray.get_runtime_context().gcs_address
-    return address

@@ -28,9 +28,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tpuslice._host.agent import HostAgent
 from tpuslice._host.tpu_lock import TPUOwner
+from tpuslice._tpu._connection import connection
 from tpuslice._tpu.keys import AGENT_NAME_PREFIX as NAME_PREFIX
 from tpuslice._tpu.keys import NAMESPACE
-from tpuslice._view.agents import LISTED_FREE
+from tpuslice._view.agents import ListedFree
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ _remote_agent = ray.remote(num_cpus=0, max_restarts=-1)(HostAgent)
 
 class Agents:
     """This driver's handles to the host agents, and what their answers told it: which
-    agents are up, and when each host's TPU was last seen free.
+    agents are up, and when each host's TPU was last seen free (a part of the connection).
 
     A host's own lock is held while its handle is found or created, so that it gets one
     agent, and the hosts of one reservation are looked up at once (:meth:`handles`); the
@@ -120,8 +121,11 @@ class Agents:
         """
         missing = [n for n in dict.fromkeys(node_ids) if n not in self._handles]
         if len(missing) > 1:
-            with ThreadPoolExecutor(min(LOOKUPS_AT_ONCE, len(missing))) as pool:
-                list(pool.map(self.handle, missing))
+            try:
+                with ThreadPoolExecutor(min(LOOKUPS_AT_ONCE, len(missing))) as pool:
+                    list(pool.map(self.handle, missing))
+            except RuntimeError:  # at exit Python starts no executor's work: looked up below
+                logger.debug("looking up %d agents one after another", len(missing))
         return {node: self.handle(node) for node in node_ids}
 
     def forget(self, node_id: str) -> None:
@@ -148,7 +152,7 @@ class Agents:
 
     def is_up(self, node_id: str) -> bool:
         """Whether the node's agent has answered this process, or a listing showed its
-        ``tpu-free/`` key (:data:`~tpuslice._view.agents.LISTED_FREE`; a dead node's key
+        ``tpu-free/`` key (:class:`~tpuslice._view.agents.ListedFree`; a dead node's key
         lasts until a cluster read deletes it).
 
         Args:
@@ -157,7 +161,7 @@ class Agents:
         Returns:
             True once either happened.
         """
-        return node_id in self._up or node_id in LISTED_FREE
+        return node_id in self._up or node_id in connection().part(ListedFree)
 
     def seen_free_within(self, node_id: str, seconds: float, now: float) -> bool:
         """Whether this driver saw the node's TPU free less than ``seconds`` before ``now``.
@@ -173,15 +177,12 @@ class Agents:
         return now - self._free_at.get(node_id, -seconds) < seconds
 
 
-AGENTS = Agents()
-"""This driver's agent handles."""
-
-
 def _round(
     node_ids: Sequence[str], call: Callable[[str, Any], Any], timeout_s: float
 ) -> dict[str, TPUOwner | Exception | None]:
     """Call every node's agent at once; each node's owner, or the error its call met."""
-    refs = {node: call(node, handle) for node, handle in AGENTS.handles(node_ids).items()}
+    agents = connection().part(Agents)
+    refs = {node: call(node, handle) for node, handle in agents.handles(node_ids).items()}
     if not refs:
         return {}
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
@@ -194,11 +195,11 @@ def _round(
         try:
             data = ray.get(ref)
         except ray.exceptions.RayError as exc:
-            AGENTS.forget(node)  # recreated next time, if the node still lives
+            agents.forget(node)  # recreated next time, if the node still lives
             results[node] = exc
             continue
         results[node] = None if data is None else TPUOwner.from_dict(data)
-        AGENTS.note(node, data)
+        agents.note(node, data)
     return results
 
 
@@ -241,8 +242,9 @@ def start_probe(
         ``None`` when the TPU is free or the agent could not answer (logged).
     """
     now = time.monotonic()
-    asked = [n for n in node_ids if not AGENTS.seen_free_within(n, FREE_TRUST_S, now)]
-    refs = {node: handle.owner.remote() for node, handle in AGENTS.handles(asked).items()}
+    agents = connection().part(Agents)
+    asked = [n for n in node_ids if not agents.seen_free_within(n, FREE_TRUST_S, now)]
+    refs = {node: handle.owner.remote() for node, handle in agents.handles(asked).items()}
 
     def answers() -> dict[str, str | None]:
         found: dict[str, str | None] = dict.fromkeys(node_ids)  # seen free just now
@@ -252,7 +254,7 @@ def start_probe(
         for node, ref in refs.items():
             found[node] = None
             if ref not in done:
-                if AGENTS.is_up(node):
+                if agents.is_up(node):
                     logger.warning("TPU agent on node %s did not answer; assuming free", node[:12])
                 else:
                     logger.info("TPU agent on node %s is starting; TPU not checked", node[:12])
@@ -260,11 +262,11 @@ def start_probe(
             try:
                 data = ray.get(ref)
             except ray.exceptions.RayError as exc:
-                AGENTS.forget(node)
+                agents.forget(node)
                 logger.warning("TPU agent on node %s failed: %s", node[:12], exc)
                 continue
             found[node] = None if data is None else TPUOwner.from_dict(data).describe()
-            AGENTS.note(node, data)
+            agents.note(node, data)
         return found
 
     return answers
@@ -276,7 +278,8 @@ def _wait_for(refs: Mapping[str, Any], timeout_s: float) -> set[Any]:
     started = time.monotonic()
     pending = list(refs.values())
     ready, pending = ray.wait(pending, num_returns=len(pending), timeout=START_WAIT_S)
-    known = [refs[n] for n in refs if AGENTS.is_up(n) and refs[n] in pending]
+    agents = connection().part(Agents)
+    known = [refs[n] for n in refs if agents.is_up(n) and refs[n] in pending]
     if known:
         rest = max(0.0, timeout_s - (time.monotonic() - started))
         more, _ = ray.wait(known, num_returns=len(known), timeout=rest)
@@ -330,7 +333,7 @@ def stop_job_tpus(node_ids: Sequence[str], job_id: str) -> None:
         job_id: The job whose work ran there (hex).
     """
     try:
-        agents = AGENTS.handles(node_ids)
+        agents = connection().part(Agents).handles(node_ids)
     except (ray.exceptions.RayError, ConnectionError, ValueError) as exc:
         logger.warning(
             "could not ask the agents of %d host(s) to free their TPUs: %s", len(node_ids), exc
@@ -355,7 +358,9 @@ def kill_owner(node_id: str, pid: int, timeout_s: float = 5.0) -> TPUOwner | Non
         PermissionError: the process belongs to another user.
         ray.exceptions.RayError: the agent could not be reached.
     """
-    data = ray.get(AGENTS.handle(node_id).kill.remote(pid, os.getuid(), timeout_s))
+    data = ray.get(
+        connection().part(Agents).handle(node_id).kill.remote(pid, os.getuid(), timeout_s)
+    )
     return None if data is None else TPUOwner.from_dict(data)
 
 

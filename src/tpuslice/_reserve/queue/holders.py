@@ -12,10 +12,20 @@ from collections.abc import Iterable, Sequence
 
 from tpuslice._host.notices import Notice
 from tpuslice._tpu import _ray
+from tpuslice._tpu._connection import Pool
 from tpuslice._tpu.keys import HOLDER_KEY_PREFIX, NAMESPACE, PREEMPT_KEY_PREFIX
 from tpuslice._view.holders import Holder
 
 logger = logging.getLogger(__name__)
+
+
+class HolderRecords(Pool):
+    """Writes a reservation's holder records off its path, in order (one thread): a
+    hand-back's deletion runs after its reservation's records were written. A part of
+    the connection."""
+
+    def __init__(self) -> None:
+        super().__init__(1, "tpuslice-holders")
 
 
 def record_held(holders: Iterable[Holder]) -> None:

@@ -176,3 +176,13 @@ def test_a_dropped_releaser_stops_its_thread_and_hands_nothing_back() -> None:
     releaser.drop()
     thread.join(timeout=10)
     assert not thread.is_alive() and LOG == []
+
+
+def test_the_releaser_takes_new_one_shots_without_waiting_when_none_came() -> None:
+    releaser = Releaser()
+    releaser._take_new(block=False)  # nothing queued: nothing taken, no error
+    job = object()
+    releaser._queue.put(job)  # type: ignore[arg-type]
+    releaser._queue.put(None)  # a wake-up only
+    releaser._take_new(block=False)
+    assert releaser.pending == [job]

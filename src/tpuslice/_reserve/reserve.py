@@ -100,11 +100,12 @@ PROCESS = uuid.uuid4().hex
 
 @dataclass(frozen=True)
 class HeldSlice:
-    """One slice a reservation holds: its view when claimed, and its groups."""
+    """One slice a reservation holds: its view when claimed, and its worker group when
+    it has one of its own (``pg_per_slice``). Its head is claimed in bundle 0 of its
+    worker bundles, so no head group is ever held beside them."""
 
     index: int
     info: SliceInfo
-    head_pg: PlacementGroup | None
     worker_pg: PlacementGroup | None
 
 
@@ -160,7 +161,6 @@ class Hold:
         self.launched: list[ray.ObjectRef] = []
         self.worker_pids: list[tuple[int, ray.ObjectRef]] = []
         self.actor_group: object | None = None
-        self.heads_removed: set[int] = set()
 
 
 class Holds(dict[str, Hold]):
@@ -212,9 +212,7 @@ def reserve(request: SliceRequest, *, targets: Targets | None = None) -> Reserve
         home=PROCESS,
         request=request,
         plan=reservation.plan or request.plan,
-        slices=tuple(
-            HeldSlice(c.index, c.target, c.head_pg, c.worker_pg) for c in reservation.claims
-        ),
+        slices=tuple(HeldSlice(c.index, c.target, c.worker_pg) for c in reservation.claims),
         combined_pg=reservation.combined_pg,
         asked_at=asked_at,
         held_at=time.time(),
@@ -241,7 +239,7 @@ def _holders(held: Reserved) -> list[Holder]:
     job = str(ray.get_runtime_context().get_job_id())
     found = []
     for piece in held.slices:
-        groups = [piece.head_pg, piece.worker_pg, held.combined_pg]
+        groups = [piece.worker_pg, held.combined_pg]
         found.append(
             Holder(
                 holder=held.key,
@@ -534,44 +532,6 @@ def _cancel_launched(hold: Hold) -> None:
         ray.cancel(ref, force=True)
 
 
-def remove_heads(held: Reserved, slice_index: int | None = None) -> None:
-    """Remove the head claims held as groups of their own (all, or one slice's).
-
-    Args:
-        held: The record.
-        slice_index: That slice's head only (``None``: every slice's).
-
-    Raises:
-        InvalidArgumentError: ``slice_index`` is out of range.
-    """
-    pieces = list(held.slices)
-    if slice_index is not None:
-        if not 0 <= slice_index < len(pieces):
-            raise InvalidArgumentError(
-                f"Invalid slice_index: {slice_index}; valid: 0..{len(pieces) - 1}."
-            )
-        pieces = [pieces[slice_index]]
-    hold = hold_of(held)
-    for piece in pieces:
-        remove_group(piece.head_pg)
-        if hold is not None:
-            hold.heads_removed.add(piece.index)
-
-
-def heads_held(held: Reserved) -> list[PlacementGroup]:
-    """The head claims held as groups of their own and not removed.
-
-    Args:
-        held: The record.
-
-    Returns:
-        The groups, in slice order.
-    """
-    hold = hold_of(held)
-    removed = hold.heads_removed if hold is not None else set()
-    return [s.head_pg for s in held.slices if s.head_pg is not None and s.index not in removed]
-
-
 def hand_back(held: Reserved) -> None:
     """Give the slices back: cancel the tasks started on them, confirm on each host that
     no process of this work still owns its TPU (an idle worker keeps libtpu's lock: the
@@ -589,7 +549,6 @@ def hand_back(held: Reserved) -> None:
     if hold is None:
         if held.home != PROCESS and ray.is_initialized():
             for piece in held.slices:
-                remove_group(piece.head_pg)
                 remove_group(piece.worker_pg)
             remove_group(held.combined_pg)
         return
@@ -607,10 +566,6 @@ def hand_back(held: Reserved) -> None:
         if held.recorded and ray.is_initialized()
         else None
     )
-    # Heads first: a slice whose head is free while its TPUs are still held looks busy
-    # to everyone; the other order would show it claimed with no work on it.
-    for piece in held.slices:
-        remove_group(piece.head_pg)
     remove_group(held.combined_pg)
     for piece in held.slices:
         remove_group(piece.worker_pg)
@@ -843,10 +798,10 @@ class SlicePlacementGroup(SliceHandle):
 
     @property
     def head_placement_groups(self) -> list[PlacementGroup]:
-        """Head claims held as groups of their own: none, as a rule. Ray 2.60 makes one
-        per slice; tpuslice holds each slice's head resource in bundle 0 of its worker
-        group (one placement round), so it stays claimed until :meth:`shutdown`."""
-        return [] if self.is_shut_down else heads_held(self._reserved)
+        """Head claims held as groups of their own: none. Ray 2.60 makes one per slice;
+        tpuslice holds each slice's head resource in bundle 0 of its worker group (one
+        placement round), so it stays claimed until :meth:`shutdown`."""
+        return []
 
     @property
     def bundle_label_selector(self) -> list[dict[str, str]]:
@@ -866,10 +821,10 @@ class SlicePlacementGroup(SliceHandle):
         return self._reserved.plan.tpu_resource_per_chip
 
     def release_head_pgs(self, slice_index: int | None = None) -> None:
-        """Remove the head claims held as groups of their own (all, or one slice's).
-        Idempotent. A head held in bundle 0 of the worker group (the rule, see
-        :attr:`head_placement_groups`) stays claimed until :meth:`shutdown`: freeing it
-        would show the slice's head free while its hosts are held.
+        """Ray's release of the head claims held as groups of their own: tpuslice holds
+        none (see :attr:`head_placement_groups`), so this only checks ``slice_index``.
+        Each head stays claimed, in bundle 0 of its worker group, until :meth:`shutdown`:
+        freeing it would show the slice's head free while its hosts are held.
 
         Args:
             slice_index: That slice's head only (``None``: every slice's).
@@ -877,7 +832,10 @@ class SlicePlacementGroup(SliceHandle):
         Raises:
             InvalidArgumentError: ``slice_index`` is out of range.
         """
-        remove_heads(self._reserved, slice_index)
+        if slice_index is not None and not 0 <= slice_index < self.num_slices:
+            raise InvalidArgumentError(
+                f"Invalid slice_index: {slice_index}; valid: 0..{self.num_slices - 1}."
+            )
 
     def __repr__(self) -> str:
         state = "shut down" if self.is_shut_down else ", ".join(self.slice_names)

@@ -452,8 +452,9 @@ class Releaser:
             self.pending.clear()
 
     def _take_new(self, block: bool) -> None:
+        taken: list[_OneShot | None] = []
         try:
-            taken = [self._queue.get(block=block)]
+            taken.append(self._queue.get(block=block))
             while True:
                 taken.append(self._queue.get_nowait())
         except queue.Empty:

@@ -38,8 +38,6 @@ from tpuslice._reserve.reserve import (
     SliceHandle,
     SubsliceAt,
     hand_back,
-    heads_held,
-    remove_heads,
     reserve,
     reserve_slices,
 )
@@ -476,7 +474,7 @@ class SubslicePlacementGroup(SliceHandle):
     @property
     def head_placement_groups(self) -> list[PlacementGroup]:
         """Head claims held as groups of their own: none (a sub-slice claims no head)."""
-        return [] if self.is_shut_down else heads_held(self._reserved)
+        return []
 
     @property
     def bundle_label_selector(self) -> list[dict[str, str]]:
@@ -485,8 +483,7 @@ class SubslicePlacementGroup(SliceHandle):
         return [dict(s) for s in self._at.selectors]
 
     def release_head_pgs(self) -> None:
-        """Remove the head claims held as groups of their own (Ray's developer API)."""
-        remove_heads(self._reserved)
+        """Ray's developer API; a sub-slice holds no head claim, so nothing to remove."""
 
     def __repr__(self) -> str:
         state = "shut down" if self.is_shut_down else f"{self.slice_name} #{self.subslice_index}"

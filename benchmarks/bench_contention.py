@@ -724,14 +724,14 @@ def trace_phases(jobs: list[Job]) -> None:
 
     wait_for_grant = claim.Reserver._wait_for_grant
     reserve_slices = run.reserve_slices  # what a one-shot reserves through
-    shutdown = reserve.SlicePlacementGroup.shutdown
-    confirm_free = reserve.SlicePlacementGroup._confirm_free
+    shutdown = reserve.SliceHandle.shutdown
+    confirm_released = reserve.confirm_released
     wait_freed = reserve.wait_freed
     owner: dict[int, Job] = {}
 
-    def traced_confirm(self: Any, *args: Any, **kwargs: Any) -> None:
+    def traced_confirm(*args: Any, **kwargs: Any) -> None:
         begun = time.time()
-        confirm_free(self, *args, **kwargs)
+        confirm_released(*args, **kwargs)
         if jobs:
             jobs[-1].confirm_s = time.time() - begun
 
@@ -766,8 +766,8 @@ def trace_phases(jobs: list[Job]) -> None:
 
     claim.Reserver._wait_for_grant = traced_wait  # type: ignore[method-assign]
     run.reserve_slices = traced_reserve  # type: ignore[assignment]
-    reserve.SlicePlacementGroup.shutdown = traced_shutdown  # type: ignore[method-assign]
-    reserve.SlicePlacementGroup._confirm_free = traced_confirm  # type: ignore[method-assign]
+    reserve.SliceHandle.shutdown = traced_shutdown  # type: ignore[method-assign]
+    reserve.confirm_released = traced_confirm
     reserve.wait_freed = traced_wait_freed
 
 

@@ -106,9 +106,9 @@ def test_a_stale_record_describes_no_queue() -> None:
     world.service.enqueue(ticket("a"))
     world.service.decide()
     record = world.records[-1]
-    assert [r.ticket for r in record.waiting_for("v6e-16 4x4", now=1.0)] == ["a"]
-    assert record.waiting_for("v6e-16 4x4", now=100.0) == []
-    assert record.waiting_for("v6e-8 2x4", now=1.0) == []
+    assert [r.ticket for r in record.requests] == ["a"]
+    assert record.fresh(1.0)
+    assert not record.fresh(100.0)
 
 
 def test_a_restarted_service_keeps_the_places_of_its_last_record() -> None:

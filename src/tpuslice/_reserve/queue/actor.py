@@ -75,7 +75,7 @@ class SliceQueueActor:
         """Tenants and pod types whose gauges were set: they go to 0, not stay, once
         the tenant holds none."""
         # The cluster's gauges, its slice-seconds by state, and the tenants' use.
-        self._reporter = ClusterReporter(read_snapshot, on_report=self._report).start()
+        ClusterReporter(read_snapshot, on_report=self._report).start()
 
     def _report(self, snapshot: ClusterSnapshot, seconds: float) -> None:
         """Each look of the reporter: count slice-seconds by state and, with quotas

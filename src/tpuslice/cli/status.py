@@ -576,19 +576,18 @@ def owners_table(snapshot: ClusterSnapshot) -> RenderableType:
     return table
 
 
-def timeline_table(events: list[SliceEvent], now: float | None = None) -> RenderableType:
+def timeline_table(events: list[SliceEvent]) -> RenderableType:
     """The recent history of reservations and runs, oldest first.
 
     Args:
         events: From :func:`tpuslice.record.events.read_events`.
-        now: Wall-clock seconds (default: now), for the "ago" column.
 
     Returns:
         A table (time, ago, event, job), or a line saying there is no history.
     """
     if not events:
         return Text("No events recorded on this cluster yet.")
-    now = time.time() if now is None else now
+    now = time.time()
     table = Table(title="Slice timeline", title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("time", "ago", "event", "job"):
         table.add_column(column, overflow="fold")

@@ -57,7 +57,7 @@ DRIVER = textwrap.dedent(
 
 
 def queued() -> list[QueuedRequest]:
-    return read_snapshot().queued(KIND)
+    return [r for r in read_snapshot().queued() if r.kind == KIND]
 
 
 def start_driver(

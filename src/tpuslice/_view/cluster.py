@@ -259,18 +259,15 @@ class ClusterSnapshot:
     queue: QueueRecord | None = None
     quotas: Quotas = field(default_factory=Quotas)
 
-    def queued(self, kind: str | None = None) -> list[QueuedRequest]:
+    def queued(self) -> list[QueuedRequest]:
         """The requests waiting in the cluster-wide queue, if its record is fresh.
-
-        Args:
-            kind: Only those waiting for this kind of slice (``v6e-16 4x4``).
 
         Returns:
             Them in serving order.
         """
         if self.queue is None or not self.queue.fresh(self.taken_at):
             return []
-        return [r for r in self.queue.requests if kind is None or r.kind == kind]
+        return list(self.queue.requests)
 
     def matching(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
         """Slices of exactly this shape, in name order.

@@ -385,8 +385,6 @@ class QueueService:
             self.decide()
         return self.answer(ticket)
 
-    poll = wait
-
     def join(self, ticket: Ticket, arrival: int | None = None, timeout_s: float = 0.0) -> Joined:
         """:meth:`enqueue`, then :meth:`wait` (at once, in one process).
 

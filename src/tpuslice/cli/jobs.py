@@ -159,14 +159,14 @@ def simulate(slice_texts: tuple[str, ...], auth: bool) -> None:
             err_console.print("[green]stopped[/green]: no Ray process of ours is left")
 
 
-def _status_line_until_interrupted(interval: float = 1.0) -> None:
+def _status_line_until_interrupted() -> None:
     with err_console.status("") as line:
         while True:
             line.update(
                 f"{status.summary_line(cluster.read_snapshot())}; "
                 f"{len(live_placement_groups())} placement group(s) — Ctrl-C to stop"
             )
-            time.sleep(interval)
+            time.sleep(1.0)
 
 
 # --- run ---------------------------------------------------------------------------------

@@ -283,7 +283,7 @@ def _wait_for(refs: Mapping[str, Any], timeout_s: float) -> set[Any]:
 
 
 def release_tpus(
-    node_ids: Sequence[str], pids: Mapping[str, set[int]] | None = None
+    node_ids: Sequence[str], pids: Mapping[str, set[int]]
 ) -> dict[str, TPUOwner | Exception | None]:
     """On every node, stop the processes that ran the work being handed back and still
     own its TPU, and confirm none does.
@@ -303,11 +303,10 @@ def release_tpus(
         prevented the answer.
     """
     job = ray.get_runtime_context().get_job_id()
-    known = pids or {}
     return _round(
         node_ids,
         lambda node, a: a.release.remote(
-            job, sorted(known.get(node, ())), GRACE_S, RELEASE_TIMEOUT_S
+            job, sorted(pids.get(node, ())), GRACE_S, RELEASE_TIMEOUT_S
         ),
         RELEASE_TIMEOUT_S + PROBE_TIMEOUT_S,
     )
@@ -365,7 +364,7 @@ def describe_errors(results: Mapping[str, TPUOwner | Exception | None]) -> list[
 
 
 def confirm_released(
-    node_ids: Sequence[str], pids: Mapping[str, set[int]] | None = None
+    node_ids: Sequence[str], pids: Mapping[str, set[int]]
 ) -> dict[str, TPUOwner | Exception | None]:
     """The hand-back check: on every host, stop our processes that still own the TPU and
     confirm it. Never raises for the cluster's sake: a host that cannot answer (dead, or
@@ -385,7 +384,7 @@ def confirm_released(
     except (ray.exceptions.RayError, ConnectionError) as exc:
         logger.warning("could not confirm the TPUs of %d host(s) are free: %s", len(node_ids), exc)
         return {}
-    ours = {pid for node_pids in (pids or {}).values() for pid in node_pids}
+    ours = {pid for node_pids in pids.values() for pid in node_pids}
     job = ray.get_runtime_context().get_job_id()
     for node, found in results.items():
         if isinstance(found, Exception):

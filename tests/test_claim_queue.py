@@ -500,7 +500,7 @@ def test_a_requeue_keeps_the_place_against_a_decision_between_its_calls() -> Non
 
             def interleaved(*args: Any) -> Any:
                 result = call(*args)
-                queue.poll("later")
+                queue.wait("later")
                 return result
 
             return interleaved
@@ -511,7 +511,7 @@ def test_a_requeue_keeps_the_place_against_a_decision_between_its_calls() -> Non
     cluster.remove_group(busy)
     assert place.wait(0.0) == Granted(("v6e-16-0",))
     place.requeue()
-    assert isinstance(queue.poll("later"), Waiting)
+    assert isinstance(queue.wait("later"), Waiting)
     assert place.wait(0.0) == Granted(("v6e-16-0",))
 
 

@@ -21,7 +21,7 @@ def nowhere(address: str | None) -> Iterator[None]:
 def test_queue_start_waits_for_the_queue_and_says_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     waited: list[float] = []
     monkeypatch.setattr(commands, "connected", nowhere)
-    monkeypatch.setattr(commands.QUEUE_LINK, "start", waited.append)
+    monkeypatch.setattr(commands.queue_actor, "start_queue", waited.append)
     result = CliRunner().invoke(commands.main, ["queue", "start", "--timeout", "7"])
     assert result.exit_code == 0, result.output
     assert "the slice queue is running" in result.output
@@ -35,7 +35,7 @@ def test_queue_start_that_gets_no_answer_fails_saying_why(
         raise QueueUnreachableError("the slice queue did not answer: timed out")
 
     monkeypatch.setattr(commands, "connected", nowhere)
-    monkeypatch.setattr(commands.QUEUE_LINK, "start", silent)
+    monkeypatch.setattr(commands.queue_actor, "start_queue", silent)
     result = CliRunner().invoke(commands.main, ["queue", "start"])
     assert result.exit_code == 1
     assert "did not answer" in result.output

@@ -69,9 +69,11 @@ def test_the_line_is_redrawn_on_a_terminal_until_stopped(monkeypatch: pytest.Mon
         reads.append(1)
         return ours(queued_snapshot(), os.getpid())
 
+    monkeypatch.setattr(waiting, "read_snapshot", read)
+
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=200)
-    with WaitLine(console, "1 x v6e 4x4", 8.0, read=read) as line:  # type: ignore[arg-type]
+    with WaitLine(console, "1 x v6e 4x4", 8.0) as line:
         wait_for(lambda: len(reads) >= 3, 5, "three redraws")
         line.stop()
         drawn = len(reads)
@@ -79,11 +81,12 @@ def test_the_line_is_redrawn_on_a_terminal_until_stopped(monkeypatch: pytest.Mon
     assert "cluster's queue" in out.getvalue()
 
 
-def test_nothing_is_drawn_where_no_terminal_reads_it() -> None:
+def test_nothing_is_drawn_where_no_terminal_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
     reads: list[int] = []
+    monkeypatch.setattr(waiting, "read_snapshot", lambda: reads.append(1))
     out = io.StringIO()
     console = Console(file=out, force_terminal=False)
-    with WaitLine(console, "1 x v6e 4x4", 8.0, read=lambda: reads.append(1)):  # type: ignore[arg-type,return-value]
+    with WaitLine(console, "1 x v6e 4x4", 8.0):
         pass
     assert reads == [] and out.getvalue() == ""
 

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import ast
+import atexit
 import inspect
 
+import pytest
 import ray._private.worker
 
 from test_layers import sources
 from tpuslice._tpu._process import ExitHooks
 
 
-def test_each_hook_is_registered_once_in_the_order_added() -> None:
+def test_each_hook_is_registered_once_in_the_order_added(monkeypatch: pytest.MonkeyPatch) -> None:
     registered: list[object] = []
-    hooks = ExitHooks(register=registered.append)
+    monkeypatch.setattr(atexit, "register", registered.append)
+    hooks = ExitHooks()
 
     class Holder:
         def close(self) -> None:

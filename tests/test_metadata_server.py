@@ -37,14 +37,14 @@ def server() -> Iterator[MetadataServer]:
 
 
 def root_of(server: MetadataServer) -> str:
-    return metadata_root({metadata.METADATA_HOST_ENV: server.host})
+    return f"http://{server.host}/computeMetadata/v1/"
 
 
-def test_the_root_honours_gce_metadata_host() -> None:
-    assert metadata_root({}) == "http://metadata.google.internal/computeMetadata/v1/"
-    assert metadata_root({"GCE_METADATA_HOST": "127.0.0.1:8080"}) == (
-        "http://127.0.0.1:8080/computeMetadata/v1/"
-    )
+def test_the_root_honours_gce_metadata_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(metadata.METADATA_HOST_ENV, raising=False)
+    assert metadata_root() == "http://metadata.google.internal/computeMetadata/v1/"
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:8080")
+    assert metadata_root() == "http://127.0.0.1:8080/computeMetadata/v1/"
 
 
 def test_it_is_as_strict_as_gce(server: MetadataServer) -> None:
@@ -128,5 +128,5 @@ def test_nothing_listening_is_unreachable() -> None:
     gone = MetadataServer(host_values("s", 0, "v6e-8", "2x4"))
     host = gone.host
     gone.server_close()
-    answer = watch(PREEMPTED, root=metadata_root({"GCE_METADATA_HOST": host}))
+    answer = watch(PREEMPTED, root=f"http://{host}/computeMetadata/v1/")
     assert answer == metadata.Watched(None, "", False)

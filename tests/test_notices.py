@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from clusterutil import wait_for
-from tpuslice._host.metadata import Watched, metadata_root, watch
+from tpuslice._host.metadata import Watched, watch
 from tpuslice._host.notices import (
     MAINTENANCE_PATH,
     PREEMPTED_PATH,
@@ -106,7 +106,7 @@ def server() -> Iterator[MetadataServer]:
 def test_the_watch_follows_the_simulators_server_without_busy_polling(
     server: MetadataServer,
 ) -> None:
-    root = metadata_root({"GCE_METADATA_HOST": server.host})
+    root = f"http://{server.host}/computeMetadata/v1/"
     stop = threading.Event()
     seen: list[Notice | None] = []
     calls: list[str] = []

@@ -17,17 +17,22 @@ from tpuslice._tpu._connection import connection
 from tpuslice._view import agents as view
 
 
+@pytest.fixture(autouse=True)
+def hourly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch's own thread looks once a period: an hour keeps it out of the tests that
+    look by hand, which would otherwise race it."""
+    monkeypatch.setattr(agent, "OWNER_RECHECK_S", 3600.0)
+
+
 class Host:
     """A host whose TPU is held by the pids in ``holders``; a refresh records the first
     holder left (or none) back into the watch, as the agent's record does."""
 
-    def __init__(self, *holders: int, period: float = 3600.0) -> None:
-        # The watch's own thread looks once a period: an hour keeps it out of the tests
-        # that look by hand, which would otherwise race it.
+    def __init__(self, *holders: int) -> None:
         self.holders = list(holders)
         self.refreshes = 0
         self.refreshed = threading.Event()
-        self.watch = OwnerWatch(lambda pid: pid in self.holders, self.refresh, period=period)
+        self.watch = OwnerWatch(lambda pid: pid in self.holders, self.refresh)
 
     def refresh(self) -> None:
         self.refreshes += 1
@@ -60,7 +65,7 @@ def test_a_record_made_while_looking_is_not_overwritten() -> None:
     """The agent records a new owner between the look and the refresh: that record is
     the current one, and the stale look must not replace it."""
     host = Host()
-    watch = OwnerWatch(lambda pid: watch.watch(7777) or False, host.refresh, period=3600.0)
+    watch = OwnerWatch(lambda pid: watch.watch(7777) or False, host.refresh)
     watch.watch(4242)
     assert watch.check() is False
     assert host.refreshes == 0
@@ -68,14 +73,15 @@ def test_a_record_made_while_looking_is_not_overwritten() -> None:
 
 def test_nothing_is_looked_at_while_no_owner_is_recorded() -> None:
     looked: list[int] = []
-    watch = OwnerWatch(lambda pid: looked.append(pid) or True, lambda: None, period=3600.0)
+    watch = OwnerWatch(lambda pid: looked.append(pid) or True, lambda: None)
     watch.watch(None)
     assert watch.check() is False
     assert looked == []
 
 
-def test_the_watch_thread_notices_an_exit_by_itself() -> None:
-    host = Host(4242, period=0.01)
+def test_the_watch_thread_notices_an_exit_by_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agent, "OWNER_RECHECK_S", 0.01)
+    host = Host(4242)
     host.watch.watch(4242)
     host.holders.clear()
     assert host.refreshed.wait(timeout=10)  # bounded: the thread looks every 10 ms
@@ -95,7 +101,7 @@ def host_agent(monkeypatch: pytest.MonkeyPatch) -> tuple[agent.HostAgent, list[o
     found.node_id, found.root = "n1", Path("/nonexistent")
     found._record_lock, found._records, found._stored_free = threading.Lock(), 0, False
     found._free_key = agent.FreeKey(lambda: None, lambda: None)
-    found._owner_watch = OwnerWatch(lambda pid: False, found._refresh, period=3600.0)
+    found._owner_watch = OwnerWatch(lambda pid: False, found._refresh)
     return found, seen
 
 

@@ -57,7 +57,7 @@ DRIVER = textwrap.dedent(
 
 
 def queued() -> list[QueuedRequest]:
-    return read_snapshot().queued(KIND)
+    return [r for r in read_snapshot().queued() if r.kind == KIND]
 
 
 def start_driver(
@@ -216,9 +216,9 @@ def test_with_the_queue_stopped_reservations_wait_for_it_visibly_then_go_in_orde
     claim nothing while they wait for it, and each says so. Once it answers again they
     are admitted in the order they were asked for: the first wants both slices, so the
     second, though its call may reach the queue first, waits for the first's hand-back."""
-    from tpuslice._reserve.queue.actor import QUEUE_LINK
+    from tpuslice._reserve.queue.actor import slice_queue
 
-    queue = QUEUE_LINK.slice_queue()
+    queue = slice_queue()
     pid = ray.get(queue.handle.pid.remote())
     held: dict[str, float] = {}
     errors: list[BaseException] = []
@@ -266,11 +266,11 @@ def test_a_driver_whose_queue_was_killed_for_good_finds_a_new_one(
     from tpuslice._reserve.queue.book import Unknown
     from tpuslice.errors import QueueUnreachableError
 
-    queue = queue_actor.QUEUE_LINK.slice_queue()
+    queue = queue_actor.slice_queue()
     old_pid = ray.get(queue.handle.pid.remote())
     ray.kill(queue.handle, no_restart=True)
     with pytest.raises(QueueUnreachableError):
         wait_for(lambda: queue.wait("no-such-ticket", 0.0) and None, timeout=30, what="its death")
-    again = queue_actor.QUEUE_LINK.slice_queue()
+    again = queue_actor.slice_queue()
     assert isinstance(again.wait("no-such-ticket", 0.0), Unknown)
     assert ray.get(again.handle.pid.remote()) != old_pid

@@ -18,7 +18,7 @@ from test_queue_runner import BOUND_S, Slices, run, ticket
 from tpuslice._host.notices import Notice
 from tpuslice._reserve.queue.book import Granted, Waiting
 from tpuslice._reserve.queue.service import QUICK_WITHIN_S, QueueService, SliceKind, Ticket
-from tpuslice._tpu.clock import Clock
+from tpuslice._tpu import _ray
 from tpuslice._tpu.topology import slice_shape
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState, as_freed, wait_freed
 from tpuslice._view.holders import QUEUE_SOURCE, Holder
@@ -316,15 +316,19 @@ def test_the_runner_answers_a_freed_slices_waiter_while_the_next_read_is_held() 
     run(scenario)
 
 
-def test_a_hand_back_that_no_longer_sees_a_host_does_not_report_its_slice_free() -> None:
+def test_a_hand_back_that_no_longer_sees_a_host_does_not_report_its_slice_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A host gone from Ray's view stops the wait for it, but the slice is not whole:
     the hand-back must not vouch for it."""
     world = Held()
     hosts = list(held_info(world, world.names[0]).hosts.values())
     every = {h.node_id: {"TPU": h.tpu_total} for h in hosts}
-    assert wait_freed(hosts, None, read=lambda: every, clock=Clock())
+    monkeypatch.setattr(_ray, "available_resources_per_node", lambda: every)
+    assert wait_freed(hosts, None)
     gone = {n: free for n, free in every.items() if n != hosts[1].node_id}
-    assert not wait_freed(hosts, None, read=lambda: gone, clock=Clock())
+    monkeypatch.setattr(_ray, "available_resources_per_node", lambda: gone)
+    assert not wait_freed(hosts, None)
 
 
 def test_a_quick_decision_never_says_a_request_can_never_be_served() -> None:

@@ -91,7 +91,7 @@ def test_a_tenant_takes_back_its_quota_and_the_borrower_gets_the_notice_gce_woul
     world.hold(names[1], "b-late", "team-b")
     world.at(20.0)
     world.service.enqueue(ask("a1", "team-a"))
-    answer = world.service.poll("a1")
+    answer = world.service.wait("a1")
     assert isinstance(answer, Waiting)
     assert "preempting job b-late of tenant team-b: grace ends in 30 s" in answer.reason
     notices = [n for o in world.done for n in o.notices]
@@ -105,12 +105,12 @@ def test_a_tenant_takes_back_its_quota_and_the_borrower_gets_the_notice_gce_woul
     assert snapshot.slices[names[1]].state is SliceState.NOTICE
     world.at(25.0)
     world.done.clear()
-    assert isinstance(world.service.poll("a1"), Waiting)
+    assert isinstance(world.service.wait("a1"), Waiting)
     assert not any(o.notices for o in world.done)
     # The borrower leaves within its grace: the slice goes to team-a at once.
     world.leave(names[1])
     world.at(26.0)
-    assert world.service.poll("a1") == Granted((names[1],))
+    assert world.service.wait("a1") == Granted((names[1],))
 
 
 def test_work_that_outstays_its_grace_is_taken_back() -> None:
@@ -121,16 +121,16 @@ def test_work_that_outstays_its_grace_is_taken_back() -> None:
     world.hold(names[0], "b1", "team-b")
     world.hold(names[1], "b2", "team-b", preemptible=False)
     world.service.enqueue(ask("a1", "team-a"))
-    world.service.poll("a1")
+    world.service.wait("a1")
     assert [p.holder for o in world.done for p, _ in o.preempted] == ["b1"]
     world.at(4.0)
-    world.service.poll("a1")
+    world.service.wait("a1")
     assert not any(o.take_back for o in world.done)
     world.at(6.0)
-    world.service.poll("a1")  # grace over: b1's groups go, its notices with them
+    world.service.wait("a1")  # grace over: b1's groups go, its notices with them
     assert [h.holder for o in world.done for h in o.take_back] == ["b1"]
     world.at(7.0)
-    assert world.service.poll("a1") == Granted((names[0],))
+    assert world.service.wait("a1") == Granted((names[0],))
     assert names[1] in world.holders  # the work that cannot be preempted stays
 
 
@@ -140,11 +140,11 @@ def test_without_quotas_a_higher_priority_preempts_only_preemptible_lower_work()
     world.hold(names[0], "batch", "someone", priority=0)
     world.hold(names[1], "fixed", "someone", priority=0, preemptible=False)
     world.service.enqueue(ask("equal", "other", priority=0))
-    world.service.poll("equal")
+    world.service.wait("equal")
     assert not any(o.preempted for o in world.done)
     world.service.leave("equal")
     world.service.enqueue(ask("urgent", "other", priority=5))
-    world.service.poll("urgent")
+    world.service.wait("urgent")
     [(preemption, _)] = [p for o in world.done for p in o.preempted]
     assert preemption.holder == "batch" and preemption.cause == "priority"
 
@@ -154,7 +154,7 @@ def test_busy_slices_no_one_recorded_are_held_by_no_one_and_never_preempted() ->
     for name in world.cluster.slice_hosts:
         world.cluster.take(name, 0, {"TPU": 4})
     world.service.enqueue(ask("a1", "team-a", priority=9))
-    assert isinstance(world.service.poll("a1"), Waiting)
+    assert isinstance(world.service.wait("a1"), Waiting)
     assert not any(o.preempted for o in world.done)
 
 
@@ -164,12 +164,12 @@ def test_use_is_counted_per_tenant_from_the_holder_records() -> None:
     world.hold(names[0], "a", "team-a")
     world.hold(names[1], "b", "team-b")
     world.service.enqueue(ask("x", "team-a"))
-    world.service.poll("x")
+    world.service.wait("x")
     world.at(100.0)
-    world.service.poll("x")
+    world.service.wait("x")
     world.leave(names[1])
     world.at(300.0)
-    world.service.poll("x")
+    world.service.wait("x")
     usage = world.service.meter.of_all(300.0)
     assert usage["team-a"] > usage["team-b"] > 0
 

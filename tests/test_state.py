@@ -29,8 +29,6 @@ ALLOWED: dict[str, str] = {
     "tpuslice._tpu._process.EXIT_HOOKS": "the interpreter's exit hooks are the process's",
     "tpuslice._host.heartbeats.BEATS": "a task process's heartbeats: a task's, not a driver's",
     "tpuslice._reserve.ops.RAY_OPS": "stateless: every call asks Ray",
-    "tpuslice._reserve.queue.actor.QUEUE_LINK": "stateless: the handle it finds is the "
-    "connection's (KnownQueue)",
     "tpuslice.record.metrics._REGISTRY": "Ray registers a metric by name for the whole "
     "process, so its objects are the process's (see metrics._Registry)",
     "tpuslice._tpu._ray._NODE_START": "the patch of Ray's node start is process-wide, as "

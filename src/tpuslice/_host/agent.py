@@ -70,7 +70,7 @@ until someone happens to ask the host again."""
 
 class OwnerWatch:
     """Keeps a host's TPU-owner record true after the owner lets go: while an owner is
-    recorded, a daemon thread looks every ``period`` seconds whether that process still
+    recorded, a daemon thread looks every :data:`OWNER_RECHECK_S` whether that process still
     holds the TPU (:func:`~tpuslice._host.tpu_lock.holds_tpu`: one read of
     ``/proc/locks`` and of its descriptors), and once it does not, has the owner found
     and recorded again (nobody, or whoever took it meanwhile).
@@ -78,18 +78,11 @@ class OwnerWatch:
     Args:
         still_holds: Whether a pid still holds this host's TPU.
         refresh: Find this host's owner again and record it (which calls :meth:`watch`).
-        period: Seconds between looks.
     """
 
-    def __init__(
-        self,
-        still_holds: Callable[[int], bool],
-        refresh: Callable[[], object],
-        period: float = OWNER_RECHECK_S,
-    ) -> None:
+    def __init__(self, still_holds: Callable[[int], bool], refresh: Callable[[], object]) -> None:
         self._still_holds = still_holds
         self._refresh = refresh
-        self._period = period
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._thread: threading.Thread | None = None
@@ -128,7 +121,7 @@ class OwnerWatch:
 
     def _run(self) -> None:
         while True:  # as long as the agent, like its host
-            time.sleep(self._period)
+            time.sleep(OWNER_RECHECK_S)
             try:
                 self.check()
             except Exception:  # a failed look is retried at the next one

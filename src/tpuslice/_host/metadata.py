@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
@@ -37,18 +37,14 @@ _MAX_METADATA_BYTES = 1 << 16
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def metadata_root(environ: Mapping[str, str] | None = None) -> str:
+def metadata_root() -> str:
     """The metadata server's ``computeMetadata/v1/`` URL: ``GCE_METADATA_HOST`` if set,
     else ``metadata.google.internal``.
-
-    Args:
-        environ: Where to read the variable (default: ``os.environ``).
 
     Returns:
         ``http://<host>/computeMetadata/v1/``.
     """
-    env = os.environ if environ is None else environ
-    host = env.get(METADATA_HOST_ENV, "").strip() or METADATA_HOST
+    host = os.environ.get(METADATA_HOST_ENV, "").strip() or METADATA_HOST
     return f"http://{host}/computeMetadata/v1/"
 
 

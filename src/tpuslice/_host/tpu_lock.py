@@ -371,18 +371,14 @@ def lock_wanted(environ: Mapping[str, str]) -> bool:
     return bounds in ("", "2,2,1")
 
 
-def host_label(environ: Mapping[str, str] | None = None) -> str:
+def host_label() -> str:
     """How messages name this host.
-
-    Args:
-        environ: The process's environment (default: ``os.environ``).
 
     Returns:
         ``<slice name>/<worker id>`` from ``TPU_NAME`` / ``TPU_WORKER_ID``, else the
         machine's host name (a GCE TPU VM without them in its environment).
     """
-    environ = os.environ if environ is None else environ
-    name, worker = environ.get("TPU_NAME"), environ.get("TPU_WORKER_ID")
+    name, worker = os.environ.get("TPU_NAME"), os.environ.get("TPU_WORKER_ID")
     return f"{name}/{worker}" if name and worker else os.uname().nodename
 
 

@@ -254,7 +254,7 @@ class RayOps:
 
     def slice_queue(self) -> SliceQueue:
         """The queue actor, created if needed
-        (:meth:`tpuslice._reserve.queue.actor.QueueLink.slice_queue`).
+        (:func:`tpuslice._reserve.queue.actor.slice_queue`).
 
         Returns:
             A handle to it.
@@ -262,9 +262,9 @@ class RayOps:
         Raises:
             QueueUnreachableError: it could neither be found nor created.
         """
-        from tpuslice._reserve.queue.actor import QUEUE_LINK
+        from tpuslice._reserve.queue.actor import slice_queue
 
-        return QUEUE_LINK.slice_queue()
+        return slice_queue()
 
     def slice_labels(self) -> dict[str, dict[int, Mapping[str, str]]]:
         """Read every live TPU host's labels from Ray's node table, in one call.

@@ -34,7 +34,7 @@ from tpuslice._reserve import observe
 from tpuslice._reserve.claim import Reserver
 from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
 from tpuslice._reserve.plan import ReservationPlan
-from tpuslice._reserve.queue.actor import QUEUE_LINK
+from tpuslice._reserve.queue.actor import notify_released
 from tpuslice._reserve.queue.agents import confirm_released
 from tpuslice._reserve.queue.holders import HolderRecords, forget_held, record_held
 from tpuslice._reserve.queue.place import this_driver
@@ -579,7 +579,7 @@ def hand_back(held: Reserved) -> None:
         # could take them before they were ever shown free, and this wait (so that this
         # driver's next read finds them free) would run to its bound.
         freed = wait_freed(hosts, head) and (forgotten is None or _settled(forgotten))
-        QUEUE_LINK.notify_released(names, freed=freed)
+        notify_released(names, freed=freed)
     if held.slices:
         what = observe.describe_request(held.request)[0]
         observe.released(names, time.time() - held.held_at, what)

@@ -266,7 +266,6 @@ def check_held(
     check: Any = None,
     tpu_open_s: float | None = None,
     reach_s: float | None = None,
-    clock: Callable[[], float] = time.monotonic,
 ) -> list[SliceHealth]:
     """Check every slice of a held reservation (the probes of all slices at once).
 
@@ -276,14 +275,13 @@ def check_held(
             ``None``.
         tpu_open_s: Bound on starting a host's TPU backend (default :data:`TPU_OPEN_S`).
         reach_s: Bound on reaching rank 0 (default :data:`REACH_S`).
-        clock: Monotonic seconds.
 
     Returns:
         One result per slice, in slice order.
     """
     tpu_open_s = TPU_OPEN_S if tpu_open_s is None else tpu_open_s
     reach_s = REACH_S if reach_s is None else reach_s
-    started = clock()
+    started = time.monotonic()
     check_id = uuid.uuid4().hex[:12]
     keys = [f"{HEALTH_KEY_PREFIX}{check_id}/{name}" for name in spg.slice_names]
     refs = [
@@ -291,15 +289,15 @@ def check_held(
     ]
     bound = tpu_open_s + reach_s + ANSWER_MARGIN_S
     try:
-        reports = [_collect(slice_refs, started + bound, clock) for slice_refs in refs]
+        reports = [_collect(slice_refs, started + bound) for slice_refs in refs]
     finally:
         for key in keys:
             with contextlib.suppress(*_ray.kv_errors()):
                 _ray.kv_delete(key, NAMESPACE)
     verdicts = [_judge(spg, i, answers, started) for i, answers in enumerate(reports)]
     if check is not None and all(h.ok for hosts in verdicts for h in hosts):
-        verdicts = _user_check(spg, check, verdicts, clock)
-    elapsed = clock() - started
+        verdicts = _user_check(spg, check, verdicts)
+    elapsed = time.monotonic() - started
     return [
         SliceHealth(name, tuple(hosts), elapsed)
         for name, hosts in zip(spg.slice_names, verdicts, strict=True)
@@ -307,20 +305,20 @@ def check_held(
 
 
 def _collect(
-    refs: Sequence[Any], deadline: float, clock: Callable[[], float]
+    refs: Sequence[Any], deadline: float
 ) -> list[tuple[dict[str, Any] | None, float | None, str]]:
     """Each rank's report, when it came, or why there is none."""
     out: list[tuple[dict[str, Any] | None, float | None, str]] = []
     for ref in refs:
         try:
-            report = ray.get(ref, timeout=max(0.0, deadline - clock()))
+            report = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
         except ray.exceptions.GetTimeoutError:
             ray.cancel(ref, force=True)
             out.append((None, None, "did not answer in time"))
         except ray.exceptions.RayError as exc:
             out.append((None, None, f"its probe failed: {first_line(str(exc))}"))
         else:
-            out.append((report, clock(), ""))
+            out.append((report, time.monotonic(), ""))
     return out
 
 
@@ -393,16 +391,15 @@ def _user_check(
     spg: SliceHandle,
     check: Any,
     verdicts: list[list[HostVerdict]],
-    clock: Callable[[], float],
 ) -> list[list[HostVerdict]]:
     """Run the caller's check on every host; each host's verdict gets its result."""
     refs = launch(check, spg, (), {})
-    deadline = clock() + USER_CHECK_S
+    deadline = time.monotonic() + USER_CHECK_S
     flat = [h for hosts in verdicts for h in hosts]
     results = []
     for ref, host in zip(refs, flat, strict=True):
         try:
-            ray.get(ref, timeout=max(0.0, deadline - clock()))
+            ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
         except ray.exceptions.GetTimeoutError:
             ray.cancel(ref, force=True)
             results.append(_with_check(host, f"did not finish in {USER_CHECK_S:g} s"))

@@ -19,15 +19,14 @@ def sigkill(pid: int) -> None:
         psutil.Process(pid).kill()
 
 
-def kill_and_wait(pids: Iterable[int], timeout: float = 10.0) -> set[int]:
-    """SIGKILL every pid and wait (bounded) until they are gone; return any still alive.
+def kill_and_wait(pids: Iterable[int]) -> set[int]:
+    """SIGKILL every pid and wait (10 s at most) until they are gone; return any still alive.
 
     Args:
         pids: The process ids; ones already gone (or not ours to signal) are skipped.
-        timeout: Seconds to wait for them to go.
 
     Returns:
-        The pids still running (not zombies) after ``timeout``; empty when all are gone.
+        The pids still running (not zombies) after 10 s; empty when all are gone.
     """
     processes = []
     for pid in pids:
@@ -37,7 +36,7 @@ def kill_and_wait(pids: Iterable[int], timeout: float = 10.0) -> set[int]:
             processes.append(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    _, alive = psutil.wait_procs(processes, timeout=10.0)
     return {p.pid for p in alive if pid_alive(p.pid)}
 
 

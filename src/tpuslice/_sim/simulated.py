@@ -512,13 +512,13 @@ class SimulatedCluster:
             logging_level=logging.WARNING,
         )
         self._connected = True
-        from tpuslice._reserve.queue.actor import QUEUE_LINK
+        from tpuslice._reserve.queue.actor import start_queue
         from tpuslice._reserve.queue.agents import Agents
 
         hosts = [h.node.node_id for s in self.slices.values() for h in s.hosts if h.alive]
         connection().part(Agents).handles(hosts)
         try:
-            QUEUE_LINK.start()
+            start_queue()
         except QueueUnreachableError as exc:  # the first reservations wait for it instead
             logger.warning("the slice queue did not start with the cluster: %s", exc)
 

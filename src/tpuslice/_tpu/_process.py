@@ -66,17 +66,11 @@ class ExitHooks:
     Ray, so it runs while this process can still call Ray; a hook that does not (the
     simulated libtpu's) costs its process no Ray import. ``docs/internals.md`` ("At exit")
     lists the hooks.
-
-    Args:
-        register: Registers one hook with the interpreter (default: :mod:`atexit`).
     """
 
-    def __init__(
-        self, register: Callable[[Callable[[], object]], object] = atexit.register
-    ) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._added: list[Callable[[], object]] = []
-        self._register = register
 
     def add(self, hook: Callable[[], object]) -> None:
         """Run ``hook`` at exit, once however often it is added (an equal bound method
@@ -89,7 +83,7 @@ class ExitHooks:
             if hook in self._added:
                 return
             self._added.append(hook)
-            self._register(hook)
+            atexit.register(hook)
 
 
 EXIT_HOOKS = ExitHooks()

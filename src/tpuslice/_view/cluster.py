@@ -15,7 +15,7 @@ import enum
 import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -26,7 +26,6 @@ from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Suspect
 from tpuslice._tpu import _ray
 from tpuslice._tpu._connection import Pool, connection
-from tpuslice._tpu.clock import Clock
 from tpuslice._tpu.compat import resolve_resource_per_chip
 from tpuslice._tpu.keys import NAMESPACE as QUEUE_NAMESPACE
 from tpuslice._tpu.keys import QUEUE_KEY
@@ -259,18 +258,15 @@ class ClusterSnapshot:
     queue: QueueRecord | None = None
     quotas: Quotas = field(default_factory=Quotas)
 
-    def queued(self, kind: str | None = None) -> list[QueuedRequest]:
+    def queued(self) -> list[QueuedRequest]:
         """The requests waiting in the cluster-wide queue, if its record is fresh.
-
-        Args:
-            kind: Only those waiting for this kind of slice (``v6e-16 4x4``).
 
         Returns:
             Them in serving order.
         """
         if self.queue is None or not self.queue.fresh(self.taken_at):
             return []
-        return [r for r in self.queue.requests if kind is None or r.kind == kind]
+        return list(self.queue.requests)
 
     def matching(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
         """Slices of exactly this shape, in name order.
@@ -722,16 +718,10 @@ FREED_BOUND_S = 2.0
 FREED_POLL_S = 0.01
 
 
-def wait_freed(
-    hosts: Iterable[HostInfo],
-    head_resource: str | None,
-    *,
-    timeout_s: float = FREED_BOUND_S,
-    read: Callable[[], Available] | None = None,
-    clock: Clock | None = None,
-) -> bool:
+def wait_freed(hosts: Iterable[HostInfo], head_resource: str | None) -> bool:
     """Wait until Ray's resource view has shown each host's TPU free (and, on a host
-    that has it, the head resource), once: the groups of a hand-back are gone then.
+    that has it, the head resource), once, for :data:`FREED_BOUND_S` at most: the groups
+    of a hand-back are gone then.
 
     Removing a placement group returns before its hosts report their resources back. A
     group asked for on those hosts meanwhile does not place until the GCS retries it,
@@ -742,22 +732,17 @@ def wait_freed(
     Args:
         hosts: The hosts handed back, with their ``TPU`` totals.
         head_resource: The slice's head resource (``TPU-v6e-16-head``), or ``None``.
-        timeout_s: Bound on the wait.
-        read: Reads the available resources per node (default: Ray's view).
-        clock: Injected time.
 
     Returns:
         True once every host was seen free; False if the bound passed first, or if a
         host was no longer listed (its slice is not whole: only a new read can say what
         it is now).
     """
-    read = read or _ray.available_resources_per_node
-    clock = clock or Clock()
     waiting = {h.node_id: h for h in hosts}
-    deadline = clock.now() + timeout_s
+    deadline = time.monotonic() + FREED_BOUND_S
     all_listed = True
     while True:
-        available = read()
+        available = _ray.available_resources_per_node()
         for node, host in list(waiting.items()):
             free = available.get(node)
             all_listed = all_listed and free is not None
@@ -769,9 +754,9 @@ def wait_freed(
                 del waiting[node]
         if not waiting:
             return all_listed
-        if clock.now() >= deadline:
+        if time.monotonic() >= deadline:
             return False
-        clock.sleep(FREED_POLL_S)
+        time.sleep(FREED_POLL_S)
 
 
 class SnapshotReads:

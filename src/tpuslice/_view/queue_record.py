@@ -100,20 +100,6 @@ class QueueRecord:
         """
         return now - self.at < RECORD_FRESH_S
 
-    def waiting_for(self, kind: str, now: float) -> list[QueuedRequest]:
-        """The requests of a kind, if the record is fresh.
-
-        Args:
-            kind: A kind key (:attr:`tpuslice._reserve.queue.service.SliceKind.key`).
-            now: Wall-clock seconds.
-
-        Returns:
-            Them in serving order; empty if none, or the record is stale.
-        """
-        if not self.fresh(now):
-            return []
-        return [r for r in self.requests if r.kind == kind]
-
     def to_json(self) -> bytes:
         """Encode for the KV store.
 

@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 
 import tpuslice
-from tpuslice._reserve.queue.actor import QUEUE_LINK, START_WAIT_S
+from tpuslice._reserve.queue import actor as queue_actor
 from tpuslice._reserve.queue.agents import describe_errors, probe_owners
 from tpuslice._tpu import topology as topo
 from tpuslice._view import cluster
@@ -261,7 +261,7 @@ def queue_group() -> None:
 @click.option(
     "--timeout",
     type=float,
-    default=START_WAIT_S,
+    default=queue_actor.START_WAIT_S,
     show_default=True,
     help="Seconds to wait for it to answer.",
 )
@@ -273,7 +273,7 @@ def start_queue(address: str | None, timeout: float) -> None:
     """
     with connected(address):
         try:
-            QUEUE_LINK.start(timeout)
+            queue_actor.start_queue(timeout)
         except QueueUnreachableError as exc:
             raise click.ClickException(str(exc)) from exc
     console.print("the slice queue is running")

@@ -112,12 +112,12 @@ def connect_or_none(address: str | None) -> bool | None:
         return None
 
 
-def probe(target: str, timeout: float = PROBE_TIMEOUT_S, *, stale: bool = False) -> None:
-    """Fail fast when nothing listens at ``target`` (Ray itself retries for minutes).
+def probe(target: str, *, stale: bool = False) -> None:
+    """Fail fast when nothing listens at ``target`` (Ray itself retries for minutes):
+    within :data:`PROBE_TIMEOUT_S` for the TCP connection.
 
     Args:
         target: ``HOST:PORT`` or ``ray://HOST:PORT``.
-        timeout: Seconds to wait for the TCP connection.
         stale: ``target`` is the address Ray recorded for the last cluster started here
             (the message then says so).
 
@@ -129,7 +129,7 @@ def probe(target: str, timeout: float = PROBE_TIMEOUT_S, *, stale: bool = False)
     if not host or not port.isdigit():
         raise UsageError(f"Ray address {target!r} is not valid: expected HOST:PORT")
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
     except OSError as exc:
         if stale:
             raise NoClusterError(

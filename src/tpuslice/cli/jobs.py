@@ -159,14 +159,14 @@ def simulate(slice_texts: tuple[str, ...], auth: bool) -> None:
             err_console.print("[green]stopped[/green]: no Ray process of ours is left")
 
 
-def _status_line_until_interrupted(interval: float = 1.0) -> None:
+def _status_line_until_interrupted() -> None:
     with err_console.status("") as line:
         while True:
             line.update(
                 f"{status.summary_line(cluster.read_snapshot())}; "
                 f"{len(live_placement_groups())} placement group(s) — Ctrl-C to stop"
             )
-            time.sleep(interval)
+            time.sleep(1.0)
 
 
 # --- run ---------------------------------------------------------------------------------
@@ -364,9 +364,7 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
     return worst_exit_code(last)
 
 
-def raise_if_broken(
-    spg: SliceHandle, results: list[HostResult], watch: AttemptWatch | None = None
-) -> None:
+def raise_if_broken(spg: SliceHandle, results: list[HostResult], watch: AttemptWatch) -> None:
     """Turn a lost host or a non-zero exit code into the resilient loop's signal.
 
     Args:
@@ -381,7 +379,7 @@ def raise_if_broken(
     for result in results:
         if result.exception is not None:
             broken = GangBrokenError.from_task(spg, result.context.rank, result.exception)
-            raise broken if watch is None else judged(broken, watch)
+            raise judged(broken, watch)
     worst = worst_exit_code(results)
     if worst:
         ranks = [r.context.rank for r in results if r.exit_code]

@@ -384,12 +384,12 @@ def queue_table(snapshot: ClusterSnapshot) -> Table | None:
 # --- JSON --------------------------------------------------------------------------------
 
 
-def host_dict(host: HostInfo, now: float | None = None) -> dict[str, Any]:
+def host_dict(host: HostInfo, now: float) -> dict[str, Any]:
     """One host as JSON-able data.
 
     Args:
         host: One host of a slice.
-        now: Wall-clock seconds, for a suspect record's time left (default: now).
+        now: Wall-clock seconds, for a suspect record's time left.
 
     Returns:
         Its worker id, node id, address, liveness, state, TPU resources, the process
@@ -412,12 +412,12 @@ def host_dict(host: HostInfo, now: float | None = None) -> dict[str, Any]:
     }
 
 
-def suspect_dict(record: Suspect, now: float | None = None) -> dict[str, Any]:
+def suspect_dict(record: Suspect, now: float) -> dict[str, Any]:
     """A suspect record as JSON-able data.
 
     Args:
         record: A host's suspect record.
-        now: Wall-clock seconds (default: now).
+        now: Wall-clock seconds.
 
     Returns:
         Its host (node id, slice, worker id), reason, evidence, when it was marked,
@@ -431,7 +431,7 @@ def suspect_dict(record: Suspect, now: float | None = None) -> dict[str, Any]:
         "evidence": record.evidence,
         "since": record.since,
         "until": record.until,
-        "left_s": round(record.left(time.time() if now is None else now), 1),
+        "left_s": round(record.left(now), 1),
     }
 
 
@@ -455,12 +455,12 @@ def notice_dict(notice: Notice) -> dict[str, Any]:
     }
 
 
-def slice_dict(info: SliceInfo, now: float | None = None) -> dict[str, Any]:
+def slice_dict(info: SliceInfo, now: float) -> dict[str, Any]:
     """One slice as JSON-able data, its hosts included.
 
     Args:
         info: One slice.
-        now: Wall-clock seconds, for suspect records' time left (default: now).
+        now: Wall-clock seconds, for suspect records' time left.
 
     Returns:
         Its name, state, shape, host counts, whether every host is free (``idle``: a
@@ -576,19 +576,18 @@ def owners_table(snapshot: ClusterSnapshot) -> RenderableType:
     return table
 
 
-def timeline_table(events: list[SliceEvent], now: float | None = None) -> RenderableType:
+def timeline_table(events: list[SliceEvent]) -> RenderableType:
     """The recent history of reservations and runs, oldest first.
 
     Args:
         events: From :func:`tpuslice.record.events.read_events`.
-        now: Wall-clock seconds (default: now), for the "ago" column.
 
     Returns:
         A table (time, ago, event, job), or a line saying there is no history.
     """
     if not events:
         return Text("No events recorded on this cluster yet.")
-    now = time.time() if now is None else now
+    now = time.time()
     table = Table(title="Slice timeline", title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("time", "ago", "event", "job"):
         table.add_column(column, overflow="fold")

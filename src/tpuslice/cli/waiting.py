@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
 from types import TracebackType
 
 from rich.console import Console
@@ -89,24 +88,13 @@ class WaitLine:
         console: Where to draw (stderr).
         what: The request.
         timeout_s: Its timeout.
-        read: Reads the cluster (a seam for tests).
-        clock: Monotonic seconds.
     """
 
-    def __init__(
-        self,
-        console: Console,
-        what: str,
-        timeout_s: float | None,
-        read: Callable[[], ClusterSnapshot] = read_snapshot,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, console: Console, what: str, timeout_s: float | None) -> None:
         self._console = console
         self._what = what
         self._timeout_s = timeout_s
-        self._read = read
-        self._clock = clock
-        self._started = clock()
+        self._started = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -137,8 +125,8 @@ class WaitLine:
         Returns:
             The text.
         """
-        waited = self._clock() - self._started
-        return wait_line(self._what, waited, self._timeout_s, self._read(), os.getpid())
+        waited = time.monotonic() - self._started
+        return wait_line(self._what, waited, self._timeout_s, read_snapshot(), os.getpid())
 
     def _loop(self) -> None:
         with self._console.status(self._fit(f"waiting for {self._what}")) as status:

@@ -345,37 +345,24 @@ class ClusterReporter:
 
     Args:
         read: Takes a snapshot of the cluster.
-        interval_s: Seconds between reports.
-        on_report: Also given each snapshot, with the seconds since the one before
-            (from the second report on): the slice-second count.
+        on_report: Given each snapshot, with the seconds since the one before (from
+            the second report on): the slice-second count.
     """
 
     def __init__(
         self,
         read: Any,
-        interval_s: float = REPORT_S,
-        on_report: Callable[[ClusterSnapshot, float], None] | None = None,
+        on_report: Callable[[ClusterSnapshot, float], None],
     ) -> None:
         self._read = read
-        self._interval_s = interval_s
         self._on_report = on_report
         self._last: float | None = None
         self._pod_types: set[str] = set()
-        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tpuslice-metrics", daemon=True)
 
-    def start(self) -> ClusterReporter:
-        """Start reporting.
-
-        Returns:
-            This reporter.
-        """
+    def start(self) -> None:
+        """Start reporting."""
         self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop after the current report."""
-        self._stop.set()
 
     def report_once(self) -> None:
         """Read the cluster and set every gauge (errors are logged, not raised)."""
@@ -388,13 +375,13 @@ class ClusterReporter:
             _apply(name, value, tags)
         now = time.monotonic()
         since, self._last = self._last, now
-        if self._on_report is not None and since is not None:
+        if since is not None:
             try:
                 self._on_report(snapshot, now - since)
             except Exception as exc:  # noqa: BLE001 - as the read above
                 logger.debug("slice-seconds not counted: %s", exc)
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        while True:
             self.report_once()
-            self._stop.wait(self._interval_s)
+            time.sleep(REPORT_S)

@@ -5,7 +5,9 @@ Ray if it dies) is an async actor running a :class:`~tpuslice._reserve.queue.run
 over the live cluster: a driver's ask is held until its ticket is granted, decisions are
 made when something changes, and each decision's record goes to Ray's KV store. Drivers
 reach it through :class:`RayQueue`. It admits every whole-slice reservation: a driver
-that cannot reach it waits for it (see :class:`QueueLink`), and never claims without it.
+that cannot reach it waits for it (see :func:`slice_queue`), and never claims without it.
+The handle found is the connection's (:class:`KnownQueue`), so a reconnection finds the
+new cluster's.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class SliceQueueActor:
         """Tenants and pod types whose gauges were set: they go to 0, not stay, once
         the tenant holds none."""
         # The cluster's gauges, its slice-seconds by state, and the tenants' use.
-        self._reporter = ClusterReporter(read_snapshot, on_report=self._report).start()
+        ClusterReporter(read_snapshot, on_report=self._report).start()
 
     def _report(self, snapshot: ClusterSnapshot, seconds: float) -> None:
         """Each look of the reporter: count slice-seconds by state and, with quotas
@@ -288,14 +290,14 @@ class RayQueue:
             return ray.get(ref, timeout=timeout_s)
         except ray.exceptions.RayActorError as exc:
             # Dead for good (killed, or past its restarts): look again next time.
-            QUEUE_LINK.forget(self)
+            forget(self)
             raise QueueUnreachableError(f"the slice queue is gone: {exc}") from exc
         except (ray.exceptions.RayError, ConnectionError) as exc:
             raise QueueUnreachableError(f"the slice queue did not answer: {exc}") from exc
 
 
 START_WAIT_S = 60.0
-"""How long a cluster's set-up waits for the queue to answer (:meth:`QueueLink.start`):
+"""How long a cluster's set-up waits for the queue to answer (:func:`start_queue`):
 its first start is a new worker process on the head node, slow on a loaded machine."""
 
 
@@ -307,89 +309,82 @@ class KnownQueue:
         self.handle: RayQueue | None = None
 
 
-class QueueLink:
-    """This process's way to the cluster's queue. It keeps nothing: the handle found is
-    the connection's (:class:`KnownQueue`), so a reconnection finds the new cluster's."""
+def slice_queue() -> RayQueue:
+    """The cluster's queue, created on the head node if there is none (cached).
 
-    def slice_queue(self) -> RayQueue:
-        """The cluster's queue, created on the head node if there is none (cached).
+    Returns:
+        A handle to it.
 
-        Returns:
-            A handle to it.
-
-        Raises:
-            QueueUnreachableError: it could neither be found nor created.
-        """
-        known = connection().part(KnownQueue)
-        with known.lock:
-            if known.handle is not None:
-                return known.handle
-            try:
-                try:
-                    handle = ray.get_actor(NAME, namespace=NAMESPACE)
-                except ValueError:  # none yet
-                    handle = _remote_queue.options(
-                        name=NAME,
-                        namespace=NAMESPACE,
-                        lifetime="detached",
-                        get_if_exists=True,
-                        resources={HEAD_NODE_RESOURCE: 0.001},
-                    ).remote()
-            except (ray.exceptions.RayError, ConnectionError, ValueError) as exc:
-                raise QueueUnreachableError(
-                    f"could not find or start the slice queue: {exc}"
-                ) from exc
-            known.handle = RayQueue(handle)
+    Raises:
+        QueueUnreachableError: it could neither be found nor created.
+    """
+    known = connection().part(KnownQueue)
+    with known.lock:
+        if known.handle is not None:
             return known.handle
-
-    def start(self, timeout_s: float = START_WAIT_S) -> None:
-        """Have the cluster's queue running and answering, and wait for it (a cluster
-        set-up step: the queue is then up before any reservation needs it). If it does
-        not answer within ``timeout_s``, the first reservations wait for it instead.
-
-        Args:
-            timeout_s: How long to wait for it to answer.
-
-        Raises:
-            QueueUnreachableError: it could neither be found nor created, or did not
-                answer within ``timeout_s``.
-        """
-        self.slice_queue().ping(timeout_s)
-
-    def notify_released(self, slices: Sequence[str], *, freed: bool = False) -> None:
-        """Tell the cluster's queue, if one runs, that a hand-back of these slices ended,
-        so it decides now rather than at its next periodic look. Best effort (waited for
-        within a bound; never starts a queue; a queue that misses it sees the slices at that look).
-
-        Args:
-            slices: The slices handed back.
-            freed: The hand-back saw Ray's view show them free (the queue may then grant
-                them before it reads the cluster again).
-        """
-        if not slices or not ray.is_initialized():
-            return
-        queue = connection().part(KnownQueue).handle
         try:
-            if queue is None:
-                queue = RayQueue(ray.get_actor(NAME, namespace=NAMESPACE))
-            queue.released(slices, freed=freed)
-        except ValueError:  # no queue on this cluster: no one waits
-            return
-        except (ray.exceptions.RayError, ConnectionError) as exc:
-            logger.debug("could not tell the slice queue of a hand-back: %s", exc)
-
-    def forget(self, queue: RayQueue) -> None:
-        """Drop the cached handle if it is ``queue`` (whose actor died for good), so that
-        the next :meth:`slice_queue` finds or starts the cluster's queue again.
-
-        Args:
-            queue: The handle whose actor died.
-        """
-        known = connection().part(KnownQueue)
-        with known.lock:
-            if known.handle is queue:
-                known.handle = None
+            try:
+                handle = ray.get_actor(NAME, namespace=NAMESPACE)
+            except ValueError:  # none yet
+                handle = _remote_queue.options(
+                    name=NAME,
+                    namespace=NAMESPACE,
+                    lifetime="detached",
+                    get_if_exists=True,
+                    resources={HEAD_NODE_RESOURCE: 0.001},
+                ).remote()
+        except (ray.exceptions.RayError, ConnectionError, ValueError) as exc:
+            raise QueueUnreachableError(f"could not find or start the slice queue: {exc}") from exc
+        known.handle = RayQueue(handle)
+        return known.handle
 
 
-QUEUE_LINK = QueueLink()
-"""This process's way to the cluster's queue."""
+def start_queue(timeout_s: float = START_WAIT_S) -> None:
+    """Have the cluster's queue running and answering, and wait for it (a cluster
+    set-up step: the queue is then up before any reservation needs it). If it does
+    not answer within ``timeout_s``, the first reservations wait for it instead.
+
+    Args:
+        timeout_s: How long to wait for it to answer.
+
+    Raises:
+        QueueUnreachableError: it could neither be found nor created, or did not
+            answer within ``timeout_s``.
+    """
+    slice_queue().ping(timeout_s)
+
+
+def notify_released(slices: Sequence[str], *, freed: bool = False) -> None:
+    """Tell the cluster's queue, if one runs, that a hand-back of these slices ended,
+    so it decides now rather than at its next periodic look. Best effort (waited for
+    within a bound; never starts a queue; a queue that misses it sees the slices at that look).
+
+    Args:
+        slices: The slices handed back.
+        freed: The hand-back saw Ray's view show them free (the queue may then grant
+            them before it reads the cluster again).
+    """
+    if not slices or not ray.is_initialized():
+        return
+    queue = connection().part(KnownQueue).handle
+    try:
+        if queue is None:
+            queue = RayQueue(ray.get_actor(NAME, namespace=NAMESPACE))
+        queue.released(slices, freed=freed)
+    except ValueError:  # no queue on this cluster: no one waits
+        return
+    except (ray.exceptions.RayError, ConnectionError) as exc:
+        logger.debug("could not tell the slice queue of a hand-back: %s", exc)
+
+
+def forget(queue: RayQueue) -> None:
+    """Drop the cached handle if it is ``queue`` (whose actor died for good), so that
+    the next :func:`slice_queue` finds or starts the cluster's queue again.
+
+    Args:
+        queue: The handle whose actor died.
+    """
+    known = connection().part(KnownQueue)
+    with known.lock:
+        if known.handle is queue:
+            known.handle = None

@@ -203,27 +203,22 @@ def _round(
     return results
 
 
-def probe_owners(
-    node_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S, *, thorough: bool = True
-) -> dict[str, TPUOwner | Exception | None]:
-    """Each node's TPU owner now.
+def probe_owners(node_ids: Sequence[str]) -> dict[str, TPUOwner | Exception | None]:
+    """Each node's TPU owner now, processes that bypassed libtpu's lock included (see
+    :meth:`tpuslice._host.agent.HostAgent.owner`), within :data:`PROBE_TIMEOUT_S` for the
+    whole round (including starting agents).
 
     Args:
         node_ids: Live TPU hosts.
-        timeout_s: Bound on the whole round (including starting agents).
-        thorough: Also find processes that bypassed libtpu's lock (see
-            :meth:`tpuslice._host.agent.HostAgent.owner`).
 
     Returns:
         Per node: its owner, ``None`` if the TPU is free, or the error that prevented
         the answer (host gone, no answer in time).
     """
-    return _round(node_ids, lambda node, a: a.owner.remote(thorough), timeout_s)
+    return _round(node_ids, lambda node, a: a.owner.remote(True), PROBE_TIMEOUT_S)
 
 
-def start_probe(
-    node_ids: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S
-) -> Callable[[], dict[str, str | None]]:
+def start_probe(node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
     """Ask each node's agent who owns its TPU, without waiting yet. A host this driver saw
     free within :data:`FREE_TRUST_S` (its own probe or hand-back) is not asked again.
 
@@ -235,10 +230,10 @@ def start_probe(
 
     Args:
         node_ids: The hosts to ask.
-        timeout_s: Bound on the wait for agents known to be up.
 
     Returns:
-        A function that waits (bounded) and returns, per node, the owner described, or
+        A function that waits (for agents known to be up, :data:`PROBE_TIMEOUT_S` at
+        most) and returns, per node, the owner described, or
         ``None`` when the TPU is free or the agent could not answer (logged).
     """
     now = time.monotonic()
@@ -250,7 +245,7 @@ def start_probe(
         found: dict[str, str | None] = dict.fromkeys(node_ids)  # seen free just now
         if not refs:
             return found
-        done = _wait_for(refs, timeout_s)
+        done = _wait_for(refs, PROBE_TIMEOUT_S)
         for node, ref in refs.items():
             found[node] = None
             if ref not in done:
@@ -288,38 +283,32 @@ def _wait_for(refs: Mapping[str, Any], timeout_s: float) -> set[Any]:
 
 
 def release_tpus(
-    node_ids: Sequence[str],
-    pids: Mapping[str, set[int]] | None = None,
-    job_id: str | None = None,
-    *,
-    grace_s: float = GRACE_S,
-    timeout_s: float = RELEASE_TIMEOUT_S,
+    node_ids: Sequence[str], pids: Mapping[str, set[int]]
 ) -> dict[str, TPUOwner | Exception | None]:
     """On every node, stop the processes that ran the work being handed back and still
     own its TPU, and confirm none does.
 
     A process counts as ours if its pid is in ``pids`` for that node (it ran our tasks),
-    if it is a worker started for ``job_id`` (Ray sets ``RAY_JOB_ID`` in such a worker's
-    environment; a prestarted worker shows ``ffffffff`` instead), or if it is an idle Ray
-    worker (see :meth:`tpuslice._host.agent.HostAgent.release`). Anyone else is left alone.
+    if it is a worker started for the driver's job (Ray sets ``RAY_JOB_ID`` in such a
+    worker's environment; a prestarted worker shows ``ffffffff`` instead), or if it is an
+    idle Ray worker (see :meth:`tpuslice._host.agent.HostAgent.release`). Anyone else is
+    left alone.
 
     Args:
         node_ids: The hosts being handed back.
         pids: Per node, pids of processes that ran this work.
-        job_id: This job (hex; default: the driver's).
-        grace_s: Seconds between SIGTERM and SIGKILL.
-        timeout_s: Bound on the whole round.
 
     Returns:
         Per node: ``None`` (free), someone else's owner (left alone), or the error that
         prevented the answer.
     """
-    job = job_id or ray.get_runtime_context().get_job_id()
-    known = pids or {}
+    job = ray.get_runtime_context().get_job_id()
     return _round(
         node_ids,
-        lambda node, a: a.release.remote(job, sorted(known.get(node, ())), grace_s, timeout_s),
-        timeout_s + PROBE_TIMEOUT_S,
+        lambda node, a: a.release.remote(
+            job, sorted(pids.get(node, ())), GRACE_S, RELEASE_TIMEOUT_S
+        ),
+        RELEASE_TIMEOUT_S + PROBE_TIMEOUT_S,
     )
 
 
@@ -343,13 +332,13 @@ def stop_job_tpus(node_ids: Sequence[str], job_id: str) -> None:
         agent.release.remote(job_id, [], GRACE_S, RELEASE_TIMEOUT_S)
 
 
-def kill_owner(node_id: str, pid: int, timeout_s: float = 5.0) -> TPUOwner | None:
-    """Stop the TPU owner ``pid`` on one node, if it is this user's process.
+def kill_owner(node_id: str, pid: int) -> TPUOwner | None:
+    """Stop the TPU owner ``pid`` on one node, if it is this user's process (SIGTERM,
+    then SIGKILL 5 s later).
 
     Args:
         node_id: The host.
         pid: The owner to stop (it must still own the TPU).
-        timeout_s: Seconds between SIGTERM and SIGKILL.
 
     Returns:
         The owner left afterwards, ``None`` if the TPU is free.
@@ -358,9 +347,7 @@ def kill_owner(node_id: str, pid: int, timeout_s: float = 5.0) -> TPUOwner | Non
         PermissionError: the process belongs to another user.
         ray.exceptions.RayError: the agent could not be reached.
     """
-    data = ray.get(
-        connection().part(Agents).handle(node_id).kill.remote(pid, os.getuid(), timeout_s)
-    )
+    data = ray.get(connection().part(Agents).handle(node_id).kill.remote(pid, os.getuid(), 5.0))
     return None if data is None else TPUOwner.from_dict(data)
 
 
@@ -377,7 +364,7 @@ def describe_errors(results: Mapping[str, TPUOwner | Exception | None]) -> list[
 
 
 def confirm_released(
-    node_ids: Sequence[str], pids: Mapping[str, set[int]] | None = None
+    node_ids: Sequence[str], pids: Mapping[str, set[int]]
 ) -> dict[str, TPUOwner | Exception | None]:
     """The hand-back check: on every host, stop our processes that still own the TPU and
     confirm it. Never raises for the cluster's sake: a host that cannot answer (dead, or
@@ -397,7 +384,7 @@ def confirm_released(
     except (ray.exceptions.RayError, ConnectionError) as exc:
         logger.warning("could not confirm the TPUs of %d host(s) are free: %s", len(node_ids), exc)
         return {}
-    ours = {pid for node_pids in (pids or {}).values() for pid in node_pids}
+    ours = {pid for node_pids in pids.values() for pid in node_pids}
     job = ray.get_runtime_context().get_job_id()
     for node, found in results.items():
         if isinstance(found, Exception):

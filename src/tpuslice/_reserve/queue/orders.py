@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -125,14 +124,14 @@ def read_usage() -> Usage:
         return Usage(half_life)
 
 
-def save_usage(usage: dict[str, float], at: float | None = None) -> None:
+def save_usage(usage: dict[str, float], at: float) -> None:
     """Store the tenants' use (best effort).
 
     Args:
         usage: Tenant -> decayed slice-seconds at ``at``.
-        at: When (default: now).
+        at: When.
     """
-    data = {"at": time.time() if at is None else at, "usage": usage}
+    data = {"at": at, "usage": usage}
     try:
         _ray.kv_put(USAGE_KEY, json.dumps(data).encode(), NAMESPACE)
     except _ray.kv_errors() as exc:

@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
 
 from tpuslice._reserve.queue.book import Answer, Waiting
 from tpuslice._reserve.queue.service import Joined, Orders, QueueService, Ticket
@@ -28,13 +27,8 @@ from tpuslice._view.queue_record import QueueRecord
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 RETRY_S = 1.0
 """After a decision failed (the cluster could not be read), how long before the next."""
-
-
-async def _in_thread(call: Callable[..., T], *args: Any) -> T:
-    return await asyncio.to_thread(call, *args)
 
 
 class QueueRunner:
@@ -44,7 +38,6 @@ class QueueRunner:
         service: The queue.
         publish: Receives the record after each decision (run in a thread).
         act: Carries out what a decision asks done to running work (run in a thread).
-        in_thread: Runs blocking work off the loop (default: :func:`asyncio.to_thread`).
     """
 
     def __init__(
@@ -53,12 +46,10 @@ class QueueRunner:
         *,
         publish: Callable[[QueueRecord], None] = lambda record: None,
         act: Callable[[Orders], None] = lambda orders: None,
-        in_thread: Callable[..., Awaitable[Any]] = _in_thread,
     ) -> None:
         self.service = service
         self._publish = publish
         self._act = act
-        self._in_thread = in_thread
         self._wake: asyncio.Event | None = None
         self._answered: dict[str, asyncio.Event] = {}
         self._asking: dict[str, int] = {}
@@ -194,14 +185,14 @@ class QueueRunner:
 
     async def _decide(self) -> None:
         self.service.book.touch(list(self._asking))
-        reading = await self._in_thread(self.service.reader())
+        reading = await asyncio.to_thread(self.service.reader())
         self.service.apply(reading)
         self.decisions += 1
         orders = self.service.take_orders()
         if orders:
-            await self._in_thread(self._act, orders)
+            await asyncio.to_thread(self._act, orders)
         self._answer_granted()
-        await self._in_thread(self._publish, self.service.record())
+        await asyncio.to_thread(self._publish, self.service.record())
 
     def _grant_freed(self) -> None:
         """Grant slices handed back free from the last read, now, even while a read is

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from tpuslice._host.notices import Notice
-from tpuslice._reserve.queue.book import LEASE_S, Answer, Granted, QueueBook, Waiting
+from tpuslice._reserve.queue.book import Answer, Granted, QueueBook, Waiting
 from tpuslice._reserve.queue.schedule import Holding, Preemption, Waiter
 from tpuslice._reserve.queue.share import Sharing, UsageMeter, held_by
 from tpuslice._tpu.topology import SliceShape
@@ -242,7 +242,6 @@ class QueueService:
         clock: Monotonic seconds.
         stamp: Wall-clock nanoseconds (arrival numbers).
         wall: Wall-clock seconds (for records).
-        lease_s: See :data:`~tpuslice._reserve.queue.book.LEASE_S`.
         decide_every_s: See :data:`DECIDE_EVERY_S`.
     """
 
@@ -260,10 +259,9 @@ class QueueService:
         clock: Callable[[], float] = time.monotonic,
         stamp: Callable[[], int] = time.time_ns,
         wall: Callable[[], float] = time.time,
-        lease_s: float = LEASE_S,
         decide_every_s: float = DECIDE_EVERY_S,
     ) -> None:
-        self.book = QueueBook(clock, stamp, lease_s=lease_s)
+        self.book = QueueBook(clock, stamp)
         self._snapshot = snapshot
         self._publish = publish
         self._dead_jobs = dead_jobs
@@ -384,8 +382,6 @@ class QueueService:
         if self.due():
             self.decide()
         return self.answer(ticket)
-
-    poll = wait
 
     def join(self, ticket: Ticket, arrival: int | None = None, timeout_s: float = 0.0) -> Joined:
         """:meth:`enqueue`, then :meth:`wait` (at once, in one process).

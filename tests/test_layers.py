@@ -15,6 +15,7 @@ that rule in one list. The checks, each failing with ``file:line`` and the rule 
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,18 @@ def _imports(tree: ast.AST) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]
     yield from visit(tree, False)
 
 
+@functools.cache
+def parsed(text: str, path: str) -> ast.Module:
+    """A module's tree, parsed once for every check and planted test (none changes it)."""
+    return ast.parse(text, filename=path)
+
+
+@functools.cache
+def baseline() -> frozenset[str]:
+    """The violations in the package as it is (none, when its own test passes)."""
+    return frozenset(check(sources()))
+
+
 def read_imports(
     modules: Mapping[str, tuple[str, str]],
 ) -> tuple[list[Edge], list[str]]:
@@ -104,7 +117,7 @@ def read_imports(
     edges: list[Edge] = []
     problems: list[str] = []
     for name, (path, text) in modules.items():
-        tree = ast.parse(text, filename=path)
+        tree = parsed(text, path)
         is_package = path.endswith("__init__.py")
         for node, in_function in _imports(tree):
             where = f"{path}:{node.lineno}"
@@ -214,7 +227,7 @@ def view_writes(modules: Mapping[str, tuple[str, str]]) -> list[str]:
     for name, (path, text) in modules.items():
         if name != "tpuslice._view" and not name.startswith("tpuslice._view."):
             continue
-        for node in ast.walk(ast.parse(text, filename=path)):
+        for node in ast.walk(parsed(text, path)):
             named = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
             if named in KV_WRITERS:
                 found.append(
@@ -231,7 +244,7 @@ def simulator_names(modules: Mapping[str, tuple[str, str]]) -> list[str]:
     for name, (path, text) in modules.items():
         if rank_of(name) >= rank_of("tpuslice._sim"):
             continue
-        tree = ast.parse(text, filename=path)
+        tree = parsed(text, path)
         docstrings = {
             id(node.value)
             for node in ast.walk(tree)
@@ -264,7 +277,7 @@ def check(modules: Mapping[str, tuple[str, str]]) -> list[str]:
 def planted(module: str, text: str, *more: tuple[str, str]) -> list[str]:
     """The violations that planting these modules beside the real ones adds."""
     modules = sources()
-    before = set(check(modules))
+    before = baseline()
     for name, source in [(module, text), *more]:
         modules[name] = (name.replace(".", "/") + ".py", source)
     return [found for found in check(modules) if found not in before]

@@ -30,7 +30,7 @@ from tpuslice._reserve.reserve import (
     hold_for_actor_group,
     ranks,
     record_of,
-    reserve_slices,
+    reserve,
 )
 from tpuslice._run.run import call_env
 from tpuslice._run.watchdog import CHECK_S, WatchConfig, describe_hang
@@ -50,6 +50,11 @@ from tpuslice.record import goodput
 from tpuslice.record.goodput import AttemptTimes
 
 logger = logging.getLogger(__name__)
+
+
+class OwnedSlice(SliceHandle):
+    """A reservation made for one actor group (:meth:`SliceActorGroup.create`): the
+    group's shutdown gives it back, and its time is the group's goodput account's."""
 
 
 class SliceActorGroup(ShutsDownOnExit):
@@ -86,20 +91,6 @@ class SliceActorGroup(ShutsDownOnExit):
             InvalidArgumentError: a timeout is not finite seconds > 0, or another
                 SliceActorGroup lives on ``tpu_slice``.
         """
-        self._start(actor_cls, tpu_slice, args, kwargs, heartbeat_timeout_s, startup_timeout_s)
-
-    def _start(
-        self,
-        actor_cls: Any,
-        tpu_slice: SliceHandle,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        heartbeat_timeout_s: float | None,
-        startup_timeout_s: float | None,
-        owns_slice: bool = False,
-    ) -> None:
-        """The constructor's work; ``owns_slice``: :meth:`shutdown` also gives
-        ``tpu_slice`` back (a group :meth:`create` made)."""
         if tpu_slice.is_shut_down:
             raise SliceShutdownError("tpu_slice has been shut down; reserve a new one")
         self.watching = WatchConfig(heartbeat_timeout_s, startup_timeout_s)
@@ -107,7 +98,7 @@ class SliceActorGroup(ShutsDownOnExit):
         self._started = time.time()
         remote_cls = actor_cls if hasattr(actor_cls, "remote") else ray.remote(actor_cls)
         self.slice = tpu_slice
-        self._owns_slice = owns_slice
+        owns_slice = self._owns_slice = isinstance(tpu_slice, OwnedSlice)
         self.times: AttemptTimes | None = None
         """The group's moments, for its goodput account: kept for a group that owns its
         slices (the reservation's time is the group's), from its reservation's start."""
@@ -196,11 +187,16 @@ class SliceActorGroup(ShutsDownOnExit):
             preemptible,
         )
         WatchConfig(heartbeat_timeout_s, startup_timeout_s)  # checked before reserving
-        spg = reserve_slices(request)
+        spg = OwnedSlice(reserve(request))
         try:
-            group = cls.__new__(cls)
-            group._start(actor_cls, spg, args, kwargs, heartbeat_timeout_s, startup_timeout_s, True)
-            return group
+            return cls(
+                actor_cls,
+                spg,
+                *args,
+                heartbeat_timeout_s=heartbeat_timeout_s,
+                startup_timeout_s=startup_timeout_s,
+                **kwargs,
+            )
         except BaseException:
             spg.shutdown()
             raise

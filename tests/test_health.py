@@ -19,7 +19,7 @@ from tpuslice._run import health
 from tpuslice._run.health import HostVerdict, SliceHealth, reach_blame
 from tpuslice._sim import faults
 from tpuslice._sim.libtpu import HOST_ROOT_ENV
-from tpuslice._sim.simulated import SIM_SITE
+from tpuslice._sim.simulated import host_pythonpath
 
 
 @pytest.mark.parametrize(
@@ -51,8 +51,7 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for chip in range(4):
         (host / "dev" / f"accel{chip}").touch()
     monkeypatch.setenv(HOST_ROOT_ENV, str(host))
-    path = [str(SIM_SITE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))  # JAX finds the host's TPU
+    monkeypatch.setenv("PYTHONPATH", host_pythonpath())  # JAX finds the host's TPU
     return host
 
 

@@ -18,7 +18,7 @@ import tpuslice.jax as tjax
 from clusterutil import free_port, spmd_allgather_function, wait_for
 from tpuslice._host.context import HostContext
 from tpuslice._sim.libtpu import HOST_ROOT_ENV
-from tpuslice._sim.simulated import SIM_SITE
+from tpuslice._sim.simulated import host_pythonpath
 from tpuslice._tpu import _ray
 from tpuslice.testing import SimulatedCluster
 
@@ -59,8 +59,7 @@ def test_jax_on_a_simulated_host_takes_its_tpu_as_on_a_tpu_vm(tmp_path: Path) ->
         (tmp_path / "dev").mkdir(exist_ok=True)
         (tmp_path / "dev" / f"accel{chip}").touch()
     (tmp_path / "tmp").mkdir()
-    path = [str(SIM_SITE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {**os.environ, HOST_ROOT_ENV: str(tmp_path), "PYTHONPATH": os.pathsep.join(path)}
+    env = {**os.environ, HOST_ROOT_ENV: str(tmp_path), "PYTHONPATH": host_pythonpath()}
     env.pop("JAX_PLATFORMS", None)
     first = subprocess.Popen(
         [sys.executable, "-c", OPEN_AND_HOLD],

@@ -282,6 +282,11 @@ def hold_of(held: Reserved) -> Hold | None:
     return _holds().get(held.key)
 
 
+def _given_back_here(held: Reserved) -> bool:
+    """Whether this process, which reserved ``held``, handed it back (its hold is gone)."""
+    return held.key not in _holds()
+
+
 def is_handed_back(held: Reserved) -> bool:
     """Whether ``held`` was handed back: known here in the process that reserved it;
     elsewhere (a copy in a task), asked of Ray: its worker group was removed.
@@ -293,7 +298,7 @@ def is_handed_back(held: Reserved) -> bool:
         ``True`` once handed back.
     """
     if held.home == PROCESS:
-        return held.key not in _holds()
+        return _given_back_here(held)
     group = held.combined_pg or next((s.worker_pg for s in held.slices if s.worker_pg), None)
     if group is None or not ray.is_initialized():
         return True
@@ -312,7 +317,7 @@ def worker_groups(held: Reserved) -> list[tuple[PlacementGroup, int]]:
     Raises:
         SliceShutdownError: the reservation was handed back.
     """
-    if held.home == PROCESS and held.key not in _holds():
+    if held.home == PROCESS and _given_back_here(held):
         raise SliceShutdownError("this SlicePlacementGroup has been shut down; create a new one")
     plan = held.plan
     if not plan.pg_per_slice:

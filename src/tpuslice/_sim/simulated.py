@@ -1045,12 +1045,11 @@ class SimulatedCluster:
         shape, name = sim_slice.shape, sim_slice.name
         self._progress(f"starting {name} host {worker_id + 1}/{shape.num_hosts}")
         root = self._host_dir(name, worker_id)
-        paths = [str(SIM_SITE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         server = sim_slice.hosts[worker_id].metadata
         env = {
             **host_env(shape, name, worker_id),
             HOST_ROOT_ENV: str(root),
-            "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+            "PYTHONPATH": host_pythonpath(),
             **({METADATA_HOST_ENV: server.host} if server is not None else {}),
         }
         # Hosts start at once, and Ray names a node's sockets by the first free name,
@@ -1144,6 +1143,19 @@ class SimulatedCluster:
 
 
 SIM_SITE = Path(__file__).parent / "sim_site"
+
+
+def host_pythonpath() -> str:
+    """A simulated host's ``PYTHONPATH``: the simulator's site directory first (its
+    ``sitecustomize``, libtpu and JAX plugin), then this process's own path.
+
+    Returns:
+        The path, each entry once.
+    """
+    paths = [str(SIM_SITE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return os.pathsep.join(dict.fromkeys(paths))
+
+
 """Stand-ins for what simulated hosts import from a TPU VM (libtpu.sdk), put on their
 ``PYTHONPATH``."""
 

@@ -167,8 +167,8 @@ def status_command(
                 click.echo(json.dumps(_status_json(snapshot), indent=2))
             else:
                 console.print(_render(snapshot))
-            if owners and not as_json:
-                console.print(status.owners_table(snapshot))
+                if owners:
+                    console.print(status.owners_table(snapshot))
             return
         try:
             if as_json:

@@ -11,6 +11,7 @@ import getpass
 import json
 import socket
 import time
+from collections import Counter
 
 import click
 from rich.console import Console
@@ -87,9 +88,7 @@ def quota_group(ctx: click.Context, as_json: bool, address: str | None) -> None:
         quotas = read_quotas()
         holders = read_holders()
         usage = read_usage().all(time.time())
-    held: dict[str, int] = {}
-    for holder in holders.values():
-        held[holder.tenant] = held.get(holder.tenant, 0) + 1
+    held = Counter(holder.tenant for holder in holders.values())
     tenants = sorted(set(quotas.tenants) | set(held))
     if as_json:
         data = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
@@ -91,10 +92,8 @@ def _sorted_slices(snapshot: ClusterSnapshot) -> list[SliceInfo]:
 
 def _state_counts(snapshot: ClusterSnapshot) -> dict[str, int]:
     """Slices per state, every state present, in :class:`SliceState` order."""
-    counts = {state.value: 0 for state in SliceState}
-    for info in snapshot.slices.values():
-        counts[info.state.value] += 1
-    return counts
+    counts = Counter(info.state for info in snapshot.slices.values())
+    return {state.value: counts[state] for state in SliceState}
 
 
 def summary_line(snapshot: ClusterSnapshot) -> str:
@@ -262,11 +261,8 @@ def host_grid(info: SliceInfo, width: int, physical: Mapping[int, int] | None = 
 
 def _tally(info: SliceInfo, rows: list[list[int]]) -> str:
     """``1436 free, 100 busy``: hosts per state, in legend order."""
-    counts = {state: 0 for state in HOST_STYLES}
-    for row in rows:
-        for worker in row:
-            counts[host_state(info.hosts.get(worker))] += 1
-    return ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+    counts = Counter(host_state(info.hosts.get(worker)) for row in rows for worker in row)
+    return ", ".join(f"{counts[state]} {state}" for state in HOST_STYLES if counts[state])
 
 
 def _slice_heading(info: SliceInfo) -> Text:

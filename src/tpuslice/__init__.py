@@ -2,15 +2,13 @@
 
 Layers, lowest first; a module imports only its layer and those below (tests/test_layers.py):
 ``errors`` -> ``_tpu`` (pure facts) -> its seams to Ray and the OS, ``_tpu._process``,
-``_tpu._ray``, ``_tpu._auth`` (joining a cluster), ``_tpu._connection`` (what a connected
-process keeps) -> ``_host`` (one host) -> ``_view``
-(reading the cluster) -> ``record`` (what everything else records into) ->
-``_reserve.queue`` (the cluster's queue) -> ``_reserve`` (reserving) -> ``_run``
-(running) -> ``jax`` -> ``_sim`` (the simulator, which production code below it never
-names) -> ``cli`` -> ``testing``; this ``__init__`` offers the public names of them all.
+``_tpu._ray``, ``_tpu._auth``, ``_tpu._connection`` -> ``_host`` (one host) -> ``_view``
+(reading the cluster) -> ``record`` -> ``_reserve.queue`` (the cluster's queue) ->
+``_reserve`` (reserving) -> ``_run`` (running) -> ``jax`` -> ``_sim`` (the simulator) ->
+``cli`` -> ``testing``; this ``__init__`` offers the public names of them all.
 
 The public names load on first use (PEP 562), so ``import tpuslice`` (and the pytest
-plugin, which every pytest run in an environment with tpuslice loads) does not import Ray.
+plugin) does not import Ray.
 """
 
 from __future__ import annotations
@@ -111,16 +109,11 @@ if TYPE_CHECKING:
         reserve_tpu_slice,
         slice_placement_group,
     )
-    from tpuslice._run.actors import (
-        SliceActorGroup,
-    )
+    from tpuslice._run.actors import SliceActorGroup
     from tpuslice._run.health import HostVerdict, SliceHealth, check_slice
     from tpuslice._run.observe import AttemptEvent, Outcome
     from tpuslice._run.resilient import classify, run_resilient
-    from tpuslice._run.run import (
-        dispatch,
-        run_on_slice,
-    )
+    from tpuslice._run.run import dispatch, run_on_slice
     from tpuslice._run.subslices import (
         TPU_SUBSLICE_LABEL_PREFIX,
         SubslicePlacementGroup,
@@ -182,9 +175,7 @@ if TYPE_CHECKING:
         TPUInUseError,
         TPUSliceError,
     )
-    from tpuslice.jax import (
-        init_jax_profiler,
-    )
+    from tpuslice.jax import init_jax_profiler
     from tpuslice.record.goodput import Account
 
 

@@ -1,9 +1,7 @@
 """One exception hierarchy for tpuslice.
 
-Every error subclasses both :class:`TPUSliceError` and the builtin that Ray 2.60's
-``ray.util.tpu`` raises in the same situation, so code written against Ray keeps
-catching what it caught (``ValueError``, ``TimeoutError``, ``RuntimeError``).
-Messages say what was asked, what was found or is valid, and what to do.
+Every error subclasses :class:`TPUSliceError` and the builtin that Ray 2.60's ``ray.util.tpu``
+raises in the same situation, so code written against Ray keeps catching what it caught.
 """
 
 from __future__ import annotations
@@ -72,21 +70,18 @@ class ReservationTimeoutError(TPUSliceError, TimeoutError):
 
 
 class InsufficientSlicesError(ReservationTimeoutError):
-    """The cluster does not have (and cannot grow to have) the slices asked for.
-
-    Raised at once instead of after the timeout. Subclasses TimeoutError because
-    Ray 2.60 reports the same situation as a timeout.
-    """
+    """The cluster does not have (and cannot grow to have) the slices asked for. Raised at
+    once; a TimeoutError because Ray 2.60 reports the same situation as a timeout."""
 
 
 class SubsliceUnavailableError(ReservationTimeoutError, RuntimeError):
-    """No idle sub-slice within the timeout. Also a RuntimeError: Ray 2.60 raises one when
-    every sub-slice is busy (at once, where tpuslice waits up to the timeout)."""
+    """No idle sub-slice within the timeout. Also a RuntimeError, as Ray 2.60 raises when
+    every sub-slice is busy."""
 
 
 class NoSubsliceParentError(InsufficientSlicesError, ValueError):
-    """No slice of the cluster can hold the sub-slice asked for (and it cannot grow). Also
-    a ValueError, as Ray 2.60 raises when no parent topology is found."""
+    """No slice of the cluster can hold the sub-slice asked for. Also a ValueError, as Ray
+    2.60 raises when no parent topology is found."""
 
 
 # --- runs (RuntimeError) ------------------------------------------------------------------
@@ -102,10 +97,8 @@ class NotConnectedError(TPUSliceError, RuntimeError):
 
 
 class TokenAuthError(TPUSliceError, ConnectionError):
-    """The Ray cluster requires token authentication (``RAY_AUTH_MODE=token``) and this
-    driver has no token, a wrong one, or one that cannot be read. A ConnectionError, as
-    Ray's ``ray.init`` raises (after about 20 s of retries) for a refused token; the
-    message names what to set (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``).
+    """The cluster requires token authentication and this driver's token is missing, wrong
+    or unreadable. A ConnectionError, as Ray's ``ray.init`` raises for a refused token.
 
     Args:
         message: What was asked, what was found, and what to set.
@@ -125,13 +118,12 @@ class HostLostError(TPUSliceError, RuntimeError):
 
 
 class HostHungError(HostLostError):
-    """Hosts of a gang stopped making progress: no :func:`tpuslice.heartbeat` for longer
-    than ``heartbeat_timeout_s`` (or none at all within ``startup_timeout_s``)."""
+    """Hosts of a gang sent no :func:`tpuslice.heartbeat` within ``heartbeat_timeout_s`` (or
+    none at all within ``startup_timeout_s``)."""
 
 
 class QueueUnreachableError(TPUSliceError, RuntimeError):
-    """The cluster-wide slice queue could not be reached (reservations then claim
-    directly, as without a queue)."""
+    """The cluster-wide slice queue could not be reached."""
 
 
 class DiscoveryFailedError(TPUSliceError, RuntimeError):
@@ -140,10 +132,8 @@ class DiscoveryFailedError(TPUSliceError, RuntimeError):
 
 
 class TPUInUseError(TPUSliceError, RuntimeError):
-    """A host's TPU is owned by another process, so this one could not open it.
-
-    libtpu lets one process per host use the TPU. This names the host and the owning
-    process (pid, command, Ray job) where libtpu's own message gives only a pid.
+    """A host's TPU is owned by another process (libtpu allows one), so this one could not
+    open it. Names the owner's pid, command and Ray job, where libtpu gives only a pid.
 
     Args:
         message: What happened and what to do.
@@ -166,11 +156,8 @@ class AttemptRecord:
 
     Attributes:
         attempt: The attempt's number, from 1.
-        slice_names: The slices it ran on.
-        num_hosts: Hosts it ran on, over all its slices.
         outcome: How it ended: a :class:`tpuslice.Outcome` value (``"preemption"``).
         cause: What ended it, in one line.
-        duration_s: Seconds from its start to its end.
         evidence: What decided its outcome (a notice seen, none seen, silent hosts).
     """
 
@@ -192,7 +179,6 @@ class RetriesExhaustedError(TPUSliceError, RuntimeError):
     """
 
     def __init__(self, message: str, history: Sequence[AttemptRecord]) -> None:
-        """Keep ``message`` as the error's text and ``history`` as a tuple."""
         super().__init__(message)
         self.history: tuple[AttemptRecord, ...] = tuple(history)
         self.account: Any = None
@@ -200,8 +186,8 @@ class RetriesExhaustedError(TPUSliceError, RuntimeError):
 
 
 class SliceUnhealthyError(RetriesExhaustedError):
-    """A resilient run with health checks found only slices that failed their check: a
-    retry would land on a failed host again. The message names the hosts and why."""
+    """A resilient run with health checks found only slices that failed their check, so a
+    retry would land on a failed host again."""
 
 
 # --- message helpers ----------------------------------------------------------------------
@@ -215,15 +201,14 @@ def did_you_mean(value: str, candidates: Iterable[str]) -> str:
         candidates: The valid values.
 
     Returns:
-        A suffix for an error message; ``""`` when no candidate is close enough.
+        A suffix for an error message.
     """
     matches = difflib.get_close_matches(value, list(candidates), n=1, cutoff=0.5)
     return f"; did you mean '{matches[0]}'?" if matches else ""
 
 
 def first_line(error: BaseException | str, limit: int = 300) -> str:
-    """The first non-blank line of an error's message (or of a text), stripped and cut to
-    ``limit`` characters; ``""`` if there is none.
+    """The first non-blank line of an error's message (or a text), stripped and cut.
 
     Args:
         error: An exception (its ``str``) or a text.
@@ -246,7 +231,7 @@ def listing(values: Iterable[str], limit: int = 12) -> str:
         limit: Most items to show; longer lists keep the first ``limit - 2`` and the last.
 
     Returns:
-        The values joined by ``", "``, with ``... (N more)`` where items were left out.
+        The values joined by ``", "``, with ``... (N more)`` for those left out.
     """
     items = list(values)
     if len(items) <= limit:

@@ -1,9 +1,7 @@
 """JAX helpers for code running inside a tpuslice task. JAX is imported lazily, here only.
 
-- :func:`init_jax_profiler`: start JAX's profiler server in this worker and register its
-  port where the Ray dashboard looks (``jax_profiler_port:<node_id>:<pid>``).
-- :func:`distributed_args` / :func:`initialize`: ``jax.distributed.initialize`` arguments
-  from the slice context that :func:`tpuslice.run_on_slice` sets, so users compute none.
+:func:`initialize` starts ``jax.distributed`` from the slice context :func:`tpuslice.run_on_slice`
+sets; :func:`init_jax_profiler` starts JAX's profiler where the Ray dashboard finds it.
 """
 
 from __future__ import annotations
@@ -55,19 +53,16 @@ def _profiler_port(port: int | None) -> int:
 
 
 def init_jax_profiler(port: int | None = None) -> None:
-    """Start JAX's profiler server on ``port`` (else ``JAX_PROFILER_PORT``, else 9999) and
-    register it for the Ray dashboard; the key is removed when this process exits.
+    """Start JAX's profiler server and register its port for the Ray dashboard until exit.
 
-    Without JAX it logs a warning and returns; a port in use is logged as an error and
-    not raised, so profiling never breaks the user's program.
+    Without JAX, or with the port in use, it logs and returns: profiling never breaks the
+    user's program.
 
     Args:
-        port: Port of the profiler server; ``None`` reads ``JAX_PROFILER_PORT`` (default
-            9999).
+        port: Port of the profiler server; ``None`` reads ``JAX_PROFILER_PORT`` (default 9999).
 
     Raises:
-        InvalidArgumentError: ``port`` is None and ``JAX_PROFILER_PORT`` is not a port
-            number (checked only when JAX is installed).
+        InvalidArgumentError: ``JAX_PROFILER_PORT`` is not a port number.
     """
     try:
         import jax
@@ -75,7 +70,7 @@ def init_jax_profiler(port: int | None = None) -> None:
         logger.warning("JAX is not installed; the JAX profiler was not started")
         return
     chosen = _profiler_port(port)
-    busy = port_in_use(chosen)
+    busy = _port_in_use(chosen)
     if busy:
         logger.error("could not start the JAX profiler on port %d: %s", chosen, busy)
         return
@@ -88,16 +83,9 @@ def init_jax_profiler(port: int | None = None) -> None:
     register_profiler_port(chosen)
 
 
-def port_in_use(port: int) -> str | None:
-    """Why ``port`` cannot be bound, or ``None`` if it can. jaxlib only logs a busy port
-    (and then listens nowhere), so we check first, binding as gRPC does (all addresses).
-
-    Args:
-        port: The TCP port to try.
-
-    Returns:
-        The bind error's text, or ``None`` if the port is free.
-    """
+def _port_in_use(port: int) -> str | None:
+    """Why ``port`` cannot be bound, or ``None``. jaxlib only logs a busy port (and then
+    listens nowhere), so we check first, binding as gRPC does (all addresses)."""
     family, host = (socket.AF_INET6, "::") if socket.has_ipv6 else (socket.AF_INET, "")
     try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -108,15 +96,13 @@ def port_in_use(port: int) -> str | None:
 
 
 def register_profiler_port(port: int) -> str | None:
-    """Put ``jax_profiler_port:<node>:<pid>`` -> port in Ray's KV (dashboard namespace)
-    and remove it at exit. Returns the key, or ``None`` if Ray is not connected.
+    """Put :func:`profiler_key` -> ``port`` in Ray's KV (dashboard namespace) until exit.
 
     Args:
         port: The profiler server's port.
 
     Returns:
-        The KV key; ``None``, not an error, when Ray is not initialised (a warning is
-        logged).
+        The KV key; ``None`` (with a warning) when Ray is not initialised.
     """
     import ray
 
@@ -141,8 +127,7 @@ def distributed_args(port: int = DEFAULT_COORDINATOR_PORT) -> dict[str, Any]:
         The three keyword arguments.
 
     Raises:
-        NotConnectedError: there is no slice context (not inside a task started by
-            :func:`tpuslice.run_on_slice` or a slice actor).
+        NotConnectedError: not inside a task started by tpuslice.
     """
     from tpuslice._host.context import current_host
 
@@ -157,18 +142,15 @@ def distributed_args(port: int = DEFAULT_COORDINATOR_PORT) -> dict[str, Any]:
 def initialize(port: int = DEFAULT_COORDINATOR_PORT, **kwargs: Any) -> None:
     """``jax.distributed.initialize`` with this task's coordinator, process count and id.
 
-    Call it once inside a function started by :func:`tpuslice.run_on_slice`; ``kwargs``
-    go to JAX (for example ``local_device_ids``).
-
-    First the host's TPU is checked: if another process holds it, this fails here, naming
-    that process. JAX itself takes the TPU on its first use after this call.
+    Call it once inside a function started by :func:`tpuslice.run_on_slice`. It first fails
+    if another process holds the host's TPU, naming it; JAX takes the TPU on first use.
 
     Args:
         port: Port of the coordinator on rank 0's host.
-        **kwargs: Passed on to ``jax.distributed.initialize``.
+        **kwargs: Passed on to ``jax.distributed.initialize`` (``local_device_ids``, ...).
 
     Raises:
-        NotConnectedError: there is no slice context (see :func:`distributed_args`).
+        NotConnectedError: not inside a task started by tpuslice.
         TPUInUseError: another process owns this host's TPU.
     """
     import jax
@@ -189,15 +171,13 @@ def _refuse_if_held() -> None:
 
 
 def open_tpu() -> None:
-    """Start JAX's TPU backend in this process (``jax.devices()``), which takes the host's
-    TPU for it, failing with the owner named if another process holds it.
+    """Start JAX's TPU backend in this process (``jax.devices()``), which takes the host's TPU.
 
     Call it after :func:`initialize` in a multi-host job: JAX refuses a distributed start
     once its backend runs.
 
     Raises:
-        TPUInUseError: another process owns this host's TPU (host, pid, command and Ray
-            job are named).
+        TPUInUseError: another process owns this host's TPU (host, pid, command, Ray job).
     """
     import jax
 

@@ -1,7 +1,6 @@
 """``tpuslice`` command line: a thin layer over the library (click + rich).
 
-Errors from the library become one red line and an exit code: 2 for bad input
-(click's usage code), 1 for anything the cluster refused.
+Library errors become one red line and an exit code: 2 for bad input, 1 for a refusal.
 """
 
 from __future__ import annotations
@@ -11,9 +10,9 @@ import time
 from collections.abc import Callable
 
 import click
+from rich.box import HEAVY_HEAD
 from rich.console import Console, RenderableType
 from rich.live import Live
-from rich.table import Table
 
 import tpuslice
 from tpuslice._reserve.queue import actor as queue_actor
@@ -26,7 +25,7 @@ from tpuslice.cli import jobs as cli_jobs
 from tpuslice.cli import owners as cli_owners
 from tpuslice.cli import quota as cli_quota
 from tpuslice.cli import status
-from tpuslice.cli.connect import UsageError, connected
+from tpuslice.cli.connect import UsageError, address_option, connected
 from tpuslice.errors import InvalidArgumentError, QueueUnreachableError
 from tpuslice.record import events
 
@@ -53,17 +52,12 @@ def topologies(generation: str | None) -> None:
     except InvalidArgumentError as exc:
         raise UsageError(str(exc)) from exc
     for gen in gens:
-        table = Table(
-            title=f"{gen.name}: {gen.cores_per_chip} TensorCore(s)/chip, "
-            f"pod type counts {gen.pod_type_counts}, {gen.dims}D",
-            title_justify="left",
+        title = (
+            f"{gen.name}: {gen.cores_per_chip} TensorCore(s)/chip, "
+            f"pod type counts {gen.pod_type_counts}, {gen.dims}D"
         )
-        for column in ("topology", "chips", "hosts", "pod type", "head resource"):
-            table.add_column(
-                column,
-                justify="right" if column in ("chips", "hosts") else "left",
-                overflow="fold",
-            )
+        columns = ("topology", "chips", "hosts", "pod type", "head resource")
+        table = status.new_table(title, columns, right=("chips", "hosts"), frame=HEAVY_HEAD)
         for name in gen.sorted_topologies():
             shape = topo.slice_shape(name, gen.name)
             table.add_row(
@@ -94,9 +88,6 @@ def watch(show: Callable[[], None], interval: float) -> None:
     Args:
         show: Draws one refresh.
         interval: Seconds between refreshes.
-
-    Raises:
-        KeyboardInterrupt: how the loop ends.
     """
     while True:
         show()
@@ -104,11 +95,7 @@ def watch(show: Callable[[], None], interval: float) -> None:
 
 
 @main.command(name="status")
-@click.option(
-    "--address",
-    default=None,
-    help="Ray cluster address (default: RAY_ADDRESS, else the cluster running on this machine).",
-)
+@address_option
 @click.option(
     "--json",
     "as_json",
@@ -170,31 +157,31 @@ def status_command(
         def read() -> cluster.ClusterSnapshot:
             snapshot = cluster.read_snapshot(tpu_resource_per_chip)
             if owners:  # the agents record what they see; read again to show it
-                ask_owners(snapshot)
+                _ask_owners(snapshot)
                 snapshot = cluster.read_snapshot(tpu_resource_per_chip)
             return snapshot
 
         if interval is None:
             snapshot = read()
-            _print_status(snapshot, as_json)
-            if owners and not as_json:
-                console.print(status.owners_table(snapshot))
+            if as_json:
+                click.echo(json.dumps(_status_json(snapshot), indent=2))
+            else:
+                console.print(_render(snapshot))
+                if owners:
+                    console.print(status.owners_table(snapshot))
             return
         try:
             if as_json:
                 watch(lambda: click.echo(json.dumps(_status_json(read()))), interval)
             else:
-                _watch_live(read, interval)
+                with Live(console=console, auto_refresh=False) as live:
+                    watch(lambda: live.update(_render(read()), refresh=True), interval)
         except KeyboardInterrupt:
             pass  # Ctrl-C is how a watch ends
 
 
-def ask_owners(snapshot: cluster.ClusterSnapshot) -> None:
-    """Have every live TPU host's agent look for its TPU's owner now (they record it).
-
-    Args:
-        snapshot: The cluster's hosts.
-    """
+def _ask_owners(snapshot: cluster.ClusterSnapshot) -> None:
+    """Have every live TPU host's agent look for its TPU's owner now (they record it)."""
     nodes = [h.node_id for s in snapshot.slices.values() for h in s.hosts.values() if h.alive]
     with console.status(f"asking {len(nodes)} TPU host(s) who owns their TPU"):
         failed = describe_errors(probe_owners(nodes))
@@ -202,16 +189,9 @@ def ask_owners(snapshot: cluster.ClusterSnapshot) -> None:
         console.print(f"[yellow]no answer from {line}[/yellow]")
 
 
-def known_layouts(snapshot: cluster.ClusterSnapshot) -> dict[str, dict[int, int]]:
-    """Each slice's physical layout where it was learned (Ray's record or ours); read
-    only. Slices that cannot have sub-slices are not looked up.
-
-    Args:
-        snapshot: The cluster.
-
-    Returns:
-        ``{slice name: {worker id: physical position}}``.
-    """
+def _known_layouts(snapshot: cluster.ClusterSnapshot) -> dict[str, dict[int, int]]:
+    """Each slice's ``{worker id: physical position}`` where learned, for slices that can
+    have sub-slices; read only."""
     from tpuslice._view import layouts
 
     found = {}
@@ -224,28 +204,12 @@ def known_layouts(snapshot: cluster.ClusterSnapshot) -> dict[str, dict[int, int]
     return found
 
 
-def _print_status(snapshot: cluster.ClusterSnapshot, as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps(_status_json(snapshot), indent=2))
-    else:
-        console.print(status.render_status(snapshot, console.width, known_layouts(snapshot)))
-
-
 def _status_json(snapshot: cluster.ClusterSnapshot) -> dict[str, object]:
-    return status.status_dict(snapshot, known_layouts(snapshot))
+    return status.status_dict(snapshot, _known_layouts(snapshot))
 
 
 def _render(snapshot: cluster.ClusterSnapshot) -> RenderableType:
-    return status.render_status(snapshot, console.width, known_layouts(snapshot))
-
-
-def _watch_live(read: Callable[[], cluster.ClusterSnapshot], interval: float) -> None:
-    """Redraw the status screen in place (rich Live) every ``interval`` seconds."""
-    with Live(console=console, auto_refresh=False) as live:
-        watch(
-            lambda: live.update(_render(read()), refresh=True),
-            interval,
-        )
+    return status.render_status(snapshot, console.width, _known_layouts(snapshot))
 
 
 # --- queue -----------------------------------------------------------------------------------
@@ -257,7 +221,7 @@ def queue_group() -> None:
 
 
 @queue_group.command(name="start")
-@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+@address_option
 @click.option(
     "--timeout",
     type=float,
@@ -279,8 +243,13 @@ def start_queue(address: str | None, timeout: float) -> None:
     console.print("the slice queue is running")
 
 
-cli_jobs.register(main)
-cli_owners.register(main)
-cli_health.register(main)
-cli_goodput.register(main)
-cli_quota.register(main)
+for _command in (
+    cli_jobs.simulate,
+    cli_jobs.run,
+    cli_jobs.demo,
+    cli_owners.release_tpu,
+    cli_health.health_command,
+    cli_goodput.goodput_command,
+    cli_quota.quota_group,
+):
+    main.add_command(_command)

@@ -1,8 +1,7 @@
 """Joining a running Ray cluster from the CLI, and the CLI's error types.
 
-Shared by :mod:`tpuslice.cli.commands` and :mod:`tpuslice.cli.jobs` (which import it, never each
-other's internals). Never starts a cluster; an address nobody answers fails in seconds,
-not after Ray's minutes of retries.
+Never starts a cluster; an address nobody answers fails in seconds, not after Ray's minutes
+of retries.
 """
 
 from __future__ import annotations
@@ -20,10 +19,15 @@ from tpuslice._tpu import _auth, _ray
 from tpuslice._tpu._connection import close_connection
 from tpuslice.errors import TokenAuthError
 
-__all__ = ["UsageError", "connect_or_none", "connected"]
+__all__ = ["UsageError", "address_option", "connect_or_none", "connected"]
 
 NO_CLUSTER_HINT = "start one with `tpuslice simulate`, or pass --address HOST:PORT"
 PROBE_TIMEOUT_S = 3.0
+
+address_option = click.option(
+    "--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local)."
+)
+"""The ``--address`` option every command that joins a cluster takes."""
 
 
 class UsageError(click.UsageError):
@@ -47,14 +51,12 @@ def connect(address: str | None) -> bool:
         address: ``HOST:PORT`` (or ``ray://HOST:PORT``), or ``None``.
 
     Returns:
-        Whether this call connected, in which case the caller owns the ``ray.shutdown()``
-        (see :func:`connected`); ``False`` if this process was already connected.
+        Whether this call connected (the caller then owns the shutdown).
 
     Raises:
         UsageError: ``address`` is malformed, or ``local`` (which would start a cluster).
         NoClusterError: nothing answers at the address (or none is running here).
-        TokenRefusedError: the cluster requires a token and this process's is missing,
-            unreadable or wrong (at once, where Ray retries for about 20 s).
+        TokenRefusedError: the cluster requires a token this process lacks or gets wrong.
     """
     if ray.is_initialized():
         return False
@@ -90,8 +92,7 @@ def connect(address: str | None) -> bool:
 
 
 def connect_or_none(address: str | None) -> bool | None:
-    """Like :func:`connect`, but ``None`` (not an error) when no cluster is running and
-    no address was given. An address that does not answer is still an error.
+    """Like :func:`connect`, but ``None`` when no cluster runs and no address was given.
 
     Args:
         address: ``HOST:PORT``, or ``None``.
@@ -101,8 +102,7 @@ def connect_or_none(address: str | None) -> bool | None:
 
     Raises:
         UsageError: a malformed address.
-        NoClusterError: an address was given (argument or ``RAY_ADDRESS``) and nothing
-            answers there.
+        NoClusterError: an address was given and nothing answers there.
     """
     try:
         return connect(address)
@@ -113,13 +113,11 @@ def connect_or_none(address: str | None) -> bool | None:
 
 
 def probe(target: str, *, stale: bool = False) -> None:
-    """Fail fast when nothing listens at ``target`` (Ray itself retries for minutes):
-    within :data:`PROBE_TIMEOUT_S` for the TCP connection.
+    """Fail within :data:`PROBE_TIMEOUT_S` when nothing listens at ``target``.
 
     Args:
         target: ``HOST:PORT`` or ``ray://HOST:PORT``.
-        stale: ``target`` is the address Ray recorded for the last cluster started here
-            (the message then says so).
+        stale: ``target`` is the address Ray recorded for the last cluster started here.
 
     Raises:
         UsageError: ``target`` is not ``HOST:PORT``.
@@ -131,14 +129,11 @@ def probe(target: str, *, stale: bool = False) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
     except OSError as exc:
+        where = f"at {target} ({exc})"
         if stale:
-            raise NoClusterError(
-                f"no running Ray cluster on this machine: the last one started here "
-                f"({target}, recorded by Ray) does not answer ({exc}); {NO_CLUSTER_HINT}"
-            ) from exc
-        raise NoClusterError(
-            f"no running Ray cluster at {target} ({exc}); {NO_CLUSTER_HINT}"
-        ) from exc
+            where = f"on this machine: the last one started here ({target}, recorded by Ray) "
+            where += f"does not answer ({exc})"
+        raise NoClusterError(f"no running Ray cluster {where}; {NO_CLUSTER_HINT}") from exc
 
 
 @contextmanager

@@ -1,9 +1,5 @@
 """``tpuslice goodput``: where one run's wall time went, or where the cluster's slice-seconds
-went over a window (``--cluster``).
-
-A run keeps its account (:class:`tpuslice.record.goodput.Account`) when it ends; this command
-reads the accounts back, picks one and hands it to :mod:`tpuslice.cli.goodput_view`, which
-draws it (a bar of its categories, a table, what the account could not see).
+went over a window (``--cluster``). :mod:`tpuslice.cli.goodput_view` draws it.
 """
 
 from __future__ import annotations
@@ -16,11 +12,11 @@ import click
 from rich.console import Console
 
 from tpuslice.cli import goodput_view as view
-from tpuslice.cli.connect import UsageError, connected
+from tpuslice.cli.connect import UsageError, address_option, connected
 from tpuslice.record import goodput
 from tpuslice.record.goodput import Account
 
-__all__ = ["register"]
+__all__ = ["goodput_command"]
 
 console = Console()
 
@@ -35,23 +31,11 @@ NO_ACCOUNTS = (
 )
 
 
-# --- choosing the run ------------------------------------------------------------------
+def _find_account(accounts: Sequence[Account], run_id: str | None) -> Account:
+    """The newest account of the run with this id or unique prefix (``None``: the newest run).
 
-
-def find_account(accounts: Sequence[Account], run_id: str | None) -> Account:
-    """The account asked for: the run with this id or unique id prefix, else the newest.
-
-    Args:
-        accounts: The stored accounts, oldest first.
-        run_id: A run id or a prefix of one; ``None`` for the newest run.
-
-    Returns:
-        The account (the newest of that run's, should a run have kept two).
-
-    Raises:
-        click.ClickException: no account is stored.
-        UsageError: no run has that id or prefix (the message lists the newest ids), or
-            the prefix matches more than one run (the message names them).
+    ``accounts`` are oldest first. A ClickException if there is none; a UsageError, naming
+    run ids, if no run or several match.
     """
     if not accounts:
         raise click.ClickException(NO_ACCOUNTS)
@@ -78,32 +62,14 @@ def _listed(ids: Sequence[str]) -> str:
     return ", ".join(ids[:SHOWN_IDS]) + (", ..." if len(ids) > SHOWN_IDS else "")
 
 
-# --- the cluster -----------------------------------------------------------------------
-
-
-def parse_since(text: str) -> float:
-    """A ``--since`` window in seconds.
-
-    Args:
-        text: ``30s``, ``15m``, ``1h`` or ``2d`` (any whole number above 0 of a unit).
-
-    Returns:
-        The seconds.
-
-    Raises:
-        click.BadParameter: any other form, or zero.
-    """
-    match = SINCE_FORM.match(text.strip())
-    if match is None or int(match[1]) == 0:
-        raise click.BadParameter(f"{text!r} is not a window; give {SINCE_FORMS}")
-    return float(int(match[1]) * view.SINCE_UNITS[match[2]])
-
-
-# --- the command -----------------------------------------------------------------------
-
-
 def _since_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    return None if value is None else parse_since(value)
+    """``--since`` in seconds: a whole number above 0 of a unit (``30s``, ``15m``, ``1h``)."""
+    if value is None:
+        return None
+    match = SINCE_FORM.match(value.strip())
+    if match is None or int(match[1]) == 0:
+        raise click.BadParameter(f"{value!r} is not a window; give {SINCE_FORMS}")
+    return float(int(match[1]) * view.SINCE_UNITS[match[2]])
 
 
 @click.command(name="goodput")
@@ -123,7 +89,7 @@ def _since_option(ctx: click.Context, param: click.Parameter, value: str | None)
     help="With --cluster: the window, 30s, 15m, 1h or 2d (default 1h).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+@address_option
 def goodput_command(
     run_id: str | None,
     whole_cluster: bool,
@@ -142,26 +108,20 @@ def goodput_command(
             raise UsageError(
                 f"--cluster shows the whole cluster, not one run: drop {run_id!r} or drop --cluster"
             )
-        show_cluster(DEFAULT_SINCE_S if since_s is None else since_s, as_json, address)
+        _show_cluster(DEFAULT_SINCE_S if since_s is None else since_s, as_json, address)
         return
     if since_s is not None:
         raise UsageError("--since sets the window of --cluster: add --cluster, or drop --since")
     with connected(address):
-        account = find_account(goodput.read_accounts(), run_id)
+        account = _find_account(goodput.read_accounts(), run_id)
     if as_json:
         click.echo(json.dumps(account.to_dict(), indent=2))
     else:
         console.print(view.render_account(account, console.width))
 
 
-def show_cluster(since_s: float, as_json: bool, address: str | None) -> None:
-    """Read and show the cluster's slice-seconds by state.
-
-    Args:
-        since_s: The window, in seconds.
-        as_json: Print ``{"since_s": ..., "slice_seconds": {pod type: {state: s}}}``.
-        address: The Ray cluster, as for :func:`~tpuslice.cli.connect.connect`.
-    """
+def _show_cluster(since_s: float, as_json: bool, address: str | None) -> None:
+    """Read and show the cluster's slice-seconds by state over the last ``since_s``."""
     from tpuslice.record.slice_seconds import read_slice_seconds
 
     with connected(address):
@@ -170,12 +130,3 @@ def show_cluster(since_s: float, as_json: bool, address: str | None) -> None:
         click.echo(json.dumps({"since_s": since_s, "slice_seconds": found}, indent=2))
     else:
         console.print(view.render_cluster(found, since_s))
-
-
-def register(group: click.Group) -> None:
-    """Add ``goodput`` to the ``tpuslice`` command group.
-
-    Args:
-        group: The CLI's top-level group.
-    """
-    group.add_command(goodput_command)

@@ -1,8 +1,5 @@
 """What ``tpuslice goodput`` shows: a run's :class:`~tpuslice.record.goodput.Account`, or the
-cluster's slice-seconds by state, as rich renderables.
-
-Pure: no Ray, no I/O. The bar gives each category a glyph on a colour, so it reads the
-same with colour or without; every category with any time gets at least one cell.
+cluster's slice-seconds by state, as rich renderables. Pure: no Ray, no I/O.
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ CATEGORY_GLYPHS = {
     "recovering": "~",
     "handing_back": "h",
 }
-"""Each bar cell is its category's glyph on its colour: the bar still reads without colour
-(a pipe, a log, ``NO_COLOR``)."""
+"""Each bar cell is its category's glyph on its colour: the bar reads without colour too."""
 STATE_STYLES = {
     "productive": "bold green",
     "busy": "bold yellow",
@@ -60,17 +56,16 @@ LEGEND_COLUMNS = 4
 
 
 def bar_cells(seconds: Mapping[str, float], width: int = BAR_WIDTH) -> list[tuple[str, int]]:
-    """How many cells of a ``width``-cell bar each category gets: in proportion to its
-    seconds (largest remainders get the cells rounding leaves), at least one for every
-    category with any time, so a short hand-back still shows.
+    """How many cells of a ``width``-cell bar each category gets, in proportion to its
+    seconds (largest remainders first) and at least one, so a short hand-back still shows.
 
     Args:
         seconds: Category -> seconds.
         width: Cells in the bar (raised to the number of categories shown, if fewer).
 
     Returns:
-        ``(category, cells)`` in :data:`~tpuslice.record.goodput.CATEGORIES` order, non-zero
-        categories only; the cells sum to the width (an empty list for no time at all).
+        ``(category, cells)`` for categories with time, in ``CATEGORIES`` order; cells sum to
+        the width.
     """
     shown = [c for c in CATEGORIES if seconds.get(c, 0.0) > 0]
     total = sum(seconds[c] for c in shown)
@@ -90,16 +85,8 @@ def bar_cells(seconds: Mapping[str, float], width: int = BAR_WIDTH) -> list[tupl
     return [(c, cells[c]) for c in shown]
 
 
-def account_bar(account: Account, width: int = BAR_WIDTH) -> Text:
-    """The run's wall time as one line of coloured cells (see :func:`bar_cells`).
-
-    Args:
-        account: The run's account.
-        width: Cells in the bar.
-
-    Returns:
-        The bar; a dim line saying so for a run of no time.
-    """
+def _account_bar(account: Account, width: int) -> Text:
+    """The run's wall time as one line of coloured cells."""
     cells = bar_cells(account.seconds, width)
     if not cells:
         return Text("(no time recorded)", style="dim")
@@ -109,48 +96,26 @@ def account_bar(account: Account, width: int = BAR_WIDTH) -> Text:
     return bar
 
 
-def bar_legend(account: Account) -> Table:
-    """Which glyph and colour is which category, for the categories in the bar.
-
-    Args:
-        account: The run's account.
-
-    Returns:
-        A grid of four categories a row (eight fit 80 columns in two rows).
-    """
+def _bar_legend(account: Account) -> Table:
+    """Which glyph and colour is which category, for the categories in the bar."""
     legend = Table.grid(padding=(0, 2))
     shown = [c for c, _ in bar_cells(account.seconds)]
     for _ in shown[:LEGEND_COLUMNS]:
         legend.add_column()
     for start in range(0, len(shown), LEGEND_COLUMNS):
-        legend.add_row(*(chip(c) for c in shown[start : start + LEGEND_COLUMNS]))
+        legend.add_row(*(_chip(c) for c in shown[start : start + LEGEND_COLUMNS]))
     return legend
 
 
-def chip(category: str) -> Text:
-    """`` p  productive``: a category's bar cell, then its name.
-
-    Args:
-        category: One of :data:`~tpuslice.record.goodput.CATEGORIES`.
-
-    Returns:
-        The styled text.
-    """
+def _chip(category: str) -> Text:
+    """`` p  productive``: a category's bar cell, then its name."""
     text = Text(f" {CATEGORY_GLYPHS[category]} ", style=CATEGORY_STYLES[category])
     text.append(f" {category}")
     return text
 
 
-def header(account: Account) -> Text:
-    """The two lines above the bar: the run (id, kind, request, outcome, attempts), then
-    its wall time, when it started and its share productive.
-
-    Args:
-        account: The run's account.
-
-    Returns:
-        The styled text.
-    """
+def _header(account: Account) -> Text:
+    """The run (id, kind, request, outcome, attempts), then its wall time, start and goodput."""
     line = Text("run ")
     line.append(account.run_id, style="bold")
     line.append(f": {account.kind}")
@@ -182,16 +147,8 @@ def wall_time(seconds: float) -> str:
     return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
 
 
-def account_table(account: Account) -> Table:
-    """Every category's seconds and share of the wall time, the lost seconds by cause
-    under ``lost``, and the wall time.
-
-    Args:
-        account: The run's account.
-
-    Returns:
-        The table.
-    """
+def _account_table(account: Account) -> Table:
+    """Every category's seconds and share of the wall time, lost seconds by cause, the wall."""
     table = Table(box=box.SIMPLE_HEAD)
     table.add_column("category")
     table.add_column("seconds", justify="right")
@@ -199,7 +156,7 @@ def account_table(account: Account) -> Table:
     for category in CATEGORIES:
         seconds = account.seconds.get(category, 0.0)
         table.add_row(
-            chip(category), *_amounts(seconds, account.wall_s), style=None if seconds else "dim"
+            _chip(category), *_amounts(seconds, account.wall_s), style=None if seconds else "dim"
         )
         if category != "lost":
             continue
@@ -225,12 +182,11 @@ def render_account(account: Account, width: int = 80) -> RenderableType:
         width: The console's width: the bar is :data:`BAR_WIDTH` cells, or this if less.
 
     Returns:
-        The header, the bar and its legend, the table, what else the account holds
-        (slices, checkpoints, job) and its notes.
+        The header, the bar and its legend, the table, the account's other facts and notes.
     """
-    parts: list[RenderableType] = [header(account), Text()]
-    parts += [account_bar(account, min(BAR_WIDTH, width)), bar_legend(account)]
-    parts.append(account_table(account))
+    parts: list[RenderableType] = [_header(account), Text()]
+    parts += [_account_bar(account, min(BAR_WIDTH, width)), _bar_legend(account)]
+    parts.append(_account_table(account))
     facts = [f"slices {', '.join(account.slices)}"] if account.slices else []
     facts.append(f"{account.checkpoints} checkpoint(s) marked")
     if account.job:
@@ -258,17 +214,8 @@ def since_label(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def slice_seconds_table(pod_type: str, by_state: Mapping[str, float]) -> Table:
-    """One pod type's slice-seconds: each state, its share, and the total.
-
-    Args:
-        pod_type: Such as ``v6e-16``.
-        by_state: State -> slice-seconds.
-
-    Returns:
-        The table, states in :data:`~tpuslice.record.slice_seconds.TIME_USES` order (any other
-        state after them).
-    """
+def _slice_seconds_table(pod_type: str, by_state: Mapping[str, float]) -> Table:
+    """One pod type's slice-seconds per state (``TIME_USES`` order first), shares and total."""
     from tpuslice.record.slice_seconds import TIME_USES
 
     total = sum(by_state.values())
@@ -297,8 +244,7 @@ def render_cluster(
         since_s: The window, in seconds.
 
     Returns:
-        A table per pod type, a total line and what the states mean; a line saying so
-        when nothing was counted.
+        A table per pod type, a total line and what the states mean.
     """
     from tpuslice.record.slice_seconds import BUCKETS_KEPT_S
 
@@ -310,7 +256,7 @@ def render_cluster(
             "cluster starts it."
         )
     parts: list[RenderableType] = [Text(f"slice-seconds by state over the last {window}")]
-    parts += [slice_seconds_table(p, slice_seconds[p]) for p in sorted(slice_seconds)]
+    parts += [_slice_seconds_table(p, slice_seconds[p]) for p in sorted(slice_seconds)]
     total = sum(sum(by_state.values()) for by_state in slice_seconds.values())
     productive = sum(by_state.get("productive", 0.0) for by_state in slice_seconds.values())
     share = 100 * productive / total if total > 0 else 0.0

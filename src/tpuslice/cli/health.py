@@ -1,8 +1,7 @@
 """``tpuslice health``: check slices' hosts now, or trust a slice again by hand.
 
-A failed host keeps its slice out of service (suspect) until its cool-down ends or a check
-passes; ``--clear`` trusts it again at once, for an operator who fixed or replaced it, and
-``--cooldown`` sets how long that is for the whole cluster.
+A failed host keeps its slice suspect until its cool-down ends or a check passes;
+``--clear`` trusts it at once, and ``--cooldown`` sets the cool-down for the cluster.
 """
 
 from __future__ import annotations
@@ -16,29 +15,17 @@ from rich.markup import escape
 
 from tpuslice._run.health import SliceHealth, check_slice
 from tpuslice._view import cluster
-from tpuslice.cli.connect import UsageError, connected
+from tpuslice.cli.connect import UsageError, address_option, connected
 from tpuslice.errors import InvalidArgumentError, ReservationTimeoutError
 
-__all__ = ["register"]
+__all__ = ["health_command"]
 
 console = Console()
 
 
-def pick(snapshot: cluster.ClusterSnapshot, names: tuple[str, ...], every: bool) -> list[str]:
-    """The slices to check: those named, or with ``--all`` every slice with a shape.
-
-    Args:
-        snapshot: The cluster.
-        names: Slice names given.
-        every: ``--all``.
-
-    Returns:
-        The names, in order.
-
-    Raises:
-        UsageError: neither or both were given, or a name is not a slice (the message
-            lists the slices there are).
-    """
+def _pick(snapshot: cluster.ClusterSnapshot, names: tuple[str, ...], every: bool) -> list[str]:
+    """The slices named, or with ``--all`` every slice with a shape; a UsageError listing the
+    slices if a name is not one, or if neither or both were given."""
     if bool(names) == every:
         raise UsageError("name the slices to check, or give --all (not both)")
     known = sorted(n for n, s in snapshot.slices.items() if s.shape is not None)
@@ -76,7 +63,7 @@ def pick(snapshot: cluster.ClusterSnapshot, names: tuple[str, ...], every: bool)
     help="Set how long hosts marked suspect from now on stay suspect, for the whole "
     "cluster (default 600); give it alone: no check runs.",
 )
-@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+@address_option
 def health_command(
     slices: tuple[str, ...],
     every: bool,
@@ -93,11 +80,11 @@ def health_command(
     if cooldown is not None:
         if slices or every or clear:
             raise UsageError("--cooldown sets the cluster's cool-down: give it alone")
-        set_cooldown(cooldown, address)
+        _set_cooldown(cooldown, address)
         return
     with connected(address):
         snapshot = cluster.read_snapshot()
-        names = pick(snapshot, slices, every)
+        names = _pick(snapshot, slices, every)
         if clear:
             if every:
                 raise UsageError("--clear needs the slices named, not --all")
@@ -106,7 +93,7 @@ def health_command(
                 hosts = ", ".join(str(r.worker_id) for r in cleared) or "none was suspect"
                 console.print(f"{name}: trusted again (hosts: {hosts})")
             return
-        results, skipped = check_all(snapshot, names, timeout, every)
+        results, skipped = _check_all(snapshot, names, timeout, every)
     if as_json:
         out = {"slices": [_to_dict(r) for r in results], "skipped": skipped}
         click.echo(json.dumps(out, indent=2))
@@ -120,16 +107,8 @@ def health_command(
         raise SystemExit(1)
 
 
-def set_cooldown(seconds: float, address: str | None) -> None:
-    """Set the cluster's suspect cool-down and say what it was.
-
-    Args:
-        seconds: The new cool-down.
-        address: The Ray cluster, as for :func:`~tpuslice.cli.connect.connect`.
-
-    Raises:
-        UsageError: ``seconds`` is not finite, or there is no cluster to connect to.
-    """
+def _set_cooldown(seconds: float, address: str | None) -> None:
+    """Set the cluster's suspect cool-down and say what it was."""
     from tpuslice._host import suspects
 
     try:
@@ -145,20 +124,13 @@ def set_cooldown(seconds: float, address: str | None) -> None:
     )
 
 
-def check_all(
+def _check_all(
     snapshot: cluster.ClusterSnapshot, names: list[str], timeout: float, every: bool
 ) -> tuple[list[SliceHealth], dict[str, str]]:
-    """Check the slices one after another; with ``--all``, a slice busy now is skipped
-    (a check must not wait behind work); a named one is waited for.
+    """Check the slices in turn; return the verdicts and, with why, the slices not checked.
 
-    Args:
-        snapshot: The cluster, as read before.
-        names: The slices.
-        timeout: Seconds to wait for a named slice.
-        every: ``--all``.
-
-    Returns:
-        The verdicts, and the slices not checked with why.
+    With ``--all`` a busy slice is skipped (a check must not wait behind work); a named one
+    is waited for.
     """
     results: list[SliceHealth] = []
     skipped: dict[str, str] = {}
@@ -182,12 +154,3 @@ def _to_dict(result: SliceHealth) -> dict[str, object]:
         "seconds": round(result.seconds, 3),
         "hosts": [asdict(h) for h in result.hosts],
     }
-
-
-def register(main: click.Group) -> None:
-    """Add ``health`` to the ``tpuslice`` group.
-
-    Args:
-        main: The group.
-    """
-    main.add_command(health_command)

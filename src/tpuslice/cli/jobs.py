@@ -1,8 +1,7 @@
 """The CLI commands that start or use clusters: ``simulate``, ``run`` and ``demo``.
 
-Kept apart from ``cli.py`` (parsing, ``topologies``, ``status``) so each stays small.
-All three are thin: the work is in :mod:`tpuslice.testing`, :mod:`tpuslice._run.shell`,
-:mod:`tpuslice._run.run` and :mod:`tpuslice.cli.status`.
+All three are thin: the work is in the simulator, :mod:`tpuslice._run.shell` and
+:mod:`tpuslice._run.run`.
 """
 
 from __future__ import annotations
@@ -16,10 +15,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING
 
 import click
 import ray
+from rich.box import HEAVY_HEAD
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -31,12 +30,7 @@ from tpuslice._reserve.request import SliceRequest
 from tpuslice._reserve.reserve import SliceHandle
 from tpuslice._run import observe
 from tpuslice._run.observe import AttemptEvent, Outcome
-from tpuslice._run.resilient import (
-    GangBrokenError,
-    ResilientRun,
-    RetryPolicy,
-    judged,
-)
+from tpuslice._run.resilient import GangBrokenError, ResilientRun, RetryPolicy, judged
 from tpuslice._run.run import run_on_slice
 from tpuslice._run.shell import HostResult, program_name, run_command, worst_exit_code
 from tpuslice._run.watchdog import AttemptWatch
@@ -46,12 +40,12 @@ from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._view import cluster
 from tpuslice._view.quotas import check_tenant
 from tpuslice.cli import status
-from tpuslice.cli.connect import UsageError, connect_or_none
+from tpuslice.cli.connect import UsageError, address_option, connect_or_none
 from tpuslice.cli.waiting import WaitLine, in_cli_terms
 from tpuslice.errors import InvalidArgumentError, RetriesExhaustedError, TPUSliceError
 from tpuslice.record import events
 
-__all__ = ["register"]
+__all__ = ["demo", "run", "simulate"]
 
 console = Console()
 err_console = Console(stderr=True)
@@ -71,19 +65,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def start_simulator(specs: list[SliceSpec], *, auth: bool = False) -> SimulatedCluster:
-    """Start a SimulatedCluster, showing its progress on stderr.
-
-    Args:
-        specs: The slices to simulate.
-        auth: Require Ray's token authentication (``SimulatedCluster(auth=True)``).
-
-    Returns:
-        The running cluster (not connected).
-
-    Raises:
-        SimulatorError: a host could not start.
-    """
+def _start_simulator(specs: list[SliceSpec], *, auth: bool = False) -> SimulatedCluster:
+    """Start a SimulatedCluster (not connected), showing its progress on stderr."""
     total = sum(spec.shape().num_hosts * spec.count for spec in specs)
     with err_console.status(f"starting a simulated cluster ({total} TPU hosts)") as spinner:
 
@@ -99,19 +82,8 @@ def start_simulator(specs: list[SliceSpec], *, auth: bool = False) -> SimulatedC
     return sim
 
 
-def parse_specs(texts: tuple[str, ...], default: str) -> list[SliceSpec]:
-    """Parse ``--slices`` values (``GEN:TOPOLOGY[:COUNT[:CHIPS_PER_VM]]``).
-
-    Args:
-        texts: The values given (none: ``default``).
-        default: The spec used when none is given.
-
-    Returns:
-        The validated specs.
-
-    Raises:
-        click.UsageError: a spec is malformed or names an invalid shape.
-    """
+def _parse_specs(texts: tuple[str, ...], default: str) -> list[SliceSpec]:
+    """The validated ``--slices`` values (``default`` if none); a UsageError if one is bad."""
     try:
         specs = [SliceSpec.parse(t) for t in (texts or (default,))]
         for spec in specs:
@@ -139,9 +111,9 @@ def parse_specs(texts: tuple[str, ...], default: str) -> list[SliceSpec]:
 )
 def simulate(slice_texts: tuple[str, ...], auth: bool) -> None:
     """Start a simulated TPU cluster in the foreground; Ctrl-C stops it."""
-    specs = parse_specs(slice_texts, "v6e:4x4:2")
+    specs = _parse_specs(slice_texts, "v6e:4x4:2")
     with sigterm_as_interrupt():
-        sim = start_simulator(specs, auth=auth)
+        sim = _start_simulator(specs, auth=auth)
         try:
             console.print(f"address: [bold]{sim.address}[/bold]")
             if sim.auth_env:
@@ -172,41 +144,17 @@ def _status_line_until_interrupted() -> None:
 # --- run ---------------------------------------------------------------------------------
 
 
-if TYPE_CHECKING:
-    _CountType = click.ParamType[int | tuple[int, int]]
-else:  # click before 8.2 has no generic ParamType
-    _CountType = click.ParamType
-
-
-class SliceCount(_CountType):
-    """``N`` (an int) or ``MIN..MAX`` (a tuple), each at least 1, min <= max."""
-
-    name = "N|MIN..MAX"
-
-    def convert(
-        self, value: object, param: click.Parameter | None, ctx: click.Context | None
-    ) -> int | tuple[int, int]:
-        """Parse the option.
-
-        Args:
-            value: The text (or an already converted value).
-            param: The option.
-            ctx: The click context.
-
-        Returns:
-            An int, or ``(min, max)``.
-        """
-        if isinstance(value, (int, tuple)):
-            return value
-        text = str(value).strip()
-        low, sep, high = text.partition("..")
-        try:
-            bounds = (int(low), int(high)) if sep else (int(text), int(text))
-        except ValueError:
-            self.fail(f"{text!r} is not N or MIN..MAX (e.g. 2 or 1..4)", param, ctx)
-        if not 1 <= bounds[0] <= bounds[1]:
-            self.fail(f"{text!r}: need 1 <= MIN <= MAX", param, ctx)
-        return bounds if sep else bounds[0]
+def _slice_count(ctx: click.Context, param: click.Parameter, value: str) -> int | tuple[int, int]:
+    """``--slices``: ``N`` (an int) or ``MIN..MAX`` (a tuple), with 1 <= MIN <= MAX."""
+    text = value.strip()
+    low, sep, high = text.partition("..")
+    try:
+        bounds = (int(low), int(high)) if sep else (int(text), int(text))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not N or MIN..MAX (e.g. 2 or 1..4)") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise click.BadParameter(f"{text!r}: need 1 <= MIN <= MAX")
+    return bounds if sep else bounds[0]
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -216,11 +164,12 @@ class SliceCount(_CountType):
     "--slices",
     "num_slices",
     default="1",
-    type=SliceCount(),
+    callback=_slice_count,
+    metavar="N|MIN..MAX",
     show_default=True,
     help="Slices: N, or MIN..MAX to take as many as are idle (at least MIN).",
 )
-@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+@address_option
 @click.option("--simulate", is_flag=True, help="Without a cluster, start a simulated one.")
 @click.option(
     "--timeout",
@@ -314,19 +263,19 @@ def _offer_simulator(spec: SliceSpec, simulate: bool) -> SimulatedCluster:
             "no running Ray cluster; pass --simulate to start a simulated one, "
             "start one with `tpuslice simulate`, or pass --address"
         )
-    return start_simulator([spec])
+    return _start_simulator([spec])
 
 
 def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: int) -> int:
-    """Run the command through the resilient-run loop (``retries`` = 0: one attempt);
-    print the last attempt's exit codes; return the worst."""
+    """Run the command through the resilient-run loop; print the last attempt's exit codes
+    and return the worst."""
     # One argument is a shell command line (as with gcloud --command); several are argv.
     text = command[0] if len(command) == 1 else shlex.join(command)
     last: list[HostResult] = []
 
     def attempt(spg: SliceHandle, watch: AttemptWatch) -> list[HostResult]:
         last[:] = run_command(spg, text, _print_line())
-        raise_if_broken(spg, last, watch)
+        _raise_if_broken(spg, last, watch)
         return last
 
     policy = RetryPolicy(max_retries_failure=retries, max_retries_preemption=retries)
@@ -338,7 +287,7 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
         if event.kind == "started":
             waiting.stop()  # the commands' own output follows
         if retries:
-            _show_event(event)
+            err_console.print(f"[yellow]{escape(event.describe())}[/yellow]")
 
     started, outcome = time.monotonic(), "failure"
     try:
@@ -364,18 +313,9 @@ def _run_everywhere(request: SliceRequest, command: tuple[str, ...], retries: in
     return worst_exit_code(last)
 
 
-def raise_if_broken(spg: SliceHandle, results: list[HostResult], watch: AttemptWatch) -> None:
-    """Turn a lost host or a non-zero exit code into the resilient loop's signal.
-
-    Args:
-        spg: The attempt's reservation.
-        results: Every host's result.
-        watch: The attempt's watch, whose evidence tells a preemption from a host
-            failure.
-
-    Raises:
-        GangBrokenError: a host was lost, or a command exited non-zero.
-    """
+def _raise_if_broken(spg: SliceHandle, results: list[HostResult], watch: AttemptWatch) -> None:
+    """Raise GangBrokenError for a lost host (judged by the watch's evidence) or a non-zero
+    exit code: the resilient loop's signal to retry."""
     for result in results:
         if result.exception is not None:
             broken = GangBrokenError.from_task(spg, result.context.rank, result.exception)
@@ -384,10 +324,6 @@ def raise_if_broken(spg: SliceHandle, results: list[HostResult], watch: AttemptW
     if worst:
         ranks = [r.context.rank for r in results if r.exit_code]
         raise GangBrokenError(Outcome.FAILURE, f"exit code {worst} (ranks {ranks})")
-
-
-def _show_event(event: AttemptEvent) -> None:
-    err_console.print(f"[yellow]{escape(event.describe())}[/yellow]")
 
 
 def _print_line() -> Callable[[HostContext, str], None]:
@@ -406,9 +342,8 @@ def _print_line() -> Callable[[HostContext, str], None]:
 
 
 def _summary(results: list[HostResult]) -> Table:
-    table = Table(title="exit codes", title_justify="left")
-    for column in ("rank", "slice", "worker", "exit", "seconds", "error"):
-        table.add_column(column, overflow="fold")
+    columns = ("rank", "slice", "worker", "exit", "seconds", "error")
+    table = status.new_table("exit codes", columns, frame=HEAVY_HEAD)
     for r in results:
         colour = "green" if r.exit_code == 0 else "red"
         table.add_row(
@@ -425,33 +360,23 @@ def _summary(results: list[HostResult]) -> Table:
 # --- demo --------------------------------------------------------------------------------
 
 
-def where_am_i() -> dict[str, str]:
-    """What one host sees: its place in the gang and its TPU / MEGASCALE environment.
+TPU_KEYS = ("TPU_NAME", "TPU_WORKER_ID")
+MEGASCALE_KEYS = ("MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID", "MEGASCALE_COORDINATOR_ADDRESS")
 
-    Returns:
-        Rank, slice, worker id, pid and the environment values, as strings.
 
-    Raises:
-        NotConnectedError: outside a tpuslice task.
-    """
+def _where_am_i() -> dict[str, str]:
+    """What one host sees: its place in the gang and its TPU / MEGASCALE environment."""
     host = current_host()
-    keys = (
-        "TPU_NAME",
-        "TPU_WORKER_ID",
-        "MEGASCALE_COORDINATOR_ADDRESS",
-        "MEGASCALE_NUM_SLICES",
-        "MEGASCALE_SLICE_ID",
-    )
     return {
         "rank": str(host.rank),
         "slice": host.slice_name,
         "worker": str(host.worker_id),
         "pid": str(os.getpid()),
-        **{k: os.environ.get(k, "-") for k in keys},
+        **{k: os.environ.get(k, "-") for k in TPU_KEYS + MEGASCALE_KEYS},
     }
 
 
-where = ray.remote(where_am_i)
+_where = ray.remote(_where_am_i)
 
 
 @click.command()
@@ -459,7 +384,7 @@ def demo() -> None:
     """Tour tpuslice on a simulated cluster of two v4 2x2x2 slices (about half a minute)."""
     started = time.monotonic()
     with sigterm_as_interrupt():
-        sim = start_simulator([SliceSpec("v4", "2x2x2", 2)])  # 2 hosts each: quick to start
+        sim = _start_simulator([SliceSpec("v4", "2x2x2", 2)])  # 2 hosts each: quick to start
         try:
             sim.connect()
             _demo_steps()
@@ -472,23 +397,11 @@ def _demo_steps() -> None:
     console.rule("1. the cluster, as tpuslice sees it")
     console.print(status.render_status(cluster.read_snapshot(), console.width))
     console.rule("2. one function on every host of one slice (refs in rank order)")
-    rows = ray.get(run_on_slice(where, topology="2x2x2", accelerator_version="v4"))
-    console.print(_rows_table(rows, ("rank", "slice", "worker", "TPU_NAME", "TPU_WORKER_ID")))
+    rows = ray.get(run_on_slice(_where, topology="2x2x2", accelerator_version="v4"))
+    console.print(_rows_table(rows, ("rank", "slice", "worker", *TPU_KEYS)))
     console.rule("3. a two-slice job: MEGASCALE_* set on every host")
-    rows = ray.get(run_on_slice(where, topology="2x2x2", accelerator_version="v4", num_slices=2))
-    console.print(
-        _rows_table(
-            rows,
-            (
-                "rank",
-                "slice",
-                "worker",
-                "MEGASCALE_NUM_SLICES",
-                "MEGASCALE_SLICE_ID",
-                "MEGASCALE_COORDINATOR_ADDRESS",
-            ),
-        )
-    )
+    rows = ray.get(run_on_slice(_where, topology="2x2x2", accelerator_version="v4", num_slices=2))
+    console.print(_rows_table(rows, ("rank", "slice", "worker", *MEGASCALE_KEYS)))
     console.rule("4. everything given back")
     snapshot = _wait_until_idle(timeout=10)
     console.print(f"placement groups left: {len(live_placement_groups())}")
@@ -496,8 +409,8 @@ def _demo_steps() -> None:
 
 
 def _wait_until_idle(timeout: float) -> cluster.ClusterSnapshot:
-    """Poll (bounded) until no group is left and Ray's resource view shows every slice's
-    hosts free again; it trails a removal by about one resource-report period (~100 ms)."""
+    """Poll (bounded) until no group is left and every slice's hosts show free again: Ray's
+    resource view trails a removal by a resource report."""
     deadline = time.monotonic() + timeout
     while True:
         snapshot = cluster.read_snapshot()
@@ -508,20 +421,10 @@ def _wait_until_idle(timeout: float) -> cluster.ClusterSnapshot:
 
 
 def _rows_table(rows: list[dict[str, str]], columns: tuple[str, ...]) -> Table:
-    table = Table(title_justify="left")
-    for column in columns:
-        short = column.replace("MEGASCALE_", "MS_").replace("COORDINATOR_ADDRESS", "COORD")
-        table.add_column(short, overflow="fold")
+    short = [
+        c.replace("MEGASCALE_", "MS_").replace("COORDINATOR_ADDRESS", "COORD") for c in columns
+    ]
+    table = status.new_table(None, short, frame=HEAVY_HEAD)
     for row in rows:
         table.add_row(*(row[c] for c in columns))
     return table
-
-
-def register(group: click.Group) -> None:
-    """Add ``simulate``, ``run`` and ``demo`` to the ``tpuslice`` command group.
-
-    Args:
-        group: The CLI's top-level group.
-    """
-    for command in (simulate, run, demo):
-        group.add_command(command)

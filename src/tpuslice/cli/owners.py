@@ -1,8 +1,7 @@
 """``tpuslice release-tpu``: stop a process that owns a host's TPU, on request only.
 
-tpuslice never stops a process it did not start (a notebook, a crashed driver's leftover
-worker, a job run outside Ray). When one holds a TPU, the host shows busy with the reason,
-and this command stops it: after a confirmation, and only a process of the same user.
+tpuslice never stops a process it did not start; this command does, after a confirmation,
+and only a process of the same user.
 """
 
 from __future__ import annotations
@@ -13,26 +12,15 @@ from rich.markup import escape
 
 from tpuslice._reserve.queue.agents import kill_owner, probe_owners
 from tpuslice._view import cluster
-from tpuslice.cli.connect import UsageError, connected
+from tpuslice.cli.connect import UsageError, address_option, connected
 
-__all__ = ["register"]
+__all__ = ["release_tpu"]
 
 console = Console()
 
 
-def find_host(snapshot: cluster.ClusterSnapshot, host: str) -> cluster.HostInfo:
-    """The live host named ``SLICE/WORKER``.
-
-    Args:
-        snapshot: The cluster.
-        host: ``<slice name>/<worker id>``, such as ``v6e-16-a/2``.
-
-    Returns:
-        That host.
-
-    Raises:
-        UsageError: malformed, or no live host of that name (the message lists some).
-    """
+def _find_host(snapshot: cluster.ClusterSnapshot, host: str) -> cluster.HostInfo:
+    """The live host named ``SLICE/WORKER``; a UsageError listing some if there is none."""
     name, _, worker = host.rpartition("/")
     info = snapshot.slices.get(name)
     found = info.hosts.get(int(worker)) if info and worker.isdecimal() else None
@@ -50,11 +38,11 @@ def find_host(snapshot: cluster.ClusterSnapshot, host: str) -> cluster.HostInfo:
 @click.command(name="release-tpu")
 @click.option("--host", "host", required=True, metavar="SLICE/WORKER", help="The TPU host.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+@address_option
 def release_tpu(host: str, yes: bool, address: str | None) -> None:
     """Stop the process that owns HOST's TPU (your own processes only; asks first)."""
     with connected(address):
-        target = find_host(cluster.read_snapshot(), host)
+        target = _find_host(cluster.read_snapshot(), host)
         found = probe_owners([target.node_id])[target.node_id]
         if isinstance(found, Exception):
             raise click.ClickException(f"the TPU agent of {host} did not answer: {found}")
@@ -74,12 +62,3 @@ def release_tpu(host: str, yes: bool, address: str | None) -> None:
             f"[green]stopped[/green] pid {found.pid}; the TPU of {escape(host)} "
             + ("is free." if left is None else f"is now owned by {left.describe()}.")
         )
-
-
-def register(group: click.Group) -> None:
-    """Add ``release-tpu`` to the ``tpuslice`` command group.
-
-    Args:
-        group: The CLI's top-level group.
-    """
-    group.add_command(release_tpu)

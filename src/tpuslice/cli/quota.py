@@ -1,9 +1,7 @@
 """``tpuslice quota``: the cluster's quotas for tenants, read and set.
 
-``tpuslice quota`` shows each tenant's quota, what it holds now and its decayed use;
-``tpuslice quota set TENANT --slices v6e-16=2`` sets one (the timeline records who set it,
-from which host, and when); ``tpuslice quota rm TENANT`` removes one. With no quota set,
-the queue serves requests by priority, then arrival, as it always did.
+``quota`` shows them with what each tenant holds and its decayed use; ``quota set`` and
+``quota rm`` change one, and the timeline records who changed it, from which host.
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ import getpass
 import json
 import socket
 import time
+from collections import Counter
 
 import click
 from rich.console import Console
@@ -31,28 +30,17 @@ from tpuslice._view.quotas import (
     check_tenant,
     read_quotas,
 )
-from tpuslice.cli.connect import UsageError, connected
+from tpuslice.cli.connect import UsageError, address_option, connected
 from tpuslice.errors import AmbiguousPodTypeError, InvalidArgumentError
 from tpuslice.record import events
 
-__all__ = ["register"]
+__all__ = ["quota_group"]
 
 console = Console()
 
 
-def parse_slices(specs: tuple[str, ...]) -> dict[str, int]:
-    """``v6e-16=2`` (every topology of the pod type) or ``v6e-16/4x4=1`` -> quota keys
-    and counts.
-
-    Args:
-        specs: What ``--slices`` was given.
-
-    Returns:
-        Quota key (pod type, or ``"pod type topology"``) -> slices.
-
-    Raises:
-        UsageError: a spec is malformed, or names no valid pod type or topology.
-    """
+def _parse_slices(specs: tuple[str, ...]) -> dict[str, int]:
+    """``--slices`` values (``v6e-16=2``, ``v6e-16/4x4=1``) as quota key -> slices."""
     found: dict[str, int] = {}
     for spec in specs:
         key, sep, count = spec.partition("=")
@@ -89,7 +77,7 @@ def _borrow_limit(ctx: click.Context, param: click.Parameter, value: str | None)
 
 @click.group(name="quota", invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+@address_option
 @click.pass_context
 def quota_group(ctx: click.Context, as_json: bool, address: str | None) -> None:
     """Show the cluster's quotas: each tenant's slices, borrow limit, weight and grace,
@@ -100,9 +88,7 @@ def quota_group(ctx: click.Context, as_json: bool, address: str | None) -> None:
         quotas = read_quotas()
         holders = read_holders()
         usage = read_usage().all(time.time())
-    held: dict[str, int] = {}
-    for holder in holders.values():
-        held[holder.tenant] = held.get(holder.tenant, 0) + 1
+    held = Counter(holder.tenant for holder in holders.values())
     tenants = sorted(set(quotas.tenants) | set(held))
     if as_json:
         data = {
@@ -166,7 +152,7 @@ def quota_group(ctx: click.Context, as_json: bool, address: str | None) -> None:
     default=None,
     help="Seconds its preempted work has to leave [default: 30].",
 )
-@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+@address_option
 def set_quota(
     tenant: str,
     slices: tuple[str, ...],
@@ -181,7 +167,7 @@ def set_quota(
         check_tenant(tenant)
     except InvalidArgumentError as exc:
         raise UsageError(str(exc)) from exc
-    counts = parse_slices(slices)
+    counts = _parse_slices(slices)
     with connected(address):
         quotas = read_quotas()
         old = quotas.of(tenant) or TenantQuota()
@@ -195,13 +181,13 @@ def set_quota(
             )
         except InvalidArgumentError as exc:
             raise UsageError(str(exc)) from exc
-        _store(quotas.with_tenant(tenant, new), f"set {tenant}: {describe(new)}")
-    console.print(f"quota of {tenant}: {describe(new)}")
+        _store(quotas.with_tenant(tenant, new), f"set {tenant}: {_describe(new)}")
+    console.print(f"quota of {tenant}: {_describe(new)}")
 
 
 @quota_group.command(name="rm")
 @click.argument("tenant")
-@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+@address_option
 def remove_quota(tenant: str, address: str | None) -> None:
     """Remove TENANT's quota (it then shares what is left over, at the lowest standing)."""
     with connected(address):
@@ -215,7 +201,7 @@ def remove_quota(tenant: str, address: str | None) -> None:
 
 @quota_group.command(name="half-life")
 @click.argument("seconds", type=float)
-@click.option("--address", default=None, help="Ray cluster (default: RAY_ADDRESS or local).")
+@address_option
 def set_half_life(seconds: float, address: str | None) -> None:
     """Set how fast fair share forgets past use: use SECONDS old counts half [default:
     3600]. Longer follows the weights over longer spans; shorter forgives sooner."""
@@ -229,15 +215,8 @@ def set_half_life(seconds: float, address: str | None) -> None:
     console.print(f"use now halves every {seconds:g} s")
 
 
-def describe(quota: TenantQuota) -> str:
-    """``v6e-16=2, borrow limit 1, weight 2, grace 30 s``.
-
-    Args:
-        quota: A tenant's quota.
-
-    Returns:
-        One line.
-    """
+def _describe(quota: TenantQuota) -> str:
+    """``v6e-16=2, borrow limit 1, weight 2, grace 30 s``."""
     slices = ", ".join(f"{k}={v}" for k, v in quota.slices.items()) or "no slices"
     limit = (
         "no borrow limit" if quota.borrow_limit is None else f"borrow limit {quota.borrow_limit}"
@@ -251,12 +230,3 @@ def _store(quotas: Quotas, change: str) -> None:
     who = f"{getpass.getuser()}@{socket.gethostname()}"
     events.record("quota", what=who, outcome="set", detail=f"{change} (by {who})")
     events.flush()
-
-
-def register(group: click.Group) -> None:
-    """Add ``quota`` to the ``tpuslice`` command group.
-
-    Args:
-        group: The CLI's top-level group.
-    """
-    group.add_command(quota_group)

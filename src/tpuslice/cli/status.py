@@ -1,19 +1,20 @@
 """What ``tpuslice status`` shows: a :class:`ClusterSnapshot` as rich renderables or JSON.
 
-Pure: no Ray, no I/O. The table lists every slice; below it, each slice's hosts are drawn
-on its worker grid (``SliceShape.worker_grid``; 3D grids flattened to rows of the last
-side), one coloured cell per host. Everything fits the width it is given, folding text
-rather than eliding it, so a script or an 80-column terminal sees every word.
+Pure: no Ray, no I/O. A table of slices, then each slice's hosts as cells on its worker grid.
+Text folds rather than elides, so an 80-column terminal still sees every word.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections import Counter
+from collections.abc import Container, Iterable, Iterator, Mapping
+from dataclasses import asdict
 from typing import Any
 
 from rich import box
+from rich.box import Box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -24,7 +25,14 @@ from tpuslice._tpu import subslice
 from tpuslice._view.cluster import ClusterSnapshot, HostInfo, HostState, SliceInfo, SliceState
 from tpuslice.record.events import SliceEvent
 
-__all__ = ["owners_table", "render_status", "status_dict", "summary_line", "timeline_table"]
+__all__ = [
+    "new_table",
+    "owners_table",
+    "render_status",
+    "status_dict",
+    "summary_line",
+    "timeline_table",
+]
 
 STATE_STYLES = {
     SliceState.READY: "bold green",
@@ -41,14 +49,13 @@ HOST_STYLES = {
     "missing": "dim",
 }
 COMPACT_GLYPHS = {"free": "o", "busy": "*", "dead": "x", "suspect": "!", "missing": "?"}
-"""Cells for grids too wide to number: the glyph keeps the state readable without colour."""
+"""Cells of grids too wide to number: the glyph keeps the state readable without colour."""
 MARKS = {**COMPACT_GLYPHS, "free": " "}
-"""What follows the worker id in a numbered cell (``12*`` busy, ``3x`` dead), for the same
-reason; a free host's cell is just its number."""
+"""What follows the worker id in a numbered cell (``12*`` busy), for the same reason."""
 
 GRID_INDENT = 2
 MAX_GRID_LINES = 32
-"""Taller grids (slices of more than ~1,000 hosts) are summarised, not drawn."""
+"""Taller grids are summarised, not drawn."""
 
 
 def _num(value: float) -> str:
@@ -56,23 +63,37 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
+def new_table(
+    title: str | None,
+    columns: Iterable[str],
+    right: Container[str] = (),
+    frame: Box = box.SIMPLE_HEAD,
+) -> Table:
+    """A table titled on the left whose columns fold text rather than elide it.
+
+    Args:
+        title: The title, if any.
+        columns: The column headers.
+        right: The headers of right-justified columns.
+        frame: The box style.
+
+    Returns:
+        The table, with no rows.
+    """
+    table = Table(title=title, title_justify="left", box=frame)
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left", overflow="fold")
+    return table
+
+
 def _sorted_slices(snapshot: ClusterSnapshot) -> list[SliceInfo]:
     return [info for _, info in sorted(snapshot.slices.items())]
 
 
-def state_counts(snapshot: ClusterSnapshot) -> dict[str, int]:
-    """Slices per state, every state present: ``{"ready": 2, "busy": 1, "broken": 0}``.
-
-    Args:
-        snapshot: The cluster as read.
-
-    Returns:
-        State name to slice count, in :class:`SliceState` order.
-    """
-    counts = {state.value: 0 for state in SliceState}
-    for info in snapshot.slices.values():
-        counts[info.state.value] += 1
-    return counts
+def _state_counts(snapshot: ClusterSnapshot) -> dict[str, int]:
+    """Slices per state, every state present, in :class:`SliceState` order."""
+    counts = Counter(info.state for info in snapshot.slices.values())
+    return {state.value: counts[state] for state in SliceState}
 
 
 def summary_line(snapshot: ClusterSnapshot) -> str:
@@ -84,8 +105,8 @@ def summary_line(snapshot: ClusterSnapshot) -> str:
     Returns:
         The one-line summary.
     """
-    counts = state_counts(snapshot)
-    for shown_if_any in (SliceState.NOTICE, SliceState.SUSPECT):  # rare: shown only if any
+    counts = _state_counts(snapshot)
+    for shown_if_any in (SliceState.NOTICE, SliceState.SUSPECT):  # rare
         if not counts[shown_if_any.value]:
             del counts[shown_if_any.value]
     parts = ", ".join(f"{n} {state}" for state, n in counts.items())
@@ -93,9 +114,7 @@ def summary_line(snapshot: ClusterSnapshot) -> str:
 
 
 def state_label(info: SliceInfo) -> str:
-    """The slice's state as shown: ``ready``, ``busy``, ``broken``, ``suspect`` (the reason
-    names the hosts, why and the time left), or for a slice under notice ``PREEMPTING`` /
-    ``MAINTENANCE`` (the reason gives the time left).
+    """The slice's state as shown; a slice under notice shows ``PREEMPTING`` or ``MAINTENANCE``.
 
     Args:
         info: One slice.
@@ -109,15 +128,8 @@ def state_label(info: SliceInfo) -> str:
     return info.state.value
 
 
-def shape_label(info: SliceInfo) -> str:
-    """``v6e 4x4``; the raw labels (or ``?``) when they name no valid shape.
-
-    Args:
-        info: One slice.
-
-    Returns:
-        Its generation and topology.
-    """
+def _shape_label(info: SliceInfo) -> str:
+    """``v6e 4x4``; the raw labels (or ``?``) when they name no valid shape."""
     if info.shape is not None:
         return f"{info.shape.generation.name} {info.topology}"
     return f"{info.pod_type or '?'} {info.topology or '?'}"
@@ -132,14 +144,12 @@ def slice_table(snapshot: ClusterSnapshot) -> Table:
     Returns:
         The table, titled with :func:`summary_line`, slices in name order.
     """
-    table = Table(title=summary_line(snapshot), title_justify="left", box=box.SIMPLE_HEAD)
-    for column in ("slice", "shape", "state", "reason", "hosts", "TPU free"):
-        right = column in ("hosts", "TPU free")
-        table.add_column(column, justify="right" if right else "left", overflow="fold")
+    columns = ("slice", "shape", "state", "reason", "hosts", "TPU free")
+    table = new_table(summary_line(snapshot), columns, right=("hosts", "TPU free"))
     for info in _sorted_slices(snapshot):
         table.add_row(
             info.name,
-            shape_label(info),
+            _shape_label(info),
             Text(state_label(info), style=STATE_STYLES[info.state]),
             info.reason,
             f"{info.alive_hosts}/{info.expected_hosts}",
@@ -149,8 +159,7 @@ def slice_table(snapshot: ClusterSnapshot) -> Table:
 
 
 def host_state(host: HostInfo | None) -> str:
-    """``free``, ``busy``, ``dead``, ``suspect`` (alive, and failed a run lately), or
-    ``missing`` when no node has that worker id.
+    """``free``, ``busy``, ``dead``, ``suspect`` (alive, failed a run lately) or ``missing``.
 
     Args:
         host: The host of a worker id, or None if no node has it.
@@ -166,14 +175,13 @@ def host_state(host: HostInfo | None) -> str:
 
 
 def grid_rows(info: SliceInfo, physical: Mapping[int, int] | None = None) -> list[list[int]]:
-    """Worker ids laid out on the worker grid: rows are the leading grid sides
-    flattened, columns the last side. A slice with no usable shape is one row.
+    """Worker ids on the worker grid: rows are the leading sides flattened, columns the last.
+
+    A slice with no usable shape is one row.
 
     Args:
         info: One slice.
-        physical: Each worker's physical position, when the slice's layout is known:
-            hosts are then drawn where their chips are (a sub-slice is a box); else
-            worker *i* is drawn at position *i*.
+        physical: Each worker's physical position, if known (a sub-slice is then a box).
 
     Returns:
         Rows of worker ids; every expected and every found worker id appears once.
@@ -204,8 +212,7 @@ def _cells(info: SliceInfo, workers: list[int], compact: bool, digits: int) -> I
 
 
 def subslice_summary(info: SliceInfo, physical: Mapping[int, int]) -> str:
-    """How many sub-slices of each shape are free: ``sub-slices: 2x2 3/4 free, 2x4 1/2
-    free`` (hosts by physical position, see :mod:`tpuslice._tpu.subslice`).
+    """How many sub-slices of each shape are free: ``sub-slices: 2x2 3/4 free, 2x4 1/2 free``.
 
     Args:
         info: One slice whose layout is known.
@@ -214,23 +221,24 @@ def subslice_summary(info: SliceInfo, physical: Mapping[int, int]) -> str:
     Returns:
         One line, empty if the slice has no sub-slices.
     """
-    topologies = subslice_dict(info, physical)["topologies"]
+    topologies = _subslice_dict(info, physical)["topologies"]
     parts = [f"{sub} {len(t['free'])}/{len(t['members'])} free" for sub, t in topologies.items()]
     return f"sub-slices: {', '.join(parts)}" if parts else ""
 
 
 def host_grid(info: SliceInfo, width: int, physical: Mapping[int, int] | None = None) -> Text:
-    """The slice's hosts as coloured cells on its worker grid, numbered by worker id
-    when that fits in ``width`` columns, else one glyph per host; rows wrap if needed.
-    A grid taller than :data:`MAX_GRID_LINES` becomes a one-line tally instead.
+    """The slice's hosts as coloured cells on its worker grid.
+
+    Cells show worker ids when they fit in ``width``, else one glyph each; rows wrap. A grid
+    taller than :data:`MAX_GRID_LINES` becomes a one-line tally.
 
     Args:
         info: One slice.
         width: Columns available, indent included.
-        physical: Each worker's physical position, when the slice's layout is known.
+        physical: Each worker's physical position, if known.
 
     Returns:
-        The grid (or tally) as styled text, one line per row or wrapped part of one.
+        The grid (or tally) as styled text.
     """
     rows = grid_rows(info, physical)
     digits = len(str(max((w for row in rows for w in row), default=0)))
@@ -253,41 +261,23 @@ def host_grid(info: SliceInfo, width: int, physical: Mapping[int, int] | None = 
 
 def _tally(info: SliceInfo, rows: list[list[int]]) -> str:
     """``1436 free, 100 busy``: hosts per state, in legend order."""
-    counts = {state: 0 for state in HOST_STYLES}
-    for row in rows:
-        for worker in row:
-            counts[host_state(info.hosts.get(worker))] += 1
-    return ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+    counts = Counter(host_state(info.hosts.get(worker)) for row in rows for worker in row)
+    return ", ".join(f"{counts[state]} {state}" for state in HOST_STYLES if counts[state])
 
 
-def slice_heading(info: SliceInfo) -> Text:
-    """``v6e-16-a  v6e 4x4, 4 hosts (2x2)  busy``: the line above a slice's grid.
-
-    Args:
-        info: One slice.
-
-    Returns:
-        The styled heading; the worker grid is shown only for multi-host shapes.
-    """
+def _slice_heading(info: SliceInfo) -> Text:
+    """``v6e-16-a  v6e 4x4, 4 hosts (2x2)  busy``: the line above a slice's grid."""
     heading = Text(info.name, style="bold")
     grid = ""
     if info.shape is not None and info.shape.num_hosts > 1:
         grid = f" ({'x'.join(map(str, info.shape.worker_grid))})"
-    heading.append(f"  {shape_label(info)}, {info.expected_hosts} host(s){grid}  ")
+    heading.append(f"  {_shape_label(info)}, {info.expected_hosts} host(s){grid}  ")
     heading.append(state_label(info), style=STATE_STYLES[info.state])
     return heading
 
 
-def suspect_line(record: Suspect, now: float) -> Text:
-    """``host 1 (node 4f2a...) suspect: hang, 9 min left; <evidence>``, under its grid.
-
-    Args:
-        record: A host's suspect record.
-        now: Wall-clock seconds (the snapshot's).
-
-    Returns:
-        One line, indented as the grid.
-    """
+def _suspect_line(record: Suspect, now: float) -> Text:
+    """``host 1 (node 4f2a...) suspect: hang, 9 min left; <evidence>``, under its grid."""
     line = (
         f"host {record.worker_id} (node {record.node_id[:12]}) suspect: "
         f"{record.reason.value}, {duration(record.left(now))} left"
@@ -321,52 +311,36 @@ def render_status(
     Args:
         snapshot: The cluster as read.
         width: The console's width in columns.
-        layouts: Per slice, each worker's physical position where it is known (its
-            grid is then drawn by position, with a line of free sub-slices).
+        layouts: Per slice, each worker's physical position where known.
 
     Returns:
-        The table, each slice's heading and grid, and the legend; a one-line message
-        when the cluster has no TPU slice.
+        The table, each slice's heading and grid, the legend and the queue.
     """
     if not snapshot.slices:
         return Text("No TPU slices in this cluster (no node has TPU labels or resources).")
     parts: list[RenderableType] = [slice_table(snapshot)]
     for info in _sorted_slices(snapshot):
         physical = (layouts or {}).get(info.name)
-        parts += [slice_heading(info), host_grid(info, width, physical)]
-        parts += [suspect_line(s, snapshot.taken_at) for s in info.suspects]
+        parts += [_slice_heading(info), host_grid(info, width, physical)]
+        parts += [_suspect_line(s, snapshot.taken_at) for s in info.suspects]
         if physical:
             parts.append(Text(" " * GRID_INDENT + subslice_summary(info, physical)))
     parts.append(legend())
-    queue = queue_table(snapshot)
+    queue = _queue_table(snapshot)
     if queue is not None:
         parts.append(queue)
     return Group(*parts)
 
 
-def queue_table(snapshot: ClusterSnapshot) -> Table | None:
-    """The cluster-wide queue: one row per waiting request, in serving order.
-
-    Args:
-        snapshot: The cluster as read (its queue record, if fresh).
-
-    Returns:
-        The table (position, priority, tenant when any is named, wanted, waited, driver,
-        why), or None when no request waits.
-    """
+def _queue_table(snapshot: ClusterSnapshot) -> Table | None:
+    """The cluster's queue, one row per waiting request in serving order; None if empty."""
     waiting = snapshot.queued()
     if not waiting:
         return None
-    table = Table(
-        title=f"queue: {len(waiting)} request(s) waiting",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-    )
     tenants = any(r.tenant for r in waiting)
     columns = ("#", "priority", *(("tenant",) if tenants else ()), "wants", "waited", "driver")
-    for column in (*columns, "why"):
-        right = column in ("#", "priority", "waited")
-        table.add_column(column, justify="right" if right else "left", overflow="fold")
+    title = f"queue: {len(waiting)} request(s) waiting"
+    table = new_table(title, (*columns, "why"), right=("#", "priority", "waited"))
     for request in waiting:
         why = f"granted {', '.join(request.granted)}" if request.granted else request.reason
         table.add_row(
@@ -384,18 +358,7 @@ def queue_table(snapshot: ClusterSnapshot) -> Table | None:
 # --- JSON --------------------------------------------------------------------------------
 
 
-def host_dict(host: HostInfo, now: float) -> dict[str, Any]:
-    """One host as JSON-able data.
-
-    Args:
-        host: One host of a slice.
-        now: Wall-clock seconds, for a suspect record's time left.
-
-    Returns:
-        Its worker id, node id, address, liveness, state, TPU resources, the process
-        seen owning its TPU, the notice standing on it and its suspect record (each
-        ``None`` if none).
-    """
+def _host_dict(host: HostInfo, now: float) -> dict[str, Any]:
     notice, suspect = host.notice, host.suspect
     return {
         "worker_id": host.worker_id,
@@ -407,44 +370,17 @@ def host_dict(host: HostInfo, now: float) -> dict[str, Any]:
         "tpu_available": host.tpu_available,
         "head_free": host.head_free,
         "tpu_owner": host.tpu_owner,
-        "notice": None if notice is None else notice_dict(notice),
-        "suspect": None if suspect is None else suspect_dict(suspect, now),
+        "notice": None if notice is None else _notice_dict(notice),
+        "suspect": None if suspect is None else _suspect_dict(suspect, now),
     }
 
 
-def suspect_dict(record: Suspect, now: float) -> dict[str, Any]:
-    """A suspect record as JSON-able data.
-
-    Args:
-        record: A host's suspect record.
-        now: Wall-clock seconds.
-
-    Returns:
-        Its host (node id, slice, worker id), reason, evidence, when it was marked,
-        when its cool-down ends and the seconds left.
-    """
-    return {
-        "node_id": record.node_id,
-        "slice_name": record.slice_name,
-        "worker_id": record.worker_id,
-        "reason": record.reason.value,
-        "evidence": record.evidence,
-        "since": record.since,
-        "until": record.until,
-        "left_s": round(record.left(now), 1),
-    }
+def _suspect_dict(record: Suspect, now: float) -> dict[str, Any]:
+    left = round(record.left(now), 1)
+    return {**asdict(record), "reason": record.reason.value, "left_s": left}
 
 
-def notice_dict(notice: Notice) -> dict[str, Any]:
-    """A notice as JSON-able data.
-
-    Args:
-        notice: A preemption or maintenance notice.
-
-    Returns:
-        Its kind, shown state, metadata event, when it was seen, the expected deadline
-        and the seconds left (wall clock).
-    """
+def _notice_dict(notice: Notice) -> dict[str, Any]:
     return {
         "kind": notice.kind,
         "state": notice.state,
@@ -455,19 +391,8 @@ def notice_dict(notice: Notice) -> dict[str, Any]:
     }
 
 
-def slice_dict(info: SliceInfo, now: float) -> dict[str, Any]:
-    """One slice as JSON-able data, its hosts included.
-
-    Args:
-        info: One slice.
-        now: Wall-clock seconds, for suspect records' time left.
-
-    Returns:
-        Its name, state, shape, host counts, whether every host is free (``idle``: a
-        suspect slice that is can be taken as a last resort), TPU resources, its suspect
-        records and hosts (see :func:`host_dict`); shape fields are None when the
-        labels name no valid shape.
-    """
+def _slice_dict(info: SliceInfo, now: float) -> dict[str, Any]:
+    """One slice and its hosts; shape fields are None when the labels name no valid shape."""
     shape = info.shape
     return {
         "name": info.name,
@@ -486,8 +411,8 @@ def slice_dict(info: SliceInfo, now: float) -> dict[str, Any]:
         "missing_workers": info.missing_workers,
         "tpu_total": info.chips_total,
         "tpu_available": info.chips_free,
-        "suspects": [suspect_dict(s, now) for s in info.suspects],
-        "hosts": [host_dict(h, now) for h in info.hosts.values()],
+        "suspects": [_suspect_dict(s, now) for s in info.suspects],
+        "hosts": [_host_dict(h, now) for h in info.hosts.values()],
     }
 
 
@@ -498,20 +423,17 @@ def status_dict(
 
     Args:
         snapshot: The cluster as read.
-        layouts: Each slice's physical layout, where known: such a slice also gets
-            ``subslices`` (see :func:`subslice_dict`).
+        layouts: Each slice's physical layout, where known (adds its ``subslices``).
 
     Returns:
-        ``taken_at``, the slice counts per state, every slice (see :func:`slice_dict`)
-        in name order, and ``queue``: the waiting requests in serving order, each with
-        ``waited_s``.
+        ``taken_at``, counts per state, every slice in name order, and the waiting ``queue``.
     """
     slices = []
     for info in _sorted_slices(snapshot):
-        entry = slice_dict(info, snapshot.taken_at)
+        entry = _slice_dict(info, snapshot.taken_at)
         physical = (layouts or {}).get(info.name)
         if physical is not None:
-            entry["subslices"] = subslice_dict(info, physical)
+            entry["subslices"] = _subslice_dict(info, physical)
         slices.append(entry)
     queue = [
         {**r.to_dict(), "waited_s": max(0.0, snapshot.taken_at - r.since)}
@@ -519,24 +441,14 @@ def status_dict(
     ]
     return {
         "taken_at": snapshot.taken_at,
-        "counts": state_counts(snapshot),
+        "counts": _state_counts(snapshot),
         "slices": slices,
         "queue": queue,
     }
 
 
-def subslice_dict(info: SliceInfo, physical: Mapping[int, int]) -> dict[str, Any]:
-    """A slice's sub-slices as data: where each worker sits, and for each sub-topology
-    its sub-slices (Ray's index -> worker ids) and which of them are free.
-
-    Args:
-        info: One slice whose layout is known.
-        physical: Each worker's physical position.
-
-    Returns:
-        ``{"physical": {worker: position}, "topologies": {topology: {"members": {index:
-        [workers]}, "free": [indices]}}}`` (keys as strings, for JSON).
-    """
+def _subslice_dict(info: SliceInfo, physical: Mapping[int, int]) -> dict[str, Any]:
+    """Where each worker sits; per sub-topology, Ray's index -> workers and the free indices."""
     topologies = {}
     for sub in subslice.subslice_topologies(info.topology):
         found = subslice.members(physical, info.topology, sub)
@@ -558,7 +470,7 @@ def owners_table(snapshot: ClusterSnapshot) -> RenderableType:
         snapshot: The cluster, with the owners its hosts' agents recorded.
 
     Returns:
-        A table (slice, worker, node, owner), or a line saying no TPU is owned.
+        A table, or a line saying no TPU is owned.
     """
     rows = [
         (info.name, str(worker), host.node_id[:12], host.tpu_owner)
@@ -568,9 +480,7 @@ def owners_table(snapshot: ClusterSnapshot) -> RenderableType:
     ]
     if not rows:
         return Text("No process owns a TPU on any live host.")
-    table = Table(title="TPU owners", title_justify="left", box=box.SIMPLE_HEAD)
-    for column in ("slice", "worker", "node", "owner"):
-        table.add_column(column, overflow="fold")
+    table = new_table("TPU owners", ("slice", "worker", "node", "owner"))
     for row in rows:
         table.add_row(*row)
     return table
@@ -583,14 +493,12 @@ def timeline_table(events: list[SliceEvent]) -> RenderableType:
         events: From :func:`tpuslice.record.events.read_events`.
 
     Returns:
-        A table (time, ago, event, job), or a line saying there is no history.
+        A table, or a line saying there is no history.
     """
     if not events:
         return Text("No events recorded on this cluster yet.")
     now = time.time()
-    table = Table(title="Slice timeline", title_justify="left", box=box.SIMPLE_HEAD)
-    for column in ("time", "ago", "event", "job"):
-        table.add_column(column, overflow="fold")
+    table = new_table("Slice timeline", ("time", "ago", "event", "job"))
     for event in events:
         clock = time.strftime("%H:%M:%S", time.localtime(event.at))
         table.add_row(clock, _ago(now - event.at), event.describe(), event.job)

@@ -1,11 +1,6 @@
-"""What a command shows while its reservation waits, and its messages in the terms of the
-command line.
-
-:class:`WaitLine` redraws one line on stderr every second while ``tpuslice run`` waits for
-slices: how long it has waited of its ``--timeout``, its place in the cluster's queue, and
-why it waits (the queue's own reason, from the record it publishes after each decision).
-:func:`in_cli_terms` rewrites a library message that names an argument of the Python API
-so that it names the command's option instead.
+"""What a command shows while its reservation waits (:class:`WaitLine`: time waited, place
+in the cluster's queue and the queue's reason), and library messages in the command line's
+terms (:func:`in_cli_terms`).
 """
 
 from __future__ import annotations
@@ -26,8 +21,7 @@ CLI_OPTIONS = {
     "max_retries_failure / max_retries_preemption": "--retries",
     "head_reservation_timeout_s": "--timeout",
 }
-"""Arguments of the Python API that library messages name, and the option of
-``tpuslice run`` that sets each."""
+"""Arguments of the Python API that library messages name -> the ``tpuslice run`` option."""
 REDRAW_S = 1.0
 """How often the line is redrawn (it reads the cluster view each time)."""
 
@@ -59,8 +53,7 @@ def wait_line(
         pid: This process, as the queue names its requests' drivers.
 
     Returns:
-        ``waiting 3 s of 8 s for 1 x v6e 4x4: position 2 in the cluster's queue, 1
-        request ahead; <why>``.
+        ``waiting 3 s of 8 s for 1 x v6e 4x4: position 2 in the cluster's queue, ...``.
     """
     limit = "" if timeout_s is None else f" of {timeout_s:g} s"
     head = f"waiting {waited_s:.0f} s{limit} for {what}"
@@ -80,9 +73,8 @@ def wait_line(
 
 
 class WaitLine:
-    """Redraws :func:`wait_line` on a console every :data:`REDRAW_S` from a daemon thread,
-    from entering until :meth:`stop` (or leaving). A console that is not a terminal gets
-    nothing: the line is redrawn in place, which only a terminal shows.
+    """Redraws :func:`wait_line` every :data:`REDRAW_S` from a daemon thread, from entering
+    until :meth:`stop` (or leaving). Only a terminal gets it: the line redraws in place.
 
     Args:
         console: Where to draw (stderr).
@@ -137,7 +129,6 @@ class WaitLine:
                     status.update(self._fit(f"waiting for {self._what}"))
 
     def _fit(self, text: str) -> Text:
-        """Cut to the terminal's width, less the spinner: a line that wrapped would not
-        be redrawn in place."""
+        """Cut to the terminal's width less the spinner: a wrapped line would not redraw."""
         room = max(10, self._console.width - 3)
         return Text(text if len(text) <= room else text[: room - 1] + "…")

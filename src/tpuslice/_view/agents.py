@@ -36,14 +36,8 @@ class ListedFree(set[str]):
 
 
 class HostNotes(NamedTuple):
-    """What is recorded about the hosts in Ray's KV store, by node id.
-
-    Attributes:
-        owners: The process each host's agent last saw owning its TPU.
-        notices: The notice standing on each warned host (the soonest).
-        suspects: The live suspect record of each suspect host.
-        seen_free: The hosts whose agent last saw the TPU free.
-    """
+    """What Ray's KV store records of the hosts, by node id: TPU owners, the soonest notice
+    standing on each, live suspect records, and the hosts whose agent last saw the TPU free."""
 
     owners: dict[str, TPUOwner]
     notices: dict[str, Notice]

@@ -1,9 +1,6 @@
-"""Where each host of a slice physically sits (its TPU worker id -> physical position),
-read from Ray's KV store; :mod:`tpuslice._run.layout_records` learns and writes it.
-
-Two records: Ray's (``tpu_subslice/<slice>``, sub-slice labels per worker), and tpuslice's
-(``subslice-layout/<slice>``), which also names the nodes it was learned on, so a slice
-whose hosts were replaced is discovered again.
+"""Where each host of a slice physically sits, read from Ray's KV store
+(:mod:`tpuslice._run.layout_records` learns and writes it): Ray's record, or tpuslice's,
+which also names the nodes it was learned on, so replaced hosts are discovered again.
 """
 
 from __future__ import annotations
@@ -28,13 +25,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Layout:
-    """One slice's physical layout.
-
-    Attributes:
-        physical: Each TPU worker id's physical position.
-        nodes: Each worker's node id when the layout was learned (``None``: from Ray's
-            record).
-    """
+    """One slice's physical layout: each TPU worker id's physical position, and its node id
+    when the layout was learned (``nodes`` is ``None`` for a layout from Ray's record)."""
 
     slice_name: str
     topology: str

@@ -1,9 +1,7 @@
 """Goodput: where every second of a run went, from asking for slices to handing them back.
 
-Each run's :class:`Account` cuts its wall time into :data:`CATEGORIES` (they sum to it by
-construction) from the moments the driver saw and those the gang published; the rules are
-in ``docs/observability.md``. :func:`account_of` is pure. The cluster's side is
-:mod:`tpuslice.record.slice_seconds`.
+Each run's :class:`Account` cuts its wall time into :data:`CATEGORIES`, which sum to it,
+from the moments the driver saw and the gang published (rules: ``docs/observability.md``).
 """
 
 from __future__ import annotations

@@ -329,11 +329,7 @@ class ClusterReporter:
         on_report: Given each snapshot from the second on, with the seconds since the last.
     """
 
-    def __init__(
-        self,
-        read: Any,
-        on_report: Callable[[ClusterSnapshot, float], None],
-    ) -> None:
+    def __init__(self, read: Any, on_report: Callable[[ClusterSnapshot, float], None]) -> None:
         self._read = read
         self._on_report = on_report
         self._last: float | None = None

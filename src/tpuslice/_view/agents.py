@@ -1,7 +1,5 @@
-"""What the host agents recorded in Ray's KV store, read by a driver: each host's TPU
-owner and standing notice, the suspect records beside them, and which hosts' agents last
-saw their TPU free (their ``tpu-free/`` keys). The agents themselves live in
-:mod:`tpuslice._host.agent`; a driver asks them through :mod:`tpuslice._reserve.queue.agents`.
+"""What the host agents (:mod:`tpuslice._host.agent`) recorded in Ray's KV store, read by a
+driver: TPU owners, notices, suspect records, and which agents last saw their TPU free.
 """
 
 from __future__ import annotations
@@ -32,24 +30,14 @@ logger = logging.getLogger(__name__)
 
 
 class ListedFree(set[str]):
-    """Nodes whose ``tpu-free/`` keys a listing on this connection showed
-    (:func:`free_hosts`, :func:`recorded_notes`). Each key's agent wrote it, so that agent
-    is up, and an ask of it that is slow to answer is waited for, not taken as free
-    (:meth:`tpuslice._reserve.queue.agents.Agents.is_up`). A part of the connection, made
-    here because the readers learn it; a dead node's id stays, as nothing asks a dead
-    node."""
+    """Nodes whose ``tpu-free/`` keys a listing on this connection showed: their agents are
+    up, so a slow answer from one is waited for, not taken as free. A dead node's id may
+    stay: nothing asks a dead node."""
 
 
 class HostNotes(NamedTuple):
-    """What is recorded about the hosts in Ray's KV store, by node id.
-
-    Attributes:
-        owners: The process each host's agent last saw owning its TPU.
-        notices: The notice standing on each warned host.
-        suspects: The live suspect record of each suspect host
-            (:mod:`tpuslice._host.suspects`).
-        seen_free: The hosts whose agent last saw the TPU free (``tpu-free/`` keys).
-    """
+    """What Ray's KV store records of the hosts, by node id: TPU owners, the soonest notice
+    standing on each, live suspect records, and the hosts whose agent last saw the TPU free."""
 
     owners: dict[str, TPUOwner]
     notices: dict[str, Notice]
@@ -58,14 +46,9 @@ class HostNotes(NamedTuple):
 
 
 def recorded_notes(now: float | None = None) -> HostNotes:
-    """The TPU owners and notices the agents last recorded, the hosts they last saw free,
-    and the suspect records, by node id (Ray's KV store: one listing and one read for all,
-    so a cluster with none costs one call; the free keys are only listed, never read).
-
-    A notice more than :data:`~tpuslice._host.notices.STALE_S` past its deadline is deleted
-    (:func:`tpuslice._host.agent.forget_stale_notices`): its host died (its agent with it)
-    or was replaced, and nobody else would. So is a suspect record whose cool-down ended
-    (:func:`tpuslice._host.suspects.forget`). This module writes nothing itself.
+    """The agents' records by node id: one listing and one read for all. Deletes notices
+    long past their deadline (their host and agent are gone, nobody else would) and ended
+    suspect records, through the :mod:`tpuslice._host` functions that own them.
 
     Args:
         now: Wall-clock seconds (default: now).
@@ -105,23 +88,17 @@ def recorded_notes(now: float | None = None) -> HostNotes:
         if notice.stale(now):
             stale.append(key)
             continue
-        node = _node_of(key)
-        standing = notices.get(node)
-        # Both the host's own and the queue's may stand: the sooner one is what matters.
-        if standing is None or notice.deadline < standing.deadline:
-            notices[node] = notice
+        _keep_sooner(notices, key, notice)
     forget_stale_notices(stale)
     return HostNotes(owners, notices, suspects, seen_free)
 
 
 def free_hosts() -> frozenset[str]:
-    """The nodes whose agents' ``tpu-free/`` keys are there now (one listing): each agent
-    saw its TPU free at its last look, at most :data:`~tpuslice._host.agent.WATCH_S` ago,
-    or confirmed it since.
+    """The nodes whose agents saw their TPU free at their last look (one listing).
 
     Returns:
-        Their node ids (none when the store cannot be read: then every host is asked);
-        the nodes are also noted up (:class:`ListedFree`).
+        Their node ids, also noted up (:class:`ListedFree`); none when the store cannot
+        be read (then every host is asked).
     """
     try:
         keys = _ray.kv_list(FREE_KEY_PREFIX, NAMESPACE)
@@ -132,8 +109,7 @@ def free_hosts() -> frozenset[str]:
 
 
 def _vouched_by(keys: Sequence[str]) -> frozenset[str]:
-    """The nodes whose ``tpu-free/`` keys are among ``keys``, noted up (their agents
-    wrote them: see :class:`ListedFree`)."""
+    """The nodes whose ``tpu-free/`` keys are among ``keys``, noted up."""
     nodes = frozenset(
         k.removeprefix(FREE_KEY_PREFIX) for k in keys if k.startswith(FREE_KEY_PREFIX)
     )
@@ -142,16 +118,15 @@ def _vouched_by(keys: Sequence[str]) -> frozenset[str]:
 
 
 def notices_for(node_ids: Sequence[str]) -> dict[str, Notice]:
-    """The notices recorded for these nodes, by their agents or by the queue preempting
-    their work (one listing, and one read of those that have one; where both stand, the
-    sooner).
+    """The notices recorded for these nodes, by their agents or by the queue.
 
     Args:
         node_ids: Ray node ids.
 
     Returns:
-        Per node with a notice standing, the notice; empty when Ray is not connected.
+        Per node with a notice standing, the sooner one; empty when Ray is not connected.
     """
+
     wanted = set(node_ids)
     keys = [
         key
@@ -165,12 +140,19 @@ def notices_for(node_ids: Sequence[str]) -> dict[str, Notice]:
         except ValueError as exc:
             logger.debug("ignoring unreadable notice %s: %s", key, exc)
             continue
-        standing = found.get(_node_of(key))
-        if standing is None or notice.deadline < standing.deadline:
-            found[_node_of(key)] = notice
+        _keep_sooner(found, key, notice)
     return found
 
 
 def _node_of(key: str) -> str:
     """The node id a host record's key names."""
     return key.removeprefix(NOTICE_KEY_PREFIX).removeprefix(PREEMPT_KEY_PREFIX)
+
+
+def _keep_sooner(found: dict[str, Notice], key: str, notice: Notice) -> None:
+    """Keep the sooner notice of the key's node: the host's own and the queue's may both
+    stand."""
+    node = _node_of(key)
+    standing = found.get(node)
+    if standing is None or notice.deadline < standing.deadline:
+        found[node] = notice

@@ -1,11 +1,8 @@
 """Read-only view of the TPU slices in a Ray cluster: which exist, and which are idle.
 
-The core, :func:`build_snapshot`, is pure: it turns node records (``ray.nodes()`` shape)
-and per-node available resources into a :class:`ClusterSnapshot`. :func:`read_snapshot`
-is the one place that reads Ray: one read of the nodes, one of available resources.
-
-A host whose TPUs are all in use has *no* ``TPU`` key in its available resources; that
-means 0 free, not "all free" (Ray 2.60's ``get_num_ready_tpu_slices`` gets this wrong).
+:func:`build_snapshot` is pure: node records and per-node available resources in, a
+:class:`ClusterSnapshot` out; :func:`read_snapshot` is the one place that reads Ray. A host
+with no ``TPU`` key in its available resources has 0 free, not all (Ray 2.60 gets this wrong).
 """
 
 from __future__ import annotations
@@ -50,7 +47,7 @@ Available = Mapping[str, Mapping[str, float]]
 
 
 class HostState(str, enum.Enum):
-    """One TPU host in a snapshot: free, busy (some TPU or its head resource in use), dead."""
+    """One TPU host in a snapshot: free, busy (a TPU or the head resource in use), dead."""
 
     FREE = "free"
     BUSY = "busy"
@@ -58,8 +55,7 @@ class HostState(str, enum.Enum):
 
 
 class SliceState(str, enum.Enum):
-    """One TPU slice in a snapshot: ready to reserve, whole but busy, broken, under notice,
-    or suspect. BROKEN comes first, then NOTICE, then SUSPECT, then BUSY or READY."""
+    """One TPU slice in a snapshot. BROKEN is decided first, then NOTICE, SUSPECT, BUSY."""
 
     READY = "ready"
     """Every host alive, worker 0 present, every TPU and the head resource free."""
@@ -68,33 +64,23 @@ class SliceState(str, enum.Enum):
     BROKEN = "broken"
     """A host missing or dead, no worker 0, or labels that do not add up."""
     NOTICE = "notice"
-    """Whole, but a host was warned of preemption or maintenance (:mod:`tpuslice._host.notices`):
-    about to go, so never reserved; work on it should move."""
+    """Whole, but a host was warned of preemption or maintenance: never reserved."""
     SUSPECT = "suspect"
-    """Whole and alive, but a host failed a run lately (:mod:`tpuslice._host.suspects`):
-    reserved only as a last resort, and only when every host is free
-    (:attr:`SliceInfo.idle`)."""
+    """Whole, but a host failed a run lately: reserved only as a last resort, when idle."""
 
 
 class HostInfo(NamedTuple):
-    """One Ray node that carries TPU labels or resources. A named tuple, not a frozen
-    dataclass: there is one per TPU VM, and it is built in half the time (benchmarks/).
+    """One Ray node with TPU labels or resources (a named tuple: one per TPU VM, and it
+    builds faster than a dataclass).
 
     Attributes:
-        node_id: Ray's node id (hex).
-        address: The node's IP address.
-        slice_name: The slice it belongs to.
         worker_id: Its TPU worker id; None if its label is missing or not a number.
-        alive: Whether Ray sees the node alive.
-        tpu_total: ``TPU`` resource the node has.
         tpu_available: ``TPU`` resource free now (0 on a dead node).
-        tpu_owner: The process its TPU agent last saw owning the TPU (``pid 4242
-            (python train.py)``), if any: such a host is busy even when Ray's resources
-            say it is free (a process outside Ray, or a leftover, holds the TPU).
-        notice: The preemption or maintenance notice its metadata server gave, if any.
+        tpu_owner: The process its TPU agent last saw owning the TPU: the host is busy
+            whatever Ray's resources say.
+        notice: The preemption or maintenance notice on it, if any.
         suspect: Its live suspect record, if it failed a run lately.
-        tpu_seen_free: Whether its TPU agent, which looks every half second, last saw
-            the TPU free (and no owner is recorded): a reservation need not ask it.
+        tpu_seen_free: Whether its TPU agent last saw the TPU free, with no owner.
     """
 
     node_id: str
@@ -122,19 +108,10 @@ class HostInfo(NamedTuple):
 
 @dataclass(frozen=True)
 class SliceInfo:
-    """One TPU slice: its shape (when the labels give it) and its hosts by worker id.
-
-    Attributes:
-        name: The slice name (for a single-host VM without one, its node id).
-        pod_type: The pod type (``v6e-16``), as labelled when it names no valid shape.
-        topology: The chip grid (``4x4``), as labelled when it names no valid shape.
-        shape: The shape; None when the labels name no valid one.
-        hosts: The chosen host per worker id, in worker-id order.
-        state: Ready, busy, broken, under notice or suspect.
-        reason: Why it is not ready (for a suspect slice: which hosts, why, the time
-            left, and whether its hosts are in use); ``""`` when ready.
-        expected_hosts: Hosts the shape has (the hosts found, without a shape).
-    """
+    """One TPU slice: its shape (None when the labels name no valid one; ``pod_type`` and
+    ``topology`` are then as labelled) and its hosts by worker id. A single-host VM without
+    a slice name is named by its node id. ``reason`` says why it is not ready;
+    ``expected_hosts`` is the shape's host count (the hosts found, without a shape)."""
 
     name: str
     pod_type: str
@@ -188,25 +165,22 @@ class SliceInfo:
 
     @property
     def idle(self) -> bool:
-        """Whether every host it should have is there, alive and free (a ready slice is;
-        a suspect one that is can be reserved as a last resort)."""
+        """Whether every host it should have is there, alive and free."""
         return len(self.hosts) == self.expected_hosts and all(
             h.state is HostState.FREE for h in self.hosts.values()
         )
 
     @property
     def trusted(self) -> bool:
-        """Whether it can serve a request without a last resort: ready or busy (neither
-        suspect, broken nor under a host's notice; the queue's notice only means its
-        work is leaving)."""
+        """Whether it can serve a request without a last resort: ready or busy, or under
+        the queue's notice only (its work is leaving)."""
         if self.state is SliceState.NOTICE:
             return given_by_queue(self.notice)
         return self.state in (SliceState.READY, SliceState.BUSY)
 
     @property
     def last_resort(self) -> bool:
-        """Whether it is suspect but idle: reservable only as a last resort
-        (:func:`tpuslice._reserve.queue.schedule.last_resort`)."""
+        """Whether it is suspect but idle: reservable only as a last resort."""
         return self.state is SliceState.SUSPECT and self.idle
 
     @property
@@ -216,9 +190,8 @@ class SliceInfo:
         return head.node_id if head else None
 
     def matches(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> bool:
-        """Same generation, topology and chips per VM as ``shape`` (so the 1-VM and 2-VM
-        forms of a v6e 2x4 differ), and every live host with that VM's ``TPU``. Dead
-        hosts are not compared: ``ray.nodes()`` reports no resources for a dead node.
+        """Same generation, topology and chips per VM as ``shape``, and every live host
+        with that VM's ``TPU`` (a dead node reports no resources).
 
         Args:
             shape: The shape asked for.
@@ -233,25 +206,18 @@ class SliceInfo:
         )
 
     def describe(self) -> str:
-        """``v6e-16-a: 4/4 hosts in use`` style summary for error messages.
+        """Summarize for error messages.
 
         Returns:
-            The name, with its reason: hosts in use (and any TPU owner seen), or what
-            is broken.
+            The name and its reason (``v6e-16-a: 4/4 hosts in use``).
         """
         return f"{self.name}: {self.reason}" if self.reason else self.name
 
 
 @dataclass(frozen=True)
 class ClusterSnapshot:
-    """Every TPU slice of a cluster at one moment.
-
-    Attributes:
-        slices: Every slice, by name.
-        taken_at: When the cluster was read (``time.time()`` seconds).
-        queue: The cluster-wide queue as last published (``None`` if none was).
-        quotas: The cluster's quotas for tenants (none configured by default).
-    """
+    """Every TPU slice of a cluster by name, when it was read (``time.time()``), the queue
+    as last published, and the tenants' quotas."""
 
     slices: Mapping[str, SliceInfo]
     taken_at: float = field(default_factory=time.time)
@@ -262,7 +228,7 @@ class ClusterSnapshot:
         """The requests waiting in the cluster-wide queue, if its record is fresh.
 
         Returns:
-            Them in serving order.
+            Them, in serving order.
         """
         if self.queue is None or not self.queue.fresh(self.taken_at):
             return []
@@ -276,20 +242,20 @@ class ClusterSnapshot:
             tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
 
         Returns:
-            The matching slices in any state.
+            Them, in any state.
         """
         found = [s for s in self.slices.values() if s.matches(shape, tpu_resource_per_chip)]
         return sorted(found, key=lambda s: s.name)
 
     def ready(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
-        """Slices of this shape that are idle and whole (ready to reserve), in name order.
+        """Slices of this shape that are idle and whole (ready to reserve).
 
         Args:
             shape: The shape asked for (see :meth:`SliceInfo.matches`).
             tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
 
         Returns:
-            The ready slices.
+            Them, in name order.
         """
         return [
             s for s in self.matching(shape, tpu_resource_per_chip) if s.state is SliceState.READY
@@ -303,14 +269,13 @@ class ClusterSnapshot:
             tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
 
         Returns:
-            The whole slices, in name order.
+            Them, in name order.
         """
         matching = self.matching(shape, tpu_resource_per_chip)
         return [s for s in matching if s.state is not SliceState.BROKEN]
 
     def trusted(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
-        """Slices of this shape that could serve a request without a last resort: ready
-        or busy (neither suspect, broken nor under notice).
+        """Slices of this shape that could serve a request without a last resort.
 
         Args:
             shape: The shape asked for (see :meth:`SliceInfo.matches`).
@@ -322,8 +287,7 @@ class ClusterSnapshot:
         return [s for s in self.matching(shape, tpu_resource_per_chip) if s.trusted]
 
     def idle_suspects(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
-        """Suspect slices of this shape whose every host is free: reservable as a last
-        resort (:func:`tpuslice._reserve.queue.schedule.last_resort`).
+        """Suspect slices of this shape whose every host is free (a last resort).
 
         Args:
             shape: The shape asked for (see :meth:`SliceInfo.matches`).
@@ -348,28 +312,20 @@ def build_snapshot(
     suspects: Mapping[str, Suspect] | None = None,
     tpu_seen_free: Collection[str] = (),
 ) -> ClusterSnapshot:
-    """Group TPU nodes into slices and classify each. Pure; linear in the node count.
+    """Group TPU nodes into slices and classify each. Pure.
 
     Args:
-        nodes: Node records, as ``ray.nodes()`` returns them; nodes without TPU labels
-            or resources are ignored.
-        available: Free resources per node id; a node missing here counts as all free, a
-            ``TPU`` key missing from its entry as none free.
-        tpu_resource_per_chip: The cluster's ``RAY_TPU_RESOURCE_PER_CHIP`` (TPU resource
-            units per physical chip), needed to tell chips per VM from the ``TPU`` resource.
+        nodes: Node records, as ``ray.nodes()`` returns them; non-TPU nodes are ignored.
+        available: Free resources per node id (none listed: all free; no ``TPU``: none).
+        tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
         taken_at: When the records were read (default: now).
-        tpu_owners: Per node id, the process seen owning its TPU (described); such a
-            host is busy whatever its resources say.
-        notices: Per node id, a preemption or maintenance notice standing on it; its
-            slice is :attr:`SliceState.NOTICE` unless broken.
-        suspects: Per node id, its suspect record; one still live at ``taken_at`` makes
-            its slice :attr:`SliceState.SUSPECT` unless broken or under notice.
-        tpu_seen_free: The node ids whose agent last saw the TPU free; ignored for a
-            node with an owner in ``tpu_owners``.
+        tpu_owners: Per node id, the process seen owning its TPU.
+        notices: Per node id, a notice standing on it.
+        suspects: Per node id, its suspect record.
+        tpu_seen_free: Node ids whose agent last saw the TPU free.
 
     Returns:
-        Every TPU slice, each classified; nodes that do not add up make a slice broken,
-        never an error.
+        Every TPU slice; nodes that do not add up make a slice broken, not an error.
     """
     groups: dict[str, list[NodeRecord]] = {}
     for node in nodes:
@@ -409,8 +365,8 @@ def _resources(node: NodeRecord) -> Mapping[str, float]:
 
 
 def _slice_key(node: NodeRecord) -> str | None:
-    """The slice a node belongs to: its slice-name label, else (a single-host TPU VM
-    without one) its node id. ``None`` for nodes that are not TPU hosts."""
+    """The slice a node belongs to: its slice-name label, else (a single-host TPU VM) its
+    node id; ``None`` for a non-TPU node."""
     labels = node_labels_of(node)
     if labels.get(SLICE_NAME_LABEL):
         return labels[SLICE_NAME_LABEL]
@@ -420,8 +376,7 @@ def _slice_key(node: NodeRecord) -> str | None:
 
 
 class _Notes(NamedTuple):
-    """What the KV store says of the hosts, by node id: owners, notices, live suspects, and
-    the hosts whose agent last saw the TPU free."""
+    """What the KV store says of the hosts, by node id."""
 
     owners: Mapping[str, str]
     notices: Mapping[str, Notice]
@@ -439,19 +394,17 @@ def _host(
     alive: bool = node.get("Alive", False)
     tpu_total = float(resources.get(TPU_RESOURCE, 0.0))
     reported = available.get(node_id)
-    # Absent node entry: registered but not yet reported, so nothing can be using it.
-    # Absent TPU key in a reported entry: every TPU is in use.
+    # No entry: registered, not yet reported, so unused. No TPU key: every TPU in use.
     free = tpu_total if reported is None else float(reported.get(TPU_RESOURCE, 0.0))
     tpu_available = free if alive else 0.0
     head_free = None
     if head is not None and head in resources:
         head_free = reported is None or reported.get(head, 0.0) >= 1.0
     worker_id = _worker_id((node.get("Labels") or {}).get(WORKER_ID_LABEL))
-    # Positional on purpose (same names, same order as the fields): keyword arguments
-    # make a named tuple three times slower to build, and there is one per TPU VM.
     owner = notes.owners.get(node_id) if notes.owners else None
     notice = notes.notices.get(node_id) if notes.notices else None
     suspect = notes.suspects.get(node_id) if notes.suspects else None
+    # Positional on purpose: keyword arguments make a named tuple much slower to build.
     return HostInfo(
         node_id,
         address,
@@ -469,14 +422,14 @@ def _host(
 
 
 def _worker_id(raw: str | None) -> int | None:
-    """The worker-id label as an int; ``None`` if absent or not a plain number
-    (``isdecimal``, not ``isdigit``: ``"²".isdigit()`` is true but ``int("²")`` fails)."""
+    """The worker-id label as an int, if a plain number (``int("²")`` fails; ``isdigit``
+    would pass it)."""
     return int(raw) if raw and raw.isdecimal() else None
 
 
 class _Claimed(NamedTuple):
-    """A valid slice shape named by labels, with the facts classification needs
-    computed once (``SliceShape`` derives them from the topology string on each access)."""
+    """A valid shape named by labels, with facts ``SliceShape`` derives on each access
+    computed once."""
 
     shape: SliceShape
     num_hosts: int
@@ -488,8 +441,7 @@ class _Claimed(NamedTuple):
 def _shape_of(
     pod_type: str | None, topology: str | None, chips_per_host: int | None
 ) -> _Claimed | None:
-    """The slice shape the labels claim, or ``None`` if they do not name a valid one.
-    Cached: a cluster has a few shapes, and parsing them per slice was most of the time."""
+    """The slice shape the labels claim, if valid. Cached: a cluster has few shapes."""
     if not pod_type:
         return None
     prefix, _, size = pod_type.rpartition("-")
@@ -512,8 +464,8 @@ def _chips_per_host(node: NodeRecord, per_chip: int) -> int | None:
 
 
 def _first_alive(members: list[NodeRecord]) -> NodeRecord:
-    """The node that speaks for the slice: the first live one (a dead one may be a VM
-    that was since replaced), else the first."""
+    """The node that speaks for the slice: the first live one (a dead one may have been
+    replaced), else the first."""
     for node in members:
         if node.get("Alive"):
             return node
@@ -528,8 +480,7 @@ def _classify(
     notes: _Notes,
     now: float,
 ) -> SliceInfo:
-    """Pick the live node per worker id, then decide READY / BUSY / BROKEN / NOTICE /
-    SUSPECT and why."""
+    """Pick the live node per worker id, then decide the slice's state and why."""
     reference = _first_alive(members)
     labels = node_labels_of(reference)
     pod_type, topology = labels.get(POD_TYPE_LABEL), labels.get(TOPOLOGY_LABEL)
@@ -563,11 +514,8 @@ def _classify(
 def _pick_hosts(
     found: list[HostInfo], default_worker: int | None
 ) -> tuple[dict[int, HostInfo], list[str]]:
-    """One host per worker id, preferring a live node over a dead one it replaced.
-
-    Returns the hosts and what does not add up: live hosts without a worker-id label,
-    and worker ids claimed by more than one live host.
-    """
+    """One host per worker id, preferring a live node over a dead one it replaced, and
+    what does not add up (unlabelled live hosts, worker ids on two live hosts)."""
     hosts: dict[int, HostInfo] = {}
     unlabelled = 0
     doubled: set[int] = set()
@@ -592,9 +540,7 @@ def _pick_hosts(
 def _state(
     hosts: Mapping[int, HostInfo], expected: int, problems: list[str], now: float
 ) -> tuple[SliceState, str]:
-    """BROKEN (with the first thing wrong), else NOTICE if a live host was warned, else
-    SUSPECT if a live host failed a run lately, else BUSY if any host is in use, else
-    READY."""
+    """BROKEN (with the first thing wrong), else NOTICE, SUSPECT, BUSY or READY."""
     if problems:
         return SliceState.BROKEN, problems[0]
     extra, dead, busy = [], [], 0
@@ -639,9 +585,8 @@ def _state(
 
 
 def as_freed(info: SliceInfo, now: float | None = None) -> SliceInfo | None:
-    """The slice as a hand-back that saw it free leaves it: every host's ``TPU`` and head
-    resource free, and the queue's notice gone (it only warned the work that has now
-    left).
+    """The slice as a hand-back that saw it free leaves it: every ``TPU`` and head
+    resource free, and the queue's notice gone (it warned the work that has now left).
 
     Args:
         info: The slice as last read, while its work held it.
@@ -649,8 +594,7 @@ def as_freed(info: SliceInfo, now: float | None = None) -> SliceInfo | None:
 
     Returns:
         The slice, ready; ``None`` when something besides its work kept it from being
-        ready (a host dead or missing, a TPU owner, a host's own notice, a suspect host),
-        which only a new read of the cluster can tell changed.
+        ready, which only a new read of the cluster can tell changed.
     """
     hosts = {
         worker: host._replace(
@@ -666,19 +610,12 @@ def as_freed(info: SliceInfo, now: float | None = None) -> SliceInfo | None:
     return dataclasses.replace(info, hosts=hosts, state=state, reason="")
 
 
-# --- the one Ray read -------------------------------------------------------------------
-
-
 def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
-    """Read the connected cluster: one available-resources call (``ray.nodes()`` too
-    when the set of alive nodes changed), and, alongside, the TPU owners and notices the
-    hosts' agents recorded (:mod:`tpuslice._view.agents`), the suspect hosts
-    (:mod:`tpuslice._host.suspects`) and the queue's record from Ray's KV store. A dead
-    node's ``tpu-free/`` key found on the way is deleted, in the background.
+    """Read the connected cluster: available resources (``ray.nodes()`` only when the
+    alive nodes changed) and, alongside, the agents' records, the queue and the quotas.
 
     Args:
-        tpu_resource_per_chip: The cluster's ``TPU`` units per chip; ``None`` reads
-            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+        tpu_resource_per_chip: ``TPU`` units per chip (default: the environment's, or 1).
 
     Returns:
         Every TPU slice of the cluster now.
@@ -687,8 +624,7 @@ def read_snapshot(tpu_resource_per_chip: int | None = None) -> ClusterSnapshot:
         InvalidArgumentError: the TPU units per chip is not a positive integer.
     """
     per_chip = resolve_resource_per_chip(tpu_resource_per_chip)
-    # The KV read goes through another GCS client than the node and resource reads, so
-    # it runs alongside them (they share one client and would only queue behind it).
+    # The KV reads use another GCS client than the node and resource reads: run alongside.
     reads = connection().part(SnapshotReads)
     recorded = reads.kv_reader.submit(recorded_notes)
     queued = reads.kv_reader.submit(read_queue_record)
@@ -719,24 +655,17 @@ FREED_POLL_S = 0.01
 
 
 def wait_freed(hosts: Iterable[HostInfo], head_resource: str | None) -> bool:
-    """Wait until Ray's resource view has shown each host's TPU free (and, on a host
-    that has it, the head resource), once, for :data:`FREED_BOUND_S` at most: the groups
-    of a hand-back are gone then.
-
-    Removing a placement group returns before its hosts report their resources back. A
-    group asked for on those hosts meanwhile does not place until the GCS retries it,
-    so a hand-back that waits for the view ends with its slice claimable at once. Each host
-    counts once seen free, even if someone takes it again at once; a host the view no
-    longer lists (dead) counts as free.
+    """Wait (at most :data:`FREED_BOUND_S`) until Ray's resource view has shown each host
+    free once. Removing a placement group returns before its hosts report their resources
+    back, and a group asked for meanwhile waits for a GCS retry.
 
     Args:
         hosts: The hosts handed back, with their ``TPU`` totals.
         head_resource: The slice's head resource (``TPU-v6e-16-head``), or ``None``.
 
     Returns:
-        True once every host was seen free; False if the bound passed first, or if a
-        host was no longer listed (its slice is not whole: only a new read can say what
-        it is now).
+        True once every host was seen free; False on timeout or if a host is no longer
+        listed (only a new read can say what its slice is now).
     """
     waiting = {h.node_id: h for h in hosts}
     deadline = time.monotonic() + FREED_BOUND_S
@@ -760,19 +689,15 @@ def wait_freed(hosts: Iterable[HostInfo], head_resource: str | None) -> bool:
 
 
 class SnapshotReads:
-    """What a connection keeps from one snapshot to the next (a part of it): the last
-    ``ray.nodes()`` with the alive nodes it was read for, and three threads for the KV
-    reads made alongside.
-
-    No lock: the records are one reference, read once and replaced whole; two threads
-    that both find them stale both read ``ray.nodes()``, and either result is right.
+    """What a connection keeps between snapshots: the last ``ray.nodes()`` with the alive
+    nodes it was read for, and threads for the KV reads. No lock: the records are one
+    reference replaced whole, and two threads that both read ``ray.nodes()`` are both right.
     """
 
     def __init__(self) -> None:
         self._nodes_seen: tuple[frozenset[str], list[NodeRecord]] | None = None
         self.kv_reader = Pool(3, "tpuslice-snapshot")
-        """Background threads for the snapshot's KV reads (host records, queue, quotas);
-        started on the first read."""
+        """Threads for the KV reads (host records, queue, quotas), started on first use."""
 
     def close(self) -> None:
         """Finish the reads started, then stop the threads."""
@@ -783,19 +708,16 @@ class SnapshotReads:
         self.kv_reader.drop()
 
     def node_records(self, available: Available) -> list[NodeRecord]:
-        """``ray.nodes()``, read again only when the set of alive nodes changed.
-
-        A node's labels and total resources are fixed for its life, and ``available``
-        lists exactly the alive nodes, so while that set is unchanged the last records
-        still describe every node (and every dead one, whose records do not change
-        either). This saves the largest read of a snapshot on every look of a reservation.
+        """``ray.nodes()``, read again only when the alive nodes changed (a node's labels
+        and totals are fixed for its life).
 
         Args:
             available: The available resources of every alive node, just read.
 
         Returns:
-            Every node's record, as ``ray.nodes()`` gives them.
+            Every node's record.
         """
+
         alive = frozenset(available)
         seen = self._nodes_seen  # one read: another thread may replace it meanwhile
         if seen is not None and seen[0] == alive:
@@ -807,11 +729,12 @@ class SnapshotReads:
 
 
 def read_queue_record() -> QueueRecord | None:
-    """The cluster-wide queue's last record (:mod:`tpuslice._view.queue_record`).
+    """The cluster-wide queue's last record.
 
     Returns:
-        The record; ``None`` if there is none, or it cannot be read (logged at debug).
+        The record; ``None`` if there is none or it cannot be read.
     """
+
     raw = _ray.kv_get(QUEUE_KEY, QUEUE_NAMESPACE)
     if raw is None:
         return None

@@ -1,16 +1,6 @@
-"""Who holds each slice, and the queue's notices to leave: reading the records in Ray's
-KV store (their writers are :mod:`tpuslice._reserve.queue.holders`).
-
-A reservation, once it holds its slices, records a :class:`Holder` for each
-(``holder/<slice>``): its tenant, priority, whether it may be preempted, since when, and
-its placement groups. It deletes them at its hand-back. The queue reads them at each
-decision, to know whose every busy slice is (for quotas, fair share and preemption) and,
-when a preempted holder outstays its grace period, which groups to remove.
-
-When the queue preempts work, it records on each host of the work's slices a notice in
-the format a metadata server's preemption notice takes (``tpu-preempt/<node id>``,
-:data:`QUEUE_SOURCE`), so the work's ``notices()``, its resilient run's ``on_notice``,
-``tpuslice status`` and new reservations see it as they see GCE's.
+"""Who holds each slice (``holder/<slice>`` records in Ray's KV store, written by
+:mod:`tpuslice._reserve.queue.holders`), and how to tell the queue's notices to leave
+from GCE's: the queue gives them in the same format, with :data:`QUEUE_SOURCE`.
 """
 
 from __future__ import annotations
@@ -32,21 +22,9 @@ QUEUE_SOURCE = "tpuslice queue"
 
 @dataclass(frozen=True)
 class Holder:
-    """A reservation holding a slice.
-
-    Attributes:
-        holder: The reservation's id (one for all its slices).
-        slice_name: The slice.
-        tenant: Whom it is charged to.
-        priority: Its priority.
-        preemptible: Whether the queue may preempt it.
-        since: When it was held (wall-clock seconds).
-        who: The driver (``pid 12 on host-a``).
-        groups: Its placement groups on the slice, as hex ids.
-        job: The Ray job whose work runs there (hex): a take-back has the hosts' agents
-            stop that job's processes that still own their TPUs.
-        nodes: The slice's hosts, as node ids.
-    """
+    """A reservation (``holder``, one id for all its slices) holding a slice since a
+    wall-clock time; the queue reads these for quotas, fair share and preemption. ``job``
+    is the Ray job whose work runs there: a take-back stops its processes."""
 
     holder: str
     slice_name: str
@@ -60,25 +38,12 @@ class Holder:
     nodes: tuple[str, ...] = ()
 
     def to_json(self) -> bytes:
-        """Encode for the KV store.
-
-        Returns:
-            UTF-8 JSON.
-        """
-        data = asdict(self)
-        data["groups"] = list(self.groups)
-        data["nodes"] = list(self.nodes)
-        return json.dumps(data).encode()
+        """Encode for the KV store, as UTF-8 JSON."""
+        return json.dumps(asdict(self)).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> Holder:
         """Decode what :meth:`to_json` wrote.
-
-        Args:
-            raw: The stored bytes.
-
-        Returns:
-            The holder.
 
         Raises:
             ValueError: it is not a holder record.
@@ -102,12 +67,7 @@ class Holder:
 
 
 def read_holders() -> dict[str, Holder]:
-    """Every holder record, by slice (one listing and one read).
-
-    Returns:
-        Slice -> its holder; empty when Ray is not connected. Unreadable records are
-        skipped (logged at debug).
-    """
+    """Slice -> its holder record (none without Ray; unreadable ones skipped)."""
     keys = _ray.kv_list(HOLDER_KEY_PREFIX, NAMESPACE)
     found: dict[str, Holder] = {}
     for key, raw in _ray.kv_get_many(keys, NAMESPACE).items():
@@ -121,27 +81,13 @@ def read_holders() -> dict[str, Holder]:
 
 
 def given_by_queue(notice: Notice | None) -> bool:
-    """Whether a notice is the queue's (its work was preempted to serve another), not a
-    metadata server's (its host is going away).
-
-    Args:
-        notice: A host's notice, or ``None``.
-
-    Returns:
-        True for the queue's.
-    """
+    """Whether a notice is the queue's (its work was preempted), not a metadata server's."""
     return notice is not None and notice.source == QUEUE_SOURCE
 
 
 def holders_by_id(holders: Mapping[str, Holder]) -> dict[str, list[Holder]]:
-    """Group holder records by reservation.
+    """Group holder records (by slice) by reservation, each group in slice-name order."""
 
-    Args:
-        holders: Slice -> its holder.
-
-    Returns:
-        Holder id -> its records, by slice name.
-    """
     grouped: dict[str, list[Holder]] = {}
     for name in sorted(holders):
         grouped.setdefault(holders[name].holder, []).append(holders[name])

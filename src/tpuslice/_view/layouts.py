@@ -1,18 +1,6 @@
-"""Where each host of a slice physically sits: learned once per slice, kept in Ray's KV
-(read here; :mod:`tpuslice._run.layout_records` writes the records).
-
-A slice's *layout* maps each TPU worker id to its physical position (see
-:mod:`tpuslice._tpu.subslice`). It is learned by *discovery*: reserve the whole slice (only
-when it is idle, so no job holds any part of it), ask libtpu on every host for its chips'
-coordinates, give the slice back. That happens once per slice per cluster lifetime:
-
-- Ray's record: its format (namespace ``tpu_subslice``, key ``tpu_subslice/<slice>``,
-  ``{worker id: {ray.io/tpu-subslice-<topology>: index}}``), written for Ray to read, and
-  read when Ray discovered the slice first (the one-host sub-slice's index is the host's
-  position);
-- tpuslice's record (namespace ``tpuslice``, ``subslice-layout/<slice>``): the positions
-  and the node ids they were learned on, so that a slice whose hosts were replaced (same
-  name, new nodes) is discovered again.
+"""Where each host of a slice physically sits, read from Ray's KV store
+(:mod:`tpuslice._run.layout_records` learns and writes it): Ray's record, or tpuslice's,
+which also names the nodes it was learned on, so replaced hosts are discovered again.
 """
 
 from __future__ import annotations
@@ -37,15 +25,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Layout:
-    """One slice's physical layout.
-
-    Attributes:
-        slice_name: The slice.
-        topology: Its topology.
-        physical: Each TPU worker id's physical position.
-        nodes: The node id of each worker when the layout was learned (``None`` when
-            Ray's record was all there was).
-    """
+    """One slice's physical layout: each TPU worker id's physical position, and its node id
+    when the layout was learned (``nodes`` is ``None`` for a layout from Ray's record)."""
 
     slice_name: str
     topology: str
@@ -84,7 +65,7 @@ def positions_from_coordinates(
     """Each worker's physical position from its chips' coordinates. Pure.
 
     Args:
-        coordinates: Per TPU worker id, its chips' coordinates (libtpu's report).
+        coordinates: Per TPU worker id, its chips' coordinates.
         topology: The slice's topology.
 
     Returns:
@@ -106,10 +87,9 @@ def positions_from_coordinates(
 
 
 class KnownLayouts:
-    """Layouts this connection has read or learned, by slice name (a part of it). A
-    layout tied to node ids cannot change while those nodes live (it is where their chips
-    are), so it is reused without reading the KV store again while
-    :meth:`Layout.current_for` holds."""
+    """Layouts this connection has read or learned, by slice name. One tied to node ids
+    cannot change while those nodes live, so it is reused while :meth:`Layout.current_for`
+    holds."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -137,7 +117,7 @@ class KnownLayouts:
             self._layouts[layout.slice_name] = layout
 
     def forget(self, slice_name: str) -> None:
-        """Drop the copy of a slice's layout.
+        """Drop a slice's layout.
 
         Args:
             slice_name: The slice.
@@ -147,7 +127,7 @@ class KnownLayouts:
 
 
 def forget(slice_name: str) -> None:
-    """Drop this process's copy of a slice's layout (the records stay; see :func:`load`).
+    """Drop this process's copy of a slice's layout (the records stay).
 
     Args:
         slice_name: The slice.
@@ -157,15 +137,14 @@ def forget(slice_name: str) -> None:
 
 def load(info: SliceInfo) -> Layout | None:
     """The layout of a slice: this process's copy if it still describes the slice, else
-    as recorded. Reads only: a layout found only in Ray's record names no nodes
-    (:func:`tpuslice._run.layout_records.load` records it as tpuslice's).
+    as recorded.
 
     Args:
         info: The slice now.
 
     Returns:
-        tpuslice's record if current, else one read from Ray's (``nodes`` ``None``), else
-        ``None``: the slice must be discovered.
+        tpuslice's record if current, else Ray's (``nodes`` ``None``), else ``None``: the
+        slice must be discovered.
     """
     known = connection().part(KnownLayouts)
     cached = known.get(info.name)
@@ -178,6 +157,7 @@ def load(info: SliceInfo) -> Layout | None:
 
 
 def _read(info: SliceInfo) -> Layout | None:
+    """tpuslice's record of the slice if current, else Ray's."""
     raw = _ray.kv_get(KEY_PREFIX + info.name, NAMESPACE)
     if raw is not None:
         try:
@@ -216,8 +196,7 @@ def _from_ray_record(info: SliceInfo) -> Layout | None:
 
 
 def chip_coordinates_here() -> list[list[int]]:
-    """This host's chips' coordinates, from libtpu's SDK (on a simulated host, its
-    stand-in); runs on the host, in a discovery task.
+    """This host's chips' coordinates, from libtpu's SDK; runs on the host.
 
     Returns:
         One ``[x, y]`` / ``[x, y, z]`` per chip.

@@ -1,19 +1,15 @@
-"""What the cluster-wide queue publishes after each decision. Pure.
-
-The queue actor writes one :class:`QueueRecord` to Ray's KV store (namespace
-``tpuslice``, key :data:`QUEUE_KEY`). ``tpuslice status`` shows it, and every snapshot
-carries it, so status and metrics show who waits at no extra cost. A record older than
-:data:`RECORD_FRESH_S` is not shown as waiting: the queue writes one at every decision while
-anyone waits, so an old one means its actor is gone or idle.
+"""What the cluster-wide queue publishes to Ray's KV store after each decision, which every
+snapshot carries (so status and metrics see who waits). Pure.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 RECORD_FRESH_S = 3.0
-"""A record older than this no longer describes a live queue."""
+"""The queue writes at every decision while anyone waits: an older record means its actor
+is gone or idle."""
 
 
 @dataclass(frozen=True)
@@ -21,19 +17,13 @@ class QueuedRequest:
     """One request waiting in the queue (or granted, not yet claimed).
 
     Attributes:
-        ticket: Its id.
         kind: The slices it waits for (``v6e-16 4x4``).
         count: ``(min, max)`` slices.
-        priority: Higher first.
         who: The driver (``pid 12 on host-a (job 01000000)``).
-        since: When its reservation was asked for, as its driver stamped it (wall-clock
-            seconds).
+        since: When its driver asked (wall-clock seconds).
         position: Its place in the queue, from 1.
         granted: Slices granted to it and not yet claimed.
-        reason: Why it waits.
         arrival: Its arrival number (a restarted queue keeps its place for it).
-        tenant: Whom it is charged to (``""``: none named).
-        preemptible: Whether its work may be preempted once it runs.
     """
 
     ticket: str
@@ -61,30 +51,15 @@ class QueuedRequest:
         Returns:
             The fields.
         """
-        return {
-            "ticket": self.ticket,
-            "kind": self.kind,
-            "count": list(self.count),
-            "priority": self.priority,
-            "who": self.who,
-            "since": self.since,
-            "position": self.position,
-            "granted": list(self.granted),
-            "reason": self.reason,
-            "arrival": self.arrival,
-            "tenant": self.tenant,
-            "preemptible": self.preemptible,
-        }
+        data = asdict(self)
+        data["count"], data["granted"] = list(self.count), list(self.granted)
+        return data
 
 
 @dataclass(frozen=True)
 class QueueRecord:
-    """The queue at one moment.
-
-    Attributes:
-        at: When it was written (wall-clock seconds).
-        requests: Every ticket, in serving order.
-    """
+    """The queue at one moment: when it was written (wall clock), and every ticket in
+    serving order."""
 
     at: float
     requests: tuple[QueuedRequest, ...] = ()
@@ -106,6 +81,7 @@ class QueueRecord:
         Returns:
             UTF-8 JSON.
         """
+
         data = {"at": self.at, "requests": [r.to_dict() for r in self.requests]}
         return json.dumps(data).encode()
 

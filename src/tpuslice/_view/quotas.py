@@ -1,11 +1,6 @@
-"""The cluster's quotas for tenants sharing it: one record in Ray's KV store. Pure but
-for :func:`read_quotas`.
-
-``tpuslice quota set`` writes the record (key :data:`~tpuslice._tpu.keys.QUOTAS_KEY`);
-the queue reads it at each decision (:mod:`tpuslice._reserve.queue.share` says what it does
-with it), and every cluster snapshot reads it, so that a driver knows to go through the
-queue rather than claim idle slices itself while quotas are set. A tenant is a label,
-not a credential: anyone who can reach the cluster can name any tenant.
+"""The cluster's quotas for tenants sharing it: one record in Ray's KV store, written by
+``tpuslice quota set`` and read by the queue and every snapshot. Pure but for
+:func:`read_quotas`. A tenant is a label, not a credential.
 """
 
 from __future__ import annotations
@@ -30,9 +25,8 @@ DEFAULT_WEIGHT = 1.0
 DEFAULT_GRACE_S = 30.0
 """A preempted tenant's time to leave: as long as GCE gives a Spot VM's preemption."""
 DEFAULT_HALF_LIFE_S = 3600.0
-"""How fast past usage is forgotten: an hour's use weighs half as much an hour later.
-Long against a typical job, so the split between tenants follows their weights, and short
-enough that a tenant that was busy yesterday is not held back today."""
+"""Half-life of past usage: long against a job, so the split follows the weights, and short
+enough that yesterday's use does not hold a tenant back today."""
 
 
 TENANT_ENV = "TPUSLICE_TENANT"
@@ -41,13 +35,7 @@ _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,62}")
 
 
 def check_tenant(tenant: str) -> str:
-    """Validate a tenant's name.
-
-    Args:
-        tenant: The name.
-
-    Returns:
-        It, unchanged.
+    """Validate a tenant's name, returned unchanged.
 
     Raises:
         InvalidArgumentError: it is not 1-63 letters, digits, ``.``, ``_``, ``@`` or ``-``,
@@ -63,9 +51,6 @@ def check_tenant(tenant: str) -> str:
 
 def default_tenant() -> str:
     """The tenant of a request that names none: ``TPUSLICE_TENANT``, else the user's name.
-
-    Returns:
-        The tenant.
 
     Raises:
         InvalidArgumentError: ``TPUSLICE_TENANT`` is set to an invalid name.
@@ -93,15 +78,8 @@ class Standing(IntEnum):
 
 
 def quota_keys(kind: str) -> tuple[str, str]:
-    """The quota keys that can name a kind of slice: its pod type, and its pod type with its
-    topology.
-
-    Args:
-        kind: A kind key (``v6e-16 4x4``, maybe followed by more words).
-
-    Returns:
-        ``(pod type, "pod type topology")``.
-    """
+    """The quota keys that can name a kind (``v6e-16 4x4 ...``): ``(pod type, "pod type
+    topology")``."""
     words = kind.split()
     pod_type = words[0] if words else kind
     return pod_type, " ".join(words[:2])
@@ -112,12 +90,10 @@ class TenantQuota:
     """One tenant's share of the cluster.
 
     Attributes:
-        slices: Quota key (a pod type such as ``v6e-16``, or a pod type and topology such
-            as ``v6e-16 4x4``) -> nominal slices of that kind.
-        borrow_limit: How many slices of a kind it may run beyond its quota; ``None``: no
-            limit.
-        weight: Its weight in fair share (twice the weight, twice the share).
-        grace_s: How long its preempted work has to leave before its slices are taken.
+        slices: Quota key (``v6e-16`` or ``v6e-16 4x4``) -> nominal slices of that kind.
+        borrow_limit: Slices of a kind it may run beyond its quota (``None``: no limit).
+        weight: Its weight in fair share.
+        grace_s: How long its preempted work has to leave.
     """
 
     slices: Mapping[str, int] = field(default_factory=dict)
@@ -145,40 +121,22 @@ class TenantQuota:
             raise InvalidArgumentError(f"grace {self.grace_s} s: give 0 or more seconds")
 
     def key_for(self, kind: str) -> str:
-        """The quota key that covers a kind: its pod type and topology if named, else
-        its pod type if named, else the kind itself (no quota covers it).
-
-        Args:
-            kind: A kind key.
-
-        Returns:
-            The key; slices held of every kind with one key count against one quota.
-        """
+        """The quota key that covers a kind: its pod type and topology if named, else its
+        pod type if named, else the kind itself. Kinds with one key share one quota."""
         pod_type, exact = quota_keys(kind)
         if exact in self.slices:
             return exact
         return pod_type if pod_type in self.slices else kind
 
     def nominal(self, kind: str) -> int:
-        """Its nominal quota of a kind (a topology's own entry wins over its pod type's).
-
-        Args:
-            kind: A kind key.
-
-        Returns:
-            Slices; 0 if its quota does not name the kind.
-        """
+        """Its nominal slices of a kind (a topology's own entry wins over its pod type's)."""
         pod_type, exact = quota_keys(kind)
         if exact in self.slices:
             return self.slices[exact]
         return self.slices.get(pod_type, 0)
 
     def to_dict(self) -> dict[str, object]:
-        """A JSON-ready form.
-
-        Returns:
-            The fields.
-        """
+        """A JSON-ready form."""
         return {
             "slices": dict(self.slices),
             "borrow_limit": self.borrow_limit,
@@ -189,12 +147,6 @@ class TenantQuota:
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> TenantQuota:
         """Read what :meth:`to_dict` wrote.
-
-        Args:
-            data: The fields.
-
-        Returns:
-            The quota.
 
         Raises:
             ValueError: it is not a quota.
@@ -216,12 +168,8 @@ class TenantQuota:
 
 @dataclass(frozen=True)
 class Quotas:
-    """The cluster's quotas (no tenants: none configured, the queue's plain order).
-
-    Attributes:
-        tenants: Tenant -> its quota.
-        half_life_s: Half-life of past usage in fair share.
-    """
+    """The cluster's quotas: tenant -> its quota (none: the queue's plain order), and the
+    half-life of past usage in fair share."""
 
     tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
     half_life_s: float = DEFAULT_HALF_LIFE_S
@@ -236,115 +184,50 @@ class Quotas:
         return bool(self.tenants)
 
     def of(self, tenant: str) -> TenantQuota | None:
-        """A tenant's quota.
-
-        Args:
-            tenant: The tenant.
-
-        Returns:
-            Its quota, or ``None`` if it has none.
-        """
+        """A tenant's quota, if it has one."""
         return self.tenants.get(tenant)
 
     def nominal(self, tenant: str, kind: str) -> int:
-        """A tenant's nominal quota of a kind.
-
-        Args:
-            tenant: The tenant.
-            kind: A kind key.
-
-        Returns:
-            Slices (0 without a quota).
-        """
+        """A tenant's nominal slices of a kind (0 without a quota)."""
         quota = self.tenants.get(tenant)
         return 0 if quota is None else quota.nominal(kind)
 
     def covered(self, kind: str) -> int:
-        """Slices of a kind that some tenant's quota covers.
-
-        Args:
-            kind: A kind key.
-
-        Returns:
-            The sum of the tenants' nominal quotas of it.
-        """
+        """Slices of a kind that some tenant's quota covers."""
         return sum(q.nominal(kind) for q in self.tenants.values())
 
     def weight(self, tenant: str) -> float:
-        """A tenant's weight in fair share.
-
-        Args:
-            tenant: The tenant.
-
-        Returns:
-            Its weight (the default for a tenant with no quota).
-        """
+        """A tenant's weight in fair share (the default without a quota)."""
         quota = self.tenants.get(tenant)
         return DEFAULT_WEIGHT if quota is None else quota.weight
 
     def grace_s(self, tenant: str) -> float:
-        """How long a tenant's preempted work has to leave.
-
-        Args:
-            tenant: The tenant.
-
-        Returns:
-            Seconds.
-        """
+        """How long a tenant's preempted work has to leave, in seconds."""
         quota = self.tenants.get(tenant)
         return DEFAULT_GRACE_S if quota is None else quota.grace_s
 
     def key_for(self, tenant: str, kind: str) -> str:
-        """The quota key of a tenant's that covers a kind (:meth:`TenantQuota.key_for`).
-
-        Args:
-            tenant: The tenant.
-            kind: A kind key.
-
-        Returns:
-            The key (the kind itself for a tenant with no quota).
-        """
+        """The tenant's quota key that covers a kind (the kind itself without a quota)."""
         quota = self.tenants.get(tenant)
         return kind if quota is None else quota.key_for(kind)
 
     def standing(self, tenant: str, kind: str, held: int, more: int) -> Standing:
-        """The standing a grant of ``more`` slices would give a tenant.
-
-        Args:
-            tenant: The tenant.
-            kind: A kind key.
-            held: Slices of the kind the tenant holds now (or is granted).
-            more: Slices the grant adds.
-
-        Returns:
-            The standing.
-        """
+        """The standing a grant of ``more`` slices would give a tenant that holds (or is
+        granted) ``held`` slices of a kind."""
         quota = self.tenants.get(tenant)
         if quota is None:
             return Standing.NO_QUOTA
         return Standing.WITHIN if held + more <= quota.nominal(kind) else Standing.BORROWING
 
     def with_tenant(self, tenant: str, quota: TenantQuota | None) -> Quotas:
-        """These quotas with one tenant's set (or removed, with ``None``).
-
-        Args:
-            tenant: The tenant.
-            quota: Its new quota; ``None`` to remove it.
-
-        Returns:
-            The new quotas.
-        """
+        """These quotas with one tenant's set (or removed, with ``None``)."""
         tenants = {t: q for t, q in self.tenants.items() if t != tenant}
         if quota is not None:
             tenants[tenant] = quota
         return Quotas(dict(sorted(tenants.items())), self.half_life_s)
 
     def to_json(self) -> bytes:
-        """Encode for the KV store.
-
-        Returns:
-            UTF-8 JSON.
-        """
+        """Encode for the KV store, as UTF-8 JSON."""
         data = {
             "half_life_s": self.half_life_s,
             "tenants": {t: q.to_dict() for t, q in self.tenants.items()},
@@ -354,12 +237,6 @@ class Quotas:
     @classmethod
     def from_json(cls, raw: bytes) -> Quotas:
         """Decode what :meth:`to_json` wrote.
-
-        Args:
-            raw: The stored bytes.
-
-        Returns:
-            The quotas.
 
         Raises:
             ValueError: they are not quotas (``json.JSONDecodeError`` is one).
@@ -375,24 +252,13 @@ class Quotas:
 
 
 def describe_tenant(tenant: str) -> str:
-    """How a message names a tenant.
-
-    Args:
-        tenant: The tenant (may be empty: a request from before tenants).
-
-    Returns:
-        ``tenant team-a``, or ``no tenant``.
-    """
+    """How a message names a tenant: ``tenant team-a``, or ``no tenant`` for ``""``."""
     return f"tenant {tenant}" if tenant else "no tenant"
 
 
 def read_quotas() -> Quotas:
-    """The cluster's quotas, as ``tpuslice quota set`` stored them.
+    """The cluster's quotas; none when there is no record, no Ray, or an unreadable one."""
 
-    Returns:
-        The quotas; none configured when there is no record, Ray is not connected, or
-        the record cannot be read (logged).
-    """
     raw = _ray.kv_get(QUOTAS_KEY, NAMESPACE)
     if raw is None:
         return Quotas()

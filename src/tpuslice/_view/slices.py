@@ -1,7 +1,6 @@
 """Ray 2.60's cluster-reading TPU functions, same names and signatures, on our cluster view.
-
-Unlike Ray, a host whose TPUs are all in use counts as busy, and a slice counts only if
-its shape (pod type, topology, TPU per host) matches exactly.
+Unlike Ray's, a host whose TPUs are all in use is busy, and a slice counts only if its shape
+matches exactly.
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ def get_tpu_nodes_for_slice(
         nodes: Node records to search (default: ``ray.nodes()``).
 
     Returns:
-        The records of the slice's live nodes, in the order given; ``[]``, not an error,
-        when Ray is not initialised and ``nodes`` is None (as in Ray).
+        The records of the slice's live nodes, in the order given.
     """
     if nodes is None:
         if not ray.is_initialized():
@@ -51,6 +49,7 @@ def get_tpu_nodes_for_slice(
 def _count(
     topology: str, accelerator_type: str, per_chip: int | None, states: set[SliceState]
 ) -> int:
+    """Slices of this shape in these states; 0 without Ray (as in Ray)."""
     if not ray.is_initialized():
         return 0
     shape = slice_shape(topology, accelerator_type)
@@ -62,8 +61,7 @@ def _count(
 def get_num_ready_tpu_slices(
     topology: str, accelerator_type: str, tpu_resource_per_chip: int | None = None
 ) -> int:
-    """Slices of this shape that are whole and idle (every TPU free), none with a suspect
-    host (one that failed a run lately); 0 without Ray.
+    """Slices of this shape that are whole and idle, none with a suspect host.
 
     Args:
         topology: The slice's chip grid (``"4x4"``).
@@ -72,9 +70,8 @@ def get_num_ready_tpu_slices(
             ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
 
     Returns:
-        The count; 0, not an error, when Ray is not initialised (as in Ray; the
-        arguments are then not checked). Invalid arguments raise, where Ray 2.60 logs a
-        warning and returns 0.
+        The count; 0 when Ray is not initialised (as in Ray). Invalid arguments raise,
+        where Ray logs a warning and returns 0.
 
     Raises:
         InvalidAcceleratorError: the generation is unknown.
@@ -87,8 +84,7 @@ def get_num_ready_tpu_slices(
 def get_num_tpu_slices(
     topology: str, accelerator_type: str, tpu_resource_per_chip: int | None = None
 ) -> int:
-    """Slices of this shape that are whole (idle or busy, suspect hosts or not); 0 without
-    Ray.
+    """Slices of this shape that are whole (idle or busy, suspect hosts or not).
 
     Args:
         topology: The slice's chip grid (``"4x4"``).
@@ -97,9 +93,8 @@ def get_num_tpu_slices(
             ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
 
     Returns:
-        The count; 0, not an error, when Ray is not initialised (as in Ray; the
-        arguments are then not checked). Invalid arguments raise, where Ray 2.60 logs a
-        warning and returns 0.
+        The count; 0 when Ray is not initialised (as in Ray). Invalid arguments raise,
+        where Ray logs a warning and returns 0.
 
     Raises:
         InvalidAcceleratorError: the generation is unknown.

@@ -1,13 +1,7 @@
-"""The modules everything else records into: the slice timeline (``events``), tpuslice's
-Ray metrics (``metrics``), each run's goodput account (``goodput``), and the cluster's
-slice-seconds by state (``slice_seconds``). The layers above record their own outcomes
-here (``_reserve/observe.py``, ``_run/observe.py``, the queue).
-
-This package offers the four modules and what a reader of the records needs: the
-timeline's ``SliceEvent`` and ``read_events``, goodput's ``Account`` and
-``read_accounts``, and ``read_slice_seconds``. Everything else keeps its module's name
-(``events.flush`` and ``goodput.flush`` both exist). Names load on first use, so
-``import tpuslice.record`` imports no Ray.
+"""What everything else records into: the slice timeline (``events``), Ray metrics
+(``metrics``), each run's goodput account (``goodput``) and the cluster's slice-seconds by
+state (``slice_seconds``). Offers those modules and the names a reader of the records needs;
+names load on first use, so ``import tpuslice.record`` imports no Ray.
 
 May import: :mod:`tpuslice._view` and below.
 """
@@ -25,8 +19,7 @@ _EXPORTS: dict[str, str] = {
     "read_accounts": "tpuslice.record.goodput",
     "read_slice_seconds": "tpuslice.record.slice_seconds",
 }
-"""Each public name and the module that defines it (the modules themselves load as
-submodules)."""
+"""Each public name and its module (the modules themselves load as submodules)."""
 
 if TYPE_CHECKING:
     from tpuslice.record import events, goodput, metrics, slice_seconds

@@ -1,13 +1,6 @@
-"""The slice timeline: who reserved which slices and when, waits, hand-backs, runs, notices,
-host losses and retries, hosts marked suspect and slices cleared, kept in Ray's GCS KV
-store so it outlives the driver.
-
-Each event is one key, ``event/<nanoseconds>-<writer>-<n>`` in namespace ``tpuslice``, so
-keys sort in time order. :func:`record` only appends to a list in memory: a daemon thread
-writes the events (the caller never waits on the GCS) and trims the store to the newest
-:data:`MAX_EVENTS`. The writer is a part of the connection, flushed when it closes (at
-exit, after the hand-backs that record events); :func:`flush` waits for it.
-``tpuslice status --events`` reads them back (:func:`read_events`).
+"""The slice timeline (reservations, waits, hand-backs, runs, notices, suspects, ...), kept
+in Ray's KV store so it outlives the driver: one key per event, sorting by time.
+:func:`record` returns at once; the connection's writer thread writes and trims the store.
 """
 
 from __future__ import annotations
@@ -33,9 +26,9 @@ logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 MAX_EVENTS = 1000
-"""The store keeps about this many (the newest); each writer trims after it writes."""
+"""The store keeps about this many (the newest)."""
 TRIM_EVERY_S = 5.0
-"""A writer lists the keys to trim at its first write, then at most this often."""
+"""A writer trims at its first write, then at most this often."""
 
 KINDS = (
     "reserved",  # granted: seconds = the wait
@@ -60,12 +53,10 @@ class SliceEvent:
     Attributes:
         at: Wall-clock time (seconds since the epoch).
         kind: One of :data:`KINDS`.
-        slices: The slices concerned (empty for a request not yet granted).
         what: The request, as ``<count> x <accelerator> <topology>``.
         job: The Ray job id (hex) of the driver that recorded it.
         seconds: The wait, hold or run time the kind names; ``None`` if none.
         outcome: How it ended (``granted``, ``ok``, ``failure``, ``preemption``, ...).
-        detail: One line of what happened.
     """
 
     at: float
@@ -81,7 +72,7 @@ class SliceEvent:
         """The event as JSON-ready data.
 
         Returns:
-            Its fields; ``slices`` as a list.
+            Its fields, ``slices`` as a list.
         """
         data = asdict(self)
         data["slices"] = list(self.slices)
@@ -144,7 +135,7 @@ _SECONDS_WORD = {
 
 
 class Recorded(Protocol):
-    """What a writer keeps: something with a time and a JSON form (an event, an account)."""
+    """What a writer keeps: an event or an account."""
 
     @property
     def at(self) -> float:
@@ -188,8 +179,8 @@ def keys_to_trim(keys: list[str], keep: int) -> list[str]:
 
 
 class EventWriter:
-    """Writes recorded events (or other :class:`Recorded` items) to the KV store from a
-    daemon thread. Made with no arguments, it is the connection's timeline writer.
+    """Writes :class:`Recorded` items to the KV store from a daemon thread, so callers never
+    wait on the GCS. With no arguments, it is the connection's timeline writer.
 
     Args:
         put: Writes one key (default: Ray's KV store).
@@ -257,8 +248,7 @@ class EventWriter:
             timeout_s: Seconds to wait at most.
 
         Returns:
-            Whether everything recorded was handled in time (written, or dropped: see
-            :attr:`dropped`).
+            Whether everything recorded was handled in time.
         """
         deadline = time.monotonic() + timeout_s
         with self._cond:
@@ -323,8 +313,8 @@ class EventWriter:
 
 
 def record(kind: str, **fields: Any) -> SliceEvent:
-    """Add an event to the timeline (written in the background; never raises for the
-    store being unreachable).
+    """Add an event to the timeline (written in the background; an unreachable store
+    only drops it).
 
     Args:
         kind: One of :data:`KINDS`.
@@ -377,8 +367,8 @@ def read_events(limit: int = MAX_EVENTS) -> list[SliceEvent]:
 
 
 def read_stored(prefix: str, limit: int, parse: Callable[[dict[str, Any]], _T]) -> list[_T]:
-    """The newest items a writer kept under ``prefix``, oldest first; an item that does
-    not parse is skipped (logged), and so is one trimmed between the listing and the read.
+    """The newest items a writer kept under ``prefix``, oldest first; one that does not
+    parse, or was trimmed since the listing, is skipped.
 
     Args:
         prefix: The store's key prefix.

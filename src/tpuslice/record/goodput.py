@@ -1,33 +1,7 @@
-"""Goodput: where every second of a run went, from the moment it asked for slices to the
-moment it handed them back.
+"""Goodput: where every second of a run went, from asking for slices to handing them back.
 
-Every run (a resilient run, a one-shot, an actor group, ``tpuslice run``) gets a run id
-and, when it ends, an :class:`Account` of its wall time in :data:`CATEGORIES`, which sum to
-the wall time by construction: the run's life is cut into spans at moments the driver
-saw (asked, granted, held, the first beat, the end of each attempt, the hand-back) and
-moments the gang published (:class:`tpuslice._host.heartbeats.Progress`: its first beat,
-its newest checkpoint and the time spent saving). The account is a pure function of those
-moments (:func:`account_of`), tested without Ray.
-
-The rules, one per span of an attempt:
-
-- asking to held: ``queued`` for the time spent waiting for a grant, ``reserving`` for
-  the rest (claims, placement); on a retry, ``recovering``;
-- held to the gang's first beat: ``starting`` (``recovering`` on a retry). With no beats,
-  until the first call returned (an actor group), or the whole call for a run whose
-  only call is its work (a one-shot, an attempt): nothing told start-up from work;
-- the first beat to the end: ``productive``, less ``checkpointing`` (the time each
-  ``checkpointed()`` closed since the rank's previous beat);
-- a failed attempt's work since its newest checkpoint (all of it, with none): ``lost``,
-  by the failure's class (preemption, host failure, hang, failure);
-- from a failure to the next attempt's first beat: ``recovering``, less the hand-back;
-- the hand-back: ``handing_back``.
-
-Accounts are kept in Ray's GCS KV store (``goodput/<end ns>-<writer>-<n>``, namespace
-``tpuslice``, the newest :data:`MAX_ACCOUNTS`) for ``tpuslice goodput``, and counted in
-the metric ``tpuslice_goodput_seconds{category, cause}``.
-
-The cluster's side, slice-seconds by state, is :mod:`tpuslice.record.slice_seconds`.
+Each run's :class:`Account` cuts its wall time into :data:`CATEGORIES`, which sum to it,
+from the moments the driver saw and the gang published (rules: ``docs/observability.md``).
 """
 
 from __future__ import annotations
@@ -64,32 +38,18 @@ LOST_CAUSES = ("preemption", "host_failure", "hang", "failure")
 """Why work was lost: the failed attempt's class."""
 MAX_ACCOUNTS = 500
 """The store keeps about this many accounts (the newest)."""
-KINDS = ("resilient", "one_shot", "command", "actor_group")
-"""The runs that keep an account: ``run_resilient``, a one-shot ``run_on_slice``,
-``tpuslice run``, and an actor group that reserved its own slices."""
 
 
 def new_run_id() -> str:
-    """A run id: 12 hex digits, unique in practice, short enough to type.
-
-    Returns:
-        The id.
-    """
+    """A run id: 12 hex digits, unique in practice, short enough to type."""
     return uuid.uuid4().hex[:12]
 
 
 @dataclass(frozen=True)
 class GangProgress:
-    """What a gang's ranks published, taken together.
-
-    Attributes:
-        first_beat: The earliest first beat of any rank (the work began).
-        checkpoint_at: The newest checkpoint any rank marked.
-        checkpoint_s: The most time any one rank spent checkpointing (ranks save
-            together, so their times overlap, not add).
-        checkpoints: The most checkpoints any one rank marked.
-        step: The step of the newest checkpoint, if given.
-    """
+    """What a gang's ranks published, taken together: the earliest first beat, the newest
+    checkpoint (and its step), and the most checkpoints and checkpointing time of any one
+    rank (ranks save together, so their times overlap)."""
 
     first_beat: float | None = None
     checkpoint_at: float | None = None
@@ -99,28 +59,12 @@ class GangProgress:
 
     @classmethod
     def of_published(cls, published: Mapping[str, bytes], keys: Sequence[str]) -> GangProgress:
-        """Take the records published under the gang's keys together.
-
-        Args:
-            published: Key -> record, as read from the store.
-            keys: The gang's keys, one per rank.
-
-        Returns:
-            The gang's progress.
-        """
+        """Take together the records published under the gang's keys (one per rank)."""
         return cls.of(Progress.decode(published.get(key)) for key in keys)
 
     @classmethod
     def of(cls, ranks: Iterable[Progress | None]) -> GangProgress:
-        """Take the ranks' records together.
-
-        Args:
-            ranks: Each rank's published record, or ``None`` for a rank that published
-                none.
-
-        Returns:
-            The gang's progress.
-        """
+        """Take together the ranks' records (``None`` for a rank that published none)."""
         found = [p for p in ranks if p is not None]
         if not found:
             return cls()
@@ -140,19 +84,13 @@ class AttemptTimes:
     """The moments of one attempt, as the driver saw them (wall clock, seconds).
 
     Attributes:
-        asked: When it asked for slices.
         queued_s: Of the time from asking to held, how long it waited for a grant.
         held: When it held its slices (``None``: it never did).
         ended: When its calls returned, or it was judged failed.
-        hand_back: When the hand-back began.
-        handed_back: When the hand-back ended.
-        outcome: ``success``, or the failure's class (:data:`LOST_CAUSES`); ``""``
-            for an attempt that never ran.
-        progress: What its gang published.
+        outcome: ``success``, or the failure's class; ``""`` if it never ran.
         first_return: When its first call returned (an actor group's set-up).
         only_call: Its one call is its work (a one-shot or an attempt): without beats,
             the whole call counts as starting, not only up to a first return.
-        slices: The slices it held.
     """
 
     asked: float
@@ -173,7 +111,6 @@ class Account:
     """Where one run's wall time went.
 
     Attributes:
-        run_id: The run's id.
         kind: ``resilient``, ``one_shot``, ``command`` or ``actor_group``.
         what: The request, as ``<count> x <accelerator> <topology>``.
         started_at: When it asked for slices (wall clock).
@@ -181,7 +118,6 @@ class Account:
         seconds: Category -> seconds, every one of :data:`CATEGORIES`; they sum to
             ``wall_s``.
         lost: Cause -> seconds lost to it (they sum to ``seconds["lost"]``).
-        attempts: How many attempts ran.
         outcome: ``success``, the last failure's class, or ``gave_up``.
         slices: The slices of its last attempt.
         checkpoints: Checkpoints marked, over all attempts.
@@ -205,29 +141,16 @@ class Account:
 
     @property
     def at(self) -> float:
-        """When the run ended (its key in the store sorts by it, so the newest account
-        is the run that ended last).
-
-        Returns:
-            Seconds since the epoch.
-        """
+        """When the run ended: its key in the store sorts by it."""
         return self.started_at + self.wall_s
 
     @property
     def goodput(self) -> float:
-        """Productive seconds over wall seconds (0 for a run of no time).
-
-        Returns:
-            The ratio, 0 to 1.
-        """
+        """Productive seconds over wall seconds, 0 to 1 (0 for a run of no time)."""
         return self.seconds.get("productive", 0.0) / self.wall_s if self.wall_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """The account as JSON-ready data.
-
-        Returns:
-            Its fields, with ``goodput`` added.
-        """
+        """The account as JSON-ready data, with ``goodput`` added."""
         return {
             "run_id": self.run_id,
             "kind": self.kind,
@@ -248,12 +171,6 @@ class Account:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Account:
         """Read back :meth:`to_dict`'s output.
-
-        Args:
-            data: As written.
-
-        Returns:
-            The account.
 
         Raises:
             KeyError: a field is missing.
@@ -278,9 +195,8 @@ class Account:
 
 
 class _Spans:
-    """Cuts a run's life into consecutive spans: each :meth:`until` gives the time from
-    the cursor to a moment to one category and moves the cursor there, so the spans
-    cover the wall time exactly once whatever order the moments came in."""
+    """Cuts a run's life into consecutive spans from a cursor that only moves forward, so
+    they cover the wall time exactly once whatever order the moments came in."""
 
     def __init__(self, start: float) -> None:
         self.cursor = start
@@ -288,6 +204,7 @@ class _Spans:
         self.lost = dict.fromkeys(LOST_CAUSES, 0.0)
 
     def until(self, category: str, moment: float | None, cause: str = "") -> None:
+        """Give the time from the cursor to ``moment`` to ``category``."""
         if moment is None or moment <= self.cursor:
             return
         self.seconds[category] += moment - self.cursor
@@ -320,11 +237,10 @@ def account_of(
 
     Args:
         run_id: The run's id.
-        kind: One of :data:`KINDS`.
+        kind: ``resilient``, ``one_shot``, ``command`` or ``actor_group``.
         attempts: Its attempts, in order (at least one).
         what: The request, for people.
-        slices: Its last attempt's slices (default: those of the last attempt that held
-            any).
+        slices: Its last attempt's slices (default: the last attempt's that held any).
         outcome: How the run ended (default: the last attempt's outcome).
         job: The driver's Ray job id.
 
@@ -404,9 +320,8 @@ def _notes(attempts: Sequence[AttemptTimes], marks: int) -> list[str]:
 
 
 def _start_ends(attempt: AttemptTimes, ended: float, failed: bool) -> float:
-    """When an attempt's start-up ended: its first beat; without beats, its first
-    return (an actor group) or, for a run whose one call is its work, the end (a
-    failed one's whole call is lost instead: nothing of it can be kept)."""
+    """When an attempt's start-up ended: its first beat; without beats, its first return
+    (an actor group) or the end (a failed call is lost whole instead)."""
     held = attempt.held if attempt.held is not None else ended
     first = attempt.progress.first_beat
     if first is not None:
@@ -418,27 +333,16 @@ def _start_ends(attempt: AttemptTimes, ended: float, failed: bool) -> float:
     return ended
 
 
-# --- the store -------------------------------------------------------------------------
-
-
 class AccountWriter(events.EventWriter):
-    """Writes the connection's accounts in the background (the run's caller never waits
-    on the GCS), and trims the store to the newest :data:`MAX_ACCOUNTS` (a part of the
-    connection, flushed when it closes)."""
+    """Writes the connection's accounts in the background, keeping the newest
+    :data:`MAX_ACCOUNTS`."""
 
     def __init__(self) -> None:
         super().__init__(keep=MAX_ACCOUNTS, prefix=GOODPUT_KEY_PREFIX)
 
 
 def read_progress(keys: Sequence[str]) -> GangProgress:
-    """What a gang published under its keys (one KV read; nothing if Ray cannot answer).
-
-    Args:
-        keys: One per rank.
-
-    Returns:
-        The gang's progress.
-    """
+    """What a gang published under its keys, one per rank (nothing if Ray cannot answer)."""
     try:
         return GangProgress.of_published(_ray.kv_get_many(list(keys), NAMESPACE), keys)
     except _ray.kv_errors() as exc:
@@ -447,15 +351,8 @@ def read_progress(keys: Sequence[str]) -> GangProgress:
 
 
 def keep(account: Account) -> Account:
-    """Keep a run's account: in the store (in the background), in the metrics, and in
-    the log.
-
-    Args:
-        account: The run's account.
-
-    Returns:
-        The account kept (with this driver's job id, if it had none).
-    """
+    """Keep a run's account in the store (in the background), the metrics and the log;
+    return it with this driver's job id if it had none."""
     if not account.job:
         account = replace(account, job=events.job_id())
     connection().part(AccountWriter).record(account)
@@ -479,14 +376,9 @@ def keep(account: Account) -> Account:
 
 
 def flush(timeout_s: float = 2.0) -> bool:
-    """Wait (bounded) until this process's accounts are in the store.
+    """Wait at most ``timeout_s`` until this process's accounts are in the store; whether
+    all were."""
 
-    Args:
-        timeout_s: Seconds to wait at most.
-
-    Returns:
-        Whether all were written in time.
-    """
     return connection().part(AccountWriter).flush(timeout_s)
 
 
@@ -503,9 +395,6 @@ def read_accounts(limit: int = MAX_ACCOUNTS) -> list[Account]:
 
 
 def now() -> float:
-    """Wall-clock seconds, as the gang's beats are (a seam for tests).
+    """Wall-clock seconds, as the gang's beats are (a seam for tests)."""
 
-    Returns:
-        ``time.time()``.
-    """
     return time.time()

@@ -1,21 +1,7 @@
-"""tpuslice's metrics, through Ray's own metrics system (:mod:`ray.util.metrics`).
-
-Each Ray node's agent exports what the processes on that node record, in Prometheus
-format on the node's metrics export port, so Ray's Prometheus and Grafana set-up picks
-these up with no new service. Ray names application metrics ``ray_<name>`` and gives a
-counter the ``_total`` suffix: ``tpuslice_reservations`` is scraped as
-``ray_tpuslice_reservations_total``.
-
-Who records what:
-
-- a driver, as it happens: reservation outcomes and waits, run durations, resilient
-  attempts (:func:`reservation_ended`, :func:`run_ended`, :func:`attempt_ended`);
-- the cluster's queue actor (one per cluster, on the head node), every
-  :data:`REPORT_S`: slices, hosts and queued requests by state (:func:`report_cluster`).
-
-Tags are bounded: states, outcomes, pod types and topologies, never ids of tasks, jobs
-or tickets. Without ``ray[default]`` (no metrics agent), recording costs little and
-exports nothing.
+"""tpuslice's metrics, through Ray's own metrics system (:mod:`ray.util.metrics`), so Ray's
+Prometheus set-up scrapes them as ``ray_tpuslice_<name>`` with no new service. Drivers
+record their outcomes as they happen; the queue actor reports the cluster every
+:data:`REPORT_S`. Tags are bounded: never ids of tasks, jobs or tickets.
 """
 
 from __future__ import annotations
@@ -47,8 +33,7 @@ RUN_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 2
 SLICE_STATES = (*(s.value for s in SliceState), "queued")
 """``queued``: slices that waiting requests want (each request's least count)."""
 HOST_STATES = (*(s.value for s in HostState), "notice", "suspect")
-"""``notice``: alive, and warned of preemption or maintenance; ``suspect``: alive, not
-warned, and failed a run lately."""
+"""``notice``: alive and warned; ``suspect``: alive, not warned, and failed a run lately."""
 
 # name -> (kind, description, tag keys, histogram buckets)
 DEFINITIONS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
@@ -128,8 +113,8 @@ def exported_names() -> set[str]:
     """Every series name Prometheus gets from these metrics (without labels).
 
     Returns:
-        ``ray_tpuslice_<name>``, with ``_total`` for counters and ``_bucket`` /
-        ``_count`` / ``_sum`` for histograms.
+        ``ray_tpuslice_<name>``, with ``_total`` for counters and ``_bucket`` / ``_count``
+        / ``_sum`` for histograms.
     """
     names = set()
     for name, (kind, _, _, _) in DEFINITIONS.items():
@@ -145,12 +130,8 @@ def exported_names() -> set[str]:
 
 class _Registry:
     """The Ray metric objects of this process, made on first use (Ray must be up).
-
-    Process-wide, not a part of the connection: Ray registers a metric by its name for
-    the whole process, and a metric object holds no connection (``ray.util.metrics``
-    keeps only its name, tags and Cython recorder), so the objects made before a
-    reconnection still record after it. Making them again would register each name a
-    second time, which Ray has warned about or ignored depending on its metrics backend.
+    Process-wide, not per connection: Ray registers a metric name for the whole process,
+    and a metric object holds no connection, so it still records after a reconnection.
     """
 
     def __init__(self) -> None:
@@ -202,7 +183,7 @@ def _apply(name: str, value: float, tags: Mapping[str, str]) -> None:
 
 
 def reservation_ended(topology: str, outcome: str, wait_s: float, tenant: str = "") -> None:
-    """Count a reservation's outcome and observe its wait (the admission wait, by tenant).
+    """Count a reservation's outcome and observe its admission wait.
 
     Args:
         topology: ``<accelerator> <topology>``, e.g. ``v6e 4x4``.
@@ -220,8 +201,7 @@ def run_ended(kind: str, outcome: str, seconds: float) -> None:
 
     Args:
         kind: ``one_shot``, ``command`` (``tpuslice run``) or ``resilient_attempt``.
-        outcome: ``success``, ``failure``, ``interrupted``, or (resilient attempts)
-            the failure class.
+        outcome: ``success``, ``failure``, ``interrupted``, or an attempt's failure class.
         seconds: Its duration.
     """
     _apply("run_duration_seconds", seconds, {"kind": kind, "outcome": outcome})
@@ -251,7 +231,7 @@ def slice_seconds(state: str, pod_type: str, seconds: float) -> None:
     """Count slice-seconds spent in a state.
 
     Args:
-        state: One of :data:`tpuslice.record.slice_seconds.SLICE_STATES`.
+        state: One of :data:`tpuslice.record.slice_seconds.TIME_USES`.
         pod_type: The slices' pod type.
         seconds: Slice-seconds.
     """
@@ -294,8 +274,8 @@ def tenant_values(
 def cluster_values(
     snapshot: ClusterSnapshot, known_pod_types: set[str] | None = None
 ) -> list[tuple[str, float, dict[str, str]]]:
-    """The cluster gauges' values: every state of every pod type seen (zeros included,
-    so a state that empties reads 0 instead of its last value).
+    """The cluster gauges' values: every state of every pod type seen, zeros included so a
+    state that empties reads 0, not its last value.
 
     Args:
         snapshot: The cluster now.
@@ -333,6 +313,7 @@ def cluster_values(
 
 
 def _host_state(host: HostInfo) -> str:
+    """A host's state for the gauges: a live host's notice, then suspicion, come first."""
     if host.alive and host.notice is not None:
         return "notice"
     if host.alive and host.suspect is not None:
@@ -345,15 +326,10 @@ class ClusterReporter:
 
     Args:
         read: Takes a snapshot of the cluster.
-        on_report: Given each snapshot, with the seconds since the one before (from
-            the second report on): the slice-second count.
+        on_report: Given each snapshot from the second on, with the seconds since the last.
     """
 
-    def __init__(
-        self,
-        read: Any,
-        on_report: Callable[[ClusterSnapshot, float], None],
-    ) -> None:
+    def __init__(self, read: Any, on_report: Callable[[ClusterSnapshot, float], None]) -> None:
         self._read = read
         self._on_report = on_report
         self._last: float | None = None

@@ -1,12 +1,8 @@
 """The cluster's slice-seconds by state: where every slice's time went, whoever ran on it.
 
-Every report of the queue actor's cluster reporter (every 5 s) gives each slice's seconds
-since the last report to one of :data:`TIME_USES`. A busy slice is ``productive``
-while a gang on it beats: a rank's heartbeat key names its slice
-(``beat/<attempt>/<rank>@<slice>``, :data:`SLICE_MARK`). The seconds go to the metric
-``tpuslice_slice_seconds{state, pod_type}`` and to per-minute totals in Ray's KV store
-(``slice-seconds/<minute>``, kept a day) for ``tpuslice goodput --cluster``
-(:func:`read_slice_seconds`). A run's own account is :mod:`tpuslice.record.goodput`.
+At each cluster report, each slice's seconds since the last go to one of :data:`TIME_USES`
+(a busy slice is ``productive`` while a gang on it beats), into the metric and per-minute
+totals in Ray's KV store for ``tpuslice goodput --cluster``.
 """
 
 from __future__ import annotations
@@ -35,15 +31,8 @@ BUCKETS_KEPT_S = 24 * 3600
 
 
 def beating_slices(published: Mapping[str, bytes], now: float) -> set[str]:
-    """The slices whose gang published a beat in the last :data:`BEAT_FRESH_S`. Pure.
-
-    Args:
-        published: Heartbeat keys (``beat/<attempt>/<rank>@<slice>``) -> their records.
-        now: Wall-clock seconds.
-
-    Returns:
-        Slice names.
-    """
+    """The slices whose gang beat in the last :data:`BEAT_FRESH_S`, from heartbeat keys
+    (``beat/<attempt>/<rank>@<slice>``) and their records. Pure."""
     found = set()
     for key, raw in published.items():
         _, mark, slice_name = key.rpartition(SLICE_MARK)
@@ -54,15 +43,7 @@ def beating_slices(published: Mapping[str, bytes], now: float) -> set[str]:
 
 
 def slice_state(info: SliceInfo, beating: set[str]) -> str:
-    """Where a slice's time goes now (one of :data:`TIME_USES`). Pure.
-
-    Args:
-        info: The slice.
-        beating: Slices whose gang beat lately.
-
-    Returns:
-        The state.
-    """
+    """Where a slice's time goes now (one of :data:`TIME_USES`). Pure."""
     if info.state is SliceState.BROKEN:
         return "broken"
     if info.state is SliceState.NOTICE:
@@ -75,17 +56,7 @@ def slice_state(info: SliceInfo, beating: set[str]) -> str:
 def slice_seconds_of(
     snapshot: ClusterSnapshot, beating: set[str], seconds: float
 ) -> dict[str, dict[str, float]]:
-    """Slice-seconds by pod type and state over ``seconds`` spent as ``snapshot`` shows.
-    Pure.
-
-    Args:
-        snapshot: The cluster.
-        beating: Slices whose gang beat lately.
-        seconds: How long the cluster was in this state.
-
-    Returns:
-        Pod type -> state -> slice-seconds.
-    """
+    """Pod type -> state -> slice-seconds over ``seconds`` spent as ``snapshot`` shows. Pure."""
     found: dict[str, dict[str, float]] = {}
     for info in snapshot.slices.values():
         by_state = found.setdefault(info.pod_type, {})
@@ -95,13 +66,8 @@ def slice_seconds_of(
 
 
 class SliceSeconds:
-    """Counts the cluster's slice-seconds by state: the metric, and per-minute totals in
-    the KV store (``slice-seconds/<minute>``, kept a day) for ``tpuslice goodput
-    --cluster``. The queue actor's cluster reporter calls :meth:`add` every report.
-
-    Args:
-        clock: Wall-clock seconds.
-    """
+    """Counts the cluster's slice-seconds by state into the metric and the per-minute totals;
+    the queue actor's cluster reporter calls :meth:`add` every report."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
@@ -109,12 +75,7 @@ class SliceSeconds:
         self._bucket: dict[str, dict[str, float]] = {}
 
     def add(self, snapshot: ClusterSnapshot, seconds: float) -> None:
-        """Count ``seconds`` of the cluster as ``snapshot`` shows it.
-
-        Args:
-            snapshot: The cluster now.
-            seconds: Since the report before.
-        """
+        """Count ``seconds`` (since the report before) of the cluster as ``snapshot`` shows."""
         now = self._clock()
         keys = _ray.kv_list(BEAT_KEY_PREFIX, NAMESPACE)
         published = _ray.kv_get_many(keys, NAMESPACE) if keys else {}
@@ -136,6 +97,7 @@ class SliceSeconds:
         _ray.kv_put(key, json.dumps(self._bucket).encode(), NAMESPACE)
 
     def _trim(self, now: float) -> None:
+        """Delete the minutes older than :data:`BUCKETS_KEPT_S`."""
         oldest = f"{SLICE_SECONDS_KEY_PREFIX}{int(now - BUCKETS_KEPT_S):012d}"
         for key in _ray.kv_list(SLICE_SECONDS_KEY_PREFIX, NAMESPACE):
             if key < oldest:
@@ -143,6 +105,7 @@ class SliceSeconds:
 
 
 def _parse_bucket(raw: bytes) -> dict[str, dict[str, float]]:
+    """One minute's totals; empty if unreadable."""
     try:
         data = json.loads(raw)
         return {str(p): {str(s): float(v) for s, v in states.items()} for p, states in data.items()}
@@ -151,8 +114,7 @@ def _parse_bucket(raw: bytes) -> dict[str, dict[str, float]]:
 
 
 def read_slice_seconds(since_s: float) -> dict[str, dict[str, float]]:
-    """The cluster's slice-seconds by pod type and state over the last ``since_s`` seconds
-    (whole minutes: the minute ``since_s`` ago began is counted whole).
+    """The cluster's slice-seconds over the last ``since_s`` seconds, in whole minutes.
 
     Args:
         since_s: How far back.
@@ -167,6 +129,8 @@ def read_slice_seconds(since_s: float) -> dict[str, dict[str, float]]:
 
 
 def _read_slice_seconds(since_s: float, end: float) -> dict[str, dict[str, float]]:
+    """:func:`read_slice_seconds` up to ``end``."""
+
     if not since_s > 0:
         raise ValueError(f"since_s must be above 0, got {since_s}")
     first = int((end - since_s) // BUCKET_S) * BUCKET_S

@@ -89,8 +89,10 @@ def _methods(cls: type) -> Iterator[Callable[..., Any]]:
 
 
 def _defined_in(module: ModuleType) -> Iterator[Any]:
-    for name, value in vars(module).items():
-        if _public(name) and getattr(value, "__module__", None) == module.__name__:
+    """What a public module offers: its ``__all__`` (every public module has one)."""
+    for name in module.__all__:
+        value = getattr(module, name)
+        if getattr(value, "__module__", None) == module.__name__:
             yield value
 
 

@@ -150,7 +150,11 @@ class Account:
         return self.seconds.get("productive", 0.0) / self.wall_s if self.wall_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """The account as JSON-ready data, with ``goodput`` added."""
+        """The account as JSON-ready data.
+
+        Returns:
+            Its fields, with ``goodput`` added.
+        """
         return {
             "run_id": self.run_id,
             "kind": self.kind,
@@ -171,6 +175,12 @@ class Account:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Account:
         """Read back :meth:`to_dict`'s output.
+
+        Args:
+            data: What :meth:`to_dict` gave.
+
+        Returns:
+            The account.
 
         Raises:
             KeyError: a field is missing.
@@ -376,9 +386,14 @@ def keep(account: Account) -> Account:
 
 
 def flush(timeout_s: float = 2.0) -> bool:
-    """Wait at most ``timeout_s`` until this process's accounts are in the store; whether
-    all were."""
+    """Wait until this process's accounts are in the store.
 
+    Args:
+        timeout_s: The most seconds to wait.
+
+    Returns:
+        Whether all were.
+    """
     return connection().part(AccountWriter).flush(timeout_s)
 
 

@@ -1,31 +1,13 @@
 """libtpu's TPU lock on a simulated host: what JAX's first use of the TPU does there.
 
-On a real TPU VM, the first process that starts the TPU backend (JAX's first
-``jax.devices()``) opens ``/tmp/libtpu_lockfile`` (``O_CREAT|O_RDWR``, mode 0600), takes
-``lockf(F_TLOCK)`` on it and never releases it: the lock ends with the process. At a
-normal exit the file is unlinked; after a crash it stays, harmless since nobody holds it.
-A second process is refused: JAX raises ``RuntimeError: Unable to initialize backend
-'tpu': ABORTED: The TPU is already in use by process with pid N. Not attempting to load
-libtpu.so in this process.``, N being the process libtpu finds holding chip 0's device.
-
-:func:`open_tpu` does the same on a simulated host, under its host root
-(:data:`HOST_ROOT_ENV`), so code under test meets the ownership rules it would meet on a
-TPU VM. JAX reaches it as it reaches libtpu: the simulated host's ``jax_plugins`` module
-registers a ``tpu`` backend whose start is :func:`start_backend`. The escape hatches
-behave as in libtpu (:func:`tpuslice._host.tpu_lock.lock_wanted`), and
-``TPU_LOAD_LIBRARY=0`` fails as libtpu does. On a host whose TPU hangs
-(:data:`tpuslice._sim.faults.TPU_HANGS`), the process opens it and then hangs.
-
-Sources: XLA ``xla/stream_executor/tpu/tpu_initialize_util.cc`` (``TryAcquireTpuLock``,
-``FindLibtpuProcess``: the lock, its messages, the escape hatches, the holder looked up on
-chip 0's device only), JAX ``jax/_src/xla_bridge.py`` (the ``Unable to initialize
-backend`` prefix), jax-ml/jax issues 10192 and 22070. libtpu's own source is closed. Its
-versions differ on the unlink at exit; this follows the newest released form (unlink if
-the lock was held).
+The first process takes ``lockf`` on the host's ``/tmp/libtpu_lockfile`` for its life and
+keeps the devices open; a second is refused in libtpu's words, naming chip 0's holder, as
+XLA's ``tpu_initialize_util.cc`` does. JAX reaches it through the host's ``jax_plugins``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -34,12 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tpuslice._host.tpu_lock import (
-    device_holders,
-    lock_wanted,
-    lockfile,
-    tpu_devices,
-)
+from tpuslice._host.tpu_lock import device_holders, lock_wanted, lockfile, tpu_devices
 from tpuslice._sim.faults import TPU_HANGS, hang_forever, has_fault
 from tpuslice._tpu._process import EXIT_HOOKS
 
@@ -71,26 +48,23 @@ class LibtpuError(RuntimeError):
 
 
 def open_tpu() -> Path | None:
-    """Start this simulated host's TPU backend in this process, as libtpu would; the
-    environment must name a simulated host root (``TPUSLICE_SIM_HOST_ROOT``).
-
-    Idempotent within a process (JAX starts its backend once).
+    """Start this simulated host's TPU backend in this process, as libtpu would (once
+    per process, as JAX does).
 
     Returns:
-        The lockfile now held by this process, or ``None`` when an escape hatch says not
-        to take it (the devices are still opened).
+        The lockfile now held, or ``None`` when an escape hatch says not to take it.
 
     Raises:
         LibtpuError: another process holds this host's TPU, or ``TPU_LOAD_LIBRARY=0``
             (libtpu's own messages, with JAX's prefix).
-        RuntimeError: this is not a simulated host.
+        RuntimeError: this is not a simulated host (no ``TPUSLICE_SIM_HOST_ROOT``).
     """
     root = os.environ.get(HOST_ROOT_ENV)
     if not root:
         raise RuntimeError(
             f"{HOST_ROOT_ENV} is not set: open_tpu stands in for libtpu on simulated hosts only"
         )
-    return OPENED.open(Path(root), os.environ)
+    return _OPENED.open(Path(root), os.environ)
 
 
 def start_backend() -> Any:
@@ -100,8 +74,7 @@ def start_backend() -> Any:
         The XLA client JAX uses as this host's ``tpu`` backend.
 
     Raises:
-        RuntimeError: libtpu's refusal, in its words; JAX prefixes ``Unable to initialize
-            backend 'tpu': `` as it does for the real one.
+        RuntimeError: libtpu's refusal, in its words (JAX adds its prefix).
     """
     from jax._src import xla_bridge
 
@@ -112,10 +85,9 @@ def start_backend() -> Any:
     return xla_bridge.make_cpu_client()
 
 
-class OpenedTPU:
-    """This process's TPU once opened: the lock it holds (if any), and the device files it
-    keeps open, as libtpu keeps ``/dev/accel*`` open: that is how another process's libtpu
-    (and :func:`tpuslice._host.tpu_lock.find_owner`) finds it."""
+class _OpenedTPU:
+    """This process's TPU once opened: the lock it holds (if any) and the device files it
+    keeps open, by which other processes find it, as with libtpu's ``/dev/accel*``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -124,18 +96,8 @@ class OpenedTPU:
         self._lock_fd: int | None = None
 
     def open(self, root: Path, environ: Mapping[str, str]) -> Path | None:
-        """Open the TPU under ``root`` once (see :func:`open_tpu`).
-
-        Args:
-            root: The simulated host's root.
-            environ: The process's environment (for libtpu's escape hatches).
-
-        Returns:
-            The lockfile held, or ``None`` when an escape hatch says not to take it.
-
-        Raises:
-            LibtpuError: another process holds the TPU, or ``TPU_LOAD_LIBRARY=0``.
-        """
+        """Open the TPU under ``root`` once, as :func:`open_tpu` says; ``environ`` holds
+        libtpu's escape hatches."""
         with self._lock:
             if self._devices is not None:
                 return self._lockfile
@@ -156,16 +118,12 @@ class OpenedTPU:
 
     def unlink_lock(self) -> None:
         """libtpu removes the lockfile it held at a normal exit (a crash leaves it)."""
-        path = self._lockfile
-        if path is not None:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                return
+        if self._lockfile is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._lockfile)
 
 
-OPENED = OpenedTPU()
-"""This process's TPU, once opened."""
+_OPENED = _OpenedTPU()
 
 
 def _take_lock(root: Path, path: Path) -> int:

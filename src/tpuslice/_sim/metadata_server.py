@@ -1,13 +1,8 @@
 """A GCE metadata server for one simulated TPU host, on a loopback port.
 
-It answers what a TPU VM's metadata server answers for the paths tpuslice (and Ray) read,
-as strictly: requests without ``Metadata-Flavor: Google`` get 403, unknown paths 404, and
-every reply carries ``Metadata-Flavor: Google`` and the value's ``ETag``. A request with
-``?wait_for_change=true`` is held until the value changes from ``last_etag`` (or, without
-one, from what it is now), or ``timeout_sec`` passes, as GCE documents for
-``instance/preempted`` and ``instance/maintenance-event``
-(https://cloud.google.com/compute/docs/metadata/querying-metadata#waitforchange).
-The simulator starts one per host and points the host's ``GCE_METADATA_HOST`` at it.
+It answers the paths tpuslice and Ray read as strictly as GCE: 403 without
+``Metadata-Flavor: Google``, 404 for unknown paths, an ``ETag`` on every value, and
+``?wait_for_change=true`` held until the value changes or ``timeout_sec`` passes.
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ def host_values(slice_name: str, worker_id: int, pod_type: str, topology: str) -
     """What a TPU VM's metadata server says about it, for one simulated host.
 
     Args:
-        slice_name: The slice (a TPU VM's ``instance-id`` attribute names its TPU).
+        slice_name: The slice (the ``instance-id`` attribute).
         worker_id: The host's TPU worker id.
         pod_type: ``v6e-16``.
         topology: ``4x4``.
@@ -57,8 +52,8 @@ def host_values(slice_name: str, worker_id: int, pod_type: str, topology: str) -
 
 
 class MetadataServer(ThreadingHTTPServer):
-    """One host's metadata server (see the module docstring). Start with :meth:`start`,
-    change values with :meth:`set`, stop with :meth:`close`.
+    """One host's metadata server: :meth:`start`, change values with :meth:`set`,
+    :meth:`close`.
 
     Args:
         values: Path under ``computeMetadata/v1/`` -> value.
@@ -82,8 +77,7 @@ class MetadataServer(ThreadingHTTPServer):
         return f"127.0.0.1:{self.server_port}"
 
     def start(self) -> MetadataServer:
-        """Serve in a daemon thread (asleep in ``select`` until a request or
-        :meth:`close`: a cluster's idle servers cost no CPU).
+        """Serve in a daemon thread, asleep in ``select`` so idle servers cost no CPU.
 
         Returns:
             This server.
@@ -93,8 +87,7 @@ class MetadataServer(ThreadingHTTPServer):
         return self
 
     def close(self) -> None:
-        """Stop serving at once; requests held for a change are answered as they stand.
-        Idempotent."""
+        """Stop serving at once; held requests are answered as they stand. Idempotent."""
         with self._changed:
             if self._closed:
                 return
@@ -149,18 +142,9 @@ class MetadataServer(ThreadingHTTPServer):
         with self._changed:
             return self._held
 
-    def answer(self, path: str, last_etag: str | None, wait_s: float) -> tuple[str, str] | None:
-        """The value and ETag of ``path``, once it differs from ``last_etag`` or after
-        ``wait_s`` (``last_etag`` None: no waiting).
-
-        Args:
-            path: Its path under ``computeMetadata/v1/``.
-            last_etag: The version the caller has (``""``: the current one).
-            wait_s: Longest hold.
-
-        Returns:
-            ``(value, etag)``, or ``None`` for an unknown path.
-        """
+    def _answer(self, path: str, last_etag: str | None, wait_s: float) -> tuple[str, str] | None:
+        """``(value, etag)`` of ``path`` (``None`` if unknown) once it differs from
+        ``last_etag`` (``""``: from now; ``None``: no wait) or ``wait_s`` has passed."""
         deadline = time.monotonic() + min(wait_s, MAX_WAIT_S)
         with self._changed:
             if path not in self._values:
@@ -199,7 +183,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             self._reply(400, "timeout_sec must be a number")
             return
-        found = self.server.answer(parts.path.removeprefix(ROOT), last, wait_s)
+        found = self.server._answer(parts.path.removeprefix(ROOT), last, wait_s)
         if found is None:
             self._reply(404, "not found")
             return

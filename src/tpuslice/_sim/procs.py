@@ -1,5 +1,5 @@
-"""Process bookkeeping for the simulator (psutil, so it works wherever Ray does): who
-descends from whom, who is alive, and killing by pid. Proves a shutdown left nothing."""
+"""Process bookkeeping for the simulator (psutil, which works wherever Ray does): who
+descends from whom, who is alive, and signalling by pid."""
 
 from __future__ import annotations
 
@@ -9,24 +9,14 @@ from collections.abc import Iterable
 import psutil
 
 
-def sigkill(pid: int) -> None:
-    """SIGKILL ``pid``; a process already gone is fine.
-
-    Args:
-        pid: The process id; one we may not signal is skipped too.
-    """
-    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-        psutil.Process(pid).kill()
-
-
 def kill_and_wait(pids: Iterable[int]) -> set[int]:
-    """SIGKILL every pid and wait (10 s at most) until they are gone; return any still alive.
+    """SIGKILL every pid and wait (bounded) until they are gone.
 
     Args:
-        pids: The process ids; ones already gone (or not ours to signal) are skipped.
+        pids: The process ids; ones gone or not ours to signal are skipped.
 
     Returns:
-        The pids still running (not zombies) after 10 s; empty when all are gone.
+        The pids still running (not zombies) after 10 s.
     """
     processes = []
     for pid in pids:
@@ -47,7 +37,7 @@ def pid_alive(pid: int) -> bool:
         pid: The process id.
 
     Returns:
-        True if the process exists and is not a zombie.
+        True if it runs.
     """
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -76,7 +66,7 @@ def descendants(pids: Iterable[int]) -> set[int]:
 
 
 def send_signal(pid: int, sig: int) -> None:
-    """Send ``sig`` to ``pid`` (a process gone, or not ours, is skipped).
+    """Send ``sig`` to ``pid``; a process gone, or not ours, is skipped.
 
     Args:
         pid: The process id.
@@ -93,7 +83,7 @@ def process_title(pid: int) -> str:
         pid: The process id.
 
     Returns:
-        The command line joined by spaces; ``""`` if the process is gone or unreadable.
+        The command line; ``""`` if the process is gone or unreadable.
     """
     try:
         return " ".join(psutil.Process(pid).cmdline())

@@ -1,32 +1,8 @@
-"""SimulatedCluster: a real local Ray cluster whose nodes look exactly like TPU VMs.
+"""SimulatedCluster: a real local Ray cluster whose nodes look like TPU VMs.
 
-A head node with CPUs only, plus one Ray node per simulated TPU VM carrying the labels,
-resources and environment Ray gives a real one (see :mod:`tpuslice._tpu.labels`). Faults are
-real too: :meth:`SimulatedCluster.kill_host` SIGKILLs a node's processes, so its tasks
-fail with Ray's own node-died errors. Each host has its own GCE metadata server on a
-loopback port (``GCE_METADATA_HOST``, :mod:`tpuslice._sim.metadata_server`), through
-which :meth:`~SimulatedCluster.preempt_slice` and
-:meth:`~SimulatedCluster.schedule_maintenance` give notice before the hosts go, as GCE
-does; :meth:`~SimulatedCluster.hang_host` makes a host's work hang without dying.
-
-Settings that differ from Ray's defaults, for speed on a laptop, all documented:
-every host gets ``cpus_per_host`` logical CPUs (a real TPU VM has 100+; with 1, Ray's
-idle-worker soft limit kills warm workers), and node-death detection is tightened from
-~15 s to ~1.5 s (``health_check_period_ms=500``, ``health_check_failure_threshold=3``).
-A third, for tests: processes push metrics to their node's agent every 2 s, not 10 s.
-And a fourth: the TPU hosts run Ray's minimal agent (the head keeps the full one, which
-exports the metrics of drivers and of tpuslice's queue actor); an idle 15-host cluster's
-agents then cost about half as much CPU, and cluster tests run about 13% faster on 2
-cores. ``full_host_agents=True`` gives every host the full agent, as with ``ray[default]``
-on a real TPU VM, for code that records metrics on the hosts.
-
-Nothing leaves the machine on our account. Adding a node runs Ray's TPU detection in this
-process; it finds the host's identity in the environment, as on a GKE TPU host, instead of
-asking the GCE metadata server (which it would do with no timeout). Ray's usage stats
-(a report to usage-stats.ray.io) are off and their one "disabled" ping goes to a loopback
-port, unless ``RAY_USAGE_STATS_ENABLED`` / ``RAY_USAGE_STATS_REPORT_URL`` are set. One probe
-remains that no setting turns off: Ray's dashboard asks the cloud
-metadata addresses once at start which cloud it is on (1 s timeout each).
+A CPU-only head plus one Ray node per simulated TPU VM, with a real one's labels, resources
+and environment. Faults are real: killed hosts' tasks fail with Ray's own errors, and each
+host's metadata server gives GCE's notices. ``docs/testing.md`` lists the Ray settings changed.
 """
 
 from __future__ import annotations
@@ -59,20 +35,8 @@ from tpuslice._host.metadata import METADATA_HOST_ENV
 from tpuslice._host.tpu_lock import TPUOwner, find_owners
 from tpuslice._sim.faults import TPU_HANGS, UNREACHABLE, clear_faults, set_fault
 from tpuslice._sim.libtpu import HOST_ROOT_ENV
-from tpuslice._sim.metadata_server import (
-    MAINTENANCE_EVENT,
-    PREEMPTED,
-    MetadataServer,
-    host_values,
-)
-from tpuslice._sim.procs import (
-    descendants,
-    kill_and_wait,
-    pid_alive,
-    process_title,
-    send_signal,
-    sigkill,
-)
+from tpuslice._sim.metadata_server import MAINTENANCE_EVENT, PREEMPTED, MetadataServer, host_values
+from tpuslice._sim.procs import descendants, kill_and_wait, pid_alive, process_title, send_signal
 from tpuslice._tpu import _auth, _ray
 from tpuslice._tpu._connection import close_connection, connection
 from tpuslice._tpu.labels import (
@@ -98,16 +62,11 @@ FAST_FAILURE_DETECTION = {
 }
 
 IDLE_WORKERS = {"num_workers_soft_limit": 8}
-"""How many idle worker processes a host keeps for its jobs. Ray keeps as many as the
-node has logical CPUs, over 100 on a TPU VM, so a job's next task there finds a warm
-worker. A simulated host with few logical CPUs would end each idle worker about a second
-after its task, which no TPU VM does; 8 a host keeps that warmth within this machine's
-memory."""
+"""Idle workers a host keeps warm. Ray keeps one per logical CPU (100+ on a TPU VM); a
+simulated host with few CPUs would end each idle worker right after its task."""
 
 FAST_METRICS = {"metrics_report_interval_ms": 2000}
-"""Processes push their metrics to their node's agent every 2 s instead of Ray's 10 s, so
-tests see them sooner (:mod:`tpuslice.record.metrics`)."""
-
+"""Metrics pushed every 2 s instead of Ray's 10 s, so tests see them sooner."""
 
 HANG_SIGNAL = signal.SIGUSR2
 """What :meth:`SimulatedCluster.hang_host` sends (``sim_site/sitecustomize.py`` handles it)."""
@@ -123,10 +82,8 @@ HEAD_ENV_DEFAULTS = {
 """Environment of the head's processes, unless the user set these variables."""
 _ENV_LOCK = threading.Lock()
 HOST_STARTS_AT_ONCE = 4
-"""Hosts whose Ray nodes start at once. A node start is mostly a wait of about 2 s for
-its raylet and agents to come up, which one at a time leaves half of a 2-core machine
-idle; four at a time fill it without pushing a start past Ray's own 30 s bound for a
-raylet to register."""
+"""Hosts whose Ray nodes start at once: a start mostly waits for its raylet, so one at a
+time leaves the machine idle; four stay within Ray's bound for a raylet to register."""
 
 
 @contextmanager
@@ -149,32 +106,22 @@ class _Spawn:
 
 
 class _Spawner:
-    """Runs each host's resolve-and-spawn step on the thread that starts the hosts, one
-    at a time, while pool threads wait for the raylets to register.
-
-    That thread, because Ray ties a node's processes to the thread that spawned them
-    (on Linux each dies with it), and a pool thread ends with its start; one at a time,
-    because Ray reads the host's identity from this process's environment, set for each
-    step by ``block``.
-
-    Args:
-        block: The context in which one host's step runs, given the host's environment.
-    """
+    """Runs each host's spawn step on the starting thread, one at a time, while pool
+    threads wait for the raylets: on Linux a node's processes die with the thread that
+    spawned them, and Ray reads the host's identity from this process's environment."""
 
     def __init__(self, block: Callable[[Mapping[str, str]], AbstractContextManager[None]]) -> None:
         self._block = block
         self._queue: queue.SimpleQueue[_Spawn] = queue.SimpleQueue()
 
     def hand(self, run: Callable[[], None], env: Mapping[str, str]) -> None:
-        """From a pool thread: have ``run`` run on the starting thread, inside the block
-        for ``env``; return when it has, raising what it raised."""
+        """From a pool thread: run ``run`` on the starting thread in the block for ``env``."""
         spawn = _Spawn(run, env, Future())
         self._queue.put(spawn)
         spawn.done.result()
 
     def serve(self, futures: Sequence[Future[None]]) -> None:
-        """On the starting thread: run the steps handed over until every start has
-        ended."""
+        """On the starting thread: run the steps handed over until every start has ended."""
         while not all(future.done() for future in futures):
             try:
                 spawn = self._queue.get(timeout=0.05)
@@ -198,16 +145,8 @@ class SimulatorError(TPUSliceError, RuntimeError):
 @dataclass(frozen=True)
 class SliceSpec:
     """``count`` slices of one generation and topology (``v6e:4x4:2`` on the CLI).
-
-    Attributes:
-        accelerator: TPU generation, in any accepted spelling.
-        topology: Chip grid of each slice.
-        count: How many such slices.
-        chips_per_vm: Chips on each host; ``None`` for the shape's default.
-        layout_seed: Scramble the hosts' physical positions against their TPU worker
-            ids with this seed (as on real slices, where they need not agree); ``None``:
-            host *i* sits at position *i*.
-    """
+    ``chips_per_vm`` ``None`` is the shape's default; ``layout_seed`` scrambles the hosts'
+    physical positions against their worker ids, as on real slices."""
 
     accelerator: str
     topology: str
@@ -217,8 +156,7 @@ class SliceSpec:
 
     @classmethod
     def parse(cls, text: str) -> SliceSpec:
-        """``"v6e:4x4"``, ``"v6e:4x4:2"``, ``"v6e:2x4:1:4"`` (chips per VM) or
-        ``"v6e:4x4:1::7"`` (default chips per VM, layout scrambled with seed 7).
+        """Parse ``"v6e:4x4"``, ``"v6e:4x4:2"``, ``"v6e:2x4:1:4"`` or ``"v6e:4x4:1::7"``.
 
         Args:
             text: ``GENERATION:TOPOLOGY[:COUNT[:CHIPS_PER_VM[:LAYOUT_SEED]]]``.
@@ -227,8 +165,7 @@ class SliceSpec:
             The spec; its shape is not checked yet (see :meth:`shape`).
 
         Raises:
-            InvalidArgumentError: ``text`` does not have that form, or the count or chips
-                per VM is not an integer.
+            InvalidArgumentError: ``text`` is malformed or a number is not an integer.
         """
         parts = text.strip().split(":")
         if not 2 <= len(parts) <= 5 or not all(parts[:3]) or (len(parts) == 5 and not parts[4]):
@@ -252,10 +189,8 @@ class SliceSpec:
             The shape.
 
         Raises:
-            InvalidArgumentError: ``count`` is below 1.
-            InvalidAcceleratorError: the generation is unknown.
-            InvalidTopologyError: the topology is malformed or not offered for it.
-            InvalidResourceError: ``chips_per_vm`` is not valid for the topology.
+            InvalidArgumentError: ``count`` is below 1, or the generation, topology or
+                chips per VM is not valid (a subclass names which).
         """
         if self.count < 1:
             raise InvalidArgumentError(f"slice count must be >= 1, got {self.count}")
@@ -265,19 +200,7 @@ class SliceSpec:
 SliceLike = SliceSpec | tuple[Any, ...] | str
 
 
-def as_spec(item: SliceLike) -> SliceSpec:
-    """A :class:`SliceSpec` from any of the forms a simulated cluster accepts.
-
-    Args:
-        item: A spec, a ``"v6e:4x4:2"`` string, or the spec's fields as a tuple
-            (``("v6e", "4x4", 2)``).
-
-    Returns:
-        The spec; its shape is not checked yet.
-
-    Raises:
-        InvalidArgumentError: a string that is not a slice spec.
-    """
+def _as_spec(item: SliceLike) -> SliceSpec:
     if isinstance(item, SliceSpec):
         return item
     if isinstance(item, str):
@@ -286,8 +209,7 @@ def as_spec(item: SliceLike) -> SliceSpec:
 
 
 def _one_or_many(slices: SliceLike | Iterable[SliceLike]) -> list[SliceLike]:
-    """``slices`` as a list of specs: one spec given alone (whose string or fields would
-    otherwise be read one character or field at a time) becomes a list of one."""
+    """A list of specs; one spec alone (not to be iterated field by field) becomes a list."""
     if isinstance(slices, SliceSpec | str):
         return [slices]
     items = list(slices)
@@ -298,20 +220,12 @@ def _one_or_many(slices: SliceLike | Iterable[SliceLike]) -> list[SliceLike]:
 
 @dataclass
 class SimulatedHost:
-    """One simulated TPU VM. ``node`` is ``None`` while the host is dead.
-
-    Attributes:
-        slice_name: The slice it belongs to.
-        worker_id: Its TPU worker id.
-        node: Its Ray node (``ray.cluster_utils`` node object).
-        metadata: Its metadata server.
-    """
+    """One simulated TPU VM: its Ray node (``None`` while dead) and metadata server."""
 
     slice_name: str
     worker_id: int
     node: Any = None
     metadata: MetadataServer | None = None
-    """Its GCE metadata server (``GCE_METADATA_HOST`` on the host points at it)."""
 
     @property
     def alive(self) -> bool:
@@ -321,30 +235,20 @@ class SimulatedHost:
 
 @dataclass
 class SimulatedSlice:
-    """One simulated TPU slice.
-
-    Attributes:
-        name: The slice name (``v6e-16-a``).
-        shape: Its shape.
-        tpu_resource_per_chip: ``TPU`` units per chip on its hosts.
-        hosts: Its hosts, by worker id.
-    """
+    """One simulated TPU slice: its hosts by worker id, and where each sits (``physical``)."""
 
     name: str
     shape: SliceShape
     tpu_resource_per_chip: int = 1
     hosts: list[SimulatedHost] = field(default_factory=list)
     physical: dict[int, int] = field(default_factory=dict)
-    """Each TPU worker id's physical position (where its chips sit in the slice)."""
 
 
 class SimulatedCluster:
     """Context manager running a local Ray cluster of simulated TPU slices.
 
-    Call :meth:`start`, :meth:`add_slice`, :meth:`restore_slice` and
-    :meth:`restart_slice` from a thread that lives as long as the hosts it starts (the
-    main thread, usually): on Linux, Ray's processes of a node die with the thread that
-    spawned them.
+    Start hosts (:meth:`start`, :meth:`add_slice`, :meth:`restore_slice`) from a thread
+    that outlives them: on Linux, a node's processes die with the thread that spawned them.
 
     Examples:
         >>> with SimulatedCluster([("v6e", "4x4", 2)], connect=True) as sim:
@@ -352,24 +256,19 @@ class SimulatedCluster:
 
     Args:
         slices: The slices, each a :class:`SliceSpec`, a ``"v6e:4x4:2"`` string or an
-            ``(accelerator, topology[, count[, chips_per_vm]])`` tuple.
+            ``(accelerator, topology[, count[, chips_per_vm]])`` tuple; or one such alone.
         cpus_per_host: Logical CPUs of each simulated host.
         head_cpus: Logical CPUs of the head node.
         tpu_resource_per_chip: ``TPU`` units per chip on every host.
         object_store_mb: Object store size of each node, in MiB.
         connect: ``ray.init`` this process to the cluster once it has started.
         fast_failure_detection: Detect dead nodes in ~1.5 s instead of Ray's ~15 s.
-        full_host_agents: Run Ray's full agent on every TPU host (metrics export from
-            the hosts' processes), not its minimal one (see the module docstring).
-        auth: Require Ray's token authentication (``RAY_AUTH_MODE=token``): :meth:`start`
-            makes a fresh random token, kept in :attr:`token_path` (mode 0600) under the
-            cluster's own directory; every process of the cluster, and this process
-            while the cluster runs, present it. Hand :attr:`auth_env` to other drivers.
+        full_host_agents: Run Ray's full agent (which exports metrics) on every host.
+        auth: Require Ray's token authentication; hand :attr:`auth_env` to other drivers.
         progress: Called with each startup step's message (default: logged at INFO).
 
     Raises:
-        InvalidArgumentError: a slice spec is malformed or names no valid shape (every
-            such error subclasses it). Nothing is started until :meth:`start`.
+        InvalidArgumentError: a slice spec is malformed or names no valid shape.
     """
 
     def __init__(
@@ -386,10 +285,7 @@ class SimulatedCluster:
         auth: bool = False,
         progress: Callable[[str], None] | None = None,
     ) -> None:
-        """Check every slice spec; nothing starts until :meth:`start`. ``slices`` may also
-        be one spec alone (a :class:`SliceSpec`, a ``"v6e:4x4:2"`` string, or one tuple of
-        its fields)."""
-        self.specs = [as_spec(s) for s in _one_or_many(slices)]
+        self.specs = [_as_spec(s) for s in _one_or_many(slices)]
         for spec in self.specs:
             spec.shape()  # validate before starting anything
         self.cpus_per_host = cpus_per_host
@@ -411,21 +307,18 @@ class SimulatedCluster:
         self.slices: dict[str, SimulatedSlice] = {}
         self.startup_seconds: float | None = None
         self._root: Path | None = None
-        """Every host's own root (its ``dev/accel*`` and ``tmp/``), under one directory."""
+        """The directory holding every host's root."""
 
     # --- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> SimulatedCluster:
-        """Start the head and every host; return when all are alive and registered.
-
-        On any failure everything started so far is shut down before the error propagates.
+        """Start the head and every host; on failure, shut down what started.
 
         Returns:
             This cluster.
 
         Raises:
-            SimulatorError: it is already running, a ``TPU_*`` variable is set in this
-                process, or a host did not start or register in time.
+            SimulatorError: it runs already, ``TPU_*`` is set here, or a host did not start.
         """
         if self._cluster is not None:
             raise SimulatorError("this SimulatedCluster is already running")
@@ -452,7 +345,6 @@ class SimulatedCluster:
         return self
 
     def __enter__(self) -> SimulatedCluster:
-        """Start the cluster unless it is running; return it."""
         return self.start() if self._cluster is None else self
 
     def __exit__(
@@ -461,8 +353,7 @@ class SimulatedCluster:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Shut down; an error in the block propagates unchanged, even if shutting down
-        fails too (that failure is logged, and every process is still killed)."""
+        """Shut down; an error from the block wins over one from shutting down (logged)."""
         try:
             self.shutdown()
         except Exception:
@@ -479,8 +370,7 @@ class SimulatedCluster:
 
     @property
     def auth_env(self) -> dict[str, str]:
-        """What a driver's environment needs to join this cluster: ``RAY_AUTH_MODE`` and
-        ``RAY_AUTH_TOKEN_PATH`` with ``auth=True`` while it runs; empty otherwise."""
+        """The ``RAY_AUTH_*`` variables another driver needs to join; empty without auth."""
         if self.token_path is None:
             return {}
         return {_auth.MODE_ENV: "token", _auth.TOKEN_PATH_ENV: str(self.token_path)}
@@ -493,11 +383,8 @@ class SimulatedCluster:
         return str(self._cluster.address)
 
     def connect(self, namespace: str | None = None) -> None:
-        """``ray.init`` this process to the simulated cluster, start every host's TPU agent
-        in the background (:mod:`tpuslice._reserve.queue.agents`; a real cluster's agents
-        exist after their first use, so this keeps a fresh simulated one comparable), and
-        start the cluster's slice queue, waiting until it answers (the set-up step the docs
-        give for a real cluster, so that no reservation waits for it).
+        """``ray.init`` this process to the cluster, then start the hosts' agents and the
+        slice queue, as a real cluster's operator would, so no reservation waits for them.
 
         Args:
             namespace: Ray namespace of this driver (default: an anonymous one).
@@ -523,10 +410,8 @@ class SimulatedCluster:
             logger.warning("the slice queue did not start with the cluster: %s", exc)
 
     def shutdown(self) -> None:
-        """Disconnect this process if it is connected to this cluster (through
-        :meth:`connect` or its own ``ray.init``), then stop every process we started.
-        Idempotent. If Ray's own teardown fails, the processes are killed by pid and the
-        error is raised."""
+        """Disconnect this process if its driver is on this cluster and stop every process
+        started, by pid if Ray's teardown fails (its error is raised). Idempotent."""
         cluster, self._cluster = self._cluster, None
         if ray.is_initialized() and (self._connected or _driver_on(cluster)):
             close_connection()
@@ -566,7 +451,7 @@ class SimulatedCluster:
         return descendants(roots)
 
     def leftover_pids(self) -> set[int]:
-        """Pids this cluster ever had that are still alive (empty after a clean shutdown).
+        """Pids this cluster ever had that are still alive (none after a clean shutdown).
 
         Returns:
             The live pids.
@@ -584,27 +469,20 @@ class SimulatedCluster:
         *,
         layout_seed: int | None = None,
     ) -> str:
-        """A slice arriving later, as from an autoscaler. Returns its name.
-
-        ``tpu_resource_per_chip`` overrides the cluster's for this slice's hosts (as
-        ``RAY_TPU_RESOURCE_PER_CHIP`` would on those VMs).
+        """A slice arriving later, as from an autoscaler.
 
         Args:
             accelerator: TPU generation, in any accepted spelling.
             topology: The slice's chip grid.
             chips_per_vm: Chips on each host; ``None`` for the shape's default.
-            tpu_resource_per_chip: ``TPU`` units per chip on its hosts (default: the
-                cluster's).
-            layout_seed: Scramble its hosts' physical positions (see
-                :class:`SliceSpec`).
+            tpu_resource_per_chip: ``TPU`` units per chip on its hosts (default: the cluster's).
+            layout_seed: Scramble its hosts' physical positions (see :class:`SliceSpec`).
 
         Returns:
             The new slice's name (``v6e-16-c``).
 
         Raises:
-            InvalidAcceleratorError: the generation is unknown.
-            InvalidTopologyError: the topology is malformed or not offered for it.
-            InvalidResourceError: ``chips_per_vm`` is not valid for the topology.
+            InvalidArgumentError: the generation, topology or chips per VM is not valid.
             SimulatorError: a host did not start or register in time.
         """
         shape = slice_shape(topology, accelerator, chips_per_vm)
@@ -614,15 +492,14 @@ class SimulatedCluster:
         return hosts[0][0].name
 
     def kill_host(self, slice_name: str, worker_id: int) -> None:
-        """SIGKILL one host and every process on it, like a VM dying: its tasks and actors
-        fail with Ray's node-died / actor-died errors.
+        """SIGKILL one host and every process on it, like a VM dying.
 
         Args:
             slice_name: The host's slice.
             worker_id: The host's TPU worker id.
 
         Raises:
-            SimulatorError: no such slice or worker, or the host is already dead.
+            SimulatorError: no such host, or it is already dead.
         """
         host = self._host(slice_name, worker_id)
         if not host.alive:
@@ -631,21 +508,20 @@ class SimulatedCluster:
         doomed = descendants(_ray.node_process_pids(host.node))
         self._known_pids |= doomed
         for pid in doomed:  # workers first: a VM's processes all die at once
-            sigkill(pid)
+            send_signal(pid, signal.SIGKILL)
         self._cluster.remove_node(host.node, allow_graceful=False)
         host.node = None
 
     def preempt_slice(
         self, slice_name: str, notice_s: float = 30.0, *, wait: bool = True
     ) -> threading.Thread | None:
-        """Preempt a slice as GCE does a Spot TPU: every host's ``instance/preempted``
-        turns ``TRUE`` (the notice), then after ``notice_s`` every host dies at once.
+        """Preempt a slice as GCE does: ``instance/preempted`` turns ``TRUE`` on every host,
+        then after ``notice_s`` they all die.
 
         Args:
             slice_name: The slice; hosts already dead are left as they are.
             notice_s: Seconds of notice (GCE gives about 30; 0 for none).
-            wait: Block until the hosts are dead; else return at once, the hosts dying
-                in a background thread (join it to know they are).
+            wait: Block until the hosts are dead; else they die in a background thread.
 
         Returns:
             The background thread when ``wait`` is false, else ``None``.
@@ -677,10 +553,8 @@ class SimulatedCluster:
         event: str = TERMINATE_ON_MAINTENANCE,
         wait: bool = True,
     ) -> threading.Thread | None:
-        """Host maintenance as GCE announces it: the host's ``instance/maintenance-event``
-        becomes ``event`` ``notice_s`` before; then a ``TERMINATE_ON_HOST_MAINTENANCE``
-        host dies, and a ``MIGRATE_ON_HOST_MAINTENANCE`` one lives on (the value goes
-        back to ``NONE``).
+        """Host maintenance as GCE announces it: ``instance/maintenance-event`` is ``event``
+        for ``notice_s``; then a terminated host dies, a migrated one lives on.
 
         Args:
             slice_name: The host's slice.
@@ -693,8 +567,7 @@ class SimulatedCluster:
             The background thread when ``wait`` is false, else ``None``.
 
         Raises:
-            SimulatorError: no such host, it is dead, ``event`` is not one of the two, or
-                ``notice_s`` is negative.
+            SimulatorError: no such live host, an unknown ``event``, or negative notice.
         """
         host = self._host(slice_name, worker_id)
         if event not in (TERMINATE_ON_MAINTENANCE, MIGRATE_ON_MAINTENANCE):
@@ -718,12 +591,8 @@ class SimulatedCluster:
         return self._later(maintain, wait, f"maintain {slice_name}/{worker_id}")
 
     def hang_host(self, slice_name: str, worker_id: int) -> list[int]:
-        """Make the host's running work hang, like a collective stuck on a lost peer:
-        every worker process running a task or actor of the user's (not an idle owner)
-        gets ``SIGUSR2``, on which its main thread blocks for ever
-        (``sim_site/sitecustomize.py``). The
-        processes stay alive and Ray sees the host healthy; Ray can still cancel or kill
-        them (its own threads run on), and nothing else ends them.
+        """Make the host's user work hang, like a collective stuck on a lost peer: its main
+        thread blocks for ever, while Ray sees the host healthy and can still kill it.
 
         Args:
             slice_name: The host's slice.
@@ -735,9 +604,7 @@ class SimulatedCluster:
         Raises:
             SimulatorError: no such host, or it is dead.
         """
-        host = self._host(slice_name, worker_id)
-        if not host.alive:
-            raise SimulatorError(f"host {worker_id} of {slice_name} is dead")
+        host = self._live_host(slice_name, worker_id)
         hung = [
             pid
             for pid in sorted(descendants(_ray.node_process_pids(host.node)))
@@ -748,11 +615,8 @@ class SimulatedCluster:
         return hung
 
     def wedge_tpu(self, slice_name: str, worker_id: int) -> list[int]:
-        """Make the host's TPU hang whoever touches it, now and later, like a bad chip or
-        a wedged driver (:mod:`tpuslice._sim.faults`): the work running there hangs as
-        with :meth:`hang_host`, and every process that opens the TPU afterwards hangs
-        too, owning it. It lasts until the host is replaced (killed, then restored) or
-        :meth:`repair_host`.
+        """Make the host's TPU hang whoever touches it, now and later, like a bad chip,
+        until the host is replaced or repaired (:meth:`repair_host`).
 
         Args:
             slice_name: The host's slice.
@@ -764,15 +628,13 @@ class SimulatedCluster:
         Raises:
             SimulatorError: no such host, or it is dead.
         """
-        if not self._host(slice_name, worker_id).alive:
-            raise SimulatorError(f"host {worker_id} of {slice_name} is dead")
+        self._live_host(slice_name, worker_id)
         set_fault(self.host_root(slice_name, worker_id), TPU_HANGS)
         return self.hang_host(slice_name, worker_id)
 
     def cut_off_host(self, slice_name: str, worker_id: int) -> None:
-        """Make the host unreachable from its peers for the user's work, as a firewall
-        dropping the coordinator's traffic would (:mod:`tpuslice._sim.faults`): Ray
-        still sees it healthy. Processes started from now on obey it.
+        """Cut the user's work on the host off from its peers, as a firewall would (for
+        processes started from now on); Ray still sees it healthy.
 
         Args:
             slice_name: The host's slice.
@@ -781,12 +643,10 @@ class SimulatedCluster:
         Raises:
             SimulatorError: no such host.
         """
-        self._host(slice_name, worker_id)
         set_fault(self.host_root(slice_name, worker_id), UNREACHABLE)
 
     def repair_host(self, slice_name: str, worker_id: int) -> None:
-        """End the host's standing faults (:meth:`wedge_tpu`, :meth:`cut_off_host`), as an
-        operator's fix would; processes already hung stay hung.
+        """End the host's standing faults, as an operator's fix would; hung processes stay.
 
         Args:
             slice_name: The host's slice.
@@ -795,11 +655,10 @@ class SimulatedCluster:
         Raises:
             SimulatorError: no such host.
         """
-        self._host(slice_name, worker_id)
         clear_faults(self.host_root(slice_name, worker_id))
 
     def metadata_server(self, slice_name: str, worker_id: int) -> MetadataServer:
-        """A host's GCE metadata server (to read or set its values).
+        """A host's GCE metadata server, to read or set its values.
 
         Args:
             slice_name: The host's slice.
@@ -809,7 +668,7 @@ class SimulatedCluster:
             The server.
 
         Raises:
-            SimulatorError: no such host.
+            SimulatorError: no such host, or it has no server.
         """
         server = self._host(slice_name, worker_id).metadata
         if server is None:
@@ -832,33 +691,32 @@ class SimulatedCluster:
         return thread
 
     def restore_slice(self, slice_name: str) -> None:
-        """Bring every dead host of the slice back (new Ray nodes, same labels).
+        """Bring the slice's dead hosts back as new VMs: same labels, no notice or fault.
 
         Args:
             slice_name: The slice.
 
         Raises:
-            SimulatorError: no such slice, or a host did not start or register in time.
+            SimulatorError: no such slice, or a host did not start.
         """
         sim_slice = self._slice(slice_name)
         dead = [host for host in sim_slice.hosts if not host.alive]
         for host in dead:
-            if host.metadata is not None:  # a new VM: no notice stands
+            if host.metadata is not None:
                 host.metadata.set(PREEMPTED, "FALSE")
                 host.metadata.set(MAINTENANCE_EVENT, "NONE")
-            clear_faults(self.host_root(slice_name, host.worker_id))  # nor a fault
+            clear_faults(self.host_root(slice_name, host.worker_id))
         self._start_hosts([(sim_slice, host.worker_id) for host in dead])
         self._wait_for_alive_nodes()
 
     def restart_slice(self, slice_name: str) -> None:
-        """Kill every live host of the slice, then bring them all back: new Ray nodes with
-        the same labels, and nothing held on them.
+        """Kill every live host of the slice, then bring them all back, holding nothing.
 
         Args:
             slice_name: The slice.
 
         Raises:
-            SimulatorError: no such slice, or a host did not start or register in time.
+            SimulatorError: no such slice, or a host did not start.
         """
         for host in self._slice(slice_name).hosts:
             if host.alive:
@@ -866,7 +724,7 @@ class SimulatedCluster:
         self.restore_slice(slice_name)
 
     def remove_slice(self, slice_name: str) -> None:
-        """Kill the slice and forget it (for tests that added one).
+        """Kill the slice and forget it.
 
         Args:
             slice_name: The slice.
@@ -878,8 +736,7 @@ class SimulatedCluster:
         _close_metadata(self.slices.pop(slice_name))
 
     def host_root(self, slice_name: str, worker_id: int) -> Path:
-        """The simulated host's own root: its ``dev/accel*`` and its ``tmp/`` (where
-        libtpu's lockfile lives), as ``TPUSLICE_SIM_HOST_ROOT`` tells its processes.
+        """The host's own root (``TPUSLICE_SIM_HOST_ROOT``): its ``dev/accel*`` and ``tmp/``.
 
         Args:
             slice_name: The host's slice.
@@ -897,8 +754,7 @@ class SimulatedCluster:
         return self._root / slice_name / str(worker_id)
 
     def physical_positions(self, slice_name: str) -> dict[int, int]:
-        """Where each host's chips sit in the slice (its physical position), by TPU worker
-        id; what the hosts' ``libtpu.sdk`` reports, in coordinates.
+        """Each host's physical position in the slice, as its ``libtpu.sdk`` reports it.
 
         Args:
             slice_name: The slice.
@@ -912,8 +768,7 @@ class SimulatedCluster:
         return dict(self._slice(slice_name).physical)
 
     def tpu_owners(self) -> dict[tuple[str, int], TPUOwner]:
-        """Every simulated host whose TPU a process owns now, and that process (read
-        directly: the hosts share this machine).
+        """Who owns each owned host TPU (read directly: hosts share this machine).
 
         Returns:
             ``{(slice name, worker id): owner}`` for each owned TPU.
@@ -932,7 +787,7 @@ class SimulatedCluster:
             timeout: Seconds to wait.
 
         Raises:
-            SimulatorError: some TPU is still owned; the message names host and owner.
+            SimulatorError: some TPU is still owned (named with its owner).
         """
         deadline = time.monotonic() + timeout
         while (owned := self.tpu_owners()) and time.monotonic() < deadline:
@@ -942,15 +797,15 @@ class SimulatedCluster:
             raise SimulatorError(f"TPUs still owned after {timeout:.0f} s: {held}")
 
     def wait_until_dead(self, slice_name: str, worker_id: int, timeout: float = 30.0) -> None:
-        """Block until Ray's view marks a killed host dead (bounded poll).
+        """Wait (bounded) until Ray's view marks a killed host dead.
 
         Args:
             slice_name: The host's slice.
             worker_id: The host's TPU worker id.
-            timeout: Seconds to wait at most.
+            timeout: Seconds to wait.
 
         Raises:
-            SimulatorError: Ray still sees the host alive after ``timeout``.
+            SimulatorError: Ray still sees the host alive.
         """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -962,16 +817,14 @@ class SimulatedCluster:
     # --- internals ---------------------------------------------------------------------
 
     def _require_token(self) -> None:
-        """A fresh token in the cluster's directory, presented from now on by this
-        process and, through the environment they inherit, by every process the cluster
-        starts: the GCS and raylets then refuse any caller without it."""
+        """A fresh token that this process and (by inheritance) the cluster's present."""
         path = self._root_dir() / "auth_token"
         _auth.write_token(path)
         self.token_path = path
         self._saved_auth_env = _auth.present_token_file(path)
 
     def _forget_token(self) -> None:
-        """Put back this process's own token settings (after everything has stopped)."""
+        """Put back this process's own token settings, once everything has stopped."""
         saved, self._saved_auth_env = self._saved_auth_env, None
         self.token_path = None
         if saved is not None:
@@ -999,8 +852,7 @@ class SimulatedCluster:
         per_chip: int | None = None,
         layout_seed: int | None = None,
     ) -> list[tuple[SimulatedSlice, int]]:
-        """Record a new slice, its hosts' metadata servers running; return its hosts to
-        start (:meth:`_start_hosts`)."""
+        """Record a new slice with its hosts' metadata servers running; return the hosts."""
         name = self._next_name(shape)
         sim_slice = SimulatedSlice(name, shape, per_chip or self.tpu_resource_per_chip)
         sim_slice.physical = physical_layout(shape, name, layout_seed)
@@ -1012,11 +864,8 @@ class SimulatedCluster:
         return [(sim_slice, worker_id) for worker_id in range(shape.num_hosts)]
 
     def _start_hosts(self, hosts: Sequence[tuple[SimulatedSlice, int]]) -> None:
-        """Start these hosts' Ray nodes, up to :data:`HOST_STARTS_AT_ONCE` at a time, each
-        node recorded on its host as soon as it exists.
-
-        Pool threads wait for the raylets to register; this thread resolves each node
-        and spawns its processes (:class:`_Spawner`)."""
+        """Start these hosts' Ray nodes, :data:`HOST_STARTS_AT_ONCE` at a time, each node
+        recorded on its host as soon as it exists (see :class:`_Spawner`)."""
         spawner = _Spawner(self._host_start_block)
 
         def start(sim_slice: SimulatedSlice, worker_id: int) -> None:
@@ -1078,9 +927,7 @@ class SimulatedCluster:
 
     @contextmanager
     def _host_start_block(self, env: Mapping[str, str]) -> Iterator[None]:
-        """Where a host's Ray node resolves its resources and spawns its processes. Ray
-        resolves a node's TPU resources in this process, from the environment (as on
-        GKE) or else the GCE metadata server: give it the host's environment."""
+        """Ray reads a starting node's TPU from this process's environment: set the host's."""
         agents: AbstractContextManager[None] = (
             nullcontext() if self._full_host_agents else _ray.minimal_node_agents()
         )
@@ -1092,7 +939,7 @@ class SimulatedCluster:
         return self._root
 
     def _host_dir(self, slice_name: str, worker_id: int) -> Path:
-        """Make (if new) and return a host's root: ``dev/accel0..N-1`` and ``tmp/``."""
+        """Make (if new) and return a host's root."""
         sim_slice = self.slices[slice_name]
         path = self._root_dir() / slice_name / str(worker_id)
         make_host_root(path, sim_slice.shape, slice_name, worker_id, sim_slice.physical)
@@ -1141,23 +988,25 @@ class SimulatedCluster:
             )
         return hosts[worker_id]
 
+    def _live_host(self, slice_name: str, worker_id: int) -> SimulatedHost:
+        host = self._host(slice_name, worker_id)
+        if not host.alive:
+            raise SimulatorError(f"host {worker_id} of {slice_name} is dead")
+        return host
+
 
 SIM_SITE = Path(__file__).parent / "sim_site"
+"""Stand-ins for what simulated hosts import from a TPU VM, put on their ``PYTHONPATH``."""
 
 
 def host_pythonpath() -> str:
-    """A simulated host's ``PYTHONPATH``: the simulator's site directory first (its
-    ``sitecustomize``, libtpu and JAX plugin), then this process's own path.
+    """A simulated host's ``PYTHONPATH``: :data:`SIM_SITE` first, then this process's own.
 
     Returns:
         The path, each entry once.
     """
     paths = [str(SIM_SITE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return os.pathsep.join(dict.fromkeys(paths))
-
-
-"""Stand-ins for what simulated hosts import from a TPU VM (libtpu.sdk), put on their
-``PYTHONPATH``."""
 
 
 def _close_metadata(sim_slice: SimulatedSlice) -> None:
@@ -1179,19 +1028,17 @@ USER_WORK_EXCLUDED = (
     "ray::HostAgent",
     "ray::SliceQueueActor",
 )
-"""Process titles :meth:`SimulatedCluster.hang_host` leaves running: idle workers, the
-node's Ray agents and tpuslice's own actors (a stuck collective does not stop those)."""
+"""Process titles :meth:`SimulatedCluster.hang_host` leaves running: idle workers, Ray's
+agents and tpuslice's own actors (a stuck collective does not stop those)."""
 
 
 def _is_user_work(pid: int) -> bool:
-    """Whether a process is a Ray worker running a user's task or actor."""
     title = process_title(pid).strip()
     return title.startswith("ray::") and not title.startswith(USER_WORK_EXCLUDED)
 
 
 def physical_layout(shape: SliceShape, name: str, seed: int | None) -> dict[int, int]:
-    """Each TPU worker id's physical position in a simulated slice: in worker-id order,
-    or, with a seed, shuffled by ``random.Random(f"{seed}:{name}")``.
+    """Each worker id's physical position: in worker-id order, or shuffled by the seed.
 
     Args:
         shape: The slice's shape.
@@ -1210,9 +1057,8 @@ def physical_layout(shape: SliceShape, name: str, seed: int | None) -> dict[int,
 def make_host_root(
     path: Path, shape: SliceShape, slice_name: str, worker_id: int, physical: Mapping[int, int]
 ) -> None:
-    """Make (if new) a simulated host's root: ``dev/accel0..N-1``, ``tmp/``, and the
-    ``chip_coords.json`` that its ``libtpu.sdk`` stand-in reports (chips placed at the
-    host's physical position).
+    """Make (if new) a host's root: ``dev/accel*``, ``tmp/`` and the ``chip_coords.json``
+    its ``libtpu.sdk`` reports.
 
     Args:
         path: The host root.
@@ -1233,9 +1079,7 @@ def make_host_root(
 
 
 def _chip_coordinates(shape: SliceShape, physical: int) -> list[list[int]] | None:
-    """The coordinates of the chips of the host at ``physical`` (see
-    :func:`tpuslice._tpu.subslice.chip_coordinates`); ``None`` for a shape whose hosts do not
-    tile its chip grid."""
+    """The host's chip coordinates; ``None`` if the hosts do not tile the chip grid."""
     grid = shape.worker_grid
     if len(grid) != len(shape.dims):
         return None
@@ -1243,14 +1087,13 @@ def _chip_coordinates(shape: SliceShape, physical: int) -> list[list[int]] | Non
 
 
 def _driver_on(cluster: Cluster | None) -> bool:
-    """Whether this (connected) process's driver is on ``cluster``."""
     if cluster is None:
         return False
     return str(ray.get_runtime_context().gcs_address) == str(cluster.address)
 
 
 def _suffixes() -> Iterable[str]:
-    """a, b, ..., z, aa, ab, ..., zz, aaa, ... (readable, unique, unbounded)."""
+    """a, b, ..., z, aa, ab, ... (readable, unique, unbounded)."""
     for length in itertools.count(1):
         for letters in itertools.product(string.ascii_lowercase, repeat=length):
             yield "".join(letters)

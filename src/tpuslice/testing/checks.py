@@ -1,5 +1,4 @@
-"""Checks for tests that use a (simulated) cluster: no placement group left behind, and every
-slice idle again."""
+"""Checks for tests on a (simulated) cluster: no placement group left, every slice idle."""
 
 from __future__ import annotations
 
@@ -23,8 +22,8 @@ __all__ = [
 
 
 def assert_no_placement_groups(timeout: float = 10.0) -> None:
-    """Fail if any placement group is still alive after a bounded wait; removes the
-    leftovers first so one leaky test does not fail the ones after it.
+    """Fail if any placement group is still alive after a bounded wait, removing the
+    leftovers so one leaky test does not fail the ones after it.
 
     Args:
         timeout: Seconds to wait for groups being removed to go.
@@ -46,19 +45,15 @@ def assert_no_placement_groups(timeout: float = 10.0) -> None:
 
 
 def assert_slices_ready(names: Iterable[str] | None = None, timeout: float = 30.0) -> None:
-    """Wait (bounded) until every slice of the cluster is ready: whole, idle, and neither
-    broken, under notice nor suspect. A hand-back ends before Ray's view of the freed
-    hosts does, so a test that reserves right after another could otherwise find a slice
-    still busy and be granted fewer than it expects.
+    """Wait (bounded) until every slice is ready. A hand-back ends before Ray's view of
+    the freed hosts catches up, so the next test could otherwise find a slice busy.
 
     Args:
-        names: The slices to wait for; ``None`` for every slice Ray knows (including
-            those whose hosts were all removed, which stay broken).
+        names: The slices to wait for; ``None`` for every slice Ray knows.
         timeout: Seconds to wait.
 
     Raises:
-        AssertionError: some slice is still not ready after ``timeout``; the message names
-            each with its state and reason.
+        AssertionError: some slice is still not ready; the message says why.
     """
     waiting = slices_not_ready(names, timeout)
     if waiting:
@@ -91,13 +86,12 @@ def slices_not_ready(names: Iterable[str] | None = None, timeout: float = 30.0) 
 
 
 TPUSLICE_IDLE_ACTORS = frozenset({"HostAgent"})
-"""tpuslice's actors that hold no Ray resources once no placement group is alive: each
-host's agent."""
+"""tpuslice's actors that hold no Ray resources outside a placement group."""
 
 
 def holders(info: SliceInfo) -> list[str]:
-    """The live actors on a slice's hosts other than tpuslice's resource-free ones: with no
-    placement group alive, whatever holds its resources outside one.
+    """The live actors on a slice's hosts but tpuslice's resource-free ones: with no
+    placement group alive, whatever holds its resources.
 
     Args:
         info: A slice.
@@ -116,13 +110,9 @@ def holders(info: SliceInfo) -> list[str]:
 
 
 def held_by_nothing(info: SliceInfo) -> bool:
-    """Whether a slice is busy only in Ray's resource count: no process is recorded owning
-    a TPU there, and no actor but tpuslice's resource-free ones runs on its hosts. Called
-    once no placement group is alive, such a slice holds resources Ray kept counted for a
-    group already removed, which Ray can do when a group is removed while it is being
-    placed or when its clean-up calls to the host fail; only restarting the hosts frees
-    them. (A task holding resources outside any group would look the same: Ray lists
-    tasks only through its dashboard, which the simulator does not run.)
+    """Whether a slice is busy only in Ray's count: no TPU owner and no :func:`holders`.
+    With no group alive, Ray still counts a removed group's resources (removed while
+    being placed, or its clean-up failed); only restarting the hosts frees them.
 
     Args:
         info: A slice that is not ready.
@@ -150,8 +140,7 @@ def describe(slices: Iterable[SliceInfo]) -> str:
 
 
 def remove_placement_groups(groups: Iterable[dict[str, Any]] | None = None) -> int:
-    """Remove the given placement-group table rows (default: every live one); return how
-    many. For cleaning up after code that leaks, such as Ray 2.60's one-shot run_on_slice.
+    """Remove the given placement groups, for cleaning up after code that leaks them.
 
     Args:
         groups: Rows of ``ray.util.placement_group_table()``; ``None`` for every live one.

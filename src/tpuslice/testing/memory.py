@@ -1,20 +1,8 @@
-"""InMemoryCluster: :class:`~tpuslice._reserve.ops.ClusterOps` over TPU slices that exist
-only in memory.
+"""InMemoryCluster: :class:`~tpuslice._reserve.ops.ClusterOps` over in-memory TPU slices.
 
-A stand-in for Ray in tests of the claiming loop, faithful where the loop could notice:
-nodes carry Ray's TPU labels and resources; a placement group is placed all-or-nothing,
-each bundle on a live node whose labels match its selector exactly and whose free resources
-hold it (``STRICT_SPREAD`` on distinct nodes, ``STRICT_PACK`` on one); removing a group
-frees it and is idempotent; a dead node fails its groups. Time is the cluster's own
-:class:`FakeClock`: waiting for a group that cannot place advances it by the whole timeout.
-
-Hosts are marked suspect as a run would mark them (:meth:`InMemoryCluster.mark_suspects`,
-on the cluster's clock), and the snapshot shows their slices
-:attr:`~tpuslice._view.cluster.SliceState.SUSPECT` until the cool-down ends.
-
-Other parties act through :meth:`InMemoryCluster.script`: run an action on the *n*-th call
-of an operation, before it takes effect or after (``"snapshot"`` after = between the look
-and the claim). Raising ``KeyboardInterrupt`` there is a Ctrl-C at that step.
+A stand-in for Ray in tests of the claiming loop, faithful where the loop could notice
+(labels, all-or-nothing placement, dead nodes), on its own :class:`FakeClock`. Other parties
+act through :meth:`InMemoryCluster.script` at the *n*-th call of an operation.
 """
 
 from __future__ import annotations
@@ -64,20 +52,15 @@ OPERATIONS = (
 
 @dataclass
 class FakeClock:
-    """Time that passes only when someone waits (``sleep``) or a wait times out.
-
-    Attributes:
-        t: The time now, in seconds.
-        on_sleep: Called with the seconds of each :meth:`sleep` before time moves.
-    """
+    """Time that passes only when someone sleeps or a wait times out. ``on_sleep`` is
+    called with the seconds of each :meth:`sleep` before time moves."""
 
     t: float = 0.0
     on_sleep: Callable[[float], None] | None = None
     _stamped: int = 0
 
     def stamp(self) -> int:
-        """A wall-clock stamp: the time now in nanoseconds, made distinct (later stamps
-        at the same time are one nanosecond apart), as arrival numbers are.
+        """The time now in nanoseconds, distinct: stamps at one instant are one apart.
 
         Returns:
             Nanoseconds.
@@ -94,7 +77,7 @@ class FakeClock:
         return self.t
 
     def sleep(self, seconds: float) -> None:
-        """Advance the clock at once; a negative wait does not move it.
+        """Advance the clock at once (not backwards).
 
         Args:
             seconds: How long to sleep.
@@ -106,15 +89,8 @@ class FakeClock:
 
 @dataclass
 class MemoryNode:
-    """One in-memory host (Ray node).
-
-    Attributes:
-        node_id: Its node id (``<slice name>/<worker id>``).
-        labels: Its node labels.
-        resources: Its total resources.
-        alive: Whether it is alive.
-        used: Resources held by placed bundles.
-    """
+    """One in-memory host (Ray node), id ``<slice name>/<worker id>``; ``used``: what
+    placed bundles hold."""
 
     node_id: str
     labels: dict[str, str]
@@ -133,28 +109,10 @@ class MemoryNode:
         """
         return self.resources.get(resource, 0.0) - self.used.get(resource, 0.0)
 
-    def fits(self, bundle: Mapping[str, float]) -> bool:
-        """Whether the node is alive and can hold ``bundle`` now.
-
-        Args:
-            bundle: Resources of one bundle.
-
-        Returns:
-            True if every positive amount of the bundle is free.
-        """
-        return self.alive and all(self.free(k) >= v for k, v in bundle.items() if v > 0)
-
 
 class MemoryGroup(PlacementGroup):  # type: ignore[misc]  # Ray's class is untyped
-    """A placement group of the in-memory cluster (a real ``PlacementGroup`` object).
-
-    Args:
-        bundles: Resources of each bundle.
-        selectors: One label selector per bundle; empty for none.
-        strategy: Ray placement strategy.
-        name: The group's name.
-        owner: Who made it: ``"reserver"`` (the code under test) or ``"other"``.
-    """
+    """A placement group of the in-memory cluster (a real ``PlacementGroup``), made by
+    ``owner``: ``"reserver"`` (the code under test) or ``"other"``."""
 
     def __init__(
         self,
@@ -164,7 +122,6 @@ class MemoryGroup(PlacementGroup):  # type: ignore[misc]  # Ray's class is untyp
         name: str,
         owner: str,
     ) -> None:
-        """Make an unplaced group with a fresh random id."""
         super().__init__(
             ray.PlacementGroupID.from_random(), bundle_cache=[dict(b) for b in bundles]
         )
@@ -181,17 +138,14 @@ class InMemoryCluster:
     """TPU slices in memory, offering the operations a reservation needs.
 
     Args:
-        slices: ``(accelerator, topology)`` or ``(accelerator, topology, count)`` items.
+        slices: ``(accelerator, topology[, count])`` items.
         can_grow: What :meth:`can_grow` answers (an autoscaler is present).
         cpus_per_host: Logical CPUs of each host.
-        queue: Offer a cluster-wide queue (:attr:`queue`, a
-            :class:`~tpuslice._reserve.queue.service.QueueService` on this cluster's clock);
-            without one (``False``), :meth:`slice_queue` raises as for a queue that does not
-            answer, and whole-slice reservations wait for it.
+        queue: Offer a :class:`~tpuslice._reserve.queue.service.QueueService` on the
+            cluster's clock; without one, :meth:`slice_queue` raises as if it did not answer.
 
     Raises:
-        InvalidArgumentError: an item names no valid slice shape (see
-            :func:`~tpuslice._tpu.topology.slice_shape`).
+        InvalidArgumentError: an item names no valid slice shape.
     """
 
     def __init__(
@@ -202,7 +156,6 @@ class InMemoryCluster:
         cpus_per_host: float = 8.0,
         queue: bool = True,
     ) -> None:
-        """Add the given slices, every host idle."""
         self.clock = FakeClock(on_sleep=lambda s: self._call("sleep", lambda: None))
         self.growable = can_grow
         self.cpus_per_host = cpus_per_host
@@ -210,18 +163,16 @@ class InMemoryCluster:
         self.slice_hosts: dict[str, list[str]] = {}
         self.groups: list[MemoryGroup] = []
         self.tpu_owners: dict[str, str] = {}
-        """Node id -> the process owning its TPU, as the hosts' agents would see it."""
+        """Node id -> the process owning its TPU, as its agent would see it."""
         self.recorded_owners: dict[str, str] = {}
-        """What the agents last recorded (the cluster view reads this)."""
+        """What the agents last recorded, which the cluster view reads."""
         self.seen_free: set[str] = set()
-        """Node ids whose agents last saw the TPU free and said so (``tpu-free/`` keys);
-        none by default, so that every reservation asks its hosts."""
+        """Node ids whose agents last said the TPU was free; none, so reservations ask."""
         self.suspects: dict[str, Suspect] = {}
-        """Node id -> its suspect record, as written to the KV store (the view reads it)."""
+        """Node id -> its suspect record, as in the KV store."""
         self.notices: dict[str, Notice] = {}
-        """Node id -> the notice standing on it (a metadata server's or the queue's)."""
+        """Node id -> the notice standing on it."""
         self.cooldown_s = DEFAULT_COOLDOWN_S
-        """The cluster's cool-down of a suspect host."""
         self.calls: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self._scripts: list[tuple[str, int, Callable[[], None], bool]] = []
         self._names = itertools.count()
@@ -230,9 +181,7 @@ class InMemoryCluster:
                 self._snapshot,
                 reprobe=self._record_owners,
                 clock=self.clock.now,
-                # Nanoseconds of the cluster's clock, as the queue actor's wall clock
-                # numbers arrivals (a ticket's age is counted back from it), one apart
-                # for tickets enqueued at the same instant.
+                # The queue actor numbers arrivals by its wall clock in nanoseconds.
                 stamp=self.clock.stamp,
                 wall=self.clock.now,
                 decide_every_s=0.0,
@@ -248,9 +197,7 @@ class InMemoryCluster:
     # --- the world -----------------------------------------------------------------------
 
     def add_slice(self, accelerator: str, topology: str, name: str | None = None) -> str:
-        """A slice of idle hosts; returns its name (``v6e-16-0``, ``v6e-16-1``, ...).
-
-        Waiting groups that now fit are placed.
+        """A slice of idle hosts; waiting groups that now fit are placed.
 
         Args:
             accelerator: TPU generation, in any accepted spelling.
@@ -258,11 +205,10 @@ class InMemoryCluster:
             name: The slice's name (default: pod type and a counter).
 
         Returns:
-            The slice's name.
+            The slice's name (``v6e-16-0``, ``v6e-16-1``, ...).
 
         Raises:
-            InvalidAcceleratorError: the generation is unknown.
-            InvalidTopologyError: the topology is malformed or not offered for it.
+            InvalidArgumentError: the generation or topology is not valid.
         """
         shape = slice_shape(topology, accelerator)
         name = name or f"{shape.pod_type}-{next(self._names)}"
@@ -278,7 +224,7 @@ class InMemoryCluster:
         return name
 
     def kill_host(self, slice_name: str, worker_id: int) -> None:
-        """The host dies: its groups' bundles are lost, so those groups become unplaced.
+        """The host dies, and its groups become unplaced.
 
         Args:
             slice_name: The host's slice.
@@ -299,7 +245,7 @@ class InMemoryCluster:
             resources: What the other user holds.
 
         Returns:
-            The other user's group (owner ``"other"``); remove it to free the resources.
+            The other user's group; remove it to free the resources.
         """
         node_id = self.slice_hosts[slice_name][worker_id]
         group = MemoryGroup([resources], [{NODE_ID_LABEL: node_id}], "PACK", "", "other")
@@ -308,21 +254,21 @@ class InMemoryCluster:
         return group
 
     def live_groups(self, owner: str | None = None) -> list[MemoryGroup]:
-        """Groups not removed (of one owner: ``"reserver"`` or ``"other"``).
+        """Groups not removed, placed or not, in creation order.
 
         Args:
             owner: Only this owner's groups; ``None`` for all.
 
         Returns:
-            The groups, placed or not, in creation order.
+            The groups.
         """
         return [g for g in self.groups if not g.removed and owner in (None, g.owner)]
 
     def script(
         self, operation: str, call: int, action: Callable[[], None], *, after: bool = False
     ) -> None:
-        """Run ``action`` on the ``call``-th call (1-based) of ``operation``, before it takes
-        effect, or after it (but before it returns) with ``after=True``.
+        """Run ``action`` on the ``call``-th call of ``operation``, before it takes effect or
+        (``after=True``) before it returns. A ``KeyboardInterrupt`` there is a Ctrl-C.
 
         Args:
             operation: One of :data:`OPERATIONS`.
@@ -340,7 +286,7 @@ class InMemoryCluster:
     # --- ClusterOps ----------------------------------------------------------------------
 
     def snapshot(self, tpu_resource_per_chip: int) -> ClusterSnapshot:
-        """Every slice now, as :func:`~tpuslice._view.cluster.build_snapshot` sees the nodes.
+        """Every slice now, as :func:`~tpuslice._view.cluster.build_snapshot` sees them.
 
         Args:
             tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
@@ -363,8 +309,8 @@ class InMemoryCluster:
 
         Args:
             bundles: Resources of each bundle.
-            selectors: One label selector per bundle (may be empty: no selectors).
-            strategy: Ray placement strategy (``STRICT_SPREAD`` and ``STRICT_PACK`` hold).
+            selectors: One label selector per bundle, or none.
+            strategy: Ray placement strategy (``STRICT_*`` are honoured).
             name: The group's name.
             lifetime: Ignored (accepted as Ray's is).
 
@@ -382,8 +328,7 @@ class InMemoryCluster:
 
     def wait_placed(self, groups: Sequence[PlacementGroup], timeout: float) -> list[bool]:
         """Place what fits; if any group is still unplaced, the clock moves by ``timeout``.
-        A wait of no time finds nothing placed, as Ray's does: Ray answers it before the
-        GCS has said whether a group is placed, even one placed long ago.
+        A wait of no time finds nothing placed: Ray answers it before asking the GCS.
 
         Args:
             groups: Groups of this cluster.
@@ -457,7 +402,7 @@ class InMemoryCluster:
         return self._call("can_grow", lambda: self.growable)
 
     def free_hosts(self) -> frozenset[str]:
-        """The hosts whose agents' ``tpu-free/`` keys are there: :attr:`seen_free`.
+        """The hosts whose agents said their TPU is free (:attr:`seen_free`).
 
         Returns:
             Their node ids.
@@ -465,8 +410,7 @@ class InMemoryCluster:
         return self._call("free_hosts", lambda: frozenset(self.seen_free))
 
     def start_owner_probe(self, node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
-        """Ask each host who owns its TPU (:attr:`tpu_owners`) and record the answers, as
-        the hosts' agents do.
+        """Ask each host who owns its TPU (:attr:`tpu_owners`) and record it, as agents do.
 
         Args:
             node_ids: The hosts to ask.
@@ -517,9 +461,8 @@ class InMemoryCluster:
         return self._call("slice_labels", read)
 
     def mark_suspects(self, blames: Sequence[Blame]) -> list[Suspect]:
-        """Mark hosts suspect for :attr:`cooldown_s` from the clock's time now, as
-        :func:`tpuslice._reserve.suspects.mark_suspects` does in Ray's KV store (a seam of
-        ``ResilientRun``).
+        """Mark hosts suspect for :attr:`cooldown_s` from now, as
+        :func:`tpuslice._reserve.suspects.mark_suspects` does in Ray's KV store.
 
         Args:
             blames: The hosts and why.
@@ -552,27 +495,9 @@ class InMemoryCluster:
         node_id = self.slice_hosts[slice_name][worker_id]
         return self.mark_suspects([Blame(node_id, slice_name, worker_id, reason, evidence)])[0]
 
-    def clear_suspects(self, slice_name: str) -> list[Suspect]:
-        """Trust a slice's hosts again.
-
-        Args:
-            slice_name: The slice.
-
-        Returns:
-            The records deleted.
-        """
-        cleared = [r for r in self.suspects.values() if r.slice_name == slice_name]
-        for record in cleared:
-            del self.suspects[record.node_id]
-        return cleared
-
     def own_tpu(self, slice_name: str, worker_id: int, owner: str | None) -> None:
         """A process takes that host's TPU (``owner`` describes it); ``None``: it exits.
-
-        A taken TPU's host is no longer listed as seen free, as its agent withdraws its
-        ``tpu-free/`` key at its next look. It is not listed again when the process
-        exits (an agent would put its key back at its next look): add it to
-        :attr:`seen_free` for that.
+        Taking drops the host from :attr:`seen_free`; exiting does not put it back.
 
         Args:
             slice_name: The host's slice.
@@ -589,7 +514,7 @@ class InMemoryCluster:
     # --- internals -----------------------------------------------------------------------
 
     def _record_owners(self, node_ids: Sequence[str]) -> dict[str, str | None]:
-        """What the hosts' agents do when asked: find each TPU's owner and record it."""
+        """What agents do when asked: find each TPU's owner and record it."""
         seen = {node: self.tpu_owners.get(node) for node in node_ids}
         for node, owner in seen.items():
             if owner is None:
@@ -646,10 +571,7 @@ class InMemoryCluster:
         return dataclasses.replace(snapshot, queue=self.queue.record())
 
     def _unplace(self, group: MemoryGroup) -> None:
-        for node_id, bundle in zip(group.nodes or [], group.bundles, strict=False):
-            node = self.nodes[node_id]
-            for key, value in bundle.items():
-                node.used[key] = node.used.get(key, 0.0) - value
+        self._hold(group, -1.0)
         group.nodes = None
 
     def _place_pending(self) -> None:
@@ -657,10 +579,14 @@ class InMemoryCluster:
         for group in self.live_groups():
             if group.nodes is None:
                 group.nodes = self._fit(group)
-                for node_id, bundle in zip(group.nodes or [], group.bundles, strict=False):
-                    node = self.nodes[node_id]
-                    for key, value in bundle.items():
-                        node.used[key] = node.used.get(key, 0.0) + value
+                self._hold(group, 1.0)
+
+    def _hold(self, group: MemoryGroup, sign: float) -> None:
+        """Add (``sign`` 1) or give back (-1) the resources of the group's placed bundles."""
+        for node_id, bundle in zip(group.nodes or [], group.bundles, strict=False):
+            node = self.nodes[node_id]
+            for key, value in bundle.items():
+                node.used[key] = node.used.get(key, 0.0) + sign * value
 
     def _fit(self, group: MemoryGroup) -> list[str] | None:
         """Nodes for every bundle (first fit), or ``None`` if any bundle has none."""

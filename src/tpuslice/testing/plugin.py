@@ -1,16 +1,8 @@
 """pytest plugin (auto-loaded via the ``pytest11`` entry point): simulated TPU clusters.
 
-Fixtures:
-- ``simulated_cluster`` (session): one :class:`SimulatedCluster`, connected, shared by
-  every test of the session. Its slices come from the ini option ``tpuslice_slices``
-  (lines like ``v6e:4x4:2``; default one v6e 4x4 slice x2).
-- ``tpu_cluster`` (function): the same cluster, and after the test two checks: no
-  placement group left (:func:`assert_no_placement_groups`) and every simulated TPU free
-  (:meth:`SimulatedCluster.wait_tpus_free`), so a test that leaks a reservation or leaves
-  a process owning a TPU fails. Then every host is trusted again (its suspect record
-  deleted), so a run that failed in one test does not steer the next test's reservations,
-  and every slice must be ready again; one that Ray alone still counts in use is
-  restarted, with a warning.
+Fixtures: ``simulated_cluster`` (session), one connected :class:`SimulatedCluster` whose
+slices come from the ini option ``tpuslice_slices``; ``tpu_cluster`` (function), the same
+cluster, checked clean after each test.
 """
 
 from __future__ import annotations
@@ -46,8 +38,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the simulated cluster ``cluster``: a test that needs the
-    cluster cannot end up in the tier that runs without one.
+    """Mark ``cluster`` every test that uses the simulated cluster, so none lands in the
+    tier that runs without one.
 
     Args:
         items: The collected tests.
@@ -90,16 +82,11 @@ def simulated_cluster(request: pytest.FixtureRequest) -> Iterator[SimulatedClust
 
 @pytest.fixture
 def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluster]:
-    """The session's cluster; fails the test if it leaves a placement group behind, a
-    simulated TPU owned (a process still holding its libtpu lock or devices), or a slice
-    that does not come back ready. Hosts a test's runs marked suspect are trusted again
-    after it.
-
-    A slice Ray still counts in use when nothing holds it (no group alive, no TPU owner,
-    no actor: :func:`~tpuslice.testing.checks.held_by_nothing`) is Ray's own accounting,
-    which no wait mends: its hosts are restarted, with a :class:`RayAccountingWarning`,
-    so the tests after this one start from a ready cluster rather than each failing on
-    it. A slice something does hold fails the test, naming it."""
+    """The session's cluster; fails the test if it leaves a placement group, an owned TPU
+    or a slice that something still holds. Suspect hosts are trusted again after it, so
+    one test's failures do not steer the next. A slice only Ray's accounting still counts
+    in use (:func:`~tpuslice.testing.checks.held_by_nothing`) no wait mends: its hosts
+    are restarted with a :class:`RayAccountingWarning`, so later tests start clean."""
     from tpuslice._host.suspects import clear_all
     from tpuslice.testing.checks import (
         assert_no_placement_groups,
@@ -117,6 +104,7 @@ def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluste
     stuck = [s for s in waiting if held_by_nothing(s)]
     for info in stuck:
         simulated_cluster.restart_slice(info.name)
+    failed = [s for s in waiting if s not in stuck]
     if stuck:
         warnings.warn(
             RayAccountingWarning(
@@ -125,8 +113,6 @@ def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluste
             ),
             stacklevel=1,
         )
-    failed = [s for s in waiting if s not in stuck]
-    if stuck:
         failed += slices_not_ready([s.name for s in stuck])  # the restarted ones, ready again
     if failed:
         held = [actor for info in failed for actor in holders(info)]
@@ -135,5 +121,4 @@ def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluste
 
 
 class RayAccountingWarning(UserWarning):
-    """A slice stayed busy in Ray's resource count after a test with nothing holding it,
-    and its hosts were restarted (see :func:`tpu_cluster`)."""
+    """A slice stayed busy in Ray's count with nothing holding it; its hosts were restarted."""

@@ -1,15 +1,8 @@
 """Start-up of every Python process on a simulated TPU host (through ``PYTHONPATH``).
 
-It lets :meth:`tpuslice.testing.SimulatedCluster.hang_host` make a worker hang the way a
-host stuck in a collective does: on ``SIGUSR2`` the process's main thread (where Ray runs
-the task or actor method) blocks for ever, while its other threads (Ray's core worker,
-tpuslice's heartbeat publisher) go on, so Ray can still cancel or kill it. On a host cut
-off from its peers (:mod:`tpuslice._sim.faults`), the TCP connections of the user's work
-are dropped. tpuslice's TPU lookups (``tpuslice._host.tpu_lock.HOST_ROOT``) are pointed at
-this host's directory, which holds its ``tmp/`` and ``dev/``, when that module loads.
-Then it runs the
-next ``sitecustomize`` on the path, if there is one (a test suite's own), as Python would
-have without this one.
+On ``SIGUSR2`` the main thread blocks for ever while Ray's threads go on, as in a stuck
+collective; the user's work obeys the host's network faults; ``tpu_lock.HOST_ROOT`` points
+at the host's root. Then the next ``sitecustomize`` on the path runs, as it would have.
 """
 
 from __future__ import annotations
@@ -34,8 +27,6 @@ if threading.current_thread() is threading.main_thread():
 
 
 def _network_faults() -> None:
-    """A host its peers cannot reach drops the TCP traffic of the user's work
-    (:mod:`tpuslice._sim.faults`); only Ray's workers for a job are affected."""
     root = os.environ.get("TPUSLICE_SIM_HOST_ROOT")
     if root and os.environ.get("RAY_JOB_ID"):
         from pathlib import Path
@@ -51,8 +42,7 @@ TPU_LOCK = "tpuslice._host.tpu_lock"
 
 
 class _HostRootOnLoad(importlib.abc.MetaPathFinder):
-    """Sets ``HOST_ROOT`` in tpuslice's TPU lookups as they load, so importing them stays
-    lazy (most processes here never do)."""
+    """Sets ``HOST_ROOT`` in tpuslice's TPU lookups as they load, keeping the import lazy."""
 
     def __init__(self, root: str) -> None:
         self.root = root

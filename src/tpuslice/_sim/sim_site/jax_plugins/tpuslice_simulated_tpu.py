@@ -1,6 +1,5 @@
-"""A simulated host's TPU for JAX, found as JAX finds any PJRT plugin (the ``jax_plugins``
-namespace package): ``jax.devices()`` starts it, taking the host's libtpu lock, and fails
-with libtpu's words when another process holds it. Its devices are the machine's CPU."""
+"""A simulated host's TPU for JAX, found as any PJRT plugin is (``jax_plugins``): it takes
+the host's libtpu lock as libtpu does; its devices are the machine's CPU."""
 
 TPU_PRIORITY = 300
 """JAX's priority for its own ``tpu`` backend: above the CPU, so it is the default."""

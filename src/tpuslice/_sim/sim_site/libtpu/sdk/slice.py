@@ -1,10 +1,5 @@
-"""``libtpu.sdk.slice`` on a simulated host: this host's chips and their coordinates.
-
-The simulator writes each host's chips to ``<host root>/chip_coords.json`` (the host root
-is ``TPUSLICE_SIM_HOST_ROOT``), placed by the slice's physical layout, which may be
-scrambled against the TPU worker ids. As libtpu does, each chip reports its host name,
-its index on the host, and its ``[x, y]`` / ``[x, y, z]`` coordinates.
-"""
+"""``libtpu.sdk.slice`` on a simulated host: this host's chips and their coordinates, read
+from ``chip_coords.json`` that the simulator wrote under the host root."""
 
 from __future__ import annotations
 
@@ -34,11 +29,7 @@ class Chip:
 
 
 def get_chip_coordinates() -> list[Chip]:
-    """This host's chips with their physical coordinates.
-
-    Raises:
-        RuntimeError: not a simulated TPU host (no host root, or no coordinates there).
-    """
+    """This host's chips with their coordinates; ``RuntimeError`` off a simulated host."""
     root = os.environ.get("TPUSLICE_SIM_HOST_ROOT")
     if not root or not (Path(root) / COORDS_FILE).exists():
         raise RuntimeError("no TPU chips on this host (not a simulated TPU host)")

@@ -30,8 +30,7 @@ def test_priority_first_then_arrival() -> None:
     assert [w.ticket for w in queue_order(queue)] == ["early-high", "late-high", "first", "second"]
     got = decide(queue, {V6E: ["a", "b"]})
     assert got.grants == {"early-high": ("a",), "late-high": ("b",)}
-    assert got.position == {"early-high": 1, "late-high": 2, "first": 3, "second": 4}
-    assert got.ahead["second"] == ["early-high", "late-high", "first"]
+    assert got.order == ["early-high", "late-high", "first", "second"]
 
 
 def test_all_or_nothing_and_no_slice_held_while_waiting() -> None:

@@ -1,18 +1,12 @@
-"""The cluster-wide queue on Ray: one named detached actor, and the drivers' handle to it.
-
-The actor (``tpuslice-queue`` in namespace ``tpuslice``, on the head node, restarted by
-Ray if it dies) is an async actor running a :class:`~tpuslice._reserve.queue.runner.QueueRunner`
-over the live cluster: a driver's ask is held until its ticket is granted, decisions are
-made when something changes, and each decision's record goes to Ray's KV store. Drivers
-reach it through :class:`RayQueue`. It admits every whole-slice reservation: a driver
-that cannot reach it waits for it (see :func:`slice_queue`), and never claims without it.
-The handle found is the connection's (:class:`KnownQueue`), so a reconnection finds the
-new cluster's.
+"""The cluster-wide queue on Ray: a named detached actor on the head node, and the drivers'
+handle to it (:class:`RayQueue`). A driver that cannot reach it waits for it, never claims
+without it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -43,19 +37,15 @@ from tpuslice.record.slice_seconds import SliceSeconds
 logger = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 2.0
-"""How long a driver waits for the queue to answer (it may be starting or restarting),
-beyond the time it asked the queue to hold the call."""
+"""How long a driver waits for the queue beyond the time it asked it to hold the call."""
 MAX_ASKS = 100_000
 """Calls the actor may hold at once (each waiter holds one)."""
 HEAD_NODE_RESOURCE = "node:__internal_head__"
-"""The resource Ray gives the head node only; the queue asks for a sliver of it, so it
-does not live (and die) on a TPU host."""
+"""Only the head node has it: the queue asks for a sliver, so it does not die with a TPU host."""
 
 
-class SliceQueueActor:
-    """The queue actor's body: a :class:`QueueRunner` over the live cluster, publishing
-    to Ray's KV store, learning of dead drivers from Ray's job table. Restarted, it keeps
-    the places of the waiters its last record lists, while they come back."""
+class SliceQueueActor(QueueRunner):
+    """A :class:`QueueRunner` over the live cluster; restarted, it keeps the places it had."""
 
     def __init__(self) -> None:
         self._meter = UsageMeter(read_usage())  # counted by an earlier life of this actor
@@ -71,17 +61,14 @@ class SliceQueueActor:
         last = read_queue_record()  # by an earlier life of this actor
         if last is not None and time.time() - last.at < LEASE_S:
             service.expect(last.requests)
-        self.runner = QueueRunner(service, publish=_publish, act=carry_out)
+        super().__init__(service, publish=_publish, act=carry_out)
         self._slice_seconds = SliceSeconds()
+        # Tenants and pod types whose gauges were set: they go to 0 once the tenant holds none.
         self._tenant_keys: set[tuple[str, str]] = set()
-        """Tenants and pod types whose gauges were set: they go to 0, not stay, once
-        the tenant holds none."""
-        # The cluster's gauges, its slice-seconds by state, and the tenants' use.
         ClusterReporter(read_snapshot, on_report=self._report).start()
 
     def _report(self, snapshot: ClusterSnapshot, seconds: float) -> None:
-        """Each look of the reporter: count slice-seconds by state and, with quotas
-        set, by tenant (the queue decides only while someone waits; use goes on)."""
+        """Count slice-seconds by state and, with quotas, by tenant (even while no one waits)."""
         self._slice_seconds.add(snapshot, seconds)
         if not snapshot.quotas.configured:
             return
@@ -108,69 +95,17 @@ class SliceQueueActor:
             self._usage_saved = now
             save_usage(usage, now)
 
-    async def join(self, ticket: Ticket, arrival: int | None, timeout_s: float) -> Joined:
-        """See :meth:`QueueRunner.join`.
-
-        Args:
-            ticket: The request.
-            arrival: Its original arrival number.
-            timeout_s: How long to hold the call at most.
-
-        Returns:
-            Its arrival number and the answer.
-        """
-        return await self.runner.join(ticket, arrival, timeout_s)
-
-    async def wait(self, ticket: str, timeout_s: float) -> Answer:
-        """See :meth:`QueueRunner.wait`.
-
-        Args:
-            ticket: The ticket.
-            timeout_s: How long to hold the call at most.
-
-        Returns:
-            The answer.
-        """
-        return await self.runner.wait(ticket, timeout_s)
-
-    async def claimed(self, ticket: str) -> None:
-        """See :meth:`QueueRunner.claimed`.
-
-        Args:
-            ticket: The ticket.
-        """
-        await self.runner.claimed(ticket)
-
-    async def leave(self, ticket: str) -> None:
-        """See :meth:`QueueRunner.leave`.
-
-        Args:
-            ticket: The ticket.
-        """
-        await self.runner.leave(ticket)
-
-    async def released(self, slices: Sequence[str], freed: bool = False) -> None:
-        """See :meth:`QueueRunner.released`.
-
-        Args:
-            slices: Their names.
-            freed: The hand-back saw Ray's view show them free.
-        """
-        await self.runner.released(slices, freed=freed)
-
     async def counts(self) -> dict[str, int]:
         """How busy the queue has been (for benchmarks).
 
         Returns:
-            ``calls`` from drivers, ``decisions``, cluster ``reads``, and
-            ``quick_grants`` (decisions that granted freed slices before a read) so far.
+            Counts of ``calls``, ``decisions``, ``reads`` and ``quick_grants`` so far.
         """
-        runner = self.runner
         return {
-            "calls": runner.calls,
-            "decisions": runner.decisions,
-            "reads": runner.service.reads,
-            "quick_grants": runner.quick_grants,
+            "calls": self.calls,
+            "decisions": self.decisions,
+            "reads": self.service.reads,
+            "quick_grants": self.quick_grants,
         }
 
     async def pid(self) -> int:
@@ -179,8 +114,6 @@ class SliceQueueActor:
         Returns:
             The pid.
         """
-        import os
-
         return os.getpid()
 
 
@@ -206,9 +139,7 @@ class RayQueue:
         self.handle = handle
 
     def join(self, ticket: Ticket, arrival: int | None, timeout_s: float) -> Joined:
-        """Enqueue (again, with ``arrival``, to keep a place), held until the ticket is
-        granted or can never be, or ``timeout_s`` passed. Joining again with the same
-        ticket is harmless (a queue still starting may get several copies).
+        """Enqueue and wait (joining again with the same ticket is harmless).
 
         Args:
             ticket: The request.
@@ -229,8 +160,7 @@ class RayQueue:
         return joined
 
     def wait(self, ticket: str, timeout_s: float) -> Answer:
-        """Where a ticket stands, once granted (or never grantable), or after at most
-        ``timeout_s``; asking renews its lease.
+        """Where a ticket stands, once granted or never grantable, or after ``timeout_s``.
 
         Args:
             ticket: The ticket.
@@ -264,15 +194,13 @@ class RayQueue:
         self.handle.leave.remote(ticket)
 
     def released(self, slices: Sequence[str], *, freed: bool = False) -> None:
-        """A hand-back ended: waited for, within :data:`CALL_TIMEOUT_S` (a driver that
-        exits right after its hand-back would otherwise drop the call, and the slices
-        would wait for the queue's next periodic look).
+        """A hand-back ended (waited for, or a driver exiting right after would drop the call).
 
         Args:
             slices: Their names.
             freed: The hand-back saw Ray's view show them free.
         """
-        ray.wait([self.handle.released.remote(list(slices), freed)], timeout=CALL_TIMEOUT_S)
+        ray.wait([self.handle.released.remote(list(slices), freed=freed)], timeout=CALL_TIMEOUT_S)
 
     def ping(self, timeout_s: float) -> None:
         """Wait until the actor answers.
@@ -289,7 +217,7 @@ class RayQueue:
         try:
             return ray.get(ref, timeout=timeout_s)
         except ray.exceptions.RayActorError as exc:
-            # Dead for good (killed, or past its restarts): look again next time.
+            # Dead for good (killed, or past its restarts): look it up again next time.
             forget(self)
             raise QueueUnreachableError(f"the slice queue is gone: {exc}") from exc
         except (ray.exceptions.RayError, ConnectionError) as exc:
@@ -297,8 +225,7 @@ class RayQueue:
 
 
 START_WAIT_S = 60.0
-"""How long a cluster's set-up waits for the queue to answer (:func:`start_queue`):
-its first start is a new worker process on the head node, slow on a loaded machine."""
+"""How long a cluster's set-up waits for the queue to answer (a new process on the head)."""
 
 
 class KnownQueue:
@@ -340,29 +267,23 @@ def slice_queue() -> RayQueue:
 
 
 def start_queue(timeout_s: float = START_WAIT_S) -> None:
-    """Have the cluster's queue running and answering, and wait for it (a cluster
-    set-up step: the queue is then up before any reservation needs it). If it does
-    not answer within ``timeout_s``, the first reservations wait for it instead.
+    """Start the cluster's queue and wait for it to answer (a cluster set-up step).
 
     Args:
         timeout_s: How long to wait for it to answer.
 
     Raises:
-        QueueUnreachableError: it could neither be found nor created, or did not
-            answer within ``timeout_s``.
+        QueueUnreachableError: it could not be found or created, or did not answer in time.
     """
     slice_queue().ping(timeout_s)
 
 
 def notify_released(slices: Sequence[str], *, freed: bool = False) -> None:
-    """Tell the cluster's queue, if one runs, that a hand-back of these slices ended,
-    so it decides now rather than at its next periodic look. Best effort (waited for
-    within a bound; never starts a queue; a queue that misses it sees the slices at that look).
+    """Tell the cluster's queue, if one runs, that a hand-back ended, so it decides now.
 
     Args:
         slices: The slices handed back.
-        freed: The hand-back saw Ray's view show them free (the queue may then grant
-            them before it reads the cluster again).
+        freed: Ray's view showed them free (the queue may grant them before a read).
     """
     if not slices or not ray.is_initialized():
         return
@@ -378,8 +299,7 @@ def notify_released(slices: Sequence[str], *, freed: bool = False) -> None:
 
 
 def forget(queue: RayQueue) -> None:
-    """Drop the cached handle if it is ``queue`` (whose actor died for good), so that
-    the next :func:`slice_queue` finds or starts the cluster's queue again.
+    """Drop the cached handle if it is ``queue``, whose actor died for good.
 
     Args:
         queue: The handle whose actor died.

@@ -1,16 +1,6 @@
-"""A driver's client to the host agents (:mod:`tpuslice._host.agent`): their handles,
-and what it asks of them.
-
-- :func:`probe_owners` and :func:`start_probe`: each host's TPU owner, if any.
-- :func:`release_tpus` and :func:`confirm_released`: on each host, stop this job's
-  processes that still own the TPU (SIGTERM, then SIGKILL after a grace), and confirm
-  the TPU is free of them; :func:`stop_job_tpus` asks the same without waiting (the
-  queue's take-back).
-- :func:`kill_owner`: stop a named owner on request (``tpuslice release-tpu``), only a
-  process of the same user.
-
-What the agents record is read by :mod:`tpuslice._view.agents`. The client sits in the
-queue's layer because the queue asks the agents too (its take-backs and its re-probes).
+"""A driver's client to the host agents (:mod:`tpuslice._host.agent`): who owns each host's
+TPU, stopping a job's processes that still own it at a hand-back or take-back, and stopping a
+named owner (``tpuslice release-tpu``). In the queue's layer because the queue asks them too.
 """
 
 from __future__ import annotations
@@ -36,50 +26,36 @@ from tpuslice._view.agents import ListedFree
 logger = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 60.0
-"""Bound on one round of agent calls; the first on a host includes starting its agent."""
+"""Bound on one round of agent calls (the first on a host starts its agent)."""
 LOOKUPS_AT_ONCE = 8
 """Agent handles a driver looks up at once (threads, each waiting on the GCS)."""
 GRACE_S = 2.0
 """How long an owner may take to exit after SIGTERM before it gets SIGKILL."""
 RELEASE_TIMEOUT_S = 15.0
 START_WAIT_S = 1.0
-"""How long a reservation waits for an agent not yet known to be up (it may be
-starting) before it counts that host's TPU as free."""
+"""How long a reservation waits for an agent not known to be up before it counts the TPU free."""
 FREE_TRUST_S = 2.0
-"""How long this driver trusts its own finding that a host's TPU is free (from a probe
-or a hand-back) before a reservation asks that host again. Back-to-back jobs in one
-driver skip a probe round; a process outside Ray that takes the TPU meanwhile is met by
-the next call instead (a TPUInUseError naming it) and recorded at that slice's
-hand-back."""
+"""How long this driver trusts that a host's TPU it saw free still is, before asking again
+(a process that takes it meanwhile is met by the next call, as a TPUInUseError)."""
 
 _remote_agent = ray.remote(num_cpus=0, max_restarts=-1)(HostAgent)
 
 
 class Agents:
-    """This driver's handles to the host agents, and what their answers told it: which
-    agents are up, and when each host's TPU was last seen free (a part of the connection).
-
-    A host's own lock is held while its handle is found or created, so that it gets one
-    agent, and the hosts of one reservation are looked up at once (:meth:`handles`); the
-    notes are single dict and set operations, taken without a lock.
-    """
+    """This driver's handles to the host agents, which are up, and when each TPU was last seen
+    free (a part of the connection). A per-host lock makes one agent per host; the notes are
+    single dict and set operations, safe without a lock."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        """Guards :attr:`_host_locks`."""
+        self._lock = threading.Lock()  # guards _host_locks
         self._host_locks: dict[str, threading.Lock] = {}
         self._handles: dict[str, Any] = {}
-        self._free_at: dict[str, float] = {}
-        """Node id -> when this driver last saw its TPU free (monotonic seconds)."""
-        self._up: set[str] = set()
-        """Nodes whose agents have answered this process: they are up."""
+        self._free_at: dict[str, float] = {}  # node id -> when its TPU was last seen free
+        self._up: set[str] = set()  # nodes whose agents answered this process
 
     def handle(self, node_id: str) -> Any:
-        """The agent actor of one node, created there if it has none (cached).
-
-        An existing agent is looked up by name (well under a millisecond); only a missing
-        one is created, since creating (even ``get_if_exists``) makes a new driver export
-        the actor class first.
+        """The agent actor of one node, created there if it has none (cached). Looked up by
+        name first: creating (even ``get_if_exists``) makes a new driver export the class.
 
         Args:
             node_id: Hex id of a live node.
@@ -109,9 +85,7 @@ class Agents:
             return handle
 
     def handles(self, node_ids: Sequence[str]) -> dict[str, Any]:
-        """The agents of several nodes; those this driver has no handle to yet are looked
-        up at once (each lookup is a round trip to the GCS, which a fresh driver's first
-        reservation of 16 hosts would otherwise pay 16 times in a row).
+        """The agents of several nodes, missing ones looked up at once (not one after another).
 
         Args:
             node_ids: Hex ids of live nodes.
@@ -129,7 +103,7 @@ class Agents:
         return {node: self.handle(node) for node in node_ids}
 
     def forget(self, node_id: str) -> None:
-        """Drop a node's handle after a failed call (found or created again next time).
+        """Drop a node's handle after a failed call.
 
         Args:
             node_id: The node.
@@ -137,8 +111,7 @@ class Agents:
         self._handles.pop(node_id, None)
 
     def note(self, node_id: str, owner: object) -> None:
-        """Remember that the node's agent answered, and when its host was seen free
-        (forget that as soon as it was seen owned).
+        """Remember that the node's agent answered, and whether its TPU was free.
 
         Args:
             node_id: The node.
@@ -151,9 +124,7 @@ class Agents:
             self._free_at.pop(node_id, None)
 
     def is_up(self, node_id: str) -> bool:
-        """Whether the node's agent has answered this process, or a listing showed its
-        ``tpu-free/`` key (:class:`~tpuslice._view.agents.ListedFree`; a dead node's key
-        lasts until a cluster read deletes it).
+        """Whether the node's agent answered this process, or its ``tpu-free/`` key was listed.
 
         Args:
             node_id: The node.
@@ -186,7 +157,13 @@ def _round(
     if not refs:
         return {}
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-    done = set(ready)
+    return _collect(agents, refs, set(ready))
+
+
+def _collect(
+    agents: Agents, refs: Mapping[str, Any], done: set[Any]
+) -> dict[str, TPUOwner | Exception | None]:
+    """Each node's owner from its answered ref, or the error met (noted in ``agents``)."""
     results: dict[str, TPUOwner | Exception | None] = {}
     for node, ref in refs.items():
         if ref not in done:
@@ -204,37 +181,28 @@ def _round(
 
 
 def probe_owners(node_ids: Sequence[str]) -> dict[str, TPUOwner | Exception | None]:
-    """Each node's TPU owner now, processes that bypassed libtpu's lock included (see
-    :meth:`tpuslice._host.agent.HostAgent.owner`), within :data:`PROBE_TIMEOUT_S` for the
-    whole round (including starting agents).
+    """Each node's TPU owner now, processes that bypassed libtpu's lock included.
 
     Args:
         node_ids: Live TPU hosts.
 
     Returns:
-        Per node: its owner, ``None`` if the TPU is free, or the error that prevented
-        the answer (host gone, no answer in time).
+        Per node: its owner, ``None`` if the TPU is free, or the error met.
     """
     return _round(node_ids, lambda node, a: a.owner.remote(True), PROBE_TIMEOUT_S)
 
 
 def start_probe(node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
-    """Ask each node's agent who owns its TPU, without waiting yet. A host this driver saw
-    free within :data:`FREE_TRUST_S` (its own probe or hand-back) is not asked again.
-
-    An agent that has not answered this process before may still be starting (the first
-    reservations on a fresh cluster start them): it gets :data:`START_WAIT_S`, and if it
-    has not answered by then its TPU counts as free. Its record joins the cluster view
-    once it is up, and a process it would have named is met by the first call instead,
-    as a :class:`~tpuslice.errors.TPUInUseError` naming it.
+    """Ask each node's agent who owns its TPU, without waiting yet; a host seen free within
+    :data:`FREE_TRUST_S` is not asked. An agent that may be starting gets :data:`START_WAIT_S`,
+    then its TPU counts as free (an owner it would name is met by the first call instead).
 
     Args:
         node_ids: The hosts to ask.
 
     Returns:
-        A function that waits (for agents known to be up, :data:`PROBE_TIMEOUT_S` at
-        most) and returns, per node, the owner described, or
-        ``None`` when the TPU is free or the agent could not answer (logged).
+        A function that waits and returns, per node, the owner described, or ``None`` when
+        the TPU is free or the agent could not answer (logged).
     """
     now = time.monotonic()
     agents = connection().part(Agents)
@@ -246,30 +214,22 @@ def start_probe(node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
         if not refs:
             return found
         done = _wait_for(refs, PROBE_TIMEOUT_S)
-        for node, ref in refs.items():
-            found[node] = None
-            if ref not in done:
-                if agents.is_up(node):
-                    logger.warning("TPU agent on node %s did not answer; assuming free", node[:12])
-                else:
-                    logger.info("TPU agent on node %s is starting; TPU not checked", node[:12])
-                continue
-            try:
-                data = ray.get(ref)
-            except ray.exceptions.RayError as exc:
-                agents.forget(node)
-                logger.warning("TPU agent on node %s failed: %s", node[:12], exc)
-                continue
-            found[node] = None if data is None else TPUOwner.from_dict(data).describe()
-            agents.note(node, data)
+        for node, owner in _collect(agents, refs, done).items():
+            if refs[node] not in done and agents.is_up(node):
+                logger.warning("TPU agent on node %s did not answer; assuming free", node[:12])
+            elif refs[node] not in done:
+                logger.info("TPU agent on node %s is starting; TPU not checked", node[:12])
+            elif isinstance(owner, Exception):
+                logger.warning("TPU agent on node %s failed: %s", node[:12], owner)
+            else:
+                found[node] = None if owner is None else owner.describe()
         return found
 
     return answers
 
 
 def _wait_for(refs: Mapping[str, Any], timeout_s: float) -> set[Any]:
-    """The refs answered: every agent gets :data:`START_WAIT_S`; those that answered this
-    process before get up to ``timeout_s`` in all."""
+    """The refs answered: each gets :data:`START_WAIT_S`; agents known up, ``timeout_s`` in all."""
     started = time.monotonic()
     pending = list(refs.values())
     ready, pending = ray.wait(pending, num_returns=len(pending), timeout=START_WAIT_S)
@@ -282,40 +242,9 @@ def _wait_for(refs: Mapping[str, Any], timeout_s: float) -> set[Any]:
     return set(ready)
 
 
-def release_tpus(
-    node_ids: Sequence[str], pids: Mapping[str, set[int]]
-) -> dict[str, TPUOwner | Exception | None]:
-    """On every node, stop the processes that ran the work being handed back and still
-    own its TPU, and confirm none does.
-
-    A process counts as ours if its pid is in ``pids`` for that node (it ran our tasks),
-    if it is a worker started for the driver's job (Ray sets ``RAY_JOB_ID`` in such a
-    worker's environment; a prestarted worker shows ``ffffffff`` instead), or if it is an
-    idle Ray worker (see :meth:`tpuslice._host.agent.HostAgent.release`). Anyone else is
-    left alone.
-
-    Args:
-        node_ids: The hosts being handed back.
-        pids: Per node, pids of processes that ran this work.
-
-    Returns:
-        Per node: ``None`` (free), someone else's owner (left alone), or the error that
-        prevented the answer.
-    """
-    job = ray.get_runtime_context().get_job_id()
-    return _round(
-        node_ids,
-        lambda node, a: a.release.remote(
-            job, sorted(pids.get(node, ())), GRACE_S, RELEASE_TIMEOUT_S
-        ),
-        RELEASE_TIMEOUT_S + PROBE_TIMEOUT_S,
-    )
-
-
 def stop_job_tpus(node_ids: Sequence[str], job_id: str) -> None:
-    """On each node, have its agent stop the processes of Ray job ``job_id`` that still
-    own its TPU, without waiting for the answers (the queue's take-back: a worker of the
-    work taken back can outlive its group in Ray's pool of idle workers).
+    """Have each node's agent stop the job's processes that still own its TPU, not waiting
+    (the queue's take-back: a worker can outlive its group as an idle worker).
 
     Args:
         node_ids: The hosts taken back.
@@ -333,8 +262,7 @@ def stop_job_tpus(node_ids: Sequence[str], job_id: str) -> None:
 
 
 def kill_owner(node_id: str, pid: int) -> TPUOwner | None:
-    """Stop the TPU owner ``pid`` on one node, if it is this user's process (SIGTERM,
-    then SIGKILL 5 s later).
+    """Stop the TPU owner ``pid`` on one node if it is this user's (SIGTERM, then SIGKILL).
 
     Args:
         node_id: The host.
@@ -367,25 +295,32 @@ def confirm_released(
     node_ids: Sequence[str], pids: Mapping[str, set[int]]
 ) -> dict[str, TPUOwner | Exception | None]:
     """The hand-back check: on every host, stop our processes that still own the TPU and
-    confirm it. Never raises for the cluster's sake: a host that cannot answer (dead, or
-    Ray gone) is logged, since there is nothing left to free on it.
+    confirm none does (ours: :meth:`tpuslice._host.agent.HostAgent.release`). Never raises: a
+    host that cannot answer is logged, since there is nothing left to free on it.
 
     Args:
         node_ids: The hosts being handed back.
-        pids: Per node, pids of processes that ran the work (see :func:`release_tpus`).
+        pids: Per node, pids of processes that ran the work.
 
     Returns:
-        As :func:`release_tpus`; empty if Ray is not connected.
+        Per node: ``None`` (free), someone else's owner (left alone), or the error met; empty
+        if Ray is not connected.
     """
     if not node_ids or not ray.is_initialized():
         return {}
     try:
-        results = release_tpus(node_ids, pids)
+        job = ray.get_runtime_context().get_job_id()
+        results = _round(
+            node_ids,
+            lambda node, a: a.release.remote(
+                job, sorted(pids.get(node, ())), GRACE_S, RELEASE_TIMEOUT_S
+            ),
+            RELEASE_TIMEOUT_S + PROBE_TIMEOUT_S,
+        )
     except (ray.exceptions.RayError, ConnectionError) as exc:
         logger.warning("could not confirm the TPUs of %d host(s) are free: %s", len(node_ids), exc)
         return {}
     ours = {pid for node_pids in pids.values() for pid in node_pids}
-    job = ray.get_runtime_context().get_job_id()
     for node, found in results.items():
         if isinstance(found, Exception):
             logger.warning("TPU of node %s not confirmed free: %s", node[:12], found)

@@ -1,20 +1,9 @@
 """The cluster-wide queue's bookkeeping, pure: tickets, leases, grants.
 
-The queue actor holds one :class:`QueueBook` and calls :meth:`QueueBook.decide` with
-what the cluster shows. A waiting driver asks about its ticket (a long call that the
-actor answers when the ticket is granted); each ask renews the ticket's lease, as does
-every decision while the ask is held, and a ticket not renewed for ``lease_s`` leaves the
-queue with any grant (its driver is gone).
-A grant names the slices the driver may claim; until it reports them claimed they are no
-one else's. Arrival numbers are wall-clock nanoseconds, so after the queue restarts with
-an empty book, a driver whose ticket is unknown enqueues again with its original number
-and keeps its place ahead of everyone who arrived after it. So that the first driver to
-come back cannot take what an earlier one would have had, a restarted queue is told of
-the tickets it had (:meth:`QueueBook.expect`): each keeps its place, as a placeholder that
-polls answer :class:`Unknown` (so its driver enqueues again, taking it over, grant and
-all), until its driver is back or :data:`REJOIN_S` has passed.
-
-The policy itself (who gets what) is :func:`tpuslice._reserve.queue.schedule.decide`.
+Each ask renews a ticket's lease; a ticket not renewed for ``lease_s`` leaves with any grant.
+Arrival numbers are wall-clock nanoseconds, so a driver whose ticket a restarted queue lost
+enqueues again with its number and keeps its place; until it does, the restarted queue keeps
+that place as a placeholder (:meth:`QueueBook.expect`) for :data:`REJOIN_S`.
 """
 
 from __future__ import annotations
@@ -32,25 +21,16 @@ if TYPE_CHECKING:
     from tpuslice._view.cluster import SliceInfo
 
 LEASE_S = 10.0
-"""A waiter that has not polled for this long has left (its driver hangs or died; the
-queue learns of a dead driver sooner, from Ray's job table)."""
+"""A waiter that has not asked for this long has left (its driver hangs or died)."""
 REJOIN_S = 5.0
-"""How long a restarted queue keeps the place of a ticket it had, for its driver to come
-back (drivers poll every 50 ms, and keep trying a queue that does not answer)."""
+"""How long a restarted queue keeps the place of a ticket it had, for its driver to come back."""
 SETTLE_S = 2.0
-"""After a grant is claimed, its slices may still show idle in the cluster's resource view
-for a moment; they are kept out of the idle ones until they show in use, or this long."""
+"""At most how long a claimed grant's slices, which may still show idle, are kept from others."""
 
 
 @dataclass(frozen=True)
 class Waiting:
-    """A ticket still waits.
-
-    Attributes:
-        position: Its place in the queue, from 1.
-        ahead: The tickets before it.
-        reason: Why it waits (what it needs, what is kept for it).
-    """
+    """A ticket still waits, at ``position`` (from 1) behind ``ahead``, for ``reason``."""
 
     position: int
     ahead: tuple[str, ...]
@@ -62,11 +42,8 @@ class Granted:
     """A ticket may claim these slices now (and must report it, or they go back).
 
     Attributes:
-        slices: The slice names, lowest first.
-        view: The slices as the queue's decision saw them, so the claimant need not read
-            the cluster again (empty when the queue did not attach them).
-        quotas: Whether the cluster had quotas at that decision (then the claimant
-            records whose the slices are, :mod:`tpuslice._view.holders`).
+        view: The slices as the decision saw them, so the claimant need not read them again.
+        quotas: Whether the cluster had quotas then (the claimant records its holder).
     """
 
     slices: tuple[str, ...]
@@ -76,19 +53,14 @@ class Granted:
 
 @dataclass(frozen=True)
 class Never:
-    """A ticket can never be granted: the cluster has too few slices of its kind.
-
-    Attributes:
-        reason: What it asked for and what the cluster has.
-    """
+    """A ticket can never be granted: the cluster has too few slices of its kind."""
 
     reason: str
 
 
 @dataclass(frozen=True)
 class Unknown:
-    """The book has no such ticket (it left, expired, or the queue restarted): enqueue
-    again, with the original arrival number to keep the place."""
+    """The book has no such ticket: enqueue again, with the arrival number to keep the place."""
 
 
 Answer = Waiting | Granted | Never | Unknown
@@ -108,9 +80,10 @@ class QueueBook:
     """Every waiting ticket, its lease and any grant not yet claimed.
 
     Args:
-        clock: Seconds, monotonic, for leases (injected for tests).
-        stamp: Wall-clock nanoseconds, for arrival numbers (injected for tests).
+        clock: Monotonic seconds, for leases.
+        stamp: Wall-clock nanoseconds, for arrival numbers.
         lease_s: See :data:`LEASE_S`.
+        settle_s: See :data:`SETTLE_S`.
     """
 
     clock: Callable[[], float] = time.monotonic
@@ -120,16 +93,16 @@ class QueueBook:
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _settling: dict[str, tuple[float, Waiter]] = field(default_factory=dict)
     _latest: int = 0
+    # Tickets that left, and when: kept for a lease, so a late copy of a join cannot requeue.
     _ended: dict[str, float] = field(default_factory=dict)
-    """Tickets that left or were claimed, and when (kept for a lease, so that a late copy
-    of a join cannot queue them again)."""
     _last: dict[str, Answer] = field(default_factory=dict)
     _order: dict[str, int] = field(default_factory=dict)
+    # Holder -> the preemption the last decision chose (new ones only).
     preemptions: dict[str, Preemption] = field(default_factory=dict)
-    """Holder -> the preemption the last decision chose (new ones only)."""
 
     def enqueue(self, waiter: Waiter, who: str = "", *, arrival: int | None = None) -> int:
-        """Add a ticket (again, after a restart, with ``arrival`` to keep its place).
+        """Add a ticket; one already in the book keeps its place (a join sent again), and one
+        taking over a placeholder (:meth:`expect`) takes its grant too.
 
         Args:
             waiter: The request (its ``arrival`` is replaced).
@@ -137,13 +110,10 @@ class QueueBook:
             arrival: Its original arrival number, if it had one.
 
         Returns:
-            Its arrival number. A ticket already in the book keeps its place (a driver
-            sends its join again while the queue is slow to answer); one that takes over
-            a placeholder kept by :meth:`expect` takes over its grant too.
+            Its arrival number.
 
         Raises:
-            InvalidArgumentError: the ticket has left the book (given up or claimed)
-                within the lease: a late copy of its join, which must not queue it again.
+            InvalidArgumentError: the ticket left within the lease (a late copy of its join).
         """
         kept = self._entries.get(waiter.ticket)
         if kept is not None and not kept.rejoining:
@@ -162,8 +132,7 @@ class QueueBook:
         return number
 
     def expect(self, waiter: Waiter, who: str, rejoin_s: float = REJOIN_S) -> None:
-        """Keep a place for a ticket the queue had before it restarted, for ``rejoin_s``
-        seconds (see the module docstring).
+        """Keep a place for a ticket the queue had before it restarted.
 
         Args:
             waiter: The request, with its original arrival number.
@@ -177,21 +146,19 @@ class QueueBook:
         self._entries[waiter.ticket] = _Entry(waiter, who, seen, rejoining=True)
 
     def poll(self, ticket: str) -> Answer:
-        """Renew a ticket's lease and say where it stands (as of the last decision).
+        """Renew a ticket's lease and say where it stands as of the last decision.
 
         Args:
             ticket: The ticket.
 
         Returns:
-            :class:`Granted`, :class:`Waiting`, :class:`Never`, or :class:`Unknown`.
+            The answer.
         """
-        entry = self._entries.get(ticket)
-        if entry is not None and not entry.rejoining:
-            entry.seen = self.clock()
+        self.touch([ticket])
         return self.poll_quietly(ticket)
 
     def touch(self, tickets: Iterable[str]) -> None:
-        """Renew the leases of tickets whose drivers are waiting on an ask right now.
+        """Renew the leases of tickets whose drivers are waiting on an ask now.
 
         Args:
             tickets: The tickets.
@@ -209,8 +176,7 @@ class QueueBook:
             ticket: The ticket.
 
         Returns:
-            As :meth:`poll`; :class:`Unknown` for a placeholder (its driver must enqueue
-            again).
+            As :meth:`poll`; :class:`Unknown` for a placeholder.
         """
         entry = self._entries.get(ticket)
         if entry is None or entry.rejoining:
@@ -225,9 +191,8 @@ class QueueBook:
         Args:
             ticket: The ticket.
         """
-        entry = self._entries.pop(ticket, None)
-        self._last.pop(ticket, None)
-        self._ended[ticket] = self.clock()
+        entry = self._entries.get(ticket)
+        self.leave(ticket)
         if entry is not None:
             for name in entry.granted:
                 self._settling[name] = (self.clock() + self.settle_s, entry.waiter)
@@ -239,19 +204,17 @@ class QueueBook:
         *,
         quotas_set: bool = False,
     ) -> set[str]:
-        """Keep counting a claimed grant's slices here, as its request's, while the
-        cluster may still show them idle, or, for a reservation that records its holder
-        (with quotas set, or preemptible), until that record is read (so the queue never
-        sees them as no one's); for at most ``settle_s``.
+        """Keep counting a claimed grant's slices as its request's while the cluster may
+        show them idle or (for a reservation that records its holder) until its record is
+        read, so the queue never sees them as no one's; for at most ``settle_s``.
 
         Args:
             shown_idle: Slices the cluster shows idle.
-            recorded: Slices whose holder record was read; ``None``: records are not
-                read, and a slice settles once shown in use.
+            recorded: Slices whose holder record was read; ``None``: records are not read.
             quotas_set: Whether the cluster has quotas (every reservation records then).
 
         Returns:
-            The slices still settling (the caller counts them as held by no one else).
+            The slices still settling.
         """
         now = self.clock()
         self._settling = {
@@ -270,7 +233,7 @@ class QueueBook:
         return set(self._settling)
 
     def settling(self) -> set[str]:
-        """The slices of claimed grants still counted here (see :meth:`settle`).
+        """The slices of claimed grants still counted here (:meth:`settle`).
 
         Returns:
             Their names.
@@ -324,8 +287,7 @@ class QueueBook:
         ]
 
     def _in_order(self, waiters: list[Waiter]) -> list[Waiter]:
-        """Waiters in the last decision's serving order (those it did not see, after, in
-        the plain order)."""
+        """Waiters in the last decision's order; those it did not see after, in plain order."""
         plain = {w.ticket: i for i, w in enumerate(queue_order(waiters))}
         last = len(self._order)
         return sorted(waiters, key=lambda w: (self._order.get(w.ticket, last), plain[w.ticket]))
@@ -345,25 +307,21 @@ class QueueBook:
         keep_settling: bool = False,
         unread: Collection[str] = (),
     ) -> dict[str, tuple[str, ...]]:
-        """Drop tickets whose lease ran out (with their grants), then grant what the
-        policy says (its preemptions are left in :attr:`preemptions`).
+        """Drop tickets whose lease ran out, then grant what the policy says (preemptions are
+        left in :attr:`preemptions`); granted or settling slices are kept out.
 
         Args:
-            idle: Kind -> its idle trusted slices as the cluster shows them (slices
-                granted but not yet claimed may still show idle; they are kept out here).
+            idle: Kind -> its idle trusted slices as the cluster shows them.
             holding: The work holding the kinds' other slices.
-            suspects: Kind -> its idle slices with a suspect host (kept out the same way).
-            trusted: Kind -> its trusted slices, idle or busy (see
-                :func:`~tpuslice._reserve.queue.schedule.decide`).
+            suspects: Kind -> its idle slices with a suspect host.
+            trusted: Kind -> its trusted slices, idle or busy.
             sharing: Quotas and usage, when tenants share the cluster.
-            recorded: Slices whose holder record was read (see :meth:`settle`); ``None``:
-                records are not read, and a slice settles once shown in use.
-            keep_settling: Leave every claim settling as it is (``idle`` is from a read
-                older than some claims).
+            recorded: Slices whose holder record was read (:meth:`settle`).
+            keep_settling: Leave claims settling as they are (``idle`` is older than some).
             unread: Kinds the read did not cover: their waiters wait for the next pass.
 
         Returns:
-            The new grants of this pass: ticket -> slices.
+            The new grants: ticket -> slices.
         """
         now = self.clock()
         for ticket, entry in list(self._entries.items()):
@@ -373,32 +331,17 @@ class QueueBook:
             if now - ended > self.lease_s:
                 del self._ended[ticket]
         suspects = suspects or {}
+        configured = sharing is not None and sharing.quotas.configured
         shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}
         if not keep_settling:
-            self.settle(
-                shown_idle, recorded, quotas_set=sharing is not None and sharing.quotas.configured
-            )
+            self.settle(shown_idle, recorded, quotas_set=configured)
         pending = {s for e in self._entries.values() for s in e.granted} | set(self._settling)
         free = {kind: [s for s in names if s not in pending] for kind, names in idle.items()}
         spare = {kind: [s for s in names if s not in pending] for kind, names in suspects.items()}
-        # Slices granted but not claimed yet are held, for the others' purposes.
-        granted = [
-            Holding(
-                e.waiter.kind,
-                len(e.granted),
-                tenant=e.waiter.tenant,
-                priority=e.waiter.priority,
-                preemptible=e.waiter.preemptible,
-            )
-            for e in self._entries.values()
-            if e.granted
-        ]
-        # A claimed grant shows in the holdings read once it settles; until then it is
-        # counted here, as its request's.
-        granted += [
-            Holding(w.kind, 1, tenant=w.tenant, priority=w.priority, preemptible=w.preemptible)
-            for _, w in self._settling.values()
-        ]
+        # Grants not yet claimed, and claims until they settle into the holdings read, are
+        # held by their requests, for the others' purposes.
+        granted = [_held(e.waiter, len(e.granted)) for e in self._entries.values() if e.granted]
+        granted += [_held(w, 1) for _, w in self._settling.values()]
         decision = decide(
             self._waiters(granted=False),
             free,
@@ -412,16 +355,14 @@ class QueueBook:
         for ticket, slices in decision.grants.items():
             self._entries[ticket].granted = slices
         self.preemptions = dict(decision.preempt)
-        # With quotas, the decision's order; without, the plain order, as ever.
-        configured = sharing is not None and sharing.quotas.configured
+        # With quotas, the decision's order; without, the plain order.
         self._order = {t: i for i, t in enumerate(decision.order)} if configured else {}
         still = self._in_order(self._waiters(granted=False))
         last, self._last = self._last, {}
         for place, waiter in enumerate(still, start=1):
             ticket = waiter.ticket
             if ticket in decision.never and keep_settling:
-                # A quick decision offers only the slices just handed back, so it cannot
-                # count what the cluster has: "never" is for a full read to say.
+                # A quick decision sees only freed slices: "never" is for a full read to say.
                 self._last[ticket] = last.get(ticket, Waiting(place, (), ""))
             elif ticket in decision.never:
                 self._last[ticket] = Never(decision.never[ticket])
@@ -429,3 +370,7 @@ class QueueBook:
                 ahead = tuple(w.ticket for w in still[: place - 1])
                 self._last[ticket] = Waiting(place, ahead, decision.blocked.get(ticket, ""))
         return dict(decision.grants)
+
+
+def _held(w: Waiter, slices: int) -> Holding:
+    return Holding(w.kind, slices, tenant=w.tenant, priority=w.priority, preemptible=w.preemptible)

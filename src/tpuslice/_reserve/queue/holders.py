@@ -1,8 +1,4 @@
-"""Writing who holds each slice, and the queue's notices to leave, in Ray's KV store:
-the records :mod:`tpuslice._view.holders` reads (and describes). A reservation records
-its slices as held and forgets them at its hand-back; the queue gives and clears notices,
-and forgets the records of the work it takes back.
-"""
+"""Writing holder records and the queue's notices (:mod:`tpuslice._view.holders` reads them)."""
 
 from __future__ import annotations
 
@@ -20,17 +16,16 @@ logger = logging.getLogger(__name__)
 
 
 class HolderRecords(Pool):
-    """Writes a reservation's holder records off its path, in order (one thread): a
-    hand-back's deletion runs after its reservation's records were written. A part of
-    the connection."""
+    """Writes holder records off the reservation's path on one thread, so a hand-back's
+    deletion runs after the records were written. A part of the connection."""
 
     def __init__(self) -> None:
         super().__init__(1, "tpuslice-holders")
 
 
 def record_held(holders: Iterable[Holder]) -> None:
-    """Record a reservation's slices as held by it (best effort: a cluster without these
-    records still works; its queue sees the slices busy, held by no one it can name).
+    """Record a reservation's slices as held by it (best effort: without them the queue sees
+    the slices busy, held by no one it can name).
 
     Args:
         holders: One per slice.
@@ -43,9 +38,8 @@ def record_held(holders: Iterable[Holder]) -> None:
 
 
 def forget_held(slice_names: Sequence[str], node_ids: Sequence[str], holder: str) -> None:
-    """At a hand-back: delete the slices' holder records and the notices the queue gave
-    their hosts, those of this reservation only (the slices may already be another's,
-    after a preemption took them back), best effort.
+    """At a hand-back, delete this reservation's holder records and queue notices on these
+    slices (only its own: a preemption may have given them to another), best effort.
 
     Args:
         slice_names: The slices handed back.
@@ -54,7 +48,7 @@ def forget_held(slice_names: Sequence[str], node_ids: Sequence[str], holder: str
     """
     try:
         forget_records(slice_names, holder)
-        # One listing, then only the hosts warned: almost always none.
+        # One listing, then only the hosts warned (almost always none).
         prefix = PREEMPT_KEY_PREFIX
         warned = [k for k in _ray.kv_list(prefix, NAMESPACE) if k.removeprefix(prefix) in node_ids]
         for key, raw in _ray.kv_get_many(warned, NAMESPACE).items():

@@ -1,14 +1,5 @@
-"""What the queue actor does to running work after a decision, and the tenants' use kept
-across its restarts: the I/O side of :class:`~tpuslice._reserve.queue.service.Orders`.
-
-- A preemption gives a notice on each host of the work's slices
-  (:func:`~tpuslice._reserve.queue.holders.give_notices`), which the work sees as it sees a GCE
-  preemption notice, records a ``preempted`` event, and counts it.
-- Work still there when its grace runs out has its placement groups removed (its tasks and
-  actors end with them), its records forgotten, and a ``taken_back`` event.
-- Notices on hosts whose work has left, and holder records a dead driver left, are
-  deleted.
-"""
+"""What the queue actor does to running work after a decision (the I/O of
+:class:`~tpuslice._reserve.queue.service.Orders`), and the tenants' use kept across restarts."""
 
 from __future__ import annotations
 
@@ -31,16 +22,12 @@ from tpuslice.record import events, metrics
 logger = logging.getLogger(__name__)
 
 USAGE_SAVE_S = 60.0
-"""How often the queue actor stores the tenants' use (a restart loses at most this much)."""
+"""How often the queue actor stores the tenants' use (what a restart may lose)."""
 
 
 def carry_out(orders: Orders) -> None:
-    """Do what a decision asks (see the module docstring). Each step is best effort: a
-    failure is logged and the next decision sees what is still to do.
-
-    Args:
-        orders: The decision's orders.
-    """
+    """Give notices, record preemptions, take back work whose grace ran out, clear notices
+    and stale records. Best effort: the next decision sees what is still to do."""
     try:
         give_notices(orders.notices)
     except _ray.kv_errors() as exc:
@@ -78,15 +65,9 @@ def carry_out(orders: Orders) -> None:
 
 
 def _take_back(records: list[Holder]) -> bool:
-    """Remove a holder's placement groups, have its hosts' agents stop the processes of
-    its job that still own their TPUs (a task's idle worker keeps libtpu's lock after its
-    group is gone; the agents are not waited for), then forget its records (its
-    hand-back, if it ever comes, finds them gone, which it takes in its stride). A
-    removal that fails keeps the records, so the next decision tries again.
-
-    Returns:
-        Whether its slices were taken back.
-    """
+    """Remove a holder's groups, have its hosts stop its job's TPU owners (an idle worker
+    keeps libtpu's lock after its group is gone), then forget its records. A failed removal
+    keeps the records, so the next decision tries again; returns whether it was taken back."""
     for group in dict.fromkeys(g for r in records for g in r.groups):
         try:
             remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group))))
@@ -106,11 +87,7 @@ def _take_back(records: list[Holder]) -> bool:
 
 
 def read_usage() -> Usage:
-    """The tenants' use as the queue actor last stored it (decaying since).
-
-    Returns:
-        The use; none counted if there is no record or it cannot be read.
-    """
+    """The tenants' use as last stored (none if missing or unreadable)."""
     half_life = read_quotas().half_life_s or DEFAULT_HALF_LIFE_S
     raw = _ray.kv_get(USAGE_KEY, NAMESPACE)
     if raw is None:
@@ -125,12 +102,7 @@ def read_usage() -> Usage:
 
 
 def save_usage(usage: dict[str, float], at: float) -> None:
-    """Store the tenants' use (best effort).
-
-    Args:
-        usage: Tenant -> decayed slice-seconds at ``at``.
-        at: When.
-    """
+    """Store the tenants' use (tenant -> slice-seconds at ``at``), best effort."""
     data = {"at": at, "usage": usage}
     try:
         _ray.kv_put(USAGE_KEY, json.dumps(data).encode(), NAMESPACE)

@@ -1,10 +1,4 @@
-"""A reservation's place in the cluster-wide queue, as the claiming loop holds it.
-
-:class:`QueuePlace` enqueues once, keeps the arrival number it was given, and enqueues
-again with it whenever the queue no longer knows the ticket (the queue restarted, or the
-grant was given back because a granted slice was taken meanwhile), so the reservation
-keeps its place. It remembers the last answer, for the timeout message and progress.
-"""
+"""A reservation's place in the cluster-wide queue, kept by its arrival number."""
 
 from __future__ import annotations
 
@@ -31,19 +25,17 @@ def this_driver() -> str:
 
 
 class QueuePlace:
-    """One reservation's ticket.
+    """One reservation's ticket, and the queue's last answer (for progress and timeouts).
 
     Args:
         queue: The queue.
         kind: The slices it waits for.
         count: ``(min, max)`` slices.
         priority: Higher first.
+        time_left: Seconds to the deadline, now (``None``: none); sent with each enqueue.
         tenant: Whom it is charged to.
         preemptible: Whether its work may be preempted once it runs.
-        arrival: Its place in arrival order, if it has one already (else the queue's
-            first answer gives it one).
-        time_left: Seconds to the request's deadline, now (``None``: it has none); sent
-            with each enqueue.
+        arrival: Its arrival number, if it has one already.
         only: The slices its label selectors accept (``None``: any of its kind).
     """
 
@@ -74,13 +66,11 @@ class QueuePlace:
             only=None if only is None else tuple(sorted(only)),
         )
         self.arrival = arrival
-        self.joined = False
-        """Whether the queue has answered a join (a join not answered may be pending)."""
+        self.joined = False  # whether the queue answered a join (one unanswered may be pending)
         self.last: Answer | None = None
 
     def join(self, timeout_s: float) -> Answer:
-        """Enqueue (again, keeping the first arrival number), held until granted, or
-        at most ``timeout_s``.
+        """Enqueue (again, keeping the arrival number), held until granted or ``timeout_s``.
 
         Args:
             timeout_s: How long the queue may hold the call.
@@ -89,8 +79,7 @@ class QueuePlace:
             Where the ticket stands.
 
         Raises:
-            QueueUnreachableError: the queue did not answer (a call to a queue still
-                starting stays pending: joining again waits for it).
+            QueueUnreachableError: the queue did not answer (a call still pending is not lost).
         """
         self.ticket = replace(self.ticket, time_left_s=self.time_left())
         joined = self.queue.join(self.ticket, self.arrival, timeout_s)
@@ -100,9 +89,7 @@ class QueuePlace:
         return joined.answer
 
     def wait(self, timeout_s: float) -> Answer:
-        """Where the ticket stands once it is granted or can never be, or after at most
-        ``timeout_s`` (the queue holds the call; a queue in memory answers at once). A
-        ticket the queue forgot is enqueued again, keeping its arrival number.
+        """Where the ticket stands (enqueued again, same place, if the queue forgot it).
 
         Args:
             timeout_s: How long the queue may hold the call.
@@ -123,12 +110,9 @@ class QueuePlace:
         return answer
 
     def requeue(self) -> None:
-        """Give a grant back and wait again in the same place (a granted slice was taken
-        by work outside the queue, or its group did not place).
-
-        A new ticket with the old arrival number is enqueued (not held) before the
-        granted one leaves: were it the other way round, a decision between the two
-        calls could grant the slices given back to a later waiter.
+        """Give a grant back and wait again in the same place (a granted slice was taken, or
+        its group did not place). The new ticket is enqueued before the old one leaves, or a
+        decision between the two could grant the slices to a later waiter.
 
         Raises:
             QueueUnreachableError: the queue did not answer.
@@ -152,8 +136,7 @@ class QueuePlace:
         """Where the reservation stood, for a timeout's message.
 
         Returns:
-            ``position 3 in the cluster's queue, behind: ...; <why>``, or ``first in the
-            cluster's queue; <why>``.
+            E.g. ``position 3 in the cluster's queue, behind: ...; <why>``.
         """
         answer = self.last
         if isinstance(answer, Waiting) and answer.position:

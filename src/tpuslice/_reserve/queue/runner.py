@@ -1,17 +1,9 @@
-"""The queue's event loop: decisions when something changes, and long asks.
+"""The queue's event loop: decisions when something changes, and long asks. No Ray.
 
-:class:`QueueRunner` drives a :class:`~tpuslice._reserve.queue.service.QueueService` on an asyncio
-loop (the queue actor's, or a test's). A driver's :meth:`QueueRunner.wait` is held until
-its ticket is granted, can never be, or its time is up, so a waiter costs one call per
-grant (plus one per ``timeout_s`` it asks for), not a poll every few milliseconds. One
-task decides: it sleeps until something changed (an arrival, a departure, a claim, a
-hand-back) or, while anyone waits, until the service's next periodic look; then it reads
-the cluster once in a thread (the loop keeps answering meanwhile), applies the policy on
-the loop, wakes the waiters whose answers changed, and publishes the record in a thread.
-Slices a hand-back saw free are granted as its report arrives, from the last read
-(:meth:`~tpuslice._reserve.queue.service.QueueService.quick_reading`), so a freed slice does not
-wait for a read of the whole cluster, or for one under way, to change hands.
-Nothing here imports Ray.
+A driver's :meth:`QueueRunner.wait` is held until its ticket is granted, can never be, or its
+time is up, so a waiter costs one call per grant, not a poll. One task decides: it reads the
+cluster in a thread (the loop keeps answering), applies the policy on the loop, and wakes the
+waiters whose answers changed. Slices a hand-back saw free are granted as its report arrives.
 """
 
 from __future__ import annotations
@@ -32,13 +24,8 @@ RETRY_S = 1.0
 
 
 class QueueRunner:
-    """One queue service, its waiters and its decisions, on the running asyncio loop.
-
-    Args:
-        service: The queue.
-        publish: Receives the record after each decision (run in a thread).
-        act: Carries out what a decision asks done to running work (run in a thread).
-    """
+    """A queue service, its held asks and its decisions, on the running asyncio loop
+    (``publish`` and ``act`` run in a thread)."""
 
     def __init__(
         self,
@@ -54,53 +41,25 @@ class QueueRunner:
         self._answered: dict[str, asyncio.Event] = {}
         self._asking: dict[str, int] = {}
         self._decider: asyncio.Task[None] | None = None
-        self.calls = 0
-        """Calls from drivers so far (every method but :meth:`stop`)."""
+        self.calls = 0  # from drivers
         self.decisions = 0
-        self.quick_grants = 0
-        """Decisions that granted slices handed back free before reading the cluster."""
+        self.quick_grants = 0  # decisions that granted freed slices before a read
 
     # --- what drivers call ----------------------------------------------------------------
 
     async def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
-        """Add a waiter (see :meth:`QueueService.enqueue`).
-
-        Args:
-            ticket: The request.
-            arrival: Its original arrival number, to keep its place.
-
-        Returns:
-            Its arrival number.
-        """
+        """:meth:`QueueService.enqueue`: add a waiter; its arrival number."""
         number = self.service.enqueue(ticket, arrival)
         self._changed()
         return number
 
     async def join(self, ticket: Ticket, arrival: int | None, timeout_s: float) -> Joined:
-        """:meth:`enqueue`, then :meth:`wait`, in one call.
-
-        Args:
-            ticket: The request.
-            arrival: Its original arrival number, to keep its place.
-            timeout_s: How long to hold the call at most.
-
-        Returns:
-            Its arrival number and the answer.
-        """
+        """:meth:`enqueue`, then :meth:`wait`, in one call."""
         number = await self.enqueue(ticket, arrival)
         return Joined(number, await self.wait(ticket.ticket, timeout_s))
 
     async def wait(self, ticket: str, timeout_s: float) -> Answer:
-        """Where a ticket stands: answered once it is granted, can never be, or is not
-        known (enqueue again), or after ``timeout_s`` with where it waits.
-
-        Args:
-            ticket: The ticket.
-            timeout_s: How long to hold the call at most.
-
-        Returns:
-            The answer.
-        """
+        """Where a ticket stands, once it is no longer waiting, or after ``timeout_s``."""
         self._changed(decide=False)
         answer = self.service.answer(ticket)
         if not isinstance(answer, Waiting) or timeout_s <= 0:
@@ -108,9 +67,8 @@ class QueueRunner:
         event = self._answered.setdefault(ticket, asyncio.Event())
         self._asking[ticket] = self._asking.get(ticket, 0) + 1
         try:
-            await asyncio.wait_for(event.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout_s)
         finally:
             self._asking[ticket] -= 1
             if not self._asking[ticket]:
@@ -119,31 +77,17 @@ class QueueRunner:
         return self.service.answer(ticket)
 
     async def claimed(self, ticket: str) -> None:
-        """The driver holds its grant.
-
-        Args:
-            ticket: The ticket.
-        """
+        """The driver holds its grant."""
         self.service.claimed(ticket)
         self._changed()
 
     async def leave(self, ticket: str) -> None:
-        """The driver gave up; any grant goes to the next.
-
-        Args:
-            ticket: The ticket.
-        """
+        """The driver gave up; any grant goes to the next."""
         self.service.leave(ticket)
         self._changed()
 
     async def released(self, slices: Sequence[str], *, freed: bool = False) -> None:
-        """A hand-back of these slices ended: decide now (see
-        :meth:`QueueService.released`).
-
-        Args:
-            slices: Their names.
-            freed: The hand-back saw Ray's view show them free.
-        """
+        """A hand-back of these slices ended: grant them now if ``freed``, and decide."""
         self.service.released(slices, freed=freed)
         if freed:
             self._grant_freed()
@@ -195,8 +139,7 @@ class QueueRunner:
         await asyncio.to_thread(self._publish, self.service.record())
 
     def _grant_freed(self) -> None:
-        """Grant slices handed back free from the last read, now, even while a read is
-        under way (:meth:`QueueService.quick_reading`)."""
+        """Grant freed slices from the last read now, even during a read."""
         self.service.book.touch(list(self._asking))  # a read under way may be long
         quick = self.service.quick_reading()
         if quick is not None and self.service.apply(quick):

@@ -1,32 +1,20 @@
 """Who gets idle slices next: the policy of the cluster-wide queue. Pure.
 
-Requests wait for slices of one *kind* (the slices that can serve them, e.g. every
-``v6e-16``). Each pass over the queue decides, from the waiters, the idle slices and the
-work holding the others, which waiters are granted which slices now. The rules:
+Requests wait for slices of one *kind* (e.g. every ``v6e-16``). The rules (docs/concepts.md
+and docs/teams.md tell them to users):
 
-1. **Order.** Higher ``priority`` first; within a priority, arrival order.
-2. **All or nothing.** A waiter is granted at least its minimum count at once, or nothing;
-   with a range ``(min, max)`` it gets every idle slice of its kind, up to ``max``. A
-   waiter never holds some slices while it waits for more.
-3. **Earmarks.** A waiter that cannot start yet (it is *blocked*) earmarks the idle slices
-   of its kind: they stay free (unclaimed) for it, and later waiters may not take them.
-   So a stream of small requests cannot starve a big one that arrived first.
-4. **Other kinds.** A later waiter may start, out of order, on idle slices of another
-   kind; never on slices earmarked for a waiter ahead of it. A waiter restricted to some
-   slices of its kind (label selectors) is, for this rule, of a kind of its own: blocked,
-   it holds back only the slices it could take, and it never causes a preemption.
-5. **Suspects last.** Idle slices with a suspect host (one that failed a run lately) are
-   granted only as a last resort (:func:`last_resort`), and after every trusted idle one.
-6. **Tenants.** With quotas configured, the order across tenants is by standing and fair
-   share, and grants keep to borrow limits (:mod:`tpuslice._reserve.queue.share`); within a
-   tenant it stays priority, then arrival. With none configured, rule 1 holds as is.
-7. **Preemption, only when needed.** When the first blocked request of a kind can be
-   served only by taking slices back, running work marked preemptible is chosen to leave:
-   work of lower priority, or, for a request within its tenant's quota, work borrowing
-   beyond its own tenant's quota. Lowest priority and most recently started go first, and
-   only if enough can be freed that way. Nothing is preempted while slices that end
-   within the victims' grace period would serve the request, nor twice, nor work that is
-   not preemptible, nor another tenant's work within its quota for a priority.
+1. Higher ``priority`` first; within a priority, arrival order.
+2. All or nothing: at least the minimum count at once, or nothing; up to the maximum.
+3. A blocked waiter earmarks its kind's idle slices, so small requests cannot starve a big one.
+4. A later waiter may start out of order on another kind's slices, never on earmarked ones; one
+   restricted by label selectors holds back only the slices it could take, and preempts nothing.
+5. Slices with a suspect host only as a last resort (:func:`last_resort`), after trusted ones.
+6. With quotas, tenants go by standing and fair share, within borrow limits
+   (:mod:`tpuslice._reserve.queue.share`).
+7. Preemption only when needed, of preemptible work: of lower priority (same tenant, or
+   borrowing), or borrowing when the request is within its quota. Lowest priority and latest
+   started first, only if enough can be freed; never while slices ending within the grace
+   would serve, never twice.
 """
 
 from __future__ import annotations
@@ -39,16 +27,13 @@ from tpuslice._view.quotas import Quotas, Standing, describe_tenant
 from tpuslice.errors import InvalidArgumentError
 
 LAST_RESORT_S = 30.0
-"""A waiter whose deadline is this close may be granted a suspect slice rather than time
-out: enough to claim it (one placement round, bounded at 2 s) and to check its hosts
-before the work starts, with room to spare for a queue that decides once a second."""
+"""A waiter this close to its deadline may be granted a suspect slice rather than time out
+(time to claim it and check its hosts)."""
 
 
 def last_resort(trusted: int, least: int, time_left_s: float | None) -> bool:
-    """Whether a request may be granted slices with a suspect host: when its kind has
-    fewer trusted slices (ready or busy, none suspect) than the least it needs, so
-    waiting for trusted ones could never serve it; or when its deadline is within
-    :data:`LAST_RESORT_S`. Trusted idle slices are granted first even then.
+    """Whether a request may be granted slices with a suspect host: when trusted ones could
+    never serve it, or its deadline is within :data:`LAST_RESORT_S`.
 
     Args:
         trusted: The kind's trusted slices, idle or busy.
@@ -66,16 +51,10 @@ class Waiter:
     """A waiting request.
 
     Attributes:
-        ticket: Its id in the queue.
-        kind: The kind of slice it needs (every slice of one kind can serve it).
-        count: ``(min, max)`` slices; an int request is ``(n, n)``.
-        priority: Higher first.
-        arrival: Its place in arrival order (the queue's sequence number).
-        deadline: When it gives up, on the clock the queue decides by; ``None``: never.
-        tenant: Whom it is charged to (``""``: no tenant named).
-        preemptible: Whether its work may be preempted once it runs.
-        only: The slices of its kind it may be granted (its label selectors accept no
-            others); ``None``: any.
+        count: ``(min, max)`` slices.
+        deadline: When it gives up, on the queue's clock; ``None``: never.
+        tenant: Whom it is charged to (``""``: none named).
+        only: The slices its label selectors accept; ``None``: any of its kind.
     """
 
     ticket: str
@@ -98,18 +77,12 @@ class Waiter:
 
 @dataclass(frozen=True)
 class Holding:
-    """Running work holding slices.
+    """Running work holding ``slices`` slices of a kind.
 
     Attributes:
-        kind: The kind of its slices.
-        slices: How many it holds.
-        tenant: Whom it is charged to (``""``: unknown or none).
-        priority: Its priority.
-        preemptible: Whether it may be preempted.
-        started: When it started (seconds, the clock of ``now``).
+        started: When it started, on the clock of ``now``.
         holder: Its id, to preempt it by (``""``: it cannot be preempted from here).
-        ends_at: When it is known to end (it was preempted, or its hosts are under a
-            notice), on the clock of ``now``; ``None``: not known.
+        ends_at: When it is known to end (preempted, or under a notice); ``None``: not known.
         who: Who runs it, for messages.
     """
 
@@ -126,13 +99,10 @@ class Holding:
 
 @dataclass(frozen=True)
 class Preemption:
-    """Running work told to leave so that a waiting request can be served.
+    """Running work (``holder``) told to leave, within ``grace_s``, for request ``ticket``.
 
     Attributes:
-        holder: The work's id (:attr:`Holding.holder`).
-        ticket: The request it leaves for.
         reason: Why, for the work's notice and the timeline.
-        grace_s: How long it has to leave before its slices are taken.
         cause: ``quota`` (a tenant takes back its quota) or ``priority``.
     """
 
@@ -145,31 +115,19 @@ class Preemption:
 
 @dataclass
 class Decision:
-    """One pass over the queue.
-
-    Attributes:
-        grants: Ticket -> the slices it is granted now, in name order.
-        earmarks: Ticket -> idle slices kept free for it (it is blocked).
-        blocked: Ticket -> why it waits, for status and timeout messages.
-        never: Ticket -> why it can never be granted (more slices than its kind has).
-        position: Ticket -> its place in the queue's order, from 1.
-        ahead: Ticket -> the tickets before it in that order.
-        preempt: Holder -> the preemption that tells it to leave (new in this pass).
-        order: Every ticket in the order it was served.
-    """
+    """One pass over the queue: per ticket its grant, earmarks, and why it is blocked or can
+    never be granted; new preemptions by holder; every ticket in serving order."""
 
     grants: dict[str, tuple[str, ...]] = field(default_factory=dict)
     earmarks: dict[str, tuple[str, ...]] = field(default_factory=dict)
     blocked: dict[str, str] = field(default_factory=dict)
     never: dict[str, str] = field(default_factory=dict)
-    position: dict[str, int] = field(default_factory=dict)
-    ahead: dict[str, list[str]] = field(default_factory=dict)
     preempt: dict[str, Preemption] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
 
 
 def queue_order(waiters: Sequence[Waiter]) -> list[Waiter]:
-    """The order waiters are served in: priority (higher first), then arrival.
+    """The order waiters are served in without quotas: priority (higher first), then arrival.
 
     Args:
         waiters: The queue, in any order.
@@ -195,16 +153,13 @@ def decide(
 
     Args:
         waiters: Every waiting request.
-        idle: Kind -> the names of its idle trusted slices (granted lowest name first).
-        holding: The work holding the kinds' other slices (suspect ones included).
-        suspects: Kind -> the names of its idle slices with a suspect host.
-        trusted: Kind -> how many of its slices are trusted, idle or busy (default:
-            its idle ones and those held).
-        now: The time on the clock of the waiters' deadlines and the holdings' times.
-        sharing: The cluster's quotas and its tenants' past use (default: none
-            configured).
-        unread: Kinds whose slices this pass did not read (their first waiter arrived
-            during the read): their waiters are left as they were, for the next pass.
+        idle: Kind -> its idle trusted slices (granted lowest name first).
+        holding: The work holding the kinds' other slices.
+        suspects: Kind -> its idle slices with a suspect host.
+        trusted: Kind -> its trusted slices, idle or busy (default: idle and held).
+        now: The time on the clock of the deadlines and the holdings.
+        sharing: The cluster's quotas and its tenants' past use.
+        unread: Kinds whose slices this pass did not read: their waiters wait for the next.
 
     Returns:
         The grants, earmarks, preemptions and reasons of this pass.
@@ -245,9 +200,6 @@ def decide(
         ).run([w for w in ordered if w.kind == kind])
     if not sharing.quotas.configured:
         decision.order = [w.ticket for w in ordered]
-    for place, ticket in enumerate(decision.order, start=1):
-        decision.position[ticket] = place
-        decision.ahead[ticket] = decision.order[: place - 1]
     return decision
 
 
@@ -257,16 +209,14 @@ def _held(holding: Sequence[Holding]) -> int:
 
 @dataclass
 class _Offer:
-    """One kind's idle slices in a pass: trusted ones, suspect ones, and how many trusted
-    slices (idle or busy) the kind has."""
+    """One kind's idle slices in a pass, and how many trusted slices (idle or busy) it has."""
 
     free: list[str]
     suspects: list[str]
     trusted: int
 
     def usable(self, waiter: Waiter, now: float) -> list[str]:
-        """What the waiter may be granted: the trusted idle slices, then the suspect ones
-        if it may have a last resort."""
+        """The trusted idle slices the waiter may take, then suspect ones as a last resort."""
         left = None if waiter.deadline is None else waiter.deadline - now
         usable = list(self.free)
         # A waiter that names its slices (no more than it wants) has no other to wait for.
@@ -282,10 +232,8 @@ class _Offer:
 
 
 class _Ledger:
-    """Slices each tenant holds, counted per quota key (a pod type's quota covers every
-    topology of it, so holdings of every kind it covers count against it), and of those
-    the ones that cannot be preempted; shared by every kind of a pass, and grown by its
-    grants."""
+    """Slices each tenant holds per quota key (a pod type's quota covers all its topologies),
+    and of those the ones that cannot be preempted; shared by a pass's kinds, grown by grants."""
 
     def __init__(self, quotas: Quotas, holding: Sequence[Holding]) -> None:
         self.quotas = quotas
@@ -323,8 +271,7 @@ class _Ledger:
 
 
 class _KindPass:
-    """One kind's part of a pass: grants in serving order, then earmarks, reasons and any
-    preemption for the first blocked request."""
+    """One kind's part of a pass: grants, then earmarks, reasons and any preemption."""
 
     def __init__(
         self,
@@ -345,16 +292,14 @@ class _KindPass:
         self.quotas: Quotas = sharing.quotas
         self.capacity = len(offer.free) + len(offer.suspects) + _held(holding)
         self.ledger = ledger
-        # Slices of the kind that no quota covers: the most that work which cannot be
-        # preempted may hold beyond its tenants' quotas, so every quota can be taken back.
+        # Unquoted slices: all that work that cannot be preempted may hold beyond its quota.
         self.pool = max(0, self.capacity - self.quotas.covered(kind))
 
     def run(self, waiters: list[Waiter]) -> None:
         earmarked: dict[str, list[str]] = {}
+        # A blocked waiter ahead could take any slice, so later ones wait (one restricted by
+        # labels holds back only its own slices, already taken out of the offer).
         behind = False
-        """Whether a blocked waiter ahead could take any slice of the kind: then every
-        later one waits behind it (one restricted by labels holds back only its own
-        slices, which it took out of the offer)."""
         by_ticket = {w.ticket: w for w in waiters}
         for waiter in self._serving(waiters):
             self.decision.order.append(waiter.ticket)
@@ -392,9 +337,8 @@ class _KindPass:
                 self._preempt_for(by_ticket[ticket], len(slices))
 
     def _serving(self, waiters: list[Waiter]) -> Iterator[Waiter]:
-        """The kind's waiters in serving order. With quotas, the next is the head of the
-        tenant whose head has the best standing, then the lowest weighted usage; standings
-        are judged as grants are made (the ledger grows between yields)."""
+        """The kind's waiters in serving order: with quotas, next is the head of the tenant with
+        the best standing, then lowest weighted usage (judged as grants are made)."""
         if not self.quotas.configured:
             yield from waiters
             return
@@ -501,9 +445,8 @@ class _KindPass:
         if not (victim.preemptible and victim.holder and victim.ends_at is None):
             return "", ""
         configured = self.quotas.configured
-        # Work of a tenant holding more than its quota is borrowing (as in Kueue),
-        # even if taking it back leaves that tenant below its quota: a reservation
-        # leaves whole.
+        # A tenant holding more than its quota is borrowing (as in Kueue), even if taking the
+        # work back leaves it below: a reservation leaves whole.
         borrowed = (
             configured
             and victim.tenant != waiter.tenant
@@ -527,10 +470,8 @@ class _KindPass:
         return "", ""
 
     def _preempt_for(self, waiter: Waiter, kept: int) -> None:
-        """Choose running work to leave for the first blocked waiter, if that is the only
-        way to serve it (module docstring, rule 7). Slices already leaving within the
-        grace the new work would get count towards it: nothing is preempted while they
-        would serve it, and only what they do not cover is taken from new work."""
+        """Choose running work to leave for the first blocked waiter (rule 7); slices already
+        leaving within the grace count towards it."""
         need = waiter.count[0] - kept
         order = sorted(self.holding, key=lambda h: (h.priority, -h.started, h.holder))
         eligible = [h for h in order if self._may_preempt(waiter, h, self.ledger)[1]]

@@ -1,21 +1,9 @@
 """The cluster-wide queue as a service, without Ray: what the queue actor runs.
 
-:class:`QueueService` keeps a :class:`~tpuslice._reserve.queue.book.QueueBook`, learns each
-kind of slice from the requests that wait for it (:class:`SliceKind`), and decides who gets what
-when something changed: a waiter arrived or left, a grant was claimed, a hand-back ended
-(:meth:`QueueService.released`). While anyone waits it also decides every
-``decide_every_s`` with no news, which is how it sees what no one reports: a host that
-died or came back, work of other tools ending. A decision reads the cluster once,
-whatever the number of waiters (:meth:`QueueService.read`, the only I/O), then applies
-the policy (:meth:`QueueService.apply`, pure). The cluster is the truth about what is
-held: every busy slice of a kind is running work, so after a restart nothing needs
-rebuilding but the waiters, who enqueue again with their arrival numbers.
-
-A waiter whose driver has died leaves as soon as ``dead_jobs`` (Ray's job table, on the
-actor) says so; one that merely stops asking leaves after the book's lease.
-Each decision's :class:`~tpuslice._view.queue_record.QueueRecord` goes to ``publish``, for
-status. A grant carries the granted slices as the decision saw them, so the claimant
-need not read the cluster again.
+A decision reads the cluster once (:meth:`QueueService.read`, the only I/O) and applies the
+policy (:meth:`QueueService.apply`, pure), when something changed or, while anyone waits, every
+``decide_every_s`` (to see what no one reports). The cluster is the truth about what is held, so
+after a restart only the waiters need rebuilding: they enqueue again with their arrival numbers.
 """
 
 from __future__ import annotations
@@ -37,27 +25,19 @@ from tpuslice._view.quotas import Quotas, describe_tenant
 
 USUAL_CHIPS_PER_HOST = 4
 DECIDE_EVERY_S = 1.0
-"""While anyone waits, decide at least this often with no news (hosts dying or coming
-back, and work of other tools ending, are not reported to the queue)."""
+"""While anyone waits, decide this often with no news (dying hosts, other tools' work)."""
 DEAD_CHECK_S = 1.0
 """While anyone waits, how often the waiters' drivers are looked up in Ray's job table."""
 REPROBE_S = 2.0
-"""While anyone waits, how often hosts busy only by a TPU-owner record are asked again,
-so a record of a process that has since exited cannot keep its slice busy."""
+"""How often hosts busy only by a TPU-owner record are asked again (the owner may be gone)."""
 QUICK_WITHIN_S = 2.0
-"""How old the last read may be for slices handed back since to be granted from it at
-once (:meth:`QueueService.quick_reading`). While anyone waits a read is at most
-:data:`DECIDE_EVERY_S` old, so this only rules out a read from before a quiet spell."""
+"""How old the last read may be to grant freed slices from it (rules out a read from before
+a quiet spell)."""
 
 
 @dataclass(frozen=True)
 class SliceKind:
-    """The slices that can serve a request: one shape, on a cluster's ``TPU`` units.
-
-    Attributes:
-        shape: The slice shape.
-        tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
-    """
+    """The slices that can serve a request: one shape, at the cluster's ``TPU`` units per chip."""
 
     shape: SliceShape
     tpu_resource_per_chip: int
@@ -78,20 +58,11 @@ class Ticket:
     """What a driver sends to enqueue.
 
     Attributes:
-        ticket: Its id (unique per reservation).
-        kind: The slices it waits for.
-        count: ``(min, max)`` slices.
-        priority: Higher first.
         who: The driver, for status (``pid 12 on host-a``).
-        job: The Ray job id (hex) of the driver, so the queue learns if it dies.
-        time_left_s: Seconds to the request's deadline as it is sent; ``None``: none. The
-            queue makes it a deadline on its own clock when the ticket arrives, so the
-            driver's and the queue's clocks need not agree. Near it, the request may be
-            granted a suspect slice (:func:`~tpuslice._reserve.queue.schedule.last_resort`).
-        tenant: Whom it is charged to (``""``: none named).
-        preemptible: Whether its work may be preempted once it runs.
-        only: The slices it may be granted (those its label selectors accept), lowest
-            first; ``None``: any of its kind.
+        job: The driver's Ray job id (hex), so the queue learns if it dies.
+        time_left_s: Seconds to the deadline as sent (``None``: none); the queue turns it
+            into a deadline on its own clock, so the two clocks need not agree.
+        only: The slices its label selectors accept, lowest first; ``None``: any of its kind.
     """
 
     ticket: str
@@ -107,14 +78,11 @@ class Ticket:
 
 
 class SliceQueue(Protocol):
-    """What a reserving driver asks of the queue (the actor's handle, or a service in
-    memory). Calls raise :class:`~tpuslice.errors.QueueUnreachableError` when it cannot
-    be reached."""
+    """What a reserving driver asks of the queue (the actor's handle, or a service in memory).
+    Calls raise :class:`~tpuslice.errors.QueueUnreachableError` when it is out of reach."""
 
     def join(self, ticket: Ticket, arrival: int | None, timeout_s: float) -> Joined:
-        """Wait in the queue, and where the ticket stands once it is granted or can never
-        be, or after at most ``timeout_s`` (one call: an uncontended request is granted
-        in it).
+        """Enqueue and wait, in one call (an uncontended request is granted in it).
 
         Args:
             ticket: The request.
@@ -124,11 +92,9 @@ class SliceQueue(Protocol):
         Returns:
             Its arrival number and the answer.
         """
-        ...
 
     def wait(self, ticket: str, timeout_s: float) -> Answer:
-        """Where a ticket stands, once it is granted or can never be, or after at most
-        ``timeout_s`` (a queue in memory answers at once).
+        """Where a ticket stands, once granted or never grantable, or after ``timeout_s``.
 
         Args:
             ticket: The ticket.
@@ -137,7 +103,6 @@ class SliceQueue(Protocol):
         Returns:
             The answer.
         """
-        ...
 
     def claimed(self, ticket: str) -> None:
         """The grant is held.
@@ -145,7 +110,6 @@ class SliceQueue(Protocol):
         Args:
             ticket: The ticket.
         """
-        ...
 
     def leave(self, ticket: str) -> None:
         """Give up waiting.
@@ -153,7 +117,6 @@ class SliceQueue(Protocol):
         Args:
             ticket: The ticket.
         """
-        ...
 
     def released(self, slices: Sequence[str], *, freed: bool = False) -> None:
         """A hand-back of these slices ended: decide again now.
@@ -162,26 +125,19 @@ class SliceQueue(Protocol):
             slices: Their names.
             freed: The hand-back saw Ray's view show them free.
         """
-        ...
 
 
 @dataclass(frozen=True)
 class Joined:
-    """What :meth:`SliceQueue.join` answers.
-
-    Attributes:
-        arrival: The ticket's arrival number (its place, kept through restarts).
-        answer: Where it stands.
-    """
+    """What :meth:`SliceQueue.join` answers: the arrival number, and where the ticket stands."""
 
     arrival: int
     answer: Answer
 
 
 STALE_HOLDER_S = 60.0
-"""A holder record on a slice the cluster shows idle for this long is left over from a
-driver that died without its hand-back (a record is written just after the hold, so a
-fresh one may meet a view that does not show the slice busy yet)."""
+"""A holder record on an idle slice this old was left by a driver that died (a fresh one may
+meet a view that does not show its slice busy yet)."""
 
 
 @dataclass(frozen=True)
@@ -190,9 +146,9 @@ class Reading:
 
     Attributes:
         snapshots: A snapshot per ``TPU`` units per chip of the kinds waited for.
-        dead: Of the waiters' Ray jobs, those that are dead (looked up now and then).
-        holders: Who holds each held slice, by slice name.
-        quotas: The cluster's quotas.
+        dead: The waiters' Ray jobs that are dead (looked up now and then).
+        holders: Slice name -> who holds it.
+        quick: In a :meth:`QueueService.quick_reading`, the slices just handed back.
     """
 
     snapshots: Mapping[int, ClusterSnapshot]
@@ -200,19 +156,18 @@ class Reading:
     holders: Mapping[str, Holder] = field(default_factory=dict)
     quotas: Quotas = field(default_factory=Quotas)
     quick: frozenset[str] = frozenset()
-    """In a :meth:`QueueService.quick_reading`, the slices just handed back."""
 
 
 @dataclass(frozen=True)
 class Orders:
-    """What a decision asks done to running work: the I/O its owner carries out after it.
+    """What a decision asks done to running work (I/O its owner carries out after it).
 
     Attributes:
-        notices: Notices to give, one per host of each newly preempted holder's slices.
+        notices: One per host of each newly preempted holder's slices.
         preempted: Each new preemption with the holder's records (for the timeline).
-        take_back: Holders whose grace ran out: remove their groups, forget their records.
+        take_back: Holders whose grace ran out.
         clear: Hosts whose queue notice warns of work that has left.
-        stale: Holder records left over from drivers that died (their slices are idle).
+        stale: Holder records left by drivers that died.
     """
 
     notices: tuple[Notice, ...] = ()
@@ -226,19 +181,17 @@ class Orders:
 
 
 class QueueService:
-    """One queue for every kind of slice (see the module docstring).
+    """One queue for every kind of slice.
 
     Args:
         snapshot: Reads the cluster, given the ``TPU`` units per chip.
         publish: Receives the record after each decision.
         dead_jobs: Of the job ids given, those that are dead.
-        reprobe: Asks the given hosts' agents who owns their TPUs (updating the records
-            the snapshot reads); ``None`` to never ask.
-        holders: Reads who holds each slice (:func:`~tpuslice._view.holders.read_holders`).
+        reprobe: Asks these hosts' agents who owns their TPUs; ``None`` to never ask.
+        holders: Reads who holds each slice.
         quotas: Reads the cluster's quotas.
-        meter: Counts the tenants' use (ticked here, and by whoever else looks).
-        act: Carries out what a decision asks done to running work (:meth:`decide`
-            only; the actor's runner carries it out itself).
+        meter: Counts the tenants' use.
+        act: Carries out a decision's orders (:meth:`decide` only; the runner does its own).
         clock: Monotonic seconds.
         stamp: Wall-clock nanoseconds (arrival numbers).
         wall: Wall-clock seconds (for records).
@@ -271,7 +224,6 @@ class QueueService:
         self.meter = meter or UsageMeter()
         self._act = act
         self.orders = Orders()
-        """What the last decision asks done (:meth:`take_orders`)."""
         self._clock = clock
         self._wall = wall
         self._every = decide_every_s
@@ -279,20 +231,15 @@ class QueueService:
         self._kinds: dict[str, SliceKind] = {}
         self._views: dict[str, tuple[SliceInfo, ...]] = {}
         self._changed = True
-        self._freed: set[str] = set()
-        """Slices handed back free since the last quick reading."""
-        self._freed_in_read: set[str] = set()
-        """Slices handed back free since the read under way began."""
+        self._freed: set[str] = set()  # handed back free since the last quick reading
+        self._freed_in_read: set[str] = set()  # ... since the read under way began
         self._read_began = -float("inf")
-        self._last: tuple[float, Reading] | None = None
-        """The last read applied, and when that read began."""
+        self._last: tuple[float, Reading] | None = None  # (when it began, the last read applied)
         self._decided = -float("inf")
         self._dead_checked = -float("inf")
         self._reprobed = -float("inf")
         self.reads = 0
-        """Cluster reads so far (one per decision)."""
-        self._quotas_set = False
-        """Whether the last decision's read found quotas configured."""
+        self._quotas_set = False  # whether the last decision's read found quotas
 
     # --- what drivers tell it -------------------------------------------------------
 
@@ -307,7 +254,7 @@ class QueueService:
             Its arrival number.
 
         Raises:
-            InvalidArgumentError: the ticket is already queued, or its count is invalid.
+            InvalidArgumentError: the ticket has left the queue, or its count is invalid.
         """
         left = ticket.time_left_s
         deadline = None if left is None else self._clock() + left
@@ -328,9 +275,7 @@ class QueueService:
         return number
 
     def expect(self, requests: Iterable[QueuedRequest]) -> None:
-        """Keep the places of the requests a previous queue held (this one restarted)
-        until their drivers enqueue again, or for
-        :data:`~tpuslice._reserve.queue.book.REJOIN_S`.
+        """Keep the places a previous life of the queue held until their drivers enqueue again.
 
         Args:
             requests: The previous queue's last record's requests.
@@ -356,9 +301,7 @@ class QueueService:
             ticket: The ticket.
 
         Returns:
-            The book's answer; a :class:`~tpuslice._reserve.queue.book.Waiting` names the requests
-            ahead (who and what) rather than their ticket ids, and a
-            :class:`~tpuslice._reserve.queue.book.Granted` carries the slices' view.
+            The book's answer, with the requests ahead described and a grant's slices' view.
         """
         answer = self.book.poll(ticket)
         if isinstance(answer, Waiting):
@@ -368,8 +311,7 @@ class QueueService:
         return answer
 
     def wait(self, ticket: str, timeout_s: float = 0.0) -> Answer:
-        """Decide first if that is due, then answer (at once: this is the queue in one
-        process; the actor holds the call instead, see :mod:`tpuslice._reserve.queue.actor`).
+        """Decide if due, then answer at once (the actor holds the call instead).
 
         Args:
             ticket: The ticket.
@@ -384,7 +326,7 @@ class QueueService:
         return self.answer(ticket)
 
     def join(self, ticket: Ticket, arrival: int | None = None, timeout_s: float = 0.0) -> Joined:
-        """:meth:`enqueue`, then :meth:`wait` (at once, in one process).
+        """:meth:`enqueue`, then :meth:`wait`.
 
         Args:
             ticket: The request.
@@ -420,8 +362,7 @@ class QueueService:
 
         Args:
             slices: Their names.
-            freed: The hand-back saw Ray's view show them free, so the next decision may
-                grant them before it reads the cluster again (:meth:`quick_reading`).
+            freed: Ray's view showed them free: grant them before a read (:meth:`quick_reading`).
         """
         self._changed = True
         if freed:
@@ -431,8 +372,7 @@ class QueueService:
     # --- deciding -------------------------------------------------------------------
 
     def due(self) -> bool:
-        """Whether a decision is due: something changed, or someone waits and the last
-        decision is older than ``decide_every_s``.
+        """Whether a decision is due: something changed, or someone waits and it is time.
 
         Returns:
             True if :meth:`decide` should run now.
@@ -453,7 +393,7 @@ class QueueService:
         return self._decided + self._every - self._clock()
 
     def decide(self) -> dict[str, tuple[str, ...]]:
-        """Read the cluster once, decide, publish (:meth:`read`, then :meth:`apply`).
+        """Read the cluster once, apply the policy, carry out the orders, publish.
 
         Returns:
             The new grants (ticket -> slices).
@@ -466,7 +406,7 @@ class QueueService:
         return grants
 
     def read(self) -> Reading:
-        """The I/O of one decision (see :meth:`reader`), done now.
+        """The I/O of one decision (:meth:`reader`), done now.
 
         Returns:
             What was read.
@@ -474,10 +414,8 @@ class QueueService:
         return self.reader()()
 
     def reader(self) -> Callable[[], Reading]:
-        """What the next decision must read, fixed now; the call returned does the I/O,
-        on any thread: a snapshot per ``TPU`` units per chip of the kinds waited for,
-        the waiters' dead jobs (now and then), and, now and then, the hosts busy only by
-        a TPU-owner record asked again.
+        """What the next decision must read, fixed now; the function returned does the I/O,
+        on any thread (snapshots, and now and then dead jobs and re-probes).
 
         Returns:
             The read, to call once.
@@ -490,8 +428,7 @@ class QueueService:
         else:
             jobs = set()
         reprobe = self._reprobe if now - self._reprobed >= REPROBE_S else None
-        # The read covers every change so far; one reported while it runs must make
-        # the next decision due at once, not wait for the periodic look.
+        # The read covers every change so far; one reported during it makes the next due.
         self._changed = False
         self._freed_in_read = set()
         self._read_began = now
@@ -510,19 +447,13 @@ class QueueService:
         return read
 
     def quick_reading(self) -> Reading | None:
-        """The last read, with the slices handed back free since then as their hand-backs
-        left them (:func:`~tpuslice._view.cluster.as_freed`), so that a decision can grant
-        them with no I/O, even while a read is under way. Only those slices change, and
-        they change only from held to ready, so such a decision grants nothing the next
-        read would not; a hand-back that missed news about its hosts (a notice or a
-        suspect record given in the moment since the last read) costs its claimant a
-        failed claim and a requeue in the same place. The full decision that follows
-        decides everything else.
+        """The last read with the slices handed back free since then made ready, to grant
+        them with no I/O, even during a read. They only go from held to ready, so this grants
+        nothing the next read would not (news missed costs a failed claim and a requeue).
 
         Returns:
-            The reading; ``None`` when no slice was handed back free since the last
-            quick reading, no read was applied within :data:`QUICK_WITHIN_S`, or none of
-            those slices is one a waiter could take.
+            The reading; ``None`` if nothing was freed, the last read is too old, or no
+            freed slice could be granted.
         """
         freed, self._freed = self._freed, set()
         if not freed or self._last is None or self._clock() - self._last[0] > QUICK_WITHIN_S:
@@ -537,8 +468,8 @@ class QueueService:
         return replace(reading, dead=frozenset(), quick=frozenset(patched))
 
     def _with_freed(self, reading: Reading, freed: Collection[str]) -> tuple[Reading, set[str]]:
-        """``reading`` with the ``freed`` slices ready, where nothing but their work kept
-        them from it, and without their holder records; and the slices made ready."""
+        """``reading`` with the ``freed`` slices ready (where only their work kept them from
+        it) and their holder records gone; and the slices made ready."""
         wall = self._wall()
         snapshots: dict[int, ClusterSnapshot] = {}
         patched: set[str] = set()
@@ -554,16 +485,12 @@ class QueueService:
         return replace(reading, snapshots=snapshots, holders=holders), patched
 
     def apply(self, reading: Reading) -> dict[str, tuple[str, ...]]:
-        """Drop waiters of dead drivers, count the tenants' use, then grant what the
-        policy says: ready slices, and idle ones with a suspect host only as a last
-        resort. What it asks done to running work is left in :attr:`orders`. Pure.
+        """Drop waiters of dead drivers, count the tenants' use, and grant what the policy
+        says; orders to running work are left in :attr:`orders`. Pure.
 
         Args:
-            reading: What :meth:`read` returned (kinds it does not cover wait for the
-                next decision), or a :meth:`quick_reading`: then only its freed slices
-                are granted, and the tenants' use, the orders to running work and the
-                next periodic look are left to the full decision that follows (it is
-                still due).
+            reading: From :meth:`read`, or a :meth:`quick_reading` (then only its freed slices
+                are granted; the rest waits for the full decision, still due).
 
         Returns:
             The new grants (ticket -> slices).
@@ -571,8 +498,7 @@ class QueueService:
         changed_during_read = self._changed
         quick = bool(reading.quick)
         if not quick and self._freed_in_read:
-            # Handed back after this read began: it may still show them held, and a
-            # quick decision may already have granted them.
+            # Handed back during this read: it may show them held, yet a quick one granted them.
             reading, _ = self._with_freed(reading, self._freed_in_read)
         for ticket, found in list(self._tickets.items()):
             if found.job in reading.dead:
@@ -593,19 +519,15 @@ class QueueService:
                 continue
             slices = by_kind[key] = snapshot.matching(kind.shape, kind.tpu_resource_per_chip)
             infos.update((s.name, s) for s in slices)
-            # A quick decision grants only the slices just handed back: the others are
-            # as an older read saw them.
+            # A quick decision grants only freed slices: the others are as an older read saw.
             grantable = [s for s in slices if not quick or s.name in reading.quick]
             idle[key] = [s.name for s in grantable if s.state is SliceState.READY]
             suspects[key] = [s.name for s in grantable if s.last_resort]
             trusted[key] = sum(1 for s in slices if s.trusted)
-        # Kinds this read did not cover: their first waiter came during the read, or only
-        # the places a restarted queue keeps wait for them (their drivers not back yet).
+        # Not covered: a first waiter came during the read, or only a restart's placeholders wait.
         unread = {w.kind for w, _, _ in self.book.tickets()} - idle.keys()
         shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}
-        # Claimed grants not yet recorded are counted by the book, as their requests'.
-        # A quick decision's read is older than some claims: it must not end their
-        # settling (the next full read does).
+        # The book counts claims not yet recorded; a quick read is older than some: keep them.
         settling = (
             self.book.settling()
             if quick
@@ -636,16 +558,14 @@ class QueueService:
             return grants
         self._last = (self._read_began, reading)
         self.orders = _orders(self.book.preemptions, reading, wall)
-        # A slice whose notice is cleared now is grantable at once, and a kind the read
-        # did not cover that a driver waits for is read at once: decide again then.
-        waited = unread & {t.kind.key for t in self._tickets.values()}  # the next read covers
+        # Decide again at once if a notice is cleared or a kind a driver waits for went unread.
+        waited = unread & {t.kind.key for t in self._tickets.values()}
         changed_during_read = changed_during_read or bool(self.orders.clear) or bool(waited)
         self._decided = self._clock()
         for ticket in list(self._tickets):
             if self.book.entry(ticket) is None:  # its lease ran out
                 self._forget(ticket)
-        # What this decision did itself (dropping dead or lapsed waiters) is decided;
-        # what was reported while it read is not.
+        # What it did itself (dropping waiters) is decided; what came during the read is not.
         self._changed = changed_during_read
         return grants
 
@@ -653,7 +573,7 @@ class QueueService:
         """What the last decision asks done to running work, once.
 
         Returns:
-            The orders (empty if none, or already taken).
+            The orders (empty if none or already taken).
         """
         orders, self.orders = self.orders, Orders()
         return orders
@@ -702,13 +622,11 @@ class QueueService:
         self._changed = True
 
 
-_HELD = (SliceState.BUSY, SliceState.SUSPECT)
-"""Slices whose hosts, when some are in use, are running work that will give them back."""
+_HELD = (SliceState.BUSY, SliceState.SUSPECT)  # in use: running work that will give them back
 
 
 def _owned_hosts(kinds: Iterable[SliceKind], snapshots: Mapping[int, ClusterSnapshot]) -> list[str]:
-    """Hosts of these kinds whose slice is busy and that a TPU-owner record marks (the
-    record may be stale)."""
+    """Hosts of busy slices of these kinds that a (maybe stale) TPU-owner record marks."""
     nodes = []
     for kind in kinds:
         snapshot = snapshots.get(kind.tpu_resource_per_chip)
@@ -727,11 +645,9 @@ def _holdings(
     wall: float,
     now: float,
 ) -> list[Holding]:
-    """The running work on a kind's busy slices: one holding per reservation that
-    recorded itself, and one for the busy slices no one recorded (other tools, a claim
-    in flight), which cannot be preempted from here. Slices whose hosts the queue warned
-    count as held until their work leaves; those a metadata server warned are going
-    away and do not count."""
+    """The work on a kind's busy slices: one holding per recorded reservation, and one that
+    cannot be preempted for slices no one recorded. Slices the queue warned count until their
+    work leaves; those a metadata server warned are going away and do not."""
     anonymous = 0
     mine: dict[str, list[SliceInfo]] = {}
     for info in slices:
@@ -764,9 +680,7 @@ def _holdings(
 
 
 def _orders(preemptions: Mapping[str, Preemption], reading: Reading, wall: float) -> Orders:
-    """What to do to running work after a decision: give the notices of new preemptions,
-    take back the slices of holders whose grace ran out, clear the queue's notices on
-    hosts whose work left, and forget holder records a dead driver left."""
+    """The orders after a decision (:class:`Orders`)."""
     slices = {n: s for snap in reading.snapshots.values() for n, s in snap.slices.items()}
     by_id = holders_by_id(reading.holders)
     notices: list[Notice] = []

@@ -1,6 +1,5 @@
-"""Running work on reserved slices: ``run_on_slice``, actor groups, shell commands,
-resilient runs and their watchdog, health checks, recording the slice layouts a sub-slice
-reservation learns, and recording each run's outcome.
+"""Running work on reserved slices: one-shots, actor groups, shell commands, resilient
+runs, health checks and sub-slices.
 
 May import: :mod:`tpuslice._reserve` and below.
 """

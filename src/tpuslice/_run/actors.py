@@ -1,11 +1,6 @@
 """One actor per host of a reserved slice, ordered by rank: for stateful work over many steps.
 
-Each actor starts with the same slice context as :func:`tpuslice.run_on_slice` tasks
-(``TPUSLICE_*`` and, for several slices, ``MEGASCALE_*``). :meth:`SliceActorGroup.call`
-fans a method out and returns refs in rank order; :meth:`SliceActorGroup.get` turns a
-dead actor into a :class:`~tpuslice.errors.HostLostError` naming the host, and, with
-``heartbeat_timeout_s`` / ``startup_timeout_s``, silent actors (their methods stopped
-calling :func:`tpuslice.heartbeat`) into a :class:`~tpuslice.errors.HostHungError`.
+Each actor starts with the same slice context as :func:`tpuslice.run_on_slice` tasks.
 """
 
 from __future__ import annotations
@@ -53,8 +48,8 @@ logger = logging.getLogger(__name__)
 
 
 class OwnedSlice(SliceHandle):
-    """A reservation made for one actor group (:meth:`SliceActorGroup.create`): the
-    group's shutdown gives it back, and its time is the group's goodput account's."""
+    """A reservation made for one actor group: the group's shutdown gives it back, and its
+    time is the group's goodput account's."""
 
 
 class SliceActorGroup(ShutsDownOnExit):
@@ -78,18 +73,14 @@ class SliceActorGroup(ShutsDownOnExit):
             actor_cls: A class, or a ``@ray.remote`` actor class.
             tpu_slice: A held reservation.
             *args: Passed to every actor's constructor.
-            heartbeat_timeout_s: With the actors' methods calling
-                :func:`tpuslice.heartbeat`: :meth:`get` raises
-                :class:`~tpuslice.errors.HostHungError` when an actor that beat has been
-                silent this long. ``None``: not watched.
-            startup_timeout_s: :meth:`get` raises it too when an actor has not beaten
-                this long after the group started. ``None``: not watched.
+            heartbeat_timeout_s: :meth:`get` raises ``HostHungError`` for an actor silent
+                this long after a :func:`tpuslice.heartbeat` (``None``: not watched).
+            startup_timeout_s: Likewise for an actor with no beat this long after the start.
             **kwargs: Passed to every actor's constructor.
 
         Raises:
             SliceShutdownError: ``tpu_slice`` was shut down.
-            InvalidArgumentError: a timeout is not finite seconds > 0, or another
-                SliceActorGroup lives on ``tpu_slice``.
+            InvalidArgumentError: a bad timeout, or another group lives on ``tpu_slice``.
         """
         if tpu_slice.is_shut_down:
             raise SliceShutdownError("tpu_slice has been shut down; reserve a new one")
@@ -100,15 +91,14 @@ class SliceActorGroup(ShutsDownOnExit):
         self.slice = tpu_slice
         owns_slice = self._owns_slice = isinstance(tpu_slice, OwnedSlice)
         self.times: AttemptTimes | None = None
-        """The group's moments, for its goodput account: kept for a group that owns its
-        slices (the reservation's time is the group's), from its reservation's start."""
+        """The group's moments for its goodput account, if it owns its slices."""
         placed = ranks(record_of(tpu_slice))
         self.contexts: list[HostContext] = [rank.context for rank in placed]
         self.actors: list[Any] = []
         try:
             hold_for_actor_group(record_of(tpu_slice), self)
-            # One process per host owns a TPU: an idle worker of earlier run_on_slice
-            # calls that opened it goes (its TPU confirmed free) before the actors start.
+            # One process per host owns a TPU: an idle worker of earlier calls that opened
+            # it must let go before the actors start.
             confirm_free(record_of(tpu_slice), after_tasks=True)
             if owns_slice:
                 held = record_of(tpu_slice)
@@ -153,17 +143,13 @@ class SliceActorGroup(ShutsDownOnExit):
             *args: Passed to every actor's constructor.
             topology: Chip grid of one slice, such as ``"4x4"``.
             accelerator_version: TPU generation, such as ``"v6e"``.
-            num_slices: Whole slices to reserve, all at once, or a ``(min, max)``
-                range (as many as are idle, at least ``min``).
+            num_slices: Whole slices, or ``(min, max)``: as many as are idle.
             chips_per_vm: Chips per host, for shapes offered in more than one form.
-            head_reservation_timeout_s: Seconds to wait for idle slices (``None``: no
-                limit).
-            priority: Place in the cluster-wide queue when slices are short: higher is
-                served first, arrival order within a priority.
+            head_reservation_timeout_s: Seconds to wait for slices (``None``: no limit).
+            priority: Place in the cluster-wide queue: higher first, then arrival order.
             heartbeat_timeout_s: See the constructor.
             startup_timeout_s: See the constructor.
-            tenant: Whom the slices are charged to (default: ``TPUSLICE_TENANT``, else
-                the user's name).
+            tenant: Whom the slices are charged to (default: ``TPUSLICE_TENANT``).
             preemptible: Whether the queue may preempt the group, with notice.
             **kwargs: Passed to every actor's constructor.
 
@@ -268,8 +254,7 @@ class SliceActorGroup(ShutsDownOnExit):
 
     @property
     def _keyed(self) -> bool:
-        """Whether the actors get heartbeat keys: to watch them, or for the account of a
-        group that owns its slices."""
+        """Whether the actors get heartbeat keys: to watch them, or for the account."""
         return self.watching.beats or self.times is not None
 
     def _key(self, context: HostContext) -> str:
@@ -305,8 +290,8 @@ class SliceActorGroup(ShutsDownOnExit):
                 return  # the ray.get below raises GetTimeoutError, as without watching
 
     def shutdown(self) -> None:
-        """Kill every actor and, if the group owns it, give the slice back; otherwise
-        confirm the actors' TPUs are free for the slice's next calls. Idempotent."""
+        """Kill every actor and give the slice back if owned, else confirm its TPUs free.
+        Idempotent."""
         keyed = self._keyed
         actors, self.actors = self.actors, []
         times, self.times = self.times, None
@@ -327,8 +312,7 @@ class SliceActorGroup(ShutsDownOnExit):
                 times.slices = tuple(names)
                 self._keep_account(times)
             # Last: ray.kill returns before the actor's process exits, and its heartbeat
-            # thread publishes every half second until then. The hand-back (or the
-            # check that the TPUs are free) waits for the hosts' processes to let go.
+            # thread publishes until then; the hand-back waits for the processes to go.
             _ray.kv_delete(self._beats, NAMESPACE, prefix=True)
 
     def _keep_account(self, times: AttemptTimes) -> None:
@@ -348,10 +332,9 @@ class SliceActorGroup(ShutsDownOnExit):
 
 
 def _actor_env(call: CallEnv) -> dict[str, str]:
-    """A rank's call environment for the actor's ``runtime_env``; with one slice,
-    MEGASCALE_* set empty so none leaks from the driver. A runtime environment cannot
-    unset a variable, so one the call unsets is left as the host has it (for a sub-slice:
-    ``TPU_PROCESS_ADDRESSES``, which TPU VMs do not set unless run multi-process)."""
+    """A rank's call environment as a ``runtime_env``: MEGASCALE_* set empty so none leaks
+    from the driver. A runtime environment cannot unset a variable: one the call unsets is
+    left as the host has it (TPU VMs do not set the sub-slice's ``TPU_PROCESS_ADDRESSES``)."""
     env = {name: "" for name in MEGASCALE_VARS}
     env.update({k: v for k, v in call.items() if v is not None})
     return env

@@ -1,25 +1,10 @@
 """Health checks of whole slices: is each host fit to run SPMD work now?
 
-A hang or a lost host on a TPU slice often means hardware (a bad chip, an ICI link down,
-a host slow to die), and a retry on the same hosts can hang again. axlearn checks every
-TPU before its trainer starts (apple/axlearn PR 803); Marin keeps work off workers it
-marked unhealthy. :func:`check_slice` reserves an idle slice and runs one probe per host,
-at once, in rank order:
-
-- **answers**: the probe starts and reports, within the check's bound;
-- **TPU**: no other process owns the host's TPU, and a new process can start the TPU
-  backend within :data:`TPU_OPEN_S` (``jax.devices("tpu")``). It runs in a child
-  process, which is killed if it does not finish, so no process of the check keeps the TPU;
-- **reach**: every rank connects to rank 0's coordinator port within :data:`REACH_S`,
-  the first thing ``jax.distributed.initialize`` needs (rank 0 listens on JAX's port,
-  or on any free port when that one is taken on the host);
-- optionally, the caller's own check (a remote function, run as a one-shot runs), once
-  the probes pass.
-
-A host fails when it does not answer, its TPU is owned by another process or does not
-start, or the peers cannot reach it. Each verdict says why, with timings, and
-:func:`record` makes it the cluster's: a healthy slice is trusted again, a failed host
-suspect (:mod:`tpuslice._reserve.suspects`).
+A hang or a lost host often means hardware, and a retry on the same hosts can hang again.
+:func:`check_slice` reserves an idle slice and runs one probe per host: it must answer in
+time, start the TPU backend in a child process (so no process of the check keeps the TPU),
+and reach rank 0's coordinator port; then the caller's own check runs, if any.
+:func:`record` makes the verdict the cluster's: a healthy slice trusted, a failed host suspect.
 """
 
 from __future__ import annotations
@@ -50,18 +35,16 @@ from tpuslice._view.cluster import SliceInfo, read_snapshot
 from tpuslice.errors import InvalidArgumentError, first_line
 
 TPU_OPEN_S = 30.0
-"""How long a host's TPU backend may take to start in a new process (libtpu's start-up on
-a TPU VM takes seconds; a wedged chip never finishes)."""
+"""How long a host's TPU backend may take to start in a new process (a wedged chip never does)."""
 REACH_S = 10.0
 """How long a rank may take to connect to rank 0's coordinator port."""
 ANSWER_MARGIN_S = 15.0
-"""What a probe may take beyond its TPU and reach bounds (a worker process to start, the
-imports) before its host counts as not answering."""
+"""What a probe may take beyond its TPU and reach bounds (a worker to start, imports)."""
 USER_CHECK_S = 60.0
 """Bound on the caller's own check."""
 
 OPEN_BACKEND = "import jax; jax.devices('tpu')"
-"""Run in a child process: start the TPU backend as a JAX program's first use does."""
+"""Starts the TPU backend as a JAX program's first use does."""
 
 
 @dataclass(frozen=True)
@@ -69,14 +52,9 @@ class HostVerdict:
     """One host's result in a health check.
 
     Attributes:
-        worker_id: The host's TPU worker id.
-        node_id: Its Ray node id.
-        ok: Whether it passed every check.
-        answered_s: Seconds from the check's start to the probe's report; ``None`` if it
-            never reported.
-        tpu: What the TPU check found (``"started in 0.41 s"``, ``"owned by pid 4242
-            (python train.py)"``, ``"did not start in 30 s"``).
-        reach: What the reach check found (``"reached rank 0 in 3 ms"``, ...).
+        answered_s: Seconds from the check's start to the probe's report (``None``: never).
+        tpu: What the TPU check found (``"started in 0.41 s"``).
+        reach: What the reach check found (``"reached rank 0 in 3 ms"``).
         check: The caller's check: ``"passed"``, why it failed, or ``""`` if none ran.
         reason: Why the host failed; ``""`` when it passed.
     """
@@ -107,13 +85,8 @@ class HostVerdict:
 
 @dataclass(frozen=True)
 class SliceHealth:
-    """A slice's health check: a verdict per host, in worker-id order.
-
-    Attributes:
-        slice_name: The slice.
-        hosts: One verdict per host.
-        seconds: How long the check took, its reservation included.
-    """
+    """A slice's health check: a verdict per host, in worker-id order, and how long it
+    took (its reservation included)."""
 
     slice_name: str
     hosts: tuple[HostVerdict, ...]
@@ -140,11 +113,8 @@ class SliceHealth:
         return "\n".join([*lines, *(f"  {h.describe()}" for h in self.hosts)])
 
 
-# --- on each host ---------------------------------------------------------------------
-
-
 def probe(check_key: str, tpu_open_s: float, reach_s: float) -> dict[str, Any]:
-    """Body of one host's probe (a task in the check's reservation, in rank context).
+    """One host's probe, run as a task in rank context.
 
     Args:
         check_key: The KV key where this slice's rank 0 publishes its address.
@@ -152,7 +122,7 @@ def probe(check_key: str, tpu_open_s: float, reach_s: float) -> dict[str, Any]:
         reach_s: Bound on reaching rank 0.
 
     Returns:
-        What the host found: its worker id, the TPU check and the reach check.
+        Its worker id and what the TPU and reach checks found.
     """
     host = current_host()
     started = time.monotonic()
@@ -182,10 +152,7 @@ def _start_backend(bound_s: float) -> tuple[bool, str]:
     started = time.monotonic()
     try:
         done = subprocess.run(
-            [sys.executable, "-c", OPEN_BACKEND],
-            capture_output=True,
-            text=True,
-            timeout=bound_s,
+            [sys.executable, "-c", OPEN_BACKEND], capture_output=True, text=True, timeout=bound_s
         )
     except subprocess.TimeoutExpired:
         return False, f"did not start in {bound_s:g} s (a process that opens it hangs)"
@@ -215,11 +182,8 @@ class _Listener:
         _ray.kv_put(key, f"{ray.util.get_node_ip_address()}:{port}".encode(), NAMESPACE)
 
     def wait(self) -> tuple[bool, str]:
-        """Accept peers until all came or the bound passed.
-
-        Returns:
-            Whether every peer reached this rank, and what was seen.
-        """
+        """Accept peers until all came or the bound passed; return whether all came, and
+        what was seen."""
         deadline = time.monotonic() + self.bound_s
         came = 0
         while came < self.peers and time.monotonic() < deadline:
@@ -257,28 +221,14 @@ def _reach(key: str, bound_s: float) -> tuple[bool, str]:
     return True, f"reached rank 0 in {(time.monotonic() - started) * 1000:.0f} ms"
 
 
-# --- on the driver ----------------------------------------------------------------------
-
-
-def check_held(
+def _check_held(
     spg: SliceHandle,
     *,
     check: Any = None,
     tpu_open_s: float | None = None,
     reach_s: float | None = None,
 ) -> list[SliceHealth]:
-    """Check every slice of a held reservation (the probes of all slices at once).
-
-    Args:
-        spg: The reservation; its slices must be idle of other work.
-        check: A ``@ray.remote`` function run on every host once the probes pass, or
-            ``None``.
-        tpu_open_s: Bound on starting a host's TPU backend (default :data:`TPU_OPEN_S`).
-        reach_s: Bound on reaching rank 0 (default :data:`REACH_S`).
-
-    Returns:
-        One result per slice, in slice order.
-    """
+    """Check every slice of a held, otherwise idle reservation, all at once."""
     tpu_open_s = TPU_OPEN_S if tpu_open_s is None else tpu_open_s
     reach_s = REACH_S if reach_s is None else reach_s
     started = time.monotonic()
@@ -361,11 +311,8 @@ def _judge(
 
 
 def reach_blame(unreached: Sequence[int], peers: int) -> dict[int, str]:
-    """Which hosts a failed reach check points at.
-
-    - some peers could not reach rank 0 while others could: those peers;
-    - none of two or more peers could: rank 0 (its port is what they share);
-    - the only peer could not: both, since one link cannot tell which end is at fault.
+    """Which hosts a failed reach check points at: the peers that failed while others
+    reached rank 0; rank 0 if none of two or more did; both ends of a lone link.
 
     Args:
         unreached: Worker ids of the peers (not 0) that could not reach rank 0.
@@ -388,35 +335,24 @@ def reach_blame(unreached: Sequence[int], peers: int) -> dict[int, str]:
 
 
 def _user_check(
-    spg: SliceHandle,
-    check: Any,
-    verdicts: list[list[HostVerdict]],
+    spg: SliceHandle, check: Any, verdicts: list[list[HostVerdict]]
 ) -> list[list[HostVerdict]]:
     """Run the caller's check on every host; each host's verdict gets its result."""
-    refs = launch(check, spg, (), {})
+    refs = iter(launch(check, spg, (), {}))
     deadline = time.monotonic() + USER_CHECK_S
-    flat = [h for hosts in verdicts for h in hosts]
-    results = []
-    for ref, host in zip(refs, flat, strict=True):
-        try:
-            ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
-        except ray.exceptions.GetTimeoutError:
-            ray.cancel(ref, force=True)
-            results.append(_with_check(host, f"did not finish in {USER_CHECK_S:g} s"))
-        except ray.exceptions.RayError as exc:
-            results.append(_with_check(host, f"failed: {first_line(str(exc))}"))
-        else:
-            results.append(_with_check(host, "passed"))
-    out, at = [], 0
-    for hosts in verdicts:
-        out.append(results[at : at + len(hosts)])
-        at += len(hosts)
-    return out
+    return [[_with_check(host, next(refs), deadline) for host in hosts] for hosts in verdicts]
 
 
-def _with_check(host: HostVerdict, result: str) -> HostVerdict:
-    if result == "passed":
-        return replace(host, check=result)
+def _with_check(host: HostVerdict, ref: Any, deadline: float) -> HostVerdict:
+    try:
+        ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+    except ray.exceptions.GetTimeoutError:
+        ray.cancel(ref, force=True)
+        result = f"did not finish in {USER_CHECK_S:g} s"
+    except ray.exceptions.RayError as exc:
+        result = f"failed: {first_line(str(exc))}"
+    else:
+        return replace(host, check="passed")
     reason = "; ".join(filter(None, [host.reason, f"own check {result}"]))
     return replace(host, ok=False, check=result, reason=reason)
 
@@ -429,31 +365,21 @@ def check_slice(
     tpu_open_s: float | None = None,
     reach_s: float | None = None,
 ) -> SliceHealth:
-    """Check every host of one slice, and record the verdict cluster-wide: a slice that
-    passes is trusted again (its suspect records cleared); a host that fails is marked
-    suspect, so reservations keep off its slice until the cool-down ends or a later check
-    passes.
-
-    The slice is reserved for the check (waiting up to ``timeout_s`` for it to be idle),
-    one probe runs per host, and the slice is given back.
+    """Reserve one idle slice, probe every host, give it back, and record the verdict:
+    a slice that passes is trusted again, a host that fails is marked suspect.
 
     Args:
         slice_name: The slice, as ``tpuslice status`` names it.
         timeout_s: Seconds to wait for the slice to be idle.
-        check: Your own check, a ``@ray.remote`` function run once on every host (as a
-            one-shot runs, in rank order) after the built-in probes pass; it fails a host
-            by raising. For example a small all-reduce.
-        tpu_open_s: Bound on starting each host's TPU backend (default
-            :data:`TPU_OPEN_S`, 30 s).
-        reach_s: Bound on each rank's connection to rank 0's coordinator port (default
-            :data:`REACH_S`, 10 s).
+        check: Your own ``@ray.remote`` check, run on every host after the probes pass.
+        tpu_open_s: Bound on starting each host's TPU backend (default 30 s).
+        reach_s: Bound on each rank's connection to rank 0 (default 10 s).
 
     Returns:
         The verdict per host, with timings.
 
     Raises:
-        InvalidArgumentError: no slice of that name, or it has no valid shape (the
-            message lists the slices there are), or a bound is not positive.
+        InvalidArgumentError: no such slice with a valid shape, or a bound is not positive.
         NotConnectedError: Ray is not initialised.
         ReservationTimeoutError: the slice was not idle within ``timeout_s``.
     """
@@ -472,7 +398,7 @@ def check_slice(
         bundle_label_selector=[{SLICE_NAME_LABEL: slice_name}] * shape.num_hosts,
     )
     with reserve_slices(request) as spg:
-        health = check_held(spg, check=check, tpu_open_s=tpu_open_s, reach_s=reach_s)[0]
+        health = _check_held(spg, check=check, tpu_open_s=tpu_open_s, reach_s=reach_s)[0]
     health = replace(health, seconds=time.monotonic() - started)
     record(health, "tpuslice.check_slice")
     return health
@@ -511,17 +437,9 @@ def _slice_named(slice_name: str) -> SliceInfo:
     return info
 
 
-# --- checks before a resilient run's retry -------------------------------------------------
-
-
 class UnfitSlices(Exception):
-    """A reservation's slices failed their health check before a retry ran on them.
-
-    Args:
-        failed: The failed slices' verdicts.
-        again: They had already failed a check in this run: the reservation landed on
-            them again, so nothing else could serve it.
-    """
+    """A reservation's slices failed their health check before a retry ran on them;
+    ``again``: they had failed before in this run, so nothing else could serve it."""
 
     def __init__(self, failed: Sequence[SliceHealth], again: bool) -> None:
         self.failed = tuple(failed)
@@ -542,21 +460,12 @@ def _suspect_names(spg: SliceHandle) -> set[str]:
 
 @dataclass
 class Vetting:
-    """A resilient run's health checks (``run_resilient(..., health_check=True)``): before
-    a retry runs on a slice that is suspect (taken as a last resort) or that the run's last
-    attempt failed on by a hang or a lost host, every slice of the reservation is checked
-    (:func:`check_held`) and the verdict recorded (:func:`record`).
-
-    Attributes:
-        check: Checks a held reservation (a seam for tests).
-        suspects_of: The reservation's slices taken as a last resort (a seam for tests).
-        record: Records a verdict cluster-wide (a seam for tests).
-        doubted: Slices the run's last attempt failed on.
-        failed_checks: Slices that failed a check in this run, with the verdict: a
-            reservation that lands on one again is not checked again (the run gives up).
+    """A resilient run's health checks (``health_check=True``): a retry's reservation is
+    checked when a slice is suspect or the last attempt hung or lost a host on it.
+    ``failed_checks`` are not checked again: landing on one, the run gives up.
     """
 
-    check: Callable[[SliceHandle], list[SliceHealth]] = check_held
+    check: Callable[[SliceHandle], list[SliceHealth]] = _check_held
     suspects_of: Callable[[SliceHandle], set[str]] = _suspect_names
     record: Callable[[SliceHealth, str], None] = record
     doubted: set[str] = field(default_factory=set)

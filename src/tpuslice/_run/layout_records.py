@@ -1,8 +1,5 @@
-"""Recording slice layouts in Ray's KV store: tpuslice's record and Ray's (their format
-is :mod:`tpuslice._view.layouts`, which reads them). Discovery records what it learned
-(:func:`save`), and a sub-slice reservation that finds only Ray's record records it as
-tpuslice's, with today's nodes (:func:`load`).
-"""
+"""Recording slice layouts in Ray's KV store, as tpuslice's record and Ray's (read by
+:mod:`tpuslice._view.layouts`)."""
 
 from __future__ import annotations
 
@@ -19,15 +16,13 @@ from tpuslice._view.layouts import Layout
 
 
 def load(info: SliceInfo) -> Layout | None:
-    """The layout of a slice, as :func:`tpuslice._view.layouts.load` finds it; one found
-    only in Ray's record is recorded as tpuslice's, with today's nodes.
+    """A slice's recorded layout; one found only in Ray's record is recorded as ours.
 
     Args:
         info: The slice now.
 
     Returns:
-        tpuslice's record if current, else one read from Ray's (recorded now as ours,
-        with today's nodes), else ``None``: the slice must be discovered.
+        The layout, with today's nodes; ``None``: the slice must be discovered.
     """
     found = layouts.load(info)
     if found is None or found.nodes is not None:
@@ -39,12 +34,12 @@ def load(info: SliceInfo) -> Layout | None:
 
 
 def save(layout: Layout, *, ray_too: bool = True, source: str = "tpuslice") -> None:
-    """Record a layout: tpuslice's record, and Ray's (so Ray's API reads it).
+    """Record a layout as tpuslice's, and as Ray's so Ray's API reads it.
 
     Args:
         layout: What discovery learned.
         ray_too: Also write Ray's record.
-        source: Who learned it: ``tpuslice``, or ``ray`` (read from Ray's record).
+        source: Who learned it: ``tpuslice`` or ``ray``.
     """
     data = {
         "topology": layout.topology,

@@ -1,10 +1,5 @@
-"""What a run tells its observers: the steps of a resilient run (:class:`AttemptEvent`)
-and how a failed one ended (:class:`Outcome`); each call here adds an event to the timeline
-(:mod:`tpuslice.record.events`) and records the matching metrics
-(:mod:`tpuslice.record.metrics`), or keeps a one-shot's goodput account
-(:mod:`tpuslice.record.goodput`), never raising into the caller's work
-(:func:`tpuslice._reserve.observe.never_raises`).
-"""
+"""What a run tells its observers: timeline events, metrics and goodput accounts, never
+raising into the caller's work."""
 
 from __future__ import annotations
 
@@ -28,14 +23,13 @@ class Outcome(str, enum.Enum):
     """How a failed attempt ended; it decides which retry budget the attempt uses."""
 
     PREEMPTION = "preemption"
-    """A host was preempted or taken for maintenance: its slice had a notice (the run
-    left before the hosts went, or a host was lost after the notice)."""
+    """A host of the attempt had a preemption or maintenance notice."""
     FAILURE = "failure"
-    """The user's code raised, or something we do not recognise went wrong."""
+    """The user's code raised, or something unrecognised went wrong."""
     HOST_FAILURE = "host_failure"
     """A host was lost with no notice: the VM died, a worker crashed or was OOM-killed."""
     HANG = "hang"
-    """Hosts stopped making progress (heartbeats), or never started (start-up timeout)."""
+    """Hosts stopped beating, or never started."""
 
 
 EventKind = Literal["started", "notice", "failed", "check_failed", "succeeded", "giving_up"]
@@ -43,21 +37,14 @@ EventKind = Literal["started", "notice", "failed", "check_failed", "succeeded", 
 
 @dataclass(frozen=True)
 class AttemptEvent:
-    """One step of a resilient run, passed to ``on_event`` (and a ``notice`` also to
+    """One step of a resilient run, passed to ``on_event`` (a ``notice`` also to
     ``on_notice``) as it happens.
 
     Attributes:
-        kind: ``started``, ``notice`` (a host of the attempt was warned), ``failed``,
-            ``check_failed`` (its slices failed their health check before it ran),
-            ``succeeded`` or ``giving_up``.
         attempt: The attempt's number, from 1.
-        slice_names: Its slices.
         outcome: How it failed (``failed``, ``giving_up``).
-        cause: What happened, in one line.
-        next_action: What the run does next.
         duration_s: Seconds since the attempt started (``failed``, ``succeeded``).
         evidence: What decided the outcome (the notice seen, none seen, silent hosts).
-        notice: The notice (``notice`` events).
     """
 
     kind: EventKind
@@ -71,10 +58,10 @@ class AttemptEvent:
     notice: Notice | None = None
 
     def describe(self) -> str:
-        """One log line: ``attempt 2 on v4-16-b: failed after 3.1 s: preemption (...); ...``.
+        """One log line.
 
         Returns:
-            The event as one line of text.
+            ``attempt 2 on v4-16-b: failed after 3.1 s: preemption (...); ...``.
         """
         where = f" on {', '.join(self.slice_names)}" if self.slice_names else ""
         text = f"attempt {self.attempt}{where}: {self.kind.replace('_', ' ')}"
@@ -99,11 +86,10 @@ def run_ended(
 
     Args:
         kind: ``one_shot`` or ``command``.
-        outcome: ``success``, ``failure`` or (a command) ``interrupted``.
+        outcome: ``success``, ``failure`` or ``interrupted``.
         seconds: Its duration.
         slices: Where it ran.
-        detail: One line (for a command, its program's name only: arguments can hold
-            secrets, and everyone reading the timeline sees this).
+        detail: One line, for everyone reading the timeline (no secrets).
     """
     text = f"{kind}; {detail}" if detail else kind
     events.record("run", slices=tuple(slices), seconds=seconds, outcome=outcome, detail=text)
@@ -112,7 +98,7 @@ def run_ended(
 
 @never_raises
 def attempt(event: AttemptEvent) -> None:
-    """A step of a resilient run (its ``started`` steps are left out of the metrics).
+    """A step of a resilient run (``started`` steps are not in the metrics).
 
     Args:
         event: The step.
@@ -136,47 +122,42 @@ def attempt(event: AttemptEvent) -> None:
 
 
 def one_shot_times(spg: SliceHandle, outcome: str) -> goodput.AttemptTimes | None:
-    """A one-shot's moments as its tasks end, read before its hand-back (which forgets
-    the reservation's own). Never raises: the hand-back follows, whatever happens here.
+    """A one-shot's moments as its tasks end, read before the hand-back forgets them.
 
     Args:
         spg: Its reservation, still held.
         outcome: ``success``, ``failure`` or ``interrupted``.
 
     Returns:
-        The moments so far (the hand-back begins now); ``None`` if they could not be read.
+        The moments so far; ``None`` if they could not be read.
     """
     try:
-        return _one_shot_times(spg, outcome)
-    except Exception as exc:  # noqa: BLE001 - see above
+        held = record_of(spg)
+        now = goodput.now()
+        return goodput.AttemptTimes(
+            asked=held.asked_at,
+            queued_s=held.queued_s,
+            held=held.held_at,
+            ended=now,
+            hand_back=now,
+            outcome="" if outcome == "interrupted" else outcome,  # not a failure: nothing lost
+            slices=tuple(spg.slice_names),
+        )
+    except Exception as exc:  # noqa: BLE001 - the hand-back follows, whatever happens here
         logger.debug("one-shot's goodput account not kept: %s", exc)
         return None
-
-
-def _one_shot_times(spg: SliceHandle, outcome: str) -> goodput.AttemptTimes:
-    held = record_of(spg)
-    now = goodput.now()
-    return goodput.AttemptTimes(
-        asked=held.asked_at,
-        queued_s=held.queued_s,
-        held=held.held_at,
-        ended=now,
-        hand_back=now,
-        outcome="" if outcome == "interrupted" else outcome,  # not a failure: nothing lost
-        slices=tuple(spg.slice_names),
-    )
 
 
 @never_raises
 def one_shot_account(
     spg: SliceHandle, times: goodput.AttemptTimes, prefix: str, keys: Sequence[str]
 ) -> None:
-    """Keep a one-shot's goodput account, once its slices are back: its ranks' progress
-    is read, and their keys deleted (no rank runs to publish again).
+    """Keep a one-shot's goodput account once its slices are back (no rank runs to
+    publish again, so the keys are deleted).
 
     Args:
         spg: Its reservation (shut down).
-        times: Its moments (:func:`one_shot_times`, with the end of the hand-back).
+        times: Its moments, with the end of the hand-back.
         prefix: Its ranks' heartbeat keys' prefix.
         keys: Each rank's key.
     """

@@ -1,19 +1,9 @@
 """Resilient runs: when a host is lost, give the slices back and rerun the gang from the start.
 
-An SPMD gang cannot go on with a missing host, so every attempt reserves whole idle slices,
-runs ``fn`` on every host, and either returns all results or ends at the first failed task.
-One loop (:func:`run_resilient`), one policy (:class:`RetryPolicy`, a budget per outcome),
-one boundary that maps exceptions to outcomes (:func:`classify`, by type, never message
-text), refined by evidence (:mod:`tpuslice._run.watchdog`): a lost host whose slice had a
-preemption or maintenance notice is a preemption, one lost without notice a host failure.
-While the gang runs, a notice on one of its hosts makes the run call ``on_notice`` and
-leave before the hosts go, and silent heartbeats make it a hang.
-A hang, a host lost without notice, or a worker that crashed marks the hosts the evidence
-names suspect (:mod:`tpuslice._reserve.suspects`) before the slices are given back, so the
-retry, and everyone's next reservation, prefer other slices.
-Each attempt's reservation is shut down (the rest of its gang cancelled) before the next.
-Other runners (the CLI's shell commands) reuse the same loop with their own attempt body:
-``ResilientRun(body, SliceRequest(...), RetryPolicy(...)).until_done()``.
+An SPMD gang cannot go on with a missing host. One loop (:class:`ResilientRun`), one policy
+(:class:`RetryPolicy`, a budget per outcome), one boundary from exception type to outcome
+(:func:`classify`), refined by the watchdog's evidence. Hosts a failure is pinned on are
+marked suspect before the slices go back, so retries prefer other slices.
 """
 
 from __future__ import annotations
@@ -77,9 +67,9 @@ from tpuslice.record.goodput import Account, AttemptTimes
 logger = logging.getLogger(__name__)
 
 READY_BOUND_S = 30.0
-"""How long a fresh reservation may take to report ready before we call its host lost."""
+"""How long a fresh reservation may take to report ready before its host counts as lost."""
 WAIT_SLICE_S = 1.0
-"""Longest single ``ray.wait``, so Ctrl-C is seen promptly while the gang runs."""
+"""Longest single ``ray.wait``, so Ctrl-C is seen promptly."""
 
 
 HOST_LOSS: tuple[type[BaseException], ...] = (
@@ -99,17 +89,14 @@ NOT_HOST_LOSS: tuple[type[BaseException], ...] = (ObjectFreedError, ReferenceCou
 def classify(exc: BaseException) -> Outcome:
     """The outcome of a task's exception, by type only (never its message).
 
-    A ``RayTaskError`` (user code raised) is judged by its ``cause``, which may itself be
-    a host loss seen by user code (a nested ``ray.get``); an actor whose ``__init__``
-    raised is a user failure.
+    A ``RayTaskError`` is judged by its ``cause`` (user code may have seen a host loss in
+    a nested ``ray.get``); an actor whose ``__init__`` raised is a user failure.
 
     Args:
         exc: The exception a task's ref raised.
 
     Returns:
-        :attr:`Outcome.HOST_FAILURE` for a lost host (evidence of a notice makes it a
-        preemption, see :class:`~tpuslice._run.watchdog.AttemptWatch`), else
-        :attr:`Outcome.FAILURE`.
+        ``HOST_FAILURE`` for a lost host, ``HANG`` for a hang, else ``FAILURE``.
     """
     if isinstance(exc, RayTaskError):
         cause = getattr(exc, "cause", None)
@@ -126,10 +113,8 @@ def classify(exc: BaseException) -> Outcome:
 
 
 def pinned_on_host(exc: BaseException) -> SuspectReason | None:
-    """Whether a task's own exception pins the failure on the host it ran on, by type
-    only: its node died (or, for a task sent there, was dead), or its worker process
-    crashed there. A wrapped one (user code that saw a nested task fail) does not: that
-    task may have run anywhere.
+    """Whether a task's own exception (by type) pins the failure on its host. A wrapped
+    one does not: the nested task that failed may have run anywhere.
 
     Args:
         exc: The exception a task's ref raised.
@@ -147,8 +132,8 @@ def pinned_on_host(exc: BaseException) -> SuspectReason | None:
 
 
 def summarize(exc: BaseException) -> str:
-    """``ValueError: first line``: the innermost cause's type and message's first line
-    (a ``RayTaskError``'s own text is a traceback, so it is unwrapped).
+    """``ValueError: first line`` of the innermost cause (a ``RayTaskError``'s own text
+    is a traceback).
 
     Args:
         exc: Any exception.
@@ -167,9 +152,6 @@ def summarize(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
 
-# --- the policy ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Decision:
     """What to do after a failed attempt, and why (for logs, events and errors)."""
@@ -181,12 +163,10 @@ class Decision:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """A budget per outcome, counted separately. Pure.
+    """A retry budget per outcome, counted separately. Pure.
 
-    ``max_retries_host_failure`` defaults to ``max_retries_preemption`` (host loss was one
-    budget before it could be told from preemption); ``max_retries_hang`` defaults to the
-    host-failure budget. ``backoff_s`` is the pause before the first retry and its cap;
-    it doubles per retry.
+    The host-failure budget defaults to the preemption one, the hang budget to the
+    host-failure one. ``backoff_s`` is ``(first, cap)``; the pause doubles per retry.
     """
 
     max_retries_failure: int = 0
@@ -196,14 +176,10 @@ class RetryPolicy:
     max_retries_hang: int | None = None
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_retries_failure",
-            "max_retries_preemption",
-            "max_retries_host_failure",
-            "max_retries_hang",
-        ):
+        optional = ("max_retries_host_failure", "max_retries_hang")
+        for name in ("max_retries_failure", "max_retries_preemption", *optional):
             value = getattr(self, name)
-            if value is None and name in ("max_retries_host_failure", "max_retries_hang"):
+            if value is None and name in optional:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
@@ -220,24 +196,19 @@ class RetryPolicy:
             outcome: How an attempt failed.
 
         Returns:
-            That outcome's budget (see the class docstring for the defaults).
+            That outcome's budget.
         """
-        host_failure = (
-            self.max_retries_preemption
-            if self.max_retries_host_failure is None
-            else self.max_retries_host_failure
-        )
-        if outcome is Outcome.PREEMPTION:
-            return self.max_retries_preemption
-        if outcome is Outcome.HOST_FAILURE:
-            return host_failure
-        if outcome is Outcome.HANG:
-            return host_failure if self.max_retries_hang is None else self.max_retries_hang
-        return self.max_retries_failure
+        if outcome is Outcome.FAILURE:
+            return self.max_retries_failure
+        budget = self.max_retries_preemption  # hangs fall back to host failures, those to it
+        if outcome is not Outcome.PREEMPTION and self.max_retries_host_failure is not None:
+            budget = self.max_retries_host_failure
+        if outcome is Outcome.HANG and self.max_retries_hang is not None:
+            budget = self.max_retries_hang
+        return budget
 
     def decide(self, outcome: Outcome, failures: Mapping[Outcome, int]) -> Decision:
-        """What to do after a failed attempt: retry while that outcome's count is within
-        its budget, after a backoff that doubles per retry up to the cap.
+        """Retry while that outcome's count is within its budget, after the backoff.
 
         Args:
             outcome: How the attempt failed.
@@ -259,13 +230,9 @@ class RetryPolicy:
 EventCallback = Callable[[AttemptEvent], None]
 
 
-# --- the loop -----------------------------------------------------------------------------
-
-
 class GangBrokenError(Exception):
-    """Raised by an attempt body when the gang failed: the outcome, a one-line cause, the
-    evidence for the outcome, and the hosts it pins the failure on (marked suspect by the
-    loop). Chain the task's exception (``raise ... from exc``); the final error keeps it."""
+    """Raised by an attempt body when the gang failed, with the outcome, cause, evidence
+    and the hosts to mark suspect. Chain the task's exception: the final error keeps it."""
 
     def __init__(
         self, outcome: Outcome, cause: str, evidence: str = "", blamed: tuple[Blame, ...] = ()
@@ -278,8 +245,8 @@ class GangBrokenError(Exception):
 
     @classmethod
     def from_task(cls, spg: SliceHandle, rank: int, exc: BaseException) -> GangBrokenError:
-        """For the task of ``rank`` that raised ``exc``: classified, named by host, and
-        blamed on that host if the exception pins it there (:func:`pinned_on_host`).
+        """The error for rank ``rank``'s task raising ``exc``: classified, and blamed on
+        its host if :func:`pinned_on_host` says so.
 
         Args:
             spg: The attempt's reservation.
@@ -301,25 +268,14 @@ class GangBrokenError(Exception):
 
 
 AttemptBody = Callable[[SliceHandle, AttemptWatch], list[Any]]
-"""One attempt on a held reservation, watched: the results in rank order, or
-:class:`GangBrokenError` at the first failed task (a body calls ``watch.check()`` while it
-waits, and passes a lost host through :func:`judged`). :func:`run_function` is the usual
-one."""
+"""One watched attempt: the results in rank order, or :class:`GangBrokenError` at the first
+failed task (a body calls :func:`watched` while it waits and passes a lost host through
+:func:`judged`)."""
 
 
-def watch_gang(
+def _watch_gang(
     config: WatchConfig, spg: SliceHandle, notice_event: Callable[[Notice], object]
 ) -> AttemptWatch:
-    """The watch of a gang on ``spg``'s hosts, reading Ray's KV store.
-
-    Args:
-        config: What to watch for.
-        spg: The attempt's reservation.
-        notice_event: Emits the run's ``notice`` event.
-
-    Returns:
-        The watch.
-    """
     ranks = [context.describe() for context in host_contexts(record_of(spg))]
     hosts = rank_hosts(record_of(spg))
     nodes = [host.node_id for host in hosts]
@@ -327,10 +283,9 @@ def watch_gang(
 
 
 def judged(broken: GangBrokenError, watch: AttemptWatch) -> GangBrokenError:
-    """A lost host's outcome, decided by the evidence: a preemption if a host of the
-    attempt had a notice (nobody is blamed: the notice explains it), else a host failure,
-    blamed on the host the task's error pinned it on, or else on the hosts of the attempt
-    that Ray sees dead. Other outcomes pass unchanged.
+    """A lost host's outcome, by the evidence: a preemption if a host of the attempt had a
+    notice (nobody blamed), else a host failure blamed on the pinned host or the hosts Ray
+    sees dead. Other outcomes pass unchanged.
 
     Args:
         broken: What the failed task made of it (:meth:`GangBrokenError.from_task`).
@@ -349,7 +304,7 @@ def judged(broken: GangBrokenError, watch: AttemptWatch) -> GangBrokenError:
 
 
 def watched(watch: AttemptWatch) -> None:
-    """Check the gang's watch; a notice or a hang becomes the loop's signal.
+    """Check the gang's watch, turning a notice or a hang into the loop's signal.
 
     Args:
         watch: The attempt's watch.
@@ -364,22 +319,15 @@ def watched(watch: AttemptWatch) -> None:
         raise GangBrokenError(outcome, stop.cause, stop.evidence, stop.blamed) from None
 
 
-def arrival_of(spg: SliceHandle) -> int | None:
-    """A reservation's place in the queue's arrival order (``None`` if it did not wait
-    there, or for a stand-in of one).
-
-    Args:
-        spg: The reservation.
-
-    Returns:
-        The arrival number, or ``None``.
-    """
+def _arrival_of(spg: SliceHandle) -> int | None:
+    """Its place in the queue's arrival order; ``None`` if it did not queue (or a stand-in)."""
     return record_of(spg).arrival if isinstance(spg, SliceHandle) else None
 
 
 @dataclass
 class ResilientRun:
-    """One resilient run: an attempt body retried under a policy, with its history."""
+    """One resilient run: an attempt body retried under a policy. Fields after ``clock``
+    are state, or seams for tests."""
 
     body: AttemptBody
     request: SliceRequest
@@ -390,33 +338,24 @@ class ResilientRun:
     last_error: BaseException | None = None
     """The exception that ended the latest failed attempt (chained to the final error)."""
     reserve: Callable[[SliceRequest], SliceHandle] = reserve_slices
-    """How each attempt reserves its slices (a seam for tests)."""
     watching: WatchConfig = field(default_factory=WatchConfig)
-    """What each attempt's gang is watched for (notices always; heartbeats if set)."""
     make_watch: Callable[[WatchConfig, SliceHandle, Callable[[Notice], object]], AttemptWatch] = (
-        watch_gang
+        _watch_gang
     )
-    """How each attempt's watch is made (a seam for tests)."""
     mark: Callable[[Sequence[Blame]], object] = mark_suspects
-    """Marks the hosts a failed attempt is blamed on suspect (a seam for tests)."""
     vetting: Vetting | None = None
     """Health checks before a retry lands on a doubtful slice (``health_check=True``)."""
     kind: str = "resilient"
     """What the run is, in its goodput account (``resilient`` or ``command``)."""
     run_id: str = field(default_factory=goodput.new_run_id)
     wall: Callable[[], float] = goodput.now
-    """Wall-clock seconds, as the gang's beats are (a seam for tests)."""
+    """Wall-clock seconds, as the gang's beats are."""
     times: list[AttemptTimes] = field(default_factory=list)
-    """Each attempt's moments, for the run's goodput account."""
     account: Account | None = None
-    """The run's goodput account, once it ended."""
     on_account: Callable[[Account], object] | None = None
-    """Called with the account when the run ends."""
-    arrival: Callable[[SliceHandle], int | None] = arrival_of
-    """A reservation's place in the queue's arrival order (a seam for tests)."""
+    arrival: Callable[[SliceHandle], int | None] = _arrival_of
     first_arrival: int | None = None
-    """The first attempt's place in the queue, if it waited there: the attempt after a
-    preemption queues in it again."""
+    """The first attempt's place in the queue: a retry after a preemption queues there again."""
 
     def until_done(self) -> list[Any]:
         """The one retry loop: attempt, and on failure ask the policy whether to go on.
@@ -434,10 +373,10 @@ class ResilientRun:
             while True:
                 attempt = len(self.history) + 1
                 try:
-                    result = self.attempt(attempt)
+                    result = self._attempt(attempt)
                 except ReservationTimeoutError as exc:
                     ended = "gave_up"
-                    self.give_up(attempt, f"could not reserve: {summarize(exc)}", None)
+                    self._give_up(attempt, f"could not reserve: {summarize(exc)}", None)
                     raise
                 if not isinstance(result, AttemptRecord):
                     ended = "success"
@@ -446,29 +385,23 @@ class ResilientRun:
                 outcome = Outcome(result.outcome)
                 failures[outcome] += 1
                 decision = self.policy.decide(outcome, failures)
-                self.report_failure(result, outcome, decision)
+                self._report_failure(result, outcome, decision)
                 if not decision.retry:
                     ended = "gave_up"
-                    message = self.give_up(attempt, decision.reason, outcome)
+                    message = self._give_up(attempt, decision.reason, outcome)
                     raise RetriesExhaustedError(message, self.history) from self.last_error
                 self.clock.sleep(decision.delay_s)
         except RetriesExhaustedError as exc:
             ended = "gave_up"
-            exc.account = self.close_account(ended)
+            exc.account = self._close_account(ended)
             raise
         finally:
             if self.account is None:
-                self.close_account(ended)
+                self._close_account(ended)
 
-    def close_account(self, outcome: str) -> Account | None:
-        """Make and keep the run's goodput account (never raising into the run).
-
-        Args:
-            outcome: How the run ended (``success``, ``gave_up``, ``interrupted``).
-
-        Returns:
-            The account, or ``None`` when no attempt began.
-        """
+    def _close_account(self, outcome: str) -> Account | None:
+        """Make and keep the run's goodput account (``None`` if no attempt began); never
+        raises into the run."""
         try:
             return self._account(outcome)
         except Exception as exc:  # noqa: BLE001 - the account must not break the run's end
@@ -501,22 +434,9 @@ class ResilientRun:
                 logger.exception("run %s: on_account raised", self.run_id)
         return self.account
 
-    def attempt(self, number: int) -> list[Any] | AttemptRecord:
-        """Reserve (checking the slices first if the run vets them), run on every host,
-        wait.
-
-        Args:
-            number: The attempt's number (1 for the first).
-
-        Returns:
-            The results in rank order, or the record of a failed attempt once its slices
-            are given back (leaving the ``with``).
-
-        Raises:
-            ReservationTimeoutError: the slices could not be reserved.
-            SliceUnhealthyError: with health checks, the only slices to be had failed
-                theirs again.
-        """
+    def _attempt(self, number: int) -> list[Any] | AttemptRecord:
+        """Reserve (vetting the slices if asked), run: the results, or the failed
+        attempt's record once its slices are given back."""
         started = self.clock.now()
         request = self.request
         preempted = bool(self.history) and self.history[-1].outcome is Outcome.PREEMPTION
@@ -525,8 +445,7 @@ class ResilientRun:
         times = AttemptTimes(asked=self.wall())
         self.times.append(times)
         while True:
-            # Entered first, left last: what is pushed on it runs after the hand-back,
-            # once the attempt's tasks are stopped.
+            # Entered first, left last: what is pushed on it runs after the hand-back.
             with contextlib.ExitStack() as after_hand_back:
                 try:
                     reservation = self.reserve(request)
@@ -535,7 +454,7 @@ class ResilientRun:
                     raise
                 with reservation as spg:
                     times.held = self.wall()
-                    times.queued_s += queued_s(spg)
+                    times.queued_s += _queued_s(spg)
                     if self.first_arrival is None:
                         self.first_arrival = self.arrival(spg)
                     names = times.slices = tuple(spg.slice_names)
@@ -544,26 +463,17 @@ class ResilientRun:
                     except UnfitSlices as unfit:
                         failed_check = unfit
                     else:
-                        return self.run_on(
+                        return self._run_on(
                             spg, number, names, checked, started, after_hand_back, times
                         )
-            self.unfit(number, names, failed_check)
+            self._unfit(number, names, failed_check)
 
-    def unfit(self, number: int, names: tuple[str, ...], unfit: UnfitSlices) -> None:
-        """A reservation failed its health check (now given back): say so, and reserve
-        again, unless the run would only land on slices that failed before.
-
-        Args:
-            number: The attempt's number.
-            names: The slices checked.
-            unfit: What failed.
-
-        Raises:
-            SliceUnhealthyError: every slice that failed had failed before in this run.
-        """
+    def _unfit(self, number: int, names: tuple[str, ...], unfit: UnfitSlices) -> None:
+        """Report a failed health check; raise ``SliceUnhealthyError`` if those slices had
+        failed before in this run (nothing else could serve)."""
         if not unfit.again:
             next_action = "reserve again, away from the failed hosts"
-            self.emit(AttemptEvent("check_failed", number, names, None, unfit.cause, next_action))
+            self._emit(AttemptEvent("check_failed", number, names, None, unfit.cause, next_action))
             return
         reason = (
             f"health check failed again: {unfit.cause}; no other slice could serve the "
@@ -571,10 +481,10 @@ class ResilientRun:
             f"`tpuslice health --clear {' '.join(r.slice_name for r in unfit.failed)}` "
             "once fixed"
         )
-        message = self.give_up(number, reason, None)
+        message = self._give_up(number, reason, None)
         raise SliceUnhealthyError(message, self.history) from self.last_error
 
-    def run_on(
+    def _run_on(
         self,
         spg: SliceHandle,
         number: int,
@@ -584,26 +494,11 @@ class ResilientRun:
         after_hand_back: contextlib.ExitStack,
         times: AttemptTimes,
     ) -> list[Any] | AttemptRecord:
-        """Run one attempt on its held reservation.
-
-        Args:
-            spg: The reservation.
-            number: The attempt's number.
-            names: Its slices.
-            checked: What its health check found, if one ran (for the ``started`` event).
-            started: When the attempt started (the run's clock).
-            after_hand_back: Runs what it is given once the reservation is handed back:
-                the attempt's heartbeat keys are deleted there, since a task still
-                running would publish its key again after an earlier deletion.
-            times: The attempt's moments, for the goodput account (filled in).
-
-        Returns:
-            The results, or the failed attempt's record.
-        """
-        self.emit(AttemptEvent("started", number, names, cause=checked))
-        watch = self.watch_for(spg, number, names, started)
-        # Run after the hand-back, last pushed first: when it ended, what the gang
-        # published (read then, so the slices are not held for it), and the keys deleted.
+        """Run one attempt on its held reservation. The heartbeat keys are deleted in
+        ``after_hand_back``: a task still running would publish its key again."""
+        self._emit(AttemptEvent("started", number, names, cause=checked))
+        watch = self._watch_for(spg, number, names, started)
+        # After the hand-back, last pushed first (so the slices are not held for the read).
         after_hand_back.callback(watch.close)
         after_hand_back.callback(lambda: setattr(times, "progress", watch.progress()))
         after_hand_back.callback(lambda: setattr(times, "handed_back", self.wall()))
@@ -622,7 +517,7 @@ class ResilientRun:
             times.ended = self.wall()
             times.outcome = "success"
             elapsed = self.clock.now() - started
-            self.emit(AttemptEvent("succeeded", number, names, duration_s=elapsed))
+            self._emit(AttemptEvent("succeeded", number, names, duration_s=elapsed))
             times.hand_back = self.wall()
             return results
         elapsed = self.clock.now() - started
@@ -634,20 +529,10 @@ class ResilientRun:
             number, names, spg.num_hosts, failed.outcome, failed.cause, elapsed, failed.evidence
         )
 
-    def watch_for(
+    def _watch_for(
         self, spg: SliceHandle, number: int, names: tuple[str, ...], started: float
     ) -> AttemptWatch:
-        """The watch of one attempt's gang: its hosts, and the ``notice`` event.
-
-        Args:
-            spg: The attempt's reservation.
-            number: The attempt's number.
-            names: Its slices.
-            started: When it started (the run's clock).
-
-        Returns:
-            The watch.
-        """
+        """The watch of one attempt's gang, emitting its ``notice`` event."""
 
         def notice_event(notice: Notice) -> AttemptEvent:
             hook = "on_notice, then " if self.watching.on_notice is not None else ""
@@ -662,25 +547,19 @@ class ResilientRun:
                 evidence=f"{notice.event} on {notice.slice_name} host {notice.worker_id}",
                 notice=notice,
             )
-            self.emit(event)
+            self._emit(event)
             return event
 
         return self.make_watch(self.watching, spg, notice_event)
 
-    def report_failure(self, record: AttemptRecord, outcome: Outcome, decision: Decision) -> None:
-        """Emit the ``failed`` event of an attempt, with what happens next.
-
-        Args:
-            record: The failed attempt.
-            outcome: Its class.
-            decision: The policy's answer.
-        """
+    def _report_failure(self, record: AttemptRecord, outcome: Outcome, decision: Decision) -> None:
+        """Emit the ``failed`` event of an attempt, with what happens next."""
         action = (
             f"retry in {decision.delay_s:.1f} s on whole idle slices ({decision.reason})"
             if decision.retry
             else f"give up ({decision.reason})"
         )
-        self.emit(
+        self._emit(
             AttemptEvent(
                 "failed",
                 record.attempt,
@@ -693,18 +572,9 @@ class ResilientRun:
             )
         )
 
-    def give_up(self, attempt: int, reason: str, outcome: Outcome | None) -> str:
-        """Emit the final event.
-
-        Args:
-            attempt: The last attempt's number.
-            reason: Why the run stops.
-            outcome: The last attempt's class, if it ran.
-
-        Returns:
-            The error message, naming every attempt.
-        """
-        self.emit(AttemptEvent("giving_up", attempt, (), outcome, reason, "raise"))
+    def _give_up(self, attempt: int, reason: str, outcome: Outcome | None) -> str:
+        """Emit the final event; return the error message, naming every attempt."""
+        self._emit(AttemptEvent("giving_up", attempt, (), outcome, reason, "raise"))
         attempts = "; ".join(
             f"#{r.attempt} on {', '.join(r.slice_names)}: {Outcome(r.outcome).value} after "
             f"{r.duration_s:.1f} s ({r.cause})"
@@ -716,44 +586,20 @@ class ResilientRun:
             + ". Raise max_retries_failure / max_retries_preemption to retry more"
         )
 
-    def emit(self, event: AttemptEvent) -> None:
-        """Log the event at INFO and pass it on to ``on_event``.
-
-        Args:
-            event: What happened.
-        """
+    def _emit(self, event: AttemptEvent) -> None:
+        """Log the event, record it, and pass it on to ``on_event``."""
         logger.info("%s", event.describe())
         observe.attempt(event)
         if self.on_event is not None:
             self.on_event(event)
 
 
-def run_function(
-    fn: Any,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-    spg: SliceHandle,
-    watch: AttemptWatch,
+def _run_function(
+    fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any], spg: SliceHandle, watch: AttemptWatch
 ) -> list[Any]:
-    """The attempt body of :func:`run_resilient`: start ``fn`` on every host and collect
-    the results as tasks finish, checking the watch while waiting.
-
-    Args:
-        fn: A ``@ray.remote`` function.
-        args: Passed to every call.
-        kwargs: Passed to every call.
-        spg: The attempt's reservation.
-        watch: The attempt's watch (notices, heartbeats).
-
-    Returns:
-        The results, in rank order.
-
-    Raises:
-        GangBrokenError: at the first task that fails (or a host dead at the start), a
-            notice on a host of the gang, or a hang.
-    """
-    # One call per attempt: plain tasks on warm workers (no owner processes to start);
-    # the attempt's hand-back stops any of them that opened a TPU.
+    """:func:`run_resilient`'s attempt body: ``fn`` on every host, results collected as
+    tasks finish, the watch checked while waiting."""
+    # Plain tasks on warm workers; the attempt's hand-back stops any that opened a TPU.
     if not spg.wait_ready(READY_BOUND_S):  # a host died between reserving and starting
         lost = HostLostError(f"a host of {', '.join(spg.slice_names)} died before the start")
         raise judged(GangBrokenError(Outcome.HOST_FAILURE, summarize(lost)), watch)
@@ -773,21 +619,12 @@ def run_function(
     return [results[rank] for rank in range(len(refs))]
 
 
-def queued_s(spg: SliceHandle) -> float:
-    """How long a reservation waited for its slices (0 for a stand-in of one).
-
-    Args:
-        spg: The reservation.
-
-    Returns:
-        Seconds.
-    """
+def _queued_s(spg: SliceHandle) -> float:
     return record_of(spg).queued_s if isinstance(spg, SliceHandle) else 0.0
 
 
 new_clock: Callable[[], Clock] = Clock
-"""Makes each resilient run's clock. Tests replace it here, in the private layer, so that
-the clock is not a parameter of the public ``run_resilient``."""
+"""Makes each resilient run's clock; tests replace it here, not through ``run_resilient``."""
 
 
 def run_resilient(
@@ -815,56 +652,31 @@ def run_resilient(
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn`` on every host of whole slices and return its results in rank order,
-    rerunning the whole gang from the start on fresh slices when a host is lost, warned
-    of preemption or maintenance, hangs, or the code raises, each within its budget.
+    rerunning the whole gang on fresh slices when a host is lost, warned, hangs, or the
+    code raises, each within its budget.
 
     Args:
         fn: A ``@ray.remote`` function.
         *args: Passed to every call of ``fn``.
         topology: Chip grid of one slice, such as ``"4x4"``.
         accelerator_version: TPU generation, such as ``"v6e"``.
-        num_slices: Whole slices per attempt, or a ``(min, max)`` range: each
-            attempt takes as many as are idle (at least ``min``), so after a lost slice
-            with no replacement idle the run goes on with fewer, and grows back at the
-            next attempt that finds more.
+        num_slices: Slices per attempt, or ``(min, max)``: as many as are idle.
         chips_per_vm: Chips per host, for shapes offered in more than one form.
         max_retries_failure: Reruns after the code raised.
-        max_retries_preemption: Reruns after a preemption: a notice on a host of the
-            gang (the run leaves before the hosts go), or a host lost after one.
-        head_reservation_timeout_s: Seconds each attempt waits for idle slices
-            (``None``: no limit).
+        max_retries_preemption: Reruns after a notice on a host, or a host lost after one.
+        head_reservation_timeout_s: Seconds each attempt waits for slices (``None``: no limit).
         backoff_s: ``(first, cap)`` pause before a retry; it doubles per retry.
-        on_event: Called with each :class:`AttemptEvent` as it happens.
-        priority: Place in the cluster-wide queue when slices are short, for every
-            attempt: higher is served first, arrival order within a priority.
-        max_retries_host_failure: Reruns after a host was lost with no notice (VM died,
-            worker crashed or OOM-killed); ``None``: as ``max_retries_preemption``.
-        max_retries_hang: Reruns after a hang; ``None``: as the host-failure budget.
-        on_notice: Called with the ``notice`` event when a host of the gang is warned of
-            preemption or maintenance, while the hosts still live (to checkpoint); the
-            run waits for it until the notice's deadline less 2 s, then leaves.
-        heartbeat_timeout_s: With ``fn`` calling :func:`tpuslice.heartbeat` each step:
-            a rank silent this long after a beat is a hang (the gang is cancelled and
-            rerun). ``None``: not watched.
-        startup_timeout_s: A rank that has not beaten this long after the start is stuck
-            starting (a hang). ``None``: not watched.
-        health_check: Before a retry runs on a slice that is suspect (taken only because
-            nothing else could serve in time) or that the last attempt hung or lost a host
-            on, check every host of its reservation (:func:`tpuslice.check_slice`'s
-            probes). A slice that passes is trusted again; one that fails is kept out of
-            service, and the run reserves again elsewhere, or gives up if only failed
-            slices are left.
-        on_account: Called with the run's goodput account (:class:`tpuslice.Account`:
-            where its wall time went) when it ends, however it ends; a run that gives up
-            also carries it on the error (``exc.account``). ``tpuslice goodput RUN_ID``
-            shows it later. (An argument of ``fn``'s own named ``on_account`` cannot be
-            passed through here.)
-        tenant: Whom every attempt's slices are charged to, for the cluster's quotas and
-            fair share (default: ``TPUSLICE_TENANT``, else the user's name).
-        preemptible: Whether the queue may preempt an attempt, with notice, for a
-            request of higher priority or a tenant taking back its quota. The run then
-            gets the notice as from GCE (``on_notice``), leaves, and counts the attempt as
-            a preemption.
+        on_event: Called with each :class:`AttemptEvent`.
+        priority: Place in the cluster-wide queue: higher first, then arrival order.
+        max_retries_host_failure: Reruns after a host lost with no notice (default: preemption's).
+        max_retries_hang: Reruns after a hang (default: the host-failure budget).
+        on_notice: Called on a notice, while the hosts live, to checkpoint (until 2 s before).
+        heartbeat_timeout_s: A rank silent this long after a :func:`tpuslice.heartbeat` hangs.
+        startup_timeout_s: A rank with no beat this long after the start hangs.
+        health_check: Check a doubtful slice before a retry runs on it; failed ones stay out.
+        on_account: Called with the run's goodput account when it ends (also ``exc.account``).
+        tenant: Whom the slices are charged to (default: ``TPUSLICE_TENANT``, else the user).
+        preemptible: Whether the queue may preempt an attempt, with notice.
         **kwargs: Passed to every call of ``fn``.
 
     Returns:
@@ -875,8 +687,7 @@ def run_resilient(
         InvalidArgumentError: an invalid shape, count, budget or backoff.
         RetriesExhaustedError: a budget ran out (``history`` lists every attempt).
         ReservationTimeoutError: an attempt could not reserve its slices in time.
-        SliceUnhealthyError: with ``health_check``, only slices that failed their check
-            were left (a :class:`RetriesExhaustedError`; the message names the hosts).
+        SliceUnhealthyError: with ``health_check``, only failed slices were left.
     """
     check_run_args(fn, None, None)
     policy = RetryPolicy(
@@ -897,7 +708,7 @@ def run_resilient(
         tenant,
         preemptible,
     )
-    body = functools.partial(run_function, fn, args, kwargs)
+    body = functools.partial(_run_function, fn, args, kwargs)
     run = ResilientRun(
         body,
         request,

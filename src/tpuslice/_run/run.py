@@ -1,11 +1,8 @@
-"""Run one function on every host of one or more slices, in rank order.
+"""Run one function on every host of one or more slices; ``refs[i]`` is global rank *i*.
 
-``refs[i]`` is the task of global rank *i* (slice-major, then TPU worker id). Inside each
-task, before user code runs, the environment holds the slice context
-(:class:`HostContext`) and, for two or more slices, all four ``MEGASCALE_*`` variables.
-The context rides into an already-running worker (no fresh process per call): we wrap
-the user's function once and set ``os.environ`` around each call.
-A one-shot call (no ``tpu_slice``) gives its slice back as soon as the work ends.
+The slice context rides into an already-running worker (no fresh process per call): the
+user's function is wrapped once and ``os.environ`` set around each call. A one-shot (no
+``tpu_slice``) gives its slices back as soon as the work ends.
 """
 
 from __future__ import annotations
@@ -40,10 +37,7 @@ from tpuslice._tpu._connection import Tier, connection
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.keys import BEAT_KEY_PREFIX
 from tpuslice._tpu.labels import CallEnv
-from tpuslice.errors import (
-    InvalidArgumentError,
-    ReservationTimeoutError,
-)
+from tpuslice.errors import InvalidArgumentError, ReservationTimeoutError
 from tpuslice.record import goodput
 
 logger = logging.getLogger(__name__)
@@ -56,27 +50,18 @@ class _Wrapped:
 
     remote: Any
     returns: int | None
-    """The user's ``num_returns`` when the pid rides along as one more return, else
-    ``None`` (a streaming or dynamic function: no pid is reported)."""
+    """The user's ``num_returns``, the pid riding as one more; ``None``: streaming, no pid."""
 
 
-class ContextRemotes:
-    """The remote function made for each user function (:class:`_Wrapped`), kept as long
-    as the user's function lives (a part of the connection)."""
+class _ContextRemotes:
+    """The remote function made for each user function, kept while that function lives."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._made: weakref.WeakKeyDictionary[Any, _Wrapped] = weakref.WeakKeyDictionary()
 
     def of(self, fn: Any) -> _Wrapped:
-        """The remote function that runs ``fn`` in its slice context (made on first use).
-
-        Args:
-            fn: The user's ``@ray.remote`` function.
-
-        Returns:
-            The remote function, and how many returns the user's function declared.
-        """
+        """The remote function that runs ``fn`` in its slice context (made on first use)."""
         with self._lock:
             wrapped = self._made.get(fn)
             if wrapped is None:
@@ -92,16 +77,15 @@ class ContextRemotes:
 
 
 def call_env(spg: SliceHandle, context: HostContext) -> CallEnv:
-    """Everything a rank's call sees set: its slice context, and what the reservation
-    adds for that rank (a sub-slice's own ``TPU_*`` values, see
-    :meth:`~tpuslice.SlicePlacementGroup.rank_env`).
+    """What a rank's call sees set: its slice context and the reservation's additions
+    (a sub-slice's own ``TPU_*`` values).
 
     Args:
         spg: The reservation.
         context: One of its ranks.
 
     Returns:
-        The variables, to be set around the call (None: unset for the call).
+        The variables (None: unset for the call).
     """
     return {**context.env(), **reservation_env(record_of(spg), context.rank)}
 
@@ -116,8 +100,7 @@ def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
 
     Raises:
         TypeError: ``fn`` is not a remote function.
-        InvalidArgumentError: ``slice_index`` without a ``pg_per_slice`` slice, or out of
-            range.
+        InvalidArgumentError: ``slice_index`` without a ``pg_per_slice`` slice, or out of range.
     """
     if not hasattr(fn, "options") or not hasattr(fn, "remote"):
         raise TypeError(
@@ -140,25 +123,6 @@ def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
         )
 
 
-def placements(
-    spg: SliceHandle, slice_index: int | None = None
-) -> list[tuple[HostContext, dict[str, Any]]]:
-    """``(context, task options)`` per rank: in its bundle, holding its TPU, no CPU, never
-    retried (see :meth:`~tpuslice._reserve.groups.RankPlacement.task_options`).
-
-    Args:
-        spg: A held reservation.
-        slice_index: Only that slice's ranks (``None``: every rank).
-
-    Returns:
-        One pair per rank, in rank order.
-
-    Raises:
-        SliceShutdownError: ``spg`` was shut down.
-    """
-    return [(rank.context, rank.task_options()) for rank in ranks(record_of(spg), slice_index)]
-
-
 def launch(
     fn: Any,
     spg: SliceHandle,
@@ -168,7 +132,8 @@ def launch(
     *,
     rank_env: Callable[[HostContext], Mapping[str, str]] | None = None,
 ) -> list[ray.ObjectRef]:
-    """Start ``fn`` on every bundle of ``spg`` (or one slice of it), in rank order.
+    """Start ``fn`` on every bundle of ``spg`` (or one slice of it), in rank order: in its
+    bundle, holding its TPU, never retried.
 
     Args:
         fn: A ``@ray.remote`` function.
@@ -176,25 +141,25 @@ def launch(
         args: Positional arguments for every call.
         kwargs: Keyword arguments for every call.
         slice_index: Only that slice's hosts.
-        rank_env: More variables for each rank's call, set around it (a heartbeat key).
+        rank_env: More variables for each rank's call (a heartbeat key).
 
     Returns:
         One ref per rank, in rank order.
     """
-    wrapped = connection().part(ContextRemotes).of(fn)
+    wrapped = connection().part(_ContextRemotes).of(fn)
     refs: list[Any] = []
     pids: list[tuple[int, ray.ObjectRef]] = []
-    for context, options in placements(spg, slice_index):
-        env = call_env(spg, context)
+    for rank in ranks(record_of(spg), slice_index):
+        env = call_env(spg, rank.context)
         if rank_env is not None:
-            env = {**env, **rank_env(context)}
-        out = wrapped.remote.options(**options).remote(env, *args, **kwargs)
+            env = {**env, **rank_env(rank.context)}
+        out = wrapped.remote.options(**rank.task_options()).remote(env, *args, **kwargs)
         if wrapped.returns is None:
             refs.append(out)
             continue
         *values, pid = out
         refs.append(values[0] if wrapped.returns == 1 else values)
-        pids.append((context.rank, pid))
+        pids.append((rank.context.rank, pid))
     track(
         record_of(spg), [r for ref in refs for r in (ref if isinstance(ref, list) else [ref])], pids
     )
@@ -219,10 +184,9 @@ def run_on_slice(
 ) -> list[ray.ObjectRef]:
     """Run ``fn`` once on every host of one or more slices; ``refs[i]`` is rank *i*.
 
-    Each call sees its slice context (:func:`current_host`; ``MEGASCALE_*`` for two or
-    more slices). With ``tpu_slice`` the caller's reservation is used and never shut down.
-    Without it, slices are reserved (a one-shot) and given back as soon as every task has
-    finished, or any task failed.
+    With ``tpu_slice`` the caller's reservation is used and never shut down. Without it,
+    slices are reserved (a one-shot) and given back once every task finished or one failed.
+    The one-shot arguments are ignored with ``tpu_slice``.
 
     Args:
         fn: A ``@ray.remote`` function.
@@ -231,20 +195,13 @@ def run_on_slice(
         accelerator_version: TPU generation (``"v6e"``); required without ``tpu_slice``.
         tpu_slice: A held :class:`~tpuslice.SlicePlacementGroup` to run on.
         slice_index: With a ``pg_per_slice`` ``tpu_slice``: run on that slice only.
-        num_slices: Slices for a one-shot (ignored with ``tpu_slice``, whose count
-            holds), or a ``(min, max)`` range: as many as are idle, at least ``min``.
-        chips_per_vm: Chips per host for a one-shot (ignored with ``tpu_slice``).
-        head_reservation_timeout_s: Seconds a one-shot waits for idle slices (``None``:
-            no limit); ignored with ``tpu_slice``.
-        pg_ready_timeout_s: With ``tpu_slice``: first wait this long for its groups to
-            be placed (``None``, the default: do not check; tasks wait for their bundles).
-        priority: A one-shot's place in the cluster-wide queue when slices are short:
-            higher is served first, arrival order within a priority (tpuslice only: an
-            argument of ``fn``'s own named ``priority`` cannot be passed through here).
-        tenant: Whom a one-shot's slices are charged to (default: ``TPUSLICE_TENANT``,
-            else the user's name); ignored with ``tpu_slice``.
-        preemptible: Whether the queue may preempt a one-shot, with notice (then its
-            tasks are cancelled when the grace period ends); ignored with ``tpu_slice``.
+        num_slices: A one-shot's slices, or ``(min, max)``: as many as are idle.
+        chips_per_vm: Chips per host for a one-shot.
+        head_reservation_timeout_s: Seconds a one-shot waits for slices (``None``: no limit).
+        pg_ready_timeout_s: With ``tpu_slice``: first wait this long for it to be placed.
+        priority: A one-shot's place in the cluster-wide queue: higher first, then arrival.
+        tenant: Whom a one-shot's slices are charged to (default: ``TPUSLICE_TENANT``).
+        preemptible: Whether the queue may preempt a one-shot, with notice.
         **kwargs: Passed to every call of ``fn``.
 
     Returns:
@@ -252,13 +209,11 @@ def run_on_slice(
 
     Raises:
         TypeError: ``fn`` is not a remote function.
-        InvalidArgumentError: no topology/accelerator without ``tpu_slice``, a
-            ``tpu_slice`` already shut down, or one whose TPUs a live
-            :class:`~tpuslice.SliceActorGroup` holds, or a bad ``slice_index`` or shape.
+        InvalidArgumentError: a missing shape, a ``tpu_slice`` shut down or held by a
+            :class:`~tpuslice.SliceActorGroup`, or a bad ``slice_index`` or shape.
         NotConnectedError: Ray is not initialised.
         InsufficientSlicesError: a one-shot asks for slices the cluster cannot have.
-        ReservationTimeoutError: no idle slices in time, or ``tpu_slice`` not ready
-            within ``pg_ready_timeout_s``.
+        ReservationTimeoutError: no idle slices in time, or ``tpu_slice`` not ready.
     """
     check_run_args(fn, tpu_slice, slice_index)
     if tpu_slice is None:
@@ -301,8 +256,7 @@ def run_on_slice(
             "this slice's TPUs are held by its SliceActorGroup's actors: call their "
             "methods (group.call or the actors), or shut the group down first"
         )
-    # With no timeout, Ray blocks until the group is placed; queued tasks wait for their
-    # bundles just the same, so we skip that round trip (it is most of our per-call cost).
+    # Queued tasks wait for their bundles anyway, so by default we skip that round trip.
     if pg_ready_timeout_s is not None and not tpu_slice.wait_ready(pg_ready_timeout_s):
         raise ReservationTimeoutError(
             f"TPU slice placement group was not ready within {pg_ready_timeout_s}s: a host of "
@@ -320,19 +274,12 @@ class _OneShot:
     remaining: list[ray.ObjectRef]
     spg: SliceHandle
     beats: tuple[str, tuple[str, ...]] = ("", ())
-    """Its ranks' heartbeat keys: their prefix, and each rank's key (for its account)."""
+    """Its ranks' heartbeat keys' prefix, and each rank's key (for its account)."""
     started: float = field(default_factory=time.monotonic)
 
     def hand_back(self, outcome: str) -> Callable[[], None]:
-        """Give the slices back.
-
-        Args:
-            outcome: ``success``, ``failure`` or ``interrupted``.
-
-        Returns:
-            What keeps the run's goodput account: to be called once every one-shot that
-            ended with this one is handed back (reading its ranks' progress delays none).
-        """
+        """Give the slices back; return what keeps the goodput account, to call once
+        every one-shot that ended with this one is back (the read delays none)."""
         names = list(self.spg.slice_names)  # none once shut down
         times = observe.one_shot_times(self.spg, outcome)  # read before the shutdown too
         observe.run_ended("one_shot", outcome, time.monotonic() - self.started, names)
@@ -345,21 +292,14 @@ class _OneShot:
 
 
 CLOSE_TIMEOUT_S = 30.0
-"""At exit, how long to wait for a hand-back in progress (each is bounded by the host
-agents' release timeout)."""
+"""At exit, how long to wait for a hand-back in progress."""
 
 
 class Releaser:
-    """One daemon thread that shuts one-shot slices down when their tasks end.
+    """One daemon thread that gives one-shots back when every task finished or any failed.
 
-    Ends means: every task finished, or any task failed (the gang is broken; the
-    hand-back cancels the rest, whose refs then fail promptly since we never retry them).
-
-    A holder of the connection: when it closes (at exit, before Ray shuts down, or
-    before this process disconnects), :meth:`close` stops the thread between two Ray calls
-    and gives back every one-shot still held on the closing thread: the thread never
-    calls Ray after Ray shut down (which ends the process with a fatal error), and
-    nothing stays reserved.
+    A holder of the connection: :meth:`close` stops the thread between two Ray calls (a
+    call after Ray shut down is fatal) and gives back what is still held.
     """
 
     tier = Tier.HOLDER
@@ -368,8 +308,7 @@ class Releaser:
         self._queue: queue.Queue[_OneShot | None] = queue.Queue()  # None: only a wake-up
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._working = threading.Lock()
-        """Held by the thread while it calls Ray."""
+        self._working = threading.Lock()  # held by the thread while it calls Ray
         self._closed = False
         self.pending: list[_OneShot] = []
 
@@ -384,8 +323,7 @@ class Releaser:
         Args:
             refs: The one-shot's tasks.
             spg: Its reservation.
-            beats: Its ranks' heartbeat keys: their prefix, and each rank's (for its
-                goodput account).
+            beats: Its ranks' heartbeat keys' prefix, and each rank's.
         """
         self._queue.put(_OneShot(list(refs), spg, beats))
         with self._lock:
@@ -398,9 +336,7 @@ class Releaser:
                 self._thread.start()
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
-        """Stop the thread, then give back every one-shot still held (the hand-back
-        cancels their tasks), here. Waits for a hand-back in progress at most
-        ``timeout_s``.
+        """Stop the thread, then give back every one-shot still held, here.
 
         Args:
             timeout_s: Seconds to wait for the thread to be between two Ray calls.
@@ -421,8 +357,7 @@ class Releaser:
             self._working.release()
 
     def drop(self) -> None:
-        """Stop the thread at its next step, giving no one-shot back (their cluster is
-        not this process's any more); a hand-back in progress is not waited for."""
+        """Stop the thread at its next step, giving nothing back (the cluster is not ours)."""
         with self._lock:
             self._closed = True
         self._queue.put(None)
@@ -445,7 +380,7 @@ class Releaser:
             if ready:
                 self._settle(set(ready))
         except (ray.exceptions.RayError, ConnectionError) as exc:
-            # The cluster went away under us: nothing is left to give back.
+            # The cluster went away: nothing is left to give back.
             logger.warning(
                 "one-shot releaser stopped tracking %d run(s): %s", len(self.pending), exc
             )
@@ -477,8 +412,7 @@ class Releaser:
 
 
 def _failed(ref: ray.ObjectRef) -> bool:
-    """Whether a finished task raised. ``ray.wait`` said it is done, so this returns
-    quickly (an error, or a value the caller is about to fetch anyway)."""
+    """Whether a finished task raised (quick: ``ray.wait`` said it is done)."""
     try:
         ray.get(ref, timeout=FETCH_BOUND_S)
     except ray.exceptions.GetTimeoutError:

@@ -1,8 +1,6 @@
 """Run a shell command on every host of a reserved slice, like ``gcloud ... ssh
---worker=all``: output streamed back line by line, exit codes collected per host.
-
-Each host runs the command in its own process group with the slice context in its
-environment (``TPUSLICE_*``, ``MEGASCALE_*``); cancelling the task kills the group.
+--worker=all``: output streamed back line by line, exit codes collected per host. Each host
+runs it in its own process group, with the slice context; cancelling the task kills the group.
 """
 
 from __future__ import annotations
@@ -22,8 +20,8 @@ from typing import Any
 import ray
 
 from tpuslice._host.context import MEGASCALE_VARS, HostContext
-from tpuslice._reserve.reserve import SliceHandle
-from tpuslice._run.run import call_env, placements
+from tpuslice._reserve.reserve import SliceHandle, ranks, record_of
+from tpuslice._run.run import call_env
 from tpuslice._tpu.labels import CallEnv
 from tpuslice.errors import first_line
 
@@ -37,9 +35,8 @@ class HostResult:
     """How the command ended on one host.
 
     Attributes:
-        context: The host's place in the gang (rank, slice, worker id).
-        exit_code: The command's exit code; 128 + signal number if a signal ended it,
-            :data:`KILLED` if the host's task ended before reporting one.
+        exit_code: 128 + signal number if a signal ended it; :data:`KILLED` if the host's
+            task ended before reporting one.
         seconds: From the start of the run to this host's end.
         error: The Ray error that ended the host's task, in one line; ``""`` if none.
     """
@@ -49,22 +46,17 @@ class HostResult:
     seconds: float
     error: str = ""
     exception: BaseException | None = None
-    """The Ray error that ended the host's task (host lost, cancelled), if any."""
 
 
 def command_on_host(env: CallEnv, command: str) -> Iterator[tuple[str, str | int]]:
-    """Yield ``("line", text)`` for each output line, then ``("exit", code)``.
-
-    Runs on the host (as a Ray streaming task); stdout and stderr are merged.
+    """Run on the host as a streaming task; stdout and stderr are merged.
 
     Args:
-        env: Variables added to this process's environment (minus stale
-            ``MEGASCALE_*``) for the command.
+        env: Variables set (None: unset) for the command; stale ``MEGASCALE_*`` dropped.
         command: A shell command line.
 
     Yields:
-        Each output line without its newline, then the exit code (128 + signal number
-        for a command a signal ended).
+        ``("line", text)`` per output line, then ``("exit", code)``.
     """
     child_env = {k: v for k, v in os.environ.items() if k not in MEGASCALE_VARS}
     for key, value in env.items():
@@ -106,10 +98,9 @@ try:
 except ProcessLookupError:
     pass
 """
-"""Kills the command's process group once the host task's process is gone (reparented:
-its parent changed). Ray ends a task's process with SIGKILL when the task is cancelled
-by force, or its placement group removed, before it handled its cancel (a loaded host);
-the command, in a session of its own, would otherwise run on for ever."""
+"""Kills the command's process group once the host task's process is gone (its parent
+changed): Ray may SIGKILL that process before it handles a cancel, and the command, in a
+session of its own, would otherwise run on for ever."""
 
 
 def _guard(group: int) -> subprocess.Popen[bytes]:
@@ -124,15 +115,12 @@ def _guard(group: int) -> subprocess.Popen[bytes]:
 
 
 READ_WAIT_S = 0.2
-"""Longest time the task sits in one ``select`` on the command's output. Ray cancels a
-running task (``force=False``) by flagging the main thread for ``KeyboardInterrupt``,
-which Python acts on only between bytecodes: a task blocked in ``read()`` on a silent
-command would never see it, and its command would outlive the run."""
+"""Longest ``select`` on the command's output: Ray's cancel raises ``KeyboardInterrupt``
+only between bytecodes, which a task blocked in ``read()`` would never reach."""
 
 
 def _lines(fd: int) -> Iterator[str]:
-    """Yield the lines read from ``fd`` until end of file, without the newline (a last
-    unterminated line too), returning to Python at least every :data:`READ_WAIT_S`."""
+    """The lines read from ``fd`` until end of file, without newlines."""
     pending = b""
     while True:
         readable, _, _ = select.select([fd], [], [], READ_WAIT_S)
@@ -158,11 +146,8 @@ Printer = Callable[[HostContext, str], None]
 
 
 def run_command(spg: SliceHandle, command: str, on_line: Printer) -> list[HostResult]:
-    """Run the shell command line ``command`` on every host of ``spg`` and wait;
-    ``on_line`` gets each output line as it arrives. If a host is lost, the other hosts'
-    commands are cancelled (an SPMD gang cannot go on without it). On Ctrl-C all are
-    cancelled (process groups killed) before ``KeyboardInterrupt`` propagates.
-    Results are in rank order.
+    """Run ``command`` on every host of ``spg`` and wait. A lost host cancels the others'
+    commands (an SPMD gang cannot go on without it).
 
     Args:
         spg: The reserved slices.
@@ -170,19 +155,17 @@ def run_command(spg: SliceHandle, command: str, on_line: Printer) -> list[HostRe
         on_line: Called with the host's context and each output line.
 
     Returns:
-        One result per host, in rank order; a lost host's is there with its error,
-        not raised.
+        One result per host, in rank order (a lost host's with its error).
 
     Raises:
-        KeyboardInterrupt: on Ctrl-C, once every host's command is cancelled (or
-            :data:`CANCEL_GRACE_S` has passed).
+        KeyboardInterrupt: on Ctrl-C, once every command is cancelled (or the grace passed).
         SliceShutdownError: ``spg`` was shut down.
     """
     started = time.monotonic()
-    streams = [
-        (context, _command_on_host.options(**options).remote(call_env(spg, context), command))
-        for context, options in placements(spg)
-    ]
+    streams = []
+    for rank in ranks(record_of(spg)):
+        task = _command_on_host.options(**rank.task_options())
+        streams.append((rank.context, task.remote(call_env(spg, rank.context), command)))
 
     def cancel_all() -> None:
         for _, stream in streams:
@@ -206,9 +189,8 @@ def run_command(spg: SliceHandle, command: str, on_line: Printer) -> list[HostRe
                 thread.join(timeout=0.1)
     except KeyboardInterrupt:
         cancel_all()
-        # Let each host's task run its cleanup (kill its command's process group); a task
-        # that has not ended by then is stopped outright (its guard then kills the
-        # command), since removing the slice's groups ends no task that runs outside them.
+        # Let each task kill its command; one still running is stopped outright (its guard
+        # kills the command): removing the slice's groups ends no task outside them.
         deadline = time.monotonic() + CANCEL_GRACE_S
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -228,8 +210,8 @@ def _follow(
     started: float,
     on_lost: Callable[[], None],
 ) -> None:
-    """Drain one host's stream into ``on_line``; record its exit code, or the error that
-    ended it (then ``on_lost`` stops the rest of the gang)."""
+    """Drain one host's stream into ``on_line``; record its exit code or error (a lost host
+    calls ``on_lost``)."""
     code, error, lost = KILLED, "", None
     try:
         for ref in stream:
@@ -247,8 +229,7 @@ def _follow(
 
 
 def program_name(command: str) -> str:
-    """The program a shell command line runs first, for logs others read (arguments can
-    hold secrets). Never raises: a line the shell would reject still has a first word.
+    """The program a shell command line runs first, for logs (arguments can hold secrets).
 
     Args:
         command: A shell command line.
@@ -270,6 +251,6 @@ def worst_exit_code(results: Sequence[HostResult]) -> int:
         results: Every host's result.
 
     Returns:
-        The largest exit code; 0 for no results.
+        The largest exit code; 0 for none.
     """
     return max((r.exit_code for r in results), default=0)

@@ -1,23 +1,7 @@
 """Sub-slices: some hosts of a bigger slice, reserved as a slice of their own (Ray 2.60's
-``subslice_placement_group``, drop-in, and then better).
-
-A sub-slice reservation goes through the same claiming loop as a whole slice
-(:mod:`tpuslice._reserve.claim`), with :class:`SubSlices` as its targets:
-
-- only sub-slices whose every host is idle are picked, so a busy host blocks its own
-  sub-slices and no others; one with a suspect host only as a last resort (no other
-  sub-slice, idle or busy, could serve, or the deadline is near); parts of one slice are
-  held by different jobs at once, and a sub-slice another job took between the look and
-  the claim is given back, not waited on;
-- a slice's layout is learned once (:mod:`tpuslice._view.layouts`, recorded by
-  :mod:`tpuslice._run.layout_records`): only when no known sub-slice is idle and the slice
-  is wholly idle, through an ordinary whole-slice reservation pinned to it (so never while
-  anyone holds part of it), again when its hosts are replaced;
-- the result is a :class:`SubslicePlacementGroup`, a handle over the reservation
-  of the sub-slice's hosts in rank order (physical order, see
-  ``compat.SUBSLICE_DIFFERENCES``): ``run_on_slice`` and ``SliceActorGroup`` run on it
-  with the sub-slice's own ranks and coordinator, and its hand-back confirms its TPUs
-  free like any other.
+``subslice_placement_group``, drop-in). They go through the whole-slice claiming loop with
+:class:`SubSlices` as targets: only sub-slices whose every host is idle are picked, and a
+slice's layout is learned only while the whole slice is idle.
 """
 
 from __future__ import annotations
@@ -60,22 +44,14 @@ logger = logging.getLogger(__name__)
 
 TPU_SUBSLICE_LABEL_PREFIX = subslice.SUBSLICE_LABEL_PREFIX
 DISCOVERY_TIMEOUT_S = 30.0
+"""Longest wait to reserve an idle slice for discovery (it was idle a moment ago)."""
 RELEARN_S = 10.0
 """After a failed attempt to learn a slice's layout, wait this long before trying again."""
-"""Longest wait to reserve an idle slice for discovery (it was idle a moment ago)."""
 
 
 class SubSlices:
-    """The targets of a sub-slice reservation (see the module docstring).
-
-    Args:
-        request: A ``subslice=True`` request.
-        ops: The cluster (Ray's by default).
-        discover: Learns a slice's layout (default: :func:`discover_layout`).
-        load: Reads a slice's recorded layout (default:
-            :func:`tpuslice._run.layout_records.load`).
-        now: Monotonic seconds (the claiming loop's clock, for tests).
-    """
+    """The targets of a sub-slice reservation. A sub-slice with a suspect host is taken
+    only as a last resort; ``discover``, ``load`` and ``now`` are seams for tests."""
 
     def __init__(
         self,
@@ -88,17 +64,15 @@ class SubSlices:
         self.request = request
         self.plan = request.plan
         self.ops = ops
-        self._discover = discover or discover_layout
+        self._discover = discover or _discover_layout
         self._load = load or layout_records.load
         self.layouts: dict[str, layouts.Layout] = {}
+        # (slice, worker ids) of each picked sub-slice -> its parent topology, index.
         self.chosen: dict[tuple[str, tuple[int, ...]], tuple[str, int]] = {}
-        """``(slice, worker ids)`` of each picked sub-slice -> its parent topology, index."""
         self.now = now
         timeout = request.head_reservation_timeout_s
         self.deadline = None if timeout is None else now() + timeout
-        self.failed: dict[str, float] = {}
-        """Slices whose layout could not be learned, with when (tried again after
-        :data:`RELEARN_S`)."""
+        self.failed: dict[str, float] = {}  # slices whose layout could not be learned: when
 
     @property
     def head_claims(self) -> bool:
@@ -108,18 +82,8 @@ class SubSlices:
     def autoscaling(self) -> bool:
         return False
 
-    # --- picking -----------------------------------------------------------------------
-
-    def parents(self, snapshot: ClusterSnapshot) -> list[SliceInfo]:
-        """Slices that can hold the sub-slice: same generation, 4-chip hosts, a topology
-        whose worker grid contains it.
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            Them, smallest topology first, then by name.
-        """
+    def _parents(self, snapshot: ClusterSnapshot) -> list[SliceInfo]:
+        """Slices that can hold the sub-slice, smallest topology first, then by name."""
         shape = self.plan.shape
         per_host = shape.chips_per_host * self.plan.tpu_resource_per_chip
         candidates = [
@@ -137,8 +101,7 @@ class SubSlices:
         )
 
     def prepare(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
-        """Load the parents' recorded layouts; if no known sub-slice is idle, discover
-        one wholly idle parent whose layout is unknown, and look again.
+        """Load the parents' layouts; if no known sub-slice is idle, learn an idle parent's.
 
         Args:
             snapshot: The cluster now.
@@ -146,7 +109,7 @@ class SubSlices:
         Returns:
             The snapshot to pick from (a new one after a discovery).
         """
-        parents = self.parents(snapshot)
+        parents = self._parents(snapshot)
         for info in parents:
             known = self.layouts.get(info.name)
             if known is None or not known.current_for(info):
@@ -168,7 +131,7 @@ class SubSlices:
         return snapshot
 
     def _learn(self, info: SliceInfo) -> None:
-        # Learning is bounded by what is left of the caller's timeout too.
+        # Bounded by what is left of the caller's timeout too.
         budget = DISCOVERY_TIMEOUT_S
         if self.deadline is not None:
             budget = max(1.0, min(budget, self.deadline - self.now()))
@@ -180,21 +143,20 @@ class SubSlices:
             self.failed[info.name] = self.now()
 
     def pick(self, snapshot: ClusterSnapshot, taken: Mapping[int, str]) -> dict[int, SliceInfo]:
-        """The first idle sub-slice (slice index 0 only: one per reservation) with no
-        suspect host; else, as a last resort, the first idle one with a suspect host.
+        """The first idle sub-slice with no suspect host, else (last resort) one with.
 
         Args:
             snapshot: The cluster now.
             taken: Indices already held.
 
         Returns:
-            ``{0: view of the sub-slice's hosts}``, or ``{}`` if none is idle or one is held.
+            ``{0: the sub-slice}`` (one per reservation), or ``{}``.
         """
         if taken:
             return {}
         trusted = 0
         fallback: tuple[SliceInfo, int, list[int], list[HostInfo], float] | None = None
-        for info in self.parents(snapshot):
+        for info in self._parents(snapshot):
             layout = self.layouts.get(info.name)
             if layout is None or not layout.current_for(info):
                 continue
@@ -226,8 +188,7 @@ class SubSlices:
         return found if wanted is None else {i: w for i, w in found.items() if i == wanted}
 
     def _view(self, parent: SliceInfo, hosts: list[HostInfo], now: float) -> SliceInfo:
-        """The sub-slice as a slice of its own: the parent's name, its hosts by rank;
-        suspect if one of them is (as of ``now``, wall-clock seconds)."""
+        """The sub-slice as a slice of its own: the parent's name, its hosts by rank."""
         shape = self.plan.shape
         suspects = [h.suspect for h in hosts if h.suspect is not None]
         return SliceInfo(
@@ -242,7 +203,7 @@ class SubSlices:
         )
 
     def placement(self, target: SliceInfo) -> tuple[str, int]:
-        """The parent topology and index of a picked sub-slice.
+        """Where a picked sub-slice sits.
 
         Args:
             target: A view returned by :meth:`pick`.
@@ -253,8 +214,6 @@ class SubSlices:
         workers = tuple(h.worker_id for h in target.hosts.values() if h.worker_id is not None)
         return self.chosen[(target.name, workers)]
 
-    # --- explaining --------------------------------------------------------------------
-
     def shortage(self, snapshot: ClusterSnapshot) -> str | None:
         """Why no slice of the cluster can ever hold this sub-slice (or its index).
 
@@ -264,7 +223,7 @@ class SubSlices:
         Returns:
             The reason, or None if some slice can.
         """
-        parents = self.parents(snapshot)
+        parents = self._parents(snapshot)
         if not parents:
             have = sorted({f"{s.pod_type} {s.topology}" for s in snapshot.slices.values()})
             return (
@@ -296,7 +255,7 @@ class SubSlices:
             One line for a timeout's message.
         """
         parts = []
-        for info in self.parents(snapshot):
+        for info in self._parents(snapshot):
             layout = self.layouts.get(info.name)
             if layout is None and info.name in self.failed:
                 parts.append(f"{info.name}: its layout could not be learned (see the log)")
@@ -325,23 +284,9 @@ def _why(host: HostInfo) -> str:
     return f"TPU held by {host.tpu_owner}" if host.tpu_owner else "in use"
 
 
-def discover_layout(info: SliceInfo, request: SliceRequest) -> layouts.Layout:
-    """Learn a slice's layout: reserve it whole (idle only), ask every host's libtpu for
-    its chips' coordinates, give it back (its TPUs confirmed free), record the result.
-
-    Args:
-        info: The slice (idle a moment ago).
-        request: The sub-slice request (for the resource per chip, and its
-            ``head_reservation_timeout_s``, which bounds the learning, at most
-            :data:`DISCOVERY_TIMEOUT_S`).
-
-    Returns:
-        The layout, also recorded in Ray's KV store for every program to read.
-
-    Raises:
-        DiscoveryFailedError: the slice could not be reserved in time, or a host gave no
-            coordinates (no libtpu on it).
-    """
+def _discover_layout(info: SliceInfo, request: SliceRequest) -> layouts.Layout:
+    """Learn a slice's layout: reserve it whole, ask every host's libtpu for its chips'
+    coordinates, give it back, and record the result for every program to read."""
     shape = info.shape
     assert shape is not None
     bound = min(DISCOVERY_TIMEOUT_S, request.head_reservation_timeout_s or DISCOVERY_TIMEOUT_S)
@@ -380,14 +325,8 @@ def discover_layout(info: SliceInfo, request: SliceRequest) -> layouts.Layout:
 
 class SubslicePlacementGroup(SliceHandle):
     """A reservation of some hosts of a bigger slice that form a slice of their own (Ray
-    2.60's ``SubslicePlacementGroup``); made by :func:`subslice_placement_group`.
-
-    Its ranks are the sub-slice's hosts in physical order (not Ray's worker-id order), so
-    ``run_on_slice(fn, tpu_slice=...)`` and ``SliceActorGroup`` work on it, each call with
-    the sub-slice's own ``TPU_*`` values; Ray's properties are offered too.
-
-    Args:
-        held: The reservation's record, with where the sub-slice sits in its parent.
+    2.60's ``SubslicePlacementGroup``). Its ranks follow the physical order, and each call
+    on it sees the sub-slice's own ``TPU_*`` values.
     """
 
     def __init__(self, held: Reserved) -> None:
@@ -398,22 +337,8 @@ class SubslicePlacementGroup(SliceHandle):
 
     @classmethod
     def _reserve(cls, request: SliceRequest) -> SubslicePlacementGroup:
-        """Reserve an idle sub-slice for ``request`` (``subslice=True``).
-
-        Args:
-            request: The sub-slice request.
-
-        Returns:
-            The reservation.
-
-        Raises:
-            InvalidArgumentError: ``request`` is not a sub-slice request.
-            NotConnectedError: Ray is not initialised.
-            NoSubsliceParentError: no slice of the cluster can hold it (a ValueError and
-                an InsufficientSlicesError).
-            SubsliceUnavailableError: none idle in time; the message says what is busy (a
-                RuntimeError and a ReservationTimeoutError).
-        """
+        """Reserve an idle sub-slice for a ``subslice=True`` request (errors: as
+        :func:`subslice_placement_group`)."""
         if not request.subslice:
             raise InvalidArgumentError("a sub-slice reservation needs subslice=True")
         targets = SubSlices(request, RAY_OPS)
@@ -433,12 +358,9 @@ class SubslicePlacementGroup(SliceHandle):
             hand_back(held)
             raise
 
-    # --- Ray 2.60's properties ---------------------------------------------------------
-
     @property
     def placement_group(self) -> PlacementGroup | None:
-        """The worker placement group (one bundle per host of the sub-slice, in rank
-        order); None after :meth:`shutdown`, as Ray's."""
+        """The placement group, one bundle per host in rank order; None once shut down."""
         return None if self.is_shut_down else self._reserved.combined_pg
 
     @property
@@ -478,8 +400,7 @@ class SubslicePlacementGroup(SliceHandle):
 
     @property
     def bundle_label_selector(self) -> list[dict[str, str]]:
-        """One selector per bundle, in rank order (slice name and worker id); kept after
-        :meth:`shutdown`, as Ray's is."""
+        """One selector per bundle, in rank order; kept after :meth:`shutdown`, as Ray's."""
         return [dict(s) for s in self._at.selectors]
 
     def release_head_pgs(self) -> None:
@@ -503,12 +424,10 @@ def subslice_placement_group(
     head_reservation_timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
     subslice_index: int | None = None,
 ) -> SubslicePlacementGroup:
-    """Reserve an idle sub-slice of ``subslice_topology`` in any bigger slice (Ray 2.60
-    ``subslice_placement_group``, with the same parameters and defaults).
+    """Reserve an idle sub-slice in any bigger slice (Ray 2.60's function, same parameters).
 
-    Unlike Ray: it returns once the sub-slice is placed; it picks only sub-slices whose
-    every host is idle and gives back one taken meanwhile; it learns a slice's layout only
-    while the whole slice is idle; and a timeout says which sub-slices are busy.
+    Unlike Ray's, it returns once placed, picks only wholly idle sub-slices, and a timeout
+    says which are busy.
 
     Args:
         subslice_topology: The sub-slice's chip grid, such as ``"2x4"``.
@@ -525,12 +444,10 @@ def subslice_placement_group(
         The reservation.
 
     Raises:
-        InvalidArgumentError: an invalid topology, index or option (a ``ValueError``).
+        InvalidArgumentError: an invalid topology, index or option.
         NotConnectedError: Ray is not initialised.
-        NoSubsliceParentError: no slice of the cluster can hold such a sub-slice (a
-            ``ValueError``, as Ray's; and an ``InsufficientSlicesError``).
-        SubsliceUnavailableError: none was idle in time (a ``RuntimeError``, as Ray's; and
-            a ``ReservationTimeoutError``).
+        NoSubsliceParentError: no slice can hold such a sub-slice (a ``ValueError``, as Ray's).
+        SubsliceUnavailableError: none was idle in time (a ``RuntimeError``, as Ray's).
     """
     request = SliceRequest(
         topology=subslice_topology,
@@ -545,12 +462,3 @@ def subslice_placement_group(
         subslice_index=subslice_index,
     )
     return SubslicePlacementGroup._reserve(request)
-
-
-__all__ = [
-    "TPU_SUBSLICE_LABEL_PREFIX",
-    "SubSlices",
-    "SubslicePlacementGroup",
-    "discover_layout",
-    "subslice_placement_group",
-]

@@ -1,21 +1,6 @@
-"""What a running gang is watched for, besides its tasks' own errors.
-
-- **Notices.** A host of the attempt warned of preemption or maintenance (its agent's
-  record, :mod:`tpuslice._host.notices`): the run says so (a ``notice`` event), gives the user's
-  ``on_notice`` hook the time left (less a margin) to checkpoint, then leaves the slices
-  before the hosts go; the attempt counts as a preemption.
-- **Hangs.** With ``heartbeat_timeout_s``, a rank whose code stopped calling
-  :func:`tpuslice.heartbeat` for longer than that is a hang; with ``startup_timeout_s``,
-  so is a rank that never beat that long after the start. The gang is cancelled and the
-  attempt classified ``hang``, naming the silent hosts.
-- **Evidence for a lost host.** A host lost on a slice that had a notice is a preemption;
-  one lost with no notice anywhere in the attempt is a ``host_failure``.
-- **Blame.** A hang names the silent hosts, and a host failure the hosts Ray now sees
-  dead: the run marks them suspect (:mod:`tpuslice._host.suspects`), so that its retry,
-  and everyone else's next reservation, go to other slices while there are any.
-
-:func:`find_hang` is pure; :class:`AttemptWatch` reads Ray's KV store (through readers a
-test can replace), at most once per :data:`CHECK_S`.
+"""What a running gang is watched for besides its tasks' errors: notices on its hosts (the
+run calls ``on_notice``, then leaves before the hosts go), hangs (silent heartbeats), and the
+evidence that tells a lost host's preemption from its failure and names the hosts to blame.
 """
 
 from __future__ import annotations
@@ -52,13 +37,7 @@ NOTICE_MARGIN_S = 2.0
 
 @dataclass(frozen=True)
 class Hang:
-    """Ranks that stopped making progress.
-
-    Attributes:
-        ranks: The silent ranks.
-        startup: Whether they never beat at all (stuck starting up).
-        reason: What was seen, in one line.
-    """
+    """Ranks that stopped making progress; ``startup``: they never beat at all."""
 
     ranks: tuple[int, ...]
     startup: bool
@@ -72,12 +51,8 @@ def find_hang(
     heartbeat_timeout_s: float | None,
     startup_timeout_s: float | None,
 ) -> Hang | None:
-    """Whether a gang hangs, from each rank's last heartbeat. Pure.
-
-    A rank that never beat is stuck starting once ``startup_timeout_s`` has passed since
-    the start. A rank that beat is silent once its last beat is older than
-    ``heartbeat_timeout_s``, whether the others still beat or not (a collective stuck on
-    one host blocks the others too).
+    """Whether a gang hangs, from each rank's last heartbeat. Pure. A rank is silent even
+    while others beat: a collective stuck on one host blocks them too.
 
     Args:
         beats: Per rank, the wall-clock time of its last heartbeat, or ``None``.
@@ -116,14 +91,9 @@ def find_hang(
 
 
 class HangSeen(NamedTuple):
-    """A hang as a gang's watch reports it.
-
-    Attributes:
-        cause: ``silent: rank 1 (v4-16-a host 1)``.
-        evidence: What was seen (:attr:`Hang.reason`).
-        ranks: The silent (or never started) ranks.
-        what: ``silent`` or ``stuck starting``.
-    """
+    """A hang as a gang's watch reports it: ``cause`` names the ranks
+    (``silent: rank 1 (v4-16-a host 1)``), ``evidence`` is :attr:`Hang.reason`, ``what`` is
+    ``silent`` or ``stuck starting``."""
 
     cause: str
     evidence: str
@@ -144,13 +114,13 @@ def describe_hang(
     Args:
         config: The timeouts.
         keys: Each rank's heartbeat key, in rank order.
-        published: Key -> the rank's record as published (:class:`Progress`'s form).
-        ranks: Each rank with its host (``rank 1 (v4-16-a host 1)``).
+        published: Key -> the rank's record as published.
+        ranks: Each rank with its host, for messages.
         started: When the gang started (wall clock).
         now: Wall-clock seconds.
 
     Returns:
-        The cause and evidence naming the silent ranks, and the ranks; or ``None``.
+        The hang, or ``None``.
     """
     beats = [_beat(published.get(key)) for key in keys]
     hang = find_hang(beats, now, started, config.heartbeat_timeout_s, config.startup_timeout_s)
@@ -161,16 +131,8 @@ def describe_hang(
     return HangSeen(cause, hang.reason, hang.ranks, what)
 
 
-def check_timeout(name: str, value: float | None) -> None:
-    """Refuse a timeout that is not ``None`` or finite seconds > 0.
-
-    Args:
-        name: The argument's name, for the message.
-        value: Its value.
-
-    Raises:
-        InvalidArgumentError: it is not.
-    """
+def _check_timeout(name: str, value: float | None) -> None:
+    """Refuse a timeout that is not ``None`` or finite seconds > 0."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -181,21 +143,15 @@ def check_timeout(name: str, value: float | None) -> None:
 
 @dataclass(frozen=True)
 class WatchConfig:
-    """What a resilient run watches its gangs for.
-
-    Attributes:
-        heartbeat_timeout_s: See :func:`find_hang`.
-        startup_timeout_s: See :func:`find_hang`.
-        on_notice: Called with the ``notice`` event while the hosts still live.
-    """
+    """What a resilient run watches its gangs for (timeouts: see :func:`find_hang`)."""
 
     heartbeat_timeout_s: float | None = None
     startup_timeout_s: float | None = None
     on_notice: Callable[[Any], None] | None = None
 
     def __post_init__(self) -> None:
-        check_timeout("heartbeat_timeout_s", self.heartbeat_timeout_s)
-        check_timeout("startup_timeout_s", self.startup_timeout_s)
+        _check_timeout("heartbeat_timeout_s", self.heartbeat_timeout_s)
+        _check_timeout("startup_timeout_s", self.startup_timeout_s)
 
     @property
     def beats(self) -> bool:
@@ -204,14 +160,8 @@ class WatchConfig:
 
 
 class Broken(Exception):
-    """Raised by :meth:`AttemptWatch.check`: the gang must stop.
-
-    Args:
-        kind: ``notice`` or ``hang``.
-        cause: One line.
-        evidence: What decided it.
-        blamed: The hosts it is pinned on (a hang's silent hosts).
-    """
+    """Raised by :meth:`AttemptWatch.check`: the gang must stop (``kind``: ``notice`` or
+    ``hang``; ``blamed``: a hang's silent hosts)."""
 
     def __init__(
         self, kind: str, cause: str, evidence: str, blamed: tuple[Blame, ...] = ()
@@ -228,15 +178,8 @@ ReadBeats = Callable[[Sequence[str]], Mapping[str, bytes]]
 ReadDead = Callable[[Sequence[str]], Collection[str]]
 
 
-def dead_nodes(nodes: Sequence[str]) -> set[str]:
-    """Those of ``nodes`` that Ray sees dead (one ``ray.nodes()``).
-
-    Args:
-        nodes: Ray node ids.
-
-    Returns:
-        The dead ones; empty when Ray is not connected.
-    """
+def _dead_nodes(nodes: Sequence[str]) -> set[str]:
+    """Those of ``nodes`` that Ray sees dead; none when Ray is not connected."""
     if not ray.is_initialized():
         return set()
     dead = {str(n.get("NodeID")) for n in ray.nodes() if not n.get("Alive")}
@@ -244,23 +187,9 @@ def dead_nodes(nodes: Sequence[str]) -> set[str]:
 
 
 class AttemptWatch:
-    """Watches one attempt's gang (see the module docstring).
-
-    Args:
-        config: What to watch for.
-        nodes: Each rank's Ray node id, in rank order.
-        ranks: Each rank with its host, for messages (``rank 1 (v4-16-a host 1)``).
-        on_notice_event: Called with the notice (to emit the run's ``notice`` event);
-            returns what is passed to the user's hook.
-        read_notices: Node ids -> the notices recorded for them (default: the agents'
-            records in Ray's KV store).
-        read_beats: Keys -> the heartbeats published under them (default: Ray's KV).
-        forget: Deletes every heartbeat under a prefix (default: Ray's KV).
-        clock: Wall-clock seconds.
-        hosts: Each rank's host as reserved, in rank order, to name a blamed host's slice
-            and worker id (without them: unknown).
-        read_dead: Node ids -> those Ray sees dead (default: :func:`dead_nodes`).
-    """
+    """Watches one attempt's gang (``nodes``, ``ranks``, ``hosts``: per rank), reading Ray
+    at most once per :data:`CHECK_S` through readers tests replace. ``on_notice_event``
+    emits the run's ``notice`` event and returns what the user's hook gets."""
 
     def __init__(
         self,
@@ -274,7 +203,7 @@ class AttemptWatch:
         forget: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
         hosts: Sequence[HostInfo] = (),
-        read_dead: ReadDead = dead_nodes,
+        read_dead: ReadDead = _dead_nodes,
     ) -> None:
         self.config = config
         self.nodes = list(nodes)
@@ -289,13 +218,12 @@ class AttemptWatch:
         self.started = clock()
         self._next = self.started
         self.prefix = f"{BEAT_PREFIX}{uuid.uuid4().hex[:12]}/"
-        self._published = False
-        """Whether :meth:`progress` found a rank's record (its keys then need deleting)."""
+        self._published = False  # a rank's record was found: its keys need deleting
         self.seen: list[Notice] = []
 
     def rank_env(self, rank: int) -> dict[str, str]:
-        """What rank ``rank``'s call gets set: its heartbeat key (always: the run's goodput
-        account reads its beats and checkpoints, whether hangs are watched or not).
+        """What rank ``rank``'s call gets set: its heartbeat key, always (the goodput
+        account reads its beats even when hangs are not watched).
 
         Args:
             rank: The rank.
@@ -303,34 +231,25 @@ class AttemptWatch:
         Returns:
             The variables.
         """
-        return {BEAT_ENV: self.key(rank)}
+        return {BEAT_ENV: self._key(rank)}
 
-    def key(self, rank: int) -> str:
-        """Rank ``rank``'s heartbeat key: ``beat/<attempt>/<rank>@<slice>`` (the slice tells
-        the cluster's slice-second count which slices do productive work).
-
-        Args:
-            rank: The rank.
-
-        Returns:
-            The key.
-        """
+    def _key(self, rank: int) -> str:
+        # With the slice: the cluster's slice-second count sees which slices do work.
         host = self.hosts[rank] if rank < len(self.hosts) else None
         return beat_key(self.prefix, rank, host.slice_name if host is not None else "")
 
     def progress(self) -> GangProgress:
-        """What the gang's ranks published: first beats and checkpoints (one KV read;
-        nothing when Ray cannot be asked).
+        """What the gang's ranks published (nothing when Ray cannot be asked).
 
         Returns:
             The gang's progress.
         """
-        keys = [self.key(rank) for rank in range(len(self.ranks))]
+        keys = [self._key(rank) for rank in range(len(self.ranks))]
         try:
             published = self._read_beats(keys)
         except _ray.kv_errors() as exc:
             logger.debug("could not read the gang's progress: %s", exc)
-            self._published = True  # not known: :meth:`close` deletes, to be sure
+            self._published = True  # not known: close() deletes, to be sure
             return GangProgress()
         self._published = self._published or bool(published)
         return GangProgress.of_published(published, keys)
@@ -339,8 +258,7 @@ class AttemptWatch:
         """Read notices and heartbeats (at most once per :data:`CHECK_S`).
 
         Raises:
-            Broken: a notice stands on a host of the gang (after the hook ran or its time
-                ran out), or the gang hangs.
+            Broken: a notice on a host of the gang (after the hook), or a hang.
         """
         now = self._clock()
         if now < self._next:
@@ -350,7 +268,7 @@ class AttemptWatch:
         if notices:
             self._leave_on_notice(min(notices.values(), key=lambda n: n.deadline))
         if self.config.beats:
-            keys = [self.key(rank) for rank in range(len(self.ranks))]
+            keys = [self._key(rank) for rank in range(len(self.ranks))]
             hang = describe_hang(
                 self.config, keys, self._read_beats(keys), self.ranks, self.started, now
             )
@@ -359,8 +277,7 @@ class AttemptWatch:
                 raise Broken("hang", hang.cause, hang.evidence, blamed)
 
     def close(self) -> None:
-        """Forget this attempt's heartbeats (best effort): if beats were watched, or its
-        progress was read and some rank had published (no call to Ray otherwise)."""
+        """Forget this attempt's heartbeats, best effort (no Ray call if none were kept)."""
         if not (self.config.beats or self._published):
             return
         try:
@@ -371,12 +288,12 @@ class AttemptWatch:
     def blame(
         self, ranks: Sequence[int], reason: SuspectReason, evidence: str
     ) -> tuple[Blame, ...]:
-        """The hosts of these ranks, blamed (each host once, however many of its ranks).
+        """The hosts of these ranks, blamed, each once.
 
         Args:
             ranks: Ranks of the gang.
             reason: Why.
-            evidence: What was seen; each host's evidence starts with its first rank.
+            evidence: What was seen (prefixed with the host's first rank).
 
         Returns:
             One blame per host, in rank order.
@@ -393,8 +310,7 @@ class AttemptWatch:
         return tuple(found.values())
 
     def lost_hosts(self, cause: str) -> tuple[Blame, ...]:
-        """The hosts of the gang that Ray now sees dead, blamed for a host failure (best
-        effort: none if Ray cannot be asked).
+        """The gang's hosts Ray sees dead, blamed (none if Ray cannot be asked).
 
         Args:
             cause: What the failed task said, for the evidence.
@@ -411,8 +327,7 @@ class AttemptWatch:
         return self.blame(ranks, SuspectReason.HOST_FAILURE, f"died with no notice: {cause}")
 
     def judge_host_loss(self) -> tuple[bool, str]:
-        """Whether a lost host was a preemption: some host of the attempt had a notice
-        (seen while running, or recorded by its agent before it died).
+        """Whether a lost host was a preemption: a host of the attempt had a notice.
 
         Returns:
             ``(preempted, evidence)``.
@@ -445,8 +360,8 @@ def _beat(raw: bytes | None) -> float | None:
 
 
 def _run_hook(hook: Callable[[Any], None], event: object, budget_s: float) -> None:
-    """Call the user's hook in a thread and wait up to ``budget_s``: the run leaves at
-    the deadline whether or not the hook is done (its errors are logged)."""
+    """Call the user's hook in a thread, waiting up to ``budget_s``: the run leaves at the
+    deadline whether or not it is done."""
 
     def call() -> None:
         try:

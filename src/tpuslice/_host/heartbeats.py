@@ -104,7 +104,7 @@ class Progress:
 
     @classmethod
     def decode(cls, raw: bytes | None) -> Progress | None:
-        """Read a published record (or a bare beat time, as older writers publish).
+        """Read a published record (or a bare beat time).
 
         Args:
             raw: As published, or ``None``.

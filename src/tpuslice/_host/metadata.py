@@ -123,13 +123,8 @@ class MetadataClient:
 
 @dataclass(frozen=True)
 class Watched:
-    """One answer of :func:`watch`.
-
-    Attributes:
-        value: The value's text; ``None`` if missing or unreadable.
-        etag: Its version, to wait for the next change of.
-        reachable: Whether a metadata server answered at all.
-    """
+    """One answer of :func:`watch`: the value's text (``None`` if missing or unreadable),
+    its version, and whether a metadata server answered at all."""
 
     value: str | None
     etag: str

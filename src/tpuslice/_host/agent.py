@@ -1,22 +1,9 @@
 """One small agent per TPU host: who owns its TPU, and giving it back.
 
-Only code running on a host can see who holds its TPU (``/proc``, libtpu's lockfile).
-Asking through tasks would start a worker process on every host for every new driver,
-so tpuslice keeps one detached
-actor per TPU host instead, ``tpuslice-host:<node id>`` in the ``tpuslice`` namespace,
-created on first use and shared by every driver. It uses no resources and dies with its host.
-
-- :meth:`HostAgent.owner`: this host's TPU owner, if any.
-- :meth:`HostAgent.release`: stop the processes of the work being handed back that still
-  own the TPU (SIGTERM, then SIGKILL after a grace), and confirm the TPU is free of them.
-- :meth:`HostAgent.kill`: stop a named owner on request (``tpuslice release-tpu``), only a
-  process of the same user.
-
-Every agent records what it finds in Ray's KV store (``tpu-owner/<node id>``), so the
-cluster view (:func:`tpuslice._view.cluster.read_snapshot`, through
-:mod:`tpuslice._view.agents`) shows a host whose TPU a process holds as busy, with the
-reason, without asking any host. A driver reaches the agents through
-:mod:`tpuslice._reserve.queue.agents`.
+Only code on a host can see who holds its TPU, and tasks would start a worker on every
+host for every driver, so each host has one detached actor, ``tpuslice-host:<node id>``,
+shared by every driver. It records what it finds in Ray's KV store (``tpu-owner/<node
+id>``), so the cluster view sees a busy host without asking it.
 """
 
 from __future__ import annotations
@@ -48,32 +35,21 @@ from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 logger = logging.getLogger(__name__)
 
 FOREIGN_RECHECK_S = 0.1
-"""How long a hand-back waits to look again at a TPU owner that seems not to be the
-job's before it leaves it be (a worker being killed can seem so for a moment)."""
+"""Wait before a second look at an owner that seems not the job's (a dying worker may)."""
 WATCH_S = 0.5
-"""How often a host's agent looks at libtpu's lock while no owner is recorded, to keep
-its ``tpu-free/`` key true. A reservation does not ask a host whose key the cluster read
-found (:meth:`tpuslice._reserve.claim.Reserver._ask_owners`), so a process outside Ray
-that takes the TPU is missed for at most this long plus the read's age (at most
-:data:`~tpuslice._reserve.claim.FREE_KEY_TRUST_S`); it is then met by
-the first call, a TPUInUseError naming it, as for a host this driver saw free lately."""
+"""How often the agent looks at libtpu's lock while no owner is recorded: reservations
+trust the ``tpu-free/`` key, so an outside process taking the TPU is missed this long."""
 FREE_RENEW_S = 30.0
-"""How often a host's agent puts its ``tpu-free/`` key again while the TPU stays free
-(one KV write per host per this long), in case the key was lost."""
+"""How often the agent puts its ``tpu-free/`` key again while free, in case it was lost."""
 IDLE = "ray::IDLE"
 """The command line Ray gives a worker process that runs no task."""
 OWNER_RECHECK_S = 2.0
-"""While a TPU owner is recorded for a host, how often its agent looks whether that
-process still holds the TPU: the record of one that exited must not keep the slice busy
-until someone happens to ask the host again."""
+"""How often the agent looks whether a recorded owner still holds the TPU."""
 
 
 class OwnerWatch:
-    """Keeps a host's TPU-owner record true after the owner lets go: while an owner is
-    recorded, a daemon thread looks every :data:`OWNER_RECHECK_S` whether that process still
-    holds the TPU (:func:`~tpuslice._host.tpu_lock.holds_tpu`: one read of
-    ``/proc/locks`` and of its descriptors), and once it does not, has the owner found
-    and recorded again (nobody, or whoever took it meanwhile).
+    """Keeps a host's owner record true: a daemon thread looks whether the recorded owner
+    still holds the TPU, and once not, has the owner recorded again.
 
     Args:
         still_holds: Whether a pid still holds this host's TPU.
@@ -88,10 +64,10 @@ class OwnerWatch:
         self._thread: threading.Thread | None = None
 
     def watch(self, pid: int | None) -> None:
-        """The owner now recorded (``None``: none is); the first owner starts the thread.
+        """The owner now recorded; the first owner starts the thread.
 
         Args:
-            pid: The recorded owner's pid.
+            pid: The recorded owner's pid (``None``: none is).
         """
         with self._lock:
             self._pid = pid
@@ -103,8 +79,7 @@ class OwnerWatch:
         self._thread.start()
 
     def check(self) -> bool:
-        """Look once: if the recorded owner no longer holds the TPU, find and record the
-        owner again.
+        """Look once; if the recorded owner let go, record the owner again.
 
         Returns:
             Whether the record was refreshed.
@@ -129,12 +104,9 @@ class OwnerWatch:
 
 
 class FreeKey:
-    """A host's ``tpu-free/<node id>`` key: present while its agent last saw the TPU free.
-    Written when what it says changes (a put or a delete per change, none per look), and
-    put again every :data:`FREE_RENEW_S` while free, so that a key lost meanwhile (a GCS
-    restarted without a persistent store, or deleted as a dead node's by a cluster read
-    that raced this node's join) comes back. Not thread-safe: the agent calls it under its
-    record lock.
+    """A host's ``tpu-free/<node id>`` key: written when what it says changes, and put
+    again every :data:`FREE_RENEW_S` while free so a lost key comes back (a GCS restart,
+    a racing dead-node cleanup). Not thread-safe: the agent holds its record lock.
 
     Args:
         show: Writes the key.
@@ -152,9 +124,7 @@ class FreeKey:
         self._show = show
         self._hide = hide
         self._clock = clock
-        self._free: bool | None = None
-        """What the key says now; unknown at first, since an earlier agent of this host
-        (one Ray restarted) may have left it either way."""
+        self._free: bool | None = None  # unknown: an earlier agent may have left it either way
         self._shown_at = 0.0
 
     def set(self, free: bool) -> None:
@@ -175,12 +145,9 @@ class FreeKey:
 
 
 class HostAgent:
-    """The agent on one TPU host (a Ray actor; see the module docstring). It also
-    watches the host's metadata for preemption and maintenance notices (one long-poll
-    per value, in daemon threads) and records the one standing (:mod:`tpuslice._host.notices`),
-    and keeps its TPU-owner record true once the owner lets go (:class:`OwnerWatch`).
-    While no owner is recorded, a daemon thread looks at libtpu's lock every
-    :data:`WATCH_S` and keeps the host's ``tpu-free/`` key true (:class:`FreeKey`).
+    """The agent on one TPU host (a Ray actor). Daemon threads also record the host's
+    standing metadata notice, keep its owner record (:class:`OwnerWatch`) and its free
+    key (:class:`FreeKey`) true.
     """
 
     def __init__(self, node_id: str) -> None:
@@ -189,13 +156,9 @@ class HostAgent:
         self._notices: dict[str, Notice | None] = {}
         self._notices_lock = threading.Lock()
         self._record_lock = threading.Lock()
-        self._records = 0
-        """How many owner records this agent made: a refresh that finds one made while it
-        looked leaves that one be."""
+        self._records = 0  # a refresh leaves be a record made while it looked
+        # The owner record is known absent: only this agent writes it, so no second delete.
         self._stored_free = False
-        """Whether this host's owner record is known to be absent. Only this host's agent
-        writes it, so a free TPU found again needs no second delete (a GCS round trip on
-        every reservation's probe)."""
         self._owner_watch = OwnerWatch(lambda pid: holds_tpu(pid, self.root), self._refresh)
         free_key = FREE_KEY_PREFIX + node_id
         self._free_key = FreeKey(
@@ -223,16 +186,12 @@ class HostAgent:
                 daemon=True,
             ).start()
 
-    def _standing(self) -> Notice | None:
-        with self._notices_lock:
-            found = [n for n in self._notices.values() if n is not None]
-        return min(found, key=lambda n: n.deadline) if found else None
-
     def _record_notice(self, path: str, notice: Notice | None) -> None:
         """One watched value's notice changed: record the most urgent one standing."""
         with self._notices_lock:
             self._notices[path] = notice
-        standing = self._standing()
+            found = [n for n in self._notices.values() if n is not None]
+        standing = min(found, key=lambda n: n.deadline, default=None)
         key = NOTICE_KEY_PREFIX + self.node_id
         if standing is None:
             _ray.kv_delete(key, NAMESPACE)
@@ -244,9 +203,7 @@ class HostAgent:
         """This host's TPU owner now (and recorded for the cluster view).
 
         Args:
-            thorough: Also search every process's descriptors for one that bypassed
-                libtpu's lock (``status --owners``); else only the lock is read, which is
-                what decides whether a new process may start (reservations).
+            thorough: Also search every process's descriptors, not only libtpu's lock.
 
         Returns:
             The owner as :meth:`TPUOwner.to_dict` data, or ``None`` if the TPU is free.
@@ -256,12 +213,9 @@ class HostAgent:
     def release(
         self, job_id: str, pids: list[int], grace_s: float, timeout_s: float
     ) -> dict[str, Any] | None:
-        """Stop every process that ran the work being handed back and still owns this
-        host's TPU: one of ``pids``, a worker started for Ray job ``job_id``, or an idle
-        Ray worker (``ray::IDLE``: the work's bundle held this TPU, and the reservation
-        found it free when it claimed it, so an idle worker holding it ran that work,
-        even one Ray started before the job whose environment names none). Wait until
-        none does.
+        """Stop every process of the handed-back work that still owns this TPU (SIGTERM,
+        then SIGKILL), and wait until none does: one of ``pids``, a worker of ``job_id``,
+        or an idle Ray worker (the TPU was free when claimed, so an idle holder ran it).
 
         Args:
             job_id: The Ray job handing the slice back (hex).
@@ -270,8 +224,7 @@ class HostAgent:
             timeout_s: How long to wait in all.
 
         Returns:
-            The owner left (recorded): ``None``, a process of someone else (never
-            stopped here), or, if the time ran out, one of ours that would not die.
+            The owner left (recorded): ``None``, someone else's, or one of ours past the time.
         """
         deadline = time.monotonic() + timeout_s
         signalled: dict[int, float] = {}
@@ -282,17 +235,15 @@ class HostAgent:
             if owner is None or time.monotonic() > deadline:
                 return self._record(owner)
             if not owner.command:
-                # Exiting (a process being killed has no command line left): its lock
-                # and devices go with it in a moment; it is nobody's to judge or signal.
+                # Exiting (no command line left): its lock goes with it in a moment.
                 time.sleep(0.02)
                 continue
             idle = owner.command.startswith(IDLE)
             if owner.pid not in ours and owner.job_id != job_id and not idle:
                 if owner.pid in foreign:
                     return self._record(owner)
-                # Looked at once more before it is called someone else's: a worker of
-                # this job killed a moment ago can lose its environment (and so its job)
-                # before its command line, while it still holds the TPU.
+                # Look once more: a worker being killed can lose its environment (and so
+                # its job) before its command line, while it still holds the TPU.
                 foreign.add(owner.pid)
                 time.sleep(FOREIGN_RECHECK_S)
                 continue
@@ -302,7 +253,7 @@ class HostAgent:
             time.sleep(0.02)
 
     def kill(self, pid: int, uid: int, timeout_s: float) -> dict[str, Any] | None:
-        """Stop owner ``pid`` if it still owns this TPU and belongs to user ``uid``.
+        """Stop owner ``pid`` if it still owns the TPU and belongs to user ``uid``.
 
         Args:
             pid: The owner to stop.
@@ -332,10 +283,9 @@ class HostAgent:
         return self._record(now)
 
     def look_at_lock(self) -> None:
-        """Look once at libtpu's lock and keep the free key true. While an owner is
-        recorded the key is already gone, and :class:`OwnerWatch` looks instead. A holder
-        found here is not recorded: the key goes, and the next reservation asks this
-        host, whose answer records it (what a probe finds is what it always recorded)."""
+        """Look once at libtpu's lock and keep the free key true (while an owner is recorded
+        :class:`OwnerWatch` looks instead). A holder found is not recorded here: the next
+        reservation asks this host, whose answer records it."""
         with self._record_lock:
             if self._stored_free:
                 self._free_key.set(lock_holder(self.root) is None)
@@ -354,8 +304,8 @@ class HostAgent:
             return self._write(owner)
 
     def _refresh(self) -> None:
-        """The recorded owner let go: find the owner again (every process searched, as
-        ``status --owners`` does) and record it, unless a record was made meanwhile."""
+        """Find and record the owner again (every process searched), unless a record was
+        made meanwhile."""
         with self._record_lock:
             made = self._records
         owner = find_owner(self.root)
@@ -378,9 +328,8 @@ class HostAgent:
         return owner.to_dict()
 
     def _watch_recorded(self) -> None:
-        """Watch the owner an earlier agent of this host recorded (it died, or Ray
-        restarted it), so that record too goes once its process lets go. Called only
-        from ``__init__``, before any call can record."""
+        """Watch the owner an earlier agent of this host recorded, so that record goes too
+        once it lets go. Only from ``__init__``, before any call can record."""
         stored = _ray.kv_get(OWNER_KEY_PREFIX + self.node_id, NAMESPACE)
         self._stored_free = stored is None
         if stored is not None:
@@ -389,15 +338,12 @@ class HostAgent:
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        return
 
 
 def forget_free_keys(node_ids: Sequence[str]) -> None:
-    """Delete the ``tpu-free/`` keys of these nodes, which Ray lists as dead: their
-    agents died with them, and nothing else would (a node that comes back has a new id).
+    """Delete the ``tpu-free/`` keys of dead nodes: their agents died with them.
 
     Args:
         node_ids: The dead nodes.
@@ -407,9 +353,7 @@ def forget_free_keys(node_ids: Sequence[str]) -> None:
 
 
 def forget_stale_notices(keys: Iterable[str]) -> None:
-    """Delete notice records a reader found stale
-    (:meth:`~tpuslice._host.notices.Notice.stale`): their host died, its agent with it, or
-    was replaced, and nobody else would delete them.
+    """Delete notice records a reader found stale: their host and its agent are gone.
 
     Args:
         keys: Their KV keys (``tpu-notice/``, or the queue's ``tpu-preempt/``).

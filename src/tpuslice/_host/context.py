@@ -1,10 +1,6 @@
-"""The per-host call context: where a call runs in its gang, set around each call.
-
-:class:`HostContext` is a rank's place in the gang (rank, world size, slice, worker id,
-coordinator); :func:`current_host` reads it back inside the call. :func:`with_context`
-wraps a user's function so that each call runs with the context in ``os.environ``.
-This module is what a host's worker process may load to run calls (the wrapper itself
-ships by value), so it stays small: no Ray, and nothing of the reservation machinery.
+"""The per-host call context: a rank's place in the gang (:class:`HostContext`), set in
+``os.environ`` around each call (:func:`with_context`) and read back (:func:`current_host`).
+A host's worker may load this module, so it stays small: no Ray, no reservation code.
 """
 
 from __future__ import annotations
@@ -76,8 +72,7 @@ def current_host() -> HostContext:
         This host's place in the gang: rank, world size, slice, worker id, coordinator.
 
     Raises:
-        NotConnectedError: called outside a task started by :func:`run_on_slice` or a
-            :class:`~tpuslice.SliceActorGroup` actor (there is no context).
+        NotConnectedError: called outside a tpuslice task or actor (there is no context).
     """
     values: dict[str, Any] = {}
     for name, kind in HostContext.__annotations__.items():
@@ -96,8 +91,7 @@ TPU_IN_USE = "The TPU is already in use"
 
 
 def apply_env(values: Mapping[str, str | None]) -> None:
-    """Set each variable in ``os.environ``, or unset it where its value is ``None`` (what
-    a saved copy of ``os.environ.get`` gives back for a variable that was not set).
+    """Set each variable in ``os.environ``, or unset it where its value is ``None``.
 
     Args:
         values: Variable -> value, or ``None`` to unset.
@@ -111,30 +105,22 @@ def apply_env(values: Mapping[str, str | None]) -> None:
 
 def with_context(function: Callable[..., Any], returns: int | None = None) -> Callable[..., Any]:
     """The user's function, called with the slice context in ``os.environ`` (stale
-    ``MEGASCALE_*`` the context does not set are dropped; all is restored after).
+    ``MEGASCALE_*`` dropped; all restored after).
 
-    With ``returns`` (the function's own ``num_returns``), the wrapper also returns this
-    process's pid as one more value: the slice's hand-back uses it to stop exactly the
-    processes that ran its work, should one of them still own a TPU.
-
-    The wrapper refers to no tpuslice module, only ``os``, a tuple, a string and a copy
-    of :func:`apply_env` made here, so Ray ships it by value and a host's worker runs it
-    without importing tpuslice: in a new job, every host's worker process would otherwise
-    import it at once on the first call. Only when libtpu refuses the TPU is tpuslice
-    imported, to say who holds it.
+    With ``returns``, the pid rides along as one more value, so the hand-back can stop
+    exactly the processes that ran the work. The wrapper refers to no tpuslice module, so
+    Ray ships it by value and a host's worker need not import tpuslice on the first call.
 
     Args:
         function: The user's Python function.
-        returns: The function's ``num_returns`` when the pid should ride along; ``None``
-            for none.
+        returns: The function's ``num_returns`` when the pid should ride along, else ``None``.
 
     Returns:
         ``run_in_context(env, *args, **kwargs)``: the call, with ``env`` set around it.
     """
 
-    # A module function is pickled by reference (the worker would import this module to
-    # load it); a copy of it with only ``os`` as its globals is pickled by value. The copy
-    # keeps a module name: without one, pickling searches every loaded module for it.
+    # A copy with only ``os`` as globals is pickled by value, not by reference; it keeps a
+    # module name, else pickling searches every loaded module for it.
     apply = types.FunctionType(apply_env.__code__, {"os": os, "__name__": __name__}, "apply_env")
 
     def run_in_context(__tpuslice_env: CallEnv, *args: Any, **kwargs: Any) -> Any:

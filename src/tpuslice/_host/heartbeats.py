@@ -1,16 +1,9 @@
 """``tpuslice.heartbeat()`` and ``tpuslice.checkpointed()``: the user's code says "still
 making progress" and "a checkpoint is saved", cheaply.
 
-A resilient run, a one-shot or an actor group gives each rank's call a key in
-``TPUSLICE_HEARTBEAT_KEY`` (an actor group, each actor for its life). :func:`heartbeat`
-only notes the time in this process (no Ray call, no I/O: a dict write); a daemon thread
-publishes the current key's :class:`Progress` to Ray's KV store (namespace ``tpuslice``)
-every :data:`PUBLISH_S`, and the driver reads it: the watchdog for hangs
-(:mod:`tpuslice._run.watchdog`), the run's goodput account for when work started and
-what the last checkpoint saved (:mod:`tpuslice.record.goodput`). :func:`checkpointed` wakes the
-publisher at once, so that a checkpoint saved just before the hosts go still reaches the
-driver. Outside such a call both do nothing, and a beat whose call has ended is not
-published.
+Each rank's call has a key in ``TPUSLICE_HEARTBEAT_KEY``; a beat is a dict write, and a
+daemon thread publishes the current key's :class:`Progress` to Ray's KV store for the
+driver's watchdog and goodput account. Outside such a call both do nothing.
 """
 
 from __future__ import annotations
@@ -35,8 +28,8 @@ SLICE_MARK = "@"
 
 
 def beat_key(prefix: str, rank: int, slice_name: str = "") -> str:
-    """A rank's heartbeat key: ``<prefix><rank>@<slice>`` (the slice tells the cluster's
-    slice-second count which slices do productive work).
+    """A rank's heartbeat key: ``<prefix><rank>@<slice>`` (the slice-second count reads
+    which slices do productive work).
 
     Args:
         prefix: The attempt's, one-shot's or group's prefix (``beat/<id>/``).
@@ -52,9 +45,8 @@ def beat_key(prefix: str, rank: int, slice_name: str = "") -> str:
 def heartbeat() -> None:
     """Say this host is making progress (call it once per step).
 
-    Cheap: it reads one environment variable and writes the time in memory; a background
-    thread publishes at most every 0.5 s. Outside a call of a tpuslice run (a resilient
-    run, a one-shot, an actor group's actor) it does nothing.
+    Cheap: it notes the time in memory; a background thread publishes it. Outside a
+    tpuslice run's call it does nothing.
     """
     key = os.environ.get(BEAT_ENV)
     if key is not None:
@@ -62,14 +54,11 @@ def heartbeat() -> None:
 
 
 def checkpointed(step: int | None = None) -> None:
-    """Say this host has just finished saving a checkpoint (call it once the save is done).
+    """Say this host has just finished saving a checkpoint.
 
-    The run's goodput account counts the time since this rank's previous
-    :func:`heartbeat` (or checkpoint) as checkpointing, and the work before this moment
-    as saved: if the attempt fails later, only the work since the newest checkpoint counts
-    as lost. Cheap, like :func:`heartbeat` (it is one too); it also wakes the publisher,
-    so the mark reaches the driver within milliseconds while the call runs (a mark made as
-    the call returns can be lost: nothing is published for a call that has ended).
+    The goodput account counts the time since the previous beat as checkpointing and the
+    work before as saved. A beat too; it wakes the publisher so the mark reaches the driver
+    at once (a mark made as the call returns can be lost).
 
     Args:
         step: The training step saved, shown in the account (optional).
@@ -91,11 +80,7 @@ class Progress:
     """What one rank's call has published: its beats and its checkpoints (wall clock).
 
     Attributes:
-        last: Its newest beat (a checkpoint is a beat too).
-        first: Its first beat.
-        checkpoint_at: When its newest checkpoint was marked, if any.
         checkpoint_s: Seconds spent checkpointing, over all its checkpoints.
-        checkpoints: How many checkpoints it marked.
         step: The step its newest checkpoint saved, if given.
     """
 
@@ -107,8 +92,7 @@ class Progress:
     step: int | None = None
 
     def encode(self) -> bytes:
-        """The record as published: the newest beat first, so that a reader of beats only
-        reads one number.
+        """The record as published, newest beat first (a reader of beats reads one number).
 
         Returns:
             ``last first checkpoint_at checkpoint_s checkpoints step``, with ``-`` for none.
@@ -120,7 +104,7 @@ class Progress:
 
     @classmethod
     def decode(cls, raw: bytes | None) -> Progress | None:
-        """Read a published record (or a bare beat time, as older writers publish).
+        """Read a published record (or a bare beat time).
 
         Args:
             raw: As published, or ``None``.
@@ -163,8 +147,7 @@ class Beats:
 
         Args:
             key: The current call's heartbeat key.
-            checkpoint: The beat closes a checkpoint: the time since the previous beat
-                counts as checkpointing, and the publisher is woken at once.
+            checkpoint: The beat closes a checkpoint (the publisher is woken at once).
             step: The step a checkpoint saved.
         """
         now = time.time()
@@ -193,8 +176,7 @@ class Beats:
             self._wake.set()
 
     def _publish(self) -> None:
-        """Publish progress every :data:`PUBLISH_S`, or at once on a checkpoint, for the
-        process's life."""
+        """Publish every :data:`PUBLISH_S`, or at once on a checkpoint, for the process's life."""
         sent: dict[str, Progress] = {}
         while True:
             self.publish_due(sent)
@@ -202,9 +184,8 @@ class Beats:
             self._wake.clear()
 
     def publish_due(self, sent: dict[str, Progress]) -> None:
-        """Publish the current call's progress if it changed since ``sent``; forget the
-        progress of calls that have ended (a task's key is set only around its call: a
-        beat published after it would outlive the attempt, whose keys the driver deletes).
+        """Publish the current call's progress if it changed since ``sent``; forget ended
+        calls' (a beat published after would outlive the keys the driver deletes).
 
         Args:
             sent: Key -> the progress last published (updated).

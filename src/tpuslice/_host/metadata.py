@@ -1,10 +1,8 @@
-"""The GCE metadata server, asked with one short time budget so it never hangs off GCP.
+"""The GCE metadata server, asked within one short time budget so it never hangs off GCP.
 
-Only the standard library; requests bypass any HTTP proxy (the server is link-local), and a
-reply without ``Metadata-Flavor: Google`` (a captive portal) is not believed. The server's
-address honours ``GCE_METADATA_HOST``, as Google's client libraries do (the simulator points
-each host at its own loopback server this way). :func:`watch` long-polls one value
-(``?wait_for_change=true``), for preemption and maintenance notices.
+Requests bypass any proxy (the server is link-local); a reply without ``Metadata-Flavor:
+Google`` (a captive portal) is not believed. ``GCE_METADATA_HOST`` moves the server, as in
+Google's libraries. :func:`watch` long-polls one value.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def metadata_root() -> str:
-    """The metadata server's ``computeMetadata/v1/`` URL: ``GCE_METADATA_HOST`` if set,
-    else ``metadata.google.internal``.
+    """The metadata server's ``computeMetadata/v1/`` URL.
 
     Returns:
         ``http://<host>/computeMetadata/v1/``.
@@ -51,20 +48,17 @@ def metadata_root() -> str:
 class MetadataClient:
     """Reads GCE instance attributes within one total time budget of ``timeout_s``.
 
-    Off GCP the name does not resolve or nothing answers: the first such failure, or the
-    budget running out, makes every later ``get`` return None at once. Each request runs
-    in a daemon thread so that slow DNS, which urllib's timeout does not bound, cannot
-    stretch the budget. Answers are cached; ``timeout_s=0`` never touches the network.
+    After the first unreachable answer, or the budget, every ``get`` is None at once. Each
+    request runs in a daemon thread, since urllib's timeout does not bound slow DNS.
+    Answers are cached; ``timeout_s=0`` never touches the network.
 
     Args:
-        base_url: URL the attribute keys are appended to (default: the instance's
-            attributes on :func:`metadata_root`).
+        base_url: URL the attribute keys are appended to (default: the instance's attributes).
         timeout_s: The total time budget, in seconds, for every request together.
-        clock: Monotonic seconds, for measuring the budget (injectable for tests).
+        clock: Monotonic seconds, for measuring the budget.
 
     Raises:
-        InvalidArgumentError: ``base_url`` is not an http(s) URL, or ``timeout_s`` is
-            not a finite number of seconds >= 0.
+        InvalidArgumentError: ``base_url`` is not an http(s) URL, or ``timeout_s`` is bad.
     """
 
     def __init__(
@@ -86,7 +80,7 @@ class MetadataClient:
             raise InvalidArgumentError(f"timeout_s must be finite seconds >= 0, got {timeout_s!r}")
         self.base_url = base_url if base_url.endswith("/") else base_url + "/"
         self.timeout_s = float(timeout_s)
-        self._clock = clock  # measures the budget; injectable like all time in tpuslice
+        self._clock = clock
         self._deadline: float | None = None
         self._reachable = True
         self._answers: dict[str, str | None] = {}
@@ -98,7 +92,7 @@ class MetadataClient:
             key: The attribute's path under :attr:`base_url` (``"accelerator-type"``).
 
         Returns:
-            The text; None, never an error, when it cannot be had (off GCP, say).
+            The text, or None.
         """
         if key not in self._answers:
             self._answers[key] = self._fetch(key)
@@ -113,7 +107,7 @@ class MetadataClient:
         if not self._reachable or remaining <= 0:
             return None
         url = self.base_url + key
-        replies: list[tuple[str | None, bool]] = []
+        replies: list[tuple[str | None, str, bool]] = []
         worker = threading.Thread(
             target=lambda: replies.append(_http_get(url, remaining)), daemon=True
         )
@@ -123,19 +117,14 @@ class MetadataClient:
             logger.debug("metadata %s: no answer within the %.2fs budget", url, self.timeout_s)
             self._reachable = False
             return None
-        text, self._reachable = replies[0]
+        text, _, self._reachable = replies[0]
         return text
 
 
 @dataclass(frozen=True)
 class Watched:
-    """One answer of :func:`watch`.
-
-    Attributes:
-        value: The value's text; ``None`` if missing or unreadable.
-        etag: Its version, to wait for the next change of.
-        reachable: Whether a metadata server answered at all.
-    """
+    """One answer of :func:`watch`: the value's text (``None`` if missing or unreadable),
+    its version, and whether a metadata server answered at all."""
 
     value: str | None
     etag: str
@@ -146,8 +135,7 @@ def watch(
     path: str, etag: str = "", timeout_s: float = 60.0, *, root: str | None = None
 ) -> Watched:
     """Long-poll one metadata value: answer when it differs from version ``etag`` (at
-    once if it already does, or if ``etag`` is empty), or after ``timeout_s`` with the
-    value as it is.
+    once if ``etag`` is empty), or after ``timeout_s`` as it is.
 
     Args:
         path: The value's path under ``computeMetadata/v1/`` (``instance/preempted``).
@@ -164,23 +152,13 @@ def watch(
         wait = max(1, int(timeout_s))
         query = {"wait_for_change": "true", "last_etag": etag, "timeout_sec": str(wait)}
         url += "?" + urlencode(query)
-    text, found, reachable = _http_get_full(url, wait + 5.0)
+    text, found, reachable = _http_get(url, wait + 5.0)
     return Watched(text, found, reachable)
 
 
-def _http_get(url: str, timeout: float) -> tuple[str | None, bool]:
-    """GET one metadata URL: (its text or None, whether a metadata server answered)."""
-    text, _, reachable = _http_get_full(url, timeout)
-    return text, reachable
-
-
-def _http_get_full(url: str, timeout: float) -> tuple[str | None, str, bool]:
+def _http_get(url: str, timeout: float) -> tuple[str | None, str, bool]:
     """GET one metadata URL: (its text or None, its ETag, whether a metadata server
-    answered).
-
-    A 200 without the ``Metadata-Flavor: Google`` reply header is a captive portal or
-    proxy, not the metadata server: its pages must not become slice names.
-    """
+    answered). A reply without ``Metadata-Flavor: Google`` is not the metadata server."""
     request = urllib.request.Request(url, headers=dict([METADATA_FLAVOR]))
     try:
         with _OPENER.open(request, timeout=timeout) as response:

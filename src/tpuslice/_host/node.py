@@ -1,10 +1,8 @@
 """This host: which TPU the current machine has, found without Ray.
 
-Each fact comes from the first source that has it: the GKE/KubeRay environment
-(``TPU_NAME``, ``TPU_WORKER_ID``, ``TPU_ACCELERATOR_TYPE``, ``TPU_TOPOLOGY``), then the GCE
-metadata server (one short time budget, so it never hangs off GCP), and chips from ``/dev``.
-The functions here take every source (``env``, ``metadata``, ``root``) so tests are
-deterministic, but for Ray 2.60's public ones, which keep its names, signatures and results.
+Each fact comes from the first source that has it: the ``TPU_*`` environment (GKE,
+KubeRay), then the GCE metadata server, and chips from ``/dev``. Sources are injectable,
+except in Ray 2.60's public functions, which keep Ray's signatures.
 """
 
 from __future__ import annotations
@@ -18,9 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TypeAlias, TypeVar
 
-from tpuslice._host.metadata import (
-    MetadataClient,
-)
+from tpuslice._host.metadata import MetadataClient
 from tpuslice._host.tpu_lock import tpu_devices
 from tpuslice._tpu import labels as ray_names
 from tpuslice._tpu import topology as topo
@@ -38,7 +34,6 @@ _WORKER_ID = (ray_names.ENV_TPU_WORKER_ID, "agent-worker-number")
 _POD_TYPE = (ray_names.ENV_TPU_ACCELERATOR_TYPE, "accelerator-type")
 _TOPOLOGY = (ray_names.ENV_TPU_TOPOLOGY, "tpu-env")
 
-# Kubernetes label value syntax, which `ray start --labels` enforces.
 _TPU_ENV_TOPOLOGY_RE = re.compile(r"^\s*TOPOLOGY:\s*['\"]?([^'\"\s]+)['\"]?", re.MULTILINE)
 
 
@@ -94,9 +89,7 @@ def _lookup(
     parse_metadata: Callable[[str], T] | None = None,
 ) -> tuple[T, str] | None:
     """One fact and its source: env var ``names[0]`` if set, else metadata key ``names[1]``.
-
-    A bad env value is the user's to fix, so it raises; bad metadata is logged and ignored.
-    """
+    A bad env value is the user's to fix, so it raises; bad metadata is ignored."""
     var, key = names
     raw = env.get(var, "").strip()
     if raw:
@@ -138,8 +131,7 @@ def count_tpu_chips(root: StrPath = "/") -> tuple[int, str]:
         root: Filesystem root under which ``/dev`` and ``/sys`` are read.
 
     Returns:
-        The chip count and its source; ``(0, "none")``, not an error, when no chip is
-        seen or the directories cannot be read.
+        The chip count and its source; ``(0, "none")`` when no chip is seen.
     """
     devices = tpu_devices(Path(root))
     if not devices:
@@ -154,20 +146,14 @@ def count_tpu_chips(root: StrPath = "/") -> tuple[int, str]:
 class HostTPUInfo:
     """The TPU facts of this host; None (chips 0) where a fact was not found.
 
-    ``sources`` maps each found fact to where it came from: ``env:TPU_NAME``,
-    ``metadata:tpu-env``, ``derived:pod-type``, ``/dev/accel*``. It is not compared.
-
     Attributes:
-        slice_name: The TPU slice (pod) this host belongs to.
-        worker_id: This host's TPU worker id in the slice.
-        topology: The slice's chip grid (``4x4``).
-        chips: TPU chips on this host.
+        pod_type: Canonical spelling, as in Ray's labels: ``v7x-16`` (GKE's ``tpu7x-16``).
+        sources: Where each found fact came from (``env:TPU_NAME``); not compared.
     """
 
     slice_name: str | None = None
     worker_id: int | None = None
     pod_type: str | None = None
-    """Canonical spelling, as in Ray's labels: ``v6e-16``, ``v7x-16`` (GKE's ``tpu7x-16``)."""
     topology: str | None = None
     chips: int = 0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -185,8 +171,8 @@ class HostTPUInfo:
 
     @property
     def worker_count(self) -> int | None:
-        """Hosts in the slice, as Ray counts them: pod cores over this host's cores,
-        rounded up (a sub-host slice is one host). None without a pod type or chips."""
+        """Hosts in the slice as Ray counts them (pod cores over this host's, rounded up);
+        None without a pod type or chips."""
         gen = self.generation
         if gen is None or self.pod_type is None or self.chips <= 0:
             return None
@@ -206,16 +192,13 @@ def detect(
 ) -> HostTPUInfo:
     """Everything this host knows about its TPU, each fact from its first source.
 
-    Defaults: ``os.environ``, a fresh :class:`MetadataClient`, and the real ``/``.
-
     Args:
         env: Environment to read (default: ``os.environ``).
         metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
         root: Filesystem root under which ``/dev`` and ``/sys`` are read.
 
     Returns:
-        The facts found; missing ones are None (chips 0), not errors, and a malformed
-        metadata value counts as missing.
+        The facts found; missing or malformed-metadata ones are None (chips 0).
 
     Raises:
         InvalidArgumentError: a ``TPU_*`` environment variable is set but malformed.
@@ -240,15 +223,14 @@ def detect(
     )
 
 
-# --- Ray 2.60's public functions (ray.util.tpu), same names, signatures and results --------
-# Each reads the real sources; the private function behind it takes them, for tests.
+# --- Ray 2.60's public functions (ray.util.tpu); the private ones behind take the sources ---
 
 
 def get_current_pod_name() -> str | None:
     """The name of the TPU slice this host belongs to; None if not on a TPU pod.
 
     Returns:
-        ``TPU_NAME``, else the metadata ``instance-id``; None, not an error, if neither.
+        ``TPU_NAME``, else the metadata ``instance-id``, else None.
     """
     return _pod_name()
 
@@ -262,8 +244,7 @@ def get_current_pod_worker_count() -> int | None:
     """Hosts in this host's TPU slice; None if not on a TPU pod or no chips are visible.
 
     Returns:
-        Pod cores over this host's cores, rounded up; None, not an error, without a pod
-        type or visible chips (a malformed metadata pod type counts as none).
+        Pod cores over this host's cores, rounded up; None without a pod type or chips.
 
     Raises:
         InvalidArgumentError: ``TPU_ACCELERATOR_TYPE`` is set but is not a pod type.
@@ -280,10 +261,9 @@ def _pod_worker_count(
 
 
 def get_num_tpu_chips_on_node() -> int:
-    """TPU chips on this host; 0 if none. Reads only ``/dev`` and ``/sys``
-    (:func:`count_tpu_chips`).
+    """TPU chips on this host, from ``/dev`` and ``/sys``.
 
     Returns:
-        The chip count; 0, not an error, when none is seen.
+        The chip count; 0 when none is seen.
     """
     return count_tpu_chips()[0]

@@ -1,15 +1,9 @@
 """Preemption and maintenance notices: what a TPU host's metadata server warns of.
 
-A Spot or preemptible VM's ``instance/preempted`` turns ``TRUE`` about 30 s before it is
-stopped; ``instance/maintenance-event`` leaves ``NONE`` 60 s before host maintenance
-(``TERMINATE_ON_HOST_MAINTENANCE`` or ``MIGRATE_ON_HOST_MAINTENANCE``). Sources:
-https://cloud.google.com/compute/docs/instances/create-use-spot (detecting preemption) and
-https://cloud.google.com/compute/docs/metadata/getting-live-migration-notice.
-
-Each host's agent (:mod:`tpuslice._host.agent`) runs :func:`watch_host`: one long-poll per value
-(``?wait_for_change=true``), no busy loop, and records a :class:`Notice` in Ray's KV store
-(``tpu-notice/<node id>``, namespace ``tpuslice``) while one stands, so the cluster view,
-``tpuslice status``, new reservations and running work all see it without asking a host.
+``instance/preempted`` turns ``TRUE`` before a Spot VM is stopped, and
+``instance/maintenance-event`` leaves ``NONE`` before host maintenance. Each host's agent
+long-polls both (:func:`watch_value`) and records the :class:`Notice` standing in Ray's KV
+store, so everyone sees it without asking the host.
 """
 
 from __future__ import annotations
@@ -37,25 +31,19 @@ WATCH_TIMEOUT_S = 60.0
 STALE_S = 300.0
 """A notice this long past its deadline is left over from a host that is gone."""
 RETRY_S = 5.0
-"""Pause after a failed watch before asking again (the server answered before)."""
+"""Pause after a failed watch before asking again."""
 
 
 @dataclass(frozen=True)
 class Notice:
-    """A warning a host's metadata server gave.
+    """A warning a host's metadata server (or the queue, preempting its work) gave.
 
     Attributes:
         kind: ``preemption`` or ``maintenance``.
         event: The metadata value (``TRUE``, ``TERMINATE_ON_HOST_MAINTENANCE``).
-        since: When it was seen (wall-clock seconds).
-        deadline: When the host is expected to go (``since`` plus GCE's notice).
-        node_id: The host's Ray node id.
-        slice_name: Its slice.
-        worker_id: Its TPU worker id.
-        source: Who gave it: ``""`` for the host's metadata server; otherwise the giver
-            (the cluster's queue preempting the work on it, for another request).
-        holder: With the queue's notice, the reservation it warns (so that only that
-            reservation's hand-back clears it).
+        since: When it was seen; ``deadline``: when the host is expected to go (wall clock).
+        source: Who gave it: ``""`` for the metadata server, else the giver (the queue).
+        holder: With the queue's notice, the reservation whose hand-back clears it.
     """
 
     kind: str
@@ -151,14 +139,14 @@ class Notice:
 
 
 def notice_of(path: str, value: str | None) -> tuple[str, float] | None:
-    """What a metadata value warns of: ``(kind, notice seconds)``, or ``None``.
+    """What a metadata value warns of.
 
     Args:
         path: :data:`PREEMPTED_PATH` or :data:`MAINTENANCE_PATH`.
         value: Its value (``None``: unknown).
 
     Returns:
-        The kind of notice and GCE's notice period, if the value is one.
+        ``(kind, GCE's notice seconds)``, or ``None``.
     """
     if value is None:
         return None
@@ -194,18 +182,14 @@ def watch_value(
     poll: Callable[[str, str, float], Watched] = lambda p, etag, timeout: watch(p, etag, timeout),
     clock: Callable[[], float] = time.time,
 ) -> None:
-    """Follow one metadata value until ``stop``, recording its first state (a notice or
-    ``None``, which clears one a previous watcher left) and each change of it.
-
-    The first answer is immediate; then each request is held by the server until the
-    value changes (or :data:`WATCH_TIMEOUT_S`). A server that never answered (not a GCE
-    VM) ends the watch at once; one that stops answering is asked again every
-    :data:`RETRY_S`.
+    """Follow one metadata value until ``stop``, recording its first state (``None``
+    clears a previous watcher's notice) and each change. A server that never answered
+    (not on GCE) ends the watch; one that stops answering is asked every :data:`RETRY_S`.
 
     Args:
         path: :data:`PREEMPTED_PATH` or :data:`MAINTENANCE_PATH`.
         record: Receives the path and the notice (or ``None``) whenever it changes.
-        stop: Set to end the watch (checked between requests).
+        stop: Set to end the watch.
         describe: Builds the notice from ``(kind, event, since)``.
         poll: The long-poll (``(path, etag, timeout_s) -> Watched``).
         clock: Wall-clock seconds.

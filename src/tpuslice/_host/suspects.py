@@ -1,17 +1,9 @@
 """Suspect hosts: a TPU host that just failed someone's run, avoided for a cool-down.
 
-When a run hangs on a host, loses it without notice, or a worker crashes there, whoever
-saw it writes a :class:`Suspect` record in Ray's KV store (``tpu-suspect/<node id>``,
-namespace ``tpuslice``). The cluster view reads the records in the same listing as the
-agents' owner and notice records (:func:`tpuslice._view.agents.recorded_notes`), so a slice
-with a suspect host shows as such to status, to new reservations and to the queue, at no
-extra cost. Placement then prefers other slices, and takes a suspect one only as a last
-resort (:func:`tpuslice._reserve.queue.schedule.last_resort`).
-
-A record is keyed by the host's Ray node id: a VM replaced by a new one (same slice name,
-new node id) is not suspect. A record ends at its ``until``; a reader that sees an ended
-one deletes it. The cool-down is the cluster's: one KV key (:func:`set_cooldown`), read
-when a host is marked.
+Whoever sees a hang, a lost host or a crashed worker writes a :class:`Suspect` record
+(``tpu-suspect/<node id>``: a replaced VM is not suspect); the cluster view reads it with
+the other host records, and placement takes a suspect slice only as a last resort. A
+reader that sees an ended record deletes it.
 """
 
 from __future__ import annotations
@@ -31,24 +23,20 @@ from tpuslice.errors import InvalidArgumentError
 logger = logging.getLogger(__name__)
 
 DEFAULT_COOLDOWN_S = 600.0
-"""How long a host stays suspect when the cluster sets no cool-down of its own: long
-enough that a run's retries (seconds to minutes apart) go elsewhere, short enough that a
-host with a passing fault is trusted again within the hour."""
+"""Long enough that a run's retries go elsewhere, short enough that a passing fault is
+forgiven within the hour."""
 MAX_EVIDENCE_CHARS = 400
 """A record keeps this much of its evidence: every snapshot reads every record."""
 
 
 class SuspectReason(str, enum.Enum):
-    """Why a host is suspect."""
+    """Why a host is suspect: a rank hung, it was lost without notice, a worker crashed
+    there, or it failed a health check."""
 
     HANG = "hang"
-    """A rank on it stopped making progress (silent heartbeats, or stuck starting)."""
     HOST_FAILURE = "host_failure"
-    """It was lost with no preemption or maintenance notice."""
     WORKER_CRASH = "worker_crash"
-    """The worker process running a rank on it crashed (segfault, killed)."""
     HEALTH_CHECK = "health_check"
-    """It failed a health check."""
 
 
 @dataclass(frozen=True)
@@ -56,10 +44,7 @@ class Blame:
     """A host the evidence pins a failure on: what marking it suspect needs.
 
     Attributes:
-        node_id: The host's Ray node id.
-        slice_name: Its slice.
         worker_id: Its TPU worker id (-1 if not known).
-        reason: Why.
         evidence: What was seen, in one line.
     """
 
@@ -71,24 +56,10 @@ class Blame:
 
 
 @dataclass(frozen=True)
-class Suspect:
-    """One host's suspect record.
+class Suspect(Blame):
+    """One host's suspect record: a :class:`Blame` with its cool-down, wall-clock
+    ``since`` to ``until``."""
 
-    Attributes:
-        node_id: The host's Ray node id (the record's key).
-        slice_name: Its slice.
-        worker_id: Its TPU worker id (-1 if not known).
-        reason: Why it is suspect.
-        evidence: What was seen, in one line.
-        since: When it was marked (wall-clock seconds).
-        until: When the cool-down ends (wall-clock seconds).
-    """
-
-    node_id: str
-    slice_name: str
-    worker_id: int
-    reason: SuspectReason
-    evidence: str
     since: float
     until: float
 
@@ -222,8 +193,7 @@ def check_cooldown(seconds: float) -> float:
 
 
 def set_cooldown(seconds: float) -> None:
-    """Set the cluster's cool-down of hosts marked suspect from now on (records already
-    written keep theirs).
+    """Set the cluster's cool-down of hosts marked from now on.
 
     Args:
         seconds: Finite seconds > 0.
@@ -239,8 +209,7 @@ def cooldown() -> float:
     """The cluster's cool-down of a suspect host.
 
     Returns:
-        Seconds: the cluster's setting, or :data:`DEFAULT_COOLDOWN_S` if it has none (or
-        one that does not read as seconds > 0, logged at debug).
+        Seconds: the cluster's valid setting, else :data:`DEFAULT_COOLDOWN_S`.
     """
     raw = _ray.kv_get(SUSPECT_COOLDOWN_KEY, NAMESPACE)
     if raw is None:
@@ -253,8 +222,7 @@ def cooldown() -> float:
 
 
 def mark(blames: Sequence[Blame], *, now: float | None = None) -> list[Suspect]:
-    """Mark hosts suspect for the cluster's cool-down (one read of it, one write per host).
-    A host marked again gets a new record, its cool-down counted from now.
+    """Mark hosts suspect for the cluster's cool-down, counted from now.
 
     Args:
         blames: The hosts and why.
@@ -264,7 +232,7 @@ def mark(blames: Sequence[Blame], *, now: float | None = None) -> list[Suspect]:
         The records written.
 
     Raises:
-        ConnectionError: Ray is not connected (or another of :func:`tpuslice._tpu._ray.kv_errors`).
+        ConnectionError: Ray is not connected.
     """
     if not blames:
         return []
@@ -277,8 +245,7 @@ def mark(blames: Sequence[Blame], *, now: float | None = None) -> list[Suspect]:
 
 
 def live_suspects(stored: Mapping[str, bytes], now: float) -> tuple[dict[str, Suspect], list[str]]:
-    """The live records among stored ones, and the keys of those that ended (or do not
-    read as records). Pure.
+    """The live records among stored ones, and the keys of ended or unreadable ones. Pure.
 
     Args:
         stored: KV key (``tpu-suspect/<node id>``) -> the stored bytes.
@@ -304,8 +271,7 @@ def live_suspects(stored: Mapping[str, bytes], now: float) -> tuple[dict[str, Su
 
 
 def forget(keys: Iterable[str]) -> None:
-    """Delete records (ended ones, or a cleared slice's), best effort: a failure is
-    logged, and the next reader tries again.
+    """Delete records, best effort: the next reader tries again.
 
     Args:
         keys: Their KV keys.
@@ -318,8 +284,7 @@ def forget(keys: Iterable[str]) -> None:
 
 
 def clear_slice(slice_name: str, now: float | None = None) -> list[Suspect]:
-    """Trust every host of a slice again: delete the records of its hosts (ended ones
-    anywhere go too).
+    """Trust every host of a slice again (ended records anywhere go too).
 
     Args:
         slice_name: The slice.
@@ -339,8 +304,7 @@ def clear_slice(slice_name: str, now: float | None = None) -> list[Suspect]:
 
 
 def clear_all() -> list[Suspect]:
-    """Trust every host of the cluster again: delete every suspect record (a test
-    fixture does this between tests that share one cluster).
+    """Trust every host of the cluster again: delete every suspect record.
 
     Returns:
         The live records deleted; empty when Ray is not connected.

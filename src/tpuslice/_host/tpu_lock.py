@@ -1,15 +1,9 @@
 """Who owns this host's TPU, found the way libtpu finds it. Linux; no Ray.
 
-libtpu lets one process at a time use a host's TPU. On its first backend initialisation
-(JAX's first use of the TPU) a process opens ``/tmp/libtpu_lockfile`` and takes
-``lockf(F_TLOCK)`` on it for the rest of its life; a second process fails, naming the
-pid libtpu finds holding the TPU devices (``/dev/accel*``, ``/dev/vfio/<group>``) open.
-A crash leaves the file behind, but the lock dies with the process, so a file nobody
-holds is harmless and is never deleted here.
-
-:func:`find_owner` answers "who owns it": the lock holder (``/proc/locks``), else a
-process holding a TPU device open (a scan of ``/proc/*/fd``, as libtpu does). Every path
-is relative to a *host root*, :data:`HOST_ROOT`: ``/`` on a TPU VM.
+libtpu lets one process at a time use the TPU: it holds ``lockf`` on
+``/tmp/libtpu_lockfile`` for life (the lock dies with it; the file is never deleted here).
+The owner is the lock's holder (``/proc/locks``), else a process with a TPU device open.
+Paths are under a *host root*, :data:`HOST_ROOT` (``/`` on a TPU VM).
 """
 
 from __future__ import annotations
@@ -25,21 +19,18 @@ from tpuslice.errors import TPUInUseError, first_line
 
 LOCKFILE = "tmp/libtpu_lockfile"
 GOOGLE_PCI_VENDOR_ID = "0x1ae0"
-JOB_ENV = "RAY_JOB_ID"
-"""What Ray sets in a worker's environment: the job it belongs to."""
+JOB_ENV = "RAY_JOB_ID"  # in a Ray worker's environment
 PROC = Path("/proc")
 COMMAND_LIMIT = 120
 
 
 HOST_ROOT = Path("/")
-"""The directory under which this host's ``tmp/libtpu_lockfile`` and ``dev/accel*`` live.
-
-It is ``/`` on a TPU VM. A process that sees a host's TPU files under another directory
-sets it once at start-up, before any lookup."""
+"""Where this host's ``tmp/libtpu_lockfile`` and ``dev/accel*`` live; a process that sees
+them elsewhere sets it once at start-up."""
 
 
 def host_root() -> Path:
-    """This host's root for TPU purposes, read when called.
+    """This host's root for TPU purposes, read when called (a process may set it).
 
     Returns:
         :data:`HOST_ROOT`.
@@ -60,17 +51,14 @@ def lockfile(root: Path) -> Path:
 
 
 def tpu_devices(root: Path) -> list[Path]:
-    """The TPU chips' device files under ``root``: ``dev/accel<N>`` (a ``dev/accel``
-    *directory* is an NVIDIA driver, not a TPU), else VFIO groups of a Google device.
-
-    Real chips are character devices; we only require "not a directory" (as Ray does),
-    which also lets tests fake chips with plain files.
+    """The TPU chips' device files: ``dev/accel<N>`` that are not directories (a
+    directory is NVIDIA's; plain files let tests fake chips), else Google's VFIO groups.
 
     Args:
         root: The host root.
 
     Returns:
-        One path per chip, sorted; empty on a host without TPUs.
+        One path per chip, sorted.
     """
     dev = root / "dev"
     with contextlib.suppress(OSError):
@@ -87,8 +75,8 @@ def tpu_devices(root: Path) -> list[Path]:
 
 
 def _google_device_in(devices: Path) -> bool:
-    """True if a PCI device in the IOMMU group has Google's vendor id; unreadable is False
-    (a false positive would hide a non-TPU device such as a BlueField NIC's VFIO group)."""
+    """Whether a device in the IOMMU group is Google's; unreadable is not (a false
+    positive would take a NIC's VFIO group for a TPU)."""
     with contextlib.suppress(OSError):
         for vendor in devices.glob("*/vendor"):
             with contextlib.suppress(OSError, ValueError):
@@ -99,16 +87,19 @@ def _google_device_in(devices: Path) -> bool:
 
 @dataclass(frozen=True)
 class TPUOwner:
-    """A process that owns a host's TPU, and what is known about it."""
+    """A process that owns a host's TPU.
+
+    Attributes:
+        command: Its command line, cut short.
+        job_id: Its Ray job (``RAY_JOB_ID`` in its environment), if any.
+        holds_lock: It holds libtpu's lock; else it only has a TPU device open.
+    """
 
     pid: int
     command: str
-    """Its command line (Ray workers show ``ray::<task or actor>``), cut short."""
     job_id: str | None
-    """The Ray job it belongs to (``RAY_JOB_ID`` in its environment), if any."""
     uid: int | None
     holds_lock: bool
-    """It holds libtpu's lock; else it only has a TPU device open."""
 
     def describe(self) -> str:
         """For messages and status.
@@ -122,7 +113,7 @@ class TPUOwner:
         return f"pid {self.pid} ({', '.join(parts)})"
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (for Ray's KV store and ``status --json``).
+        """JSON-able form.
 
         Returns:
             Every field by name.
@@ -161,13 +152,7 @@ def lock_holder(root: Path) -> int | None:
         The pid, or ``None`` if the file is missing or nobody holds it.
     """
     key = _lock_key(root)
-    if key is None:
-        return None
-    try:
-        table = (PROC / "locks").read_text()
-    except OSError:
-        return None
-    return _posix_lock_holders(table).get(key)
+    return None if key is None else _posix_lock_holders().get(key)
 
 
 def _lock_key(root: Path) -> str | None:
@@ -179,8 +164,12 @@ def _lock_key(root: Path) -> str | None:
     return f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
 
 
-def _posix_lock_holders(table: str) -> dict[str, int]:
+def _posix_lock_holders() -> dict[str, int]:
     """Each locked file's ``major:minor:inode`` and its holder, from ``/proc/locks``."""
+    try:
+        table = (PROC / "locks").read_text()
+    except OSError:
+        return {}
     holders: dict[str, int] = {}
     for line in table.splitlines():
         fields = line.split()
@@ -192,9 +181,7 @@ def _posix_lock_holders(table: str) -> dict[str, int]:
 
 
 def device_holders(root: Path, only: Sequence[Path] | None = None) -> list[int]:
-    """Pids holding any of ``root``'s TPU devices open (libtpu's own search).
-
-    Processes whose descriptors cannot be read (other users') are skipped.
+    """Pids holding any of ``root``'s TPU devices open; unreadable processes are skipped.
 
     Args:
         root: The host root.
@@ -216,16 +203,20 @@ def _pids() -> Iterator[int]:
                 yield int(entry.name)
 
 
-def describe_process(pid: int, holds_lock: bool) -> TPUOwner:
-    """What ``/proc`` says of ``pid``: command line, Ray job, owner uid.
+def _open_files(pid: int) -> Iterator[str]:
+    """What ``pid``'s descriptors point to; unreadable ones are skipped."""
+    with contextlib.suppress(OSError):
+        for fd in os.scandir(PROC / str(pid) / "fd"):
+            with contextlib.suppress(OSError):
+                yield os.readlink(fd.path)
 
-    Args:
-        pid: The process.
-        holds_lock: Whether it holds libtpu's lock.
 
-    Returns:
-        The owner record; fields that cannot be read are empty or ``None``.
-    """
+def _holds(pid: int, devices: set[str]) -> bool:
+    return any(path in devices for path in _open_files(pid))
+
+
+def _describe_process(pid: int, holds_lock: bool) -> TPUOwner:
+    """What ``/proc`` says of ``pid``; fields that cannot be read are empty or ``None``."""
     base = PROC / str(pid)
     command = ""
     with contextlib.suppress(OSError):
@@ -243,13 +234,8 @@ def describe_process(pid: int, holds_lock: bool) -> TPUOwner:
 
 
 def find_owner(root: Path, *, among: Iterable[int] | None = None) -> TPUOwner | None:
-    """Who owns ``root``'s TPU: the lockfile's holder, else a process with a TPU device
-    open (one that bypassed the lock), else nobody.
-
-    The lock is what libtpu consults before it lets a process start, and reading it costs
-    one read of ``/proc/locks``. Finding a process that bypassed the lock means reading
-    every process's descriptors (tens of ms on a busy host): ``among`` limits that to the
-    given pids, and ``among=()`` skips it (enough to know whether a new process may start).
+    """Who owns ``root``'s TPU: the lock's holder, else a process with a TPU device open.
+    The lock alone decides whether a new process may start; scanning descriptors is dear.
 
     Args:
         root: The host root (:func:`host_root`).
@@ -260,50 +246,44 @@ def find_owner(root: Path, *, among: Iterable[int] | None = None) -> TPUOwner | 
     """
     holder = lock_holder(root)
     if holder is not None:
-        return describe_process(holder, True)
-    if among is None:
-        holders = device_holders(root)
-    else:
-        devices = {str(path) for path in tpu_devices(root)}
-        holders = [pid for pid in sorted(set(among)) if _holds(pid, devices)]
-    return describe_process(holders[0], False) if holders else None
+        return _describe_process(holder, True)
+    devices = {str(path) for path in tpu_devices(root)}
+    if not devices:
+        return None
+    pids = _pids() if among is None else sorted(set(among))
+    found = next((pid for pid in pids if _holds(pid, devices)), None)
+    return None if found is None else _describe_process(found, False)
 
 
 def find_owners(roots: Sequence[Path]) -> dict[Path, TPUOwner]:
-    """:func:`find_owner` for many host roots on one machine (the simulator's hosts share
-    one): ``/proc/locks`` is read once and every process's descriptors are scanned once
-    for all of them, where a call per root would scan every process once per root.
+    """:func:`find_owner` for many host roots on one machine (the simulator's), reading
+    ``/proc/locks`` and every process's descriptors once for all of them.
 
     Args:
         roots: The host roots.
 
     Returns:
-        The owner of each root whose TPU is owned; free roots are left out.
+        The owner of each root whose TPU is owned.
     """
-    try:
-        locks = _posix_lock_holders((PROC / "locks").read_text())
-    except OSError:
-        locks = {}
+    locks = _posix_lock_holders()
     owners: dict[Path, TPUOwner] = {}
     device_root: dict[str, Path] = {}
     for root in roots:
         key = _lock_key(root)
         if key is not None and key in locks:
-            owners[root] = describe_process(locks[key], True)
+            owners[root] = _describe_process(locks[key], True)
             continue
         device_root.update({str(path): root for path in tpu_devices(root)})
     if not device_root:
         return owners
     holders: dict[Path, int] = {}
     for pid in sorted(_pids()):
-        with contextlib.suppress(OSError):
-            for fd in os.scandir(PROC / str(pid) / "fd"):
-                with contextlib.suppress(OSError):
-                    held = device_root.get(os.readlink(fd.path))
-                    if held is not None:
-                        holders.setdefault(held, pid)
+        for path in _open_files(pid):
+            held = device_root.get(path)
+            if held is not None:
+                holders.setdefault(held, pid)
     for root, pid in holders.items():
-        owners[root] = describe_process(pid, False)
+        owners[root] = _describe_process(pid, False)
     return owners
 
 
@@ -317,19 +297,7 @@ def holds_tpu(pid: int, root: Path) -> bool:
     Returns:
         ``True`` if it holds either.
     """
-    if lock_holder(root) == pid:
-        return True
-    return _holds(pid, {str(path) for path in tpu_devices(root)})
-
-
-def _holds(pid: int, devices: set[str]) -> bool:
-    """Whether ``pid`` has any of ``devices`` open."""
-    with contextlib.suppress(OSError):
-        for fd in os.scandir(PROC / str(pid) / "fd"):
-            with contextlib.suppress(OSError):
-                if os.readlink(fd.path) in devices:
-                    return True
-    return False
+    return lock_holder(root) == pid or _holds(pid, {str(path) for path in tpu_devices(root)})
 
 
 def _env_bool(value: str | None) -> bool:
@@ -345,15 +313,10 @@ def _env_bool(value: str | None) -> bool:
 
 
 def lock_wanted(environ: Mapping[str, str]) -> bool:
-    """Whether libtpu would take its lock in a process with this environment, as its
-    ``TryAcquireTpuLock`` decides (XLA ``tpu_initialize_util.cc``):
-
-    - ``TPU_LOAD_LIBRARY=1`` loads without the lock; ``=0`` loads no library at all;
-    - ``ALLOW_MULTIPLE_LIBTPU_LOAD`` true (``true`` or a nonzero integer) skips it;
-    - ``TPU_CHIPS_PER_PROCESS_BOUNDS`` (else, when empty, the older
-      ``TPU_CHIPS_PER_HOST_BOUNDS``) set to anything but exactly ``2,2,1`` skips it: a
-      string test, whatever the host's chip count (Ray sets ``1,1,1`` / ``1,2,1`` for
-      tasks holding 1 or 2 chips).
+    """Whether libtpu would take its lock in a process with this environment, as XLA's
+    ``TryAcquireTpuLock`` decides: not with ``TPU_LOAD_LIBRARY`` 0 or 1, nor with
+    ``ALLOW_MULTIPLE_LIBTPU_LOAD`` true, nor with chips-per-process bounds set to anything
+    but exactly ``2,2,1`` (a string test, as Ray's 1- and 2-chip tasks rely on).
 
     Args:
         environ: The process's environment.
@@ -371,13 +334,8 @@ def lock_wanted(environ: Mapping[str, str]) -> bool:
     return bounds in ("", "2,2,1")
 
 
-def host_label() -> str:
-    """How messages name this host.
-
-    Returns:
-        ``<slice name>/<worker id>`` from ``TPU_NAME`` / ``TPU_WORKER_ID``, else the
-        machine's host name (a GCE TPU VM without them in its environment).
-    """
+def _host_label() -> str:
+    """``<TPU_NAME>/<TPU_WORKER_ID>``, else the machine's host name."""
     name, worker = os.environ.get("TPU_NAME"), os.environ.get("TPU_WORKER_ID")
     return f"{name}/{worker}" if name and worker else os.uname().nodename
 
@@ -391,7 +349,7 @@ def in_use_error(cause: BaseException) -> TPUInUseError:
     Returns:
         The error to raise in its place (chain ``cause`` to it).
     """
-    host = host_label()
+    host = _host_label()
     owner = find_owner(host_root())
     if owner is not None and owner.pid == os.getpid():
         owner = None  # libtpu refused us, so the holder is someone else we cannot see

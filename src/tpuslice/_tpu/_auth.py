@@ -1,12 +1,7 @@
-"""Token authentication (Ray's ``RAY_AUTH_MODE=token``) as a driver meets it.
-
-Which token this process presents, read from the environment in Ray's order
-(``RAY_AUTH_TOKEN``, then the file ``RAY_AUTH_TOKEN_PATH`` names, then
-``~/.ray/auth_token``); the check a driver makes before ``ray.init``, so a cluster that
-refuses it fails at once with :class:`~tpuslice.errors.TokenAuthError` naming what to set
-(``ray.init`` retries a refused token for about 20 s, then raises a ``ConnectionError``
-that does not say why); :func:`connect`, tpuslice's ``ray.init`` that makes that check;
-and the token file a simulated cluster makes.
+"""Token authentication (Ray's ``RAY_AUTH_MODE=token``) as a driver meets it: which token
+this process presents (in Ray's order), a check before ``ray.init`` that fails at once with
+:class:`~tpuslice.errors.TokenAuthError` naming what to set (``ray.init`` retries, then fails
+without saying why), :func:`connect`, and the token file a simulated cluster makes.
 """
 
 from __future__ import annotations
@@ -49,8 +44,7 @@ class TokenSetting:
 
     Attributes:
         mode: ``RAY_AUTH_MODE`` as set, lower-cased; ``""`` when unset.
-        source: Where the token comes from (``RAY_AUTH_TOKEN``,
-            ``RAY_AUTH_TOKEN_PATH=/path``, or the default file's path); ``""`` for none.
+        source: Where the token comes from (a variable or a file); ``""`` for none.
         problem: Why that token cannot be used; ``""`` when it can.
     """
 
@@ -60,21 +54,12 @@ class TokenSetting:
 
     @property
     def unusable(self) -> bool:
-        """Whether Ray, in token mode, has no token it can send (it would refuse to
-        connect, or abort the process for an unreadable ``RAY_AUTH_TOKEN_PATH``)."""
+        """Whether Ray, in token mode, has no token it can send."""
         return self.mode == "token" and bool(self.problem)
 
 
 def token_setting(environ: Mapping[str, str], home: Path) -> TokenSetting:
-    """Read which token a process with ``environ`` presents, as Ray looks for it.
-
-    Args:
-        environ: The process's environment.
-        home: Its home directory (where ``.ray/auth_token`` is looked for).
-
-    Returns:
-        The setting; its ``problem`` says why a token named there cannot be read.
-    """
+    """Which token a process with ``environ`` and ``home`` presents, found as Ray finds it."""
     mode = environ.get(MODE_ENV, "").strip().lower()
     if environ.get(TOKEN_ENV, "").strip():
         return TokenSetting(mode, TOKEN_ENV)
@@ -99,17 +84,8 @@ def _unreadable(path: Path) -> str:
 
 
 def refused_message(address: str, setting: TokenSetting, reason: str = "") -> str:
-    """The message of :class:`~tpuslice.errors.TokenAuthError`: what was asked, what was
-    found, and what to set.
-
-    Args:
-        address: The cluster's address.
-        setting: What this process presents (:func:`token_setting`).
-        reason: Ray's own reason for refusing it, if the cluster was asked.
-
-    Returns:
-        The message.
-    """
+    """The message of :class:`~tpuslice.errors.TokenAuthError`: what was found (and Ray's
+    ``reason``, if asked) and what to set."""
     if setting.mode != "token":
         found = (
             f"it requires a token, and this process sends none ({MODE_ENV} is "
@@ -124,16 +100,7 @@ def refused_message(address: str, setting: TokenSetting, reason: str = "") -> st
 
 
 def refused(address: str, reason: str = "") -> TokenAuthError:
-    """The error for a cluster that refuses this process's token, built from this
-    process's environment.
-
-    Args:
-        address: The cluster's address.
-        reason: Ray's own reason, if the cluster was asked.
-
-    Returns:
-        The error, to raise.
-    """
+    """The error for a cluster at ``address`` that refuses this process's token."""
     setting = token_setting(os.environ, Path.home())
     return TokenAuthError(refused_message(address, setting, reason), address)
 
@@ -141,23 +108,10 @@ def refused(address: str, reason: str = "") -> TokenAuthError:
 def check_token(
     address: str, *, found_on_its_own: bool = False, timeout_s: float = CHECK_TIMEOUT_S
 ) -> None:
-    """Before ``ray.init``: fail at once if the cluster at ``address`` will refuse this
-    process's token. Ray here first reads the environment afresh, so variables set after
-    it started count. A token Ray could not read fails without asking the cluster; a
-    cluster that does not answer within ``timeout_s`` is left to ``ray.init``, which
-    bounds its own wait. A Ray Client address (``ray://``) is not checked: its server
-    checks the token itself.
-
-    Args:
-        address: ``HOST:PORT`` of the cluster's GCS.
-        found_on_its_own: The address was found, not given (``address="auto"`` and no
-            ``RAY_ADDRESS``): as ``ray.init`` does then, a token found turns token mode
-            on when ``RAY_AUTH_MODE`` is unset.
-        timeout_s: Seconds to wait for the cluster's answer.
-
-    Raises:
-        TokenAuthError: the token is missing, unreadable, or refused; the message names
-            what to set.
+    """Before ``ray.init``: raise :class:`~tpuslice.errors.TokenAuthError` if the GCS at
+    ``address`` will refuse this process's token. One silent past ``timeout_s`` is left to
+    ``ray.init``; ``ray://`` is not checked (its server checks). ``found_on_its_own``: the
+    address was found, not given, so a token found turns token mode on, as in ``ray.init``.
     """
     if address.startswith("ray://"):
         return
@@ -173,9 +127,8 @@ def check_token(
 
 
 def _refusal_within(address: str, timeout_s: float) -> str | None:
-    """Ray's reason for refusing this process's token, asked on a thread of its own so
-    that a GCS that does not answer holds us ``timeout_s`` at most; ``None`` when the
-    cluster accepts it, or could not be asked."""
+    """Ray's reason for refusing the token, asked on a thread so a silent GCS holds us
+    ``timeout_s`` at most; ``None`` if accepted or not asked."""
     answer: Future[str | None] = Future()
 
     def ask() -> None:
@@ -195,20 +148,16 @@ def _refusal_within(address: str, timeout_s: float) -> str | None:
 
 
 def connect(address: str | None = None, **init_kwargs: Any) -> None:
-    """Connect this process to a running Ray cluster, as ``ray.init(address)`` does,
-    after checking that the cluster accepts this process's token: a cluster with token
-    authentication (``RAY_AUTH_MODE=token``) that would refuse it raises
-    :class:`~tpuslice.TokenAuthError` at once, naming what to set. Never starts a
-    cluster.
+    """Connect to a running Ray cluster as ``ray.init(address)`` does, after checking that
+    it accepts this process's token, so a refusal fails at once naming what to set. Never
+    starts a cluster.
 
     Args:
-        address: ``HOST:PORT`` or ``ray://HOST:PORT``; default ``RAY_ADDRESS``, else the
-            cluster last started on this machine (``"auto"``).
-        **init_kwargs: Passed on to ``ray.init`` (``namespace``, ``runtime_env``, ...).
+        address: ``HOST:PORT`` or ``ray://HOST:PORT``; default ``RAY_ADDRESS``, else ``"auto"``.
+        **init_kwargs: Passed on to ``ray.init``.
 
     Raises:
-        TokenAuthError: the cluster requires a token and this process's is missing,
-            unreadable, or wrong.
+        TokenAuthError: the cluster requires a token and this one is missing or wrong.
         ConnectionError: no cluster answers (Ray's own error).
         RuntimeError: this process is connected already (Ray's own error).
     """
@@ -223,18 +172,8 @@ def connect(address: str | None = None, **init_kwargs: Any) -> None:
 
 
 def write_token(path: Path) -> str:
-    """Make a fresh random token (256 bits, hex) and keep it in a new file only its owner
-    may read (mode 0600).
-
-    Args:
-        path: The file; it must not exist yet.
-
-    Returns:
-        The token.
-
-    Raises:
-        FileExistsError: ``path`` exists.
-    """
+    """A random token, kept in the new file ``path`` only its owner may read
+    (``FileExistsError`` if it exists)."""
     token = secrets.token_hex(32)
     handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(handle, "w", encoding="utf-8") as f:
@@ -243,28 +182,16 @@ def write_token(path: Path) -> str:
 
 
 def present_token_file(path: Path) -> dict[str, str | None]:
-    """From now on this process, and every process it starts, presents the token in
-    ``path``: ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` set, ``RAY_AUTH_TOKEN``
-    (which would win over the file) unset. Only while not connected.
-
-    Args:
-        path: The token file.
-
-    Returns:
-        The values replaced, for :func:`restore_auth_env`.
-    """
+    """This process and its children present the token in ``path`` from now on
+    (``RAY_AUTH_TOKEN``, which would win, unset); the values replaced, for
+    :func:`restore_auth_env`. Only while not connected."""
     saved = {name: os.environ.get(name) for name in AUTH_ENV}
     _set_env({MODE_ENV: "token", TOKEN_PATH_ENV: str(path), TOKEN_ENV: None})
     return saved
 
 
 def restore_auth_env(saved: Mapping[str, str | None]) -> None:
-    """Put back the variables :func:`present_token_file` replaced. Only while not
-    connected.
-
-    Args:
-        saved: What it returned.
-    """
+    """Put back what :func:`present_token_file` replaced. Only while not connected."""
     _set_env(saved)
 
 

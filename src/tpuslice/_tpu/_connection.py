@@ -1,13 +1,7 @@
-"""The driver's connection: everything one process keeps while it is connected to a
-cluster (threads, actor handles, caches, writers), owned in one place and closed in one
-order, as trio's nurseries own their tasks. Host agents and the queue actor are
-processes too, each with a connection of its own.
-
-:func:`connection` gives this process's current one; a reconnection, or a fork, starts
-another and lets the old one go without handing anything back (its cluster is not the
-one this process talks to now). :func:`close_connection` closes it: at exit (the one
-exit hook, added with the first connection, so after ``import ray`` and before Ray's
-``shutdown``), and before this process disconnects.
+"""What one process keeps while connected to a cluster (threads, actor handles, caches,
+writers), owned in one place and closed in one order. A reconnection or a fork starts a
+new one and drops the old; :func:`close_connection` closes it at exit (an exit hook added
+after ``import ray``, so before Ray's ``shutdown``) and before this process disconnects.
 """
 
 from __future__ import annotations
@@ -30,8 +24,8 @@ R = TypeVar("R")
 
 
 class Tier(enum.IntEnum):
-    """When a part closes: holders first (their hand-backs record events and use the
-    services), then services, then writers (which write what the others recorded)."""
+    """When a part closes: holders (their hand-backs use the services), then services,
+    then writers (which write what the others recorded)."""
 
     HOLDER = 0
     SERVICE = 1
@@ -39,18 +33,12 @@ class Tier(enum.IntEnum):
 
 
 class Connection:
-    """What one process keeps for one connection to a cluster: one part of each kind,
-    made on first use.
-
-    A part is an instance of a class made with no arguments. It may say its ``tier``
-    (default :attr:`Tier.SERVICE`), and have a ``close()`` (let go in order, finishing
-    its work: a hand-back, a flush) and a ``drop()`` (let go at once: threads told to
-    stop, work discarded).
+    """One part of each kind (a class made with no arguments), made on first use. A part
+    may have a ``tier``, a ``close()`` (finish its work) and a ``drop()`` (stop at once).
 
     Args:
         identity: Which connection (:func:`tpuslice._tpu._ray.connection_identity`);
-            ``None`` for a process not connected, whose parts still work where no Ray
-            call is needed.
+            ``None`` when not connected.
     """
 
     def __init__(self, identity: bytes | None = None) -> None:
@@ -61,14 +49,7 @@ class Connection:
         self._ended = False
 
     def part(self, kind: type[P]) -> P:
-        """This connection's ``kind()``, made on first use.
-
-        Args:
-            kind: A class made with no arguments.
-
-        Returns:
-            The one instance of it for this connection.
-        """
+        """This connection's one ``kind()``, made on first use."""
         with self._lock:
             found = self._parts.get(kind)
             if found is None:
@@ -76,9 +57,8 @@ class Connection:
             return cast(P, found)
 
     def close(self) -> None:
-        """Close every part that has a ``close()``: holders, then services, then writers.
-        A part made meanwhile (a hand-back may make the goodput writer) is closed in its
-        tier's turn. Idempotent."""
+        """Close every part that has a ``close()``, by tier; a part made meanwhile is
+        closed in its tier's turn. Idempotent."""
         with self._lock:
             if self._ended:
                 return
@@ -92,8 +72,8 @@ class Connection:
                 logger.exception("closing %s failed", type(part).__name__)
 
     def drop(self) -> None:
-        """Let every part go without finishing its work: nothing is handed back or
-        written, since this process no longer talks to that cluster."""
+        """Let every part go without finishing its work: this process no longer talks to
+        that cluster."""
         with self._lock:
             self._ended = True
             parts = list(self._parts.values())
@@ -110,28 +90,15 @@ class Connection:
 
 
 class Pool:
-    """Threads a part runs work on, in the background. Once Python has stopped its
-    executors (at interpreter exit, before the exit hooks run) or the pool was closed,
-    work runs on the caller's thread instead, so a hand-back at exit still completes.
-
-    Args:
-        workers: How many threads at most.
-        name: Their name's prefix.
-    """
+    """Up to ``workers`` background threads for a part. Once Python has stopped its
+    executors (at exit, before the exit hooks) or the pool closed, work runs on the
+    caller's thread, so a hand-back at exit still completes."""
 
     def __init__(self, workers: int, name: str) -> None:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
 
     def submit(self, fn: Callable[..., R], *args: Any) -> Future[R]:
-        """Run ``fn(*args)`` in the background, or here if no thread may.
-
-        Args:
-            fn: The work.
-            *args: Its arguments.
-
-        Returns:
-            Its future (already done when it ran here).
-        """
+        """Run ``fn(*args)`` in the background, or here if no thread may; its future."""
         try:
             return self._executor.submit(fn, *args)
         except RuntimeError:  # the executor is shut down: the work is still wanted
@@ -156,14 +123,9 @@ _lock = threading.Lock()
 
 
 def connection() -> Connection:
-    """This process's connection to the cluster it is connected to now (a detached one
-    when it is not). A connection made before a reconnection, or in the parent before a
-    fork, is let go first (:meth:`Connection.drop`; in a forked child, not touched: its
-    threads are the parent's). Never starts Ray.
-
-    Returns:
-        The connection.
-    """
+    """This process's connection to its cluster now (a detached one when not connected).
+    An older one is dropped first, unless it is a forked parent's (its threads are not
+    ours). Never starts Ray."""
     global _current
     identity, pid = _ray.connection_identity(), os.getpid()
     current = _current
@@ -181,11 +143,9 @@ def connection() -> Connection:
 
 
 def close_connection() -> None:
-    """Close this process's connection and forget it: its one-shots are handed back and
-    its writers flushed, while it can still call Ray. Called at exit, and by whoever
-    disconnects this process (the simulator, the CLI) just before. One that Ray is no
-    longer connected through (it reconnected, or disconnected, since) is dropped instead,
-    and a forked parent's is left alone, as :func:`connection` would."""
+    """Close and forget this process's connection while it can still call Ray: at exit,
+    and just before a disconnect. One Ray no longer talks through is dropped instead, and
+    a forked parent's is left alone."""
     global _current
     current = _current
     if current is not None and current.pid == os.getpid():

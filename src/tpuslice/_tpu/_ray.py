@@ -1,8 +1,5 @@
 """The only module that touches Ray's private names (``ray._private``, ``ray._raylet``).
-
-Each function says which public API we would use if Ray had one. Keep this file small:
-everything else in tpuslice talks to Ray through its public API.
-"""
+Each function names the public API we would use if Ray had one."""
 
 from __future__ import annotations
 
@@ -16,11 +13,8 @@ import ray
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
-    """Available resources of every alive node, in one GCS read.
-
-    Public alternative: none; ``ray.available_resources()`` only gives cluster totals.
-    Note: a resource fully in use is *absent* from a node's map, not zero.
-    """
+    """Available resources of every alive node, in one GCS read; a resource fully in
+    use is *absent*, not zero. Public alternative: none (only cluster totals)."""
     from ray._private.state import available_resources_per_node as read
 
     result: dict[str, dict[str, float]] = read()
@@ -28,10 +22,8 @@ def available_resources_per_node() -> dict[str, dict[str, float]]:
 
 
 def cluster_can_grow() -> bool:
-    """Whether an autoscaler has published a cluster config (KubeRay, cluster launcher).
-
-    Public alternative: none. ``TPUSLICE_CLUSTER_CAN_GROW=0/1`` overrides the check.
-    """
+    """Whether an autoscaler has published a cluster config; ``TPUSLICE_CLUSTER_CAN_GROW``
+    overrides. Public alternative: none."""
     override = os.environ.get("TPUSLICE_CLUSTER_CAN_GROW")
     if override is not None:
         return override.strip().lower() in ("1", "true", "yes")
@@ -41,11 +33,8 @@ def cluster_can_grow() -> bool:
 
 
 def recorded_cluster_address() -> str | None:
-    """The address of the last cluster started on this machine, which ``address="auto"``
-    joins (Ray records it in ``<temp dir>/ray_current_cluster``); ``None`` if none.
-
-    Public alternative: none.
-    """
+    """The address ``address="auto"`` joins (the last cluster started on this machine),
+    or ``None``. Public alternative: none."""
     from ray._private.utils import read_ray_address
 
     address: str | None = read_ray_address(None)
@@ -53,10 +42,8 @@ def recorded_cluster_address() -> str | None:
 
 
 def node_process_pids(node: Any) -> list[int]:
-    """Pids of the Ray processes a ``ray.cluster_utils`` node started (raylet, GCS, ...).
-
-    Public alternative: none; ``Cluster`` keeps them on the private ``Node.all_processes``.
-    """
+    """Pids of the Ray processes a ``ray.cluster_utils`` node started. Public
+    alternative: none (``Node.all_processes`` is private)."""
     pids: list[int] = []
     for infos in getattr(node, "all_processes", {}).values():
         pids.extend(info.process.pid for info in infos if info.process is not None)
@@ -65,13 +52,8 @@ def node_process_pids(node: Any) -> list[int]:
 
 @contextmanager
 def minimal_node_agents() -> Iterator[None]:
-    """Ray nodes started in this process during the block run Ray's *minimal* dashboard
-    agent (as under ``pip install ray``, without ``[default]``): no metrics export, and
-    much less CPU while idle. Ray starts the full agent whenever the dashboard's
-    dependencies import; this makes its check say they do not.
-
-    Public alternative: none (``ray start`` has no switch for the agent's mode).
-    """
+    """Ray nodes started here during the block run Ray's *minimal* dashboard agent (far
+    less CPU while idle), by making Ray's dependency check fail. Public alternative: none."""
     utils = ray._private.utils
     real = getattr(utils, "get_dashboard_dependency_error", None)
     if real is None:  # another Ray: its agents as they come
@@ -90,24 +72,14 @@ _NODE_START_PATCH = threading.Lock()
 
 @contextmanager
 def node_processes_started_by(run: Callable[[Callable[[], None]], None]) -> Iterator[None]:
-    """A Ray node this thread starts during the block (``Cluster.add_node``) resolves
-    its resources and labels and spawns its processes through ``run`` (which calls the
-    function it is given, wherever and however it chooses), and waits for its raylet to
-    register here.
+    """A Ray node this thread starts during the block resolves and spawns its processes
+    through ``run``, then waits for its raylet here.
 
-    Ray reads a node's TPU facts from this process's environment while it resolves them,
-    spawns the node's processes tied to the spawning *thread* (on Linux each dies with
-    the thread that started it), then waits about 2 s for the raylet to register. Threads
-    can wait for several nodes at once when ``run`` hands the short resolve-and-spawn
-    step to one long-lived thread, with the environment set there.
-
-    A node started off the main thread sets no ``SIGTERM`` handler (Python allows one only
-    from the main thread). The handler Ray set for the head stays: on ``SIGTERM`` it
-    exits, and every node's at-exit hook stops that node; each node's reaper process
-    still stops it if this process dies outright.
-
-    Public alternative: none (``Cluster.add_node`` resolves, spawns and waits in one
-    call, on the calling thread, with the environment of the calling process).
+    Ray reads a node's TPU facts from the environment and ties its processes to the
+    spawning *thread* (each dies with it), so ``run`` hands that short step to one
+    long-lived thread with the environment set there, and threads can wait for several
+    nodes at once. Off the main thread no ``SIGTERM`` handler is set (Python forbids it);
+    the head's stays. Public alternative: none (``Cluster.add_node`` does all in one call).
     """
     from ray._private import utils
     from ray._private.node import Node as node_class
@@ -152,10 +124,8 @@ def kv_errors() -> tuple[type[BaseException], ...]:
 
 
 def kv_put(key: str, value: bytes, namespace: str | None) -> bool:
-    """Write Ray's internal key-value store. Public alternative: none.
-
-    Returns whether the key existed before. Raises ``ConnectionError`` (one of
-    :func:`kv_errors`) when Ray is not connected."""
+    """Write Ray's internal KV store; whether the key existed. ``ConnectionError`` when not
+    connected. Public alternative: none."""
     from ray.experimental import internal_kv
 
     if not internal_kv._internal_kv_initialized():
@@ -165,8 +135,8 @@ def kv_put(key: str, value: bytes, namespace: str | None) -> bool:
 
 
 def kv_list(prefix: str, namespace: str | None) -> list[str]:
-    """Keys of Ray's internal KV store that start with ``prefix``; ``[]`` when Ray is not
-    connected. Public alternative: none."""
+    """Keys of Ray's internal KV store starting with ``prefix``; ``[]`` when not connected.
+    Public alternative: none."""
     from ray.experimental import internal_kv
 
     if not internal_kv._internal_kv_initialized():
@@ -176,8 +146,8 @@ def kv_list(prefix: str, namespace: str | None) -> list[str]:
 
 
 def kv_get(key: str, namespace: str | None) -> bytes | None:
-    """Read Ray's internal key-value store; ``None`` when the key is absent or Ray is not
-    connected. Public alternative: none."""
+    """Read Ray's internal KV store; ``None`` when absent or not connected. Public
+    alternative: none."""
     from ray.experimental import internal_kv
 
     if not internal_kv._internal_kv_initialized():
@@ -187,8 +157,8 @@ def kv_get(key: str, namespace: str | None) -> bytes | None:
 
 
 def kv_delete(key: str, namespace: str | None, *, prefix: bool = False) -> None:
-    """Delete a key of Ray's internal KV store (every key starting with ``key`` if
-    ``prefix``); nothing when Ray is not connected. Public alternative: none."""
+    """Delete a key (every key starting with it if ``prefix``) of Ray's internal KV store;
+    nothing when not connected. Public alternative: none."""
     from ray.experimental import internal_kv
 
     if internal_kv._internal_kv_initialized():
@@ -196,8 +166,8 @@ def kv_delete(key: str, namespace: str | None, *, prefix: bool = False) -> None:
 
 
 def kv_get_many(keys: list[str], namespace: str | None) -> dict[str, bytes]:
-    """Read several keys of Ray's internal KV store in one GCS call; absent keys are
-    left out; empty when Ray is not connected. Public alternative: none."""
+    """Several keys of Ray's internal KV store in one GCS call, absent ones left out
+    (empty when not connected). Public alternative: none."""
     from ray._private import worker
     from ray.experimental import internal_kv
 
@@ -226,10 +196,8 @@ def current_node_id() -> str:
 
 
 def remote_function_parts(fn: Any) -> tuple[Any, dict[str, Any]]:
-    """The Python function behind a ``@ray.remote`` function, and its decorator options.
-
-    Public alternative: none; ``RemoteFunction`` keeps both on private attributes.
-    """
+    """The Python function behind a ``@ray.remote`` function, and its options. Public
+    alternative: none."""
     function = getattr(fn, "_function", None)
     if function is None:
         raise TypeError(
@@ -239,11 +207,8 @@ def remote_function_parts(fn: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def dead_jobs(job_ids: Collection[str]) -> set[str]:
-    """Of the given Ray job ids (hex), those whose drivers have exited, in one GCS read.
-
-    Public alternative: ``ray.util.state.list_jobs`` goes through the dashboard, which a
-    cluster may not run; the GCS job table is what it reads.
-    """
+    """Of these Ray job ids (hex), those whose drivers have exited. Public alternative:
+    ``ray.util.state.list_jobs``, which needs the dashboard."""
     from ray._private.state import state
 
     wanted = set(job_ids)
@@ -251,12 +216,8 @@ def dead_jobs(job_ids: Collection[str]) -> set[str]:
 
 
 def connection_identity() -> bytes | None:
-    """Which connection to Ray this process has now: its worker's id, new at every
-    ``ray.init`` (so a shutdown and an init to the same address give another); ``None``
-    when not connected. Never connects, where ``ray.get_runtime_context()`` would.
-
-    Public alternative: none; ``ray.is_initialized()`` says whether, not which.
-    """
+    """This process's connection to Ray: its worker id, new at every ``ray.init``;
+    ``None`` when not connected. Never connects. Public alternative: none."""
     from ray._private import worker
 
     driver = worker.global_worker
@@ -271,15 +232,8 @@ def current_job_id() -> str:
 
 
 def alive_actors_on(node_ids: Collection[str]) -> list[tuple[str, str, int]]:
-    """The live actors on these nodes, from the GCS's actor table (no dashboard needed).
-    Public alternative: ``ray.util.state.list_actors``, which needs Ray's dashboard.
-
-    Args:
-        node_ids: Node ids (hex).
-
-    Returns:
-        ``(class name, node id, pid)`` of each.
-    """
+    """``(class name, node id, pid)`` of the live actors on these nodes. Public
+    alternative: ``ray.util.state.list_actors``, which needs Ray's dashboard."""
     from ray._private import state
 
     wanted = set(node_ids)
@@ -291,14 +245,9 @@ def alive_actors_on(node_ids: Collection[str]) -> list[tuple[str, str, int]]:
 
 
 def gcs_token_refusal(address: str) -> str | None:
-    """Ray's reason when the GCS at ``address`` refuses this process's token (none, or a
-    wrong one); ``None`` when it accepts it or requires none. One GCS call, answered at
-    once by a GCS that runs; one that does not answer is waited for as long as Ray's
-    client waits (about 40 s), so call it with a bound of your own.
-
-    Public alternative: none; ``ray.init`` retries a refused token for about 20 s, then
-    raises a bare ``ConnectionError`` that does not say why.
-    """
+    """Ray's reason when the GCS at ``address`` refuses this process's token, else
+    ``None``. A GCS that does not answer is waited for long: bound the call yourself.
+    Public alternative: none (``ray.init`` retries, then fails without saying why)."""
     raylet: Any = ray._raylet  # its type stubs leave out the GCS client
 
     try:
@@ -309,11 +258,8 @@ def gcs_token_refusal(address: str) -> str | None:
 
 
 def reload_auth_settings() -> None:
-    """Make Ray in this process read ``RAY_AUTH_MODE`` and its token again from the
-    environment (it reads them once and keeps them). Only while not connected.
-
-    Public alternative: none.
-    """
+    """Make Ray here re-read ``RAY_AUTH_MODE`` and its token (only while not connected).
+    Public alternative: none."""
     raylet: Any = ray._raylet  # its type stubs leave out both classes
 
     # The mode before the token: a token dropped while the mode still said "token"
@@ -323,11 +269,8 @@ def reload_auth_settings() -> None:
 
 
 def enable_token_auth_if_token_found() -> None:
-    """What ``ray.init`` does for an address it finds on its own (``None``, ``"auto"``):
-    with ``RAY_AUTH_MODE`` unset and a token found, this process uses token mode.
-
-    Public alternative: none.
-    """
+    """As ``ray.init`` does for an address it finds: with ``RAY_AUTH_MODE`` unset and a
+    token found, use token mode. Public alternative: none."""
     from ray._private.authentication.authentication_token_setup import (
         maybe_enable_token_auth_if_token_available,
     )

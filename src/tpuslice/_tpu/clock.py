@@ -1,7 +1,5 @@
-"""Injected time for the waits whose logic is tested without Ray: a reservation's wait
-for slices, a resilient run's back-off and the cluster view's polls read and sleep
-through a :class:`Clock`, so their tests need no real waiting. Other waits (a thread's
-period, a bound on one Ray call) read the real time."""
+"""Injected time for waits whose logic is tested without Ray (a reservation's wait, a
+resilient run's back-off, the cluster view's polls); other waits read the real time."""
 
 from __future__ import annotations
 
@@ -15,10 +13,7 @@ class Clock:
     """Monotonic seconds, a sleep, and wall-clock stamps (the real ones by default).
 
     Attributes:
-        now: Monotonic seconds.
-        sleep: Waits that many seconds.
-        stamp: Wall-clock nanoseconds (a reservation's place in the queue's arrival
-            order: when it was asked for, comparable across drivers).
+        stamp: Wall-clock nanoseconds: a reservation's arrival order, comparable across drivers.
     """
 
     now: Callable[[], float] = time.monotonic

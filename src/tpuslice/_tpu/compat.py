@@ -1,9 +1,5 @@
-"""Ray 2.60 ``ray.util.tpu`` pure helpers, with the same names, signatures and results.
-
-Built on :mod:`tpuslice._tpu.topology`. Where Ray accepts nonsense (an invalid topology,
-``num_slices=0``) or crashes (``ZeroDivisionError``), these raise a clear ``ValueError``
-subclass instead; tests/test_compat.py lists every such case against Ray itself.
-"""
+"""Ray 2.60 ``ray.util.tpu`` pure helpers, with the same names, signatures and results,
+except that where Ray accepts nonsense or crashes these raise a clear ``ValueError``."""
 
 from __future__ import annotations
 
@@ -16,8 +12,8 @@ from tpuslice.errors import InvalidArgumentError, InvalidResourceError
 
 DEFAULT_MEGASCALE_PORT = "8081"
 DEFAULT_COORDINATOR_PORT = 8476
-"""Port of the ``jax.distributed`` coordinator on rank 0 (JAX's default on Cloud TPU, and a
-port GCP's firewall rule for TPU VMs opens: jax-ml/jax issue 35905)."""
+"""Port of the ``jax.distributed`` coordinator on rank 0 (JAX's default on Cloud TPU, and
+open in GCP's firewall rule for TPU VMs)."""
 DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S: float = 100.0
 VALID_TPU_TYPES = tuple(topo.GENERATIONS)
 RAY_TPU_RESOURCE_PER_CHIP_ENV_VAR = "RAY_TPU_RESOURCE_PER_CHIP"
@@ -30,7 +26,7 @@ def get_tpu_resource_per_chip() -> int:
         The variable's value, or 1 when it is not set.
 
     Raises:
-        InvalidArgumentError: the variable is set but is not a positive integer.
+        InvalidArgumentError: the variable is not a positive integer.
     """
     value = os.environ.get(RAY_TPU_RESOURCE_PER_CHIP_ENV_VAR)
     if value is None:
@@ -53,7 +49,7 @@ def check_positive_int(name: str, value: object) -> int:
         ``value``, unchanged.
 
     Raises:
-        InvalidArgumentError: ``value`` is not an int (a bool is not), or is below 1.
+        InvalidArgumentError: ``value`` is not an int (a bool is not) >= 1.
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
@@ -64,14 +60,13 @@ def resolve_resource_per_chip(tpu_resource_per_chip: int | None) -> int:
     """Ray ``TPU`` units per chip: the argument if given, else the environment's.
 
     Args:
-        tpu_resource_per_chip: The caller's value; ``None`` reads
-            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+        tpu_resource_per_chip: The caller's value; ``None`` reads the environment.
 
     Returns:
         The TPU resource units per physical chip.
 
     Raises:
-        InvalidArgumentError: the value (or the variable) is not a positive integer.
+        InvalidArgumentError: the value is not a positive integer.
     """
     if tpu_resource_per_chip is None:
         return get_tpu_resource_per_chip()
@@ -85,7 +80,7 @@ def get_tpu_version_from_type(accelerator_type: str) -> str:
         accelerator_type: Ray's accelerator type, or any accepted generation spelling.
 
     Returns:
-        The generation's canonical name (``"v5litepod"`` for ``v5e``).
+        The generation's canonical name.
 
     Raises:
         InvalidAcceleratorError: it names no known generation.
@@ -97,7 +92,7 @@ def get_num_chips_from_topology(topology: str) -> int:
     """``"2x2x2"`` -> 8.
 
     Args:
-        topology: Sides joined by ``x``; not checked against any generation.
+        topology: Sides joined by ``x``.
 
     Returns:
         Chips in the topology.
@@ -112,8 +107,8 @@ def get_chips_per_host(topology: str, accelerator_version: str) -> int:
     """Default chips per VM: the whole slice for v5e/v6e shapes of up to 8 chips, else 4.
 
     Args:
-        topology: The slice's chip grid (``"4x4"``).
-        accelerator_version: Its TPU generation (``"v6e"``, ``"TPU-V6E"``).
+        topology: The slice's chip grid.
+        accelerator_version: Its TPU generation.
 
     Returns:
         Chips on each VM of such a slice.
@@ -133,7 +128,7 @@ def infer_tpu_pod_type_from_topology(topology: str, accelerator_type: str) -> st
         accelerator_type: Ray's accelerator type, or any accepted generation spelling.
 
     Returns:
-        The pod type; ``None``, not an error, if either argument is empty (as in Ray).
+        The pod type, or ``None`` (as in Ray).
 
     Raises:
         InvalidAcceleratorError: the generation is unknown.
@@ -156,30 +151,23 @@ def get_tpu_worker_resources(
 ) -> tuple[int, dict[str, float]]:
     """Number of workers and each worker's resources for ``num_slices`` slices.
 
-    By default a worker is one host (``TPU`` = chips per VM x resource per chip,
-    ``CPU`` = 1). ``resources_per_unit`` is the older name of ``resources_per_worker``.
-
     Args:
         topology: Chip grid of one slice.
         accelerator_type: Its TPU generation, in any accepted spelling.
-        resources_per_worker: Resources of one worker; missing ``CPU`` and ``TPU`` get
-            the defaults above.
+        resources_per_worker: One worker's resources (default: one host, ``CPU`` 1).
         num_slices: How many slices.
         chips_per_vm: Chips on each VM; ``None`` for the shape's default.
-        tpu_resource_per_chip: ``TPU`` units per chip; ``None`` reads
-            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+        tpu_resource_per_chip: ``TPU`` units per chip; ``None`` reads the environment.
         resources_per_unit: Older name of ``resources_per_worker``.
 
     Returns:
         The number of workers over all slices, and the resources of each.
 
     Raises:
-        InvalidArgumentError: both ``resources_per_worker`` and ``resources_per_unit``
-            are given, or ``num_slices`` or the TPU units per chip is not a positive int.
+        InvalidArgumentError: both resource arguments are given, or a count is not positive.
         InvalidAcceleratorError: the generation is unknown.
         InvalidTopologyError: the topology is malformed or not offered for it.
-        InvalidResourceError: ``chips_per_vm`` is not valid, or a worker's ``TPU`` is
-            not positive or does not divide one slice's ``TPU`` evenly.
+        InvalidResourceError: a worker's ``TPU`` does not divide one slice's evenly.
     """
     if resources_per_unit is not None:
         if resources_per_worker is not None:
@@ -217,23 +205,20 @@ def get_tpu_num_slices_for_workers(
     tpu_resource_per_chip: int | None = None,
 ) -> int:
     """Slices needed to hold ``num_workers`` workers; 1 when the slice inputs are incomplete
-    or invalid (as in Ray, which uses this to size a request before validating it).
-    A ``num_workers`` that is not a number raises (Ray returns 1).
+    or invalid (as in Ray, which sizes a request with it before validating it).
 
     Args:
         topology: Chip grid of one slice.
         accelerator_type: Its TPU generation, in any accepted spelling.
         num_workers: Workers to place.
         resources_per_worker: Resources of one worker (default: one whole host).
-        tpu_resource_per_chip: ``TPU`` units per chip; ``None`` reads
-            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+        tpu_resource_per_chip: ``TPU`` units per chip; ``None`` reads the environment.
 
     Returns:
-        The slice count, at least 1; 1, not an error, when ``topology`` or
-        ``accelerator_type`` is empty or any slice input is invalid.
+        The slice count, at least 1.
 
     Raises:
-        InvalidArgumentError: ``num_workers`` is not a number.
+        InvalidArgumentError: ``num_workers`` is not a number (Ray returns 1).
     """
     if not isinstance(num_workers, (int, float)):
         raise InvalidArgumentError(f"num_workers must be a number, got {num_workers!r}")
@@ -267,7 +252,7 @@ def get_tpu_coordinator_env_vars(
         coordinator_port: The coordinator's port.
 
     Returns:
-        Variable name to value, every value a string.
+        Variable name to value.
     """
     return {
         "MEGASCALE_COORDINATOR_ADDRESS": coordinator_address,
@@ -282,12 +267,9 @@ def get_tpu_coordinator_env_vars(
 
 @dataclass(frozen=True)
 class Difference:
-    """One deliberate difference in behaviour from Ray 2.60, and the test that shows it.
+    """One deliberate difference from Ray 2.60, and the test that shows it.
 
     Attributes:
-        what: The situation.
-        ray: What Ray 2.60 does.
-        ours: What tpuslice does instead, and why.
         shown_by: ``tests/<file>.py::<test>`` that exercises it (checked to exist).
     """
 

@@ -1,8 +1,6 @@
 """What Ray gives a TPU VM: node labels, resources and environment. Pure.
 
-These are Ray's conventions (GCE TPU VMs and KubeRay alike), spelled out once here so
-the simulator, host detection and the cluster view agree. tests/test_labels.py pins the
-keys against Ray's own constants.
+Ray's conventions, spelled once so the simulator, host detection and the cluster view agree.
 """
 
 from __future__ import annotations
@@ -52,12 +50,11 @@ def host_labels(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str,
 def host_resources(
     shape: SliceShape, slice_name: str, worker_id: int, tpu_resource_per_chip: int = 1
 ) -> dict[str, float]:
-    """``TPU`` (chips x resource per chip), the slice-name resource,
-    ``accelerator_type:TPU-V6E``, and ``TPU-<podtype>-head`` on worker 0 only.
+    """The resources Ray gives a TPU host; ``TPU-<podtype>-head`` on worker 0 only.
 
     Args:
         shape: The slice's shape.
-        slice_name: The slice's name (also a resource of each of its hosts).
+        slice_name: The slice's name.
         worker_id: The host's TPU worker id.
         tpu_resource_per_chip: ``TPU`` units per chip.
 
@@ -94,9 +91,8 @@ def host_env(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str, st
 
 
 def selector_matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
-    """Whether a node with these labels satisfies a label selector, as Ray judges it:
-    values ``v``, ``!v``, ``in(a,b)`` and ``!in(a,b)``; as in Kubernetes, a node without
-    the label matches only the negative forms.
+    """Whether a node's labels satisfy a selector as Ray judges it (``v``, ``!v``,
+    ``in(a,b)``, ``!in(a,b)``; a missing label matches only the negative forms).
 
     Args:
         labels: The node's labels.

@@ -1,17 +1,9 @@
 """Sub-slices of a TPU slice: which hosts form each smaller slice. Pure: no Ray.
 
-A multi-host slice's hosts sit on a grid (the *worker grid*: 4-chip hosts tile the chip
-grid in 2x2 or 2x2x1 blocks). libtpu reports each host's chips' physical coordinates; the
-smallest of them, divided by the block, is the host's *physical position*, which need not
-follow its TPU worker id. A sub-slice is a box of the worker grid: sub-slices of one
-topology cut the grid into equal boxes, numbered row-major.
-
-These are Ray 2.60's conventions (``ray.util.tpu.subslice_placement_group``), so that each
-side reads what the other discovered: node "labels" ``ray.io/tpu-subslice-<topology>: <n>``
-kept in Ray's internal KV store (namespace ``tpu_subslice``, key ``tpu_subslice/<slice>``,
-value ``{worker id: {label: index}}``). Ray's coordinate reading: a topology ``AxB`` is
-``(y, x)`` and a chip's coordinates are ``[x, y]``; ``AxBxC`` is ``(z, y, x)`` and
-coordinates are ``[x, y, z]`` (a missing ``z`` counts as 0).
+4-chip hosts tile the chip grid in a *worker grid*; a host's smallest chip coordinate,
+divided by its block, is its *physical position* (not its worker id). A sub-slice is a box
+of the worker grid, numbered row-major. Ray 2.60's conventions, so each side reads what the
+other learned: topology ``AxB`` is ``(y, x)`` and chip coordinates are ``[x, y(, z)]``.
 """
 
 from __future__ import annotations
@@ -27,8 +19,7 @@ from tpuslice.errors import InvalidTopologyError, listing
 
 SUBSLICE_LABEL_PREFIX = "ray.io/tpu-subslice-"
 HOST_BLOCK = {2: (2, 2), 3: (2, 2, 1)}
-"""Chips of one 4-chip host along each side of the chip grid (Ray assumes 4-chip hosts
-for every multi-host slice; a single-host v5e/v6e 2x4 of 8 chips has no sub-slices)."""
+"""Chips of one 4-chip host along each side (Ray assumes 4-chip multi-host slices)."""
 
 
 def kv_key(slice_name: str) -> bytes:
@@ -38,7 +29,7 @@ def kv_key(slice_name: str) -> bytes:
         slice_name: The parent slice.
 
     Returns:
-        The key, as bytes (Ray's internal KV takes bytes or str).
+        The key, as bytes.
     """
     return f"tpu_subslice/{slice_name}".encode()
 
@@ -57,8 +48,7 @@ def label_key(subslice_topology: str) -> str:
 
 @functools.lru_cache(maxsize=512)
 def worker_dims(topology: str) -> tuple[int, ...]:
-    """Hosts along each side of a slice of ``topology`` made of 4-chip hosts, in the
-    topology's own order (Ray's ``(y, x)`` / ``(z, y, x)``): ``4x8`` -> ``(2, 4)``.
+    """Hosts along each side of ``topology`` made of 4-chip hosts: ``4x8`` -> ``(2, 4)``.
 
     Args:
         topology: A 2D or 3D topology.
@@ -81,8 +71,7 @@ def worker_dims(topology: str) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=4)
 def _known_topologies(ndim: int) -> tuple[str, ...]:
-    """Every topology of any generation with ``ndim`` sides that 4-chip hosts tile,
-    by host count, then by sides."""
+    """Every known ``ndim``-sided topology 4-chip hosts tile, by host count then sides."""
     found = set()
     for gen in GENERATIONS.values():
         for topology in gen.topologies:
@@ -94,8 +83,7 @@ def _known_topologies(ndim: int) -> tuple[str, ...]:
 
 
 def subslice_topologies(parent_topology: str) -> list[str]:
-    """The smaller topologies a slice of ``parent_topology`` is cut into: those whose
-    worker grid fits inside the parent's on every side and has fewer hosts.
+    """The smaller topologies whose worker grid fits inside the parent's.
 
     Args:
         parent_topology: The parent slice's topology.
@@ -122,10 +110,10 @@ def _subslice_topologies(parent_topology: str) -> tuple[str, ...]:
 
 
 def physical_position(coordinates: Sequence[Sequence[int]], parent_topology: str) -> int:
-    """A host's place in the parent's worker grid, row-major, from its chips' coordinates.
+    """A host's row-major place in the parent's worker grid, from its chips' coordinates.
 
     Args:
-        coordinates: Each chip's ``[x, y]`` or ``[x, y, z]``, as libtpu reports them.
+        coordinates: Each chip's ``[x, y(, z)]``, as libtpu reports them.
         parent_topology: The slice's topology.
 
     Returns:
@@ -156,8 +144,8 @@ def physical_position(coordinates: Sequence[Sequence[int]], parent_topology: str
 def chip_coordinates(
     physical: int, parent_topology: str, grid: Sequence[int] | None = None
 ) -> list[list[int]]:
-    """The coordinates libtpu reports for the chips of the host at ``physical`` (the
-    inverse of :func:`physical_position`, in Ray's reading): the simulator's source.
+    """The chip coordinates of the host at ``physical`` (the simulator's source; the
+    inverse of :func:`physical_position`).
 
     Args:
         physical: The host's physical position.
@@ -165,7 +153,7 @@ def chip_coordinates(
         grid: Its worker grid (default: 4-chip hosts, :func:`worker_dims`).
 
     Returns:
-        One ``[x, y]`` or ``[x, y, z]`` per chip of the host.
+        One ``[x, y(, z)]`` per chip of the host.
     """
     grid = tuple(grid) if grid is not None else worker_dims(parent_topology)
     chips = parse_dims(parent_topology)
@@ -191,8 +179,7 @@ def _position(index: int, grid: Sequence[int]) -> list[int]:
 
 
 def subslice_index(physical: int, parent_topology: str, subslice_topology: str) -> int:
-    """Which sub-slice of ``subslice_topology`` the host at ``physical`` belongs to: the
-    parent's grid cut into boxes of the sub-slice's grid, numbered row-major.
+    """Which sub-slice of ``subslice_topology`` holds the host at ``physical``.
 
     Args:
         physical: The host's physical position.
@@ -226,8 +213,8 @@ def host_labels(physical: int, parent_topology: str) -> dict[str, str]:
 
 
 def physical_from_labels(labels: Mapping[str, str], parent_topology: str) -> int | None:
-    """A host's physical position read back from its labels (the one-host sub-slice's
-    index is the position), for labels another program (Ray) discovered.
+    """A host's physical position read back from its labels (its one-host sub-slice's
+    index), for labels Ray discovered.
 
     Args:
         labels: The host's sub-slice labels.
@@ -248,8 +235,7 @@ def members(
     parent_topology: str,
     subslice_topology: str,
 ) -> dict[int, list[int]]:
-    """Each sub-slice's hosts: ``{index: [TPU worker ids, ascending]}``; hosts in the
-    ragged rest of a side the sub-slice does not divide are left out.
+    """Each whole sub-slice's hosts: ``{index: [TPU worker ids, ascending]}``.
 
     Args:
         physical_by_worker: Each TPU worker id's physical position.
@@ -279,12 +265,10 @@ def valid_parents(subslice_topology: str, topologies: Sequence[str]) -> list[str
         topologies: The topologies the cluster has.
 
     Returns:
-        Those whose worker grid is at least the sub-slice's on every side (not the
-        sub-topology itself), by host count.
+        Those whose worker grid holds the sub-slice's (not itself), by host count.
 
     Raises:
-        InvalidTopologyError: the sub-slice has no worker grid (the message lists
-            the shapes that do).
+        InvalidTopologyError: the sub-slice has no worker grid.
     """
     try:
         sub = worker_dims(subslice_topology)
@@ -308,18 +292,10 @@ def valid_parents(subslice_topology: str, topologies: Sequence[str]) -> list[str
 
 
 def subslice_env(shape: SliceShape, hosts: list[str], worker: int) -> CallEnv:
-    """What a host of a sub-slice needs set so that libtpu and JAX treat the sub-slice as
-    the slice (Ray 2.60 sets none of it). Pure.
-
-    The names are those libtpu, JAX's Cloud TPU cluster detection and GKE's TPU device
-    plugin read (../shared/REFERENCE.md; jax ``clusters/cloud_tpu_cluster.py``):
-    ``TPU_WORKER_HOSTNAMES`` / ``TPU_WORKER_ID`` (the peers and this host's index among
-    them; ``CLOUD_TPU_TASK_ID`` too), ``TPU_ACCELERATOR_TYPE`` and ``TPU_TOPOLOGY`` of the
-    sub-slice, host and chip bounds (``TPU_HOST_BOUNDS`` / ``TPU_PROCESS_BOUNDS``: its
-    worker grid; ``TPU_CHIPS_PER_*_BOUNDS``: one 2x2 host), no wrap-around links,
-    ``TPU_SKIP_MDS_QUERY`` (the metadata server describes the parent slice), and
-    ``TPU_PROCESS_ADDRESSES`` unset: when set (multi-process hosts) it lists the parent's
-    processes, and JAX's ``GkeTpuCluster`` takes it, even empty, before the host names.
+    """What a sub-slice's host needs set so libtpu and JAX treat the sub-slice as the
+    slice (Ray 2.60 sets none). ``TPU_SKIP_MDS_QUERY``: the metadata server describes the
+    parent. ``TPU_PROCESS_ADDRESSES`` unset: it would list the parent's processes, and JAX
+    takes it, even empty, before the host names.
 
     Args:
         shape: The sub-slice's shape.

@@ -1,9 +1,8 @@
 """TPU generations, slice topologies and the shape of a slice. Pure: no Ray, no I/O.
 
-A *topology* is the chip grid of a slice (``4x4``, ``2x2x2``); a *pod type* names the
-generation and its size (``v6e-16``: 16 chips; ``v4-16``: 16 TensorCores = 8 chips).
-A *host* is one TPU VM, which Ray sees as one node. :func:`slice_shape` turns a
-request into a :class:`SliceShape` with everything the rest of tpuslice needs.
+A *topology* is a slice's chip grid (``4x4``); a *pod type* names generation and size
+(``v6e-16``: 16 chips; ``v4-16``: 16 TensorCores = 8 chips); a *host* is one TPU VM (one
+Ray node). :func:`slice_shape` turns a request into a :class:`SliceShape`.
 """
 
 from __future__ import annotations
@@ -40,17 +39,9 @@ def _cube_steps(max_x: int, max_y: int, max_z: int, step: int = 4) -> frozenset[
 _SMALL_3D = frozenset({"2x2x1", "2x2x2", "2x2x4", "2x4x4"})
 _LITE_2D = frozenset({"1x1", "2x2", "2x4", "2x8", "4x4", "4x8", "8x8", "8x16", "16x16"})
 
-# Valid slice topologies per generation.
-# Base: Ray 2.60 `ray._private.accelerators.tpu.VALID_TPU_TOPOLOGY` (every shape Ray
-# accepts is here; tests/test_topology.py checks this against the installed Ray).
-# Added, each with where it is documented:
-#   v2/v3 "2x2": v2-8 / v3-8, the single-VM types (8 TensorCores = 4 chips) listed on
-#     cloud.google.com/tpu/docs/v2 and /v3; Ray omits it.
-#   v4 "4x16x16", "8x16x16", "12x12x24": named as v4 slice shapes on
-#     cloud.google.com/tpu/docs/types-topologies (and 12x12x24 on /tpu/docs/v4).
-#   v7x "16x16x16", "16x16x24", "16x16x32": not found in the Cloud TPU docs pages we
-#     could search; listed for tpu7x-standard-4t in Google's XPK
-#     (github.com/AI-Hypercomputer/xpk, src/xpk/core/system_characteristics.py).
+# Valid slice topologies per generation: Ray 2.60's VALID_TPU_TOPOLOGY, plus shapes Ray
+# omits: v2/v3 "2x2" (v2-8, v3-8) and v4's larger shapes (cloud.google.com/tpu/docs),
+# v7x's 16x16xN (Google's XPK, system_characteristics.py).
 _TOPOLOGIES: dict[str, frozenset[str]] = {
     "v2": frozenset({"2x2", "4x4", "4x8", "8x8", "8x16", "16x16"}),
     "v3": frozenset({"2x2", "4x4", "4x8", "8x8", "8x16", "16x16", "16x32", "32x32"}),
@@ -59,42 +50,27 @@ _TOPOLOGIES: dict[str, frozenset[str]] = {
     "v5litepod": _LITE_2D,
     "v6e": _LITE_2D,
     "v7x": _SMALL_3D
-    | frozenset(
-        {
-            "4x4x4",
-            "4x4x8",
-            "4x8x8",
-            "8x8x8",
-            "8x8x16",
-            "8x16x16",
-            "16x16x16",
-            "16x16x24",
-            "16x16x32",
-        }
-    ),
+    | {"4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16"}
+    | {"16x16x16", "16x16x24", "16x16x32"},
 }
 
 
 @dataclass(frozen=True)
 class Generation:
-    """One TPU generation and the facts about it that shape a slice.
-
-    Source: Google Cloud TPU system architecture docs; Ray 2.60 agrees on every field.
+    """One TPU generation and the facts that shape its slices (as in Ray 2.60).
 
     Attributes:
-        aliases: Other accepted spellings of the name (``v5e``, ``trillium``, ``tpu7x``).
-        cores_per_chip: TensorCores per chip (1 on v5e/v6e, 2 elsewhere).
+        aliases: Other accepted spellings (``v5e``, ``trillium``, ``tpu7x``).
         dims: Sides of its topologies: 2 (``4x4``) or 3 (``2x2x2``).
-        topologies: Every valid topology of the generation.
     """
 
     name: str
-    """Canonical spelling used in pod types and Ray labels (``v5litepod``, ``v7x``)."""
+    """Canonical spelling, as in pod types and Ray labels (``v5litepod``)."""
     aliases: tuple[str, ...]
     cores_per_chip: int
     dims: int
     max_chips_single_vm: int
-    """Largest slice that Google offers as one VM (8 on v5e/v6e, 4 elsewhere)."""
+    """Largest slice Google offers as one VM."""
     topologies: frozenset[str]
 
     @property
@@ -108,10 +84,10 @@ class Generation:
         return f"TPU-{self.name.upper()}"
 
     def sorted_topologies(self) -> list[str]:
-        """Topologies ordered by chip count, then by their sides.
+        """Topologies by chip count, then by their sides.
 
         Returns:
-            Every topology of the generation, smallest first.
+            Every topology, smallest first.
         """
         return sorted(self.topologies, key=lambda t: (chips_in(t), parse_dims(t)))
 
@@ -137,13 +113,13 @@ _TOPOLOGY_RE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*){1,2}$")
 
 
 def normalize_generation_name(accelerator: str) -> str:
-    """Lower-case, strip, and drop a ``TPU-``/``TPU`` prefix: ``" TPU-V6E"`` -> ``"v6e"``.
+    """``" TPU-V6E"`` -> ``"v6e"``: lower-case, stripped, no ``TPU-``/``TPU`` prefix.
 
     Args:
         accelerator: A generation or accelerator type as a user or Ray spells it.
 
     Returns:
-        The normalised spelling; not checked against the known generations.
+        The spelling, not checked.
     """
     name = accelerator.strip().lower().replace(" ", "")
     if name.startswith("tpu-"):
@@ -163,8 +139,7 @@ def generation(accelerator: str) -> Generation:
         The generation it names.
 
     Raises:
-        InvalidAcceleratorError: ``accelerator`` is not a string or names no known
-            generation (the message lists the valid ones, or points out a pod type).
+        InvalidAcceleratorError: ``accelerator`` is not a string or names no generation.
     """
     if not isinstance(accelerator, str):
         raise InvalidAcceleratorError(
@@ -188,18 +163,20 @@ def generation(accelerator: str) -> Generation:
 
 
 def parse_dims(topology: str) -> tuple[int, ...]:
-    """``"4x4"`` -> ``(4, 4)``. Raises :class:`InvalidTopologyError` on a malformed string.
+    """``" 4X4"`` -> ``(4, 4)``; not checked against any generation.
 
     Args:
-        topology: Sides joined by ``x``, any case and spacing (``" 2X2x2"``).
+        topology: Sides joined by ``x``, any case and spacing.
 
     Returns:
-        The sides, in order; not checked against any generation.
+        The sides, in order.
 
     Raises:
         InvalidTopologyError: ``topology`` is not a string, or not 2 or 3 positive sides.
     """
-    text = normalize_topology(topology)
+    if not isinstance(topology, str):
+        raise InvalidTopologyError(f"topology must be a string such as '4x4', got {topology!r}")
+    text = topology.strip().lower().replace(" ", "")
     if not _TOPOLOGY_RE.match(text):
         raise InvalidTopologyError(
             f"topology {topology!r} is malformed; expected sides joined by 'x', "
@@ -208,31 +185,14 @@ def parse_dims(topology: str) -> tuple[int, ...]:
     return tuple(int(side) for side in text.split("x"))
 
 
-def normalize_topology(topology: str) -> str:
-    """``" 4X4 "`` -> ``"4x4"``.
-
-    Args:
-        topology: A topology as a user typed it.
-
-    Returns:
-        It lower-cased, without spaces; not checked for form.
-
-    Raises:
-        InvalidTopologyError: ``topology`` is not a string.
-    """
-    if not isinstance(topology, str):
-        raise InvalidTopologyError(f"topology must be a string such as '4x4', got {topology!r}")
-    return topology.strip().lower().replace(" ", "")
-
-
 def chips_in(topology: str) -> int:
     """Chips in a topology: the product of its sides.
 
     Args:
-        topology: Sides joined by ``x``, such as ``"2x2x2"``.
+        topology: Sides joined by ``x``.
 
     Returns:
-        The chip count (8 for ``2x2x2``).
+        The chip count.
 
     Raises:
         InvalidTopologyError: ``topology`` is malformed.
@@ -240,17 +200,9 @@ def chips_in(topology: str) -> int:
     return math.prod(parse_dims(topology))
 
 
-def nearest_topology(gen: Generation, topology: str) -> str | None:
-    """The smallest valid topology holding at least as many chips, closest in its sides.
-
-    Args:
-        gen: The generation whose topologies are candidates.
-        topology: The topology asked for (valid for ``gen`` or not).
-
-    Returns:
-        A valid topology of ``gen`` (the largest if none holds enough chips); ``None``,
-        not an error, if ``topology`` is malformed or has a different number of sides.
-    """
+def _nearest_topology(gen: Generation, topology: str) -> str | None:
+    """The smallest topology of ``gen`` holding as many chips (else the largest), closest
+    in its sides; ``None`` if ``topology`` is malformed or has another number of sides."""
     try:
         dims = parse_dims(topology)
     except InvalidTopologyError:
@@ -267,25 +219,14 @@ def nearest_topology(gen: Generation, topology: str) -> str | None:
     return min((t for t in bigger if chips_in(t) == fewest), key=lambda t: (distance(t), t))
 
 
-def validate_topology(gen: Generation, topology: str) -> str:
-    """Return the normalised topology, or raise with the valid ones and the nearest.
-
-    Args:
-        gen: The generation the topology must be offered for.
-        topology: The topology asked for, any case and spacing.
-
-    Returns:
-        The topology as ``gen.topologies`` spells it (``"4x4"``).
-
-    Raises:
-        InvalidTopologyError: ``topology`` is malformed or not offered for ``gen``.
-    """
+def _validate_topology(gen: Generation, topology: str) -> str:
+    """The topology as ``gen.topologies`` spells it, or an error naming the valid ones."""
     dims = parse_dims(topology)
     text = "x".join(str(d) for d in dims)
     if text in gen.topologies:
         return text
     shape = "2D (AxB)" if gen.dims == 2 else "3D (AxBxC)"
-    nearest = nearest_topology(gen, text)
+    nearest = _nearest_topology(gen, text)
     hint = f"; did you mean '{nearest}'?" if nearest else ""
     raise InvalidTopologyError(
         f"topology '{text}' is not valid for {gen.name}; {gen.name} slices are {shape}, "
@@ -294,15 +235,14 @@ def validate_topology(gen: Generation, topology: str) -> str:
 
 
 def default_chips_per_vm(gen: Generation, topology: str) -> int:
-    """Chips on each VM when the user does not say: the whole slice if Google offers it
-    as one VM (v5e/v6e up to 8 chips), else 4. Same rule as Ray 2.60.
+    """Chips per VM by default (as Ray 2.60): the whole slice if it fits one VM, else 4.
 
     Args:
         gen: The slice's generation.
         topology: The slice's topology.
 
     Returns:
-        The default chips per VM.
+        Chips per VM.
 
     Raises:
         InvalidTopologyError: ``topology`` is malformed.
@@ -311,21 +251,8 @@ def default_chips_per_vm(gen: Generation, topology: str) -> int:
     return chips if chips <= gen.max_chips_single_vm else DEFAULT_CHIPS_PER_MULTI_HOST_VM
 
 
-def validate_chips_per_vm(chips_per_vm: object, chips: int, topology: str) -> int:
-    """``chips_per_vm`` must be 1, 2, 4 or 8 and divide the slice's chips.
-
-    Args:
-        chips_per_vm: The value the user gave.
-        chips: Chips in the slice.
-        topology: The slice's topology, for the message.
-
-    Returns:
-        ``chips_per_vm``, unchanged.
-
-    Raises:
-        InvalidResourceError: ``chips_per_vm`` is not an integer (a bool is not), or not
-            one of 1, 2, 4, 8 that divides ``chips``; the message gives the nearest.
-    """
+def _validate_chips_per_vm(chips_per_vm: object, chips: int, topology: str) -> int:
+    """``chips_per_vm`` if it is 1, 2, 4 or 8 and divides ``chips``, else an error."""
     valid = [c for c in VALID_CHIPS_PER_VM if chips % c == 0]
     if isinstance(chips_per_vm, bool) or not isinstance(chips_per_vm, int):
         raise InvalidResourceError(
@@ -343,24 +270,14 @@ def validate_chips_per_vm(chips_per_vm: object, chips: int, topology: str) -> in
 
 
 _HOST_BLOCKS: dict[int, dict[int, tuple[int, ...]]] = {
-    # Chips one VM covers in the chip grid, per chips_per_vm (Google: a multi-host VM
-    # owns a 2x2 block; in 3D the block is 2x2x1; Ray 2.60 uses the same layout).
+    # Chips one VM covers in the chip grid, per chips_per_vm (as Google and Ray 2.60).
     2: {1: (1, 1), 2: (1, 2), 4: (2, 2), 8: (2, 4)},
     3: {1: (1, 1, 1), 2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 4, 1)},
 }
 
 
-def worker_grid_for(dims: tuple[int, ...], chips_per_vm: int) -> tuple[int, ...]:
-    """Hosts along each side of the chip grid; a flat row if the block does not tile.
-
-    Args:
-        dims: Sides of the chip grid.
-        chips_per_vm: Chips on each host (1, 2, 4 or 8).
-
-    Returns:
-        Hosts per side, in the order of ``dims``; ``(num_hosts,)`` if the block of one
-        host does not tile the grid.
-    """
+def _worker_grid(dims: tuple[int, ...], chips_per_vm: int) -> tuple[int, ...]:
+    """Hosts along each side of the chip grid; ``(num_hosts,)`` if hosts do not tile it."""
     block = _HOST_BLOCKS[len(dims)][chips_per_vm]
     if all(d % b == 0 for d, b in zip(dims, block, strict=True)):
         return tuple(d // b for d, b in zip(dims, block, strict=True))
@@ -371,12 +288,7 @@ def worker_grid_for(dims: tuple[int, ...], chips_per_vm: int) -> tuple[int, ...]
 class SliceShape:
     """A slice of one generation and topology, split into VMs of ``chips_per_host`` chips.
 
-    Build one with :func:`slice_shape` (which validates); the constructor does not check.
-
-    Attributes:
-        generation: The TPU generation.
-        topology: The chip grid, normalised (``"4x4"``).
-        chips_per_host: Chips on each VM (host).
+    Build one with :func:`slice_shape`, which validates; the constructor does not.
     """
 
     generation: Generation
@@ -425,14 +337,14 @@ class SliceShape:
 
     @property
     def worker_grid(self) -> tuple[int, ...]:
-        """Hosts along each side, in the topology's own order (``4x4`` -> ``(2, 2)``)."""
-        return worker_grid_for(self.dims, self.chips_per_host)
+        """Hosts along each side, in the topology's order (``4x4`` -> ``(2, 2)``)."""
+        return _worker_grid(self.dims, self.chips_per_host)
 
     def worker_coords(self, worker_id: int) -> tuple[int, ...]:
-        """Grid position of a TPU worker id; ids run row-major over :attr:`worker_grid`.
+        """Grid position of a TPU worker id (row-major over :attr:`worker_grid`).
 
         Args:
-            worker_id: The host's TPU worker id, ``0 .. num_hosts - 1``.
+            worker_id: The host's TPU worker id.
 
         Returns:
             Its coordinates, one per side of :attr:`worker_grid`.
@@ -455,16 +367,12 @@ class SliceShape:
 def slice_shape(
     topology: str, accelerator_version: str, chips_per_vm: int | None = None
 ) -> SliceShape:
-    """Validate a request and return its :class:`SliceShape`.
-
-    Every error it raises is a ``ValueError`` whose message names what is valid.
+    """Validate a request and return its :class:`SliceShape`; errors are ``ValueError``.
 
     Args:
         topology: Chip grid of the slice, such as ``"4x4"`` or ``"2x2x2"``.
-        accelerator_version: TPU generation in any accepted spelling (``"v6e"``,
-            ``"TPU-V4"``).
-        chips_per_vm: Chips on each VM; ``None`` for the default
-            (:func:`default_chips_per_vm`).
+        accelerator_version: TPU generation in any accepted spelling (``"TPU-V4"``).
+        chips_per_vm: Chips on each VM; ``None`` for :func:`default_chips_per_vm`.
 
     Returns:
         The validated shape.
@@ -475,12 +383,12 @@ def slice_shape(
         InvalidResourceError: ``chips_per_vm`` is not valid for the topology.
     """
     gen = generation(accelerator_version)
-    topo = validate_topology(gen, topology)
+    topo = _validate_topology(gen, topology)
     chips = chips_in(topo)
     per_vm = (
         default_chips_per_vm(gen, topo)
         if chips_per_vm is None
-        else validate_chips_per_vm(chips_per_vm, chips, topo)
+        else _validate_chips_per_vm(chips_per_vm, chips, topo)
     )
     return SliceShape(gen, topo, per_vm)
 
@@ -489,8 +397,7 @@ def parse_pod_type(pod_type: str, chips_per_vm: int | None = None) -> SliceShape
     """``"v4-32"`` -> the shape of a v4 2x2x4 slice; ambiguous sizes list the candidates.
 
     Args:
-        pod_type: ``<generation>-<size>``; the size counts TensorCores, or chips on
-            v5e/v6e.
+        pod_type: ``<generation>-<size>``; size in TensorCores (chips on v5e/v6e).
         chips_per_vm: Chips on each VM; ``None`` for the default.
 
     Returns:

@@ -18,15 +18,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RankPlacement:
-    """Where one rank of a held reservation runs: its context, its bundle, and the TPU
-    the bundle holds. Tasks and actor groups both place a rank from this.
-
-    Attributes:
-        context: The rank's slice context.
-        group: The placement group holding its bundle.
-        bundle: The bundle's index in ``group``.
-        tpu: ``TPU`` resources the bundle holds.
-    """
+    """Where one rank of a held reservation runs: its context, its bundle (index
+    ``bundle`` in ``group``), and the ``TPU`` the bundle holds."""
 
     context: HostContext
     group: PlacementGroup
@@ -45,8 +38,7 @@ class RankPlacement:
 
     def task_options(self) -> dict[str, Any]:
         """Ray's options for one task of this rank, as Ray 2.60's ``run_on_slice`` gives
-        them: no CPU, the bundle's ``TPU``, in the bundle; and never retried (a retried
-        task would run outside its gang).
+        them; never retried (a retried task would run outside its gang).
 
         Returns:
             The options, for ``.options(**...)``.
@@ -70,10 +62,10 @@ def live_placement_groups() -> list[dict[str, Any]]:
 
 
 def remove_group(pg: PlacementGroup | None) -> None:
-    """Remove a placement group; a group already gone is fine (idempotent).
+    """Remove a placement group; one already gone, or ``None``, is fine.
 
     Args:
-        pg: The group; ``None`` does nothing.
+        pg: The group.
     """
     if pg is None:
         return
@@ -84,14 +76,14 @@ def remove_group(pg: PlacementGroup | None) -> None:
 
 
 def wait_all(pgs: Sequence[PlacementGroup], timeout: float) -> list[bool]:
-    """Wait until every group is placed or ``timeout`` passes; return which are ready.
+    """Wait until every group is placed or ``timeout`` passes.
 
     Args:
         pgs: The groups.
-        timeout: Seconds to wait at most (a negative value waits not at all).
+        timeout: Seconds to wait at most (negative: not at all).
 
     Returns:
-        Whether each group is placed, in the order of ``pgs``.
+        Whether each group is placed, in order.
     """
     if not pgs:
         return []

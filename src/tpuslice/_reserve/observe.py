@@ -1,9 +1,5 @@
-"""What a reservation tells its observers as things happen: each call here adds an event
-to the timeline (:mod:`tpuslice.record.events`) and records the matching metrics
-(:mod:`tpuslice.record.metrics`), as do hosts marked suspect and slices cleared. Neither waits on
-the GCS nor raises into the caller's work. A run's outcomes are recorded by
-:mod:`tpuslice._run.observe`, the same way.
-"""
+"""What a reservation tells its observers: each call adds an event to the timeline and
+records the matching metrics, without waiting on the GCS or raising into the caller."""
 
 from __future__ import annotations
 
@@ -23,14 +19,14 @@ _F = TypeVar("_F", bound=Callable[..., None])
 
 
 def never_raises(function: _F) -> _F:
-    """Wrap a function that records an outcome: observing must not break what is
-    observed (a hand-back, a release), so a failure is logged instead.
+    """Wrap a function that records an outcome to log what it raises: observing must
+    not break what is observed.
 
     Args:
         function: Records something; returns nothing.
 
     Returns:
-        The same function, logging what it raises.
+        The wrapped function.
     """
 
     @functools.wraps(function)
@@ -50,8 +46,8 @@ def describe_request(request: SliceRequest) -> tuple[str, str]:
         request: The request.
 
     Returns:
-        ``("2 x v4 2x2x2", "v4 2x2x2")``: the event's ``what`` and the ``topology`` tag
-        (bounded: no count in it). A range of counts reads ``1..3 x ...``.
+        The event's ``what`` (``"2 x v4 2x2x2"``; a range ``1..3 x ...``) and the
+        ``topology`` tag (``"v4 2x2x2"``: no count, so bounded).
     """
     count = request.num_slices
     counted = f"{count[0]}..{count[1]}" if isinstance(count, tuple) else str(count)
@@ -74,7 +70,7 @@ def reservation_ended(
         outcome: ``granted``, ``timed_out`` or ``impossible``.
         wait_s: Seconds from the request to the outcome.
         slices: The slices granted.
-        detail: One line (the error's first line, for a failure).
+        detail: A failure's first line.
     """
     what, shape = describe_request(request)
     kind = {"granted": "reserved"}.get(outcome, outcome)

@@ -1,11 +1,8 @@
 """The cluster operations a reservation needs, behind one small protocol.
 
-The claiming loop (:mod:`tpuslice._reserve.claim`) and the autoscaler demand
-(:mod:`tpuslice._reserve.demand`) reach the cluster only through :class:`ClusterOps`:
-look at the slices, create, wait for and remove placement groups, ask where a bundle
-landed, ask whether the cluster can grow.
-:data:`RAY_OPS` is the real thing; :class:`tpuslice.testing.InMemoryCluster` is a faithful
-in-memory stand-in, so every step of the loop is tested without a cluster.
+The claiming loop and the autoscaler demand reach the cluster only through
+:class:`ClusterOps`. :data:`RAY_OPS` is the real thing; :class:`tpuslice.testing.InMemoryCluster`
+is a faithful in-memory stand-in, so every step of the loop is tested without a cluster.
 """
 
 from __future__ import annotations
@@ -17,12 +14,12 @@ import ray
 from ray.util import placement_group_table
 from ray.util.placement_group import PlacementGroup, placement_group
 
-from tpuslice._reserve.groups import remove_group, wait_all
+from tpuslice._reserve import groups as pgs
 from tpuslice._reserve.queue.agents import start_probe
 from tpuslice._reserve.queue.service import SliceQueue
 from tpuslice._tpu import _ray
 from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
-from tpuslice._view.agents import free_hosts
+from tpuslice._view import agents
 from tpuslice._view.cluster import ClusterSnapshot, read_snapshot
 
 
@@ -53,7 +50,7 @@ class ClusterOps(Protocol):
 
         Args:
             bundles: Resources of each bundle.
-            selectors: One label selector per bundle (may be empty: no selectors).
+            selectors: One label selector per bundle (may be empty).
             strategy: Ray placement strategy.
             name: The group's name.
             lifetime: ``None`` or ``"detached"``.
@@ -64,7 +61,7 @@ class ClusterOps(Protocol):
         ...
 
     def wait_placed(self, groups: Sequence[PlacementGroup], timeout: float) -> list[bool]:
-        """Wait up to ``timeout`` seconds for every group; which ones are placed.
+        """Wait up to ``timeout`` seconds for every group.
 
         Args:
             groups: The groups to wait for.
@@ -76,22 +73,22 @@ class ClusterOps(Protocol):
         ...
 
     def remove_group(self, group: PlacementGroup | None) -> None:
-        """Remove a group, freeing its bundles; a group already gone is fine.
+        """Remove a group, freeing its bundles; one already gone, or ``None``, is fine.
 
         Args:
-            group: The group; ``None`` does nothing.
+            group: The group.
         """
         ...
 
     def bundle_node(self, group: PlacementGroup, index: int) -> str | None:
-        """The node id bundle ``index`` of a placed group is on; ``None`` if not placed.
+        """The node id bundle ``index`` of a group is on.
 
         Args:
             group: A group.
             index: The bundle's index in the group.
 
         Returns:
-            The node id (hex), or ``None``.
+            The node id (hex); ``None`` if not placed.
         """
         ...
 
@@ -99,14 +96,13 @@ class ClusterOps(Protocol):
         """Whether an autoscaler can add slices to this cluster.
 
         Returns:
-            True if the cluster can grow.
+            True if it can.
         """
         ...
 
     def free_hosts(self) -> frozenset[str]:
-        """The hosts whose agents say now that their TPU is free (their ``tpu-free/``
-        keys), in one listing: as good as a fresh cluster read's, and cheaper than asking
-        the hosts.
+        """The hosts whose agents say their TPU is free: one listing, cheaper than asking
+        each host.
 
         Returns:
             Their node ids.
@@ -114,14 +110,14 @@ class ClusterOps(Protocol):
         ...
 
     def start_owner_probe(self, node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
-        """Start asking each host who owns its TPU; the answer comes from the returned call.
+        """Start asking each host who owns its TPU.
 
         Args:
             node_ids: The hosts to ask.
 
         Returns:
-            A function that waits for the answers: per node, the owner (described) or
-            ``None`` when its TPU is free or the host could not answer.
+            A call that waits for the answers: per node, the owner, or ``None`` (free,
+            or no answer).
         """
         ...
 
@@ -137,8 +133,7 @@ class ClusterOps(Protocol):
         ...
 
     def slice_labels(self) -> dict[str, dict[int, Mapping[str, str]]]:
-        """Every live TPU host's node labels, by slice name and worker id (for the slices
-        a request's label selectors accept).
+        """Every live TPU host's node labels, to match a request's label selectors.
 
         Returns:
             ``{slice name: {worker id: labels}}``.
@@ -147,19 +142,22 @@ class ClusterOps(Protocol):
 
 
 class RayOps:
-    """:class:`ClusterOps` on the connected Ray cluster."""
+    """:class:`ClusterOps` on the connected Ray cluster. An operation that is just a
+    function of another module is that function."""
+
+    remove_group = staticmethod(pgs.remove_group)
+    can_grow = staticmethod(_ray.cluster_can_grow)
+    free_hosts = staticmethod(agents.free_hosts)
+    start_owner_probe = staticmethod(start_probe)
 
     def snapshot(self, tpu_resource_per_chip: int) -> ClusterSnapshot:
-        """Read the cluster with :func:`~tpuslice._view.cluster.read_snapshot`.
+        """Read the cluster (:func:`~tpuslice._view.cluster.read_snapshot`).
 
         Args:
             tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
 
         Returns:
             The snapshot.
-
-        Raises:
-            InvalidArgumentError: ``tpu_resource_per_chip`` is not a positive integer.
         """
         return read_snapshot(tpu_resource_per_chip)
 
@@ -176,7 +174,7 @@ class RayOps:
 
         Args:
             bundles: Resources of each bundle.
-            selectors: One label selector per bundle (may be empty: no selectors).
+            selectors: One label selector per bundle (may be empty).
             strategy: Ray placement strategy.
             name: The group's name.
             lifetime: ``None`` or ``"detached"``.
@@ -202,15 +200,7 @@ class RayOps:
         Returns:
             Whether each group is placed, in order.
         """
-        return wait_all(groups, timeout)
-
-    def remove_group(self, group: PlacementGroup | None) -> None:
-        """Remove with :func:`~tpuslice._reserve.groups.remove_group` (idempotent).
-
-        Args:
-            group: The group; ``None`` does nothing.
-        """
-        remove_group(group)
+        return pgs.wait_all(groups, timeout)
 
     def bundle_node(self, group: PlacementGroup, index: int) -> str | None:
         """Where a bundle is, from Ray's placement group table.
@@ -220,41 +210,13 @@ class RayOps:
             index: The bundle's index in the group.
 
         Returns:
-            The node id (hex), or ``None`` if the bundle is not placed.
+            The node id (hex); ``None`` if not placed.
         """
         node: str | None = placement_group_table(group).get("bundles_to_node_id", {}).get(index)
         return node or None  # an unplaced bundle's node id is the empty string
 
-    def can_grow(self) -> bool:
-        """Whether the connected cluster has an autoscaler that can add slices.
-
-        Returns:
-            True if the cluster can grow.
-        """
-        return _ray.cluster_can_grow()
-
-    def free_hosts(self) -> frozenset[str]:
-        """List the hosts' ``tpu-free/`` keys (:func:`tpuslice._view.agents.free_hosts`).
-
-        Returns:
-            The node ids whose keys are there.
-        """
-        return free_hosts()
-
-    def start_owner_probe(self, node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
-        """Ask the hosts' TPU agents (:func:`tpuslice._reserve.queue.agents.start_probe`).
-
-        Args:
-            node_ids: The hosts to ask.
-
-        Returns:
-            A function that waits for the answers.
-        """
-        return start_probe(node_ids)
-
     def slice_queue(self) -> SliceQueue:
-        """The queue actor, created if needed
-        (:func:`tpuslice._reserve.queue.actor.slice_queue`).
+        """The queue actor, created if needed (:func:`~tpuslice._reserve.queue.actor.slice_queue`).
 
         Returns:
             A handle to it.
@@ -282,4 +244,3 @@ class RayOps:
 
 
 RAY_OPS: ClusterOps = RayOps()
-"""The cluster operations on the connected Ray cluster."""

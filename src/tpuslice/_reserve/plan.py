@@ -1,10 +1,5 @@
 """Pure planning for a slice reservation: pick slices, build bundles, explain shortfalls.
-
-Nothing here talks to Ray. A :class:`~tpuslice._reserve.request.SliceRequest` derives its
-:class:`ReservationPlan` on creation; :func:`pick_slices` chooses idle whole slices from a
-:class:`~tpuslice._view.cluster.ClusterSnapshot`; :meth:`ReservationPlan.worker_selectors` pins
-bundle *i* to TPU worker *i*; :func:`shortage` and :func:`explain` say what is missing.
-"""
+Nothing here talks to Ray."""
 
 from __future__ import annotations
 
@@ -28,7 +23,7 @@ def thaw(value: Any) -> Any:
         value: Any field's value.
 
     Returns:
-        The value, its read-only mappings copied to dicts.
+        The value, its read-only mappings made dicts.
     """
     if isinstance(value, MappingProxyType):
         return dict(value)
@@ -37,42 +32,23 @@ def thaw(value: Any) -> Any:
     return value
 
 
-def freeze(value: Any) -> Any:
-    """The inverse of :func:`thaw`.
-
-    Args:
-        value: A thawed value.
-
-    Returns:
-        The value, its dicts read-only again.
-    """
+def _freeze(value: Any) -> Any:
+    """The inverse of :func:`thaw`."""
     if isinstance(value, dict):
         return MappingProxyType(value)
     if isinstance(value, tuple):
-        return tuple(freeze(item) for item in value)
+        return tuple(_freeze(item) for item in value)
     return value
 
 
 def _plan_of(*values: Any) -> ReservationPlan:
-    return ReservationPlan(*(freeze(v) for v in values))
+    return ReservationPlan(*(_freeze(v) for v in values))
 
 
 @dataclass(frozen=True)
 class ReservationPlan:
     """Everything about a reservation that does not depend on the cluster.
-
-    Attributes:
-        shape: The shape of each slice.
-        num_slices: Slices to reserve.
-        tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
-        bundle_resources: Resources of each bundle.
-        bundles_per_host: Bundles that tile one host.
-        user_selectors: The user's label selector per bundle; empty if none were given.
-        strategy: Ray placement strategy of the worker groups.
-        name: Name of the worker placement group(s).
-        lifetime: ``None`` or ``"detached"``.
-        pg_per_slice: One worker placement group per slice instead of one in all.
-    """
+    ``user_selectors``: the user's label selector per bundle (may be empty)."""
 
     shape: SliceShape
     num_slices: int
@@ -85,12 +61,10 @@ class ReservationPlan:
     lifetime: str | None
     pg_per_slice: bool
     subslice: bool = False
-    """The shape is a sub-slice of a bigger slice (no head claim: worker 0 may be
-    another sub-slice's)."""
+    """The shape is part of a bigger slice (no head claim: worker 0 may be another's)."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        """Pickle the read-only mappings as dicts (a ``mappingproxy`` does not pickle);
-        they are read-only again on the way in."""
+        """Pickle the read-only mappings as dicts: a ``mappingproxy`` does not pickle."""
         return (_plan_of, tuple(thaw(getattr(self, f.name)) for f in fields(self)))
 
     @property
@@ -100,53 +74,43 @@ class ReservationPlan:
 
     @property
     def bundles_per_slice(self) -> int:
-        """Bundles of one slice."""
         return self.shape.num_hosts * self.bundles_per_host
 
     @property
     def num_bundles(self) -> int:
-        """Bundles of the whole reservation."""
         return self.bundles_per_slice * self.num_slices
 
     @property
     def needs_head_claim(self) -> bool:
-        """Multi-host slices are claimed through worker 0's head resource, as in Ray; a
-        sub-slice is not (Ray claims none for it either)."""
+        """Multi-host slices are claimed through worker 0's head resource, as in Ray;
+        sub-slices are not."""
         return not self.shape.is_single_host and not self.subslice
 
-    def user_selector(self, bundle_index: int) -> Mapping[str, str]:
-        """The user's label selector for one bundle.
-
-        Args:
-            bundle_index: The bundle's index in the whole reservation.
-
-        Returns:
-            The selector; empty if the user gave none.
-        """
+    def _user_selector(self, bundle_index: int) -> Mapping[str, str]:
+        """The user's label selector for one bundle of the reservation (may be empty)."""
         if bundle_index < len(self.user_selectors):
             return self.user_selectors[bundle_index] or {}
         return {}
 
     def pinned_slice_name(self, slice_index: int) -> str | None:
-        """The slice name the user's label selectors fix for this slice index, if any.
+        """The slice name the user's label selectors fix for this slice index.
 
         Args:
             slice_index: Which slice of the reservation, from 0.
 
         Returns:
-            The first ``ray.io/tpu-slice-name`` among that slice's bundles' selectors;
-            None if none names one.
+            The first slice name among its bundles' selectors, or ``None``.
         """
         first = slice_index * self.bundles_per_slice
         for bundle in range(first, first + self.bundles_per_slice):
-            name = self.user_selector(bundle).get(SLICE_NAME_LABEL)
+            name = self._user_selector(bundle).get(SLICE_NAME_LABEL)
             if name:
                 return name
         return None
 
     def worker_selectors(self, slice_index: int, target: SliceInfo) -> list[dict[str, str]]:
-        """Label selectors for one slice's bundles: bundle ``k`` of the slice lands on TPU
-        worker ``k // bundles_per_host``. Our pins win over the user's labels, as in Ray.
+        """Label selectors for one slice's bundles: bundle ``k`` lands on worker
+        ``k // bundles_per_host``. Our pins win over the user's labels, as in Ray.
 
         Args:
             slice_index: Which slice of the reservation, from 0.
@@ -160,7 +124,7 @@ class ReservationPlan:
         for k in range(self.bundles_per_slice):
             worker = k // self.bundles_per_host
             pin = _pin(target, worker)
-            selectors.append({**self.user_selector(first + k), **pin})
+            selectors.append({**self._user_selector(first + k), **pin})
         return selectors
 
     def describe(self) -> str:
@@ -181,8 +145,8 @@ class ReservationPlan:
 
 
 def _pin(target: SliceInfo, worker: int) -> dict[str, str]:
-    """Labels that select exactly one host of the target: the ``worker``-th, by its own
-    slice name and TPU worker id (for a sub-slice, its place in the parent slice)."""
+    """Labels that select the target's ``worker``-th host, by its own slice name and
+    worker id (a sub-slice's host: its place in the parent)."""
     host = target.hosts[worker]
     if target.name == host.node_id:  # a single-host VM without a slice-name label
         return {NODE_ID_LABEL: host.node_id}
@@ -193,9 +157,7 @@ def _pin(target: SliceInfo, worker: int) -> dict[str, str]:
 def accepted_slices(
     plan: ReservationPlan, labels: Mapping[str, Mapping[int, Mapping[str, str]]]
 ) -> frozenset[str]:
-    """The slices the plan's label selectors accept: those on which some slice index's
-    bundles would each find its host's labels matching (bundle ``k`` of a slice lands on
-    worker ``k // bundles_per_host``). Pure.
+    """The slices on which some slice index's bundles would each match its host's labels.
 
     Args:
         plan: The reservation.
@@ -209,7 +171,7 @@ def accepted_slices(
         first = index * plan.bundles_per_slice
         return all(
             selector_matches(
-                hosts.get(k // plan.bundles_per_host, {}), plan.user_selector(first + k)
+                hosts.get(k // plan.bundles_per_host, {}), plan._user_selector(first + k)
             )
             for k in range(plan.bundles_per_slice)
         )
@@ -230,24 +192,18 @@ def pick_slices(
     time_left_s: float | None = None,
 ) -> dict[int, SliceInfo]:
     """Choose an idle whole slice for every slice index not in ``taken``: a ready one,
-    or, as a last resort (:func:`~tpuslice._reserve.queue.schedule.last_resort`), one whose hosts
-    are all free but one is suspect. A slice pinned by name is taken even if suspect: no
-    other could serve its index.
-
-    Honours slice names pinned by the user's selectors; never picks a slice that is
-    busy, broken, under notice, of another shape, or already taken. Pure.
+    or, as a last resort, one with a suspect host. A slice pinned by name is taken even
+    if suspect: no other could serve its index.
 
     Args:
         snapshot: The cluster as read.
         plan: The reservation.
         taken: Slice index to the name of the slice already held for it.
-        least: The least count that serves the request (a range's minimum); default:
-            the plan's count.
-        time_left_s: Seconds to the request's deadline; ``None``: it has none.
+        least: The fewest that serve (a range's minimum; default: the plan's count).
+        time_left_s: Seconds to the request's deadline; ``None``: no deadline.
 
     Returns:
-        Slice index to the slice chosen for it (ready ones first); indices for which no
-        idle slice (or not the pinned one) is free are left out.
+        Slice index to its slice, for the indices a free slice was found for.
     """
     per_chip = plan.tpu_resource_per_chip
     ready = {s.name: s for s in snapshot.ready(plan.shape, per_chip)}
@@ -273,15 +229,14 @@ def pick_slices(
 
 
 def shortage(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str | None:
-    """Why the request can never be met by this cluster as it is, or ``None`` if it can
-    (slices exist, perhaps busy). Pure.
+    """Why this cluster as it is can never meet the request.
 
     Args:
         snapshot: The cluster as read.
         plan: The reservation.
 
     Returns:
-        The reason (pinned slices that do not exist, or too few whole slices), or None.
+        The reason, or ``None`` if the slices exist (perhaps busy).
     """
     whole = snapshot.whole(plan.shape, plan.tpu_resource_per_chip)
     names = {s.name for s in whole}
@@ -298,8 +253,7 @@ def shortage(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str | None:
 
 
 def explain(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str:
-    """What the cluster has for this request: ``2 whole slices, both busy (...); 1 broken
-    (...)``; or the shapes it does have when none match. Pure.
+    """What the cluster has for this request, or the shapes it has when none match.
 
     Args:
         snapshot: The cluster as read.
@@ -318,20 +272,20 @@ def explain(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str:
     groups: dict[SliceState, list[SliceInfo]] = {state: [] for state in SliceState}
     for s in matching:
         groups[s.state].append(s)
-    whole = groups[SliceState.READY] + groups[SliceState.BUSY] + groups[SliceState.SUSPECT]
-    parts = [f"{len(whole)} whole slice(s)"]
-    if groups[SliceState.BUSY]:
-        busy = "; ".join(s.describe() for s in groups[SliceState.BUSY])
-        parts[0] += f", {len(groups[SliceState.BUSY])} busy ({busy})"
-    if groups[SliceState.SUSPECT]:
-        suspect = "; ".join(s.describe() for s in groups[SliceState.SUSPECT])
-        parts[0] += (
-            f", {len(groups[SliceState.SUSPECT])} with a suspect host, taken only as a last "
-            f"resort ({suspect})"
-        )
-    if groups[SliceState.READY]:
-        parts[0] += f", {len(groups[SliceState.READY])} idle"
-    if groups[SliceState.BROKEN]:
-        broken = "; ".join(s.describe() for s in groups[SliceState.BROKEN])
-        parts.append(f"{len(groups[SliceState.BROKEN])} broken ({broken})")
-    return "; ".join(parts)
+    ready, busy, suspect, broken = (
+        groups[state]
+        for state in (SliceState.READY, SliceState.BUSY, SliceState.SUSPECT, SliceState.BROKEN)
+    )
+    whole = f"{len(ready) + len(busy) + len(suspect)} whole slice(s)"
+    if busy:
+        whole += f", {len(busy)} busy ({_described(busy)})"
+    if suspect:
+        whole += f", {len(suspect)} with a suspect host, taken only as a last resort "
+        whole += f"({_described(suspect)})"
+    if ready:
+        whole += f", {len(ready)} idle"
+    return f"{whole}; {len(broken)} broken ({_described(broken)})" if broken else whole
+
+
+def _described(slices: list[SliceInfo]) -> str:
+    return "; ".join(s.describe() for s in slices)

@@ -1,15 +1,9 @@
 """Reserve whole TPU slices as Ray placement groups: every host or none, never leaked.
 
-For each slice: a head placement group on worker 0's ``TPU-<podtype>-head`` resource
-(the claim other reservers, Ray's own included, respect) and worker bundles pinned by
-label to that slice and to each TPU worker id, so bundle *i* is worker *i*. Slices are
-picked from the cluster view (idle and whole only) and all N are claimed at once; the
-loop that does it is in :mod:`tpuslice._reserve.claim`.
-
-A reservation is a frozen record, :class:`Reserved`, made by :func:`reserve` and given
-back by :func:`hand_back`; the runners act on it through the free functions here.
-:class:`SlicePlacementGroup` is Ray's handle over one record. What changes while a
-reservation is held is a :class:`Hold`, kept by the process that reserved it.
+A reservation is a frozen record, :class:`Reserved`, made by :func:`reserve` (through the
+loop in :mod:`tpuslice._reserve.claim`) and given back by :func:`hand_back`; runners act on
+it through the free functions here. :class:`SlicePlacementGroup` is Ray's handle over one
+record; what changes while it is held is a :class:`Hold`, kept by the reserving process.
 """
 
 from __future__ import annotations
@@ -62,8 +56,7 @@ _T = TypeVar("_T", bound="ShutsDownOnExit")
 logger = logging.getLogger(__name__)
 
 FORGET_BOUND_S = 2.0
-"""How long a hand-back that saw its slices free waits for its holder records and the
-queue's notices to go before it reports them free (a few KV calls)."""
+"""How long a hand-back waits for its holder records to go before it reports them free."""
 
 
 def _settled(done: Future[Any]) -> bool:
@@ -100,9 +93,8 @@ PROCESS = uuid.uuid4().hex
 
 @dataclass(frozen=True)
 class HeldSlice:
-    """One slice a reservation holds: its view when claimed, and its worker group when
-    it has one of its own (``pg_per_slice``). Its head is claimed in bundle 0 of its
-    worker bundles, so no head group is ever held beside them."""
+    """One slice held: its view when claimed, and its own worker group (``pg_per_slice``).
+    Its head is claimed in bundle 0 of its worker bundles, never in a group of its own."""
 
     index: int
     info: SliceInfo
@@ -122,7 +114,7 @@ class SubsliceAt:
 @dataclass(frozen=True, eq=False)
 class Reserved:
     """What a reservation holds, frozen, so it pickles to a task and reads the same there.
-    Two records are equal when their keys are."""
+    Equal when the keys are; times are wall clock."""
 
     key: str
     """Unique per reservation: the holder id the queue's records and notices carry."""
@@ -134,9 +126,7 @@ class Reserved:
     slices: tuple[HeldSlice, ...]
     combined_pg: PlacementGroup | None
     asked_at: float
-    """When it asked for its slices (wall clock)."""
     held_at: float
-    """When it held them (wall clock)."""
     queued_s: float
     """Of the time from asking to holding, how long it waited for slices."""
     arrival: int | None
@@ -153,8 +143,8 @@ class Reserved:
 
 
 class Hold:
-    """What changes while this process holds a reservation: the tasks started on it, the
-    pids they report, and the actor group whose actors hold its TPUs."""
+    """What changes while this process holds a reservation: its tasks, their pids, and
+    the actor group whose actors hold its TPUs."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -164,8 +154,7 @@ class Hold:
 
 
 class Holds(dict[str, Hold]):
-    """This connection's holds, by reservation key (a part of
-    :func:`~tpuslice._tpu._connection.connection`); a hand-back takes its hold out first,
+    """This connection's holds by reservation key; a hand-back takes its hold out first,
     under :attr:`lock`."""
 
     def __init__(self) -> None:
@@ -178,8 +167,7 @@ def _holds() -> Holds:
 
 
 def reserve(request: SliceRequest, *, targets: Targets | None = None) -> Reserved:
-    """Reserve what ``request`` asks for, through the queue: the one way every
-    reservation is made.
+    """Reserve what ``request`` asks for: the one way every reservation is made.
 
     Args:
         request: The validated request.
@@ -190,7 +178,7 @@ def reserve(request: SliceRequest, *, targets: Targets | None = None) -> Reserve
 
     Raises:
         NotConnectedError: Ray is not initialised.
-        InsufficientSlicesError: the cluster does not have the slices and cannot grow.
+        InsufficientSlicesError: the cluster lacks the slices and cannot grow.
         ReservationTimeoutError: no idle slices within the request's timeout.
     """
     if not ray.is_initialized():
@@ -231,8 +219,7 @@ def reserve(request: SliceRequest, *, targets: Targets | None = None) -> Reserve
 
 
 def _holders(held: Reserved) -> list[Holder]:
-    """What the queue is told of the slices held: whose, how urgent, preemptible, and
-    the groups to remove if a preemption's grace runs out."""
+    """What the queue is told of the slices held, with the groups a preemption removes."""
     request = held.request
     if request.subslice:  # the queue deals in whole slices; a sub-slice is not one
         return []
@@ -258,8 +245,7 @@ def _holders(held: Reserved) -> list[Holder]:
 
 
 def suspect_slices(held: Reserved) -> list[SliceInfo]:
-    """The slices taken as a last resort: a host of each is suspect
-    (:attr:`~tpuslice._view.cluster.SliceState.SUSPECT`), so work may check them first.
+    """The slices taken as a last resort (a host of each is suspect), to check first.
 
     Args:
         held: The record.
@@ -271,38 +257,19 @@ def suspect_slices(held: Reserved) -> list[SliceInfo]:
 
 
 def hold_of(held: Reserved) -> Hold | None:
-    """This process's hold on ``held``: ``None`` once handed back, or in another process.
+    """This process's hold on ``held``.
 
     Args:
         held: The record.
 
     Returns:
-        The hold, or ``None``.
+        The hold; ``None`` once handed back, or in another process.
     """
     return _holds().get(held.key)
 
 
 def _given_back_here(held: Reserved) -> bool:
-    """Whether this process, which reserved ``held``, handed it back (its hold is gone)."""
     return held.key not in _holds()
-
-
-def is_handed_back(held: Reserved) -> bool:
-    """Whether ``held`` was handed back: known here in the process that reserved it;
-    elsewhere (a copy in a task), asked of Ray: its worker group was removed.
-
-    Args:
-        held: The record.
-
-    Returns:
-        ``True`` once handed back.
-    """
-    if held.home == PROCESS:
-        return _given_back_here(held)
-    group = held.combined_pg or next((s.worker_pg for s in held.slices if s.worker_pg), None)
-    if group is None or not ray.is_initialized():
-        return True
-    return bool(ray.util.placement_group_table(group).get("state") == "REMOVED")
 
 
 def worker_groups(held: Reserved) -> list[tuple[PlacementGroup, int]]:
@@ -362,8 +329,7 @@ def host_contexts(held: Reserved) -> list[HostContext]:
 
 
 def ranks(held: Reserved, slice_index: int | None = None) -> list[RankPlacement]:
-    """Where each rank runs: its context, its bundle, and the bundle's TPU. Tasks and
-    actor groups are both placed from this.
+    """Where each rank runs: its context, bundle and TPU (tasks and actors alike).
 
     Args:
         held: The record.
@@ -397,9 +363,8 @@ def rank_hosts(held: Reserved) -> list[HostInfo]:
 
 
 def rank_env(held: Reserved, rank: int) -> CallEnv:
-    """What the reservation sets for rank ``rank``'s calls besides its slice context:
-    nothing for whole slices, whose hosts' own ``TPU_*`` values hold; a sub-slice's own
-    values, so that libtpu and JAX see it as the slice (:func:`subslice_env`).
+    """What the reservation sets around rank ``rank``'s calls: nothing for whole slices;
+    a sub-slice's own ``TPU_*`` values, so libtpu and JAX see it as the slice.
 
     Args:
         held: The record.
@@ -424,8 +389,8 @@ def track(
     Args:
         held: The record.
         refs: The tasks' refs.
-        worker_pids: ``(rank, ref of the pid that ran it)`` per task: the hand-back stops
-            those processes on the rank's host if they still own its TPU.
+        worker_pids: ``(rank, ref of its pid)`` per task, stopped at hand-back if they
+            still own the TPU.
     """
     hold = hold_of(held)
     if hold is None:
@@ -490,22 +455,24 @@ def drop_actor_group(held: Reserved, group: object) -> None:
 
 def confirm_free(held: Reserved, *, after_tasks: bool = False) -> None:
     """Confirm on every host that no process of this work owns its TPU, stopping any that
-    does (an actor group's actors, once killed, or a task's idle worker).
+    does (killed actors, or a task's idle worker).
 
     Args:
         held: The record.
-        after_tasks: Only if tasks ran on the reservation (else no call has been made on
-            it, and there is nothing to ask).
+        after_tasks: Only if tasks ran on the reservation (else there is nothing to ask).
     """
     hold = hold_of(held)
     if hold is None or (after_tasks and not hold.worker_pids and not hold.launched):
         return
-    confirm_released(sorted({h.node_id for h in rank_hosts(held)}), _reported_pids(held, hold))
+    confirm_released(_nodes(held), _reported_pids(held, hold))
+
+
+def _nodes(held: Reserved) -> list[str]:
+    return sorted({h.node_id for h in rank_hosts(held)})
 
 
 def _reported_pids(held: Reserved, hold: Hold) -> dict[str, set[int]]:
-    """Per host, the pids of the processes that ran this reservation's tasks (as far as
-    they finished and reported)."""
+    """Per host, the pids of the processes that ran this reservation's finished tasks."""
     with hold.lock:
         reports, hold.worker_pids = hold.worker_pids, []
     if not reports or not ray.is_initialized():
@@ -525,9 +492,8 @@ def _reported_pids(held: Reserved, hold: Hold) -> dict[str, set[int]]:
 
 
 def _cancel_launched(hold: Hold) -> None:
-    """Cancel tasks still running or queued. Ray does not fail them when their group goes
-    away (queued ones would wait forever); cancelled, their refs resolve at once with
-    ``TaskCancelledError``."""
+    """Cancel tasks still running or queued: Ray does not fail them when their group goes
+    (queued ones would wait forever); cancelled, they resolve at once."""
     with hold.lock:
         launched, hold.launched = hold.launched, []
     if not launched or not ray.is_initialized():
@@ -538,12 +504,11 @@ def _cancel_launched(hold: Hold) -> None:
 
 
 def hand_back(held: Reserved) -> None:
-    """Give the slices back: cancel the tasks started on them, confirm on each host that
-    no process of this work still owns its TPU (an idle worker keeps libtpu's lock: the
-    host's agent stops it), remove every group (which ends the actors inside them), wait
-    (bounded) until Ray's resource view shows the hosts free, so that the slices are
-    claimable at once when this returns, and tell the queue. Idempotent. In a process
-    other than the one that reserved it, only the groups are removed, as Ray's handle does.
+    """Give the slices back: cancel their tasks, have each host's agent stop any process
+    of this work that still owns its TPU (an idle worker keeps libtpu's lock), remove the
+    groups, wait (bounded) until Ray shows the hosts free, so they are claimable at once,
+    and tell the queue. Idempotent. Elsewhere than the reserving process, only the groups
+    are removed, as Ray's handle does.
 
     Args:
         held: The record.
@@ -553,14 +518,12 @@ def hand_back(held: Reserved) -> None:
         hold = holds.pop(held.key, None)
     if hold is None:
         if held.home != PROCESS and ray.is_initialized():
-            for piece in held.slices:
-                remove_group(piece.worker_pg)
-            remove_group(held.combined_pg)
+            _remove_groups(held)
         return
     pids = _reported_pids(held, hold)
     _cancel_launched(hold)
     if held.slices:
-        confirm_released(sorted({h.node_id for h in rank_hosts(held)}), pids)
+        confirm_released(_nodes(held), pids)
     hosts = [h for piece in held.slices for h in piece.info.hosts.values()]
     names = [piece.info.name for piece in held.slices]
     forgotten = (
@@ -571,18 +534,14 @@ def hand_back(held: Reserved) -> None:
         if held.recorded and ray.is_initialized()
         else None
     )
-    remove_group(held.combined_pg)
-    for piece in held.slices:
-        remove_group(piece.worker_pg)
+    _remove_groups(held)
     if held.slices and ray.is_initialized():
-        # Reported free, the slices may be granted at once: the next holder must not meet
-        # this one's records or the queue's notice to it. Records not gone in time are
-        # reported as not freed: the queue then reads before it grants.
+        # Reported free, the slices may be granted at once, so the next holder must not
+        # meet this one's records (not gone in time: reported not freed, and the queue
+        # reads first). Told only once Ray shows the hosts free: told before, the next
+        # claimant could take them first and this wait would run to its bound.
         plan = held.plan
         head = plan.shape.head_resource if plan.needs_head_claim else None
-        # Told only once Ray's view shows the hosts free: told before, the next claimant
-        # could take them before they were ever shown free, and this wait (so that this
-        # driver's next read finds them free) would run to its bound.
         freed = wait_freed(hosts, head) and (forgotten is None or _settled(forgotten))
         notify_released(names, freed=freed)
     if held.slices:
@@ -590,10 +549,15 @@ def hand_back(held: Reserved) -> None:
         observe.released(names, time.time() - held.held_at, what)
 
 
+def _remove_groups(held: Reserved) -> None:
+    remove_group(held.combined_pg)
+    for piece in held.slices:
+        remove_group(piece.worker_pg)
+
+
 class SliceHandle(ShutsDownOnExit):
-    """A handle over one :class:`Reserved`: Ray's read-only properties and tpuslice's
-    additions read the record, so a handle pickles to a task and reads the same there.
-    Two handles are equal when they hold the same reservation.
+    """A handle over one :class:`Reserved`, whose properties read the record, so it
+    pickles to a task and reads the same there. Equal when the reservations are.
 
     Args:
         held: The record.
@@ -615,8 +579,7 @@ class SliceHandle(ShutsDownOnExit):
 
     @property
     def slices(self) -> list[SliceInfo]:
-        """The cluster view of each reserved slice at the moment it was claimed (none once
-        shut down)."""
+        """Each reserved slice as seen when claimed (none once shut down)."""
         return [] if self.is_shut_down else [s.info for s in self._reserved.slices]
 
     @property
@@ -626,12 +589,17 @@ class SliceHandle(ShutsDownOnExit):
 
     @property
     def is_shut_down(self) -> bool:
-        """Whether the slices were given back (in a task, Ray is asked)."""
-        return is_handed_back(self._reserved)
+        """Whether the slices were given back: in a task, whether Ray removed the group."""
+        held = self._reserved
+        if held.home == PROCESS:
+            return _given_back_here(held)
+        group = held.combined_pg or next((s.worker_pg for s in held.slices if s.worker_pg), None)
+        if group is None or not ray.is_initialized():
+            return True
+        return bool(ray.util.placement_group_table(group).get("state") == "REMOVED")
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Whether every worker group is placed (they are once the reservation returned,
-        unless a host died since).
+        """Whether every worker group is placed (unless a host died since reserving).
 
         Args:
             timeout: Seconds to wait (``None``: effectively no limit).
@@ -647,18 +615,17 @@ class SliceHandle(ShutsDownOnExit):
 
     def notices(self) -> list[Notice]:
         """Preemption or maintenance notices standing on this reservation's hosts now,
-        most urgent first (what their metadata servers warned of; see
-        :mod:`tpuslice._host.notices`). Reads Ray's KV store: one call when there are none.
+        most urgent first.
 
         Returns:
             The notices; empty when none stands.
         """
-        found = notices_for(sorted({h.node_id for h in rank_hosts(self._reserved)}))
+        found = notices_for(_nodes(self._reserved))
         return sorted(found.values(), key=lambda n: n.deadline)
 
     def shutdown(self) -> None:
-        """Give the slices back (see :func:`hand_back`). Idempotent; never raises for a
-        copy in a task, where only the groups are removed, as with Ray's handle."""
+        """Give the slices back (:func:`hand_back`). Idempotent; a copy in a task only
+        removes the groups, as Ray's handle does."""
         hand_back(self._reserved)
 
 
@@ -677,10 +644,8 @@ def record_of(handle: SliceHandle) -> Reserved:
 class SlicePlacementGroup(SliceHandle):
     """A reservation of ``num_slices`` whole TPU slices (Ray 2.60 ``SlicePlacementGroup``).
 
-    The constructor returns once every slice is claimed and every worker bundle placed,
-    so a returned object holds the slices. Use it as a context manager, or call
-    :meth:`shutdown`, to give them back. It pickles: a copy sent to a task reads the same
-    reservation there.
+    A constructed object holds every slice; use it as a context manager, or call
+    :meth:`shutdown`, to give them back. A copy sent to a task reads the same reservation.
     """
 
     def __init__(
@@ -707,34 +672,27 @@ class SlicePlacementGroup(SliceHandle):
         Args:
             topology: Chip grid of one slice, such as ``"4x4"`` or ``"2x2x2"``.
             accelerator_version: TPU generation, such as ``"v6e"`` or ``"TPU-V4"``.
-            resources_per_bundle: Resources of each bundle (default: one whole host,
-                ``{"CPU": 1, "TPU": <chips per host>}``).
+            resources_per_bundle: Resources of each bundle (default: one whole host).
             strategy: Ray placement strategy of the worker groups.
             name: Name of the worker placement group(s).
             lifetime: ``None`` or ``"detached"`` (outlives this driver).
-            num_slices: How many whole slices to reserve, all at once; or a
-                ``(min, max)`` tuple: start once ``min`` can be had together, taking as
-                many as are idle up to ``max`` (:attr:`num_slices` says how many).
+            num_slices: Whole slices to reserve at once; or ``(min, max)``: start once
+                ``min`` are idle together, taking up to ``max`` (see :attr:`num_slices`).
             chips_per_vm: Chips on each host, for shapes offered in more than one form.
-            head_reservation_timeout_s: Seconds to wait for idle slices; ``None`` waits
-                without limit.
+            head_reservation_timeout_s: Seconds to wait for idle slices; ``None``: no limit.
             bundle_label_selector: One label selector per bundle (may pin slice names).
             pg_per_slice: One worker placement group per slice instead of one in all.
-            tpu_resource_per_chip: Ray ``TPU`` units per chip (default: the
-                ``RAY_TPU_RESOURCE_PER_CHIP`` variable, else 1).
-            priority: Place in the cluster-wide queue when slices are short: higher is
-                served first, arrival order within a priority (tpuslice only).
-            tenant: Whom the slices are charged to, for the cluster's quotas and fair
-                share (default: ``TPUSLICE_TENANT``, else the user's name; tpuslice only).
-            preemptible: Whether the queue may preempt the reservation, with notice, for
-                a request of higher priority or a tenant taking back its quota
-                (tpuslice only).
+            tpu_resource_per_chip: Ray ``TPU`` units per chip (default:
+                ``RAY_TPU_RESOURCE_PER_CHIP``, else 1).
+            priority: Place in the cluster-wide queue: higher first (tpuslice only).
+            tenant: Whom the slices are charged to, for quotas and fair share (default:
+                ``TPUSLICE_TENANT``, else the user's name; tpuslice only).
+            preemptible: Whether the queue may preempt it, with notice (tpuslice only).
 
         Raises:
-            InvalidArgumentError: an argument is invalid (a ``ValueError``; the message
-                names what is valid).
+            InvalidArgumentError: an invalid argument (a ``ValueError`` naming what is valid).
             NotConnectedError: Ray is not initialised.
-            InsufficientSlicesError: the cluster does not have the slices and cannot grow.
+            InsufficientSlicesError: the cluster lacks the slices and cannot grow.
             ReservationTimeoutError: no idle slices within the timeout.
         """
         request = SliceRequest(
@@ -803,9 +761,8 @@ class SlicePlacementGroup(SliceHandle):
 
     @property
     def head_placement_groups(self) -> list[PlacementGroup]:
-        """Head claims held as groups of their own: none. Ray 2.60 makes one per slice;
-        tpuslice holds each slice's head resource in bundle 0 of its worker group (one
-        placement round), so it stays claimed until :meth:`shutdown`."""
+        """None: tpuslice holds each slice's head in bundle 0 of its worker group (one
+        placement round), where Ray 2.60 makes a group per slice."""
         return []
 
     @property
@@ -826,10 +783,9 @@ class SlicePlacementGroup(SliceHandle):
         return self._reserved.plan.tpu_resource_per_chip
 
     def release_head_pgs(self, slice_index: int | None = None) -> None:
-        """Ray's release of the head claims held as groups of their own: tpuslice holds
-        none (see :attr:`head_placement_groups`), so this only checks ``slice_index``.
-        Each head stays claimed, in bundle 0 of its worker group, until :meth:`shutdown`:
-        freeing it would show the slice's head free while its hosts are held.
+        """Only checks ``slice_index``: tpuslice holds no head groups (see
+        :attr:`head_placement_groups`); freeing a head would show it free while its hosts
+        are held.
 
         Args:
             slice_index: That slice's head only (``None``: every slice's).
@@ -868,9 +824,7 @@ def slice_placement_group(
         chips_per_vm: Chips per host, for shapes offered in more than one form.
         pg_per_slice: One worker placement group per slice.
         tpu_resource_per_chip: Ray ``TPU`` units per chip.
-        **kwargs: ``name``, ``lifetime``, ``strategy``, ``head_reservation_timeout_s``,
-            ``bundle_label_selector``, ``priority``, ``tenant`` and ``preemptible``, as for
-            :class:`SlicePlacementGroup`.
+        **kwargs: The other arguments of :class:`SlicePlacementGroup`.
 
     Returns:
         The reservation, holding every slice.
@@ -899,9 +853,8 @@ def reserve_tpu_slice(
     timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
     slice_name: str | None = None,
 ) -> tuple[str, PlacementGroup] | None:
-    """Claim one idle slice's head (Ray 2.60 ``reserve_tpu_slice``).
-
-    Unlike Ray, it only claims a slice whose every host is idle and runs no helper task.
+    """Claim one idle slice's head (Ray 2.60 ``reserve_tpu_slice``); unlike Ray, only a
+    slice whose every host is idle, with no helper task.
 
     Args:
         topology: Chip grid of the slice, such as ``"4x4"``.
@@ -940,18 +893,12 @@ def reserve_tpu_slice(
 
 
 def reserve_slices(request: SliceRequest) -> SliceHandle:
-    """Reserve what ``request`` asks for, as a handle: the path every tpuslice runner
-    takes.
+    """:func:`reserve`, as a handle: the path every tpuslice runner takes.
 
     Args:
         request: The validated request.
 
     Returns:
         The handle, holding every slice.
-
-    Raises:
-        NotConnectedError: Ray is not initialised.
-        InsufficientSlicesError: the cluster does not have the slices and cannot grow.
-        ReservationTimeoutError: no idle slices within the request's timeout.
     """
     return SliceHandle(reserve(request))

@@ -78,19 +78,15 @@ class Claim:
 
 @dataclass
 class Reservation:
-    """The groups of a finished reservation, in slice-index order."""
+    """The groups of a finished reservation, in slice-index order; the other fields become
+    :class:`~tpuslice._reserve.reserve.Reserved`'s, which says what they mean."""
 
     claims: list[Claim] = field(default_factory=list)
     combined_pg: PlacementGroup | None = None
     plan: ReservationPlan | None = None
-    """The plan reserved: for a range of slices, with the count granted."""
     queued_s: float = 0.0
-    """How long it waited for slices, as against claiming and placing them."""
     arrival: int | None = None
-    """Its place in the queue's arrival order, if it waited there."""
     recorded: bool = False
-    """Whether the queue is told whose its slices are: with quotas set, or preemptible
-    (other work it may take as no one's, at no cost)."""
 
 
 class Reserver:
@@ -147,16 +143,9 @@ class Reserver:
         return None if self.deadline is None else max(0.0, self.deadline - self.clock.now())
 
     def run(self) -> Reservation:
-        """Claim every slice and place every worker bundle.
-
-        Returns:
-            The held groups, in slice-index order.
-
-        Raises:
-            InsufficientSlicesError: the cluster lacks the slices and cannot grow.
-            ReservationTimeoutError: the timeout passed first; the message says why.
-            KeyboardInterrupt: as raised; like every error, after all groups are removed.
-        """
+        """Claim every slice and place every worker bundle. On any error or interrupt
+        (:class:`InsufficientSlicesError` if the cluster cannot grow to hold it,
+        :class:`ReservationTimeoutError` saying why), every group made is removed first."""
         self.started = self.clock.now()
         self.deadline = None if self.timeout is None else self.started + self.timeout
         self.arrival = self.request.arrival_ns or self.clock.stamp()
@@ -434,11 +423,8 @@ class Reserver:
                 held[claim.index] = owned
         if not held:
             return True
-        self.ops.remove_group(reservation.combined_pg)
-        self.in_flight = []
+        self._remove_workers(reservation.claims, reservation.combined_pg)
         for claim in reservation.claims:
-            self.ops.remove_group(claim.worker_pg)
-            claim.worker_pg = None
             if claim.index in held:
                 self._give_back(claim, f"not free ({'; '.join(held[claim.index])})")
         return False
@@ -506,12 +492,16 @@ class Reserver:
         self._ask_owners(unasked)
         if all(self.ops.wait_placed(groups, CLAIM_BOUND_S)):
             return Reservation(claims, combined, self.plan)
-        for group in groups:
-            self.ops.remove_group(group)
+        self._remove_workers(claims, combined)
+        return None
+
+    def _remove_workers(self, claims: Sequence[Claim], combined: PlacementGroup | None) -> None:
+        """Remove the claims' worker groups, keeping their slices claimed for the next round."""
+        self.ops.remove_group(combined)
         for claim in claims:
+            self.ops.remove_group(claim.worker_pg)
             claim.worker_pg = None
         self.in_flight = []
-        return None
 
     def _worker_group(self, claims: Sequence[Claim], suffix: str) -> PlacementGroup:
         """One group for these slices, each host's bundles pinned to it by label, and a

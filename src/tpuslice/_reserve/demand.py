@@ -24,12 +24,8 @@ class AutoscalerDemand:
         self.groups: list[PlacementGroup] = []
 
     def keep(self, missing: int, existing: Collection[str] = ()) -> None:
-        """Have exactly ``missing`` demand groups pending, none on the ``existing`` slices.
-
-        Args:
-            missing: Slices the reservation still lacks.
-            existing: Names of the slices of this shape the cluster has now.
-        """
+        """Have exactly ``missing`` demand groups pending, none on the ``existing`` slices
+        (those of this shape the cluster has now)."""
         shape = self.plan.shape
         selector = {
             WORKER_ID_LABEL: "0",
@@ -48,15 +44,8 @@ class AutoscalerDemand:
             self.ops.remove_group(self.groups.pop())
 
     def landed(self, snapshot: ClusterSnapshot) -> list[tuple[PlacementGroup, SliceInfo]]:
-        """Take the placed demand groups out, with the slice whose worker 0 holds each
-        (one on a node the snapshot does not show yet stays for the next look).
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            ``(group, slice)`` for each landed group.
-        """
+        """Take the placed demand groups out, each with the slice whose worker 0 holds it
+        (one on a node the snapshot does not show yet stays for the next look)."""
         heads = {s.head_node_id: s for s in snapshot.slices.values() if s.head_node_id}
         found = []
         for pg in self.groups:

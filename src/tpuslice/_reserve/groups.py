@@ -27,22 +27,14 @@ class RankPlacement:
     tpu: float
 
     def strategy(self) -> PlacementGroupSchedulingStrategy:
-        """Ray's scheduling strategy that puts work in this rank's bundle.
-
-        Returns:
-            The strategy.
-        """
+        """Ray's scheduling strategy that puts work in this rank's bundle."""
         return PlacementGroupSchedulingStrategy(
             placement_group=self.group, placement_group_bundle_index=self.bundle
         )
 
     def task_options(self) -> dict[str, Any]:
         """Ray's options for one task of this rank, as Ray 2.60's ``run_on_slice`` gives
-        them; never retried (a retried task would run outside its gang).
-
-        Returns:
-            The options, for ``.options(**...)``.
-        """
+        them; never retried (a retried task would run outside its gang)."""
         return {
             "num_cpus": 0,
             "resources": {"TPU": self.tpu},
@@ -62,11 +54,7 @@ def live_placement_groups() -> list[dict[str, Any]]:
 
 
 def remove_group(pg: PlacementGroup | None) -> None:
-    """Remove a placement group; one already gone, or ``None``, is fine.
-
-    Args:
-        pg: The group.
-    """
+    """Remove a placement group; one already gone, or ``None``, is fine."""
     if pg is None:
         return
     try:
@@ -76,15 +64,8 @@ def remove_group(pg: PlacementGroup | None) -> None:
 
 
 def wait_all(pgs: Sequence[PlacementGroup], timeout: float) -> list[bool]:
-    """Wait until every group is placed or ``timeout`` passes.
-
-    Args:
-        pgs: The groups.
-        timeout: Seconds to wait at most (negative: not at all).
-
-    Returns:
-        Whether each group is placed, in order.
-    """
+    """Whether each group (in order) is placed within ``timeout`` seconds (negative: no
+    wait)."""
     if not pgs:
         return []
     refs = [pg.ready() for pg in pgs]

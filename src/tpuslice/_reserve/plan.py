@@ -17,14 +17,7 @@ NODE_ID_LABEL = "ray.io/node-id"
 
 
 def thaw(value: Any) -> Any:
-    """A read-only mapping (or a tuple of them) as plain dicts, to pickle.
-
-    Args:
-        value: Any field's value.
-
-    Returns:
-        The value, its read-only mappings made dicts.
-    """
+    """A field's value with its read-only mappings (also in a tuple) made dicts, to pickle."""
     if isinstance(value, MappingProxyType):
         return dict(value)
     if isinstance(value, tuple):
@@ -93,14 +86,8 @@ class ReservationPlan:
         return {}
 
     def pinned_slice_name(self, slice_index: int) -> str | None:
-        """The slice name the user's label selectors fix for this slice index.
-
-        Args:
-            slice_index: Which slice of the reservation, from 0.
-
-        Returns:
-            The first slice name among its bundles' selectors, or ``None``.
-        """
+        """The slice name the user's label selectors fix for this slice index (the first
+        among its bundles' selectors), or ``None``."""
         first = slice_index * self.bundles_per_slice
         for bundle in range(first, first + self.bundles_per_slice):
             name = self._user_selector(bundle).get(SLICE_NAME_LABEL)
@@ -109,16 +96,9 @@ class ReservationPlan:
         return None
 
     def worker_selectors(self, slice_index: int, target: SliceInfo) -> list[dict[str, str]]:
-        """Label selectors for one slice's bundles: bundle ``k`` lands on worker
-        ``k // bundles_per_host``. Our pins win over the user's labels, as in Ray.
-
-        Args:
-            slice_index: Which slice of the reservation, from 0.
-            target: The slice chosen for it (every worker id present).
-
-        Returns:
-            One selector per bundle of the slice, in bundle order.
-        """
+        """Label selectors for one slice's bundles, in bundle order, on the slice chosen
+        for it: bundle ``k`` lands on worker ``k // bundles_per_host``. Our pins win over
+        the user's labels, as in Ray."""
         first = slice_index * self.bundles_per_slice
         selectors = []
         for k in range(self.bundles_per_slice):
@@ -128,11 +108,8 @@ class ReservationPlan:
         return selectors
 
     def describe(self) -> str:
-        """``2 idle v6e 4x4 slices (v6e-16, 4 host(s) each)``, for messages.
-
-        Returns:
-            What the plan asks for.
-        """
+        """What the plan asks for, for messages: ``2 idle v6e 4x4 slices (v6e-16, 4
+        host(s) each)``."""
         count = f"{self.num_slices} " if self.num_slices > 1 else ""
         plural = "s" if self.num_slices > 1 else ""
         what = f"{self.shape.generation.name} {self.shape.topology}"
@@ -157,15 +134,8 @@ def _pin(target: SliceInfo, worker: int) -> dict[str, str]:
 def accepted_slices(
     plan: ReservationPlan, labels: Mapping[str, Mapping[int, Mapping[str, str]]]
 ) -> frozenset[str]:
-    """The slices on which some slice index's bundles would each match its host's labels.
-
-    Args:
-        plan: The reservation.
-        labels: Every TPU host's labels, by slice name and worker id.
-
-    Returns:
-        The accepted slice names.
-    """
+    """The slices on which some slice index's bundles would each match its host's labels
+    (``labels``: every TPU host's, by slice name and worker id)."""
 
     def fits(hosts: Mapping[int, Mapping[str, str]], index: int) -> bool:
         first = index * plan.bundles_per_slice
@@ -191,20 +161,10 @@ def pick_slices(
     least: int | None = None,
     time_left_s: float | None = None,
 ) -> dict[int, SliceInfo]:
-    """Choose an idle whole slice for every slice index not in ``taken``: a ready one,
-    or, as a last resort, one with a suspect host. A slice pinned by name is taken even
-    if suspect: no other could serve its index.
-
-    Args:
-        snapshot: The cluster as read.
-        plan: The reservation.
-        taken: Slice index to the name of the slice already held for it.
-        least: The fewest that serve (a range's minimum; default: the plan's count).
-        time_left_s: Seconds to the request's deadline; ``None``: no deadline.
-
-    Returns:
-        Slice index to its slice, for the indices a free slice was found for.
-    """
+    """Choose an idle whole slice for every slice index not in ``taken`` (index to the
+    slice held): a ready one, or, as a last resort, one with a suspect host. A slice
+    pinned by name is taken even if suspect: no other could serve its index. ``least``:
+    the fewest that serve (a range's minimum; default: the plan's count)."""
     per_chip = plan.tpu_resource_per_chip
     ready = {s.name: s for s in snapshot.ready(plan.shape, per_chip)}
     suspects = {s.name: s for s in snapshot.idle_suspects(plan.shape, per_chip)}
@@ -229,15 +189,8 @@ def pick_slices(
 
 
 def shortage(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str | None:
-    """Why this cluster as it is can never meet the request.
-
-    Args:
-        snapshot: The cluster as read.
-        plan: The reservation.
-
-    Returns:
-        The reason, or ``None`` if the slices exist (perhaps busy).
-    """
+    """Why this cluster as it is can never meet the request; ``None`` if the slices
+    exist (perhaps busy)."""
     whole = snapshot.whole(plan.shape, plan.tpu_resource_per_chip)
     names = {s.name for s in whole}
     missing = [
@@ -253,15 +206,7 @@ def shortage(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str | None:
 
 
 def explain(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str:
-    """What the cluster has for this request, or the shapes it has when none match.
-
-    Args:
-        snapshot: The cluster as read.
-        plan: The reservation.
-
-    Returns:
-        The explanation, for error messages.
-    """
+    """What the cluster has for this request, or the shapes it has when none match."""
     matching = snapshot.matching(plan.shape, plan.tpu_resource_per_chip)
     if not matching:
         shapes = sorted({f"{s.pod_type} {s.topology}" for s in snapshot.slices.values()})
@@ -269,11 +214,8 @@ def explain(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str:
         return (
             f"the cluster has no {plan.shape.pod_type} {plan.shape.topology} slice (it has: {have})"
         )
-    groups: dict[SliceState, list[SliceInfo]] = {state: [] for state in SliceState}
-    for s in matching:
-        groups[s.state].append(s)
     ready, busy, suspect, broken = (
-        groups[state]
+        [s for s in matching if s.state is state]
         for state in (SliceState.READY, SliceState.BUSY, SliceState.SUSPECT, SliceState.BROKEN)
     )
     whole = f"{len(ready) + len(busy) + len(suspect)} whole slice(s)"

@@ -1,7 +1,6 @@
 """One request type for a reservation: every input, validated once, passed by keyword.
-
 Building a :class:`SliceRequest` validates it and derives its
-:class:`~tpuslice._reserve.plan.ReservationPlan`. A new reservation option is a new field
+:class:`~tpuslice._reserve.plan.ReservationPlan`; a new reservation option is a new field
 here. Pure: no Ray.
 """
 
@@ -30,18 +29,9 @@ LIFETIMES = (None, "detached")
 
 @dataclass(frozen=True, kw_only=True)
 class SliceRequest:
-    """What a reservation asks for, checked on creation. The fields and defaults are those
-    of Ray 2.60's ``SlicePlacementGroup`` (see its arguments), and:
-
-    Attributes:
-        subslice: ``topology`` is a sub-slice: some hosts of a bigger slice.
-        subslice_index: With ``subslice``: that sub-slice of its parent only.
-        arrival_ns: Its place in the queue's arrival order from an earlier attempt of
-            the same work, so a preempted run queues again in its first place.
-
-    Raises:
-        InvalidArgumentError: a value out of range or of the wrong kind (a ``ValueError``).
-    """
+    """What a reservation asks for, checked on creation (an invalid value raises
+    :class:`~tpuslice.errors.InvalidArgumentError`). The fields and defaults are those of
+    Ray 2.60's ``SlicePlacementGroup`` (see its arguments), and the ones below."""
 
     topology: str
     accelerator_version: str
@@ -56,11 +46,15 @@ class SliceRequest:
     pg_per_slice: bool = False
     tpu_resource_per_chip: int | None = None
     subslice: bool = False
+    """``topology`` is a sub-slice: some hosts of a bigger slice."""
     subslice_index: int | None = None
+    """With ``subslice``: that sub-slice of its parent only."""
     priority: int = 0
     tenant: str | None = None
     preemptible: bool = False
     arrival_ns: int | None = None
+    """Its place in the queue's arrival order from an earlier attempt of the same work,
+    so a preempted run queues again in its first place."""
     plan: ReservationPlan = field(init=False, repr=False, compare=False)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -80,10 +74,7 @@ class SliceRequest:
             object.__setattr__(self, "bundle_label_selector", selectors)
         tenant = default_tenant() if self.tenant is None else check_tenant(self.tenant)
         object.__setattr__(self, "tenant", tenant)
-        if not isinstance(self.preemptible, bool):
-            raise InvalidArgumentError(
-                f"preemptible must be True or False, got {self.preemptible!r}"
-            )
+        _check_bool("preemptible", self.preemptible)
         object.__setattr__(self, "plan", _plan(self))
 
     @classmethod
@@ -101,21 +92,7 @@ class SliceRequest:
     ) -> SliceRequest:
         """The request of a run that reserves its own slices, from the options every run
         takes. Positional and without defaults, so that the type checker names a run that
-        does not pass a new option, and a swap fails validation or type-checking.
-
-        Args:
-            topology: Chip grid of one slice.
-            accelerator_version: TPU generation.
-            num_slices: Slices, or a ``(min, max)`` range.
-            chips_per_vm: Chips per host; ``None`` for the shape's default.
-            head_reservation_timeout_s: Seconds to wait for idle slices; ``None``: no limit.
-            priority: Place in the cluster-wide queue.
-            tenant: Whom it is charged to (``None``: the default tenant).
-            preemptible: Whether the queue may preempt it.
-
-        Returns:
-            The request, validated.
-        """
+        does not pass a new option, and a swap fails validation or type-checking."""
         return cls(
             topology=topology,
             accelerator_version=accelerator_version,
@@ -148,10 +125,7 @@ def _plan(request: SliceRequest) -> ReservationPlan:
             f"priority must be an integer (higher is served first), got {request.priority!r}"
         )
     _check_timeout(request.head_reservation_timeout_s)
-    if not isinstance(request.pg_per_slice, bool):
-        raise InvalidArgumentError(
-            f"pg_per_slice must be True or False, got {request.pg_per_slice!r}"
-        )
+    _check_bool("pg_per_slice", request.pg_per_slice)
     per_chip = resolve_resource_per_chip(request.tpu_resource_per_chip)
     _check_subslice(request)
     chips_per_vm = request.chips_per_vm
@@ -248,6 +222,11 @@ def _check_subslice(request: SliceRequest) -> None:
         raise InvalidArgumentError(
             "pg_per_slice and bundle_label_selector do not apply to a sub-slice reservation"
         )
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
 
 
 def _check_timeout(timeout: object) -> None:

@@ -51,8 +51,6 @@ from tpuslice.errors import (
 )
 
 _T = TypeVar("_T", bound="ShutsDownOnExit")
-
-
 logger = logging.getLogger(__name__)
 
 FORGET_BOUND_S = 2.0
@@ -132,7 +130,8 @@ class Reserved:
     arrival: int | None
     """Its place in the queue's arrival order, if it waited there."""
     recorded: bool
-    """Whether the queue was told whose its slices are (quotas set, or preemptible)."""
+    """Whether the queue was told whose its slices are: with quotas set, or preemptible
+    (other work it may take as no one's, at no cost)."""
     subslice: SubsliceAt | None = None
 
     def __eq__(self, other: object) -> bool:
@@ -167,20 +166,9 @@ def _holds() -> Holds:
 
 
 def reserve(request: SliceRequest, *, targets: Targets | None = None) -> Reserved:
-    """Reserve what ``request`` asks for: the one way every reservation is made.
-
-    Args:
-        request: The validated request.
-        targets: What to claim, when not whole slices (sub-slices).
-
-    Returns:
-        The record, held by this process until :func:`hand_back`.
-
-    Raises:
-        NotConnectedError: Ray is not initialised.
-        InsufficientSlicesError: the cluster lacks the slices and cannot grow.
-        ReservationTimeoutError: no idle slices within the request's timeout.
-    """
+    """Reserve what ``request`` asks for (``targets``: what to claim, when not whole
+    slices): the one way every reservation is made. The record is held by this process
+    until :func:`hand_back`."""
     if not ray.is_initialized():
         raise NotConnectedError(
             "Ray is not initialised: call ray.init(address=...) before reserving slices "
@@ -245,26 +233,13 @@ def _holders(held: Reserved) -> list[Holder]:
 
 
 def suspect_slices(held: Reserved) -> list[SliceInfo]:
-    """The slices taken as a last resort (a host of each is suspect), to check first.
-
-    Args:
-        held: The record.
-
-    Returns:
-        Them, in slice order; empty as a rule.
-    """
+    """The slices taken as a last resort (a host of each is suspect), to check first;
+    empty as a rule."""
     return [s.info for s in held.slices if s.info.state is SliceState.SUSPECT]
 
 
 def hold_of(held: Reserved) -> Hold | None:
-    """This process's hold on ``held``.
-
-    Args:
-        held: The record.
-
-    Returns:
-        The hold; ``None`` once handed back, or in another process.
-    """
+    """This process's hold on ``held``; ``None`` once handed back, or in another process."""
     return _holds().get(held.key)
 
 
@@ -273,17 +248,8 @@ def _given_back_here(held: Reserved) -> bool:
 
 
 def worker_groups(held: Reserved) -> list[tuple[PlacementGroup, int]]:
-    """Where each rank's bundle is.
-
-    Args:
-        held: The record.
-
-    Returns:
-        ``(group, bundle index)`` for every bundle, in rank order (slice-major).
-
-    Raises:
-        SliceShutdownError: the reservation was handed back.
-    """
+    """``(group, bundle index)`` for every bundle, in rank order (slice-major); raises
+    :class:`~tpuslice.errors.SliceShutdownError` once handed back."""
     if held.home == PROCESS and _given_back_here(held):
         raise SliceShutdownError("this SlicePlacementGroup has been shut down; create a new one")
     plan = held.plan
@@ -299,14 +265,7 @@ def worker_groups(held: Reserved) -> list[tuple[PlacementGroup, int]]:
 
 
 def host_contexts(held: Reserved) -> list[HostContext]:
-    """One context per bundle, in rank order. Pure.
-
-    Args:
-        held: The record.
-
-    Returns:
-        ``contexts[i]`` for rank *i*: slice-major, then TPU worker id.
-    """
+    """One context per bundle, in rank order (slice-major, then TPU worker id). Pure."""
     plan = held.plan
     infos = [s.info for s in held.slices]
     coordinator = infos[0].hosts[0].address if infos else ""
@@ -329,18 +288,8 @@ def host_contexts(held: Reserved) -> list[HostContext]:
 
 
 def ranks(held: Reserved, slice_index: int | None = None) -> list[RankPlacement]:
-    """Where each rank runs: its context, bundle and TPU (tasks and actors alike).
-
-    Args:
-        held: The record.
-        slice_index: Only that slice's ranks (``None``: every rank).
-
-    Returns:
-        One per rank, in rank order (slice-major, then TPU worker id).
-
-    Raises:
-        SliceShutdownError: the reservation was handed back.
-    """
+    """Where each rank runs, in rank order: its context, bundle and TPU (tasks and actors
+    alike); only ``slice_index``'s ranks if given. Raises like :func:`worker_groups`."""
     tpu = held.plan.bundle_resources.get("TPU", held.plan.devices_per_host)
     return [
         RankPlacement(context, group, bundle, tpu)
@@ -350,29 +299,14 @@ def ranks(held: Reserved, slice_index: int | None = None) -> list[RankPlacement]
 
 
 def rank_hosts(held: Reserved) -> list[HostInfo]:
-    """Each rank's host, as it was when reserved (its slice, worker id and node id).
-
-    Args:
-        held: The record.
-
-    Returns:
-        One host per rank, in rank order.
-    """
+    """Each rank's host, in rank order, as it was when reserved."""
     per_host = held.plan.bundles_per_host
     return [h for s in held.slices for h in s.info.hosts.values() for _ in range(per_host)]
 
 
 def rank_env(held: Reserved, rank: int) -> CallEnv:
-    """What the reservation sets around rank ``rank``'s calls: nothing for whole slices;
-    a sub-slice's own ``TPU_*`` values, so libtpu and JAX see it as the slice.
-
-    Args:
-        held: The record.
-        rank: A rank of the reservation.
-
-    Returns:
-        Variables to set (or, as None, unset) around the call.
-    """
+    """Variables to set (or, as None, unset) around rank ``rank``'s calls: nothing for
+    whole slices; a sub-slice's own ``TPU_*`` values, so libtpu and JAX see it as the slice."""
     if held.subslice is None:
         return {}
     hosts = [h.address for h in held.slices[0].info.hosts.values()] if held.slices else []
@@ -384,49 +318,26 @@ def track(
     refs: Sequence[ray.ObjectRef],
     worker_pids: Sequence[tuple[int, ray.ObjectRef]] = (),
 ) -> None:
-    """Remember tasks started on the reservation, so its hand-back can stop them.
-
-    Args:
-        held: The record.
-        refs: The tasks' refs.
-        worker_pids: ``(rank, ref of its pid)`` per task, stopped at hand-back if they
-            still own the TPU.
-    """
+    """Remember tasks started on the reservation, so its hand-back can stop them;
+    ``worker_pids``: ``(rank, ref of its pid)`` per task, stopped at hand-back if they
+    still own the TPU."""
     hold = hold_of(held)
     if hold is None:
         return  # a copy in a task: its tasks end with it; the reserving driver hands back
     with hold.lock:
-        if hold.launched:
-            _, hold.launched = ray.wait(
-                hold.launched, num_returns=len(hold.launched), timeout=0, fetch_local=False
-            )
-        hold.launched.extend(refs)
+        hold.launched = [*_running(hold.launched), *refs]
         hold.worker_pids.extend(worker_pids)
 
 
 def actor_group_of(held: Reserved) -> object | None:
-    """The SliceActorGroup whose actors hold the bundles' TPUs, while it lives.
-
-    Args:
-        held: The record.
-
-    Returns:
-        The group, or ``None``.
-    """
+    """The SliceActorGroup whose actors hold the bundles' TPUs, while it lives."""
     hold = hold_of(held)
     return None if hold is None else hold.actor_group
 
 
 def hold_for_actor_group(held: Reserved, group: object) -> None:
-    """Make ``group`` the reservation's one actor group, before its actors start.
-
-    Args:
-        held: The record.
-        group: The SliceActorGroup.
-
-    Raises:
-        InvalidArgumentError: another actor group lives on the reservation.
-    """
+    """Make ``group`` the reservation's one actor group, before its actors start; an
+    :class:`~tpuslice.errors.InvalidArgumentError` if another lives on it."""
     hold = hold_of(held)
     if hold is None:
         return
@@ -440,12 +351,7 @@ def hold_for_actor_group(held: Reserved, group: object) -> None:
 
 
 def drop_actor_group(held: Reserved, group: object) -> None:
-    """``group`` has gone (idempotent; another group's hold is left alone).
-
-    Args:
-        held: The record.
-        group: The SliceActorGroup.
-    """
+    """``group`` has gone (idempotent; another group's hold is left alone)."""
     hold = hold_of(held)
     if hold is not None:
         with hold.lock:
@@ -455,12 +361,8 @@ def drop_actor_group(held: Reserved, group: object) -> None:
 
 def confirm_free(held: Reserved, *, after_tasks: bool = False) -> None:
     """Confirm on every host that no process of this work owns its TPU, stopping any that
-    does (killed actors, or a task's idle worker).
-
-    Args:
-        held: The record.
-        after_tasks: Only if tasks ran on the reservation (else there is nothing to ask).
-    """
+    does (killed actors, or a task's idle worker). ``after_tasks``: only if tasks ran on
+    the reservation (else there is nothing to ask)."""
     hold = hold_of(held)
     if hold is None or (after_tasks and not hold.worker_pids and not hold.launched):
         return
@@ -498,9 +400,16 @@ def _cancel_launched(hold: Hold) -> None:
         launched, hold.launched = hold.launched, []
     if not launched or not ray.is_initialized():
         return
-    _, running = ray.wait(launched, num_returns=len(launched), timeout=0, fetch_local=False)
-    for ref in running:
+    for ref in _running(launched):
         ray.cancel(ref, force=True)
+
+
+def _running(refs: list[ray.ObjectRef]) -> list[ray.ObjectRef]:
+    """The tasks not finished yet, without waiting or fetching their results."""
+    if not refs:
+        return []
+    _, running = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+    return list(running)
 
 
 def hand_back(held: Reserved) -> None:
@@ -508,11 +417,7 @@ def hand_back(held: Reserved) -> None:
     of this work that still owns its TPU (an idle worker keeps libtpu's lock), remove the
     groups, wait (bounded) until Ray shows the hosts free, so they are claimable at once,
     and tell the queue. Idempotent. Elsewhere than the reserving process, only the groups
-    are removed, as Ray's handle does.
-
-    Args:
-        held: The record.
-    """
+    are removed, as Ray's handle does."""
     holds = _holds()
     with holds.lock:
         hold = holds.pop(held.key, None)
@@ -557,11 +462,7 @@ def _remove_groups(held: Reserved) -> None:
 
 class SliceHandle(ShutsDownOnExit):
     """A handle over one :class:`Reserved`, whose properties read the record, so it
-    pickles to a task and reads the same there. Equal when the reservations are.
-
-    Args:
-        held: The record.
-    """
+    pickles to a task and reads the same there. Equal when the reservations are."""
 
     def __init__(self, held: Reserved) -> None:
         self._reserved = held
@@ -572,15 +473,18 @@ class SliceHandle(ShutsDownOnExit):
     def __hash__(self) -> int:
         return hash(self._reserved)
 
+    def _held_slices(self) -> list[HeldSlice]:
+        return [] if self.is_shut_down else list(self._reserved.slices)
+
     @property
     def slice_names(self) -> list[str]:
         """Names of the reserved slices, in slice-index order (none once shut down)."""
-        return [] if self.is_shut_down else [s.info.name for s in self._reserved.slices]
+        return [s.info.name for s in self._held_slices()]
 
     @property
     def slices(self) -> list[SliceInfo]:
         """Each reserved slice as seen when claimed (none once shut down)."""
-        return [] if self.is_shut_down else [s.info for s in self._reserved.slices]
+        return [s.info for s in self._held_slices()]
 
     @property
     def num_hosts(self) -> int:
@@ -630,14 +534,7 @@ class SliceHandle(ShutsDownOnExit):
 
 
 def record_of(handle: SliceHandle) -> Reserved:
-    """The record a handle holds.
-
-    Args:
-        handle: A reservation's handle.
-
-    Returns:
-        Its record.
-    """
+    """The record a handle holds."""
     return handle._reserved
 
 
@@ -676,17 +573,14 @@ class SlicePlacementGroup(SliceHandle):
             strategy: Ray placement strategy of the worker groups.
             name: Name of the worker placement group(s).
             lifetime: ``None`` or ``"detached"`` (outlives this driver).
-            num_slices: Whole slices to reserve at once; or ``(min, max)``: start once
-                ``min`` are idle together, taking up to ``max`` (see :attr:`num_slices`).
+            num_slices: Slices to reserve at once, or ``(min, max)``: up to max, once min are idle.
             chips_per_vm: Chips on each host, for shapes offered in more than one form.
             head_reservation_timeout_s: Seconds to wait for idle slices; ``None``: no limit.
             bundle_label_selector: One label selector per bundle (may pin slice names).
             pg_per_slice: One worker placement group per slice instead of one in all.
-            tpu_resource_per_chip: Ray ``TPU`` units per chip (default:
-                ``RAY_TPU_RESOURCE_PER_CHIP``, else 1).
+            tpu_resource_per_chip: ``TPU`` units per chip (``RAY_TPU_RESOURCE_PER_CHIP``, else 1).
             priority: Place in the cluster-wide queue: higher first (tpuslice only).
-            tenant: Whom the slices are charged to, for quotas and fair share (default:
-                ``TPUSLICE_TENANT``, else the user's name; tpuslice only).
+            tenant: Whom it is charged to (``TPUSLICE_TENANT``, else the user; tpuslice only).
             preemptible: Whether the queue may preempt it, with notice (tpuslice only).
 
         Raises:
@@ -714,20 +608,15 @@ class SlicePlacementGroup(SliceHandle):
         )
         super().__init__(reserve(request))
 
-    def _held_slices(self) -> list[HeldSlice]:
-        return [] if self.is_shut_down else list(self._reserved.slices)
-
     # --- Ray 2.60 properties ---------------------------------------------------------
-
-    @property
-    def placement_group(self) -> PlacementGroup | None:
-        return self.slice_placement_group
 
     @property
     def slice_placement_group(self) -> PlacementGroup | None:
         if self._reserved.plan.pg_per_slice:
             raise InvalidArgumentError("pg_per_slice=True, use `slice_placement_groups` instead.")
         return None if self.is_shut_down else self._reserved.combined_pg
+
+    placement_group = slice_placement_group
 
     @property
     def slice_placement_groups(self) -> list[PlacementGroup]:
@@ -863,8 +752,7 @@ def reserve_tpu_slice(
         slice_name: Claim this slice only.
 
     Returns:
-        ``(slice name, head placement group)``, or ``None`` if ``topology`` or
-        ``accelerator_type`` is empty (as in Ray).
+        ``(slice name, head placement group)``; ``None`` if an argument is empty (as in Ray).
 
     Raises:
         InvalidArgumentError: an invalid shape, or a single-host slice (it has no head).
@@ -893,12 +781,5 @@ def reserve_tpu_slice(
 
 
 def reserve_slices(request: SliceRequest) -> SliceHandle:
-    """:func:`reserve`, as a handle: the path every tpuslice runner takes.
-
-    Args:
-        request: The validated request.
-
-    Returns:
-        The handle, holding every slice.
-    """
+    """:func:`reserve`, as a handle: the path every tpuslice runner takes."""
     return SliceHandle(reserve(request))

@@ -16,15 +16,9 @@ logger = logging.getLogger(__name__)
 
 
 def mark_suspects(blames: Sequence[Blame]) -> list[Suspect]:
-    """Mark hosts suspect for the cluster's cool-down, and log and record each. Never
-    raises: the failure just seen is what the caller must hear of.
-
-    Args:
-        blames: The hosts and why.
-
-    Returns:
-        The records written; empty if none could be.
-    """
+    """Mark hosts suspect for the cluster's cool-down, and log and record each; the
+    records written. Never raises (empty if none could be written): the failure just seen
+    is what the caller must hear of."""
     if not blames:
         return []
     try:
@@ -48,18 +42,8 @@ def mark_suspects(blames: Sequence[Blame]) -> list[Suspect]:
 
 
 def clear_slice(slice_name: str, why: str = "") -> list[Suspect]:
-    """Trust every host of a slice again: delete its suspect records, log and record it.
-
-    Args:
-        slice_name: The slice.
-        why: What cleared it, for the log and the timeline.
-
-    Returns:
-        The records deleted, by worker id; empty if none of its hosts was suspect.
-
-    Raises:
-        ConnectionError: Ray is not connected (or another KV error).
-    """
+    """Trust every host of a slice again: delete its suspect records (returned, by
+    worker id), log and record it. A KV error (``ConnectionError``) propagates."""
     records = suspects.clear_slice(slice_name)
     if records:
         hosts = ", ".join(str(r.worker_id) for r in records)

@@ -27,54 +27,22 @@ class Targets(Protocol):
         ...
 
     def prepare(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
-        """Learn what picking needs (may ask the cluster).
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            The snapshot to pick from (a fresh one if preparing changed the cluster).
-        """
+        """Learn what picking needs (may ask the cluster); the snapshot to pick from, a
+        fresh one if preparing changed the cluster."""
         ...
 
     def pick(self, snapshot: ClusterSnapshot, taken: Mapping[int, str]) -> dict[int, SliceInfo]:
-        """Idle targets for the slice indices not in ``taken``; one with a suspect host
-        only as a last resort.
-
-        Args:
-            snapshot: The cluster now.
-            taken: Indices already held, with their slice names.
-
-        Returns:
-            ``{slice index: target}`` for those found.
-        """
+        """Idle targets, ``{slice index: target}``, for the indices not in ``taken``
+        (index to the slice name held); one with a suspect host only as a last resort."""
         ...
 
     def shortage(self, snapshot: ClusterSnapshot) -> str | None:
-        """Why the cluster as it is can never hold the request.
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            The reason, or ``None``.
-        """
+        """Why the cluster as it is can never hold the request (``None``: it can)."""
         ...
 
     def explain(self, snapshot: ClusterSnapshot) -> str:
-        """What the cluster has for this request (for timeouts and errors).
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            One sentence.
-        """
+        """One sentence on what the cluster has for this request, for timeouts and errors."""
         ...
-
-
-def _no_deadline() -> float | None:
-    return None
 
 
 @dataclass(frozen=True)
@@ -85,7 +53,7 @@ class WholeSlices:
 
     plan: ReservationPlan
     least: int | None = None
-    time_left: Callable[[], float | None] = _no_deadline
+    time_left: Callable[[], float | None] = lambda: None
 
     @property
     def head_claims(self) -> bool:
@@ -96,48 +64,15 @@ class WholeSlices:
         return True
 
     def prepare(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
-        """Nothing to learn first.
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            ``snapshot`` itself.
-        """
         return snapshot
 
     def pick(self, snapshot: ClusterSnapshot, taken: Mapping[int, str]) -> dict[int, SliceInfo]:
-        """See :func:`~tpuslice._reserve.plan.pick_slices`.
-
-        Args:
-            snapshot: The cluster now.
-            taken: Indices already held, with their slice names.
-
-        Returns:
-            ``{slice index: slice}``.
-        """
         return pick_slices(
             snapshot, self.plan, taken, least=self.least, time_left_s=self.time_left()
         )
 
     def shortage(self, snapshot: ClusterSnapshot) -> str | None:
-        """See :func:`~tpuslice._reserve.plan.shortage`.
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            The reason, or ``None``.
-        """
         return shortage(snapshot, self.plan)
 
     def explain(self, snapshot: ClusterSnapshot) -> str:
-        """See :func:`~tpuslice._reserve.plan.explain`.
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            One line for a timeout's message.
-        """
         return explain(snapshot, self.plan)

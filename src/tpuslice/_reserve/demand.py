@@ -1,12 +1,6 @@
-"""Keep a waiting reservation visible to Ray's autoscaler, and adopt what it brings.
-
-On a cluster that can grow, a reservation that finds too few idle slices keeps one head
-claim per missing slice pending (``TPU-<podtype>-head`` on a worker 0 of that pod type and
-topology) that no slice the cluster already has can satisfy: its selector excludes their
-names (``!in(...)``), so a partly busy slice with a free worker 0 does not absorb it. The
-autoscaler sees the demand and adds a slice; when a demand group is placed, it sits on the
-new slice's worker 0, which we look up in the cluster view (no helper task) and adopt as a
-claim if every host of it is idle.
+"""Keep a waiting reservation visible to Ray's autoscaler: one pending head claim per
+missing slice, whose selector excludes the slices the cluster has (``!in(...)``), so that
+a partly busy slice with a free worker 0 does not absorb it.
 """
 
 from __future__ import annotations
@@ -30,13 +24,8 @@ class AutoscalerDemand:
         self.groups: list[PlacementGroup] = []
 
     def keep(self, missing: int, existing: Collection[str] = ()) -> None:
-        """Have exactly ``missing`` demand groups pending, none satisfiable by the
-        ``existing`` slices (new groups exclude them by name).
-
-        Args:
-            missing: Slices the reservation still lacks.
-            existing: Names of the slices of this shape the cluster has now.
-        """
+        """Have exactly ``missing`` demand groups pending, none on the ``existing`` slices
+        (those of this shape the cluster has now)."""
         shape = self.plan.shape
         selector = {
             WORKER_ID_LABEL: "0",
@@ -55,20 +44,12 @@ class AutoscalerDemand:
             self.ops.remove_group(self.groups.pop())
 
     def landed(self, snapshot: ClusterSnapshot) -> list[tuple[PlacementGroup, SliceInfo]]:
-        """Demand groups that were placed, with the slice whose worker 0 holds each. A
-        group whose node the snapshot does not show yet stays pending for the next look.
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            ``(group, slice)`` for each landed group; they are no longer tracked here.
-        """
+        """Take the placed demand groups out, each with the slice whose worker 0 holds it
+        (one on a node the snapshot does not show yet stays for the next look)."""
         heads = {s.head_node_id: s for s in snapshot.slices.values() if s.head_node_id}
         found = []
         for pg in self.groups:
-            # Where the group is, read from Ray's table: a wait of no time would not do,
-            # since Ray answers it before the GCS has said whether the group is placed.
+            # Ray's table, not a wait of no time: Ray answers that before the GCS knows.
             node = self.ops.bundle_node(pg, 0)
             if node in heads:
                 found.append((pg, heads[node]))

@@ -18,15 +18,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RankPlacement:
-    """Where one rank of a held reservation runs: its context, its bundle, and the TPU
-    the bundle holds. Tasks and actor groups both place a rank from this.
-
-    Attributes:
-        context: The rank's slice context.
-        group: The placement group holding its bundle.
-        bundle: The bundle's index in ``group``.
-        tpu: ``TPU`` resources the bundle holds.
-    """
+    """Where one rank of a held reservation runs: its context, its bundle (index
+    ``bundle`` in ``group``), and the ``TPU`` the bundle holds."""
 
     context: HostContext
     group: PlacementGroup
@@ -34,23 +27,14 @@ class RankPlacement:
     tpu: float
 
     def strategy(self) -> PlacementGroupSchedulingStrategy:
-        """Ray's scheduling strategy that puts work in this rank's bundle.
-
-        Returns:
-            The strategy.
-        """
+        """Ray's scheduling strategy that puts work in this rank's bundle."""
         return PlacementGroupSchedulingStrategy(
             placement_group=self.group, placement_group_bundle_index=self.bundle
         )
 
     def task_options(self) -> dict[str, Any]:
         """Ray's options for one task of this rank, as Ray 2.60's ``run_on_slice`` gives
-        them: no CPU, the bundle's ``TPU``, in the bundle; and never retried (a retried
-        task would run outside its gang).
-
-        Returns:
-            The options, for ``.options(**...)``.
-        """
+        them; never retried (a retried task would run outside its gang)."""
         return {
             "num_cpus": 0,
             "resources": {"TPU": self.tpu},
@@ -70,11 +54,7 @@ def live_placement_groups() -> list[dict[str, Any]]:
 
 
 def remove_group(pg: PlacementGroup | None) -> None:
-    """Remove a placement group; a group already gone is fine (idempotent).
-
-    Args:
-        pg: The group; ``None`` does nothing.
-    """
+    """Remove a placement group; one already gone, or ``None``, is fine."""
     if pg is None:
         return
     try:
@@ -84,15 +64,8 @@ def remove_group(pg: PlacementGroup | None) -> None:
 
 
 def wait_all(pgs: Sequence[PlacementGroup], timeout: float) -> list[bool]:
-    """Wait until every group is placed or ``timeout`` passes; return which are ready.
-
-    Args:
-        pgs: The groups.
-        timeout: Seconds to wait at most (a negative value waits not at all).
-
-    Returns:
-        Whether each group is placed, in the order of ``pgs``.
-    """
+    """Whether each group (in order) is placed within ``timeout`` seconds (negative: no
+    wait)."""
     if not pgs:
         return []
     refs = [pg.ready() for pg in pgs]

@@ -1,9 +1,5 @@
-"""What a reservation tells its observers as things happen: each call here adds an event
-to the timeline (:mod:`tpuslice.record.events`) and records the matching metrics
-(:mod:`tpuslice.record.metrics`), as do hosts marked suspect and slices cleared. Neither waits on
-the GCS nor raises into the caller's work. A run's outcomes are recorded by
-:mod:`tpuslice._run.observe`, the same way.
-"""
+"""What a reservation tells its observers: each call adds an event to the timeline and
+records the matching metrics, without waiting on the GCS or raising into the caller."""
 
 from __future__ import annotations
 
@@ -23,15 +19,8 @@ _F = TypeVar("_F", bound=Callable[..., None])
 
 
 def never_raises(function: _F) -> _F:
-    """Wrap a function that records an outcome: observing must not break what is
-    observed (a hand-back, a release), so a failure is logged instead.
-
-    Args:
-        function: Records something; returns nothing.
-
-    Returns:
-        The same function, logging what it raises.
-    """
+    """Wrap a function that records an outcome to log what it raises: observing must
+    not break what is observed."""
 
     @functools.wraps(function)
     def observed(*args: Any, **kwargs: Any) -> None:
@@ -44,15 +33,8 @@ def never_raises(function: _F) -> _F:
 
 
 def describe_request(request: SliceRequest) -> tuple[str, str]:
-    """How a request is named in events and in metric tags.
-
-    Args:
-        request: The request.
-
-    Returns:
-        ``("2 x v4 2x2x2", "v4 2x2x2")``: the event's ``what`` and the ``topology`` tag
-        (bounded: no count in it). A range of counts reads ``1..3 x ...``.
-    """
+    """How a request is named: the event's ``what`` (``"2 x v4 2x2x2"``; a range
+    ``1..3 x ...``) and the metrics' ``topology`` tag (``"v4 2x2x2"``: no count, so bounded)."""
     count = request.num_slices
     counted = f"{count[0]}..{count[1]}" if isinstance(count, tuple) else str(count)
     shape = f"{request.accelerator_version} {request.topology}"
@@ -67,15 +49,8 @@ def reservation_ended(
     slices: Sequence[str] = (),
     detail: str = "",
 ) -> None:
-    """A reservation was granted, timed out, or found impossible.
-
-    Args:
-        request: What was asked.
-        outcome: ``granted``, ``timed_out`` or ``impossible``.
-        wait_s: Seconds from the request to the outcome.
-        slices: The slices granted.
-        detail: One line (the error's first line, for a failure).
-    """
+    """A reservation was ``granted``, ``timed_out`` or found ``impossible`` (``outcome``)
+    ``wait_s`` seconds after it was asked; ``detail``: a failure's first line."""
     what, shape = describe_request(request)
     kind = {"granted": "reserved"}.get(outcome, outcome)
     if len(detail) > DETAIL_CHARS:  # the error itself has it all
@@ -88,23 +63,14 @@ def reservation_ended(
 
 @never_raises
 def released(slices: Sequence[str], held_s: float, what: str = "") -> None:
-    """Slices were handed back.
-
-    Args:
-        slices: The slices.
-        held_s: How long they were held.
-        what: The request, as :func:`describe_request` names it.
-    """
+    """Slices were handed back after ``held_s`` seconds (``what``: the request, as
+    :func:`describe_request` names it)."""
     events.record("released", slices=tuple(slices), what=what, seconds=held_s)
 
 
 @never_raises
 def host_suspected(record: Suspect) -> None:
-    """A host was marked suspect.
-
-    Args:
-        record: Its suspect record.
-    """
+    """A host was marked suspect."""
     where = f"host {record.worker_id} (node {record.node_id[:12]})"
     events.record(
         "suspect",
@@ -117,13 +83,7 @@ def host_suspected(record: Suspect) -> None:
 
 @never_raises
 def slice_cleared(slice_name: str, records: Sequence[Suspect], why: str = "") -> None:
-    """A slice's suspect hosts were trusted again.
-
-    Args:
-        slice_name: The slice.
-        records: The records deleted.
-        why: What cleared it (``health check passed``), if known.
-    """
+    """A slice's suspect hosts were trusted again (``why``: what cleared it, if known)."""
     hosts = ", ".join(str(r.worker_id) for r in records)
     detail = f"host(s) {hosts} trusted again" + (f": {why}" if why else "")
     events.record("cleared", slices=(slice_name,), detail=detail)

@@ -1,10 +1,5 @@
 """Pure planning for a slice reservation: pick slices, build bundles, explain shortfalls.
-
-Nothing here talks to Ray. A :class:`~tpuslice._reserve.request.SliceRequest` derives its
-:class:`ReservationPlan` on creation; :func:`pick_slices` chooses idle whole slices from a
-:class:`~tpuslice._view.cluster.ClusterSnapshot`; :meth:`ReservationPlan.worker_selectors` pins
-bundle *i* to TPU worker *i*; :func:`shortage` and :func:`explain` say what is missing.
-"""
+Nothing here talks to Ray."""
 
 from __future__ import annotations
 
@@ -22,14 +17,7 @@ NODE_ID_LABEL = "ray.io/node-id"
 
 
 def thaw(value: Any) -> Any:
-    """A read-only mapping (or a tuple of them) as plain dicts, to pickle.
-
-    Args:
-        value: Any field's value.
-
-    Returns:
-        The value, its read-only mappings copied to dicts.
-    """
+    """A field's value with its read-only mappings (also in a tuple) made dicts, to pickle."""
     if isinstance(value, MappingProxyType):
         return dict(value)
     if isinstance(value, tuple):
@@ -37,42 +25,23 @@ def thaw(value: Any) -> Any:
     return value
 
 
-def freeze(value: Any) -> Any:
-    """The inverse of :func:`thaw`.
-
-    Args:
-        value: A thawed value.
-
-    Returns:
-        The value, its dicts read-only again.
-    """
+def _freeze(value: Any) -> Any:
+    """The inverse of :func:`thaw`."""
     if isinstance(value, dict):
         return MappingProxyType(value)
     if isinstance(value, tuple):
-        return tuple(freeze(item) for item in value)
+        return tuple(_freeze(item) for item in value)
     return value
 
 
 def _plan_of(*values: Any) -> ReservationPlan:
-    return ReservationPlan(*(freeze(v) for v in values))
+    return ReservationPlan(*(_freeze(v) for v in values))
 
 
 @dataclass(frozen=True)
 class ReservationPlan:
     """Everything about a reservation that does not depend on the cluster.
-
-    Attributes:
-        shape: The shape of each slice.
-        num_slices: Slices to reserve.
-        tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
-        bundle_resources: Resources of each bundle.
-        bundles_per_host: Bundles that tile one host.
-        user_selectors: The user's label selector per bundle; empty if none were given.
-        strategy: Ray placement strategy of the worker groups.
-        name: Name of the worker placement group(s).
-        lifetime: ``None`` or ``"detached"``.
-        pg_per_slice: One worker placement group per slice instead of one in all.
-    """
+    ``user_selectors``: the user's label selector per bundle (may be empty)."""
 
     shape: SliceShape
     num_slices: int
@@ -85,12 +54,10 @@ class ReservationPlan:
     lifetime: str | None
     pg_per_slice: bool
     subslice: bool = False
-    """The shape is a sub-slice of a bigger slice (no head claim: worker 0 may be
-    another sub-slice's)."""
+    """The shape is part of a bigger slice (no head claim: worker 0 may be another's)."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        """Pickle the read-only mappings as dicts (a ``mappingproxy`` does not pickle);
-        they are read-only again on the way in."""
+        """Pickle the read-only mappings as dicts: a ``mappingproxy`` does not pickle."""
         return (_plan_of, tuple(thaw(getattr(self, f.name)) for f in fields(self)))
 
     @property
@@ -100,75 +67,49 @@ class ReservationPlan:
 
     @property
     def bundles_per_slice(self) -> int:
-        """Bundles of one slice."""
         return self.shape.num_hosts * self.bundles_per_host
 
     @property
     def num_bundles(self) -> int:
-        """Bundles of the whole reservation."""
         return self.bundles_per_slice * self.num_slices
 
     @property
     def needs_head_claim(self) -> bool:
-        """Multi-host slices are claimed through worker 0's head resource, as in Ray; a
-        sub-slice is not (Ray claims none for it either)."""
+        """Multi-host slices are claimed through worker 0's head resource, as in Ray;
+        sub-slices are not."""
         return not self.shape.is_single_host and not self.subslice
 
-    def user_selector(self, bundle_index: int) -> Mapping[str, str]:
-        """The user's label selector for one bundle.
-
-        Args:
-            bundle_index: The bundle's index in the whole reservation.
-
-        Returns:
-            The selector; empty if the user gave none.
-        """
+    def _user_selector(self, bundle_index: int) -> Mapping[str, str]:
+        """The user's label selector for one bundle of the reservation (may be empty)."""
         if bundle_index < len(self.user_selectors):
             return self.user_selectors[bundle_index] or {}
         return {}
 
     def pinned_slice_name(self, slice_index: int) -> str | None:
-        """The slice name the user's label selectors fix for this slice index, if any.
-
-        Args:
-            slice_index: Which slice of the reservation, from 0.
-
-        Returns:
-            The first ``ray.io/tpu-slice-name`` among that slice's bundles' selectors;
-            None if none names one.
-        """
+        """The slice name the user's label selectors fix for this slice index (the first
+        among its bundles' selectors), or ``None``."""
         first = slice_index * self.bundles_per_slice
         for bundle in range(first, first + self.bundles_per_slice):
-            name = self.user_selector(bundle).get(SLICE_NAME_LABEL)
+            name = self._user_selector(bundle).get(SLICE_NAME_LABEL)
             if name:
                 return name
         return None
 
     def worker_selectors(self, slice_index: int, target: SliceInfo) -> list[dict[str, str]]:
-        """Label selectors for one slice's bundles: bundle ``k`` of the slice lands on TPU
-        worker ``k // bundles_per_host``. Our pins win over the user's labels, as in Ray.
-
-        Args:
-            slice_index: Which slice of the reservation, from 0.
-            target: The slice chosen for it (every worker id present).
-
-        Returns:
-            One selector per bundle of the slice, in bundle order.
-        """
+        """Label selectors for one slice's bundles, in bundle order, on the slice chosen
+        for it: bundle ``k`` lands on worker ``k // bundles_per_host``. Our pins win over
+        the user's labels, as in Ray."""
         first = slice_index * self.bundles_per_slice
         selectors = []
         for k in range(self.bundles_per_slice):
             worker = k // self.bundles_per_host
             pin = _pin(target, worker)
-            selectors.append({**self.user_selector(first + k), **pin})
+            selectors.append({**self._user_selector(first + k), **pin})
         return selectors
 
     def describe(self) -> str:
-        """``2 idle v6e 4x4 slices (v6e-16, 4 host(s) each)``, for messages.
-
-        Returns:
-            What the plan asks for.
-        """
+        """What the plan asks for, for messages: ``2 idle v6e 4x4 slices (v6e-16, 4
+        host(s) each)``."""
         count = f"{self.num_slices} " if self.num_slices > 1 else ""
         plural = "s" if self.num_slices > 1 else ""
         what = f"{self.shape.generation.name} {self.shape.topology}"
@@ -181,8 +122,8 @@ class ReservationPlan:
 
 
 def _pin(target: SliceInfo, worker: int) -> dict[str, str]:
-    """Labels that select exactly one host of the target: the ``worker``-th, by its own
-    slice name and TPU worker id (for a sub-slice, its place in the parent slice)."""
+    """Labels that select the target's ``worker``-th host, by its own slice name and
+    worker id (a sub-slice's host: its place in the parent)."""
     host = target.hosts[worker]
     if target.name == host.node_id:  # a single-host VM without a slice-name label
         return {NODE_ID_LABEL: host.node_id}
@@ -193,23 +134,14 @@ def _pin(target: SliceInfo, worker: int) -> dict[str, str]:
 def accepted_slices(
     plan: ReservationPlan, labels: Mapping[str, Mapping[int, Mapping[str, str]]]
 ) -> frozenset[str]:
-    """The slices the plan's label selectors accept: those on which some slice index's
-    bundles would each find its host's labels matching (bundle ``k`` of a slice lands on
-    worker ``k // bundles_per_host``). Pure.
-
-    Args:
-        plan: The reservation.
-        labels: Every TPU host's labels, by slice name and worker id.
-
-    Returns:
-        The accepted slice names.
-    """
+    """The slices on which some slice index's bundles would each match its host's labels
+    (``labels``: every TPU host's, by slice name and worker id)."""
 
     def fits(hosts: Mapping[int, Mapping[str, str]], index: int) -> bool:
         first = index * plan.bundles_per_slice
         return all(
             selector_matches(
-                hosts.get(k // plan.bundles_per_host, {}), plan.user_selector(first + k)
+                hosts.get(k // plan.bundles_per_host, {}), plan._user_selector(first + k)
             )
             for k in range(plan.bundles_per_slice)
         )
@@ -229,26 +161,10 @@ def pick_slices(
     least: int | None = None,
     time_left_s: float | None = None,
 ) -> dict[int, SliceInfo]:
-    """Choose an idle whole slice for every slice index not in ``taken``: a ready one,
-    or, as a last resort (:func:`~tpuslice._reserve.queue.schedule.last_resort`), one whose hosts
-    are all free but one is suspect. A slice pinned by name is taken even if suspect: no
-    other could serve its index.
-
-    Honours slice names pinned by the user's selectors; never picks a slice that is
-    busy, broken, under notice, of another shape, or already taken. Pure.
-
-    Args:
-        snapshot: The cluster as read.
-        plan: The reservation.
-        taken: Slice index to the name of the slice already held for it.
-        least: The least count that serves the request (a range's minimum); default:
-            the plan's count.
-        time_left_s: Seconds to the request's deadline; ``None``: it has none.
-
-    Returns:
-        Slice index to the slice chosen for it (ready ones first); indices for which no
-        idle slice (or not the pinned one) is free are left out.
-    """
+    """Choose an idle whole slice for every slice index not in ``taken`` (index to the
+    slice held): a ready one, or, as a last resort, one with a suspect host. A slice
+    pinned by name is taken even if suspect: no other could serve its index. ``least``:
+    the fewest that serve (a range's minimum; default: the plan's count)."""
     per_chip = plan.tpu_resource_per_chip
     ready = {s.name: s for s in snapshot.ready(plan.shape, per_chip)}
     suspects = {s.name: s for s in snapshot.idle_suspects(plan.shape, per_chip)}
@@ -273,16 +189,8 @@ def pick_slices(
 
 
 def shortage(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str | None:
-    """Why the request can never be met by this cluster as it is, or ``None`` if it can
-    (slices exist, perhaps busy). Pure.
-
-    Args:
-        snapshot: The cluster as read.
-        plan: The reservation.
-
-    Returns:
-        The reason (pinned slices that do not exist, or too few whole slices), or None.
-    """
+    """Why this cluster as it is can never meet the request; ``None`` if the slices
+    exist (perhaps busy)."""
     whole = snapshot.whole(plan.shape, plan.tpu_resource_per_chip)
     names = {s.name for s in whole}
     missing = [
@@ -298,16 +206,7 @@ def shortage(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str | None:
 
 
 def explain(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str:
-    """What the cluster has for this request: ``2 whole slices, both busy (...); 1 broken
-    (...)``; or the shapes it does have when none match. Pure.
-
-    Args:
-        snapshot: The cluster as read.
-        plan: The reservation.
-
-    Returns:
-        The explanation, for error messages.
-    """
+    """What the cluster has for this request, or the shapes it has when none match."""
     matching = snapshot.matching(plan.shape, plan.tpu_resource_per_chip)
     if not matching:
         shapes = sorted({f"{s.pod_type} {s.topology}" for s in snapshot.slices.values()})
@@ -315,23 +214,20 @@ def explain(snapshot: ClusterSnapshot, plan: ReservationPlan) -> str:
         return (
             f"the cluster has no {plan.shape.pod_type} {plan.shape.topology} slice (it has: {have})"
         )
-    groups: dict[SliceState, list[SliceInfo]] = {state: [] for state in SliceState}
-    for s in matching:
-        groups[s.state].append(s)
-    whole = groups[SliceState.READY] + groups[SliceState.BUSY] + groups[SliceState.SUSPECT]
-    parts = [f"{len(whole)} whole slice(s)"]
-    if groups[SliceState.BUSY]:
-        busy = "; ".join(s.describe() for s in groups[SliceState.BUSY])
-        parts[0] += f", {len(groups[SliceState.BUSY])} busy ({busy})"
-    if groups[SliceState.SUSPECT]:
-        suspect = "; ".join(s.describe() for s in groups[SliceState.SUSPECT])
-        parts[0] += (
-            f", {len(groups[SliceState.SUSPECT])} with a suspect host, taken only as a last "
-            f"resort ({suspect})"
-        )
-    if groups[SliceState.READY]:
-        parts[0] += f", {len(groups[SliceState.READY])} idle"
-    if groups[SliceState.BROKEN]:
-        broken = "; ".join(s.describe() for s in groups[SliceState.BROKEN])
-        parts.append(f"{len(groups[SliceState.BROKEN])} broken ({broken})")
-    return "; ".join(parts)
+    ready, busy, suspect, broken = (
+        [s for s in matching if s.state is state]
+        for state in (SliceState.READY, SliceState.BUSY, SliceState.SUSPECT, SliceState.BROKEN)
+    )
+    whole = f"{len(ready) + len(busy) + len(suspect)} whole slice(s)"
+    if busy:
+        whole += f", {len(busy)} busy ({_described(busy)})"
+    if suspect:
+        whole += f", {len(suspect)} with a suspect host, taken only as a last resort "
+        whole += f"({_described(suspect)})"
+    if ready:
+        whole += f", {len(ready)} idle"
+    return f"{whole}; {len(broken)} broken ({_described(broken)})" if broken else whole
+
+
+def _described(slices: list[SliceInfo]) -> str:
+    return "; ".join(s.describe() for s in slices)

@@ -1,11 +1,7 @@
 """One request type for a reservation: every input, validated once, passed by keyword.
-
-:class:`SliceRequest` holds everything a caller can say about the slices it wants;
-building one validates it and derives its :class:`~tpuslice._reserve.plan.ReservationPlan` (shape,
-bundles, selectors). ``SlicePlacementGroup`` and the sub-slice calls build one from all
-their arguments; the runs that reserve their own slices (``run_on_slice``,
-``SliceActorGroup``, ``run_resilient``, ``tpuslice run``) through
-:meth:`SliceRequest.for_run`. A new reservation option is a new field here. Pure: no Ray.
+Building a :class:`SliceRequest` validates it and derives its
+:class:`~tpuslice._reserve.plan.ReservationPlan`; a new reservation option is a new field
+here. Pure: no Ray.
 """
 
 from __future__ import annotations
@@ -33,49 +29,9 @@ LIFETIMES = (None, "detached")
 
 @dataclass(frozen=True, kw_only=True)
 class SliceRequest:
-    """What a reservation asks for. Build it with keywords; it is checked on creation.
-
-    The fields and their defaults are those of Ray 2.60's ``SlicePlacementGroup``.
-
-    Attributes:
-        topology: Chip grid of one slice, such as ``"4x4"`` or ``"2x2x2"``.
-        accelerator_version: TPU generation, such as ``"v6e"`` or ``"TPU-V4"``.
-        resources_per_bundle: Resources of each bundle (default: one whole host,
-            ``{"CPU": 1, "TPU": <chips per host>}``); stored read-only.
-        strategy: Ray placement strategy of the worker groups.
-        name: Name of the worker placement group(s).
-        lifetime: ``None`` or ``"detached"`` (outlives the driver).
-        num_slices: How many whole slices to reserve, all at once; or ``(min, max)``:
-            start once ``min`` can be had together, taking as many as are idle up to
-            ``max`` (the plan is built for ``max``; the reservation says how many).
-        chips_per_vm: Chips on each host; ``None`` for the shape's default.
-        head_reservation_timeout_s: Seconds to wait for idle slices; ``None`` waits
-            without limit.
-        bundle_label_selector: One label selector per bundle (may pin slice names);
-            stored as a tuple of read-only mappings.
-        pg_per_slice: One worker placement group per slice instead of one in all.
-        tpu_resource_per_chip: Ray ``TPU`` units per chip; ``None`` reads
-            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
-        subslice: ``topology`` is a sub-slice: some hosts of a bigger slice that form a
-            slice of that shape (:func:`tpuslice.subslice_placement_group`).
-        subslice_index: With ``subslice``: that sub-slice of its parent only.
-        priority: Place in the cluster-wide queue when slices are short: higher first,
-            arrival order within a priority (tpuslice's; not in Ray).
-        tenant: Whom the slices are charged to, for the cluster's quotas and fair share
-            (``None``: ``TPUSLICE_TENANT``, else the user's name; resolved on creation).
-            A label, not a credential.
-        preemptible: Whether the queue may preempt this work, with notice, for a request
-            of higher priority or for a tenant taking back its quota.
-        arrival_ns: Its place in the queue's arrival order, as the queue numbered it
-            when an earlier reservation of the same work waited (``None``: when it first
-            waits there). A resilient run passes its first attempt's to the attempt after
-            a preemption, so a preempted run queues again in its first place.
-
-    Raises:
-        InvalidArgumentError: a value is out of range or of the wrong kind (every
-            subclass is a ``ValueError``, as in Ray): an unknown generation or topology,
-            ``num_slices`` < 1, a bundle that does not tile a host, an unknown strategy.
-    """
+    """What a reservation asks for, checked on creation (an invalid value raises
+    :class:`~tpuslice.errors.InvalidArgumentError`). The fields and defaults are those of
+    Ray 2.60's ``SlicePlacementGroup`` (see its arguments), and the ones below."""
 
     topology: str
     accelerator_version: str
@@ -90,13 +46,16 @@ class SliceRequest:
     pg_per_slice: bool = False
     tpu_resource_per_chip: int | None = None
     subslice: bool = False
+    """``topology`` is a sub-slice: some hosts of a bigger slice."""
     subslice_index: int | None = None
+    """With ``subslice``: that sub-slice of its parent only."""
     priority: int = 0
     tenant: str | None = None
     preemptible: bool = False
     arrival_ns: int | None = None
+    """Its place in the queue's arrival order from an earlier attempt of the same work,
+    so a preempted run queues again in its first place."""
     plan: ReservationPlan = field(init=False, repr=False, compare=False)
-    """Everything derived from the fields: shape, bundles per host, bundle resources."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickle the fields, read-only mappings as dicts; made again on the way in."""
@@ -115,10 +74,7 @@ class SliceRequest:
             object.__setattr__(self, "bundle_label_selector", selectors)
         tenant = default_tenant() if self.tenant is None else check_tenant(self.tenant)
         object.__setattr__(self, "tenant", tenant)
-        if not isinstance(self.preemptible, bool):
-            raise InvalidArgumentError(
-                f"preemptible must be True or False, got {self.preemptible!r}"
-            )
+        _check_bool("preemptible", self.preemptible)
         object.__setattr__(self, "plan", _plan(self))
 
     @classmethod
@@ -134,29 +90,9 @@ class SliceRequest:
         preemptible: bool,
         /,
     ) -> SliceRequest:
-        """The request of a run that reserves its own slices: the options that
-        ``run_on_slice``, ``run_resilient``, ``SliceActorGroup.create`` and ``tpuslice run``
-        all take, in the order their signatures list them (their defaults are there, as in
-        Ray's). An option every run takes is added here, and the type checker then names
-        each run that does not pass it.
-
-        Positional, unlike the class, so that a run passes its own parameters by order: a
-        swap of the two strings fails validation (neither is the other's kind), and a swap
-        of the others does not type-check.
-
-        Args:
-            topology: Chip grid of one slice.
-            accelerator_version: TPU generation.
-            num_slices: Slices, or a ``(min, max)`` range.
-            chips_per_vm: Chips per host; ``None`` for the shape's default.
-            head_reservation_timeout_s: Seconds to wait for idle slices; ``None``: no limit.
-            priority: Place in the cluster-wide queue.
-            tenant: Whom it is charged to (``None``: the default tenant).
-            preemptible: Whether the queue may preempt it.
-
-        Returns:
-            The request, validated.
-        """
+        """The request of a run that reserves its own slices, from the options every run
+        takes. Positional and without defaults, so that the type checker names a run that
+        does not pass a new option, and a swap fails validation or type-checking."""
         return cls(
             topology=topology,
             accelerator_version=accelerator_version,
@@ -181,18 +117,15 @@ class SliceRequest:
 
 
 def _plan(request: SliceRequest) -> ReservationPlan:
-    """Validate ``request`` and derive its plan. Raises ``ValueError`` subclasses that say
-    what was asked and what is valid, where Ray 2.60 crashes or hangs."""
+    """Validate ``request`` (errors say what is valid, where Ray 2.60 crashes or hangs)
+    and derive its plan."""
     low, high = _slice_range(request.num_slices)
     if isinstance(request.priority, bool) or not isinstance(request.priority, int):
         raise InvalidArgumentError(
             f"priority must be an integer (higher is served first), got {request.priority!r}"
         )
     _check_timeout(request.head_reservation_timeout_s)
-    if not isinstance(request.pg_per_slice, bool):
-        raise InvalidArgumentError(
-            f"pg_per_slice must be True or False, got {request.pg_per_slice!r}"
-        )
+    _check_bool("pg_per_slice", request.pg_per_slice)
     per_chip = resolve_resource_per_chip(request.tpu_resource_per_chip)
     _check_subslice(request)
     chips_per_vm = request.chips_per_vm
@@ -289,6 +222,11 @@ def _check_subslice(request: SliceRequest) -> None:
         raise InvalidArgumentError(
             "pg_per_slice and bundle_label_selector do not apply to a sub-slice reservation"
         )
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
 
 
 def _check_timeout(timeout: object) -> None:

@@ -1,15 +1,9 @@
 """Reserve whole TPU slices as Ray placement groups: every host or none, never leaked.
 
-For each slice: a head placement group on worker 0's ``TPU-<podtype>-head`` resource
-(the claim other reservers, Ray's own included, respect) and worker bundles pinned by
-label to that slice and to each TPU worker id, so bundle *i* is worker *i*. Slices are
-picked from the cluster view (idle and whole only) and all N are claimed at once; the
-loop that does it is in :mod:`tpuslice._reserve.claim`.
-
-A reservation is a frozen record, :class:`Reserved`, made by :func:`reserve` and given
-back by :func:`hand_back`; the runners act on it through the free functions here.
-:class:`SlicePlacementGroup` is Ray's handle over one record. What changes while a
-reservation is held is a :class:`Hold`, kept by the process that reserved it.
+A reservation is a frozen record, :class:`Reserved`, made by :func:`reserve` (through the
+loop in :mod:`tpuslice._reserve.claim`) and given back by :func:`hand_back`; runners act on
+it through the free functions here. :class:`SlicePlacementGroup` is Ray's handle over one
+record; what changes while it is held is a :class:`Hold`, kept by the reserving process.
 """
 
 from __future__ import annotations
@@ -57,13 +51,10 @@ from tpuslice.errors import (
 )
 
 _T = TypeVar("_T", bound="ShutsDownOnExit")
-
-
 logger = logging.getLogger(__name__)
 
 FORGET_BOUND_S = 2.0
-"""How long a hand-back that saw its slices free waits for its holder records and the
-queue's notices to go before it reports them free (a few KV calls)."""
+"""How long a hand-back waits for its holder records to go before it reports them free."""
 
 
 def _settled(done: Future[Any]) -> bool:
@@ -100,9 +91,8 @@ PROCESS = uuid.uuid4().hex
 
 @dataclass(frozen=True)
 class HeldSlice:
-    """One slice a reservation holds: its view when claimed, and its worker group when
-    it has one of its own (``pg_per_slice``). Its head is claimed in bundle 0 of its
-    worker bundles, so no head group is ever held beside them."""
+    """One slice held: its view when claimed, and its own worker group (``pg_per_slice``).
+    Its head is claimed in bundle 0 of its worker bundles, never in a group of its own."""
 
     index: int
     info: SliceInfo
@@ -122,7 +112,7 @@ class SubsliceAt:
 @dataclass(frozen=True, eq=False)
 class Reserved:
     """What a reservation holds, frozen, so it pickles to a task and reads the same there.
-    Two records are equal when their keys are."""
+    Equal when the keys are; times are wall clock."""
 
     key: str
     """Unique per reservation: the holder id the queue's records and notices carry."""
@@ -134,15 +124,14 @@ class Reserved:
     slices: tuple[HeldSlice, ...]
     combined_pg: PlacementGroup | None
     asked_at: float
-    """When it asked for its slices (wall clock)."""
     held_at: float
-    """When it held them (wall clock)."""
     queued_s: float
     """Of the time from asking to holding, how long it waited for slices."""
     arrival: int | None
     """Its place in the queue's arrival order, if it waited there."""
     recorded: bool
-    """Whether the queue was told whose its slices are (quotas set, or preemptible)."""
+    """Whether the queue was told whose its slices are: with quotas set, or preemptible
+    (other work it may take as no one's, at no cost)."""
     subslice: SubsliceAt | None = None
 
     def __eq__(self, other: object) -> bool:
@@ -153,8 +142,8 @@ class Reserved:
 
 
 class Hold:
-    """What changes while this process holds a reservation: the tasks started on it, the
-    pids they report, and the actor group whose actors hold its TPUs."""
+    """What changes while this process holds a reservation: its tasks, their pids, and
+    the actor group whose actors hold its TPUs."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -164,8 +153,7 @@ class Hold:
 
 
 class Holds(dict[str, Hold]):
-    """This connection's holds, by reservation key (a part of
-    :func:`~tpuslice._tpu._connection.connection`); a hand-back takes its hold out first,
+    """This connection's holds by reservation key; a hand-back takes its hold out first,
     under :attr:`lock`."""
 
     def __init__(self) -> None:
@@ -178,21 +166,9 @@ def _holds() -> Holds:
 
 
 def reserve(request: SliceRequest, *, targets: Targets | None = None) -> Reserved:
-    """Reserve what ``request`` asks for, through the queue: the one way every
-    reservation is made.
-
-    Args:
-        request: The validated request.
-        targets: What to claim, when not whole slices (sub-slices).
-
-    Returns:
-        The record, held by this process until :func:`hand_back`.
-
-    Raises:
-        NotConnectedError: Ray is not initialised.
-        InsufficientSlicesError: the cluster does not have the slices and cannot grow.
-        ReservationTimeoutError: no idle slices within the request's timeout.
-    """
+    """Reserve what ``request`` asks for (``targets``: what to claim, when not whole
+    slices): the one way every reservation is made. The record is held by this process
+    until :func:`hand_back`."""
     if not ray.is_initialized():
         raise NotConnectedError(
             "Ray is not initialised: call ray.init(address=...) before reserving slices "
@@ -231,8 +207,7 @@ def reserve(request: SliceRequest, *, targets: Targets | None = None) -> Reserve
 
 
 def _holders(held: Reserved) -> list[Holder]:
-    """What the queue is told of the slices held: whose, how urgent, preemptible, and
-    the groups to remove if a preemption's grace runs out."""
+    """What the queue is told of the slices held, with the groups a preemption removes."""
     request = held.request
     if request.subslice:  # the queue deals in whole slices; a sub-slice is not one
         return []
@@ -258,65 +233,23 @@ def _holders(held: Reserved) -> list[Holder]:
 
 
 def suspect_slices(held: Reserved) -> list[SliceInfo]:
-    """The slices taken as a last resort: a host of each is suspect
-    (:attr:`~tpuslice._view.cluster.SliceState.SUSPECT`), so work may check them first.
-
-    Args:
-        held: The record.
-
-    Returns:
-        Them, in slice order; empty as a rule.
-    """
+    """The slices taken as a last resort (a host of each is suspect), to check first;
+    empty as a rule."""
     return [s.info for s in held.slices if s.info.state is SliceState.SUSPECT]
 
 
 def hold_of(held: Reserved) -> Hold | None:
-    """This process's hold on ``held``: ``None`` once handed back, or in another process.
-
-    Args:
-        held: The record.
-
-    Returns:
-        The hold, or ``None``.
-    """
+    """This process's hold on ``held``; ``None`` once handed back, or in another process."""
     return _holds().get(held.key)
 
 
 def _given_back_here(held: Reserved) -> bool:
-    """Whether this process, which reserved ``held``, handed it back (its hold is gone)."""
     return held.key not in _holds()
 
 
-def is_handed_back(held: Reserved) -> bool:
-    """Whether ``held`` was handed back: known here in the process that reserved it;
-    elsewhere (a copy in a task), asked of Ray: its worker group was removed.
-
-    Args:
-        held: The record.
-
-    Returns:
-        ``True`` once handed back.
-    """
-    if held.home == PROCESS:
-        return _given_back_here(held)
-    group = held.combined_pg or next((s.worker_pg for s in held.slices if s.worker_pg), None)
-    if group is None or not ray.is_initialized():
-        return True
-    return bool(ray.util.placement_group_table(group).get("state") == "REMOVED")
-
-
 def worker_groups(held: Reserved) -> list[tuple[PlacementGroup, int]]:
-    """Where each rank's bundle is.
-
-    Args:
-        held: The record.
-
-    Returns:
-        ``(group, bundle index)`` for every bundle, in rank order (slice-major).
-
-    Raises:
-        SliceShutdownError: the reservation was handed back.
-    """
+    """``(group, bundle index)`` for every bundle, in rank order (slice-major); raises
+    :class:`~tpuslice.errors.SliceShutdownError` once handed back."""
     if held.home == PROCESS and _given_back_here(held):
         raise SliceShutdownError("this SlicePlacementGroup has been shut down; create a new one")
     plan = held.plan
@@ -332,14 +265,7 @@ def worker_groups(held: Reserved) -> list[tuple[PlacementGroup, int]]:
 
 
 def host_contexts(held: Reserved) -> list[HostContext]:
-    """One context per bundle, in rank order. Pure.
-
-    Args:
-        held: The record.
-
-    Returns:
-        ``contexts[i]`` for rank *i*: slice-major, then TPU worker id.
-    """
+    """One context per bundle, in rank order (slice-major, then TPU worker id). Pure."""
     plan = held.plan
     infos = [s.info for s in held.slices]
     coordinator = infos[0].hosts[0].address if infos else ""
@@ -362,19 +288,8 @@ def host_contexts(held: Reserved) -> list[HostContext]:
 
 
 def ranks(held: Reserved, slice_index: int | None = None) -> list[RankPlacement]:
-    """Where each rank runs: its context, its bundle, and the bundle's TPU. Tasks and
-    actor groups are both placed from this.
-
-    Args:
-        held: The record.
-        slice_index: Only that slice's ranks (``None``: every rank).
-
-    Returns:
-        One per rank, in rank order (slice-major, then TPU worker id).
-
-    Raises:
-        SliceShutdownError: the reservation was handed back.
-    """
+    """Where each rank runs, in rank order: its context, bundle and TPU (tasks and actors
+    alike); only ``slice_index``'s ranks if given. Raises like :func:`worker_groups`."""
     tpu = held.plan.bundle_resources.get("TPU", held.plan.devices_per_host)
     return [
         RankPlacement(context, group, bundle, tpu)
@@ -384,30 +299,14 @@ def ranks(held: Reserved, slice_index: int | None = None) -> list[RankPlacement]
 
 
 def rank_hosts(held: Reserved) -> list[HostInfo]:
-    """Each rank's host, as it was when reserved (its slice, worker id and node id).
-
-    Args:
-        held: The record.
-
-    Returns:
-        One host per rank, in rank order.
-    """
+    """Each rank's host, in rank order, as it was when reserved."""
     per_host = held.plan.bundles_per_host
     return [h for s in held.slices for h in s.info.hosts.values() for _ in range(per_host)]
 
 
 def rank_env(held: Reserved, rank: int) -> CallEnv:
-    """What the reservation sets for rank ``rank``'s calls besides its slice context:
-    nothing for whole slices, whose hosts' own ``TPU_*`` values hold; a sub-slice's own
-    values, so that libtpu and JAX see it as the slice (:func:`subslice_env`).
-
-    Args:
-        held: The record.
-        rank: A rank of the reservation.
-
-    Returns:
-        Variables to set (or, as None, unset) around the call.
-    """
+    """Variables to set (or, as None, unset) around rank ``rank``'s calls: nothing for
+    whole slices; a sub-slice's own ``TPU_*`` values, so libtpu and JAX see it as the slice."""
     if held.subslice is None:
         return {}
     hosts = [h.address for h in held.slices[0].info.hosts.values()] if held.slices else []
@@ -419,49 +318,26 @@ def track(
     refs: Sequence[ray.ObjectRef],
     worker_pids: Sequence[tuple[int, ray.ObjectRef]] = (),
 ) -> None:
-    """Remember tasks started on the reservation, so its hand-back can stop them.
-
-    Args:
-        held: The record.
-        refs: The tasks' refs.
-        worker_pids: ``(rank, ref of the pid that ran it)`` per task: the hand-back stops
-            those processes on the rank's host if they still own its TPU.
-    """
+    """Remember tasks started on the reservation, so its hand-back can stop them;
+    ``worker_pids``: ``(rank, ref of its pid)`` per task, stopped at hand-back if they
+    still own the TPU."""
     hold = hold_of(held)
     if hold is None:
         return  # a copy in a task: its tasks end with it; the reserving driver hands back
     with hold.lock:
-        if hold.launched:
-            _, hold.launched = ray.wait(
-                hold.launched, num_returns=len(hold.launched), timeout=0, fetch_local=False
-            )
-        hold.launched.extend(refs)
+        hold.launched = [*_running(hold.launched), *refs]
         hold.worker_pids.extend(worker_pids)
 
 
 def actor_group_of(held: Reserved) -> object | None:
-    """The SliceActorGroup whose actors hold the bundles' TPUs, while it lives.
-
-    Args:
-        held: The record.
-
-    Returns:
-        The group, or ``None``.
-    """
+    """The SliceActorGroup whose actors hold the bundles' TPUs, while it lives."""
     hold = hold_of(held)
     return None if hold is None else hold.actor_group
 
 
 def hold_for_actor_group(held: Reserved, group: object) -> None:
-    """Make ``group`` the reservation's one actor group, before its actors start.
-
-    Args:
-        held: The record.
-        group: The SliceActorGroup.
-
-    Raises:
-        InvalidArgumentError: another actor group lives on the reservation.
-    """
+    """Make ``group`` the reservation's one actor group, before its actors start; an
+    :class:`~tpuslice.errors.InvalidArgumentError` if another lives on it."""
     hold = hold_of(held)
     if hold is None:
         return
@@ -475,12 +351,7 @@ def hold_for_actor_group(held: Reserved, group: object) -> None:
 
 
 def drop_actor_group(held: Reserved, group: object) -> None:
-    """``group`` has gone (idempotent; another group's hold is left alone).
-
-    Args:
-        held: The record.
-        group: The SliceActorGroup.
-    """
+    """``group`` has gone (idempotent; another group's hold is left alone)."""
     hold = hold_of(held)
     if hold is not None:
         with hold.lock:
@@ -490,22 +361,20 @@ def drop_actor_group(held: Reserved, group: object) -> None:
 
 def confirm_free(held: Reserved, *, after_tasks: bool = False) -> None:
     """Confirm on every host that no process of this work owns its TPU, stopping any that
-    does (an actor group's actors, once killed, or a task's idle worker).
-
-    Args:
-        held: The record.
-        after_tasks: Only if tasks ran on the reservation (else no call has been made on
-            it, and there is nothing to ask).
-    """
+    does (killed actors, or a task's idle worker). ``after_tasks``: only if tasks ran on
+    the reservation (else there is nothing to ask)."""
     hold = hold_of(held)
     if hold is None or (after_tasks and not hold.worker_pids and not hold.launched):
         return
-    confirm_released(sorted({h.node_id for h in rank_hosts(held)}), _reported_pids(held, hold))
+    confirm_released(_nodes(held), _reported_pids(held, hold))
+
+
+def _nodes(held: Reserved) -> list[str]:
+    return sorted({h.node_id for h in rank_hosts(held)})
 
 
 def _reported_pids(held: Reserved, hold: Hold) -> dict[str, set[int]]:
-    """Per host, the pids of the processes that ran this reservation's tasks (as far as
-    they finished and reported)."""
+    """Per host, the pids of the processes that ran this reservation's finished tasks."""
     with hold.lock:
         reports, hold.worker_pids = hold.worker_pids, []
     if not reports or not ray.is_initialized():
@@ -525,42 +394,41 @@ def _reported_pids(held: Reserved, hold: Hold) -> dict[str, set[int]]:
 
 
 def _cancel_launched(hold: Hold) -> None:
-    """Cancel tasks still running or queued. Ray does not fail them when their group goes
-    away (queued ones would wait forever); cancelled, their refs resolve at once with
-    ``TaskCancelledError``."""
+    """Cancel tasks still running or queued: Ray does not fail them when their group goes
+    (queued ones would wait forever); cancelled, they resolve at once."""
     with hold.lock:
         launched, hold.launched = hold.launched, []
     if not launched or not ray.is_initialized():
         return
-    _, running = ray.wait(launched, num_returns=len(launched), timeout=0, fetch_local=False)
-    for ref in running:
+    for ref in _running(launched):
         ray.cancel(ref, force=True)
 
 
-def hand_back(held: Reserved) -> None:
-    """Give the slices back: cancel the tasks started on them, confirm on each host that
-    no process of this work still owns its TPU (an idle worker keeps libtpu's lock: the
-    host's agent stops it), remove every group (which ends the actors inside them), wait
-    (bounded) until Ray's resource view shows the hosts free, so that the slices are
-    claimable at once when this returns, and tell the queue. Idempotent. In a process
-    other than the one that reserved it, only the groups are removed, as Ray's handle does.
+def _running(refs: list[ray.ObjectRef]) -> list[ray.ObjectRef]:
+    """The tasks not finished yet, without waiting or fetching their results."""
+    if not refs:
+        return []
+    _, running = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+    return list(running)
 
-    Args:
-        held: The record.
-    """
+
+def hand_back(held: Reserved) -> None:
+    """Give the slices back: cancel their tasks, have each host's agent stop any process
+    of this work that still owns its TPU (an idle worker keeps libtpu's lock), remove the
+    groups, wait (bounded) until Ray shows the hosts free, so they are claimable at once,
+    and tell the queue. Idempotent. Elsewhere than the reserving process, only the groups
+    are removed, as Ray's handle does."""
     holds = _holds()
     with holds.lock:
         hold = holds.pop(held.key, None)
     if hold is None:
         if held.home != PROCESS and ray.is_initialized():
-            for piece in held.slices:
-                remove_group(piece.worker_pg)
-            remove_group(held.combined_pg)
+            _remove_groups(held)
         return
     pids = _reported_pids(held, hold)
     _cancel_launched(hold)
     if held.slices:
-        confirm_released(sorted({h.node_id for h in rank_hosts(held)}), pids)
+        confirm_released(_nodes(held), pids)
     hosts = [h for piece in held.slices for h in piece.info.hosts.values()]
     names = [piece.info.name for piece in held.slices]
     forgotten = (
@@ -571,18 +439,14 @@ def hand_back(held: Reserved) -> None:
         if held.recorded and ray.is_initialized()
         else None
     )
-    remove_group(held.combined_pg)
-    for piece in held.slices:
-        remove_group(piece.worker_pg)
+    _remove_groups(held)
     if held.slices and ray.is_initialized():
-        # Reported free, the slices may be granted at once: the next holder must not meet
-        # this one's records or the queue's notice to it. Records not gone in time are
-        # reported as not freed: the queue then reads before it grants.
+        # Reported free, the slices may be granted at once, so the next holder must not
+        # meet this one's records (not gone in time: reported not freed, and the queue
+        # reads first). Told only once Ray shows the hosts free: told before, the next
+        # claimant could take them first and this wait would run to its bound.
         plan = held.plan
         head = plan.shape.head_resource if plan.needs_head_claim else None
-        # Told only once Ray's view shows the hosts free: told before, the next claimant
-        # could take them before they were ever shown free, and this wait (so that this
-        # driver's next read finds them free) would run to its bound.
         freed = wait_freed(hosts, head) and (forgotten is None or _settled(forgotten))
         notify_released(names, freed=freed)
     if held.slices:
@@ -590,14 +454,15 @@ def hand_back(held: Reserved) -> None:
         observe.released(names, time.time() - held.held_at, what)
 
 
-class SliceHandle(ShutsDownOnExit):
-    """A handle over one :class:`Reserved`: Ray's read-only properties and tpuslice's
-    additions read the record, so a handle pickles to a task and reads the same there.
-    Two handles are equal when they hold the same reservation.
+def _remove_groups(held: Reserved) -> None:
+    remove_group(held.combined_pg)
+    for piece in held.slices:
+        remove_group(piece.worker_pg)
 
-    Args:
-        held: The record.
-    """
+
+class SliceHandle(ShutsDownOnExit):
+    """A handle over one :class:`Reserved`, whose properties read the record, so it
+    pickles to a task and reads the same there. Equal when the reservations are."""
 
     def __init__(self, held: Reserved) -> None:
         self._reserved = held
@@ -608,16 +473,18 @@ class SliceHandle(ShutsDownOnExit):
     def __hash__(self) -> int:
         return hash(self._reserved)
 
+    def _held_slices(self) -> list[HeldSlice]:
+        return [] if self.is_shut_down else list(self._reserved.slices)
+
     @property
     def slice_names(self) -> list[str]:
         """Names of the reserved slices, in slice-index order (none once shut down)."""
-        return [] if self.is_shut_down else [s.info.name for s in self._reserved.slices]
+        return [s.info.name for s in self._held_slices()]
 
     @property
     def slices(self) -> list[SliceInfo]:
-        """The cluster view of each reserved slice at the moment it was claimed (none once
-        shut down)."""
-        return [] if self.is_shut_down else [s.info for s in self._reserved.slices]
+        """Each reserved slice as seen when claimed (none once shut down)."""
+        return [s.info for s in self._held_slices()]
 
     @property
     def num_hosts(self) -> int:
@@ -626,12 +493,17 @@ class SliceHandle(ShutsDownOnExit):
 
     @property
     def is_shut_down(self) -> bool:
-        """Whether the slices were given back (in a task, Ray is asked)."""
-        return is_handed_back(self._reserved)
+        """Whether the slices were given back: in a task, whether Ray removed the group."""
+        held = self._reserved
+        if held.home == PROCESS:
+            return _given_back_here(held)
+        group = held.combined_pg or next((s.worker_pg for s in held.slices if s.worker_pg), None)
+        if group is None or not ray.is_initialized():
+            return True
+        return bool(ray.util.placement_group_table(group).get("state") == "REMOVED")
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Whether every worker group is placed (they are once the reservation returned,
-        unless a host died since).
+        """Whether every worker group is placed (unless a host died since reserving).
 
         Args:
             timeout: Seconds to wait (``None``: effectively no limit).
@@ -647,40 +519,30 @@ class SliceHandle(ShutsDownOnExit):
 
     def notices(self) -> list[Notice]:
         """Preemption or maintenance notices standing on this reservation's hosts now,
-        most urgent first (what their metadata servers warned of; see
-        :mod:`tpuslice._host.notices`). Reads Ray's KV store: one call when there are none.
+        most urgent first.
 
         Returns:
             The notices; empty when none stands.
         """
-        found = notices_for(sorted({h.node_id for h in rank_hosts(self._reserved)}))
+        found = notices_for(_nodes(self._reserved))
         return sorted(found.values(), key=lambda n: n.deadline)
 
     def shutdown(self) -> None:
-        """Give the slices back (see :func:`hand_back`). Idempotent; never raises for a
-        copy in a task, where only the groups are removed, as with Ray's handle."""
+        """Give the slices back (:func:`hand_back`). Idempotent; a copy in a task only
+        removes the groups, as Ray's handle does."""
         hand_back(self._reserved)
 
 
 def record_of(handle: SliceHandle) -> Reserved:
-    """The record a handle holds.
-
-    Args:
-        handle: A reservation's handle.
-
-    Returns:
-        Its record.
-    """
+    """The record a handle holds."""
     return handle._reserved
 
 
 class SlicePlacementGroup(SliceHandle):
     """A reservation of ``num_slices`` whole TPU slices (Ray 2.60 ``SlicePlacementGroup``).
 
-    The constructor returns once every slice is claimed and every worker bundle placed,
-    so a returned object holds the slices. Use it as a context manager, or call
-    :meth:`shutdown`, to give them back. It pickles: a copy sent to a task reads the same
-    reservation there.
+    A constructed object holds every slice; use it as a context manager, or call
+    :meth:`shutdown`, to give them back. A copy sent to a task reads the same reservation.
     """
 
     def __init__(
@@ -707,34 +569,24 @@ class SlicePlacementGroup(SliceHandle):
         Args:
             topology: Chip grid of one slice, such as ``"4x4"`` or ``"2x2x2"``.
             accelerator_version: TPU generation, such as ``"v6e"`` or ``"TPU-V4"``.
-            resources_per_bundle: Resources of each bundle (default: one whole host,
-                ``{"CPU": 1, "TPU": <chips per host>}``).
+            resources_per_bundle: Resources of each bundle (default: one whole host).
             strategy: Ray placement strategy of the worker groups.
             name: Name of the worker placement group(s).
             lifetime: ``None`` or ``"detached"`` (outlives this driver).
-            num_slices: How many whole slices to reserve, all at once; or a
-                ``(min, max)`` tuple: start once ``min`` can be had together, taking as
-                many as are idle up to ``max`` (:attr:`num_slices` says how many).
+            num_slices: Slices to reserve at once, or ``(min, max)``: up to max, once min are idle.
             chips_per_vm: Chips on each host, for shapes offered in more than one form.
-            head_reservation_timeout_s: Seconds to wait for idle slices; ``None`` waits
-                without limit.
+            head_reservation_timeout_s: Seconds to wait for idle slices; ``None``: no limit.
             bundle_label_selector: One label selector per bundle (may pin slice names).
             pg_per_slice: One worker placement group per slice instead of one in all.
-            tpu_resource_per_chip: Ray ``TPU`` units per chip (default: the
-                ``RAY_TPU_RESOURCE_PER_CHIP`` variable, else 1).
-            priority: Place in the cluster-wide queue when slices are short: higher is
-                served first, arrival order within a priority (tpuslice only).
-            tenant: Whom the slices are charged to, for the cluster's quotas and fair
-                share (default: ``TPUSLICE_TENANT``, else the user's name; tpuslice only).
-            preemptible: Whether the queue may preempt the reservation, with notice, for
-                a request of higher priority or a tenant taking back its quota
-                (tpuslice only).
+            tpu_resource_per_chip: ``TPU`` units per chip (``RAY_TPU_RESOURCE_PER_CHIP``, else 1).
+            priority: Place in the cluster-wide queue: higher first (tpuslice only).
+            tenant: Whom it is charged to (``TPUSLICE_TENANT``, else the user; tpuslice only).
+            preemptible: Whether the queue may preempt it, with notice (tpuslice only).
 
         Raises:
-            InvalidArgumentError: an argument is invalid (a ``ValueError``; the message
-                names what is valid).
+            InvalidArgumentError: an invalid argument (a ``ValueError`` naming what is valid).
             NotConnectedError: Ray is not initialised.
-            InsufficientSlicesError: the cluster does not have the slices and cannot grow.
+            InsufficientSlicesError: the cluster lacks the slices and cannot grow.
             ReservationTimeoutError: no idle slices within the timeout.
         """
         request = SliceRequest(
@@ -756,20 +608,15 @@ class SlicePlacementGroup(SliceHandle):
         )
         super().__init__(reserve(request))
 
-    def _held_slices(self) -> list[HeldSlice]:
-        return [] if self.is_shut_down else list(self._reserved.slices)
-
     # --- Ray 2.60 properties ---------------------------------------------------------
-
-    @property
-    def placement_group(self) -> PlacementGroup | None:
-        return self.slice_placement_group
 
     @property
     def slice_placement_group(self) -> PlacementGroup | None:
         if self._reserved.plan.pg_per_slice:
             raise InvalidArgumentError("pg_per_slice=True, use `slice_placement_groups` instead.")
         return None if self.is_shut_down else self._reserved.combined_pg
+
+    placement_group = slice_placement_group
 
     @property
     def slice_placement_groups(self) -> list[PlacementGroup]:
@@ -803,9 +650,8 @@ class SlicePlacementGroup(SliceHandle):
 
     @property
     def head_placement_groups(self) -> list[PlacementGroup]:
-        """Head claims held as groups of their own: none. Ray 2.60 makes one per slice;
-        tpuslice holds each slice's head resource in bundle 0 of its worker group (one
-        placement round), so it stays claimed until :meth:`shutdown`."""
+        """None: tpuslice holds each slice's head in bundle 0 of its worker group (one
+        placement round), where Ray 2.60 makes a group per slice."""
         return []
 
     @property
@@ -826,10 +672,9 @@ class SlicePlacementGroup(SliceHandle):
         return self._reserved.plan.tpu_resource_per_chip
 
     def release_head_pgs(self, slice_index: int | None = None) -> None:
-        """Ray's release of the head claims held as groups of their own: tpuslice holds
-        none (see :attr:`head_placement_groups`), so this only checks ``slice_index``.
-        Each head stays claimed, in bundle 0 of its worker group, until :meth:`shutdown`:
-        freeing it would show the slice's head free while its hosts are held.
+        """Only checks ``slice_index``: tpuslice holds no head groups (see
+        :attr:`head_placement_groups`); freeing a head would show it free while its hosts
+        are held.
 
         Args:
             slice_index: That slice's head only (``None``: every slice's).
@@ -868,9 +713,7 @@ def slice_placement_group(
         chips_per_vm: Chips per host, for shapes offered in more than one form.
         pg_per_slice: One worker placement group per slice.
         tpu_resource_per_chip: Ray ``TPU`` units per chip.
-        **kwargs: ``name``, ``lifetime``, ``strategy``, ``head_reservation_timeout_s``,
-            ``bundle_label_selector``, ``priority``, ``tenant`` and ``preemptible``, as for
-            :class:`SlicePlacementGroup`.
+        **kwargs: The other arguments of :class:`SlicePlacementGroup`.
 
     Returns:
         The reservation, holding every slice.
@@ -899,9 +742,8 @@ def reserve_tpu_slice(
     timeout_s: float | None = DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S,
     slice_name: str | None = None,
 ) -> tuple[str, PlacementGroup] | None:
-    """Claim one idle slice's head (Ray 2.60 ``reserve_tpu_slice``).
-
-    Unlike Ray, it only claims a slice whose every host is idle and runs no helper task.
+    """Claim one idle slice's head (Ray 2.60 ``reserve_tpu_slice``); unlike Ray, only a
+    slice whose every host is idle, with no helper task.
 
     Args:
         topology: Chip grid of the slice, such as ``"4x4"``.
@@ -910,8 +752,7 @@ def reserve_tpu_slice(
         slice_name: Claim this slice only.
 
     Returns:
-        ``(slice name, head placement group)``, or ``None`` if ``topology`` or
-        ``accelerator_type`` is empty (as in Ray).
+        ``(slice name, head placement group)``; ``None`` if an argument is empty (as in Ray).
 
     Raises:
         InvalidArgumentError: an invalid shape, or a single-host slice (it has no head).
@@ -940,18 +781,5 @@ def reserve_tpu_slice(
 
 
 def reserve_slices(request: SliceRequest) -> SliceHandle:
-    """Reserve what ``request`` asks for, as a handle: the path every tpuslice runner
-    takes.
-
-    Args:
-        request: The validated request.
-
-    Returns:
-        The handle, holding every slice.
-
-    Raises:
-        NotConnectedError: Ray is not initialised.
-        InsufficientSlicesError: the cluster does not have the slices and cannot grow.
-        ReservationTimeoutError: no idle slices within the request's timeout.
-    """
+    """:func:`reserve`, as a handle: the path every tpuslice runner takes."""
     return SliceHandle(reserve(request))

@@ -1,9 +1,5 @@
-"""Marking hosts suspect and trusting them again, as runs and health checks do it: the
-records (:mod:`tpuslice._host.suspects`), the log and the timeline in one call.
-
-A suspect host is avoided by new reservations and by the queue's grants until its
-cool-down ends or its slice is cleared; its slice shows as
-:attr:`~tpuslice._view.cluster.SliceState.SUSPECT` meanwhile.
+"""Marking hosts suspect and trusting them again: the records, the log and the timeline
+in one call. A suspect host is avoided until its cool-down ends or its slice is cleared.
 """
 
 from __future__ import annotations
@@ -20,16 +16,9 @@ logger = logging.getLogger(__name__)
 
 
 def mark_suspects(blames: Sequence[Blame]) -> list[Suspect]:
-    """Mark hosts suspect for the cluster's cool-down, log each (warning) and record it
-    in the timeline. Never raises: it runs where a failure was just seen, and that
-    failure is what the caller must hear of (a record that cannot be written is logged).
-
-    Args:
-        blames: The hosts and why.
-
-    Returns:
-        The records written; empty if none could be.
-    """
+    """Mark hosts suspect for the cluster's cool-down, and log and record each; the
+    records written. Never raises (empty if none could be written): the failure just seen
+    is what the caller must hear of."""
     if not blames:
         return []
     try:
@@ -53,20 +42,8 @@ def mark_suspects(blames: Sequence[Blame]) -> list[Suspect]:
 
 
 def clear_slice(slice_name: str, why: str = "") -> list[Suspect]:
-    """Trust every host of a slice again (a health check passed, or by hand): delete
-    their suspect records, log and record it if any was.
-
-    Args:
-        slice_name: The slice.
-        why: What cleared it, for the log and the timeline.
-
-    Returns:
-        The records deleted, by worker id; empty if none of its hosts was suspect.
-
-    Raises:
-        ConnectionError: Ray is not connected (or another of
-            :func:`tpuslice._tpu._ray.kv_errors`).
-    """
+    """Trust every host of a slice again: delete its suspect records (returned, by
+    worker id), log and record it. A KV error (``ConnectionError``) propagates."""
     records = suspects.clear_slice(slice_name)
     if records:
         hosts = ", ".join(str(r.worker_id) for r in records)

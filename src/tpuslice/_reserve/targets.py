@@ -1,6 +1,6 @@
-"""What a reservation claims: whole slices, or (see :mod:`tpuslice._run.subslices`) parts of
-them. The claiming loop (:mod:`tpuslice._reserve.claim`) asks its targets which idle ones to take,
-whether they need head claims and autoscaler demand, and how to say what is missing.
+"""What a reservation claims: whole slices, or parts of them (:mod:`tpuslice._run.subslices`).
+The claiming loop asks its targets which idle ones to take, whether they need head claims
+and autoscaler demand, and how to say what is missing.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class Targets(Protocol):
 
     @property
     def head_claims(self) -> bool:
-        """Whether each target is claimed through worker 0's head resource first."""
+        """Whether each target is claimed through worker 0's head resource."""
         ...
 
     @property
@@ -27,76 +27,33 @@ class Targets(Protocol):
         ...
 
     def prepare(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
-        """Learn what picking needs (may ask the cluster); the snapshot to pick from.
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            The snapshot to use (a fresh one if preparing changed the cluster).
-        """
+        """Learn what picking needs (may ask the cluster); the snapshot to pick from, a
+        fresh one if preparing changed the cluster."""
         ...
 
     def pick(self, snapshot: ClusterSnapshot, taken: Mapping[int, str]) -> dict[int, SliceInfo]:
-        """Idle targets for every slice index not in ``taken``; a target with a suspect
-        host (its state :attr:`~tpuslice._view.cluster.SliceState.SUSPECT`) only as a last
-        resort.
-
-        Args:
-            snapshot: The cluster now.
-            taken: Indices already held, with their slice names.
-
-        Returns:
-            ``{slice index: target}`` for those it found.
-        """
+        """Idle targets, ``{slice index: target}``, for the indices not in ``taken``
+        (index to the slice name held); one with a suspect host only as a last resort."""
         ...
 
     def shortage(self, snapshot: ClusterSnapshot) -> str | None:
-        """Why the cluster can never hold the request as it is, or ``None``.
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            The reason, or ``None``.
-        """
+        """Why the cluster as it is can never hold the request (``None``: it can)."""
         ...
 
     def explain(self, snapshot: ClusterSnapshot) -> str:
-        """What the cluster has for this request (for timeouts and errors).
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            One sentence.
-        """
+        """One sentence on what the cluster has for this request, for timeouts and errors."""
         ...
-
-
-def no_deadline() -> float | None:
-    """The time left of a request without a deadline.
-
-    Returns:
-        ``None``.
-    """
-    return None
 
 
 @dataclass(frozen=True)
 class WholeSlices:
-    """Idle whole slices of the plan's shape (the usual target).
-
-    Attributes:
-        plan: The reservation.
-        least: The least count that serves the request (a range's minimum); ``None``:
-            the plan's count.
-        time_left: Seconds to the request's deadline, now (``None``: it has none).
-    """
+    """Idle whole slices of the plan's shape (the usual target). ``least``: the fewest
+    that serve (a range's minimum; ``None``: the plan's count); ``time_left``: seconds
+    to the deadline."""
 
     plan: ReservationPlan
     least: int | None = None
-    time_left: Callable[[], float | None] = no_deadline
+    time_left: Callable[[], float | None] = lambda: None
 
     @property
     def head_claims(self) -> bool:
@@ -107,49 +64,15 @@ class WholeSlices:
         return True
 
     def prepare(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
-        """Nothing to learn first.
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            ``snapshot`` itself.
-        """
         return snapshot
 
     def pick(self, snapshot: ClusterSnapshot, taken: Mapping[int, str]) -> dict[int, SliceInfo]:
-        """Idle whole slices for the indices not yet held (:func:`plan.pick_slices`):
-        ready ones, and suspect ones as a last resort.
-
-        Args:
-            snapshot: The cluster now.
-            taken: Indices already held, with their slice names.
-
-        Returns:
-            ``{slice index: slice}``.
-        """
         return pick_slices(
             snapshot, self.plan, taken, least=self.least, time_left_s=self.time_left()
         )
 
     def shortage(self, snapshot: ClusterSnapshot) -> str | None:
-        """Why the cluster can never hold the plan (:func:`plan.shortage`).
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            The reason, or None.
-        """
         return shortage(snapshot, self.plan)
 
     def explain(self, snapshot: ClusterSnapshot) -> str:
-        """Each slice of the shape and why it is not idle (:func:`plan.explain`).
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            One line for a timeout's message.
-        """
         return explain(snapshot, self.plan)

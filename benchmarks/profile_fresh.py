@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import inspect
 import json
 import os
 import statistics
@@ -66,6 +67,15 @@ def _timed(spent: dict[str, float], phase: str, fn: Callable[..., Any]) -> Calla
     return wrapper
 
 
+def _patch(cls: type, name: str, spent: dict[str, float], phase: str) -> None:
+    """Time a class's method (or static method) under ``phase``."""
+    raw = inspect.getattr_static(cls, name)
+    if isinstance(raw, staticmethod):
+        setattr(cls, name, staticmethod(_timed(spent, phase, raw.__func__)))
+    else:
+        setattr(cls, name, _timed(spent, phase, raw))
+
+
 def child(path: str, address: str, slices: int) -> None:
     """One fresh driver: time its phases and print them as JSON."""
     spent: dict[str, float] = defaultdict(float)
@@ -81,13 +91,13 @@ def child(path: str, address: str, slices: int) -> None:
         spent["imports"] = time.perf_counter() - start
         place.QueuePlace.join = _timed(spent, "queue", place.QueuePlace.join)  # type: ignore[method-assign]
         place.QueuePlace.wait = _timed(spent, "queue", place.QueuePlace.wait)  # type: ignore[method-assign]
-        ops.RayOps.snapshot = _timed(spent, "cluster read", ops.RayOps.snapshot)  # type: ignore[method-assign]
+        _patch(ops.RayOps, "snapshot", spent, "cluster read")
         agents.Agents.handles = _timed(spent, "agent lookups", agents.Agents.handles)  # type: ignore[method-assign]
         claim.Reserver._free_of_owners = _timed(  # type: ignore[method-assign]
             spent, "owner probe", claim.Reserver._free_of_owners
         )
-        ops.RayOps.create_group = _timed(spent, "placement", ops.RayOps.create_group)  # type: ignore[method-assign]
-        ops.RayOps.wait_placed = _timed(spent, "placement", ops.RayOps.wait_placed)  # type: ignore[method-assign]
+        _patch(ops.RayOps, "create_group", spent, "placement")
+        _patch(ops.RayOps, "wait_placed", spent, "placement")
         run.launch = _timed(spent, "submit", run.launch)
     else:
         spent["imports"] = time.perf_counter() - start

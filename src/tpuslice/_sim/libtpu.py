@@ -1,8 +1,8 @@
-"""libtpu's TPU lock on a simulated host: what JAX's first use of the TPU does there.
+"""libtpu's TPU lock on a simulated host, reached by JAX through the host's ``jax_plugins``.
 
 The first process takes ``lockf`` on the host's ``/tmp/libtpu_lockfile`` for its life and
 keeps the devices open; a second is refused in libtpu's words, naming chip 0's holder, as
-XLA's ``tpu_initialize_util.cc`` does. JAX reaches it through the host's ``jax_plugins``.
+XLA's ``tpu_initialize_util.cc`` does.
 """
 
 from __future__ import annotations
@@ -48,15 +48,13 @@ class LibtpuError(RuntimeError):
 
 
 def open_tpu() -> Path | None:
-    """Start this simulated host's TPU backend in this process, as libtpu would (once
-    per process, as JAX does).
+    """Start this simulated host's TPU backend in this process, once, as libtpu would.
 
     Returns:
-        The lockfile now held, or ``None`` when an escape hatch says not to take it.
+        The lockfile now held; ``None`` when an escape hatch says not to take it.
 
     Raises:
-        LibtpuError: another process holds this host's TPU, or ``TPU_LOAD_LIBRARY=0``
-            (libtpu's own messages, with JAX's prefix).
+        LibtpuError: another process holds the TPU, or ``TPU_LOAD_LIBRARY=0`` (libtpu's words).
         RuntimeError: this is not a simulated host (no ``TPUSLICE_SIM_HOST_ROOT``).
     """
     root = os.environ.get(HOST_ROOT_ENV)
@@ -69,13 +67,7 @@ def open_tpu() -> Path | None:
 
 def start_backend() -> Any:
     """JAX's ``tpu`` backend on a simulated host: libtpu's start, then a CPU client.
-
-    Returns:
-        The XLA client JAX uses as this host's ``tpu`` backend.
-
-    Raises:
-        RuntimeError: libtpu's refusal, in its words (JAX adds its prefix).
-    """
+    A refusal is a ``RuntimeError`` in libtpu's words (JAX adds its prefix)."""
     from jax._src import xla_bridge
 
     try:

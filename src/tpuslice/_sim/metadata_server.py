@@ -1,8 +1,6 @@
-"""A GCE metadata server for one simulated TPU host, on a loopback port.
-
-It answers the paths tpuslice and Ray read as strictly as GCE: 403 without
-``Metadata-Flavor: Google``, 404 for unknown paths, an ``ETag`` on every value, and
-``?wait_for_change=true`` held until the value changes or ``timeout_sec`` passes.
+"""A GCE metadata server for one simulated TPU host, on a loopback port, as strict as GCE:
+403 without ``Metadata-Flavor: Google``, 404 for unknown paths, an ``ETag`` on every value,
+and ``?wait_for_change=true`` held until the value changes or ``timeout_sec`` passes.
 """
 
 from __future__ import annotations
@@ -24,17 +22,8 @@ MAX_WAIT_S = 3600.0
 
 
 def host_values(slice_name: str, worker_id: int, pod_type: str, topology: str) -> dict[str, str]:
-    """What a TPU VM's metadata server says about it, for one simulated host.
-
-    Args:
-        slice_name: The slice (the ``instance-id`` attribute).
-        worker_id: The host's TPU worker id.
-        pod_type: ``v6e-16``.
-        topology: ``4x4``.
-
-    Returns:
-        Path under ``computeMetadata/v1/`` -> value.
-    """
+    """What a TPU VM's metadata server says about one simulated host: path under
+    ``computeMetadata/v1/`` -> value; ``slice_name`` is the ``instance-id`` attribute."""
     digest = hashlib.sha256(f"{slice_name}/{worker_id}".encode()).hexdigest()
     name = f"t1v-n-{digest[:8]}-w-{worker_id}"
     tpu_env = f"ACCELERATOR_TYPE: '{pod_type}'\nTOPOLOGY: '{topology}'\nWORKER_ID: '{worker_id}'\n"
@@ -52,12 +41,8 @@ def host_values(slice_name: str, worker_id: int, pod_type: str, topology: str) -
 
 
 class MetadataServer(ThreadingHTTPServer):
-    """One host's metadata server: :meth:`start`, change values with :meth:`set`,
-    :meth:`close`.
-
-    Args:
-        values: Path under ``computeMetadata/v1/`` -> value.
-    """
+    """One host's metadata server over ``values`` (path under ``computeMetadata/v1/`` ->
+    value): :meth:`start`, change values with :meth:`set`, :meth:`close`."""
 
     daemon_threads = True
 
@@ -77,11 +62,7 @@ class MetadataServer(ThreadingHTTPServer):
         return f"127.0.0.1:{self.server_port}"
 
     def start(self) -> MetadataServer:
-        """Serve in a daemon thread, asleep in ``select`` so idle servers cost no CPU.
-
-        Returns:
-            This server.
-        """
+        """Serve in a daemon thread, asleep in ``select`` so idle servers cost no CPU."""
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
         return self
@@ -108,12 +89,7 @@ class MetadataServer(ThreadingHTTPServer):
             self.handle_request()  # ready: accept it and hand it to a thread
 
     def set(self, path: str, value: str) -> None:
-        """Change a value; requests waiting for its change are answered.
-
-        Args:
-            path: Its path under ``computeMetadata/v1/``.
-            value: The new value.
-        """
+        """Change the value at ``path``; requests waiting for its change are answered."""
         with self._changed:
             if self._values.get(path) == value:
                 return
@@ -122,23 +98,12 @@ class MetadataServer(ThreadingHTTPServer):
             self._changed.notify_all()
 
     def get(self, path: str) -> str | None:
-        """A value now.
-
-        Args:
-            path: Its path under ``computeMetadata/v1/``.
-
-        Returns:
-            The value, or ``None`` if there is no such path.
-        """
+        """The value at ``path`` now; ``None`` if there is no such path."""
         with self._changed:
             return self._values.get(path)
 
     def held(self) -> int:
-        """How many requests wait for a change now (tests synchronise on it).
-
-        Returns:
-            The count.
-        """
+        """How many requests wait for a change now (tests synchronise on it)."""
         with self._changed:
             return self._held
 

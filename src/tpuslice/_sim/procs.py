@@ -10,14 +10,8 @@ import psutil
 
 
 def kill_and_wait(pids: Iterable[int]) -> set[int]:
-    """SIGKILL every pid and wait (bounded) until they are gone.
-
-    Args:
-        pids: The process ids; ones gone or not ours to signal are skipped.
-
-    Returns:
-        The pids still running (not zombies) after 10 s.
-    """
+    """SIGKILL every pid (skipping ones gone or not ours) and wait up to 10 s; return
+    those still running (zombies do not count)."""
     processes = []
     for pid in pids:
         try:
@@ -31,14 +25,7 @@ def kill_and_wait(pids: Iterable[int]) -> set[int]:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not).
-
-    Args:
-        pid: The process id.
-
-    Returns:
-        True if it runs.
-    """
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -46,14 +33,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def descendants(pids: Iterable[int]) -> set[int]:
-    """The given pids that are alive and every live process below them.
-
-    Args:
-        pids: The root process ids.
-
-    Returns:
-        The live roots and all their descendants.
-    """
+    """The given pids that are alive and every live process below them."""
     found: set[int] = set()
     for pid in pids:
         try:
@@ -66,25 +46,14 @@ def descendants(pids: Iterable[int]) -> set[int]:
 
 
 def send_signal(pid: int, sig: int) -> None:
-    """Send ``sig`` to ``pid``; a process gone, or not ours, is skipped.
-
-    Args:
-        pid: The process id.
-        sig: The signal.
-    """
+    """Send ``sig`` to ``pid``; a process gone, or not ours, is skipped."""
     with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
         psutil.Process(pid).send_signal(sig)
 
 
 def process_title(pid: int) -> str:
-    """What a process shows as its command line (Ray workers set ``ray::<task>``).
-
-    Args:
-        pid: The process id.
-
-    Returns:
-        The command line; ``""`` if the process is gone or unreadable.
-    """
+    """A process's command line (Ray workers set ``ray::<task>``); ``""`` if gone or
+    unreadable."""
     try:
         return " ".join(psutil.Process(pid).cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

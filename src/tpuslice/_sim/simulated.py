@@ -189,8 +189,7 @@ class SliceSpec:
             The shape.
 
         Raises:
-            InvalidArgumentError: ``count`` is below 1, or the generation, topology or
-                chips per VM is not valid (a subclass names which).
+            InvalidArgumentError: ``count`` < 1, or an invalid generation, topology or chips.
         """
         if self.count < 1:
             raise InvalidArgumentError(f"slice count must be >= 1, got {self.count}")
@@ -255,8 +254,7 @@ class SimulatedCluster:
         ...     run_on_slice(fn, topology="4x4", accelerator_version="v6e")
 
     Args:
-        slices: The slices, each a :class:`SliceSpec`, a ``"v6e:4x4:2"`` string or an
-            ``(accelerator, topology[, count[, chips_per_vm]])`` tuple; or one such alone.
+        slices: Specs or one alone: :class:`SliceSpec`, ``"v6e:4x4:2"`` or ``(gen, topology, ...)``.
         cpus_per_host: Logical CPUs of each simulated host.
         head_cpus: Logical CPUs of the head node.
         tpu_resource_per_chip: ``TPU`` units per chip on every host.
@@ -306,8 +304,7 @@ class SimulatedCluster:
         self._host_starts = itertools.count()
         self.slices: dict[str, SimulatedSlice] = {}
         self.startup_seconds: float | None = None
-        self._root: Path | None = None
-        """The directory holding every host's root."""
+        self._root: Path | None = None  # holds every host's root
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -893,7 +890,8 @@ class SimulatedCluster:
         assert self._cluster is not None
         shape, name = sim_slice.shape, sim_slice.name
         self._progress(f"starting {name} host {worker_id + 1}/{shape.num_hosts}")
-        root = self._host_dir(name, worker_id)
+        root = self.host_root(name, worker_id)
+        make_host_root(root, shape, name, worker_id, sim_slice.physical)
         server = sim_slice.hosts[worker_id].metadata
         env = {
             **host_env(shape, name, worker_id),
@@ -937,13 +935,6 @@ class SimulatedCluster:
     def _root_dir(self) -> Path:
         assert self._root is not None
         return self._root
-
-    def _host_dir(self, slice_name: str, worker_id: int) -> Path:
-        """Make (if new) and return a host's root."""
-        sim_slice = self.slices[slice_name]
-        path = self._root_dir() / slice_name / str(worker_id)
-        make_host_root(path, sim_slice.shape, slice_name, worker_id, sim_slice.physical)
-        return path
 
     def _next_name(self, shape: SliceShape) -> str:
         for suffix in _suffixes():
@@ -1000,11 +991,7 @@ SIM_SITE = Path(__file__).parent / "sim_site"
 
 
 def host_pythonpath() -> str:
-    """A simulated host's ``PYTHONPATH``: :data:`SIM_SITE` first, then this process's own.
-
-    Returns:
-        The path, each entry once.
-    """
+    """A simulated host's ``PYTHONPATH``: :data:`SIM_SITE` first, then this process's own."""
     paths = [str(SIM_SITE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return os.pathsep.join(dict.fromkeys(paths))
 
@@ -1038,16 +1025,8 @@ def _is_user_work(pid: int) -> bool:
 
 
 def physical_layout(shape: SliceShape, name: str, seed: int | None) -> dict[int, int]:
-    """Each worker id's physical position: in worker-id order, or shuffled by the seed.
-
-    Args:
-        shape: The slice's shape.
-        name: Its name (so slices with one seed differ).
-        seed: The scrambling seed, or None for worker-id order.
-
-    Returns:
-        ``{worker id: physical position}``.
-    """
+    """``{worker id: physical position}``: in worker-id order, or shuffled by ``seed``
+    and ``name`` (so slices with one seed differ)."""
     positions = list(range(shape.num_hosts))
     if seed is not None:
         random.Random(f"{seed}:{name}").shuffle(positions)
@@ -1058,15 +1037,7 @@ def make_host_root(
     path: Path, shape: SliceShape, slice_name: str, worker_id: int, physical: Mapping[int, int]
 ) -> None:
     """Make (if new) a host's root: ``dev/accel*``, ``tmp/`` and the ``chip_coords.json``
-    its ``libtpu.sdk`` reports.
-
-    Args:
-        path: The host root.
-        shape: Its slice's shape.
-        slice_name: Its slice's name.
-        worker_id: Its TPU worker id.
-        physical: The slice's layout (see :func:`physical_layout`).
-    """
+    its ``libtpu.sdk`` reports (``physical``: see :func:`physical_layout`)."""
     (path / "tmp").mkdir(parents=True, exist_ok=True)
     (path / "dev").mkdir(exist_ok=True)
     for chip in range(shape.chips_per_host):

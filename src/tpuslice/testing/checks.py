@@ -61,15 +61,7 @@ def assert_slices_ready(names: Iterable[str] | None = None, timeout: float = 30.
 
 
 def slices_not_ready(names: Iterable[str] | None = None, timeout: float = 30.0) -> list[SliceInfo]:
-    """Wait (bounded) until every slice is ready, as :func:`assert_slices_ready` does.
-
-    Args:
-        names: The slices to wait for; ``None`` for every slice Ray knows.
-        timeout: Seconds to wait.
-
-    Returns:
-        The slices still not ready after ``timeout`` (none once all are ready).
-    """
+    """Wait as :func:`assert_slices_ready` does; return the slices still not ready."""
     from tpuslice._view.cluster import SliceState, read_snapshot
 
     wanted = None if names is None else set(names)
@@ -90,15 +82,8 @@ TPUSLICE_IDLE_ACTORS = frozenset({"HostAgent"})
 
 
 def holders(info: SliceInfo) -> list[str]:
-    """The live actors on a slice's hosts but tpuslice's resource-free ones: with no
-    placement group alive, whatever holds its resources.
-
-    Args:
-        info: A slice.
-
-    Returns:
-        ``Squatter pid 4242 on host 1`` for each.
-    """
+    """The live actors on a slice's hosts but tpuslice's resource-free ones (with no
+    placement group alive, whatever holds its resources), as ``Squatter pid 42 on host 1``."""
     from tpuslice._tpu import _ray
 
     workers = {h.node_id: w for w, h in info.hosts.items()}
@@ -112,14 +97,7 @@ def holders(info: SliceInfo) -> list[str]:
 def held_by_nothing(info: SliceInfo) -> bool:
     """Whether a slice is busy only in Ray's count: no TPU owner and no :func:`holders`.
     With no group alive, Ray still counts a removed group's resources (removed while
-    being placed, or its clean-up failed); only restarting the hosts frees them.
-
-    Args:
-        info: A slice that is not ready.
-
-    Returns:
-        True if it is busy and nothing of the above holds it.
-    """
+    being placed, or its clean-up failed); only restarting the hosts frees them."""
     from tpuslice._view.cluster import SliceState
 
     if info.state is not SliceState.BUSY or any(h.tpu_owner for h in info.hosts.values()):
@@ -128,14 +106,7 @@ def held_by_nothing(info: SliceInfo) -> bool:
 
 
 def describe(slices: Iterable[SliceInfo]) -> str:
-    """``v4-16-a busy: 2/2 hosts in use; ...``: each slice with its state and reason.
-
-    Args:
-        slices: Slices.
-
-    Returns:
-        One line.
-    """
+    """``v4-16-a busy: 2/2 hosts in use; ...``: each slice with its state and reason."""
     return "; ".join(f"{s.name} {s.state.value}: {s.reason}" for s in slices)
 
 

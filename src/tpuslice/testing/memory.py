@@ -141,8 +141,7 @@ class InMemoryCluster:
         slices: ``(accelerator, topology[, count])`` items.
         can_grow: What :meth:`can_grow` answers (an autoscaler is present).
         cpus_per_host: Logical CPUs of each host.
-        queue: Offer a :class:`~tpuslice._reserve.queue.service.QueueService` on the
-            cluster's clock; without one, :meth:`slice_queue` raises as if it did not answer.
+        queue: Offer a queue on the cluster's clock; else :meth:`slice_queue` raises.
 
     Raises:
         InvalidArgumentError: an item names no valid slice shape.
@@ -461,8 +460,7 @@ class InMemoryCluster:
         return self._call("slice_labels", read)
 
     def mark_suspects(self, blames: Sequence[Blame]) -> list[Suspect]:
-        """Mark hosts suspect for :attr:`cooldown_s` from now, as
-        :func:`tpuslice._reserve.suspects.mark_suspects` does in Ray's KV store.
+        """Mark hosts suspect for :attr:`cooldown_s` from now, as Ray's KV store would.
 
         Args:
             blames: The hosts and why.

@@ -24,11 +24,7 @@ CLUSTER_FIXTURES = frozenset({"simulated_cluster", "tpu_cluster"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Declare the ``cluster`` marker (so ``--strict-markers`` accepts it).
-
-    Args:
-        config: pytest's configuration.
-    """
+    """Declare the ``cluster`` marker (so ``--strict-markers`` accepts it)."""
     config.addinivalue_line(
         "markers",
         f"{CLUSTER_MARK}: needs a simulated Ray cluster (set on every test that uses "
@@ -39,22 +35,14 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``cluster`` every test that uses the simulated cluster, so none lands in the
-    tier that runs without one.
-
-    Args:
-        items: The collected tests.
-    """
+    tier that runs without one."""
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(CLUSTER_MARK)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Declare the ini options ``tpuslice_slices`` and ``tpuslice_cpus_per_host``.
-
-    Args:
-        parser: pytest's option parser.
-    """
+    """Declare the ini options ``tpuslice_slices`` and ``tpuslice_cpus_per_host``."""
     parser.addini(
         "tpuslice_slices",
         "Slices of the session's simulated TPU cluster, one GENERATION:TOPOLOGY[:COUNT"
@@ -83,10 +71,8 @@ def simulated_cluster(request: pytest.FixtureRequest) -> Iterator[SimulatedClust
 @pytest.fixture
 def tpu_cluster(simulated_cluster: SimulatedCluster) -> Iterator[SimulatedCluster]:
     """The session's cluster; fails the test if it leaves a placement group, an owned TPU
-    or a slice that something still holds. Suspect hosts are trusted again after it, so
-    one test's failures do not steer the next. A slice only Ray's accounting still counts
-    in use (:func:`~tpuslice.testing.checks.held_by_nothing`) no wait mends: its hosts
-    are restarted with a :class:`RayAccountingWarning`, so later tests start clean."""
+    or a held slice. After it, suspect hosts are trusted again and a slice busy only in
+    Ray's count (no wait mends it) is restarted with a :class:`RayAccountingWarning`."""
     from tpuslice._host.suspects import clear_all
     from tpuslice.testing.checks import (
         assert_no_placement_groups,

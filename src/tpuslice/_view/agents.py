@@ -46,16 +46,10 @@ class HostNotes(NamedTuple):
 
 
 def recorded_notes(now: float | None = None) -> HostNotes:
-    """The agents' records by node id: one listing and one read for all. Deletes notices
-    long past their deadline (their host and agent are gone, nobody else would) and ended
-    suspect records, through the :mod:`tpuslice._host` functions that own them.
-
-    Args:
-        now: Wall-clock seconds (default: now).
-
-    Returns:
-        The records; all empty when Ray is not connected.
-    """
+    """The agents' records by node id (all empty without Ray): one listing and one read for
+    all. Deletes notices long past their deadline (their host and agent are gone, nobody else
+    would) and ended suspect records, through the :mod:`tpuslice._host` functions that own
+    them."""
     owners: dict[str, TPUOwner] = {}
     notices: dict[str, Notice] = {}
     stale: list[str] = []
@@ -94,12 +88,8 @@ def recorded_notes(now: float | None = None) -> HostNotes:
 
 
 def free_hosts() -> frozenset[str]:
-    """The nodes whose agents saw their TPU free at their last look (one listing).
-
-    Returns:
-        Their node ids, also noted up (:class:`ListedFree`); none when the store cannot
-        be read (then every host is asked).
-    """
+    """The nodes whose agents saw their TPU free at their last look, noted up
+    (:class:`ListedFree`); none when the store cannot be read (then every host is asked)."""
     try:
         keys = _ray.kv_list(FREE_KEY_PREFIX, NAMESPACE)
     except _ray.kv_errors() as exc:
@@ -118,15 +108,8 @@ def _vouched_by(keys: Sequence[str]) -> frozenset[str]:
 
 
 def notices_for(node_ids: Sequence[str]) -> dict[str, Notice]:
-    """The notices recorded for these nodes, by their agents or by the queue.
-
-    Args:
-        node_ids: Ray node ids.
-
-    Returns:
-        Per node with a notice standing, the sooner one; empty when Ray is not connected.
-    """
-
+    """The notices standing on these nodes, by their agents or the queue: the sooner one
+    per node (none without Ray)."""
     wanted = set(node_ids)
     keys = [
         key

@@ -71,17 +71,9 @@ class SliceState(str, enum.Enum):
 
 class HostInfo(NamedTuple):
     """One Ray node with TPU labels or resources (a named tuple: one per TPU VM, and it
-    builds faster than a dataclass).
-
-    Attributes:
-        worker_id: Its TPU worker id; None if its label is missing or not a number.
-        tpu_available: ``TPU`` resource free now (0 on a dead node).
-        tpu_owner: The process its TPU agent last saw owning the TPU: the host is busy
-            whatever Ray's resources say.
-        notice: The preemption or maintenance notice on it, if any.
-        suspect: Its live suspect record, if it failed a run lately.
-        tpu_seen_free: Whether its TPU agent last saw the TPU free, with no owner.
-    """
+    builds faster than a dataclass). ``worker_id`` is None if its label is missing or not a
+    number; ``tpu_available`` is 0 on a dead node; ``tpu_owner`` is the process its agent
+    last saw owning the TPU (busy whatever Ray's resources say)."""
 
     node_id: str
     address: str
@@ -96,6 +88,7 @@ class HostInfo(NamedTuple):
     notice: Notice | None = None
     suspect: Suspect | None = None
     tpu_seen_free: bool = False
+    """Whether its agent last saw the TPU free, with no owner."""
 
     @property
     def state(self) -> HostState:
@@ -257,9 +250,8 @@ class ClusterSnapshot:
         Returns:
             Them, in name order.
         """
-        return [
-            s for s in self.matching(shape, tpu_resource_per_chip) if s.state is SliceState.READY
-        ]
+        matching = self.matching(shape, tpu_resource_per_chip)
+        return [s for s in matching if s.state is SliceState.READY]
 
     def whole(self, shape: SliceShape, tpu_resource_per_chip: int = 1) -> list[SliceInfo]:
         """Slices of this shape that are not broken (ready, busy, suspect, under notice).
@@ -299,9 +291,6 @@ class ClusterSnapshot:
         return [s for s in self.matching(shape, tpu_resource_per_chip) if s.last_resort]
 
 
-# --- pure core ------------------------------------------------------------------------
-
-
 def build_snapshot(
     nodes: Sequence[NodeRecord],
     available: Available,
@@ -312,21 +301,10 @@ def build_snapshot(
     suspects: Mapping[str, Suspect] | None = None,
     tpu_seen_free: Collection[str] = (),
 ) -> ClusterSnapshot:
-    """Group TPU nodes into slices and classify each. Pure.
-
-    Args:
-        nodes: Node records, as ``ray.nodes()`` returns them; non-TPU nodes are ignored.
-        available: Free resources per node id (none listed: all free; no ``TPU``: none).
-        tpu_resource_per_chip: The cluster's ``TPU`` units per chip.
-        taken_at: When the records were read (default: now).
-        tpu_owners: Per node id, the process seen owning its TPU.
-        notices: Per node id, a notice standing on it.
-        suspects: Per node id, its suspect record.
-        tpu_seen_free: Node ids whose agent last saw the TPU free.
-
-    Returns:
-        Every TPU slice; nodes that do not add up make a slice broken, not an error.
-    """
+    """Group ``ray.nodes()`` records into slices and classify each. Pure. ``available`` is
+    free resources per node id (a node not listed: all free; no ``TPU`` key: none);
+    ``taken_at`` defaults to now, and the arguments after it are the agents' records by node
+    id. Nodes that do not add up make a slice broken, not an error."""
     groups: dict[str, list[NodeRecord]] = {}
     for node in nodes:
         key = _slice_key(node)
@@ -347,14 +325,7 @@ def build_snapshot(
 
 
 def node_labels_of(node: NodeRecord) -> Mapping[str, str]:
-    """The node labels of a ``ray.nodes()`` record.
-
-    Args:
-        node: One record of ``ray.nodes()``.
-
-    Returns:
-        Its labels; empty when it has none.
-    """
+    """The node labels of a ``ray.nodes()`` record (empty when it has none)."""
     labels: Mapping[str, str] = node.get("Labels") or {}
     return labels
 
@@ -390,7 +361,7 @@ def _host(
     """One node as a :class:`HostInfo`; ``head`` is the slice's head resource, if known."""
     node_id: str = node.get("NodeID", "")
     address: str = node.get("NodeManagerAddress", "")
-    resources: Mapping[str, float] = node.get("Resources") or {}
+    resources = _resources(node)
     alive: bool = node.get("Alive", False)
     tpu_total = float(resources.get(TPU_RESOURCE, 0.0))
     reported = available.get(node_id)
@@ -400,7 +371,7 @@ def _host(
     head_free = None
     if head is not None and head in resources:
         head_free = reported is None or reported.get(head, 0.0) >= 1.0
-    worker_id = _worker_id((node.get("Labels") or {}).get(WORKER_ID_LABEL))
+    worker_id = _worker_id(node_labels_of(node).get(WORKER_ID_LABEL))
     owner = notes.owners.get(node_id) if notes.owners else None
     notice = notes.notices.get(node_id) if notes.notices else None
     suspect = notes.suspects.get(node_id) if notes.suspects else None
@@ -585,17 +556,10 @@ def _state(
 
 
 def as_freed(info: SliceInfo, now: float | None = None) -> SliceInfo | None:
-    """The slice as a hand-back that saw it free leaves it: every ``TPU`` and head
-    resource free, and the queue's notice gone (it warned the work that has now left).
-
-    Args:
-        info: The slice as last read, while its work held it.
-        now: Wall-clock seconds, for the reason a notice gives (default: now).
-
-    Returns:
-        The slice, ready; ``None`` when something besides its work kept it from being
-        ready, which only a new read of the cluster can tell changed.
-    """
+    """The slice (as read while its work held it) as a hand-back that saw it free leaves
+    it: every ``TPU`` and head resource free, the queue's notice gone (it warned the work
+    that has left). ``None`` when something else keeps it from being ready: only a new read
+    can tell that changed."""
     hosts = {
         worker: host._replace(
             tpu_available=host.tpu_total,
@@ -655,18 +619,10 @@ FREED_POLL_S = 0.01
 
 
 def wait_freed(hosts: Iterable[HostInfo], head_resource: str | None) -> bool:
-    """Wait (at most :data:`FREED_BOUND_S`) until Ray's resource view has shown each host
-    free once. Removing a placement group returns before its hosts report their resources
-    back, and a group asked for meanwhile waits for a GCS retry.
-
-    Args:
-        hosts: The hosts handed back, with their ``TPU`` totals.
-        head_resource: The slice's head resource (``TPU-v6e-16-head``), or ``None``.
-
-    Returns:
-        True once every host was seen free; False on timeout or if a host is no longer
-        listed (only a new read can say what its slice is now).
-    """
+    """Wait (at most :data:`FREED_BOUND_S`) until Ray's resource view has shown each
+    handed-back host free once: removing a placement group returns before its hosts report
+    their resources back, and a group asked for meanwhile waits for a GCS retry. False on
+    timeout or if a host is no longer listed (only a new read can say what its slice is)."""
     waiting = {h.node_id: h for h in hosts}
     deadline = time.monotonic() + FREED_BOUND_S
     all_listed = True
@@ -708,16 +664,8 @@ class SnapshotReads:
         self.kv_reader.drop()
 
     def node_records(self, available: Available) -> list[NodeRecord]:
-        """``ray.nodes()``, read again only when the alive nodes changed (a node's labels
-        and totals are fixed for its life).
-
-        Args:
-            available: The available resources of every alive node, just read.
-
-        Returns:
-            Every node's record.
-        """
-
+        """``ray.nodes()``, read again only when the alive nodes (the keys of ``available``,
+        just read) changed: a node's labels and totals are fixed for its life."""
         alive = frozenset(available)
         seen = self._nodes_seen  # one read: another thread may replace it meanwhile
         if seen is not None and seen[0] == alive:
@@ -729,12 +677,7 @@ class SnapshotReads:
 
 
 def read_queue_record() -> QueueRecord | None:
-    """The cluster-wide queue's last record.
-
-    Returns:
-        The record; ``None`` if there is none or it cannot be read.
-    """
-
+    """The cluster-wide queue's last record; ``None`` if there is none or it is unreadable."""
     raw = _ray.kv_get(QUEUE_KEY, QUEUE_NAMESPACE)
     if raw is None:
         return None

@@ -1,7 +1,6 @@
-"""Who holds each slice (``holder/<slice>`` records in Ray's KV store, written by
-:mod:`tpuslice._reserve.queue.holders`), and how to tell the queue's notices to leave
-from GCE's: the queue gives them in the same format, with :data:`QUEUE_SOURCE`.
-"""
+"""Who holds each slice (``holder/<slice>`` records, written by
+:mod:`tpuslice._reserve.queue.holders`), and how to tell the queue's notices to leave from
+GCE's: the queue gives them in the same format, with :data:`QUEUE_SOURCE`."""
 
 from __future__ import annotations
 
@@ -43,11 +42,7 @@ class Holder:
 
     @classmethod
     def from_json(cls, raw: bytes) -> Holder:
-        """Decode what :meth:`to_json` wrote.
-
-        Raises:
-            ValueError: it is not a holder record.
-        """
+        """Decode what :meth:`to_json` wrote (``ValueError`` if it is not a holder record)."""
         try:
             data = json.loads(raw)
             return cls(
@@ -87,7 +82,6 @@ def given_by_queue(notice: Notice | None) -> bool:
 
 def holders_by_id(holders: Mapping[str, Holder]) -> dict[str, list[Holder]]:
     """Group holder records (by slice) by reservation, each group in slice-name order."""
-
     grouped: dict[str, list[Holder]] = {}
     for name in sorted(holders):
         grouped.setdefault(holders[name].holder, []).append(holders[name])

@@ -34,14 +34,8 @@ class Layout:
     nodes: Mapping[int, str] | None
 
     def current_for(self, info: SliceInfo) -> bool:
-        """Whether this layout still describes ``info`` (same hosts, if known).
-
-        Args:
-            info: The slice as the cluster shows it now.
-
-        Returns:
-            True if every worker id is known and, where recorded, on the same node.
-        """
+        """Whether this layout still describes the slice now: every worker id known and,
+        where recorded, on the same node."""
         if set(self.physical) != set(range(info.expected_hosts)) or info.topology != self.topology:
             return False
         if self.nodes is None:
@@ -49,11 +43,7 @@ class Layout:
         return all(self.nodes.get(w) == h.node_id for w, h in info.hosts.items() if h.alive)
 
     def ray_labels(self) -> dict[str, dict[str, str]]:
-        """Ray's record: every worker's sub-slice labels.
-
-        Returns:
-            ``{worker id: {label key: index}}``, worker ids as strings.
-        """
+        """Ray's record: ``{worker id (a string): {label key: index}}``."""
         return {
             str(w): subslice.host_labels(p, self.topology) for w, p in sorted(self.physical.items())
         }
@@ -62,18 +52,8 @@ class Layout:
 def positions_from_coordinates(
     coordinates: Mapping[int, list[list[int]]], topology: str
 ) -> dict[int, int]:
-    """Each worker's physical position from its chips' coordinates. Pure.
-
-    Args:
-        coordinates: Per TPU worker id, its chips' coordinates.
-        topology: The slice's topology.
-
-    Returns:
-        ``{worker id: physical position}``.
-
-    Raises:
-        DiscoveryFailedError: a worker reported nothing, or two share a position.
-    """
+    """Each TPU worker's physical position from its chips' coordinates. Pure. Raises
+    :class:`DiscoveryFailedError` if a worker reported nothing or two share a position."""
     found: dict[int, int] = {}
     for worker, coords in sorted(coordinates.items()):
         if not coords:
@@ -96,56 +76,28 @@ class KnownLayouts:
         self._layouts: dict[str, Layout] = {}
 
     def get(self, slice_name: str) -> Layout | None:
-        """This process's copy of a slice's layout.
-
-        Args:
-            slice_name: The slice.
-
-        Returns:
-            The layout, or ``None`` if this process has none.
-        """
+        """This process's copy of a slice's layout, if any."""
         with self._lock:
             return self._layouts.get(slice_name)
 
     def keep(self, layout: Layout) -> None:
-        """Keep a layout tied to node ids (replacing the slice's copy).
-
-        Args:
-            layout: The layout.
-        """
+        """Keep a layout tied to node ids (replacing the slice's copy)."""
         with self._lock:
             self._layouts[layout.slice_name] = layout
 
     def forget(self, slice_name: str) -> None:
-        """Drop a slice's layout.
-
-        Args:
-            slice_name: The slice.
-        """
         with self._lock:
             self._layouts.pop(slice_name, None)
 
 
 def forget(slice_name: str) -> None:
-    """Drop this process's copy of a slice's layout (the records stay).
-
-    Args:
-        slice_name: The slice.
-    """
+    """Drop this process's copy of a slice's layout (the records stay)."""
     connection().part(KnownLayouts).forget(slice_name)
 
 
 def load(info: SliceInfo) -> Layout | None:
-    """The layout of a slice: this process's copy if it still describes the slice, else
-    as recorded.
-
-    Args:
-        info: The slice now.
-
-    Returns:
-        tpuslice's record if current, else Ray's (``nodes`` ``None``), else ``None``: the
-        slice must be discovered.
-    """
+    """The layout of a slice: this process's copy if still current, else tpuslice's
+    record if current, else Ray's; ``None``: the slice must be discovered."""
     known = connection().part(KnownLayouts)
     cached = known.get(info.name)
     if cached is not None and cached.current_for(info):
@@ -196,14 +148,8 @@ def _from_ray_record(info: SliceInfo) -> Layout | None:
 
 
 def chip_coordinates_here() -> list[list[int]]:
-    """This host's chips' coordinates, from libtpu's SDK; runs on the host.
-
-    Returns:
-        One ``[x, y]`` / ``[x, y, z]`` per chip.
-
-    Raises:
-        RuntimeError: libtpu is not installed on this host.
-    """
+    """This host's chips' coordinates (``[x, y]`` or ``[x, y, z]`` each), from libtpu's
+    SDK; runs on the host. ``RuntimeError`` without libtpu."""
     try:
         from libtpu import sdk
     except ImportError as exc:

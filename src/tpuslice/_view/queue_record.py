@@ -14,17 +14,9 @@ is gone or idle."""
 
 @dataclass(frozen=True)
 class QueuedRequest:
-    """One request waiting in the queue (or granted, not yet claimed).
-
-    Attributes:
-        kind: The slices it waits for (``v6e-16 4x4``).
-        count: ``(min, max)`` slices.
-        who: The driver (``pid 12 on host-a (job 01000000)``).
-        since: When its driver asked (wall-clock seconds).
-        position: Its place in the queue, from 1.
-        granted: Slices granted to it and not yet claimed.
-        arrival: Its arrival number (a restarted queue keeps its place for it).
-    """
+    """One request waiting in the queue (or granted, not yet claimed), from the driver
+    ``who`` (``pid 12 on host-a (job 01000000)``) that asked at ``since`` (wall clock) for
+    ``count`` (min, max) slices of ``kind`` (``v6e-16 4x4``)."""
 
     ticket: str
     kind: str
@@ -33,9 +25,12 @@ class QueuedRequest:
     who: str
     since: float
     position: int
+    """Its place in the queue, from 1."""
     granted: tuple[str, ...] = ()
+    """Slices granted to it and not yet claimed."""
     reason: str = ""
     arrival: int = 0
+    """Its arrival number: a restarted queue keeps its place for it."""
     tenant: str = ""
     preemptible: bool = False
 
@@ -46,11 +41,7 @@ class QueuedRequest:
         return str(low) if low == high else f"{low}..{high}"
 
     def to_dict(self) -> dict[str, object]:
-        """A JSON-ready form (``count`` as ``[min, max]``).
-
-        Returns:
-            The fields.
-        """
+        """A JSON-ready form (``count`` as ``[min, max]``)."""
         data = asdict(self)
         data["count"], data["granted"] = list(self.count), list(self.granted)
         return data
@@ -65,39 +56,17 @@ class QueueRecord:
     requests: tuple[QueuedRequest, ...] = ()
 
     def fresh(self, now: float) -> bool:
-        """Whether the record still describes a live queue.
-
-        Args:
-            now: Wall-clock seconds.
-
-        Returns:
-            True if it was written less than :data:`RECORD_FRESH_S` ago.
-        """
+        """Whether the record still describes a live queue at wall-clock ``now``."""
         return now - self.at < RECORD_FRESH_S
 
     def to_json(self) -> bytes:
-        """Encode for the KV store.
-
-        Returns:
-            UTF-8 JSON.
-        """
-
+        """Encode for the KV store, as UTF-8 JSON."""
         data = {"at": self.at, "requests": [r.to_dict() for r in self.requests]}
         return json.dumps(data).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> QueueRecord:
-        """Decode what :meth:`to_json` wrote.
-
-        Args:
-            raw: The stored bytes.
-
-        Returns:
-            The record.
-
-        Raises:
-            ValueError: it is not such a record (``json.JSONDecodeError`` is one).
-        """
+        """Decode what :meth:`to_json` wrote (``ValueError`` if it is not such a record)."""
         data = json.loads(raw)
         try:
             requests = tuple(

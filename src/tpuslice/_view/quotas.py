@@ -35,12 +35,8 @@ _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,62}")
 
 
 def check_tenant(tenant: str) -> str:
-    """Validate a tenant's name, returned unchanged.
-
-    Raises:
-        InvalidArgumentError: it is not 1-63 letters, digits, ``.``, ``_``, ``@`` or ``-``,
-            starting with a letter or digit.
-    """
+    """A tenant's name, unchanged if valid, else :class:`InvalidArgumentError` naming the
+    rule (1-63 letters, digits, ``.``, ``_``, ``@`` or ``-``, from a letter or digit)."""
     if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
         raise InvalidArgumentError(
             f"tenant {tenant!r}: give 1-63 letters, digits, '.', '_', '@' or '-', "
@@ -50,11 +46,8 @@ def check_tenant(tenant: str) -> str:
 
 
 def default_tenant() -> str:
-    """The tenant of a request that names none: ``TPUSLICE_TENANT``, else the user's name.
-
-    Raises:
-        InvalidArgumentError: ``TPUSLICE_TENANT`` is set to an invalid name.
-    """
+    """The tenant of a request that names none: ``TPUSLICE_TENANT`` (an invalid one
+    raises :class:`InvalidArgumentError`), else the user's name."""
     named = os.environ.get(TENANT_ENV, "").strip()
     if named:
         try:
@@ -87,17 +80,13 @@ def quota_keys(kind: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class TenantQuota:
-    """One tenant's share of the cluster.
-
-    Attributes:
-        slices: Quota key (``v6e-16`` or ``v6e-16 4x4``) -> nominal slices of that kind.
-        borrow_limit: Slices of a kind it may run beyond its quota (``None``: no limit).
-        weight: Its weight in fair share.
-        grace_s: How long its preempted work has to leave.
-    """
+    """One tenant's share of the cluster: its weight in fair share, and how long its
+    preempted work has to leave."""
 
     slices: Mapping[str, int] = field(default_factory=dict)
+    """Quota key (``v6e-16`` or ``v6e-16 4x4``) -> nominal slices of that kind."""
     borrow_limit: int | None = None
+    """Slices of a kind it may run beyond its quota (``None``: no limit)."""
     weight: float = DEFAULT_WEIGHT
     grace_s: float = DEFAULT_GRACE_S
 
@@ -146,11 +135,7 @@ class TenantQuota:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> TenantQuota:
-        """Read what :meth:`to_dict` wrote.
-
-        Raises:
-            ValueError: it is not a quota.
-        """
+        """Read what :meth:`to_dict` wrote (``ValueError`` if it is not a quota)."""
         try:
             slices = data.get("slices", {})
             limit = data.get("borrow_limit")
@@ -236,11 +221,7 @@ class Quotas:
 
     @classmethod
     def from_json(cls, raw: bytes) -> Quotas:
-        """Decode what :meth:`to_json` wrote.
-
-        Raises:
-            ValueError: they are not quotas (``json.JSONDecodeError`` is one).
-        """
+        """Decode what :meth:`to_json` wrote (``ValueError`` if they are not quotas)."""
         data = json.loads(raw)
         if not isinstance(data, dict) or not isinstance(data.get("tenants", {}), dict):
             raise ValueError("not quotas: expected an object with a 'tenants' object")
@@ -258,7 +239,6 @@ def describe_tenant(tenant: str) -> str:
 
 def read_quotas() -> Quotas:
     """The cluster's quotas; none when there is no record, no Ray, or an unreadable one."""
-
     raw = _ray.kv_get(QUOTAS_KEY, NAMESPACE)
     if raw is None:
         return Quotas()

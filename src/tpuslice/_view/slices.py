@@ -1,6 +1,6 @@
 """Ray 2.60's cluster-reading TPU functions, same names and signatures, on our cluster view.
-Unlike Ray's, a host whose TPUs are all in use is busy, and a slice counts only if its shape
-matches exactly.
+Unlike Ray's, a host whose TPUs are all in use is busy, a slice counts only if its shape
+matches exactly, and invalid arguments raise where Ray logs a warning and returns 0.
 """
 
 from __future__ import annotations
@@ -46,8 +46,11 @@ def get_tpu_nodes_for_slice(
     return [n for n in nodes if n.get("Alive") and get_tpu_slice_name_from_node(n) == slice_name]
 
 
+_WHOLE = (SliceState.READY, SliceState.BUSY, SliceState.SUSPECT)
+
+
 def _count(
-    topology: str, accelerator_type: str, per_chip: int | None, states: set[SliceState]
+    topology: str, accelerator_type: str, per_chip: int | None, states: tuple[SliceState, ...]
 ) -> int:
     """Slices of this shape in these states; 0 without Ray (as in Ray)."""
     if not ray.is_initialized():
@@ -66,19 +69,17 @@ def get_num_ready_tpu_slices(
     Args:
         topology: The slice's chip grid (``"4x4"``).
         accelerator_type: Its TPU generation, in any accepted spelling.
-        tpu_resource_per_chip: The cluster's ``TPU`` units per chip; ``None`` reads
-            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+        tpu_resource_per_chip: ``TPU`` units per chip (default ``RAY_TPU_RESOURCE_PER_CHIP`` or 1).
 
     Returns:
-        The count; 0 when Ray is not initialised (as in Ray). Invalid arguments raise,
-        where Ray logs a warning and returns 0.
+        The count; 0 when Ray is not initialised (as in Ray).
 
     Raises:
         InvalidAcceleratorError: the generation is unknown.
         InvalidTopologyError: the topology is malformed or not offered for it.
         InvalidArgumentError: the TPU units per chip is not a positive integer.
     """
-    return _count(topology, accelerator_type, tpu_resource_per_chip, {SliceState.READY})
+    return _count(topology, accelerator_type, tpu_resource_per_chip, (SliceState.READY,))
 
 
 def get_num_tpu_slices(
@@ -89,21 +90,14 @@ def get_num_tpu_slices(
     Args:
         topology: The slice's chip grid (``"4x4"``).
         accelerator_type: Its TPU generation, in any accepted spelling.
-        tpu_resource_per_chip: The cluster's ``TPU`` units per chip; ``None`` reads
-            ``RAY_TPU_RESOURCE_PER_CHIP`` (default 1).
+        tpu_resource_per_chip: ``TPU`` units per chip (default ``RAY_TPU_RESOURCE_PER_CHIP`` or 1).
 
     Returns:
-        The count; 0 when Ray is not initialised (as in Ray). Invalid arguments raise,
-        where Ray logs a warning and returns 0.
+        The count; 0 when Ray is not initialised (as in Ray).
 
     Raises:
         InvalidAcceleratorError: the generation is unknown.
         InvalidTopologyError: the topology is malformed or not offered for it.
         InvalidArgumentError: the TPU units per chip is not a positive integer.
     """
-    return _count(
-        topology,
-        accelerator_type,
-        tpu_resource_per_chip,
-        {SliceState.READY, SliceState.BUSY, SliceState.SUSPECT},
-    )
+    return _count(topology, accelerator_type, tpu_resource_per_chip, _WHOLE)

@@ -1,7 +1,6 @@
 """What everything else records into: the slice timeline (``events``), Ray metrics
-(``metrics``), each run's goodput account (``goodput``) and the cluster's slice-seconds by
-state (``slice_seconds``). Offers those modules and the names a reader of the records needs;
-names load on first use, so ``import tpuslice.record`` imports no Ray.
+(``metrics``), run goodput accounts (``goodput``), the cluster's slice-seconds by state
+(``slice_seconds``); and the names a reader needs, loaded on first use (no Ray on import).
 
 May import: :mod:`tpuslice._view` and below.
 """

@@ -48,16 +48,10 @@ KINDS = (
 
 @dataclass(frozen=True)
 class SliceEvent:
-    """One entry of the timeline.
-
-    Attributes:
-        at: Wall-clock time (seconds since the epoch).
-        kind: One of :data:`KINDS`.
-        what: The request, as ``<count> x <accelerator> <topology>``.
-        job: The Ray job id (hex) of the driver that recorded it.
-        seconds: The wait, hold or run time the kind names; ``None`` if none.
-        outcome: How it ended (``granted``, ``ok``, ``failure``, ``preemption``, ...).
-    """
+    """One entry of the timeline: at ``at`` (wall clock), an event of a ``kind`` of
+    :data:`KINDS` for ``what`` (``<count> x <accelerator> <topology>``), recorded by the Ray
+    job ``job`` (hex). ``seconds`` is the wait, hold or run time the kind names (``None``:
+    none); ``outcome`` how it ended (``granted``, ``ok``, ``failure``, ``preemption``, ...)."""
 
     at: float
     kind: str
@@ -142,54 +136,25 @@ class Recorded(Protocol):
         """Its time, in seconds since the epoch (its key sorts by it)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Its JSON form.
-
-        Returns:
-            JSON-ready data.
-        """
+        """Its JSON-ready form."""
 
 
 def event_key(event: Recorded, writer: str, number: int, prefix: str = KEY_PREFIX) -> str:
-    """The KV key of one event: sorts by time, then writer, then the writer's count.
-
-    Args:
-        event: The event.
-        writer: The writing process's random id.
-        number: How many events this writer wrote before.
-        prefix: The store's key prefix.
-
-    Returns:
-        The key.
-    """
+    """The KV key of one event: sorts by time, then writer (the writing process's random
+    id), then ``number``, how many events this writer wrote before."""
     return f"{prefix}{int(event.at * 1e9):020d}-{writer}-{number:08d}"
 
 
 def keys_to_trim(keys: list[str], keep: int) -> list[str]:
-    """The oldest keys beyond the newest ``keep``.
-
-    Args:
-        keys: Event keys, in any order.
-        keep: How many to keep.
-
-    Returns:
-        The keys to delete, oldest first.
-    """
+    """The keys (in any order) to delete to keep the newest ``keep``, oldest first."""
     ordered = sorted(keys)
     return ordered[: max(0, len(ordered) - keep)]
 
 
 class EventWriter:
     """Writes :class:`Recorded` items to the KV store from a daemon thread, so callers never
-    wait on the GCS. With no arguments, it is the connection's timeline writer.
-
-    Args:
-        put: Writes one key (default: Ray's KV store).
-        list_keys: Lists keys with a prefix.
-        delete: Deletes one key.
-        keep: How many events the store keeps.
-        trim_every_s: Seconds between two trims by this writer.
-        prefix: The store's key prefix (default: the timeline's).
-    """
+    wait on the GCS; trims the store to the newest ``keep``. With no arguments, it is the
+    connection's timeline writer on Ray's KV store (``put``, ``list_keys``, ``delete``)."""
 
     tier = Tier.WRITER
 
@@ -221,11 +186,7 @@ class EventWriter:
         self._stopped = False
 
     def record(self, event: Recorded) -> None:
-        """Queue ``event`` for writing (returns at once).
-
-        Args:
-            event: What happened.
-        """
+        """Queue ``event`` for writing (returns at once)."""
         with self._cond:
             if self._stopped:
                 self.dropped += 1
@@ -242,14 +203,8 @@ class EventWriter:
             self._cond.notify_all()
 
     def flush(self, timeout_s: float = 2.0) -> bool:
-        """Wait until every recorded event is written (or dropped: Ray unreachable).
-
-        Args:
-            timeout_s: Seconds to wait at most.
-
-        Returns:
-            Whether everything recorded was handled in time.
-        """
+        """Wait at most ``timeout_s`` until every recorded event is written (or dropped: Ray
+        unreachable); whether everything was handled in time."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self._pending or self._busy:
@@ -313,20 +268,9 @@ class EventWriter:
 
 
 def record(kind: str, **fields: Any) -> SliceEvent:
-    """Add an event to the timeline (written in the background; an unreachable store
-    only drops it).
-
-    Args:
-        kind: One of :data:`KINDS`.
-        **fields: The other :class:`SliceEvent` fields (``at`` defaults to now, ``job``
-            to this process's Ray job).
-
-    Returns:
-        The event as recorded.
-
-    Raises:
-        ValueError: ``kind`` is not one of :data:`KINDS`.
-    """
+    """Add an event of one of :data:`KINDS` (else ``ValueError``) to the timeline, written
+    in the background (an unreachable store only drops it). ``at`` defaults to now, ``job``
+    to this process's Ray job."""
     if kind not in KINDS:
         raise ValueError(f"event kind {kind!r} is not one of {', '.join(KINDS)}")
     fields.setdefault("at", time.time())
@@ -367,17 +311,8 @@ def read_events(limit: int = MAX_EVENTS) -> list[SliceEvent]:
 
 
 def read_stored(prefix: str, limit: int, parse: Callable[[dict[str, Any]], _T]) -> list[_T]:
-    """The newest items a writer kept under ``prefix``, oldest first; one that does not
-    parse, or was trimmed since the listing, is skipped.
-
-    Args:
-        prefix: The store's key prefix.
-        limit: How many at most (at least 1).
-        parse: Makes an item of one stored JSON object.
-
-    Returns:
-        The items.
-    """
+    """The newest ``limit`` (at least 1) items a writer kept under ``prefix``, oldest
+    first; one that does not parse, or was trimmed since the listing, is skipped."""
     keys = sorted(_ray.kv_list(prefix, NAMESPACE))[-limit:]
     found = _ray.kv_get_many(keys, NAMESPACE) if keys else {}
     items = []
@@ -393,11 +328,7 @@ def read_stored(prefix: str, limit: int, parse: Callable[[dict[str, Any]], _T]) 
 
 
 def job_id() -> str:
-    """This process's Ray job id (hex).
-
-    Returns:
-        The id; empty when Ray is not connected.
-    """
+    """This process's Ray job id (hex); empty when Ray is not connected."""
     import ray
 
     return _ray.current_job_id() if ray.is_initialized() else ""

@@ -81,17 +81,12 @@ class GangProgress:
 
 @dataclass
 class AttemptTimes:
-    """The moments of one attempt, as the driver saw them (wall clock, seconds).
-
-    Attributes:
-        queued_s: Of the time from asking to held, how long it waited for a grant.
-        held: When it held its slices (``None``: it never did).
-        ended: When its calls returned, or it was judged failed.
-        outcome: ``success``, or the failure's class; ``""`` if it never ran.
-        first_return: When its first call returned (an actor group's set-up).
-        only_call: Its one call is its work (a one-shot or an attempt): without beats,
-            the whole call counts as starting, not only up to a first return.
-    """
+    """The moments of one attempt, as the driver saw them (wall clock, seconds): of the time
+    from ``asked`` to ``held`` (None: never held), ``queued_s`` waiting for a grant; ``ended``
+    when its calls returned or it was judged failed; ``outcome`` ``success``, the failure's
+    class, or empty if it never ran; ``first_return`` an actor group's set-up. ``only_call``:
+    its one call is its work (a one-shot or an attempt), so without beats the whole call
+    counts as starting, not only up to a first return."""
 
     asked: float
     queued_s: float = 0.0
@@ -108,35 +103,29 @@ class AttemptTimes:
 
 @dataclass(frozen=True)
 class Account:
-    """Where one run's wall time went.
-
-    Attributes:
-        kind: ``resilient``, ``one_shot``, ``command`` or ``actor_group``.
-        what: The request, as ``<count> x <accelerator> <topology>``.
-        started_at: When it asked for slices (wall clock).
-        wall_s: From then to the end of its last hand-back.
-        seconds: Category -> seconds, every one of :data:`CATEGORIES`; they sum to
-            ``wall_s``.
-        lost: Cause -> seconds lost to it (they sum to ``seconds["lost"]``).
-        outcome: ``success``, the last failure's class, or ``gave_up``.
-        slices: The slices of its last attempt.
-        checkpoints: Checkpoints marked, over all attempts.
-        notes: What the account could not see, in words (no heartbeats, no checkpoints).
-        job: The Ray job id of the driver.
-    """
+    """Where one run's wall time went."""
 
     run_id: str
     kind: str
+    """``resilient``, ``one_shot``, ``command`` or ``actor_group``."""
     what: str
+    """The request, as ``<count> x <accelerator> <topology>``."""
     started_at: float
+    """When it asked for slices (wall clock)."""
     wall_s: float
+    """From then to the end of its last hand-back."""
     seconds: Mapping[str, float]
+    """Category -> seconds, every one of :data:`CATEGORIES`; they sum to ``wall_s``."""
     lost: Mapping[str, float]
+    """Cause -> seconds lost to it (they sum to ``seconds["lost"]``)."""
     attempts: int
     outcome: str
+    """``success``, the last failure's class, or ``gave_up``."""
     slices: tuple[str, ...] = ()
+    """The slices of its last attempt."""
     checkpoints: int = 0
     notes: tuple[str, ...] = ()
+    """What the account could not see, in words (no heartbeats, no checkpoints)."""
     job: str = ""
 
     @property
@@ -243,45 +232,28 @@ def account_of(
     outcome: str = "",
     job: str = "",
 ) -> Account:
-    """The account of a run from its attempts' moments. Pure.
-
-    Args:
-        run_id: The run's id.
-        kind: ``resilient``, ``one_shot``, ``command`` or ``actor_group``.
-        attempts: Its attempts, in order (at least one).
-        what: The request, for people.
-        slices: Its last attempt's slices (default: the last attempt's that held any).
-        outcome: How the run ended (default: the last attempt's outcome).
-        job: The driver's Ray job id.
-
-    Returns:
-        The account; its categories sum to its wall time.
-
-    Raises:
-        ValueError: no attempts.
-    """
+    """The account of a run from its attempts' moments, in order (at least one); its
+    categories sum to its wall time. Pure. ``slices`` and ``outcome`` default to the last
+    attempt's (the slices of the last that held any)."""
     if not attempts:
         raise ValueError("account_of needs at least one attempt")
     spans = _Spans(attempts[0].asked)
     for number, attempt in enumerate(attempts):
         _cut(spans, attempt, retry=number > 0)
-    last = attempts[-1]
     marks = sum(a.progress.checkpoints for a in attempts if a.held is not None)
-    notes = _notes(attempts, marks)
-    wall = spans.cursor - attempts[0].asked
     return Account(
         run_id=run_id,
         kind=kind,
         what=what,
         started_at=attempts[0].asked,
-        wall_s=wall,
+        wall_s=spans.cursor - attempts[0].asked,
         seconds=spans.seconds,
         lost=spans.lost,
         attempts=sum(1 for a in attempts if a.held is not None),
-        outcome=outcome or last.outcome or "gave_up",
+        outcome=outcome or attempts[-1].outcome or "gave_up",
         slices=tuple(slices) or next((a.slices for a in reversed(attempts) if a.slices), ()),
         checkpoints=marks,
-        notes=tuple(notes),
+        notes=tuple(_notes(attempts, marks)),
         job=job,
     )
 
@@ -411,5 +383,4 @@ def read_accounts(limit: int = MAX_ACCOUNTS) -> list[Account]:
 
 def now() -> float:
     """Wall-clock seconds, as the gang's beats are (a seam for tests)."""
-
     return time.time()

@@ -35,78 +35,69 @@ SLICE_STATES = (*(s.value for s in SliceState), "queued")
 HOST_STATES = (*(s.value for s in HostState), "notice", "suspect")
 """``notice``: alive and warned; ``suspect``: alive, not warned, and failed a run lately."""
 
-# name -> (kind, description, tag keys, histogram buckets)
-DEFINITIONS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
+# name -> (kind, description, tag keys)
+DEFINITIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "slices": (
         "gauge",
         "TPU slices by state (ready, busy, broken, notice, suspect; queued: wanted by waiters).",
         ("state", "pod_type"),
-        (),
     ),
     "hosts": (
         "gauge",
         "TPU hosts by state (free, busy, dead, notice, suspect).",
         ("state", "pod_type"),
-        (),
     ),
-    "queue_length": ("gauge", "Requests waiting in the cluster-wide slice queue.", (), ()),
+    "queue_length": ("gauge", "Requests waiting in the cluster-wide slice queue.", ()),
     "reservations": (
         "counter",
         "Reservations by outcome (granted, timed_out, impossible).",
         ("topology", "outcome", "tenant"),
-        (),
     ),
     "reservation_wait_seconds": (
         "histogram",
         "Seconds from asking for slices to the outcome (the admission wait), by tenant.",
         ("topology", "outcome", "tenant"),
-        WAIT_BUCKETS,
     ),
     "run_duration_seconds": (
         "histogram",
         "Seconds a run took (one_shot, command, resilient_attempt) by outcome.",
         ("kind", "outcome"),
-        RUN_BUCKETS,
     ),
     "attempts": (
         "counter",
         "Resilient attempts by outcome (success, failure, preemption, host_failure, hang).",
         ("outcome",),
-        (),
     ),
     "goodput_seconds": (
         "counter",
         "Seconds of ended runs by where they went (queued, reserving, starting, "
         "productive, checkpointing, lost, recovering, handing_back); lost by cause.",
         ("category", "cause"),
-        (),
     ),
     "slice_seconds": (
         "counter",
         "Slice-seconds by state (productive, busy, idle, broken, notice).",
         ("state", "pod_type"),
-        (),
     ),
     "preemptions": (
         "counter",
         "Work the queue preempted, by cause (quota: a tenant took back its quota; "
         "priority) and the preempted work's tenant; taken_back: it outstayed its grace.",
         ("cause", "tenant"),
-        (),
     ),
     "tenant_slices": (
         "gauge",
         "Slices per tenant and pod type: held, quota, and borrowed (held beyond quota).",
         ("tenant", "pod_type", "state"),
-        (),
     ),
     "tenant_usage": (
         "gauge",
         "Each tenant's decayed slice-seconds, which fair share orders tenants by.",
         ("tenant",),
-        (),
     ),
 }
+BUCKETS = {"reservation_wait_seconds": WAIT_BUCKETS, "run_duration_seconds": RUN_BUCKETS}
+"""Each histogram's bucket boundaries, in seconds."""
 
 
 def exported_names() -> set[str]:
@@ -117,7 +108,7 @@ def exported_names() -> set[str]:
         / ``_sum`` for histograms.
     """
     names = set()
-    for name, (kind, _, _, _) in DEFINITIONS.items():
+    for name, (kind, _, _) in DEFINITIONS.items():
         full = EXPORTED_PREFIX + name
         if kind == "counter":
             names.add(full + "_total")
@@ -131,8 +122,7 @@ def exported_names() -> set[str]:
 class _Registry:
     """The Ray metric objects of this process, made on first use (Ray must be up).
     Process-wide, not per connection: Ray registers a metric name for the whole process,
-    and a metric object holds no connection, so it still records after a reconnection.
-    """
+    and a metric object holds no connection, so it still records after a reconnection."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -149,12 +139,12 @@ class _Registry:
 def _make(name: str) -> Any:
     from ray.util.metrics import Counter, Gauge, Histogram
 
-    kind, description, tags, buckets = DEFINITIONS[name]
+    kind, description, tags = DEFINITIONS[name]
     if kind == "counter":
         return Counter(PREFIX + name, description=description, tag_keys=tags)
     if kind == "histogram":
         return Histogram(
-            PREFIX + name, description=description, boundaries=list(buckets), tag_keys=tags
+            PREFIX + name, description=description, boundaries=list(BUCKETS[name]), tag_keys=tags
         )
     return Gauge(PREFIX + name, description=description, tag_keys=tags)
 
@@ -183,68 +173,38 @@ def _apply(name: str, value: float, tags: Mapping[str, str]) -> None:
 
 
 def reservation_ended(topology: str, outcome: str, wait_s: float, tenant: str = "") -> None:
-    """Count a reservation's outcome and observe its admission wait.
-
-    Args:
-        topology: ``<accelerator> <topology>``, e.g. ``v6e 4x4``.
-        outcome: ``granted``, ``timed_out`` or ``impossible``.
-        wait_s: Seconds from the request to the outcome.
-        tenant: Whom it was charged to.
-    """
+    """Count a reservation's outcome (``granted``, ``timed_out`` or ``impossible``) and
+    observe its admission wait; ``topology`` is ``<accelerator> <topology>`` (``v6e 4x4``)."""
     tags = {"topology": topology, "outcome": outcome, "tenant": tenant}
     _apply("reservations", 1.0, tags)
     _apply("reservation_wait_seconds", wait_s, tags)
 
 
 def run_ended(kind: str, outcome: str, seconds: float) -> None:
-    """Observe how long a run took.
-
-    Args:
-        kind: ``one_shot``, ``command`` (``tpuslice run``) or ``resilient_attempt``.
-        outcome: ``success``, ``failure``, ``interrupted``, or an attempt's failure class.
-        seconds: Its duration.
-    """
+    """Observe how long a run (``one_shot``, ``command`` or ``resilient_attempt``) took;
+    ``outcome`` is ``success``, ``failure``, ``interrupted``, or an attempt's failure class."""
     _apply("run_duration_seconds", seconds, {"kind": kind, "outcome": outcome})
 
 
 def attempt_ended(outcome: str) -> None:
-    """Count one resilient attempt's outcome.
-
-    Args:
-        outcome: ``success`` or the failure class (``failure``, ``preemption``, ...).
-    """
+    """Count one resilient attempt's outcome: ``success`` or the failure class."""
     _apply("attempts", 1.0, {"outcome": outcome})
 
 
 def goodput_seconds(category: str, seconds: float, cause: str = "") -> None:
-    """A run ended: count where its seconds went.
-
-    Args:
-        category: One of :data:`tpuslice.record.goodput.CATEGORIES`.
-        seconds: Its seconds in that category.
-        cause: For ``lost``, why (:data:`tpuslice.record.goodput.LOST_CAUSES`); else empty.
-    """
+    """A run ended: count its seconds in one of :data:`~tpuslice.record.goodput.CATEGORIES`
+    (for ``lost``, by ``cause``: one of :data:`~tpuslice.record.goodput.LOST_CAUSES`)."""
     _apply("goodput_seconds", seconds, {"category": category, "cause": cause})
 
 
 def slice_seconds(state: str, pod_type: str, seconds: float) -> None:
-    """Count slice-seconds spent in a state.
-
-    Args:
-        state: One of :data:`tpuslice.record.slice_seconds.TIME_USES`.
-        pod_type: The slices' pod type.
-        seconds: Slice-seconds.
-    """
+    """Count slice-seconds spent in a state of :data:`~tpuslice.record.slice_seconds.TIME_USES`."""
     _apply("slice_seconds", seconds, {"state": state, "pod_type": pod_type})
 
 
 def preempted(cause: str, tenant: str) -> None:
-    """Count work the queue preempted.
-
-    Args:
-        cause: ``quota``, ``priority``, or ``taken_back`` (it outstayed its grace).
-        tenant: The preempted work's tenant.
-    """
+    """Count work the queue preempted, by ``cause`` (``quota``, ``priority``, or
+    ``taken_back``: it outstayed its grace) and the work's tenant."""
     _apply("preemptions", 1.0, {"cause": cause, "tenant": tenant})
 
 
@@ -253,13 +213,8 @@ def tenant_values(
     quota: Mapping[tuple[str, str], int],
     usage: Mapping[str, float],
 ) -> None:
-    """Set the tenants' gauges.
-
-    Args:
-        held: ``(tenant, pod type)`` -> slices held.
-        quota: ``(tenant, pod type)`` -> nominal quota.
-        usage: Tenant -> decayed slice-seconds.
-    """
+    """Set the tenants' gauges: slices held and nominal quota per ``(tenant, pod type)``,
+    decayed slice-seconds per tenant."""
     for (tenant, pod_type), count in held.items():
         tags = {"tenant": tenant, "pod_type": pod_type}
         _apply("tenant_slices", count, {**tags, "state": "held"})
@@ -274,16 +229,9 @@ def tenant_values(
 def cluster_values(
     snapshot: ClusterSnapshot, known_pod_types: set[str] | None = None
 ) -> list[tuple[str, float, dict[str, str]]]:
-    """The cluster gauges' values: every state of every pod type seen, zeros included so a
-    state that empties reads 0, not its last value.
-
-    Args:
-        snapshot: The cluster now.
-        known_pod_types: Pod types reported before (kept at 0 once gone); updated.
-
-    Returns:
-        ``(metric name, value, tags)`` for each series.
-    """
+    """``(metric name, value, tags)`` of each cluster gauge: every state of every pod type
+    seen, zeros included so a state that empties reads 0, not its last value. Pod types go
+    into ``known_pod_types``, kept at 0 once gone."""
     pod_types = known_pod_types if known_pod_types is not None else set()
     slices: dict[tuple[str, str], int] = {}
     hosts: dict[tuple[str, str], int] = {}
@@ -322,12 +270,9 @@ def _host_state(host: HostInfo) -> str:
 
 
 class ClusterReporter:
-    """Sets the cluster gauges every :data:`REPORT_S` from a daemon thread.
-
-    Args:
-        read: Takes a snapshot of the cluster.
-        on_report: Given each snapshot from the second on, with the seconds since the last.
-    """
+    """Sets the cluster gauges every :data:`REPORT_S` from a daemon thread, from the
+    snapshots ``read`` takes; ``on_report`` gets each from the second on, with the seconds
+    since the last."""
 
     def __init__(self, read: Any, on_report: Callable[[ClusterSnapshot, float], None]) -> None:
         self._read = read

@@ -1,9 +1,7 @@
 """The cluster's slice-seconds by state: where every slice's time went, whoever ran on it.
-
 At each cluster report, each slice's seconds since the last go to one of :data:`TIME_USES`
 (a busy slice is ``productive`` while a gang on it beats), into the metric and per-minute
-totals in Ray's KV store for ``tpuslice goodput --cluster``.
-"""
+totals in Ray's KV store for ``tpuslice goodput --cluster``."""
 
 from __future__ import annotations
 
@@ -130,7 +128,6 @@ def read_slice_seconds(since_s: float) -> dict[str, dict[str, float]]:
 
 def _read_slice_seconds(since_s: float, end: float) -> dict[str, dict[str, float]]:
     """:func:`read_slice_seconds` up to ``end``."""
-
     if not since_s > 0:
         raise ValueError(f"since_s must be above 0, got {since_s}")
     first = int((end - since_s) // BUCKET_S) * BUCKET_S

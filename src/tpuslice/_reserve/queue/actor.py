@@ -1,7 +1,6 @@
 """The cluster-wide queue on Ray: a named detached actor on the head node, and the drivers'
 handle to it (:class:`RayQueue`). A driver that cannot reach it waits for it, never claims
-without it.
-"""
+without it."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -20,7 +20,7 @@ from tpuslice._reserve.queue.book import LEASE_S, Answer
 from tpuslice._reserve.queue.orders import USAGE_SAVE_S, carry_out, read_usage, save_usage
 from tpuslice._reserve.queue.runner import QueueRunner
 from tpuslice._reserve.queue.service import Joined, QueueService, Ticket
-from tpuslice._reserve.queue.share import UsageMeter, held_by
+from tpuslice._reserve.queue.share import UsageMeter
 from tpuslice._tpu import _ray
 from tpuslice._tpu._connection import connection
 from tpuslice._tpu.keys import NAMESPACE, QUEUE_KEY
@@ -74,14 +74,13 @@ class SliceQueueActor(QueueRunner):
             return
         now = time.time()
         holders = read_holders()
-        self._meter.tick(held_by((h.tenant, 1) for h in holders.values()), now)
+        self._meter.tick(Counter(h.tenant for h in holders.values()), now)
         usage = self._meter.of_all(now)
-        held: dict[tuple[str, str], int] = {}
-        for name, holder in holders.items():
-            info = snapshot.slices.get(name)
-            if info is not None:
-                key = (holder.tenant, info.pod_type)
-                held[key] = held.get(key, 0) + 1
+        held = Counter(
+            (holder.tenant, snapshot.slices[name].pod_type)
+            for name, holder in holders.items()
+            if name in snapshot.slices
+        )
         quota = {
             (tenant, quota_keys(key)[0]): count
             for tenant, q in snapshot.quotas.tenants.items()
@@ -96,11 +95,7 @@ class SliceQueueActor(QueueRunner):
             save_usage(usage, now)
 
     async def counts(self) -> dict[str, int]:
-        """How busy the queue has been (for benchmarks).
-
-        Returns:
-            Counts of ``calls``, ``decisions``, ``reads`` and ``quick_grants`` so far.
-        """
+        """How busy the queue has been (for benchmarks)."""
         return {
             "calls": self.calls,
             "decisions": self.decisions,
@@ -109,11 +104,7 @@ class SliceQueueActor(QueueRunner):
         }
 
     async def pid(self) -> int:
-        """This process's id (tests kill it to see the queue come back).
-
-        Returns:
-            The pid.
-        """
+        """This process's id (tests kill it to see the queue come back)."""
         return os.getpid()
 
 
@@ -129,29 +120,15 @@ _remote_queue = ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=MAX_ASKS
 
 
 class RayQueue:
-    """A driver's handle to the queue actor (every call bounded by ``CALL_TIMEOUT_S``).
-
-    Args:
-        handle: The actor handle.
-    """
+    """A driver's handle to the queue actor (the :class:`~.service.SliceQueue` on Ray); a call
+    raises QueueUnreachableError if the actor does not answer within ``CALL_TIMEOUT_S`` beyond
+    the time it may hold the call."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
     def join(self, ticket: Ticket, arrival: int | None, timeout_s: float) -> Joined:
-        """Enqueue and wait (joining again with the same ticket is harmless).
-
-        Args:
-            ticket: The request.
-            arrival: Its arrival number.
-            timeout_s: How long the actor may hold the call.
-
-        Returns:
-            Its arrival number and the answer.
-
-        Raises:
-            QueueUnreachableError: the queue did not answer (yet).
-        """
+        """Enqueue and wait (joining again with the same ticket is harmless)."""
         if not ticket.job:
             ticket = replace(ticket, job=_ray.current_job_id())
         joined: Joined = self._get(
@@ -160,57 +137,27 @@ class RayQueue:
         return joined
 
     def wait(self, ticket: str, timeout_s: float) -> Answer:
-        """Where a ticket stands, once granted or never grantable, or after ``timeout_s``.
-
-        Args:
-            ticket: The ticket.
-            timeout_s: How long the actor may hold the call.
-
-        Returns:
-            The answer.
-
-        Raises:
-            QueueUnreachableError: the queue did not answer.
-        """
+        """Where a ticket stands, once granted or never grantable, or after ``timeout_s``."""
         answer: Answer = self._get(
             self.handle.wait.remote(ticket, timeout_s), timeout_s + CALL_TIMEOUT_S
         )
         return answer
 
     def claimed(self, ticket: str) -> None:
-        """Report the grant held (not waited for).
-
-        Args:
-            ticket: The ticket.
-        """
+        """Report the grant held (not waited for)."""
         self.handle.claimed.remote(ticket)
 
     def leave(self, ticket: str) -> None:
-        """Leave the queue (not waited for).
-
-        Args:
-            ticket: The ticket.
-        """
+        """Leave the queue (not waited for)."""
         self.handle.leave.remote(ticket)
 
     def released(self, slices: Sequence[str], *, freed: bool = False) -> None:
-        """A hand-back ended (waited for, or a driver exiting right after would drop the call).
-
-        Args:
-            slices: Their names.
-            freed: The hand-back saw Ray's view show them free.
-        """
+        """A hand-back ended, ``freed`` if it saw Ray's view show the slices free (waited for,
+        or a driver exiting right after would drop the call)."""
         ray.wait([self.handle.released.remote(list(slices), freed=freed)], timeout=CALL_TIMEOUT_S)
 
     def ping(self, timeout_s: float) -> None:
-        """Wait until the actor answers.
-
-        Args:
-            timeout_s: How long to wait.
-
-        Raises:
-            QueueUnreachableError: it did not answer in time.
-        """
+        """Wait until the actor answers, at most ``timeout_s``."""
         self._get(self.handle.counts.remote(), timeout_s)
 
     def _get(self, ref: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
@@ -237,14 +184,8 @@ class KnownQueue:
 
 
 def slice_queue() -> RayQueue:
-    """The cluster's queue, created on the head node if there is none (cached).
-
-    Returns:
-        A handle to it.
-
-    Raises:
-        QueueUnreachableError: it could neither be found nor created.
-    """
+    """The cluster's queue, created on the head node if there is none (cached); raises
+    QueueUnreachableError if it can neither be found nor created."""
     known = connection().part(KnownQueue)
     with known.lock:
         if known.handle is not None:
@@ -267,24 +208,14 @@ def slice_queue() -> RayQueue:
 
 
 def start_queue(timeout_s: float = START_WAIT_S) -> None:
-    """Start the cluster's queue and wait for it to answer (a cluster set-up step).
-
-    Args:
-        timeout_s: How long to wait for it to answer.
-
-    Raises:
-        QueueUnreachableError: it could not be found or created, or did not answer in time.
-    """
+    """Start the cluster's queue and wait for it to answer (a cluster set-up step); raises
+    QueueUnreachableError if it could not be found or created, or did not answer in time."""
     slice_queue().ping(timeout_s)
 
 
 def notify_released(slices: Sequence[str], *, freed: bool = False) -> None:
-    """Tell the cluster's queue, if one runs, that a hand-back ended, so it decides now.
-
-    Args:
-        slices: The slices handed back.
-        freed: Ray's view showed them free (the queue may grant them before a read).
-    """
+    """Tell the cluster's queue, if one runs, that a hand-back ended, so it decides now
+    (``freed``: Ray's view showed the slices free, so it may grant them before a read)."""
     if not slices or not ray.is_initialized():
         return
     queue = connection().part(KnownQueue).handle
@@ -299,11 +230,7 @@ def notify_released(slices: Sequence[str], *, freed: bool = False) -> None:
 
 
 def forget(queue: RayQueue) -> None:
-    """Drop the cached handle if it is ``queue``, whose actor died for good.
-
-    Args:
-        queue: The handle whose actor died.
-    """
+    """Drop the cached handle if it is ``queue``, whose actor died for good."""
     known = connection().part(KnownQueue)
     with known.lock:
         if known.handle is queue:

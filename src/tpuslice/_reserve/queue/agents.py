@@ -1,7 +1,6 @@
 """A driver's client to the host agents (:mod:`tpuslice._host.agent`): who owns each host's
 TPU, stopping a job's processes that still own it at a hand-back or take-back, and stopping a
-named owner (``tpuslice release-tpu``). In the queue's layer because the queue asks them too.
-"""
+named owner (``tpuslice release-tpu``). In the queue's layer because the queue asks them too."""
 
 from __future__ import annotations
 
@@ -54,15 +53,8 @@ class Agents:
         self._up: set[str] = set()  # nodes whose agents answered this process
 
     def handle(self, node_id: str) -> Any:
-        """The agent actor of one node, created there if it has none (cached). Looked up by
-        name first: creating (even ``get_if_exists``) makes a new driver export the class.
-
-        Args:
-            node_id: Hex id of a live node.
-
-        Returns:
-            Its actor handle.
-        """
+        """The agent actor of one live node, created there if it has none (cached). Looked up
+        by name first: creating (even ``get_if_exists``) makes a new driver export the class."""
         handle = self._handles.get(node_id)
         if handle is not None:
             return handle
@@ -85,14 +77,7 @@ class Agents:
             return handle
 
     def handles(self, node_ids: Sequence[str]) -> dict[str, Any]:
-        """The agents of several nodes, missing ones looked up at once (not one after another).
-
-        Args:
-            node_ids: Hex ids of live nodes.
-
-        Returns:
-            Node id -> its agent's actor handle.
-        """
+        """Node id -> its agent, missing ones looked up at once (not one after another)."""
         missing = [n for n in dict.fromkeys(node_ids) if n not in self._handles]
         if len(missing) > 1:
             try:
@@ -103,20 +88,11 @@ class Agents:
         return {node: self.handle(node) for node in node_ids}
 
     def forget(self, node_id: str) -> None:
-        """Drop a node's handle after a failed call.
-
-        Args:
-            node_id: The node.
-        """
+        """Drop a node's handle after a failed call."""
         self._handles.pop(node_id, None)
 
     def note(self, node_id: str, owner: object) -> None:
-        """Remember that the node's agent answered, and whether its TPU was free.
-
-        Args:
-            node_id: The node.
-            owner: What the agent answered: ``None`` when the TPU is free.
-        """
+        """Note that the node's agent answered, and whether its TPU was free (``owner`` None)."""
         self._up.add(node_id)
         if owner is None:
             self._free_at[node_id] = time.monotonic()
@@ -124,27 +100,11 @@ class Agents:
             self._free_at.pop(node_id, None)
 
     def is_up(self, node_id: str) -> bool:
-        """Whether the node's agent answered this process, or its ``tpu-free/`` key was listed.
-
-        Args:
-            node_id: The node.
-
-        Returns:
-            True once either happened.
-        """
+        """Whether the node's agent answered this process, or its ``tpu-free/`` key was listed."""
         return node_id in self._up or node_id in connection().part(ListedFree)
 
     def seen_free_within(self, node_id: str, seconds: float, now: float) -> bool:
-        """Whether this driver saw the node's TPU free less than ``seconds`` before ``now``.
-
-        Args:
-            node_id: The node.
-            seconds: How recent the finding must be.
-            now: Monotonic seconds.
-
-        Returns:
-            True if it was seen free that recently.
-        """
+        """Whether this driver saw the node's TPU free within ``seconds`` of monotonic ``now``."""
         return now - self._free_at.get(node_id, -seconds) < seconds
 
 
@@ -181,14 +141,7 @@ def _collect(
 
 
 def probe_owners(node_ids: Sequence[str]) -> dict[str, TPUOwner | Exception | None]:
-    """Each node's TPU owner now, processes that bypassed libtpu's lock included.
-
-    Args:
-        node_ids: Live TPU hosts.
-
-    Returns:
-        Per node: its owner, ``None`` if the TPU is free, or the error met.
-    """
+    """Each node's TPU owner (even one bypassing libtpu's lock), ``None`` if free, or the error."""
     return _round(node_ids, lambda node, a: a.owner.remote(True), PROBE_TIMEOUT_S)
 
 
@@ -196,14 +149,8 @@ def start_probe(node_ids: Sequence[str]) -> Callable[[], dict[str, str | None]]:
     """Ask each node's agent who owns its TPU, without waiting yet; a host seen free within
     :data:`FREE_TRUST_S` is not asked. An agent that may be starting gets :data:`START_WAIT_S`,
     then its TPU counts as free (an owner it would name is met by the first call instead).
-
-    Args:
-        node_ids: The hosts to ask.
-
-    Returns:
-        A function that waits and returns, per node, the owner described, or ``None`` when
-        the TPU is free or the agent could not answer (logged).
-    """
+    The function returned waits and gives per node the owner described, or ``None`` when the
+    TPU is free or the agent could not answer (logged)."""
     now = time.monotonic()
     agents = connection().part(Agents)
     asked = [n for n in node_ids if not agents.seen_free_within(n, FREE_TRUST_S, now)]
@@ -244,12 +191,7 @@ def _wait_for(refs: Mapping[str, Any], timeout_s: float) -> set[Any]:
 
 def stop_job_tpus(node_ids: Sequence[str], job_id: str) -> None:
     """Have each node's agent stop the job's processes that still own its TPU, not waiting
-    (the queue's take-back: a worker can outlive its group as an idle worker).
-
-    Args:
-        node_ids: The hosts taken back.
-        job_id: The job whose work ran there (hex).
-    """
+    (the queue's take-back: a worker can outlive its group as an idle worker)."""
     try:
         agents = connection().part(Agents).handles(node_ids)
     except (ray.exceptions.RayError, ConnectionError, ValueError) as exc:
@@ -262,32 +204,14 @@ def stop_job_tpus(node_ids: Sequence[str], job_id: str) -> None:
 
 
 def kill_owner(node_id: str, pid: int) -> TPUOwner | None:
-    """Stop the TPU owner ``pid`` on one node if it is this user's (SIGTERM, then SIGKILL).
-
-    Args:
-        node_id: The host.
-        pid: The owner to stop (it must still own the TPU).
-
-    Returns:
-        The owner left afterwards, ``None`` if the TPU is free.
-
-    Raises:
-        PermissionError: the process belongs to another user.
-        ray.exceptions.RayError: the agent could not be reached.
-    """
+    """Stop the TPU owner ``pid`` on one node if it is this user's (SIGTERM, then SIGKILL),
+    else PermissionError; the owner left afterwards, ``None`` if the TPU is free."""
     data = ray.get(connection().part(Agents).handle(node_id).kill.remote(pid, os.getuid(), 5.0))
     return None if data is None else TPUOwner.from_dict(data)
 
 
 def describe_errors(results: Mapping[str, TPUOwner | Exception | None]) -> list[str]:
-    """One line per node whose agent could not answer (for logs).
-
-    Args:
-        results: What a round of agent calls returned.
-
-    Returns:
-        ``<node>: <error>`` for each node that did not answer.
-    """
+    """``<node>: <error>`` for each node whose agent could not answer (for logs)."""
     return [f"{node[:12]}: {err}" for node, err in results.items() if isinstance(err, Exception)]
 
 
@@ -296,16 +220,9 @@ def confirm_released(
 ) -> dict[str, TPUOwner | Exception | None]:
     """The hand-back check: on every host, stop our processes that still own the TPU and
     confirm none does (ours: :meth:`tpuslice._host.agent.HostAgent.release`). Never raises: a
-    host that cannot answer is logged, since there is nothing left to free on it.
-
-    Args:
-        node_ids: The hosts being handed back.
-        pids: Per node, pids of processes that ran the work.
-
-    Returns:
-        Per node: ``None`` (free), someone else's owner (left alone), or the error met; empty
-        if Ray is not connected.
-    """
+    host that cannot answer is logged, since there is nothing left to free on it. ``pids``
+    are, per node, the processes that ran the work. Returns per node ``None`` (free), someone
+    else's owner (left alone), or the error met; empty if Ray is not connected."""
     if not node_ids or not ray.is_initialized():
         return {}
     try:

@@ -1,10 +1,7 @@
-"""The cluster-wide queue's bookkeeping, pure: tickets, leases, grants.
-
-Each ask renews a ticket's lease; a ticket not renewed for ``lease_s`` leaves with any grant.
-Arrival numbers are wall-clock nanoseconds, so a driver whose ticket a restarted queue lost
-enqueues again with its number and keeps its place; until it does, the restarted queue keeps
-that place as a placeholder (:meth:`QueueBook.expect`) for :data:`REJOIN_S`.
-"""
+"""The cluster-wide queue's bookkeeping, pure: tickets, leases, grants. Each ask renews a
+ticket's lease; one not renewed for ``lease_s`` leaves with any grant. Arrival numbers are
+wall-clock nanoseconds, so a driver whose ticket a restarted queue lost enqueues again with its
+number and keeps its place, which the queue holds as a placeholder (:meth:`QueueBook.expect`)."""
 
 from __future__ import annotations
 
@@ -39,16 +36,13 @@ class Waiting:
 
 @dataclass(frozen=True)
 class Granted:
-    """A ticket may claim these slices now (and must report it, or they go back).
-
-    Attributes:
-        view: The slices as the decision saw them, so the claimant need not read them again.
-        quotas: Whether the cluster had quotas then (the claimant records its holder).
-    """
+    """A ticket may claim these slices now (and must report it, or they go back)."""
 
     slices: tuple[str, ...]
     view: tuple[SliceInfo, ...] = field(default=(), compare=False)
+    """The slices as the decision saw them, so the claimant need not read them again."""
     quotas: bool = field(default=False, compare=False)
+    """Whether the cluster had quotas then (the claimant records its holder)."""
 
 
 @dataclass(frozen=True)
@@ -77,14 +71,8 @@ class _Entry:
 
 @dataclass
 class QueueBook:
-    """Every waiting ticket, its lease and any grant not yet claimed.
-
-    Args:
-        clock: Monotonic seconds, for leases.
-        stamp: Wall-clock nanoseconds, for arrival numbers.
-        lease_s: See :data:`LEASE_S`.
-        settle_s: See :data:`SETTLE_S`.
-    """
+    """Every waiting ticket, its lease and any grant not yet claimed; ``clock`` (monotonic
+    seconds) times leases, ``stamp`` (wall-clock nanoseconds) gives arrival numbers."""
 
     clock: Callable[[], float] = time.monotonic
     stamp: Callable[[], int] = time.time_ns
@@ -101,20 +89,10 @@ class QueueBook:
     preemptions: dict[str, Preemption] = field(default_factory=dict)
 
     def enqueue(self, waiter: Waiter, who: str = "", *, arrival: int | None = None) -> int:
-        """Add a ticket; one already in the book keeps its place (a join sent again), and one
-        taking over a placeholder (:meth:`expect`) takes its grant too.
-
-        Args:
-            waiter: The request (its ``arrival`` is replaced).
-            who: The driver or job, for status.
-            arrival: Its original arrival number, if it had one.
-
-        Returns:
-            Its arrival number.
-
-        Raises:
-            InvalidArgumentError: the ticket left within the lease (a late copy of its join).
-        """
+        """Add a ticket and return its arrival number (``waiter.arrival`` is replaced). One
+        already in the book keeps its place (a join sent again); one taking over a placeholder
+        (:meth:`expect`) takes its grant too; one that left within the lease (a late copy of its
+        join) raises InvalidArgumentError."""
         kept = self._entries.get(waiter.ticket)
         if kept is not None and not kept.rejoining:
             return kept.waiter.arrival
@@ -132,13 +110,7 @@ class QueueBook:
         return number
 
     def expect(self, waiter: Waiter, who: str, rejoin_s: float = REJOIN_S) -> None:
-        """Keep a place for a ticket the queue had before it restarted.
-
-        Args:
-            waiter: The request, with its original arrival number.
-            who: The driver, for status.
-            rejoin_s: How long its driver has to enqueue again.
-        """
+        """Hold, for ``rejoin_s``, the place of a ticket the queue had before it restarted."""
         if waiter.ticket in self._entries:
             return
         self._latest = max(self._latest, waiter.arrival)
@@ -146,23 +118,12 @@ class QueueBook:
         self._entries[waiter.ticket] = _Entry(waiter, who, seen, rejoining=True)
 
     def poll(self, ticket: str) -> Answer:
-        """Renew a ticket's lease and say where it stands as of the last decision.
-
-        Args:
-            ticket: The ticket.
-
-        Returns:
-            The answer.
-        """
+        """Renew a ticket's lease and say where it stands as of the last decision."""
         self.touch([ticket])
         return self.poll_quietly(ticket)
 
     def touch(self, tickets: Iterable[str]) -> None:
-        """Renew the leases of tickets whose drivers are waiting on an ask now.
-
-        Args:
-            tickets: The tickets.
-        """
+        """Renew the leases of tickets whose drivers are waiting on an ask now."""
         now = self.clock()
         for ticket in tickets:
             entry = self._entries.get(ticket)
@@ -170,14 +131,7 @@ class QueueBook:
                 entry.seen = now
 
     def poll_quietly(self, ticket: str) -> Answer:
-        """Where a ticket stands, without renewing its lease (for status).
-
-        Args:
-            ticket: The ticket.
-
-        Returns:
-            As :meth:`poll`; :class:`Unknown` for a placeholder.
-        """
+        """As :meth:`poll` without renewing the lease (for status); a placeholder's is Unknown."""
         entry = self._entries.get(ticket)
         if entry is None or entry.rejoining:
             return Unknown()
@@ -186,11 +140,7 @@ class QueueBook:
         return self._last.get(ticket, Waiting(0, (), "not decided yet"))
 
     def claimed(self, ticket: str) -> None:
-        """The driver holds its grant: the ticket leaves the book.
-
-        Args:
-            ticket: The ticket.
-        """
+        """The driver holds its grant: the ticket leaves the book, its slices settle."""
         entry = self._entries.get(ticket)
         self.leave(ticket)
         if entry is not None:
@@ -206,80 +156,40 @@ class QueueBook:
     ) -> set[str]:
         """Keep counting a claimed grant's slices as its request's while the cluster may
         show them idle or (for a reservation that records its holder) until its record is
-        read, so the queue never sees them as no one's; for at most ``settle_s``.
-
-        Args:
-            shown_idle: Slices the cluster shows idle.
-            recorded: Slices whose holder record was read; ``None``: records are not read.
-            quotas_set: Whether the cluster has quotas (every reservation records then).
-
-        Returns:
-            The slices still settling.
-        """
+        read, so the queue never sees them as no one's; for at most ``settle_s``. ``recorded``
+        is ``None`` when records are not read; with quotas every reservation records. Returns
+        the slices still settling."""
         now = self.clock()
-        self._settling = {
-            s: settling
-            for s, settling in self._settling.items()
-            if settling[0] > now
-            and (
-                s in shown_idle
-                or (
-                    recorded is not None
-                    and s not in recorded
-                    and (quotas_set or settling[1].preemptible)
-                )
+        for s, (until, w) in list(self._settling.items()):
+            unrecorded = (
+                recorded is not None and s not in recorded and (quotas_set or w.preemptible)
             )
-        }
+            if until <= now or not (s in shown_idle or unrecorded):
+                del self._settling[s]
         return set(self._settling)
 
     def settling(self) -> set[str]:
-        """The slices of claimed grants still counted here (:meth:`settle`).
-
-        Returns:
-            Their names.
-        """
+        """The slices of claimed grants still counted here (:meth:`settle`)."""
         return set(self._settling)
 
     def leave(self, ticket: str) -> None:
-        """The driver gave up (timeout, Ctrl-C): the ticket and any grant go.
-
-        Args:
-            ticket: The ticket.
-        """
+        """The driver gave up (timeout, Ctrl-C): the ticket and any grant go."""
         self._entries.pop(ticket, None)
         self._last.pop(ticket, None)
         self._ended[ticket] = self.clock()
 
     def entry(self, ticket: str) -> tuple[Waiter, str] | None:
-        """A ticket's request and who asked, if it is in the book.
-
-        Args:
-            ticket: The ticket.
-
-        Returns:
-            ``(request, who)``, or ``None``.
-        """
+        """A ticket's ``(request, who)``, or ``None`` if it is not in the book."""
         entry = self._entries.get(ticket)
         return None if entry is None else (entry.waiter, entry.who)
 
     def granted(self, ticket: str) -> tuple[str, ...]:
-        """The slices granted to a ticket and not yet claimed (empty if none).
-
-        Args:
-            ticket: The ticket.
-
-        Returns:
-            The slice names.
-        """
+        """The slices granted to a ticket and not yet claimed (empty if none)."""
         entry = self._entries.get(ticket)
         return () if entry is None else entry.granted
 
     def tickets(self) -> list[tuple[Waiter, str, float]]:
-        """What the queue holds, for status.
-
-        Returns:
-            ``(request, who, seconds since it last polled)`` in serving order.
-        """
+        """For status: ``(request, who, seconds since it last polled)``, in serving order."""
         now = self.clock()
         return [
             (w, self._entries[w.ticket].who, now - self._entries[w.ticket].seen)
@@ -307,29 +217,16 @@ class QueueBook:
         keep_settling: bool = False,
         unread: Collection[str] = (),
     ) -> dict[str, tuple[str, ...]]:
-        """Drop tickets whose lease ran out, then grant what the policy says (preemptions are
-        left in :attr:`preemptions`); granted or settling slices are kept out.
-
-        Args:
-            idle: Kind -> its idle trusted slices as the cluster shows them.
-            holding: The work holding the kinds' other slices.
-            suspects: Kind -> its idle slices with a suspect host.
-            trusted: Kind -> its trusted slices, idle or busy.
-            sharing: Quotas and usage, when tenants share the cluster.
-            recorded: Slices whose holder record was read (:meth:`settle`).
-            keep_settling: Leave claims settling as they are (``idle`` is older than some).
-            unread: Kinds the read did not cover: their waiters wait for the next pass.
-
-        Returns:
-            The new grants: ticket -> slices.
-        """
+        """Drop tickets whose lease ran out, then grant what the policy says (arguments as
+        :func:`~tpuslice._reserve.queue.schedule.decide`, ``recorded`` as :meth:`settle`) and
+        return the new grants; granted or settling slices are kept out, preemptions left in
+        :attr:`preemptions`. ``keep_settling`` leaves claims settling as they are (``idle`` is
+        older than some)."""
         now = self.clock()
         for ticket, entry in list(self._entries.items()):
             if now - entry.seen > self.lease_s:
                 self.leave(ticket)
-        for ticket, ended in list(self._ended.items()):
-            if now - ended > self.lease_s:
-                del self._ended[ticket]
+        self._ended = {t: ended for t, ended in self._ended.items() if now - ended <= self.lease_s}
         suspects = suspects or {}
         configured = sharing is not None and sharing.quotas.configured
         shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}

@@ -24,12 +24,8 @@ class HolderRecords(Pool):
 
 
 def record_held(holders: Iterable[Holder]) -> None:
-    """Record a reservation's slices as held by it (best effort: without them the queue sees
-    the slices busy, held by no one it can name).
-
-    Args:
-        holders: One per slice.
-    """
+    """Record a reservation's slices (one holder each) as held by it; best effort: without
+    them the queue sees the slices busy, held by no one it can name."""
     try:
         for holder in holders:
             _ray.kv_put(HOLDER_KEY_PREFIX + holder.slice_name, holder.to_json(), NAMESPACE)
@@ -38,14 +34,8 @@ def record_held(holders: Iterable[Holder]) -> None:
 
 
 def forget_held(slice_names: Sequence[str], node_ids: Sequence[str], holder: str) -> None:
-    """At a hand-back, delete this reservation's holder records and queue notices on these
-    slices (only its own: a preemption may have given them to another), best effort.
-
-    Args:
-        slice_names: The slices handed back.
-        node_ids: Their hosts.
-        holder: The reservation's holder id.
-    """
+    """At a hand-back, delete the holder's records and queue notices on these slices and
+    their hosts (only its own: a preemption may have given them to another), best effort."""
     try:
         forget_records(slice_names, holder)
         # One listing, then only the hosts warned (almost always none).
@@ -60,12 +50,7 @@ def forget_held(slice_names: Sequence[str], node_ids: Sequence[str], holder: str
 
 
 def forget_records(slice_names: Sequence[str], holder: str) -> None:
-    """Delete the holder records of these slices that are still ``holder``'s.
-
-    Args:
-        slice_names: The slices.
-        holder: The holder id whose records go.
-    """
+    """Delete the holder records of these slices that are still ``holder``'s."""
     keys = [HOLDER_KEY_PREFIX + name for name in slice_names]
     for key, raw in _ray.kv_get_many(keys, NAMESPACE).items():
         try:
@@ -77,20 +62,12 @@ def forget_records(slice_names: Sequence[str], holder: str) -> None:
 
 
 def give_notices(notices: Iterable[Notice]) -> None:
-    """Record the queue's notices on their hosts.
-
-    Args:
-        notices: One per host (their ``node_id`` names the host).
-    """
+    """Record the queue's notices, each on the host its ``node_id`` names."""
     for notice in notices:
         _ray.kv_put(PREEMPT_KEY_PREFIX + notice.node_id, notice.to_json(), NAMESPACE)
 
 
 def clear_notices(node_ids: Iterable[str]) -> None:
-    """Delete the queue's notices on these hosts.
-
-    Args:
-        node_ids: The hosts.
-    """
+    """Delete the queue's notices on these hosts."""
     for node_id in node_ids:
         _ray.kv_delete(PREEMPT_KEY_PREFIX + node_id, NAMESPACE)

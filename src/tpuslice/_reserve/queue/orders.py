@@ -1,5 +1,4 @@
-"""What the queue actor does to running work after a decision (the I/O of
-:class:`~tpuslice._reserve.queue.service.Orders`), and the tenants' use kept across restarts."""
+"""The I/O of the queue actor's :class:`Orders`, and of the tenants' use kept across restarts."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def carry_out(orders: Orders) -> None:
     except _ray.kv_errors() as exc:
         logger.warning("could not give the preemption notices: %s", exc)
     for preemption, records in orders.preempted:
-        tenant = records[0].tenant if records else ""
-        metrics.preempted(preemption.cause, tenant)
+        metrics.preempted(preemption.cause, records[0].tenant if records else "")
         events.record(
             "preempted",
             slices=tuple(r.slice_name for r in records),
@@ -43,19 +41,8 @@ def carry_out(orders: Orders) -> None:
             outcome=preemption.cause,
             detail=preemption.reason,
         )
-    taken = {h.holder: h for h in orders.take_back}
-    for holder_id, first in taken.items():
-        mine = [h for h in orders.take_back if h.holder == holder_id]
-        if not _take_back(mine):
-            continue
-        metrics.preempted("taken_back", first.tenant)
-        events.record(
-            "taken_back",
-            slices=tuple(h.slice_name for h in mine),
-            what=first.who,
-            outcome="taken_back",
-            detail=f"{first.who} of tenant {first.tenant} did not leave within its grace",
-        )
+    for holder_id in dict.fromkeys(h.holder for h in orders.take_back):
+        _take_back([h for h in orders.take_back if h.holder == holder_id])
     try:
         clear_notices(orders.clear)
         for stale in orders.stale:
@@ -64,10 +51,10 @@ def carry_out(orders: Orders) -> None:
         logger.debug("could not clear the queue's notices: %s", exc)
 
 
-def _take_back(records: list[Holder]) -> bool:
+def _take_back(records: list[Holder]) -> None:
     """Remove a holder's groups, have its hosts stop its job's TPU owners (an idle worker
-    keeps libtpu's lock after its group is gone), then forget its records. A failed removal
-    keeps the records, so the next decision tries again; returns whether it was taken back."""
+    keeps libtpu's lock after its group is gone), forget its records and record it. A failed
+    removal keeps the records, so the next decision tries again."""
     for group in dict.fromkeys(g for r in records for g in r.groups):
         try:
             remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group))))
@@ -75,36 +62,41 @@ def _take_back(records: list[Holder]) -> bool:
             logger.debug("placement group %s already removed: %s", group, exc)
         except (ray.exceptions.RayError, ConnectionError) as exc:
             logger.warning("could not take back placement group %s: %s", group, exc)
-            return False
+            return
+    first = records[0]
     nodes = sorted({n for r in records for n in r.nodes})
-    if records[0].job and nodes:
-        stop_job_tpus(nodes, records[0].job)
+    if first.job and nodes:
+        stop_job_tpus(nodes, first.job)
     try:
-        forget_records([r.slice_name for r in records], records[0].holder)
+        forget_records([r.slice_name for r in records], first.holder)
     except _ray.kv_errors() as exc:
-        logger.warning("could not forget the records of %s: %s", records[0].who, exc)
-    return True
+        logger.warning("could not forget the records of %s: %s", first.who, exc)
+    metrics.preempted("taken_back", first.tenant)
+    events.record(
+        "taken_back",
+        slices=tuple(r.slice_name for r in records),
+        what=first.who,
+        outcome="taken_back",
+        detail=f"{first.who} of tenant {first.tenant} did not leave within its grace",
+    )
 
 
 def read_usage() -> Usage:
     """The tenants' use as last stored (none if missing or unreadable)."""
     half_life = read_quotas().half_life_s or DEFAULT_HALF_LIFE_S
     raw = _ray.kv_get(USAGE_KEY, NAMESPACE)
-    if raw is None:
-        return Usage(half_life)
-    try:
-        data = json.loads(raw)
-        values = {str(t): float(v) for t, v in data["usage"].items()}
-        return Usage.from_dict(values, float(data["at"]), half_life)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        logger.warning("ignoring the unreadable record of the tenants' use: %s", exc)
-        return Usage(half_life)
+    if raw is not None:
+        try:
+            data = json.loads(raw)
+            return Usage.from_dict(data["usage"], float(data["at"]), half_life)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            logger.warning("ignoring the unreadable record of the tenants' use: %s", exc)
+    return Usage(half_life)
 
 
 def save_usage(usage: dict[str, float], at: float) -> None:
     """Store the tenants' use (tenant -> slice-seconds at ``at``), best effort."""
-    data = {"at": at, "usage": usage}
     try:
-        _ray.kv_put(USAGE_KEY, json.dumps(data).encode(), NAMESPACE)
+        _ray.kv_put(USAGE_KEY, json.dumps({"at": at, "usage": usage}).encode(), NAMESPACE)
     except _ray.kv_errors() as exc:
         logger.debug("could not store the tenants' use: %s", exc)

@@ -16,28 +16,14 @@ logger = logging.getLogger(__name__)
 
 
 def this_driver() -> str:
-    """``pid 123 on host-a``: who is waiting, for status.
-
-    Returns:
-        The description.
-    """
+    """``pid 123 on host-a``: who is waiting, for status."""
     return f"pid {os.getpid()} on {socket.gethostname()}"
 
 
 class QueuePlace:
     """One reservation's ticket, and the queue's last answer (for progress and timeouts).
-
-    Args:
-        queue: The queue.
-        kind: The slices it waits for.
-        count: ``(min, max)`` slices.
-        priority: Higher first.
-        time_left: Seconds to the deadline, now (``None``: none); sent with each enqueue.
-        tenant: Whom it is charged to.
-        preemptible: Whether its work may be preempted once it runs.
-        arrival: Its arrival number, if it has one already.
-        only: The slices its label selectors accept (``None``: any of its kind).
-    """
+    ``time_left`` gives the seconds to the deadline (``None``: none), sent with each enqueue;
+    ``only`` names the slices its label selectors accept (``None``: any of its kind)."""
 
     def __init__(
         self,
@@ -71,16 +57,7 @@ class QueuePlace:
 
     def join(self, timeout_s: float) -> Answer:
         """Enqueue (again, keeping the arrival number), held until granted or ``timeout_s``.
-
-        Args:
-            timeout_s: How long the queue may hold the call.
-
-        Returns:
-            Where the ticket stands.
-
-        Raises:
-            QueueUnreachableError: the queue did not answer (a call still pending is not lost).
-        """
+        Raises QueueUnreachableError if the queue did not answer (a pending call is not lost)."""
         self.ticket = replace(self.ticket, time_left_s=self.time_left())
         joined = self.queue.join(self.ticket, self.arrival, timeout_s)
         self.joined = True
@@ -89,17 +66,7 @@ class QueuePlace:
         return joined.answer
 
     def wait(self, timeout_s: float) -> Answer:
-        """Where the ticket stands (enqueued again, same place, if the queue forgot it).
-
-        Args:
-            timeout_s: How long the queue may hold the call.
-
-        Returns:
-            The answer (never :class:`~tpuslice._reserve.queue.book.Unknown`).
-
-        Raises:
-            QueueUnreachableError: the queue did not answer.
-        """
+        """Where the ticket stands; one the queue forgot is enqueued again in the same place."""
         answer = self.queue.wait(self.ticket.ticket, timeout_s)
         if isinstance(answer, Unknown):
             logger.info("the slice queue lost ticket %s; queueing again", self.ticket.ticket)
@@ -112,11 +79,7 @@ class QueuePlace:
     def requeue(self) -> None:
         """Give a grant back and wait again in the same place (a granted slice was taken, or
         its group did not place). The new ticket is enqueued before the old one leaves, or a
-        decision between the two could grant the slices to a later waiter.
-
-        Raises:
-            QueueUnreachableError: the queue did not answer.
-        """
+        decision between the two could grant the slices to a later waiter."""
         old = self.ticket.ticket
         self.ticket = replace(self.ticket, ticket=uuid.uuid4().hex[:12])
         try:
@@ -133,11 +96,7 @@ class QueuePlace:
         self.queue.leave(self.ticket.ticket)
 
     def describe(self) -> str:
-        """Where the reservation stood, for a timeout's message.
-
-        Returns:
-            E.g. ``position 3 in the cluster's queue, behind: ...; <why>``.
-        """
+        """Where the reservation stood, for a timeout's message (``position 3 ..., behind ...``)."""
         answer = self.last
         if isinstance(answer, Waiting) and answer.position:
             why = f"; {answer.reason}" if answer.reason else ""

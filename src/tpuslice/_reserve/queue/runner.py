@@ -1,10 +1,8 @@
-"""The queue's event loop: decisions when something changes, and long asks. No Ray.
-
-A driver's :meth:`QueueRunner.wait` is held until its ticket is granted, can never be, or its
-time is up, so a waiter costs one call per grant, not a poll. One task decides: it reads the
-cluster in a thread (the loop keeps answering), applies the policy on the loop, and wakes the
-waiters whose answers changed. Slices a hand-back saw free are granted as its report arrives.
-"""
+"""The queue's event loop, without Ray: a driver's :meth:`QueueRunner.wait` is held until its
+ticket is granted, can never be, or its time is up, so a waiter costs one call per grant, not a
+poll. One task decides: it reads the cluster in a thread (the loop keeps answering), applies the
+policy on the loop and wakes the waiters whose answers changed. Slices a hand-back saw free are
+granted as its report arrives."""
 
 from __future__ import annotations
 
@@ -24,8 +22,8 @@ RETRY_S = 1.0
 
 
 class QueueRunner:
-    """A queue service, its held asks and its decisions, on the running asyncio loop
-    (``publish`` and ``act`` run in a thread)."""
+    """A queue service, its held asks and its decisions, on the running asyncio loop; its
+    public coroutines are what drivers call (``publish`` and ``act`` run in a thread)."""
 
     def __init__(
         self,
@@ -37,15 +35,12 @@ class QueueRunner:
         self.service = service
         self._publish = publish
         self._act = act
-        self._wake: asyncio.Event | None = None
-        self._answered: dict[str, asyncio.Event] = {}
-        self._asking: dict[str, int] = {}
+        self._wake = asyncio.Event()
+        self._asks: dict[str, list[asyncio.Event]] = {}  # ticket -> its held asks
         self._decider: asyncio.Task[None] | None = None
         self.calls = 0  # from drivers
         self.decisions = 0
         self.quick_grants = 0  # decisions that granted freed slices before a read
-
-    # --- what drivers call ----------------------------------------------------------------
 
     async def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
         """:meth:`QueueService.enqueue`: add a waiter; its arrival number."""
@@ -64,16 +59,15 @@ class QueueRunner:
         answer = self.service.answer(ticket)
         if not isinstance(answer, Waiting) or timeout_s <= 0:
             return answer
-        event = self._answered.setdefault(ticket, asyncio.Event())
-        self._asking[ticket] = self._asking.get(ticket, 0) + 1
+        event = asyncio.Event()
+        self._asks.setdefault(ticket, []).append(event)
         try:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout_s)
         finally:
-            self._asking[ticket] -= 1
-            if not self._asking[ticket]:
-                del self._asking[ticket]
-                self._answered.pop(ticket, None)
+            self._asks[ticket].remove(event)
+            if not self._asks[ticket]:
+                del self._asks[ticket]
         return self.service.answer(ticket)
 
     async def claimed(self, ticket: str) -> None:
@@ -99,20 +93,15 @@ class QueueRunner:
             self._decider.cancel()
             self._decider = None
 
-    # --- deciding -------------------------------------------------------------------------
-
     def _changed(self, *, decide: bool = True) -> None:
         """Count the call, start the decider if needed, and (``decide``) wake it."""
         self.calls += 1
-        if self._wake is None:
-            self._wake = asyncio.Event()
         if self._decider is None or self._decider.done():
             self._decider = asyncio.get_running_loop().create_task(self._decide_forever())
         if decide:
             self._wake.set()
 
     async def _decide_forever(self) -> None:
-        assert self._wake is not None
         while True:
             delay = self.service.next_due()
             if delay is None or delay > 0:
@@ -128,7 +117,7 @@ class QueueRunner:
                 await asyncio.sleep(RETRY_S)
 
     async def _decide(self) -> None:
-        self.service.book.touch(list(self._asking))
+        self.service.book.touch(list(self._asks))
         reading = await asyncio.to_thread(self.service.reader())
         self.service.apply(reading)
         self.decisions += 1
@@ -140,7 +129,7 @@ class QueueRunner:
 
     def _grant_freed(self) -> None:
         """Grant freed slices from the last read now, even during a read."""
-        self.service.book.touch(list(self._asking))  # a read under way may be long
+        self.service.book.touch(list(self._asks))  # a read under way may be long
         quick = self.service.quick_reading()
         if quick is not None and self.service.apply(quick):
             self.quick_grants += 1
@@ -148,6 +137,7 @@ class QueueRunner:
 
     def _answer_granted(self) -> None:
         """Wake the held asks whose tickets are no longer waiting."""
-        for ticket, event in list(self._answered.items()):
+        for ticket, events in list(self._asks.items()):
             if not isinstance(self.service.book.poll_quietly(ticket), Waiting):
-                event.set()
+                for event in events:
+                    event.set()

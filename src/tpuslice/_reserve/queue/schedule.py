@@ -1,7 +1,5 @@
-"""Who gets idle slices next: the policy of the cluster-wide queue. Pure.
-
-Requests wait for slices of one *kind* (e.g. every ``v6e-16``). The rules (docs/concepts.md
-and docs/teams.md tell them to users):
+"""Who gets idle slices of a *kind* (e.g. every ``v6e-16``) next: the queue's policy. Pure.
+The rules, told to users in docs/concepts.md and docs/teams.md:
 
 1. Higher ``priority`` first; within a priority, arrival order.
 2. All or nothing: at least the minimum count at once, or nothing; up to the maximum.
@@ -9,8 +7,7 @@ and docs/teams.md tell them to users):
 4. A later waiter may start out of order on another kind's slices, never on earmarked ones; one
    restricted by label selectors holds back only the slices it could take, and preempts nothing.
 5. Slices with a suspect host only as a last resort (:func:`last_resort`), after trusted ones.
-6. With quotas, tenants go by standing and fair share, within borrow limits
-   (:mod:`tpuslice._reserve.queue.share`).
+6. With quotas, tenants go by standing and fair share, within borrow limits (:mod:`.share`).
 7. Preemption only when needed, of preemptible work: of lower priority (same tenant, or
    borrowing), or borrowing when the request is within its quota. Lowest priority and latest
    started first, only if enough can be freed; never while slices ending within the grace
@@ -32,30 +29,17 @@ LAST_RESORT_S = 30.0
 
 
 def last_resort(trusted: int, least: int, time_left_s: float | None) -> bool:
-    """Whether a request may be granted slices with a suspect host: when trusted ones could
-    never serve it, or its deadline is within :data:`LAST_RESORT_S`.
-
-    Args:
-        trusted: The kind's trusted slices, idle or busy.
-        least: The least count the request can start with.
-        time_left_s: Seconds to its deadline; ``None``: it has none.
-
-    Returns:
-        True if suspect slices may be granted to it.
-    """
+    """Whether a request may be granted slices with a suspect host: when the kind's trusted
+    slices (idle or busy) could never serve its ``least`` count, or its deadline (``None``:
+    none) is within :data:`LAST_RESORT_S`."""
     return trusted < least or (time_left_s is not None and time_left_s <= LAST_RESORT_S)
 
 
 @dataclass(frozen=True)
 class Waiter:
-    """A waiting request.
-
-    Attributes:
-        count: ``(min, max)`` slices.
-        deadline: When it gives up, on the queue's clock; ``None``: never.
-        tenant: Whom it is charged to (``""``: none named).
-        only: The slices its label selectors accept; ``None``: any of its kind.
-    """
+    """A waiting request for ``count`` = ``(min, max)`` slices; ``deadline`` is when it gives
+    up, on the queue's clock (``None``: never), and ``only`` the slices its label selectors
+    accept (``None``: any of its kind)."""
 
     ticket: str
     kind: str
@@ -77,14 +61,7 @@ class Waiter:
 
 @dataclass(frozen=True)
 class Holding:
-    """Running work holding ``slices`` slices of a kind.
-
-    Attributes:
-        started: When it started, on the clock of ``now``.
-        holder: Its id, to preempt it by (``""``: it cannot be preempted from here).
-        ends_at: When it is known to end (preempted, or under a notice); ``None``: not known.
-        who: Who runs it, for messages.
-    """
+    """Running work holding ``slices`` slices of a kind; times are on the clock of ``now``."""
 
     kind: str
     slices: int
@@ -93,18 +70,16 @@ class Holding:
     preemptible: bool = False
     started: float = 0.0
     holder: str = ""
+    """Its id, to preempt it by (``""``: it cannot be preempted from here)."""
     ends_at: float | None = None
+    """When it is known to end (preempted, or under a notice); ``None``: not known."""
     who: str = ""
 
 
 @dataclass(frozen=True)
 class Preemption:
-    """Running work (``holder``) told to leave, within ``grace_s``, for request ``ticket``.
-
-    Attributes:
-        reason: Why, for the work's notice and the timeline.
-        cause: ``quota`` (a tenant takes back its quota) or ``priority``.
-    """
+    """Running work (``holder``) told to leave, within ``grace_s``, for request ``ticket``;
+    ``reason`` is for its notice and the timeline, ``cause`` ``quota`` or ``priority``."""
 
     holder: str
     ticket: str
@@ -127,14 +102,7 @@ class Decision:
 
 
 def queue_order(waiters: Sequence[Waiter]) -> list[Waiter]:
-    """The order waiters are served in without quotas: priority (higher first), then arrival.
-
-    Args:
-        waiters: The queue, in any order.
-
-    Returns:
-        Them in serving order.
-    """
+    """The order waiters are served in without quotas: priority (higher first), then arrival."""
     return sorted(waiters, key=lambda w: (-w.priority, w.arrival, w.ticket))
 
 
@@ -149,24 +117,10 @@ def decide(
     sharing: Sharing | None = None,
     unread: Collection[str] = (),
 ) -> Decision:
-    """Apply the rules (module docstring) to the queue once.
-
-    Args:
-        waiters: Every waiting request.
-        idle: Kind -> its idle trusted slices (granted lowest name first).
-        holding: The work holding the kinds' other slices.
-        suspects: Kind -> its idle slices with a suspect host.
-        trusted: Kind -> its trusted slices, idle or busy (default: idle and held).
-        now: The time on the clock of the deadlines and the holdings.
-        sharing: The cluster's quotas and its tenants' past use.
-        unread: Kinds whose slices this pass did not read: their waiters wait for the next.
-
-    Returns:
-        The grants, earmarks, preemptions and reasons of this pass.
-
-    Raises:
-        InvalidArgumentError: a slice is offered under two kinds.
-    """
+    """Apply the rules to the queue once. ``idle`` maps a kind to its idle trusted slices
+    (granted lowest name first), ``suspects`` to those with a suspect host, ``trusted`` to the
+    count of its trusted slices, idle or busy (default: idle and held). Waiters of ``unread``
+    kinds wait for a pass that read their slices. A slice offered under two kinds is an error."""
     decision = Decision()
     sharing = sharing or Sharing()
     seen: dict[str, str] = {}
@@ -270,30 +224,23 @@ class _Ledger:
         return ledger
 
 
+@dataclass
 class _KindPass:
     """One kind's part of a pass: grants, then earmarks, reasons and any preemption."""
 
-    def __init__(
-        self,
-        kind: str,
-        offer: _Offer,
-        holding: list[Holding],
-        decision: Decision,
-        now: float,
-        sharing: Sharing,
-        ledger: _Ledger,
-    ) -> None:
-        self.kind = kind
-        self.offer = offer
-        self.holding = holding
-        self.decision = decision
-        self.now = now
-        self.sharing = sharing
-        self.quotas: Quotas = sharing.quotas
-        self.capacity = len(offer.free) + len(offer.suspects) + _held(holding)
-        self.ledger = ledger
+    kind: str
+    offer: _Offer
+    holding: list[Holding]
+    decision: Decision
+    now: float
+    sharing: Sharing
+    ledger: _Ledger
+
+    def __post_init__(self) -> None:
+        self.quotas: Quotas = self.sharing.quotas
+        self.capacity = len(self.offer.free) + len(self.offer.suspects) + _held(self.holding)
         # Unquoted slices: all that work that cannot be preempted may hold beyond its quota.
-        self.pool = max(0, self.capacity - self.quotas.covered(kind))
+        self.pool = max(0, self.capacity - self.quotas.covered(self.kind))
 
     def run(self, waiters: list[Waiter]) -> None:
         earmarked: dict[str, list[str]] = {}
@@ -322,7 +269,9 @@ class _KindPass:
                 taken = usable[: min(high, len(usable))]
                 self.offer.take(taken)
                 self.decision.grants[waiter.ticket] = tuple(sorted(taken))
-                self._count(waiter, len(taken))
+                self.ledger.add(
+                    waiter.tenant, self.kind, len(taken), preemptible=waiter.preemptible
+                )
                 continue
             # Blocked: keep what is idle for it.
             earmarked[waiter.ticket] = usable
@@ -400,9 +349,6 @@ class _KindPass:
                 )
         return room, why
 
-    def _count(self, waiter: Waiter, slices: int) -> None:
-        self.ledger.add(waiter.tenant, self.kind, slices, preemptible=waiter.preemptible)
-
     def _blocked_reason(
         self,
         waiter: Waiter,
@@ -429,19 +375,16 @@ class _KindPass:
             held = self.ledger.held_of(waiter.tenant, kind)
             standing = self.quotas.standing(waiter.tenant, kind, held, low)
             nominal = self.quotas.nominal(waiter.tenant, kind)
+            who, use = describe_tenant(waiter.tenant), f"({held} of {nominal} in use)"
             reason += {
-                Standing.WITHIN: f"; within {describe_tenant(waiter.tenant)}'s quota "
-                f"({held} of {nominal} in use)",
-                Standing.BORROWING: f"; {describe_tenant(waiter.tenant)} would borrow "
-                f"beyond its quota ({held} of {nominal} in use)",
-                Standing.NO_QUOTA: f"; {describe_tenant(waiter.tenant)} has no quota and "
-                "shares what is left over",
+                Standing.WITHIN: f"; within {who}'s quota {use}",
+                Standing.BORROWING: f"; {who} would borrow beyond its quota {use}",
+                Standing.NO_QUOTA: f"; {who} has no quota and shares what is left over",
             }[standing]
         return reason
 
     def _may_preempt(self, waiter: Waiter, victim: Holding, ledger: _Ledger) -> tuple[str, str]:
-        """Why the victim may leave for the waiter: ``(cause, reason)``; ``("", "")``
-        if it may not."""
+        """``(cause, reason)`` the victim may leave for the waiter; ``("", "")`` if it may not."""
         if not (victim.preemptible and victim.holder and victim.ends_at is None):
             return "", ""
         configured = self.quotas.configured

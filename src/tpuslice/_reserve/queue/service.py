@@ -1,14 +1,13 @@
-"""The cluster-wide queue as a service, without Ray: what the queue actor runs.
-
-A decision reads the cluster once (:meth:`QueueService.read`, the only I/O) and applies the
-policy (:meth:`QueueService.apply`, pure), when something changed or, while anyone waits, every
-``decide_every_s`` (to see what no one reports). The cluster is the truth about what is held, so
-after a restart only the waiters need rebuilding: they enqueue again with their arrival numbers.
-"""
+"""The cluster-wide queue as a service, without Ray: what the queue actor runs. A decision
+reads the cluster once (:meth:`QueueService.read`, the only I/O) and applies the policy
+(:meth:`QueueService.apply`, pure), when something changed or, while anyone waits, every
+``decide_every_s``. The cluster is the truth about what is held, so after a restart only the
+waiters need rebuilding: they enqueue again with their arrival numbers."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -16,7 +15,7 @@ from typing import Protocol
 from tpuslice._host.notices import Notice
 from tpuslice._reserve.queue.book import Answer, Granted, QueueBook, Waiting
 from tpuslice._reserve.queue.schedule import Holding, Preemption, Waiter
-from tpuslice._reserve.queue.share import Sharing, UsageMeter, held_by
+from tpuslice._reserve.queue.share import Sharing, UsageMeter
 from tpuslice._tpu.topology import SliceShape
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState, as_freed
 from tpuslice._view.holders import QUEUE_SOURCE, Holder, given_by_queue, holders_by_id
@@ -31,8 +30,7 @@ DEAD_CHECK_S = 1.0
 REPROBE_S = 2.0
 """How often hosts busy only by a TPU-owner record are asked again (the owner may be gone)."""
 QUICK_WITHIN_S = 2.0
-"""How old the last read may be to grant freed slices from it (rules out a read from before
-a quiet spell)."""
+"""How old the last read may be to grant freed slices from it (not one from before a lull)."""
 
 
 @dataclass(frozen=True)
@@ -55,76 +53,44 @@ class SliceKind:
 
 @dataclass(frozen=True)
 class Ticket:
-    """What a driver sends to enqueue.
-
-    Attributes:
-        who: The driver, for status (``pid 12 on host-a``).
-        job: The driver's Ray job id (hex), so the queue learns if it dies.
-        time_left_s: Seconds to the deadline as sent (``None``: none); the queue turns it
-            into a deadline on its own clock, so the two clocks need not agree.
-        only: The slices its label selectors accept, lowest first; ``None``: any of its kind.
-    """
+    """What a driver sends to enqueue."""
 
     ticket: str
     kind: SliceKind
     count: tuple[int, int]
     priority: int
     who: str
+    """The driver, for status (``pid 12 on host-a``)."""
     job: str
+    """The driver's Ray job id (hex), so the queue learns if it dies."""
     time_left_s: float | None = None
+    """Seconds to the deadline (``None``: none), made a deadline on the queue's own clock."""
     tenant: str = ""
     preemptible: bool = False
     only: tuple[str, ...] | None = None
+    """The slices its label selectors accept, lowest first; ``None``: any of its kind."""
 
 
 class SliceQueue(Protocol):
     """What a reserving driver asks of the queue (the actor's handle, or a service in memory).
-    Calls raise :class:`~tpuslice.errors.QueueUnreachableError` when it is out of reach."""
+    Calls raise :class:`~tpuslice.errors.QueueUnreachableError` when it is out of reach;
+    ``timeout_s`` is how long the queue may hold a call."""
 
     def join(self, ticket: Ticket, arrival: int | None, timeout_s: float) -> Joined:
-        """Enqueue and wait, in one call (an uncontended request is granted in it).
-
-        Args:
-            ticket: The request.
-            arrival: Its original arrival number, to keep its place after a restart.
-            timeout_s: How long the queue may hold the call.
-
-        Returns:
-            Its arrival number and the answer.
-        """
+        """Enqueue (with the original ``arrival``, to keep the place after a restart) and wait,
+        in one call (an uncontended request is granted in it)."""
 
     def wait(self, ticket: str, timeout_s: float) -> Answer:
-        """Where a ticket stands, once granted or never grantable, or after ``timeout_s``.
-
-        Args:
-            ticket: The ticket.
-            timeout_s: How long the queue may hold the call.
-
-        Returns:
-            The answer.
-        """
+        """Where a ticket stands, once granted or never grantable, or after ``timeout_s``."""
 
     def claimed(self, ticket: str) -> None:
-        """The grant is held.
-
-        Args:
-            ticket: The ticket.
-        """
+        """The grant is held."""
 
     def leave(self, ticket: str) -> None:
-        """Give up waiting.
-
-        Args:
-            ticket: The ticket.
-        """
+        """Give up waiting."""
 
     def released(self, slices: Sequence[str], *, freed: bool = False) -> None:
-        """A hand-back of these slices ended: decide again now.
-
-        Args:
-            slices: Their names.
-            freed: The hand-back saw Ray's view show them free.
-        """
+        """A hand-back of these slices ended (``freed``: Ray showed them free): decide again now."""
 
 
 @dataclass(frozen=True)
@@ -142,33 +108,24 @@ meet a view that does not show its slice busy yet)."""
 
 @dataclass(frozen=True)
 class Reading:
-    """What one decision read of the cluster.
-
-    Attributes:
-        snapshots: A snapshot per ``TPU`` units per chip of the kinds waited for.
-        dead: The waiters' Ray jobs that are dead (looked up now and then).
-        holders: Slice name -> who holds it.
-        quick: In a :meth:`QueueService.quick_reading`, the slices just handed back.
-    """
+    """What one decision read of the cluster."""
 
     snapshots: Mapping[int, ClusterSnapshot]
+    """A snapshot per ``TPU`` units per chip of the kinds waited for."""
     dead: frozenset[str] = frozenset()
+    """The waiters' Ray jobs that are dead (looked up now and then)."""
     holders: Mapping[str, Holder] = field(default_factory=dict)
     quotas: Quotas = field(default_factory=Quotas)
     quick: frozenset[str] = frozenset()
+    """In a :meth:`QueueService.quick_reading`, the slices just handed back."""
 
 
 @dataclass(frozen=True)
 class Orders:
-    """What a decision asks done to running work (I/O its owner carries out after it).
-
-    Attributes:
-        notices: One per host of each newly preempted holder's slices.
-        preempted: Each new preemption with the holder's records (for the timeline).
-        take_back: Holders whose grace ran out.
-        clear: Hosts whose queue notice warns of work that has left.
-        stale: Holder records left by drivers that died.
-    """
+    """What a decision asks done to running work (I/O its owner carries out after it): notices
+    on the hosts of newly preempted holders, each preemption with the holder's records (for
+    the timeline), holders whose grace ran out to take back, hosts whose queue notice warns of
+    work that has left, and holder records left by drivers that died."""
 
     notices: tuple[Notice, ...] = ()
     preempted: tuple[tuple[Preemption, tuple[Holder, ...]], ...] = ()
@@ -181,22 +138,9 @@ class Orders:
 
 
 class QueueService:
-    """One queue for every kind of slice.
-
-    Args:
-        snapshot: Reads the cluster, given the ``TPU`` units per chip.
-        publish: Receives the record after each decision.
-        dead_jobs: Of the job ids given, those that are dead.
-        reprobe: Asks these hosts' agents who owns their TPUs; ``None`` to never ask.
-        holders: Reads who holds each slice.
-        quotas: Reads the cluster's quotas.
-        meter: Counts the tenants' use.
-        act: Carries out a decision's orders (:meth:`decide` only; the runner does its own).
-        clock: Monotonic seconds.
-        stamp: Wall-clock nanoseconds (arrival numbers).
-        wall: Wall-clock seconds (for records).
-        decide_every_s: See :data:`DECIDE_EVERY_S`.
-    """
+    """One queue for every kind of slice, its I/O given as functions (``reprobe`` asks hosts'
+    agents who owns their TPUs; ``None``: never). ``act`` serves :meth:`decide` only (the runner
+    acts itself); ``clock`` is monotonic seconds, ``stamp`` wall-clock nanoseconds (arrivals)."""
 
     def __init__(
         self,
@@ -241,29 +185,16 @@ class QueueService:
         self.reads = 0
         self._quotas_set = False  # whether the last decision's read found quotas
 
-    # --- what drivers tell it -------------------------------------------------------
-
     def enqueue(self, ticket: Ticket, arrival: int | None = None) -> int:
-        """Add a waiter (again, after a restart, with its arrival number).
-
-        Args:
-            ticket: The request.
-            arrival: Its original arrival number, to keep its place.
-
-        Returns:
-            Its arrival number.
-
-        Raises:
-            InvalidArgumentError: the ticket has left the queue, or its count is invalid.
-        """
+        """Add a waiter (again, after a restart, with its original arrival number) and return
+        its arrival number; InvalidArgumentError if it has left the queue or its count is bad."""
         left = ticket.time_left_s
-        deadline = None if left is None else self._clock() + left
         waiter = Waiter(
             ticket.ticket,
             ticket.kind.key,
             ticket.count,
             ticket.priority,
-            deadline=deadline,
+            deadline=None if left is None else self._clock() + left,
             tenant=ticket.tenant,
             preemptible=ticket.preemptible,
             only=None if ticket.only is None else frozenset(ticket.only),
@@ -275,19 +206,14 @@ class QueueService:
         return number
 
     def expect(self, requests: Iterable[QueuedRequest]) -> None:
-        """Keep the places a previous life of the queue held until their drivers enqueue again.
-
-        Args:
-            requests: The previous queue's last record's requests.
-        """
+        """Keep the places in a previous life's last record until their drivers enqueue again."""
         for request in requests:
-            arrival = request.arrival or round(request.since * 1e9)
             waiter = Waiter(
                 request.ticket,
                 request.kind,
                 request.count,
                 request.priority,
-                arrival=arrival,
+                arrival=request.arrival or round(request.since * 1e9),
                 tenant=request.tenant,
                 preemptible=request.preemptible,
             )
@@ -295,14 +221,8 @@ class QueueService:
         self._changed = True
 
     def answer(self, ticket: str) -> Answer:
-        """Where a ticket stands as of the last decision; asking renews its lease.
-
-        Args:
-            ticket: The ticket.
-
-        Returns:
-            The book's answer, with the requests ahead described and a grant's slices' view.
-        """
+        """Where a ticket stands as of the last decision (the requests ahead described, a
+        grant with its slices' view); asking renews its lease."""
         answer = self.book.poll(ticket)
         if isinstance(answer, Waiting):
             return replace(answer, ahead=tuple(self._describe(t) for t in answer.ahead))
@@ -311,81 +231,42 @@ class QueueService:
         return answer
 
     def wait(self, ticket: str, timeout_s: float = 0.0) -> Answer:
-        """Decide if due, then answer at once (the actor holds the call instead).
-
-        Args:
-            ticket: The ticket.
-            timeout_s: Ignored here.
-
-        Returns:
-            As :meth:`answer`.
-        """
+        """Decide if due, then answer at once (the actor holds the call for ``timeout_s``)."""
         self.book.touch([ticket])
         if self.due():
             self.decide()
         return self.answer(ticket)
 
     def join(self, ticket: Ticket, arrival: int | None = None, timeout_s: float = 0.0) -> Joined:
-        """:meth:`enqueue`, then :meth:`wait`.
-
-        Args:
-            ticket: The request.
-            arrival: Its original arrival number, to keep its place.
-            timeout_s: Ignored here.
-
-        Returns:
-            Its arrival number and the answer.
-        """
+        """:meth:`enqueue`, then :meth:`wait`."""
         number = self.enqueue(ticket, arrival)
         return Joined(number, self.wait(ticket.ticket, timeout_s))
 
     def claimed(self, ticket: str) -> None:
-        """The driver holds its grant.
-
-        Args:
-            ticket: The ticket.
-        """
+        """The driver holds its grant."""
         self.book.claimed(ticket)
         self._forget(ticket)
 
     def leave(self, ticket: str) -> None:
-        """The driver gave up; any grant goes to the next.
-
-        Args:
-            ticket: The ticket.
-        """
+        """The driver gave up; any grant goes to the next."""
         self.book.leave(ticket)
         self._forget(ticket)
 
     def released(self, slices: Sequence[str], *, freed: bool = False) -> None:
-        """A hand-back of these slices ended: decide again.
-
-        Args:
-            slices: Their names.
-            freed: Ray's view showed them free: grant them before a read (:meth:`quick_reading`).
-        """
+        """A hand-back of these slices ended: decide again; if Ray's view showed them
+        ``freed``, grant them before a read (:meth:`quick_reading`)."""
         self._changed = True
         if freed:
             self._freed.update(slices)
             self._freed_in_read.update(slices)
 
-    # --- deciding -------------------------------------------------------------------
-
     def due(self) -> bool:
-        """Whether a decision is due: something changed, or someone waits and it is time.
-
-        Returns:
-            True if :meth:`decide` should run now.
-        """
+        """Whether a decision is due: something changed, or someone waits and it is time."""
         wait = self.next_due()
         return wait is not None and wait <= 0.0
 
     def next_due(self) -> float | None:
-        """Seconds until a decision is due (0 or less: now).
-
-        Returns:
-            The seconds; ``None`` when nothing changed and no one waits.
-        """
+        """Seconds until a decision is due (0 or less: now; ``None``: nothing to decide)."""
         if self._changed:
             return 0.0
         if not self.book.tickets():
@@ -393,11 +274,7 @@ class QueueService:
         return self._decided + self._every - self._clock()
 
     def decide(self) -> dict[str, tuple[str, ...]]:
-        """Read the cluster once, apply the policy, carry out the orders, publish.
-
-        Returns:
-            The new grants (ticket -> slices).
-        """
+        """Read the cluster once, apply the policy, carry out the orders, publish; new grants."""
         grants = self.apply(self.read())
         orders = self.take_orders()
         if orders:
@@ -406,20 +283,12 @@ class QueueService:
         return grants
 
     def read(self) -> Reading:
-        """The I/O of one decision (:meth:`reader`), done now.
-
-        Returns:
-            What was read.
-        """
+        """The I/O of one decision (:meth:`reader`), done now."""
         return self.reader()()
 
     def reader(self) -> Callable[[], Reading]:
-        """What the next decision must read, fixed now; the function returned does the I/O,
-        on any thread (snapshots, and now and then dead jobs and re-probes).
-
-        Returns:
-            The read, to call once.
-        """
+        """What the next decision must read, fixed now; the function returned (called once)
+        does the I/O, on any thread: snapshots, and now and then dead jobs and re-probes."""
         now = self._clock()
         kinds = list({self._kinds[t.kind.key] for t in self._tickets.values()})
         jobs = {t.job for t in self._tickets.values() if t.job}
@@ -450,11 +319,7 @@ class QueueService:
         """The last read with the slices handed back free since then made ready, to grant
         them with no I/O, even during a read. They only go from held to ready, so this grants
         nothing the next read would not (news missed costs a failed claim and a requeue).
-
-        Returns:
-            The reading; ``None`` if nothing was freed, the last read is too old, or no
-            freed slice could be granted.
-        """
+        ``None`` if nothing was freed, the last read is too old, or no freed slice is ready."""
         freed, self._freed = self._freed, set()
         if not freed or self._last is None or self._clock() - self._last[0] > QUICK_WITHIN_S:
             return None
@@ -486,15 +351,8 @@ class QueueService:
 
     def apply(self, reading: Reading) -> dict[str, tuple[str, ...]]:
         """Drop waiters of dead drivers, count the tenants' use, and grant what the policy
-        says; orders to running work are left in :attr:`orders`. Pure.
-
-        Args:
-            reading: From :meth:`read`, or a :meth:`quick_reading` (then only its freed slices
-                are granted; the rest waits for the full decision, still due).
-
-        Returns:
-            The new grants (ticket -> slices).
-        """
+        says; orders to running work are left in :attr:`orders`. Pure. From a
+        :meth:`quick_reading` only its freed slices are granted (the full decision is still due)."""
         changed_during_read = self._changed
         quick = bool(reading.quick)
         if not quick and self._freed_in_read:
@@ -527,12 +385,10 @@ class QueueService:
         # Not covered: a first waiter came during the read, or only a restart's placeholders wait.
         unread = {w.kind for w, _, _ in self.book.tickets()} - idle.keys()
         shown_idle = {s for names in [*idle.values(), *suspects.values()] for s in names}
-        # The book counts claims not yet recorded; a quick read is older than some: keep them.
-        settling = (
-            self.book.settling()
-            if quick
-            else self.book.settle(shown_idle, reading.holders, quotas_set=reading.quotas.configured)
-        )
+        if quick:  # the book counts claims not yet recorded; a quick read is older than some
+            settling = self.book.settling()
+        else:
+            settling = self.book.settle(shown_idle, reading.holders, quotas_set=quotas.configured)
         for key, slices in by_kind.items():
             unsettled = [s for s in slices if s.name not in settling]
             holding += _holdings(key, unsettled, reading.holders, wall, now)
@@ -540,7 +396,7 @@ class QueueService:
         if quotas.configured:
             self.meter.with_half_life(quotas.half_life_s, wall)
             if not quick:
-                self.meter.tick(held_by((h.tenant, 1) for h in reading.holders.values()), wall)
+                self.meter.tick(Counter(h.tenant for h in reading.holders.values()), wall)
             usage = self.meter.of_all(wall)
         grants = self.book.decide(
             idle,
@@ -570,20 +426,12 @@ class QueueService:
         return grants
 
     def take_orders(self) -> Orders:
-        """What the last decision asks done to running work, once.
-
-        Returns:
-            The orders (empty if none or already taken).
-        """
+        """What the last decision asks done to running work, once (empty if already taken)."""
         orders, self.orders = self.orders, Orders()
         return orders
 
     def record(self) -> QueueRecord:
-        """What the queue holds now, for status and for drivers about to reserve.
-
-        Returns:
-            The record.
-        """
+        """What the queue holds now, for status and for drivers about to reserve."""
         entries = []
         for place, (waiter, who, _) in enumerate(self.book.tickets(), start=1):
             granted = self.book.granted(waiter.ticket)

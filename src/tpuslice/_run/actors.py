@@ -1,7 +1,5 @@
-"""One actor per host of a reserved slice, ordered by rank: for stateful work over many steps.
-
-Each actor starts with the same slice context as :func:`tpuslice.run_on_slice` tasks.
-"""
+"""One actor per host of a reserved slice, in rank order, for stateful work over many steps;
+each starts with the same slice context as :func:`tpuslice.run_on_slice` tasks."""
 
 from __future__ import annotations
 
@@ -48,14 +46,16 @@ logger = logging.getLogger(__name__)
 
 
 class OwnedSlice(SliceHandle):
-    """A reservation made for one actor group: the group's shutdown gives it back, and its
-    time is the group's goodput account's."""
+    """A reservation made for one actor group: its shutdown gives it back, and its time is
+    the group's goodput account's."""
 
 
 class SliceActorGroup(ShutsDownOnExit):
-    """Actors of ``actor_cls`` on every bundle of ``tpu_slice``, in rank order.
-
-    A group made by :meth:`create` owns its slices: its :meth:`shutdown` gives them back.
+    """Actors of ``actor_cls`` (a class, or a ``@ray.remote`` one) on every bundle of a held
+    ``tpu_slice``, in rank order; ``args`` and ``kwargs`` go to every constructor. With
+    ``heartbeat_timeout_s``, :meth:`get` raises ``HostHungError`` for an actor silent that
+    long after a :func:`tpuslice.heartbeat`; ``startup_timeout_s``: with no beat since the
+    start. A group made by :meth:`create` owns its slices: :meth:`shutdown` gives them back.
     """
 
     def __init__(
@@ -67,21 +67,8 @@ class SliceActorGroup(ShutsDownOnExit):
         startup_timeout_s: float | None = None,
         **kwargs: Any,
     ) -> None:
-        """Start one actor per bundle of ``tpu_slice``, in rank order.
-
-        Args:
-            actor_cls: A class, or a ``@ray.remote`` actor class.
-            tpu_slice: A held reservation.
-            *args: Passed to every actor's constructor.
-            heartbeat_timeout_s: :meth:`get` raises ``HostHungError`` for an actor silent
-                this long after a :func:`tpuslice.heartbeat` (``None``: not watched).
-            startup_timeout_s: Likewise for an actor with no beat this long after the start.
-            **kwargs: Passed to every actor's constructor.
-
-        Raises:
-            SliceShutdownError: ``tpu_slice`` was shut down.
-            InvalidArgumentError: a bad timeout, or another group lives on ``tpu_slice``.
-        """
+        """Start the actors; raises ``SliceShutdownError`` if ``tpu_slice`` was shut down,
+        ``InvalidArgumentError`` for a bad timeout or another group on ``tpu_slice``."""
         if tpu_slice.is_shut_down:
             raise SliceShutdownError("tpu_slice has been shut down; reserve a new one")
         self.watching = WatchConfig(heartbeat_timeout_s, startup_timeout_s)
@@ -92,16 +79,16 @@ class SliceActorGroup(ShutsDownOnExit):
         owns_slice = self._owns_slice = isinstance(tpu_slice, OwnedSlice)
         self.times: AttemptTimes | None = None
         """The group's moments for its goodput account, if it owns its slices."""
-        placed = ranks(record_of(tpu_slice))
+        held = record_of(tpu_slice)
+        placed = ranks(held)
         self.contexts: list[HostContext] = [rank.context for rank in placed]
         self.actors: list[Any] = []
         try:
-            hold_for_actor_group(record_of(tpu_slice), self)
+            hold_for_actor_group(held, self)
             # One process per host owns a TPU: an idle worker of earlier calls that opened
             # it must let go before the actors start.
-            confirm_free(record_of(tpu_slice), after_tasks=True)
+            confirm_free(held, after_tasks=True)
             if owns_slice:
-                held = record_of(tpu_slice)
                 self.times = AttemptTimes(
                     held.asked_at, held.queued_s, held.held_at, only_call=False
                 )
@@ -147,8 +134,8 @@ class SliceActorGroup(ShutsDownOnExit):
             chips_per_vm: Chips per host, for shapes offered in more than one form.
             head_reservation_timeout_s: Seconds to wait for slices (``None``: no limit).
             priority: Place in the cluster-wide queue: higher first, then arrival order.
-            heartbeat_timeout_s: See the constructor.
-            startup_timeout_s: See the constructor.
+            heartbeat_timeout_s: An actor silent this long after a beat hangs (``None``: off).
+            startup_timeout_s: An actor with no beat this long after the start hangs.
             tenant: Whom the slices are charged to (default: ``TPUSLICE_TENANT``).
             preemptible: Whether the queue may preempt the group, with notice.
             **kwargs: Passed to every actor's constructor.
@@ -235,9 +222,7 @@ class SliceActorGroup(ShutsDownOnExit):
                 results.append(ray.get(ref, timeout=timeout))
             except ray.exceptions.RayActorError as exc:
                 context = self.contexts[rank]
-                if self.times is not None:
-                    self.times.outcome = "host_failure"
-                    self.times.ended = self.times.ended or goodput.now()
+                self._ended("host_failure")
                 raise HostLostError(
                     f"host {context.worker_id} of slice {context.slice_name} (rank {rank}) "
                     f"lost its actor ({type(exc).__name__}): {first_line(exc)}"
@@ -265,29 +250,28 @@ class SliceActorGroup(ShutsDownOnExit):
         deadline = None if timeout is None else time.monotonic() + timeout
         pending = list(refs)
         keys = [self._key(context) for context in self.contexts]
+        where = [context.describe() for context in self.contexts]
         while pending:
             wait = CHECK_S if deadline is None else min(CHECK_S, deadline - time.monotonic())
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, wait))
             if not pending:
                 return
-            hang = describe_hang(
-                self.watching,
-                keys,
-                _ray.kv_get_many(keys, NAMESPACE),
-                [context.describe() for context in self.contexts],
-                self._started,
-                time.time(),
-            )
+            beats = _ray.kv_get_many(keys, NAMESPACE)
+            hang = describe_hang(self.watching, keys, beats, where, self._started, time.time())
             if hang is not None:
-                if self.times is not None:
-                    self.times.outcome = "hang"
-                    self.times.ended = self.times.ended or goodput.now()
+                self._ended("hang")
                 raise HostHungError(
-                    f"{hang[0]}: {hang[1]}. Shut the group down (its actors are killed) and "
+                    f"{hang.cause}: {hang.reason}. Shut the group down (its actors are killed) and "
                     "start a new one"
                 )
             if deadline is not None and time.monotonic() >= deadline:
                 return  # the ray.get below raises GetTimeoutError, as without watching
+
+    def _ended(self, outcome: str) -> None:
+        """Note in the goodput account that the group failed (kept at the shutdown)."""
+        if self.times is not None:
+            self.times.outcome = outcome
+            self.times.ended = self.times.ended or goodput.now()
 
     def shutdown(self) -> None:
         """Kill every actor and give the slice back if owned, else confirm its TPUs free.
@@ -320,21 +304,18 @@ class SliceActorGroup(ShutsDownOnExit):
         try:
             times.progress = goodput.read_progress([self._key(c) for c in self.contexts])
             times.outcome = times.outcome or "success"
-            account = goodput.account_of(
-                goodput.new_run_id(),
-                "actor_group",
-                [times],
-                what=describe_request(record_of(self.slice).request)[0],
+            what = describe_request(record_of(self.slice).request)[0]
+            goodput.keep(
+                goodput.account_of(goodput.new_run_id(), "actor_group", [times], what=what)
             )
-            goodput.keep(account)
         except Exception as exc:  # noqa: BLE001 - the account must not break the shutdown
             logger.warning("actor group's goodput account not kept: %s", exc)
 
 
 def _actor_env(call: CallEnv) -> dict[str, str]:
-    """A rank's call environment as a ``runtime_env``: MEGASCALE_* set empty so none leaks
-    from the driver. A runtime environment cannot unset a variable: one the call unsets is
-    left as the host has it (TPU VMs do not set the sub-slice's ``TPU_PROCESS_ADDRESSES``)."""
+    """A rank's call environment as a ``runtime_env``, MEGASCALE_* set empty so none leaks
+    from the driver. A runtime_env cannot unset a variable: one the call unsets stays as the
+    host has it (TPU VMs do not set the sub-slice's ``TPU_PROCESS_ADDRESSES``)."""
     env = {name: "" for name in MEGASCALE_VARS}
     env.update({k: v for k, v in call.items() if v is not None})
     return env

@@ -1,10 +1,7 @@
-"""Health checks of whole slices: is each host fit to run SPMD work now?
-
-A hang or a lost host often means hardware, and a retry on the same hosts can hang again.
-:func:`check_slice` reserves an idle slice and runs one probe per host: it must answer in
-time, start the TPU backend in a child process (so no process of the check keeps the TPU),
-and reach rank 0's coordinator port; then the caller's own check runs, if any.
-:func:`record` makes the verdict the cluster's: a healthy slice trusted, a failed host suspect.
+"""Health checks of whole slices: is each host fit to run SPMD work now? A hang or a lost
+host often means hardware, and a retry on the same hosts can hang again. One probe per host
+must answer in time, start the TPU backend in a child process (so no process of the check
+keeps the TPU) and reach rank 0's coordinator port; then the caller's own check runs.
 """
 
 from __future__ import annotations
@@ -49,15 +46,10 @@ OPEN_BACKEND = "import jax; jax.devices('tpu')"
 
 @dataclass(frozen=True)
 class HostVerdict:
-    """One host's result in a health check.
-
-    Attributes:
-        answered_s: Seconds from the check's start to the probe's report (``None``: never).
-        tpu: What the TPU check found (``"started in 0.41 s"``).
-        reach: What the reach check found (``"reached rank 0 in 3 ms"``).
-        check: The caller's check: ``"passed"``, why it failed, or ``""`` if none ran.
-        reason: Why the host failed; ``""`` when it passed.
-    """
+    """One host's result in a health check: ``answered_s`` from the check's start to the
+    probe's report (``None``: never); what the ``tpu`` and ``reach`` checks found (``"started
+    in 0.41 s"``); the caller's ``check``: ``"passed"``, why it failed, or ``""`` if none ran;
+    ``reason``: why the host failed (``""`` when it passed)."""
 
     worker_id: int
     node_id: str
@@ -114,16 +106,8 @@ class SliceHealth:
 
 
 def probe(check_key: str, tpu_open_s: float, reach_s: float) -> dict[str, Any]:
-    """One host's probe, run as a task in rank context.
-
-    Args:
-        check_key: The KV key where this slice's rank 0 publishes its address.
-        tpu_open_s: Bound on starting the TPU backend.
-        reach_s: Bound on reaching rank 0.
-
-    Returns:
-        Its worker id and what the TPU and reach checks found.
-    """
+    """One host's probe, run as a task in rank context: its worker id and what the TPU and
+    reach checks found. Rank 0 publishes its address under ``check_key``."""
     host = current_host()
     started = time.monotonic()
     first = host.worker_id == 0
@@ -237,14 +221,14 @@ def _check_held(
     refs = [
         launch(_remote_probe, spg, (keys[i], tpu_open_s, reach_s), {}, i) for i in range(len(keys))
     ]
-    bound = tpu_open_s + reach_s + ANSWER_MARGIN_S
+    deadline = started + tpu_open_s + reach_s + ANSWER_MARGIN_S
     try:
-        reports = [_collect(slice_refs, started + bound) for slice_refs in refs]
+        reports = [_collect(slice_refs, started, deadline) for slice_refs in refs]
     finally:
         for key in keys:
             with contextlib.suppress(*_ray.kv_errors()):
                 _ray.kv_delete(key, NAMESPACE)
-    verdicts = [_judge(spg, i, answers, started) for i, answers in enumerate(reports)]
+    verdicts = [_judge(spg.slices[i], answers) for i, answers in enumerate(reports)]
     if check is not None and all(h.ok for hosts in verdicts for h in hosts):
         verdicts = _user_check(spg, check, verdicts)
     elapsed = time.monotonic() - started
@@ -254,11 +238,12 @@ def _check_held(
     ]
 
 
-def _collect(
-    refs: Sequence[Any], deadline: float
-) -> list[tuple[dict[str, Any] | None, float | None, str]]:
-    """Each rank's report, when it came, or why there is none."""
-    out: list[tuple[dict[str, Any] | None, float | None, str]] = []
+Answer = tuple[dict[str, Any] | None, float | None, str]
+"""A probe's report and when it came (seconds since the check began), or why there is none."""
+
+
+def _collect(refs: Sequence[Any], started: float, deadline: float) -> list[Answer]:
+    out: list[Answer] = []
     for ref in refs:
         try:
             report = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
@@ -268,18 +253,12 @@ def _collect(
         except ray.exceptions.RayError as exc:
             out.append((None, None, f"its probe failed: {first_line(str(exc))}"))
         else:
-            out.append((report, time.monotonic(), ""))
+            out.append((report, time.monotonic() - started, ""))
     return out
 
 
-def _judge(
-    spg: SliceHandle,
-    index: int,
-    answers: list[tuple[dict[str, Any] | None, float | None, str]],
-    started: float,
-) -> list[HostVerdict]:
+def _judge(info: SliceInfo, answers: list[Answer]) -> list[HostVerdict]:
     """Turn one slice's reports into verdicts, blaming whom the reach results point at."""
-    info = spg.slices[index]
     nodes = {w: h.node_id for w, h in info.hosts.items()}
     reports = {w: a for w, a in zip(sorted(nodes), answers, strict=True)}
     unreached = reach_blame(
@@ -287,40 +266,23 @@ def _judge(
         len(nodes) - 1,
     )
     verdicts = []
-    for worker, (report, at, why) in reports.items():
+    for worker, (report, answered, missing) in reports.items():
         if report is None:
-            verdicts.append(HostVerdict(worker, nodes[worker], False, None, "-", "-", "", why))
+            verdicts.append(HostVerdict(worker, nodes[worker], False, None, "-", "-", "", missing))
             continue
-        reasons = [] if report["tpu_ok"] else [f"TPU {report['tpu']}"]
+        tpu, reach = report["tpu"], report["reach"]
+        reasons = [] if report["tpu_ok"] else [f"TPU {tpu}"]
         if worker in unreached:
-            reasons.append(unreached[worker] or f"reach: {report['reach']}")
-        answered = None if at is None else at - started
-        verdicts.append(
-            HostVerdict(
-                worker,
-                nodes[worker],
-                not reasons,
-                answered,
-                report["tpu"],
-                report["reach"],
-                "",
-                "; ".join(reasons),
-            )
-        )
+            reasons.append(unreached[worker] or f"reach: {reach}")
+        why = "; ".join(reasons)
+        verdicts.append(HostVerdict(worker, nodes[worker], not why, answered, tpu, reach, "", why))
     return verdicts
 
 
 def reach_blame(unreached: Sequence[int], peers: int) -> dict[int, str]:
-    """Which hosts a failed reach check points at: the peers that failed while others
-    reached rank 0; rank 0 if none of two or more did; both ends of a lone link.
-
-    Args:
-        unreached: Worker ids of the peers (not 0) that could not reach rank 0.
-        peers: How many peers the slice has.
-
-    Returns:
-        The blamed worker ids, each with a reason (``""``: its own reach result says it).
-    """
+    """The worker ids a failed reach check blames, each with a reason (``""``: its own
+    reach result says it): the peers in ``unreached`` while others reached rank 0; rank 0
+    if none of two or more did; both ends of a lone link."""
     if not unreached:
         return {}
     if peers == 1:
@@ -387,17 +349,7 @@ def check_slice(
         if value is not None and not value > 0:
             raise InvalidArgumentError(f"{name} must be seconds > 0, got {value!r}")
     started = time.monotonic()
-    info = _slice_named(slice_name)
-    shape = info.shape
-    assert shape is not None  # _slice_named refuses a slice without one
-    request = SliceRequest(
-        topology=shape.topology,
-        accelerator_version=shape.generation.name,
-        chips_per_vm=shape.chips_per_host,
-        head_reservation_timeout_s=timeout_s,
-        bundle_label_selector=[{SLICE_NAME_LABEL: slice_name}] * shape.num_hosts,
-    )
-    with reserve_slices(request) as spg:
+    with reserve_slices(whole_slice_request(_slice_named(slice_name), timeout_s)) as spg:
         health = _check_held(spg, check=check, tpu_open_s=tpu_open_s, reach_s=reach_s)[0]
     health = replace(health, seconds=time.monotonic() - started)
     record(health, "tpuslice.check_slice")
@@ -405,12 +357,8 @@ def check_slice(
 
 
 def record(health: SliceHealth, who: str) -> None:
-    """Make a check's verdict the cluster's: clear a healthy slice, mark failed hosts.
-
-    Args:
-        health: The verdict.
-        who: What ran the check (for the log and the timeline).
-    """
+    """Make a check's verdict the cluster's: clear a healthy slice, mark failed hosts
+    suspect; ``who`` ran the check (for the log and the timeline)."""
     if health.ok:
         with contextlib.suppress(*_ray.kv_errors()):
             clear_slice(health.slice_name, f"health check passed ({who})")
@@ -420,6 +368,22 @@ def record(health: SliceHealth, who: str) -> None:
             Blame(h.node_id, health.slice_name, h.worker_id, SuspectReason.HEALTH_CHECK, h.reason)
             for h in health.failed
         ]
+    )
+
+
+def whole_slice_request(
+    info: SliceInfo, timeout_s: float | None, tpu_resource_per_chip: int | None = None
+) -> SliceRequest:
+    """A request for exactly the slice ``info`` names, whole (its shape must be known)."""
+    shape = info.shape
+    assert shape is not None
+    return SliceRequest(
+        topology=shape.topology,
+        accelerator_version=shape.generation.name,
+        chips_per_vm=shape.chips_per_host,
+        tpu_resource_per_chip=tpu_resource_per_chip,
+        head_reservation_timeout_s=timeout_s,
+        bundle_label_selector=[{SLICE_NAME_LABEL: info.name}] * shape.num_hosts,
     )
 
 
@@ -472,26 +436,14 @@ class Vetting:
     failed_checks: dict[str, SliceHealth] = field(default_factory=dict)
 
     def attempt_failed(self, slice_names: Sequence[str], on_the_hosts: bool) -> None:
-        """Remember the slices of a failed attempt, if the failure points at the hosts.
-
-        Args:
-            slice_names: The attempt's slices.
-            on_the_hosts: A hang or a lost host (not the user's error, not a notice).
-        """
+        """Remember the slices of a failed attempt if the failure points at the hosts (a
+        hang or a lost host; not the user's error, not a notice)."""
         self.doubted = set(slice_names) if on_the_hosts else set()
 
     def vet(self, spg: SliceHandle) -> str:
-        """Check the reservation if one of its slices is in doubt.
-
-        Args:
-            spg: The reservation a retry is about to run on.
-
-        Returns:
-            What was checked, for the attempt's ``started`` event (``""`` if nothing).
-
-        Raises:
-            UnfitSlices: a slice failed its check (its hosts are now suspect).
-        """
+        """Check a retry's reservation if one of its slices is in doubt; return what was
+        checked, for the ``started`` event (``""``: nothing). Raises :class:`UnfitSlices`
+        if a slice failed (its hosts are now suspect)."""
         known = [self.failed_checks[n] for n in spg.slice_names if n in self.failed_checks]
         if known:  # checked and failed in this run: not worth another check's wait
             raise UnfitSlices(known, again=True)

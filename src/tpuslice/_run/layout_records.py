@@ -8,22 +8,15 @@ import time
 
 from tpuslice._tpu import _ray, subslice
 from tpuslice._tpu._connection import connection
-from tpuslice._tpu.keys import LAYOUT_KEY_PREFIX as KEY_PREFIX
-from tpuslice._tpu.keys import NAMESPACE, RAY_SUBSLICE_NAMESPACE
+from tpuslice._tpu.keys import LAYOUT_KEY_PREFIX, NAMESPACE, RAY_SUBSLICE_NAMESPACE
 from tpuslice._view import layouts
 from tpuslice._view.cluster import SliceInfo
 from tpuslice._view.layouts import Layout
 
 
 def load(info: SliceInfo) -> Layout | None:
-    """A slice's recorded layout; one found only in Ray's record is recorded as ours.
-
-    Args:
-        info: The slice now.
-
-    Returns:
-        The layout, with today's nodes; ``None``: the slice must be discovered.
-    """
+    """A slice's recorded layout, with today's nodes (``None``: it must be discovered).
+    One found only in Ray's record is recorded as ours."""
     found = layouts.load(info)
     if found is None or found.nodes is not None:
         return found
@@ -34,13 +27,8 @@ def load(info: SliceInfo) -> Layout | None:
 
 
 def save(layout: Layout, *, ray_too: bool = True, source: str = "tpuslice") -> None:
-    """Record a layout as tpuslice's, and as Ray's so Ray's API reads it.
-
-    Args:
-        layout: What discovery learned.
-        ray_too: Also write Ray's record.
-        source: Who learned it: ``tpuslice`` or ``ray``.
-    """
+    """Record a layout as tpuslice's and (``ray_too``) as Ray's, so Ray's API reads it;
+    ``source`` says who learned it: ``tpuslice`` or ``ray``."""
     data = {
         "topology": layout.topology,
         "physical": {str(w): p for w, p in layout.physical.items()},
@@ -48,7 +36,7 @@ def save(layout: Layout, *, ray_too: bool = True, source: str = "tpuslice") -> N
         "source": source,
         "learned_at": time.time(),
     }
-    _ray.kv_put(KEY_PREFIX + layout.slice_name, json.dumps(data).encode(), NAMESPACE)
+    _ray.kv_put(LAYOUT_KEY_PREFIX + layout.slice_name, json.dumps(data).encode(), NAMESPACE)
     if layout.nodes is not None:
         connection().part(layouts.KnownLayouts).keep(layout)
     if ray_too:

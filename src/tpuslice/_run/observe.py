@@ -1,5 +1,4 @@
-"""What a run tells its observers: timeline events, metrics and goodput accounts, never
-raising into the caller's work."""
+"""What a run tells its observers: timeline events, metrics, goodput accounts; never raising."""
 
 from __future__ import annotations
 
@@ -37,15 +36,9 @@ EventKind = Literal["started", "notice", "failed", "check_failed", "succeeded", 
 
 @dataclass(frozen=True)
 class AttemptEvent:
-    """One step of a resilient run, passed to ``on_event`` (a ``notice`` also to
-    ``on_notice``) as it happens.
-
-    Attributes:
-        attempt: The attempt's number, from 1.
-        outcome: How it failed (``failed``, ``giving_up``).
-        duration_s: Seconds since the attempt started (``failed``, ``succeeded``).
-        evidence: What decided the outcome (the notice seen, none seen, silent hosts).
-    """
+    """One step of a resilient run, given to ``on_event`` (a ``notice`` also to ``on_notice``)
+    as it happens. ``attempt`` counts from 1; ``duration_s`` is since the attempt started;
+    ``evidence`` is what decided the outcome."""
 
     kind: EventKind
     attempt: int
@@ -82,15 +75,8 @@ class AttemptEvent:
 def run_ended(
     kind: str, outcome: str, seconds: float, slices: Sequence[str] = (), detail: str = ""
 ) -> None:
-    """A one-shot run or a ``tpuslice run`` command ended.
-
-    Args:
-        kind: ``one_shot`` or ``command``.
-        outcome: ``success``, ``failure`` or ``interrupted``.
-        seconds: Its duration.
-        slices: Where it ran.
-        detail: One line, for everyone reading the timeline (no secrets).
-    """
+    """A one-shot (``kind``: ``one_shot``) or a ``tpuslice run`` (``command``) ended;
+    ``detail`` is read by everyone reading the timeline, so it holds no secrets."""
     text = f"{kind}; {detail}" if detail else kind
     events.record("run", slices=tuple(slices), seconds=seconds, outcome=outcome, detail=text)
     metrics.run_ended(kind, outcome, seconds)
@@ -98,11 +84,7 @@ def run_ended(
 
 @never_raises
 def attempt(event: AttemptEvent) -> None:
-    """A step of a resilient run (``started`` steps are not in the metrics).
-
-    Args:
-        event: The step.
-    """
+    """A step of a resilient run (``started`` steps are not in the metrics)."""
     outcome = "" if event.outcome is None else event.outcome.value
     if event.kind == "succeeded":
         outcome = "success"
@@ -122,15 +104,8 @@ def attempt(event: AttemptEvent) -> None:
 
 
 def one_shot_times(spg: SliceHandle, outcome: str) -> goodput.AttemptTimes | None:
-    """A one-shot's moments as its tasks end, read before the hand-back forgets them.
-
-    Args:
-        spg: Its reservation, still held.
-        outcome: ``success``, ``failure`` or ``interrupted``.
-
-    Returns:
-        The moments so far; ``None`` if they could not be read.
-    """
+    """A one-shot's moments as its tasks end, read before the hand-back forgets them
+    (``None`` if they could not be read)."""
     try:
         held = record_of(spg)
         now = goodput.now()
@@ -152,24 +127,14 @@ def one_shot_times(spg: SliceHandle, outcome: str) -> goodput.AttemptTimes | Non
 def one_shot_account(
     spg: SliceHandle, times: goodput.AttemptTimes, prefix: str, keys: Sequence[str]
 ) -> None:
-    """Keep a one-shot's goodput account once its slices are back (no rank runs to
-    publish again, so the keys are deleted).
-
-    Args:
-        spg: Its reservation (shut down).
-        times: Its moments, with the end of the hand-back.
-        prefix: Its ranks' heartbeat keys' prefix.
-        keys: Each rank's key.
-    """
+    """Once a one-shot's slices are back: read its ranks' progress, delete their heartbeat
+    keys (under ``prefix``; no rank runs to publish again), keep its goodput account."""
     try:
         times.progress = goodput.read_progress(keys)
     finally:
         _ray.kv_delete(prefix, NAMESPACE, prefix=True)
-    account = goodput.account_of(
-        goodput.new_run_id(),
-        "one_shot",
-        [times],
-        what=describe_request(record_of(spg).request)[0],
-        outcome=times.outcome or "interrupted",
+    what = describe_request(record_of(spg).request)[0]
+    outcome = times.outcome or "interrupted"
+    goodput.keep(
+        goodput.account_of(goodput.new_run_id(), "one_shot", [times], what=what, outcome=outcome)
     )
-    goodput.keep(account)

@@ -1,10 +1,8 @@
-"""Resilient runs: when a host is lost, give the slices back and rerun the gang from the start.
-
-An SPMD gang cannot go on with a missing host. One loop (:class:`ResilientRun`), one policy
-(:class:`RetryPolicy`, a budget per outcome), one boundary from exception type to outcome
-(:func:`classify`), refined by the watchdog's evidence. Hosts a failure is pinned on are
-marked suspect before the slices go back, so retries prefer other slices.
-"""
+"""Resilient runs: an SPMD gang cannot go on with a missing host, so give the slices back
+and rerun it from the start. One loop (:class:`ResilientRun`), one policy (a budget per
+outcome), one boundary from exception type to outcome (:func:`classify`), refined by the
+watchdog's evidence. Hosts a failure is pinned on are marked suspect before the slices go
+back, so retries prefer other slices."""
 
 from __future__ import annotations
 
@@ -89,8 +87,8 @@ NOT_HOST_LOSS: tuple[type[BaseException], ...] = (ObjectFreedError, ReferenceCou
 def classify(exc: BaseException) -> Outcome:
     """The outcome of a task's exception, by type only (never its message).
 
-    A ``RayTaskError`` is judged by its ``cause`` (user code may have seen a host loss in
-    a nested ``ray.get``); an actor whose ``__init__`` raised is a user failure.
+    A ``RayTaskError`` is judged by its innermost ``cause`` (user code may have seen a host
+    loss in a nested ``ray.get``); an actor whose ``__init__`` raised is a user failure.
 
     Args:
         exc: The exception a task's ref raised.
@@ -98,10 +96,8 @@ def classify(exc: BaseException) -> Outcome:
     Returns:
         ``HOST_FAILURE`` for a lost host, ``HANG`` for a hang, else ``FAILURE``.
     """
-    if isinstance(exc, RayTaskError):
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, BaseException) and cause is not exc:
-            return classify(cause)
+    exc = _innermost(exc)
+    if isinstance(exc, RayTaskError):  # no cause to judge by
         return Outcome.FAILURE
     if isinstance(exc, RayActorError) and exc.actor_init_failed:
         return Outcome.FAILURE
@@ -112,16 +108,21 @@ def classify(exc: BaseException) -> Outcome:
     return Outcome.FAILURE
 
 
+def _innermost(exc: BaseException) -> BaseException:
+    """The innermost cause of nested ``RayTaskError`` (the last one if it has none)."""
+    seen: set[int] = set()
+    while isinstance(exc, RayTaskError) and id(exc) not in seen:
+        seen.add(id(exc))
+        cause = getattr(exc, "cause", None)
+        if not isinstance(cause, BaseException):
+            break
+        exc = cause
+    return exc
+
+
 def pinned_on_host(exc: BaseException) -> SuspectReason | None:
-    """Whether a task's own exception (by type) pins the failure on its host. A wrapped
-    one does not: the nested task that failed may have run anywhere.
-
-    Args:
-        exc: The exception a task's ref raised.
-
-    Returns:
-        Why its host is suspect, or ``None``.
-    """
+    """Why a task's own exception (by type) makes its host suspect, or ``None``. A wrapped
+    one does not: the nested task that failed may have run anywhere."""
     if isinstance(exc, WorkerCrashedError):
         return SuspectReason.WORKER_CRASH
     if isinstance(exc, NodeDiedError | TaskUnschedulableError):
@@ -133,21 +134,8 @@ def pinned_on_host(exc: BaseException) -> SuspectReason | None:
 
 def summarize(exc: BaseException) -> str:
     """``ValueError: first line`` of the innermost cause (a ``RayTaskError``'s own text
-    is a traceback).
-
-    Args:
-        exc: Any exception.
-
-    Returns:
-        One line for logs, events and error messages.
-    """
-    seen: set[int] = set()
-    while isinstance(exc, RayTaskError) and id(exc) not in seen:
-        seen.add(id(exc))
-        cause = getattr(exc, "cause", None)
-        if not isinstance(cause, BaseException):
-            break
-        exc = cause
+    is a traceback), for logs, events and error messages."""
+    exc = _innermost(exc)
     line = first_line(exc, limit=10_000)
     return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
@@ -163,11 +151,9 @@ class Decision:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """A retry budget per outcome, counted separately. Pure.
-
-    The host-failure budget defaults to the preemption one, the hang budget to the
-    host-failure one. ``backoff_s`` is ``(first, cap)``; the pause doubles per retry.
-    """
+    """A retry budget per outcome, counted separately. Pure. The host-failure budget
+    defaults to the preemption one, the hang budget to the host-failure one. ``backoff_s``
+    is ``(first, cap)``; the pause doubles per retry."""
 
     max_retries_failure: int = 0
     max_retries_preemption: int = 3
@@ -190,14 +176,7 @@ class RetryPolicy:
             )
 
     def budget(self, outcome: Outcome) -> int:
-        """Retries allowed for failed attempts of this outcome.
-
-        Args:
-            outcome: How an attempt failed.
-
-        Returns:
-            That outcome's budget.
-        """
+        """Retries allowed for failed attempts of this outcome."""
         if outcome is Outcome.FAILURE:
             return self.max_retries_failure
         budget = self.max_retries_preemption  # hangs fall back to host failures, those to it
@@ -208,15 +187,8 @@ class RetryPolicy:
         return budget
 
     def decide(self, outcome: Outcome, failures: Mapping[Outcome, int]) -> Decision:
-        """Retry while that outcome's count is within its budget, after the backoff.
-
-        Args:
-            outcome: How the attempt failed.
-            failures: Failed attempts so far by outcome, this one included.
-
-        Returns:
-            Whether to retry, after how long, and why.
-        """
+        """Retry, after the backoff, while that outcome's count of ``failures`` (this one
+        included) is within its budget."""
         used, budget = failures.get(outcome, 0), self.budget(outcome)
         if used > budget:
             plural = "retry" if budget == 1 else "retries"
@@ -245,17 +217,8 @@ class GangBrokenError(Exception):
 
     @classmethod
     def from_task(cls, spg: SliceHandle, rank: int, exc: BaseException) -> GangBrokenError:
-        """The error for rank ``rank``'s task raising ``exc``: classified, and blamed on
-        its host if :func:`pinned_on_host` says so.
-
-        Args:
-            spg: The attempt's reservation.
-            rank: The failed task's rank.
-            exc: What its ref raised.
-
-        Returns:
-            The error to raise (chain ``exc`` to it).
-        """
+        """The error for rank ``rank``'s task raising ``exc`` (chain ``exc`` to it):
+        classified, and blamed on its host if :func:`pinned_on_host` says so."""
         where = host_contexts(record_of(spg))[rank].describe()
         cause = f"{where}: {summarize(exc)}"
         reason = pinned_on_host(exc)
@@ -285,15 +248,7 @@ def _watch_gang(
 def judged(broken: GangBrokenError, watch: AttemptWatch) -> GangBrokenError:
     """A lost host's outcome, by the evidence: a preemption if a host of the attempt had a
     notice (nobody blamed), else a host failure blamed on the pinned host or the hosts Ray
-    sees dead. Other outcomes pass unchanged.
-
-    Args:
-        broken: What the failed task made of it (:meth:`GangBrokenError.from_task`).
-        watch: The attempt's watch.
-
-    Returns:
-        The error to raise, with its evidence and the hosts blamed.
-    """
+    sees dead. Other outcomes pass unchanged."""
     if broken.outcome is not Outcome.HOST_FAILURE:
         return broken
     preempted, evidence = watch.judge_host_loss()
@@ -304,14 +259,7 @@ def judged(broken: GangBrokenError, watch: AttemptWatch) -> GangBrokenError:
 
 
 def watched(watch: AttemptWatch) -> None:
-    """Check the gang's watch, turning a notice or a hang into the loop's signal.
-
-    Args:
-        watch: The attempt's watch.
-
-    Raises:
-        GangBrokenError: a preemption (notice) or a hang.
-    """
+    """Check the gang's watch, turning a notice or a hang into a :class:`GangBrokenError`."""
     try:
         watch.check()
     except Broken as stop:
@@ -358,15 +306,7 @@ class ResilientRun:
     """The first attempt's place in the queue: a retry after a preemption queues there again."""
 
     def until_done(self) -> list[Any]:
-        """The one retry loop: attempt, and on failure ask the policy whether to go on.
-
-        Returns:
-            The successful attempt's results, in rank order.
-
-        Raises:
-            RetriesExhaustedError: a budget ran out (``history`` has every attempt).
-            ReservationTimeoutError: an attempt could not reserve its slices.
-        """
+        """The one retry loop: attempt, and on failure ask the policy whether to go on."""
         failures: Counter[Outcome] = Counter()
         ended = "interrupted"
         try:
@@ -402,31 +342,23 @@ class ResilientRun:
     def _close_account(self, outcome: str) -> Account | None:
         """Make and keep the run's goodput account (``None`` if no attempt began); never
         raises into the run."""
+        if not self.times:
+            return None
         try:
-            return self._account(outcome)
+            now = self.wall()
+            last = self.times[-1]
+            last.ended = now if last.ended is None else last.ended
+            if last.held is not None:  # interrupted: the attempt's open moments end now
+                last.hand_back = now if last.hand_back is None else last.hand_back
+                last.handed_back = now if last.handed_back is None else last.handed_back
+            what = describe_request(self.request)[0]
+            self.account = goodput.account_of(
+                self.run_id, self.kind, self.times, what=what, outcome=outcome
+            )
+            self.account = goodput.keep(self.account)
         except Exception as exc:  # noqa: BLE001 - the account must not break the run's end
             logger.warning("run %s: goodput account not kept: %s", self.run_id, exc)
             return None
-
-    def _account(self, outcome: str) -> Account | None:
-        if not self.times:
-            return None
-        now = self.wall()
-        last = self.times[-1]
-        if last.held is not None:  # interrupted: the attempt's open moments end now
-            last.ended = now if last.ended is None else last.ended
-            last.hand_back = now if last.hand_back is None else last.hand_back
-            last.handed_back = now if last.handed_back is None else last.handed_back
-        elif last.ended is None:
-            last.ended = now
-        self.account = goodput.account_of(
-            self.run_id,
-            self.kind,
-            self.times,
-            what=describe_request(self.request)[0],
-            outcome=outcome,
-        )
-        self.account = goodput.keep(self.account)
         if self.on_account is not None:
             try:
                 self.on_account(self.account)
@@ -454,7 +386,7 @@ class ResilientRun:
                     raise
                 with reservation as spg:
                     times.held = self.wall()
-                    times.queued_s += _queued_s(spg)
+                    times.queued_s += record_of(spg).queued_s if isinstance(spg, SliceHandle) else 0
                     if self.first_arrival is None:
                         self.first_arrival = self.arrival(spg)
                     names = times.slices = tuple(spg.slice_names)
@@ -617,10 +549,6 @@ def _run_function(
         if pending:
             watched(watch)
     return [results[rank] for rank in range(len(refs))]
-
-
-def _queued_s(spg: SliceHandle) -> float:
-    return record_of(spg).queued_s if isinstance(spg, SliceHandle) else 0.0
 
 
 new_clock: Callable[[], Clock] = Clock

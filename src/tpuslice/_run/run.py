@@ -1,9 +1,6 @@
 """Run one function on every host of one or more slices; ``refs[i]`` is global rank *i*.
-
-The slice context rides into an already-running worker (no fresh process per call): the
-user's function is wrapped once and ``os.environ`` set around each call. A one-shot (no
-``tpu_slice``) gives its slices back as soon as the work ends.
-"""
+The slice context rides into a warm worker: the user's function is wrapped once and
+``os.environ`` set around each call. A one-shot gives its slices back as the work ends."""
 
 from __future__ import annotations
 
@@ -77,31 +74,13 @@ class _ContextRemotes:
 
 
 def call_env(spg: SliceHandle, context: HostContext) -> CallEnv:
-    """What a rank's call sees set: its slice context and the reservation's additions
-    (a sub-slice's own ``TPU_*`` values).
-
-    Args:
-        spg: The reservation.
-        context: One of its ranks.
-
-    Returns:
-        The variables (None: unset for the call).
-    """
+    """What a rank's call sees set (None: unset): its slice context and the reservation's
+    additions (a sub-slice's own ``TPU_*`` values)."""
     return {**context.env(), **reservation_env(record_of(spg), context.rank)}
 
 
 def check_run_args(fn: Any, tpu_slice: Any, slice_index: int | None) -> None:
-    """Check ``run_on_slice``'s arguments as Ray 2.60 does, with the same errors.
-
-    Args:
-        fn: Must be a ``@ray.remote`` function.
-        tpu_slice: The caller's reservation, or ``None``.
-        slice_index: One slice of a ``pg_per_slice`` reservation, or ``None``.
-
-    Raises:
-        TypeError: ``fn`` is not a remote function.
-        InvalidArgumentError: ``slice_index`` without a ``pg_per_slice`` slice, or out of range.
-    """
+    """Check ``run_on_slice``'s arguments as Ray 2.60 does, with the same errors."""
     if not hasattr(fn, "options") or not hasattr(fn, "remote"):
         raise TypeError(
             f"fn must be a @ray.remote-decorated function, but got {type(fn).__name__!r} "
@@ -132,20 +111,9 @@ def launch(
     *,
     rank_env: Callable[[HostContext], Mapping[str, str]] | None = None,
 ) -> list[ray.ObjectRef]:
-    """Start ``fn`` on every bundle of ``spg`` (or one slice of it), in rank order: in its
-    bundle, holding its TPU, never retried.
-
-    Args:
-        fn: A ``@ray.remote`` function.
-        spg: A held reservation; it tracks the tasks so its shutdown cancels them.
-        args: Positional arguments for every call.
-        kwargs: Keyword arguments for every call.
-        slice_index: Only that slice's hosts.
-        rank_env: More variables for each rank's call (a heartbeat key).
-
-    Returns:
-        One ref per rank, in rank order.
-    """
+    """Start ``fn`` on every bundle of ``spg`` (or of its slice ``slice_index``), one ref
+    per rank in rank order: each task in its bundle, holding its TPU, never retried. ``spg``
+    tracks the tasks so its shutdown cancels them; ``rank_env`` adds variables per rank."""
     wrapped = connection().part(_ContextRemotes).of(fn)
     refs: list[Any] = []
     pids: list[tuple[int, ray.ObjectRef]] = []
@@ -297,10 +265,8 @@ CLOSE_TIMEOUT_S = 30.0
 
 class Releaser:
     """One daemon thread that gives one-shots back when every task finished or any failed.
-
     A holder of the connection: :meth:`close` stops the thread between two Ray calls (a
-    call after Ray shut down is fatal) and gives back what is still held.
-    """
+    call after Ray shut down is fatal) and gives back what is still held."""
 
     tier = Tier.HOLDER
 
@@ -318,13 +284,8 @@ class Releaser:
         spg: SliceHandle,
         beats: tuple[str, tuple[str, ...]] = ("", ()),
     ) -> None:
-        """Shut ``spg`` down once every ref is done, or any failed (in the background).
-
-        Args:
-            refs: The one-shot's tasks.
-            spg: Its reservation.
-            beats: Its ranks' heartbeat keys' prefix, and each rank's.
-        """
+        """Shut ``spg`` down in the background once every ref is done, or any failed;
+        ``beats``: its ranks' heartbeat keys' prefix, and each rank's key."""
         self._queue.put(_OneShot(list(refs), spg, beats))
         with self._lock:
             if self._closed:
@@ -336,11 +297,8 @@ class Releaser:
                 self._thread.start()
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
-        """Stop the thread, then give back every one-shot still held, here.
-
-        Args:
-            timeout_s: Seconds to wait for the thread to be between two Ray calls.
-        """
+        """Stop the thread, waiting up to ``timeout_s`` for it to be between two Ray calls,
+        then give back here every one-shot still held."""
         with self._lock:
             self._closed = True
         if not self._working.acquire(timeout=timeout_s):

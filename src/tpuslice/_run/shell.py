@@ -1,7 +1,6 @@
-"""Run a shell command on every host of a reserved slice, like ``gcloud ... ssh
---worker=all``: output streamed back line by line, exit codes collected per host. Each host
-runs it in its own process group, with the slice context; cancelling the task kills the group.
-"""
+"""Run a shell command on every host of a reserved slice, like ``gcloud ... ssh --worker=all``:
+output streamed back by line, exit codes collected per host. Each host runs it in its own
+process group, with the slice context; cancelling the task kills the group."""
 
 from __future__ import annotations
 
@@ -32,14 +31,8 @@ CANCEL_GRACE_S = 5.0
 
 @dataclass(frozen=True)
 class HostResult:
-    """How the command ended on one host.
-
-    Attributes:
-        exit_code: 128 + signal number if a signal ended it; :data:`KILLED` if the host's
-            task ended before reporting one.
-        seconds: From the start of the run to this host's end.
-        error: The Ray error that ended the host's task, in one line; ``""`` if none.
-    """
+    """How the command ended on one host: ``exit_code`` is 128 + signal number if a signal
+    ended it, :data:`KILLED` if the task ended before reporting one (``error`` says why)."""
 
     context: HostContext
     exit_code: int
@@ -49,21 +42,11 @@ class HostResult:
 
 
 def command_on_host(env: CallEnv, command: str) -> Iterator[tuple[str, str | int]]:
-    """Run on the host as a streaming task; stdout and stderr are merged.
-
-    Args:
-        env: Variables set (None: unset) for the command; stale ``MEGASCALE_*`` dropped.
-        command: A shell command line.
-
-    Yields:
-        ``("line", text)`` per output line, then ``("exit", code)``.
-    """
-    child_env = {k: v for k, v in os.environ.items() if k not in MEGASCALE_VARS}
-    for key, value in env.items():
-        if value is None:
-            child_env.pop(key, None)
-        else:
-            child_env[key] = value
+    """Run on the host as a streaming task, with ``env`` set (None: unset) and stale
+    ``MEGASCALE_*`` dropped; yield ``("line", text)`` per line of stdout and stderr, then
+    ``("exit", code)``."""
+    inherited = {k: v for k, v in os.environ.items() if k not in MEGASCALE_VARS}
+    child_env = {k: v for k, v in {**inherited, **env}.items() if v is not None}
     proc = subprocess.Popen(
         command,
         shell=True,
@@ -98,9 +81,8 @@ try:
 except ProcessLookupError:
     pass
 """
-"""Kills the command's process group once the host task's process is gone (its parent
-changed): Ray may SIGKILL that process before it handles a cancel, and the command, in a
-session of its own, would otherwise run on for ever."""
+"""Kills the command's process group once the task's process is gone: Ray may SIGKILL it
+before it handles a cancel, and the command, in its own session, would run on for ever."""
 
 
 def _guard(group: int) -> subprocess.Popen[bytes]:
@@ -146,20 +128,9 @@ Printer = Callable[[HostContext, str], None]
 
 
 def run_command(spg: SliceHandle, command: str, on_line: Printer) -> list[HostResult]:
-    """Run ``command`` on every host of ``spg`` and wait. A lost host cancels the others'
-    commands (an SPMD gang cannot go on without it).
-
-    Args:
-        spg: The reserved slices.
-        command: A shell command line, run on every host.
-        on_line: Called with the host's context and each output line.
-
-    Returns:
-        One result per host, in rank order (a lost host's with its error).
-
-    Raises:
-        KeyboardInterrupt: on Ctrl-C, once every command is cancelled (or the grace passed).
-        SliceShutdownError: ``spg`` was shut down.
+    """Run ``command`` on every host of ``spg``, passing each output line to ``on_line``,
+    and return one result per host in rank order. A lost host cancels the others' commands
+    (an SPMD gang cannot go on without it); Ctrl-C cancels all, within :data:`CANCEL_GRACE_S`.
     """
     started = time.monotonic()
     streams = []
@@ -229,14 +200,8 @@ def _follow(
 
 
 def program_name(command: str) -> str:
-    """The program a shell command line runs first, for logs (arguments can hold secrets).
-
-    Args:
-        command: A shell command line.
-
-    Returns:
-        Its first word, unquoted when it can be; ``""`` for a blank line.
-    """
+    """The program a command line runs first (unquoted when it can be; ``""`` if blank): for
+    logs, as arguments can hold secrets."""
     try:
         words = shlex.split(command)
     except ValueError:  # unbalanced quotes: the shell's error to report, not ours
@@ -245,12 +210,5 @@ def program_name(command: str) -> str:
 
 
 def worst_exit_code(results: Sequence[HostResult]) -> int:
-    """The exit code a ``--worker=all`` run reports: the largest, 0 only if all are 0.
-
-    Args:
-        results: Every host's result.
-
-    Returns:
-        The largest exit code; 0 for none.
-    """
+    """The exit code a ``--worker=all`` run reports: the largest, 0 only if all are 0."""
     return max((r.exit_code for r in results), default=0)

@@ -1,8 +1,7 @@
 """Sub-slices: some hosts of a bigger slice, reserved as a slice of their own (Ray 2.60's
-``subslice_placement_group``, drop-in). They go through the whole-slice claiming loop with
-:class:`SubSlices` as targets: only sub-slices whose every host is idle are picked, and a
-slice's layout is learned only while the whole slice is idle.
-"""
+``subslice_placement_group``, drop-in), through the whole-slice claiming loop with
+:class:`SubSlices` as targets: only wholly idle sub-slices are picked, and a slice's layout
+is learned only while the whole slice is idle."""
 
 from __future__ import annotations
 
@@ -26,6 +25,8 @@ from tpuslice._reserve.reserve import (
     reserve_slices,
 )
 from tpuslice._run import layout_records
+from tpuslice._run.health import whole_slice_request
+from tpuslice._run.run import launch
 from tpuslice._tpu import subslice
 from tpuslice._tpu.compat import DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S
 from tpuslice._tpu.labels import SLICE_NAME_LABEL
@@ -102,13 +103,7 @@ class SubSlices:
 
     def prepare(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
         """Load the parents' layouts; if no known sub-slice is idle, learn an idle parent's.
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            The snapshot to pick from (a new one after a discovery).
-        """
+        Returns the snapshot to pick from (a new one after a discovery)."""
         parents = self._parents(snapshot)
         for info in parents:
             known = self.layouts.get(info.name)
@@ -143,15 +138,8 @@ class SubSlices:
             self.failed[info.name] = self.now()
 
     def pick(self, snapshot: ClusterSnapshot, taken: Mapping[int, str]) -> dict[int, SliceInfo]:
-        """The first idle sub-slice with no suspect host, else (last resort) one with.
-
-        Args:
-            snapshot: The cluster now.
-            taken: Indices already held.
-
-        Returns:
-            ``{0: the sub-slice}`` (one per reservation), or ``{}``.
-        """
+        """``{0: sub-slice}`` for the first idle one with no suspect host, else (last
+        resort) one with; ``{}`` if none, or once taken (one per reservation)."""
         if taken:
             return {}
         trusted = 0
@@ -182,9 +170,12 @@ class SubSlices:
         self.chosen[(info.name, tuple(workers))] = (info.topology, index)
         return {0: self._view(info, hosts, now)}
 
-    def _members(self, info: SliceInfo, layout: layouts.Layout) -> dict[int, list[int]]:
+    def _members(
+        self, info: SliceInfo, layout: layouts.Layout, every: bool = False
+    ) -> dict[int, list[int]]:
+        """Each sub-slice's worker ids, by index: only the one asked for, unless ``every``."""
         found = subslice.members(layout.physical, info.topology, self.plan.shape.topology)
-        wanted = self.request.subslice_index
+        wanted = None if every else self.request.subslice_index
         return found if wanted is None else {i: w for i, w in found.items() if i == wanted}
 
     def _view(self, parent: SliceInfo, hosts: list[HostInfo], now: float) -> SliceInfo:
@@ -203,26 +194,13 @@ class SubSlices:
         )
 
     def placement(self, target: SliceInfo) -> tuple[str, int]:
-        """Where a picked sub-slice sits.
-
-        Args:
-            target: A view returned by :meth:`pick`.
-
-        Returns:
-            ``(parent topology, sub-slice index)``.
-        """
+        """Where a sub-slice :meth:`pick` returned sits: ``(parent topology, index)``."""
         workers = tuple(h.worker_id for h in target.hosts.values() if h.worker_id is not None)
         return self.chosen[(target.name, workers)]
 
     def shortage(self, snapshot: ClusterSnapshot) -> str | None:
-        """Why no slice of the cluster can ever hold this sub-slice (or its index).
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            The reason, or None if some slice can.
-        """
+        """Why no slice of the cluster can ever hold this sub-slice or its index (None:
+        some slice can)."""
         parents = self._parents(snapshot)
         if not parents:
             have = sorted({f"{s.pod_type} {s.topology}" for s in snapshot.slices.values()})
@@ -233,7 +211,8 @@ class SubSlices:
                 "slice of exactly that shape"
             )
         wanted = self.request.subslice_index
-        known = [len(self._all_members(p)) for p in parents if p.name in self.layouts]
+        learned = self.layouts
+        known = [len(self._members(p, learned[p.name], True)) for p in parents if p.name in learned]
         if wanted is not None and known and wanted >= max(known):
             return (
                 f"subslice_index {wanted} is out of range: the slices here have "
@@ -241,19 +220,9 @@ class SubSlices:
             )
         return None
 
-    def _all_members(self, info: SliceInfo) -> dict[int, list[int]]:
-        layout = self.layouts[info.name]
-        return subslice.members(layout.physical, info.topology, self.plan.shape.topology)
-
     def explain(self, snapshot: ClusterSnapshot) -> str:
-        """Each parent and how many of its sub-slices are busy, naming a busy host of each.
-
-        Args:
-            snapshot: The cluster now.
-
-        Returns:
-            One line for a timeout's message.
-        """
+        """One line for a timeout's message: each parent and how many of its sub-slices
+        are busy, naming a busy host of each."""
         parts = []
         for info in self._parents(snapshot):
             layout = self.layouts.get(info.name)
@@ -290,16 +259,7 @@ def _discover_layout(info: SliceInfo, request: SliceRequest) -> layouts.Layout:
     shape = info.shape
     assert shape is not None
     bound = min(DISCOVERY_TIMEOUT_S, request.head_reservation_timeout_s or DISCOVERY_TIMEOUT_S)
-    whole = SliceRequest(
-        topology=shape.topology,
-        accelerator_version=shape.generation.name,
-        chips_per_vm=shape.chips_per_host,
-        tpu_resource_per_chip=request.tpu_resource_per_chip,
-        head_reservation_timeout_s=bound,
-        bundle_label_selector=[{SLICE_NAME_LABEL: info.name}] * shape.num_hosts,
-    )
-    from tpuslice._run.run import launch
-
+    whole = whole_slice_request(info, bound, request.tpu_resource_per_chip)
     started = time.monotonic()
     try:
         with reserve_slices(whole) as spg:
@@ -314,49 +274,21 @@ def _discover_layout(info: SliceInfo, request: SliceRequest) -> layouts.Layout:
         raise DiscoveryFailedError(str(exc)) from exc
     layout = layouts.Layout(info.name, shape.topology, physical, nodes)
     layout_records.save(layout)
-    logger.info(
-        "learned the layout of %s (%s) in %.1f s",
-        info.name,
-        shape.topology,
-        time.monotonic() - started,
-    )
+    took = time.monotonic() - started
+    logger.info("learned the layout of %s (%s) in %.1f s", info.name, shape.topology, took)
     return layout
 
 
 class SubslicePlacementGroup(SliceHandle):
-    """A reservation of some hosts of a bigger slice that form a slice of their own (Ray
-    2.60's ``SubslicePlacementGroup``). Its ranks follow the physical order, and each call
-    on it sees the sub-slice's own ``TPU_*`` values.
-    """
+    """Some hosts of a bigger slice, reserved as a slice of their own (Ray 2.60's
+    ``SubslicePlacementGroup``): ranks follow the physical order, and each call on it sees
+    the sub-slice's own ``TPU_*`` values."""
 
     def __init__(self, held: Reserved) -> None:
         if held.subslice is None:
             raise InvalidArgumentError("a SubslicePlacementGroup is a sub-slice's reservation")
         super().__init__(held)
         self._at = held.subslice
-
-    @classmethod
-    def _reserve(cls, request: SliceRequest) -> SubslicePlacementGroup:
-        """Reserve an idle sub-slice for a ``subslice=True`` request (errors: as
-        :func:`subslice_placement_group`)."""
-        if not request.subslice:
-            raise InvalidArgumentError("a sub-slice reservation needs subslice=True")
-        targets = SubSlices(request, RAY_OPS)
-        try:
-            held = reserve(request, targets=targets)
-        except InsufficientSlicesError as exc:
-            raise NoSubsliceParentError(str(exc)) from None
-        except ReservationTimeoutError as exc:
-            raise SubsliceUnavailableError(str(exc)) from None
-        try:
-            piece = held.slices[0]
-            parent_topology, index = targets.placement(piece.info)
-            selectors = held.plan.worker_selectors(piece.index, piece.info)
-            at = SubsliceAt(parent_topology, index, tuple(tuple(s.items()) for s in selectors))
-            return cls(dataclasses.replace(held, subslice=at))
-        except BaseException:
-            hand_back(held)
-            raise
 
     @property
     def placement_group(self) -> PlacementGroup | None:
@@ -425,7 +357,6 @@ def subslice_placement_group(
     subslice_index: int | None = None,
 ) -> SubslicePlacementGroup:
     """Reserve an idle sub-slice in any bigger slice (Ray 2.60's function, same parameters).
-
     Unlike Ray's, it returns once placed, picks only wholly idle sub-slices, and a timeout
     says which are busy.
 
@@ -461,4 +392,19 @@ def subslice_placement_group(
         subslice=True,
         subslice_index=subslice_index,
     )
-    return SubslicePlacementGroup._reserve(request)
+    targets = SubSlices(request)
+    try:
+        held = reserve(request, targets=targets)
+    except InsufficientSlicesError as exc:
+        raise NoSubsliceParentError(str(exc)) from None
+    except ReservationTimeoutError as exc:
+        raise SubsliceUnavailableError(str(exc)) from None
+    try:
+        piece = held.slices[0]
+        parent_topology, index = targets.placement(piece.info)
+        selectors = held.plan.worker_selectors(piece.index, piece.info)
+        at = SubsliceAt(parent_topology, index, tuple(tuple(s.items()) for s in selectors))
+        return SubslicePlacementGroup(dataclasses.replace(held, subslice=at))
+    except BaseException:
+        hand_back(held)
+        raise

@@ -1,7 +1,6 @@
 """What a running gang is watched for besides its tasks' errors: notices on its hosts (the
 run calls ``on_notice``, then leaves before the hosts go), hangs (silent heartbeats), and the
-evidence that tells a lost host's preemption from its failure and names the hosts to blame.
-"""
+evidence that tells a lost host's preemption from its failure and names whom to blame."""
 
 from __future__ import annotations
 
@@ -11,8 +10,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any
 
 import ray
 
@@ -42,6 +41,12 @@ class Hang:
     ranks: tuple[int, ...]
     startup: bool
     reason: str
+    cause: str = ""
+    """The ranks with their hosts: ``silent: rank 1 (v4-16-a host 1)``."""
+
+    @property
+    def what(self) -> str:
+        return "stuck starting" if self.startup else "silent"
 
 
 def find_hang(
@@ -51,19 +56,10 @@ def find_hang(
     heartbeat_timeout_s: float | None,
     startup_timeout_s: float | None,
 ) -> Hang | None:
-    """Whether a gang hangs, from each rank's last heartbeat. Pure. A rank is silent even
-    while others beat: a collective stuck on one host blocks them too.
-
-    Args:
-        beats: Per rank, the wall-clock time of its last heartbeat, or ``None``.
-        now: Wall-clock seconds.
-        started: When the gang was started (wall clock).
-        heartbeat_timeout_s: Longest silence after a first beat (``None``: not watched).
-        startup_timeout_s: Longest wait for a first beat (``None``: not watched).
-
-    Returns:
-        The hang, or ``None``.
-    """
+    """Whether a gang hangs, from each rank's last heartbeat (wall clock; ``None``: never).
+    Pure. A rank is silent even while others beat: a collective stuck on one host blocks
+    them too. ``heartbeat_timeout_s`` bounds silence after a first beat, ``startup_timeout_s``
+    the wait for one (``None``: not watched)."""
     never = tuple(r for r, at in enumerate(beats) if at is None)
     if startup_timeout_s is not None and never and now - started > startup_timeout_s:
         return Hang(
@@ -90,17 +86,6 @@ def find_hang(
     )
 
 
-class HangSeen(NamedTuple):
-    """A hang as a gang's watch reports it: ``cause`` names the ranks
-    (``silent: rank 1 (v4-16-a host 1)``), ``evidence`` is :attr:`Hang.reason`, ``what`` is
-    ``silent`` or ``stuck starting``."""
-
-    cause: str
-    evidence: str
-    ranks: tuple[int, ...]
-    what: str
-
-
 def describe_hang(
     config: WatchConfig,
     keys: Sequence[str],
@@ -108,31 +93,18 @@ def describe_hang(
     ranks: Sequence[str],
     started: float,
     now: float,
-) -> HangSeen | None:
-    """Whether a gang hangs, from the heartbeats published under its keys. Pure.
-
-    Args:
-        config: The timeouts.
-        keys: Each rank's heartbeat key, in rank order.
-        published: Key -> the rank's record as published.
-        ranks: Each rank with its host, for messages.
-        started: When the gang started (wall clock).
-        now: Wall-clock seconds.
-
-    Returns:
-        The hang, or ``None``.
-    """
-    beats = [_beat(published.get(key)) for key in keys]
+) -> Hang | None:
+    """Whether a gang hangs, from the records ``published`` under its ranks' ``keys``
+    (``ranks`` names each rank with its host, for messages). Pure."""
+    records = [Progress.decode(published.get(key)) for key in keys]
+    beats = [None if record is None else record.last for record in records]
     hang = find_hang(beats, now, started, config.heartbeat_timeout_s, config.startup_timeout_s)
     if hang is None:
         return None
-    what = "stuck starting" if hang.startup else "silent"
-    cause = f"{what}: {', '.join(ranks[r] for r in hang.ranks)}"
-    return HangSeen(cause, hang.reason, hang.ranks, what)
+    return replace(hang, cause=f"{hang.what}: {', '.join(ranks[r] for r in hang.ranks)}")
 
 
 def _check_timeout(name: str, value: float | None) -> None:
-    """Refuse a timeout that is not ``None`` or finite seconds > 0."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -173,13 +145,8 @@ class Broken(Exception):
         self.blamed = blamed
 
 
-ReadNotices = Callable[[Sequence[str]], Mapping[str, Notice]]
-ReadBeats = Callable[[Sequence[str]], Mapping[str, bytes]]
-ReadDead = Callable[[Sequence[str]], Collection[str]]
-
-
 def _dead_nodes(nodes: Sequence[str]) -> set[str]:
-    """Those of ``nodes`` that Ray sees dead; none when Ray is not connected."""
+    """Those of ``nodes`` that Ray sees dead (none when Ray is not connected)."""
     if not ray.is_initialized():
         return set()
     dead = {str(n.get("NodeID")) for n in ray.nodes() if not n.get("Alive")}
@@ -198,12 +165,12 @@ class AttemptWatch:
         ranks: Sequence[str],
         on_notice_event: Callable[[Notice], object],
         *,
-        read_notices: ReadNotices | None = None,
-        read_beats: ReadBeats | None = None,
+        read_notices: Callable[[Sequence[str]], Mapping[str, Notice]] | None = None,
+        read_beats: Callable[[Sequence[str]], Mapping[str, bytes]] | None = None,
         forget: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
         hosts: Sequence[HostInfo] = (),
-        read_dead: ReadDead = _dead_nodes,
+        read_dead: Callable[[Sequence[str]], Collection[str]] = _dead_nodes,
     ) -> None:
         self.config = config
         self.nodes = list(nodes)
@@ -222,28 +189,20 @@ class AttemptWatch:
         self.seen: list[Notice] = []
 
     def rank_env(self, rank: int) -> dict[str, str]:
-        """What rank ``rank``'s call gets set: its heartbeat key, always (the goodput
-        account reads its beats even when hangs are not watched).
-
-        Args:
-            rank: The rank.
-
-        Returns:
-            The variables.
-        """
+        """What a rank's call gets set: its heartbeat key, always (the goodput account reads
+        its beats even when hangs are not watched)."""
         return {BEAT_ENV: self._key(rank)}
+
+    def _host(self, rank: int) -> HostInfo | None:
+        return self.hosts[rank] if rank < len(self.hosts) else None
 
     def _key(self, rank: int) -> str:
         # With the slice: the cluster's slice-second count sees which slices do work.
-        host = self.hosts[rank] if rank < len(self.hosts) else None
+        host = self._host(rank)
         return beat_key(self.prefix, rank, host.slice_name if host is not None else "")
 
     def progress(self) -> GangProgress:
-        """What the gang's ranks published (nothing when Ray cannot be asked).
-
-        Returns:
-            The gang's progress.
-        """
+        """What the gang's ranks published (nothing when Ray cannot be asked)."""
         keys = [self._key(rank) for rank in range(len(self.ranks))]
         try:
             published = self._read_beats(keys)
@@ -255,11 +214,8 @@ class AttemptWatch:
         return GangProgress.of_published(published, keys)
 
     def check(self) -> None:
-        """Read notices and heartbeats (at most once per :data:`CHECK_S`).
-
-        Raises:
-            Broken: a notice on a host of the gang (after the hook), or a hang.
-        """
+        """Read notices and heartbeats (at most once per :data:`CHECK_S`); raise
+        :class:`Broken` for a notice on a host of the gang (after the hook) or a hang."""
         now = self._clock()
         if now < self._next:
             return
@@ -273,8 +229,8 @@ class AttemptWatch:
                 self.config, keys, self._read_beats(keys), self.ranks, self.started, now
             )
             if hang is not None:
-                blamed = self.blame(hang.ranks, SuspectReason.HANG, f"{hang.what}: {hang.evidence}")
-                raise Broken("hang", hang.cause, hang.evidence, blamed)
+                blamed = self.blame(hang.ranks, SuspectReason.HANG, f"{hang.what}: {hang.reason}")
+                raise Broken("hang", hang.cause, hang.reason, blamed)
 
     def close(self) -> None:
         """Forget this attempt's heartbeats, best effort (no Ray call if none were kept)."""
@@ -288,20 +244,12 @@ class AttemptWatch:
     def blame(
         self, ranks: Sequence[int], reason: SuspectReason, evidence: str
     ) -> tuple[Blame, ...]:
-        """The hosts of these ranks, blamed, each once.
-
-        Args:
-            ranks: Ranks of the gang.
-            reason: Why.
-            evidence: What was seen (prefixed with the host's first rank).
-
-        Returns:
-            One blame per host, in rank order.
-        """
+        """The hosts of these ranks, each blamed once, in rank order; ``evidence`` gets the
+        host's first rank as prefix."""
         found: dict[str, Blame] = {}
         for rank in ranks:
             node = self.nodes[rank]
-            host = self.hosts[rank] if rank < len(self.hosts) else None
+            host = self._host(rank)
             worker = host.worker_id if host is not None and host.worker_id is not None else -1
             slice_name = host.slice_name if host is not None else ""
             found.setdefault(
@@ -310,14 +258,8 @@ class AttemptWatch:
         return tuple(found.values())
 
     def lost_hosts(self, cause: str) -> tuple[Blame, ...]:
-        """The gang's hosts Ray sees dead, blamed (none if Ray cannot be asked).
-
-        Args:
-            cause: What the failed task said, for the evidence.
-
-        Returns:
-            One blame per dead host, in rank order.
-        """
+        """The gang's hosts Ray sees dead, blamed with the failed task's ``cause`` (none if
+        Ray cannot be asked)."""
         try:
             dead = self._read_dead(sorted(set(self.nodes)))
         except _ray.kv_errors() as exc:
@@ -327,11 +269,8 @@ class AttemptWatch:
         return self.blame(ranks, SuspectReason.HOST_FAILURE, f"died with no notice: {cause}")
 
     def judge_host_loss(self) -> tuple[bool, str]:
-        """Whether a lost host was a preemption: a host of the attempt had a notice.
-
-        Returns:
-            ``(preempted, evidence)``.
-        """
+        """``(preempted, evidence)``: a lost host was a preemption if a host of the attempt
+        had a notice."""
         try:
             recorded = list(self._read_notices(sorted(set(self.nodes))).values())
         except _ray.kv_errors() as exc:  # best effort: the loss stands anyway
@@ -352,11 +291,6 @@ class AttemptWatch:
             _run_hook(hook, event, budget)
         left = notice.describe(self._clock())
         raise Broken("notice", f"left before the hosts go: {left}", notice.event)
-
-
-def _beat(raw: bytes | None) -> float | None:
-    progress = Progress.decode(raw)
-    return None if progress is None else progress.last
 
 
 def _run_hook(hook: Callable[[Any], None], event: object, budget_s: float) -> None:

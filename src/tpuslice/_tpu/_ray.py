@@ -1,5 +1,5 @@
 """The only module that touches Ray's private names (``ray._private``, ``ray._raylet``).
-Each function names the public API we would use if Ray had one."""
+Ray has no public API for any of these but where a function names one."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import ray
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
-    """Available resources of every alive node, in one GCS read; a resource fully in
-    use is *absent*, not zero. Public alternative: none (only cluster totals)."""
+    """Available resources of every alive node, in one GCS read (Ray's public API has only
+    cluster totals); a resource fully in use is *absent*, not zero."""
     from ray._private.state import available_resources_per_node as read
 
     result: dict[str, dict[str, float]] = read()
@@ -22,8 +22,7 @@ def available_resources_per_node() -> dict[str, dict[str, float]]:
 
 
 def cluster_can_grow() -> bool:
-    """Whether an autoscaler has published a cluster config; ``TPUSLICE_CLUSTER_CAN_GROW``
-    overrides. Public alternative: none."""
+    """Whether an autoscaler has published a cluster config (or the env says so)."""
     override = os.environ.get("TPUSLICE_CLUSTER_CAN_GROW")
     if override is not None:
         return override.strip().lower() in ("1", "true", "yes")
@@ -33,8 +32,7 @@ def cluster_can_grow() -> bool:
 
 
 def recorded_cluster_address() -> str | None:
-    """The address ``address="auto"`` joins (the last cluster started on this machine),
-    or ``None``. Public alternative: none."""
+    """The address ``address="auto"`` joins (the last cluster started on this machine)."""
     from ray._private.utils import read_ray_address
 
     address: str | None = read_ray_address(None)
@@ -42,8 +40,7 @@ def recorded_cluster_address() -> str | None:
 
 
 def node_process_pids(node: Any) -> list[int]:
-    """Pids of the Ray processes a ``ray.cluster_utils`` node started. Public
-    alternative: none (``Node.all_processes`` is private)."""
+    """Pids of the Ray processes a ``ray.cluster_utils`` node started."""
     pids: list[int] = []
     for infos in getattr(node, "all_processes", {}).values():
         pids.extend(info.process.pid for info in infos if info.process is not None)
@@ -53,7 +50,7 @@ def node_process_pids(node: Any) -> list[int]:
 @contextmanager
 def minimal_node_agents() -> Iterator[None]:
     """Ray nodes started here during the block run Ray's *minimal* dashboard agent (far
-    less CPU while idle), by making Ray's dependency check fail. Public alternative: none."""
+    less CPU while idle), by making Ray's dependency check fail."""
     utils = ray._private.utils
     real = getattr(utils, "get_dashboard_dependency_error", None)
     if real is None:  # another Ray: its agents as they come
@@ -72,15 +69,11 @@ _NODE_START_PATCH = threading.Lock()
 
 @contextmanager
 def node_processes_started_by(run: Callable[[Callable[[], None]], None]) -> Iterator[None]:
-    """A Ray node this thread starts during the block resolves and spawns its processes
-    through ``run``, then waits for its raylet here.
-
-    Ray reads a node's TPU facts from the environment and ties its processes to the
-    spawning *thread* (each dies with it), so ``run`` hands that short step to one
-    long-lived thread with the environment set there, and threads can wait for several
-    nodes at once. Off the main thread no ``SIGTERM`` handler is set (Python forbids it);
-    the head's stays. Public alternative: none (``Cluster.add_node`` does all in one call).
-    """
+    """A Ray node this thread starts during the block spawns its processes through ``run``,
+    then waits for its raylet here. Ray ties a node's processes to the spawning *thread* and
+    reads its TPU facts from the environment, so ``run`` hands that step to one long-lived
+    thread with the environment set, and several nodes can start at once. Off the main
+    thread no ``SIGTERM`` handler is set (Python forbids it)."""
     from ray._private import utils
     from ray._private.node import Node as node_class
 
@@ -118,14 +111,11 @@ def node_logs_dir(node: Any) -> str | None:
 
 def kv_errors() -> tuple[type[BaseException], ...]:
     """What a KV call raises when the GCS cannot be reached or Ray is shutting down."""
-    import ray
-
     return (ray.exceptions.RayError, ConnectionError, OSError, RuntimeError)
 
 
 def kv_put(key: str, value: bytes, namespace: str | None) -> bool:
-    """Write Ray's internal KV store; whether the key existed. ``ConnectionError`` when not
-    connected. Public alternative: none."""
+    """Write Ray's internal KV store; whether the key existed. Not connected: ConnectionError."""
     from ray.experimental import internal_kv
 
     if not internal_kv._internal_kv_initialized():
@@ -135,8 +125,7 @@ def kv_put(key: str, value: bytes, namespace: str | None) -> bool:
 
 
 def kv_list(prefix: str, namespace: str | None) -> list[str]:
-    """Keys of Ray's internal KV store starting with ``prefix``; ``[]`` when not connected.
-    Public alternative: none."""
+    """Keys of Ray's internal KV store starting with ``prefix``; ``[]`` when not connected."""
     from ray.experimental import internal_kv
 
     if not internal_kv._internal_kv_initialized():
@@ -146,8 +135,7 @@ def kv_list(prefix: str, namespace: str | None) -> list[str]:
 
 
 def kv_get(key: str, namespace: str | None) -> bytes | None:
-    """Read Ray's internal KV store; ``None`` when absent or not connected. Public
-    alternative: none."""
+    """Read Ray's internal KV store; ``None`` when absent or not connected."""
     from ray.experimental import internal_kv
 
     if not internal_kv._internal_kv_initialized():
@@ -157,8 +145,7 @@ def kv_get(key: str, namespace: str | None) -> bytes | None:
 
 
 def kv_delete(key: str, namespace: str | None, *, prefix: bool = False) -> None:
-    """Delete a key (every key starting with it if ``prefix``) of Ray's internal KV store;
-    nothing when not connected. Public alternative: none."""
+    """Delete a key of Ray's internal KV store (or every key it starts, with ``prefix``)."""
     from ray.experimental import internal_kv
 
     if internal_kv._internal_kv_initialized():
@@ -166,8 +153,7 @@ def kv_delete(key: str, namespace: str | None, *, prefix: bool = False) -> None:
 
 
 def kv_get_many(keys: list[str], namespace: str | None) -> dict[str, bytes]:
-    """Several keys of Ray's internal KV store in one GCS call, absent ones left out
-    (empty when not connected). Public alternative: none."""
+    """Several keys of Ray's internal KV store in one GCS call, absent ones left out."""
     from ray._private import worker
     from ray.experimental import internal_kv
 
@@ -196,8 +182,7 @@ def current_node_id() -> str:
 
 
 def remote_function_parts(fn: Any) -> tuple[Any, dict[str, Any]]:
-    """The Python function behind a ``@ray.remote`` function, and its options. Public
-    alternative: none."""
+    """The Python function behind a ``@ray.remote`` function, and its options."""
     function = getattr(fn, "_function", None)
     if function is None:
         raise TypeError(
@@ -207,8 +192,8 @@ def remote_function_parts(fn: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def dead_jobs(job_ids: Collection[str]) -> set[str]:
-    """Of these Ray job ids (hex), those whose drivers have exited. Public alternative:
-    ``ray.util.state.list_jobs``, which needs the dashboard."""
+    """Of these Ray job ids (hex), those whose drivers have exited (public:
+    ``ray.util.state.list_jobs``, which needs the dashboard)."""
     from ray._private.state import state
 
     wanted = set(job_ids)
@@ -216,8 +201,7 @@ def dead_jobs(job_ids: Collection[str]) -> set[str]:
 
 
 def connection_identity() -> bytes | None:
-    """This process's connection to Ray: its worker id, new at every ``ray.init``;
-    ``None`` when not connected. Never connects. Public alternative: none."""
+    """This process's worker id, new at every ``ray.init``; None when not connected."""
     from ray._private import worker
 
     driver = worker.global_worker
@@ -232,8 +216,8 @@ def current_job_id() -> str:
 
 
 def alive_actors_on(node_ids: Collection[str]) -> list[tuple[str, str, int]]:
-    """``(class name, node id, pid)`` of the live actors on these nodes. Public
-    alternative: ``ray.util.state.list_actors``, which needs Ray's dashboard."""
+    """``(class name, node id, pid)`` of the live actors on these nodes (public:
+    ``ray.util.state.list_actors``, which needs Ray's dashboard)."""
     from ray._private import state
 
     wanted = set(node_ids)
@@ -245,9 +229,9 @@ def alive_actors_on(node_ids: Collection[str]) -> list[tuple[str, str, int]]:
 
 
 def gcs_token_refusal(address: str) -> str | None:
-    """Ray's reason when the GCS at ``address`` refuses this process's token, else
-    ``None``. A GCS that does not answer is waited for long: bound the call yourself.
-    Public alternative: none (``ray.init`` retries, then fails without saying why)."""
+    """Ray's reason if the GCS at ``address`` refuses our token, else None (``ray.init``
+    retries, then fails without saying why). A silent GCS is waited for long: bound the call.
+    """
     raylet: Any = ray._raylet  # its type stubs leave out the GCS client
 
     try:
@@ -258,8 +242,7 @@ def gcs_token_refusal(address: str) -> str | None:
 
 
 def reload_auth_settings() -> None:
-    """Make Ray here re-read ``RAY_AUTH_MODE`` and its token (only while not connected).
-    Public alternative: none."""
+    """Make Ray here re-read ``RAY_AUTH_MODE`` and its token (only while not connected)."""
     raylet: Any = ray._raylet  # its type stubs leave out both classes
 
     # The mode before the token: a token dropped while the mode still said "token"
@@ -270,7 +253,7 @@ def reload_auth_settings() -> None:
 
 def enable_token_auth_if_token_found() -> None:
     """As ``ray.init`` does for an address it finds: with ``RAY_AUTH_MODE`` unset and a
-    token found, use token mode. Public alternative: none."""
+    token found, use token mode."""
     from ray._private.authentication.authentication_token_setup import (
         maybe_enable_token_auth_if_token_available,
     )

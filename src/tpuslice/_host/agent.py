@@ -40,8 +40,8 @@ OWNER_RECHECK_S = 2.0  # how often the agent looks whether a recorded owner stil
 
 
 class OwnerWatch:
-    """Keeps a host's owner record true: a daemon thread looks whether the recorded owner
-    still holds the TPU, and once not, has ``refresh`` record the owner again."""
+    """A daemon thread that has ``refresh`` record the owner again once the recorded one
+    lets go of the TPU."""
 
     def __init__(self, still_holds: Callable[[int], bool], refresh: Callable[[], object]) -> None:
         self._still_holds = still_holds
@@ -83,9 +83,8 @@ class OwnerWatch:
 
 
 class FreeKey:
-    """A host's ``tpu-free/`` key, shown or hidden when what it says changes, and put again
-    every :data:`FREE_RENEW_S` while free so a lost key (a GCS restart, a racing dead-node
-    cleanup) comes back. Not thread-safe: the agent holds its record lock."""
+    """A host's ``tpu-free/`` key, shown or hidden as it changes, and shown again every
+    :data:`FREE_RENEW_S` while free so a lost key comes back. Not thread-safe."""
 
     def __init__(
         self,
@@ -166,18 +165,15 @@ class HostAgent:
             _ray.kv_put(key, standing.to_json(), NAMESPACE)
 
     def owner(self, thorough: bool = False) -> dict[str, Any] | None:
-        """This host's TPU owner now as :meth:`TPUOwner.to_dict` data (None: free), recorded
-        for the cluster view. ``thorough`` also searches every process's descriptors."""
+        """This host's TPU owner now, recorded (None: free); ``thorough`` searches all pids."""
         return self._record(find_owner(self.root, among=None if thorough else ()))
 
     def release(
         self, job_id: str, pids: list[int], grace_s: float, timeout_s: float
     ) -> dict[str, Any] | None:
-        """Stop every process of the handed-back work that still owns this TPU (SIGTERM,
-        then SIGKILL after ``grace_s``), and wait up to ``timeout_s`` until none does: one of
-        ``pids``, a worker of ``job_id``, or an idle Ray worker (the TPU was free when
-        claimed, so an idle holder ran it). The owner left (recorded): None, someone else's,
-        or one of ours past the time."""
+        """Within ``timeout_s``, stop (SIGKILL ``grace_s`` after SIGTERM) whichever of ``pids``,
+        worker of ``job_id`` or idle Ray worker (the TPU was free when claimed, so an idle
+        holder ran the work) still owns this TPU; the owner left, recorded."""
         deadline = time.monotonic() + timeout_s
         signalled: dict[int, float] = {}
         foreign: set[int] = set()
@@ -205,9 +201,8 @@ class HostAgent:
             time.sleep(0.02)
 
     def kill(self, pid: int, uid: int, timeout_s: float) -> dict[str, Any] | None:
-        """Stop owner ``pid`` (SIGKILL ``timeout_s`` after SIGTERM) if it still owns the TPU;
-        PermissionError unless it belongs to the asking user ``uid``. The owner left
-        (recorded), None if the TPU is free."""
+        """Stop owner ``pid`` (SIGKILL ``timeout_s`` after SIGTERM) if it still owns the TPU
+        and is the asking user's (else PermissionError); the owner left, recorded."""
         owner = find_owner(self.root)
         if owner is None or owner.pid != pid:
             return self._record(owner)
@@ -225,9 +220,8 @@ class HostAgent:
         return self._record(now)
 
     def look_at_lock(self) -> None:
-        """Look once at libtpu's lock and keep the free key true (while an owner is recorded
-        :class:`OwnerWatch` looks instead). A holder found is not recorded here: the next
-        reservation's question to this host records it."""
+        """While no owner is recorded, keep the free key true to libtpu's lock. A holder is
+        not recorded here: the next reservation's question to this host records it."""
         with self._record_lock:
             if self._stored_free:
                 self._free_key.set(lock_holder(self.root) is None)

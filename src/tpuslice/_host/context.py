@@ -80,8 +80,7 @@ def current_host() -> HostContext:
     return HostContext(**values)
 
 
-TPU_IN_USE = "The TPU is already in use"
-"""What libtpu says when another process owns the host's TPU."""
+TPU_IN_USE = "The TPU is already in use"  # libtpu's words when another process owns it
 
 
 def apply_env(values: Mapping[str, str | None]) -> None:
@@ -94,13 +93,10 @@ def apply_env(values: Mapping[str, str | None]) -> None:
 
 
 def with_context(function: Callable[..., Any], returns: int | None = None) -> Callable[..., Any]:
-    """``run_in_context(env, *args, **kwargs)``: the user's function called with ``env``
-    set in ``os.environ`` (stale ``MEGASCALE_*`` dropped; all restored after).
-
-    With ``returns`` (the function's ``num_returns``) the pid rides along as one more value,
-    so the hand-back can stop exactly the processes that ran the work. The wrapper refers to
-    no tpuslice module, so Ray ships it by value and a host's worker need not import tpuslice.
-    """
+    """``run_in_context(env, *args, **kwargs)``: ``function`` run with ``env`` set (stale
+    ``MEGASCALE_*`` dropped; all restored after). With ``returns`` (its ``num_returns``) the
+    pid rides along, so the hand-back can stop exactly the processes that ran the work. It
+    refers to no tpuslice module: Ray ships it by value, and workers need not import tpuslice."""
 
     # A copy with only ``os`` as globals is pickled by value, not by reference; it keeps a
     # module name, else pickling searches every loaded module for it.

@@ -1,7 +1,6 @@
 """``heartbeat()`` and ``checkpointed()``: the user's code says "still making progress" and
-"a checkpoint is saved", cheaply. A beat is a dict write under the call's key
-(``TPUSLICE_HEARTBEAT_KEY``); a daemon thread publishes it to Ray's KV store for the
-driver's watchdog and goodput account."""
+"a checkpoint is saved", cheaply; a daemon thread publishes each call's beats to Ray's KV
+store for the driver's watchdog and goodput account."""
 
 from __future__ import annotations
 
@@ -28,9 +27,8 @@ def beat_key(prefix: str, rank: int, slice_name: str = "") -> str:
 
 
 def heartbeat() -> None:
-    """Say this host is making progress (call it once per step). Cheap: it notes the time
-    in memory, and a background thread publishes it. Outside a tpuslice call it does nothing.
-    """
+    """Say this host is making progress (call it once per step): a dict write, published
+    by a background thread. Outside a tpuslice call it does nothing."""
     BEATS.note()
 
 
@@ -67,8 +65,7 @@ class Progress:
     """The step its newest checkpoint saved, if given."""
 
     def encode(self) -> bytes:
-        """``last first checkpoint_at checkpoint_s checkpoints step`` (``-`` for none):
-        newest beat first, so a reader of beats reads one number."""
+        """Space-separated fields (``-`` for none), the newest beat first for its readers."""
         at = "-" if self.checkpoint_at is None else repr(self.checkpoint_at)
         step = "-" if self.step is None else str(self.step)
         fields = (repr(self.last), repr(self.first), at, repr(self.checkpoint_s))
@@ -108,8 +105,7 @@ class Beats:
         self._wake = threading.Event()
 
     def note(self, *, checkpoint: bool = False, step: int | None = None) -> None:
-        """Note a beat (or checkpoint) of the current call, if any, and have the publisher
-        running."""
+        """Note a beat (or checkpoint) of the current call, if any; start the publisher."""
         key = os.environ.get(BEAT_ENV)
         if key is None:
             return
@@ -147,9 +143,8 @@ class Beats:
             self._wake.clear()
 
     def publish_due(self, sent: dict[str, Progress]) -> None:
-        """Publish the current call's progress if it changed since ``sent`` (updated);
-        forget ended calls' (a beat published after would outlive the keys the driver deletes).
-        """
+        """Publish the current call's progress if it changed since ``sent``; forget ended
+        calls' (a beat published after would outlive the keys the driver deletes)."""
         current = os.environ.get(BEAT_ENV)
         for key, progress in list(self.latest.items()):
             if key != current:

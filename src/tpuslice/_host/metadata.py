@@ -1,8 +1,5 @@
 """The GCE metadata server, asked within one short time budget so it never hangs off GCP.
-
-A reply without ``Metadata-Flavor: Google`` (a captive portal) is not believed;
-``GCE_METADATA_HOST`` moves the server, as in Google's libraries.
-"""
+A reply without ``Metadata-Flavor: Google`` (a captive portal's) is not believed."""
 
 from __future__ import annotations
 
@@ -40,10 +37,9 @@ def metadata_root() -> str:
 
 
 class MetadataClient:
-    """Reads GCE instance attributes (under ``base_url``) within one total budget of
-    ``timeout_s`` for all requests; after it, or once unreachable, every ``get`` is None at
-    once. Each request runs in a daemon thread, since urllib's timeout does not bound slow
-    DNS. Answers are cached; ``timeout_s=0`` never touches the network."""
+    """Cached GCE instance attributes, all within one budget of ``timeout_s``; after it, or
+    once unreachable, every ``get`` is None at once. Each request runs in a daemon thread,
+    since urllib's timeout does not bound slow DNS."""
 
     def __init__(
         self,

@@ -167,8 +167,7 @@ def _resolve(
 def detect(
     *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
 ) -> HostTPUInfo:
-    """This host's TPU facts, each from its first source; InvalidArgumentError if a
-    ``TPU_*`` variable is malformed (malformed metadata is ignored)."""
+    """This host's TPU facts; a malformed ``TPU_*`` variable raises, bad metadata is unused."""
     env, metadata = _resolve(env, metadata)
     name = _lookup(env, metadata, _SLICE_NAME, str.strip)
     worker = _lookup(env, metadata, _WORKER_ID, _parse_worker_id)

@@ -1,7 +1,6 @@
-"""Preemption and maintenance notices a TPU host's metadata server gives:
-``instance/preempted`` turns ``TRUE`` before a Spot VM stops, ``instance/maintenance-event``
-leaves ``NONE`` before host maintenance. Each host's agent long-polls both and records the
-standing :class:`Notice` in Ray's KV store, so everyone sees it without asking the host."""
+"""Preemption and maintenance notices a TPU host's metadata server gives. Each host's agent
+long-polls them and records the standing :class:`Notice` in Ray's KV store, so everyone
+sees it without asking the host."""
 
 from __future__ import annotations
 

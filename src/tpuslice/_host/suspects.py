@@ -10,7 +10,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, SUSPECT_COOLDOWN_KEY, SUSPECT_KEY_PREFIX
@@ -59,15 +59,8 @@ class Suspect(Blame):
         evidence = blame.evidence
         if len(evidence) > MAX_EVIDENCE_CHARS:
             evidence = evidence[: MAX_EVIDENCE_CHARS - 1].rstrip() + "…"
-        return cls(
-            blame.node_id,
-            blame.slice_name,
-            blame.worker_id,
-            blame.reason,
-            evidence,
-            since,
-            since + cooldown_s,
-        )
+        named = {f.name: getattr(blame, f.name) for f in fields(Blame)}
+        return cls(**{**named, "evidence": evidence}, since=since, until=since + cooldown_s)
 
     def live(self, now: float) -> bool:
         """Whether the cool-down still runs."""

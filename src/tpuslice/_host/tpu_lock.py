@@ -18,8 +18,6 @@ GOOGLE_PCI_VENDOR_ID = "0x1ae0"
 JOB_ENV = "RAY_JOB_ID"  # in a Ray worker's environment
 PROC = Path("/proc")
 COMMAND_LIMIT = 120
-
-
 HOST_ROOT = Path("/")
 """Where this host's ``tmp/libtpu_lockfile`` and ``dev/accel*`` live; a process that sees
 them elsewhere sets it once at start-up."""
@@ -226,10 +224,9 @@ def _env_bool(value: str | None) -> bool:
 
 
 def lock_wanted(environ: Mapping[str, str]) -> bool:
-    """Whether libtpu would take (or be refused) its lock in a process with this
-    environment, as XLA's ``TryAcquireTpuLock`` decides: not with ``TPU_LOAD_LIBRARY`` 0 or
-    1, nor ``ALLOW_MULTIPLE_LIBTPU_LOAD`` true, nor chips-per-process bounds other than
-    exactly ``2,2,1`` (a string test, as Ray's 1- and 2-chip tasks rely on)."""
+    """Whether libtpu takes (or is refused) its lock in this environment, as XLA's
+    ``TryAcquireTpuLock``: not with ``TPU_LOAD_LIBRARY`` 0/1, ``ALLOW_MULTIPLE_LIBTPU_LOAD``
+    true, or chip bounds other than the string ``2,2,1`` (Ray's 1- and 2-chip tasks rely on it)."""
     if environ.get("TPU_LOAD_LIBRARY") in ("0", "1"):
         return False
     if _env_bool(environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD")):

@@ -100,12 +100,11 @@ def refused(address: str, reason: str = "") -> TokenAuthError:
 def check_token(
     address: str, *, found_on_its_own: bool = False, timeout_s: float = CHECK_TIMEOUT_S
 ) -> None:
-    """Before ``ray.init``: raise TokenAuthError if the GCS at ``address`` will refuse our
-    token. One silent past ``timeout_s`` is left to ``ray.init``; ``ray://`` is its server's
-    to check. ``found_on_its_own`` (address not given): a token found turns token mode on,
-    as ``ray.init`` does."""
+    """Raise TokenAuthError if the GCS at ``address`` will refuse our token (one silent past
+    ``timeout_s`` is left to ``ray.init``). For an address not given, a token found turns
+    token mode on, as in ``ray.init``."""
     if address.startswith("ray://"):
-        return
+        return  # the Ray Client server checks the token itself
     if not ray.is_initialized():
         _ray.reload_auth_settings()
         if found_on_its_own:
@@ -148,8 +147,6 @@ def connect(address: str | None = None, **init_kwargs: Any) -> None:
 
     Raises:
         TokenAuthError: the cluster requires a token and this one is missing or wrong.
-        ConnectionError: no cluster answers (Ray's own error).
-        RuntimeError: this process is connected already (Ray's own error).
     """
     given = address or os.environ.get("RAY_ADDRESS")
     target = given or _ray.recorded_cluster_address()
@@ -171,9 +168,9 @@ def write_token(path: Path) -> str:
 
 
 def present_token_file(path: Path) -> dict[str, str | None]:
-    """From now on this process and its children present the token in ``path`` (with
-    ``RAY_AUTH_TOKEN``, which would win, unset). Only while not connected; returns what
-    :func:`restore_auth_env` puts back."""
+    """This process and its children present the token in ``path`` (``RAY_AUTH_TOKEN``,
+    which would win, unset); what :func:`restore_auth_env` puts back. Only when not connected.
+    """
     saved = {name: os.environ.get(name) for name in AUTH_ENV}
     _set_env({MODE_ENV: "token", TOKEN_PATH_ENV: str(path), TOKEN_ENV: None})
     return saved

@@ -1,7 +1,6 @@
 """What one process keeps while connected (threads, actor handles, caches, writers), owned
-in one place and closed in one order. A reconnection or fork starts a new one and drops the
-old; :func:`close_connection` runs at exit (a hook added after ``import ray``, so before
-Ray's ``shutdown``) and before a disconnect."""
+in one place and closed in one order: at exit (a hook added after ``import ray``, so before
+Ray's ``shutdown``) and before a disconnect. A reconnection or fork drops the old one."""
 
 from __future__ import annotations
 
@@ -32,10 +31,8 @@ class Tier(enum.IntEnum):
 
 
 class Connection:
-    """One part of each kind (a class made with no arguments), made on first use. A part
-    may have a ``tier``, a ``close()`` (finish its work) and a ``drop()`` (stop at once).
-    ``identity`` is :func:`~tpuslice._tpu._ray.connection_identity` (None: not connected).
-    """
+    """One part of each kind (a class made with no arguments), made on first use; a part
+    may have a ``tier``, a ``close()`` (finish its work) and a ``drop()`` (stop at once)."""
 
     def __init__(self, identity: bytes | None = None) -> None:
         self.identity = identity
@@ -84,9 +81,8 @@ class Connection:
 
 
 class Pool:
-    """Up to ``workers`` threads for a part. Once Python has stopped its executors (at exit,
-    before the exit hooks) or the pool closed, work runs on the caller's thread, so a
-    hand-back at exit still completes."""
+    """Up to ``workers`` threads for a part; once Python stopped its executors (at exit, before
+    the hooks) or the pool closed, work runs here, so a hand-back at exit still completes."""
 
     def __init__(self, workers: int, name: str) -> None:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)

@@ -10,14 +10,15 @@ from contextlib import contextmanager
 from typing import Any
 
 import ray
+from ray._private import ray_constants, utils, worker
+from ray._private import state as gcs_state
+from ray.experimental import internal_kv
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
     """Available resources of every alive node, in one GCS read (Ray's public API has only
     cluster totals); a resource fully in use is *absent*, not zero."""
-    from ray._private.state import available_resources_per_node as read
-
-    result: dict[str, dict[str, float]] = read()
+    result: dict[str, dict[str, float]] = gcs_state.available_resources_per_node()
     return result
 
 
@@ -26,16 +27,12 @@ def cluster_can_grow() -> bool:
     override = os.environ.get("TPUSLICE_CLUSTER_CAN_GROW")
     if override is not None:
         return override.strip().lower() in ("1", "true", "yes")
-    from ray._private.state import state
-
-    return state.get_cluster_config() is not None
+    return gcs_state.state.get_cluster_config() is not None
 
 
 def recorded_cluster_address() -> str | None:
     """The address ``address="auto"`` joins (the last cluster started on this machine)."""
-    from ray._private.utils import read_ray_address
-
-    address: str | None = read_ray_address(None)
+    address: str | None = utils.read_ray_address(None)
     return address or None
 
 
@@ -49,9 +46,7 @@ def node_process_pids(node: Any) -> list[int]:
 
 @contextmanager
 def minimal_node_agents() -> Iterator[None]:
-    """Ray nodes started here during the block run Ray's *minimal* dashboard agent (far
-    less CPU while idle), by making Ray's dependency check fail."""
-    utils = ray._private.utils
+    """Nodes started here during the block run Ray's *minimal* dashboard agent (less CPU)."""
     real = getattr(utils, "get_dashboard_dependency_error", None)
     if real is None:  # another Ray: its agents as they come
         yield
@@ -69,12 +64,11 @@ _NODE_START_PATCH = threading.Lock()
 
 @contextmanager
 def node_processes_started_by(run: Callable[[Callable[[], None]], None]) -> Iterator[None]:
-    """A Ray node this thread starts during the block spawns its processes through ``run``,
-    then waits for its raylet here. Ray ties a node's processes to the spawning *thread* and
-    reads its TPU facts from the environment, so ``run`` hands that step to one long-lived
-    thread with the environment set, and several nodes can start at once. Off the main
-    thread no ``SIGTERM`` handler is set (Python forbids it)."""
-    from ray._private import utils
+    """A Ray node this thread starts during the block spawns its processes through ``run``.
+    Ray ties them to the spawning *thread* and reads TPU facts from the environment, so
+    ``run`` hands that step to one long-lived thread with the environment set, and several
+    nodes start at once. Off the main thread no ``SIGTERM`` handler is set (Python forbids it).
+    """
     from ray._private.node import Node as node_class
 
     with _NODE_START_PATCH:
@@ -116,8 +110,6 @@ def kv_errors() -> tuple[type[BaseException], ...]:
 
 def kv_put(key: str, value: bytes, namespace: str | None) -> bool:
     """Write Ray's internal KV store; whether the key existed. Not connected: ConnectionError."""
-    from ray.experimental import internal_kv
-
     if not internal_kv._internal_kv_initialized():
         raise ConnectionError(f"cannot write {key!r}: Ray is not connected")
     existed = internal_kv._internal_kv_put(key, value, namespace=namespace)
@@ -126,8 +118,6 @@ def kv_put(key: str, value: bytes, namespace: str | None) -> bool:
 
 def kv_list(prefix: str, namespace: str | None) -> list[str]:
     """Keys of Ray's internal KV store starting with ``prefix``; ``[]`` when not connected."""
-    from ray.experimental import internal_kv
-
     if not internal_kv._internal_kv_initialized():
         return []
     keys = internal_kv._internal_kv_list(prefix, namespace=namespace)
@@ -136,8 +126,6 @@ def kv_list(prefix: str, namespace: str | None) -> list[str]:
 
 def kv_get(key: str, namespace: str | None) -> bytes | None:
     """Read Ray's internal KV store; ``None`` when absent or not connected."""
-    from ray.experimental import internal_kv
-
     if not internal_kv._internal_kv_initialized():
         return None
     value: bytes | None = internal_kv._internal_kv_get(key, namespace=namespace)
@@ -146,17 +134,12 @@ def kv_get(key: str, namespace: str | None) -> bytes | None:
 
 def kv_delete(key: str, namespace: str | None, *, prefix: bool = False) -> None:
     """Delete a key of Ray's internal KV store (or every key it starts, with ``prefix``)."""
-    from ray.experimental import internal_kv
-
     if internal_kv._internal_kv_initialized():
         internal_kv._internal_kv_del(key, del_by_prefix=prefix, namespace=namespace)
 
 
 def kv_get_many(keys: list[str], namespace: str | None) -> dict[str, bytes]:
     """Several keys of Ray's internal KV store in one GCS call, absent ones left out."""
-    from ray._private import worker
-    from ray.experimental import internal_kv
-
     if not keys or not internal_kv._internal_kv_initialized():
         return {}
     client = worker.global_worker.gcs_client
@@ -171,8 +154,6 @@ def kv_get_many(keys: list[str], namespace: str | None) -> dict[str, bytes]:
 
 def dashboard_kv_namespace() -> str:
     """Namespace the Ray dashboard reads (JAX profiler ports live there)."""
-    from ray._private import ray_constants
-
     return str(ray_constants.KV_NAMESPACE_DASHBOARD)
 
 
@@ -194,16 +175,12 @@ def remote_function_parts(fn: Any) -> tuple[Any, dict[str, Any]]:
 def dead_jobs(job_ids: Collection[str]) -> set[str]:
     """Of these Ray job ids (hex), those whose drivers have exited (public:
     ``ray.util.state.list_jobs``, which needs the dashboard)."""
-    from ray._private.state import state
-
     wanted = set(job_ids)
-    return {j["JobID"] for j in state.job_table() if j["JobID"] in wanted and j["IsDead"]}
+    return {j["JobID"] for j in gcs_state.state.job_table() if j["JobID"] in wanted and j["IsDead"]}
 
 
 def connection_identity() -> bytes | None:
     """This process's worker id, new at every ``ray.init``; None when not connected."""
-    from ray._private import worker
-
     driver = worker.global_worker
     if not driver.connected:
         return None
@@ -218,20 +195,17 @@ def current_job_id() -> str:
 def alive_actors_on(node_ids: Collection[str]) -> list[tuple[str, str, int]]:
     """``(class name, node id, pid)`` of the live actors on these nodes (public:
     ``ray.util.state.list_actors``, which needs Ray's dashboard)."""
-    from ray._private import state
-
     wanted = set(node_ids)
     return [
         (info["ActorClassName"], info["Address"]["NodeID"], int(info["Pid"]))
-        for info in state.actors(actor_state_name="ALIVE").values()
+        for info in gcs_state.actors(actor_state_name="ALIVE").values()
         if info["Address"]["NodeID"] in wanted
     ]
 
 
 def gcs_token_refusal(address: str) -> str | None:
-    """Ray's reason if the GCS at ``address`` refuses our token, else None (``ray.init``
-    retries, then fails without saying why). A silent GCS is waited for long: bound the call.
-    """
+    """Ray's reason if the GCS at ``address`` refuses our token, else None. A silent GCS is
+    waited for long: bound the call."""
     raylet: Any = ray._raylet  # its type stubs leave out the GCS client
 
     try:
@@ -252,8 +226,7 @@ def reload_auth_settings() -> None:
 
 
 def enable_token_auth_if_token_found() -> None:
-    """As ``ray.init`` does for an address it finds: with ``RAY_AUTH_MODE`` unset and a
-    token found, use token mode."""
+    """As ``ray.init`` does for an address it finds: token mode if unset and a token is found."""
     from ray._private.authentication.authentication_token_setup import (
         maybe_enable_token_auth_if_token_available,
     )

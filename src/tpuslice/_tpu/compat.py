@@ -1,6 +1,5 @@
-"""Ray 2.60 ``ray.util.tpu`` pure helpers, with the same names, signatures and results,
-except that where Ray accepts nonsense or crashes these raise a clear ``ValueError``; and
-the deliberate differences from Ray (checked by tests/test_subslice_pure.py)."""
+"""Ray 2.60 ``ray.util.tpu`` pure helpers, with the same names, signatures and results
+(but a clear ``ValueError`` where Ray accepts nonsense or crashes); and our differences."""
 
 from __future__ import annotations
 
@@ -240,9 +239,6 @@ def get_tpu_coordinator_env_vars(
         "MEGASCALE_NUM_SLICES": str(num_slices),
         "MEGASCALE_SLICE_ID": str(slice_id),
     }
-
-
-# --- sub-slices: where tpuslice behaves differently from Ray 2.60 on purpose ---------------
 
 
 @dataclass(frozen=True)

@@ -135,8 +135,7 @@ def host_labels(physical: int, parent_topology: str) -> dict[str, str]:
 
 
 def physical_from_labels(labels: Mapping[str, str], parent_topology: str) -> int | None:
-    """A host's physical position read back from labels Ray discovered (its one-host
-    sub-slice's index); None if they do not say."""
+    """A host's physical position from labels Ray discovered (its one-host sub-slice's index)."""
     smallest = subslice_topologies(parent_topology)
     if not smallest or math.prod(worker_dims(smallest[0])) != 1:
         return None
@@ -187,10 +186,9 @@ def valid_parents(subslice_topology: str, topologies: Sequence[str]) -> list[str
 
 
 def subslice_env(shape: SliceShape, hosts: list[str], worker: int) -> CallEnv:
-    """What host ``worker`` of a sub-slice (``hosts`` in rank order) needs set so libtpu
-    and JAX treat the sub-slice as the slice (Ray 2.60 sets none). ``TPU_SKIP_MDS_QUERY``:
-    the metadata server describes the parent. ``TPU_PROCESS_ADDRESSES`` unset: it would list
-    the parent's processes, and JAX takes it, even empty, before the host names."""
+    """What host ``worker`` of a sub-slice (``hosts`` in rank order) needs set so libtpu and
+    JAX treat it as the slice (Ray 2.60 sets none). The metadata server describes the parent
+    (so skip it), and JAX takes ``TPU_PROCESS_ADDRESSES``, even empty, before host names."""
     grid = list(worker_dims(shape.topology))
     bounds = ",".join(map(str, [*grid, 1][:3] if len(grid) == 2 else grid))
     chips = ",".join(map(str, HOST_BLOCK[3]))

@@ -20,7 +20,6 @@ from tpuslice.errors import (
 
 VALID_CHIPS_PER_VM = (1, 2, 4, 8)
 """Chips one TPU VM may hold (and the chip counts one task may ask for)."""
-
 DEFAULT_CHIPS_PER_MULTI_HOST_VM = 4
 
 

@@ -14,7 +14,8 @@ from tpuslice._host.notices import (
     MAINTENANCE_PATH,
     PREEMPTED_PATH,
     Notice,
-    notice_of,
+    notice_kind,
+    notice_period,
     watch_value,
 )
 from tpuslice._sim.metadata_server import MetadataServer, host_values
@@ -26,11 +27,12 @@ def make(kind: str, event: str, since: float) -> Notice:
 
 
 def test_what_counts_as_a_notice() -> None:
-    assert notice_of(PREEMPTED_PATH, "TRUE") == ("preemption", 30.0)
-    assert notice_of(PREEMPTED_PATH, "FALSE") is None
-    assert notice_of(MAINTENANCE_PATH, "NONE") is None
-    assert notice_of(MAINTENANCE_PATH, "TERMINATE_ON_HOST_MAINTENANCE") == ("maintenance", 60.0)
-    assert notice_of(MAINTENANCE_PATH, None) is None
+    assert notice_kind(PREEMPTED_PATH, "TRUE") == "preemption"
+    assert notice_kind(PREEMPTED_PATH, "FALSE") is None
+    assert notice_kind(MAINTENANCE_PATH, "NONE") is None
+    assert notice_kind(MAINTENANCE_PATH, "TERMINATE_ON_HOST_MAINTENANCE") == "maintenance"
+    assert notice_kind(MAINTENANCE_PATH, None) is None
+    assert (notice_period("preemption"), notice_period("maintenance")) == (30.0, 60.0)
 
 
 def test_a_notice_says_what_where_and_how_long_is_left() -> None:

@@ -1,10 +1,6 @@
-"""One small agent per TPU host: who owns its TPU, and giving it back.
-
-Only code on a host can see who holds its TPU, and tasks would start a worker on every
-host for every driver, so each host has one detached actor, ``tpuslice-host:<node id>``,
-shared by every driver. It records what it finds in Ray's KV store (``tpu-owner/<node
-id>``), so the cluster view sees a busy host without asking it.
-"""
+"""One detached agent per TPU host, shared by every driver (tasks would start a worker per
+driver): who owns its TPU, and giving it back. Only code on a host can see who holds its
+TPU; the agent records it in Ray's KV store, so the cluster view need not ask the host."""
 
 from __future__ import annotations
 
@@ -34,27 +30,18 @@ from tpuslice._tpu.labels import SLICE_NAME_LABEL, WORKER_ID_LABEL
 
 logger = logging.getLogger(__name__)
 
-FOREIGN_RECHECK_S = 0.1
-"""Wait before a second look at an owner that seems not the job's (a dying worker may)."""
+FOREIGN_RECHECK_S = 0.1  # before a second look at an owner not the job's (a dying worker?)
+# How often the agent looks at libtpu's lock while no owner is recorded: reservations trust
+# the tpu-free/ key, so an outside process taking the TPU is missed this long.
 WATCH_S = 0.5
-"""How often the agent looks at libtpu's lock while no owner is recorded: reservations
-trust the ``tpu-free/`` key, so an outside process taking the TPU is missed this long."""
-FREE_RENEW_S = 30.0
-"""How often the agent puts its ``tpu-free/`` key again while free, in case it was lost."""
-IDLE = "ray::IDLE"
-"""The command line Ray gives a worker process that runs no task."""
-OWNER_RECHECK_S = 2.0
-"""How often the agent looks whether a recorded owner still holds the TPU."""
+FREE_RENEW_S = 30.0  # the tpu-free/ key is put again this often while free, in case it was lost
+IDLE = "ray::IDLE"  # the command line of a Ray worker that runs no task
+OWNER_RECHECK_S = 2.0  # how often the agent looks whether a recorded owner still holds the TPU
 
 
 class OwnerWatch:
-    """Keeps a host's owner record true: a daemon thread looks whether the recorded owner
-    still holds the TPU, and once not, has the owner recorded again.
-
-    Args:
-        still_holds: Whether a pid still holds this host's TPU.
-        refresh: Find this host's owner again and record it (which calls :meth:`watch`).
-    """
+    """A daemon thread that has ``refresh`` record the owner again once the recorded one
+    lets go of the TPU."""
 
     def __init__(self, still_holds: Callable[[int], bool], refresh: Callable[[], object]) -> None:
         self._still_holds = still_holds
@@ -64,11 +51,7 @@ class OwnerWatch:
         self._thread: threading.Thread | None = None
 
     def watch(self, pid: int | None) -> None:
-        """The owner now recorded; the first owner starts the thread.
-
-        Args:
-            pid: The recorded owner's pid (``None``: none is).
-        """
+        """The owner now recorded (None: none); the first owner starts the thread."""
         with self._lock:
             self._pid = pid
             if pid is None or self._thread is not None:
@@ -79,11 +62,7 @@ class OwnerWatch:
         self._thread.start()
 
     def check(self) -> bool:
-        """Look once; if the recorded owner let go, record the owner again.
-
-        Returns:
-            Whether the record was refreshed.
-        """
+        """Look once; if the recorded owner let go, record the owner again (and say so)."""
         with self._lock:
             pid = self._pid
         if pid is None or self._still_holds(pid):
@@ -104,15 +83,8 @@ class OwnerWatch:
 
 
 class FreeKey:
-    """A host's ``tpu-free/<node id>`` key: written when what it says changes, and put
-    again every :data:`FREE_RENEW_S` while free so a lost key comes back (a GCS restart,
-    a racing dead-node cleanup). Not thread-safe: the agent holds its record lock.
-
-    Args:
-        show: Writes the key.
-        hide: Deletes it.
-        clock: Monotonic seconds.
-    """
+    """A host's ``tpu-free/`` key, shown or hidden as it changes, and shown again every
+    :data:`FREE_RENEW_S` while free so a lost key comes back. Not thread-safe."""
 
     def __init__(
         self,
@@ -128,11 +100,7 @@ class FreeKey:
         self._shown_at = 0.0
 
     def set(self, free: bool) -> None:
-        """Make the key say whether the TPU is free.
-
-        Args:
-            free: Whether it is.
-        """
+        """Make the key say whether the TPU is free."""
         now = self._clock()
         if self._free is free and not (free and now - self._shown_at >= FREE_RENEW_S):
             return
@@ -145,10 +113,7 @@ class FreeKey:
 
 
 class HostAgent:
-    """The agent on one TPU host (a Ray actor). Daemon threads also record the host's
-    standing metadata notice, keep its owner record (:class:`OwnerWatch`) and its free
-    key (:class:`FreeKey`) true.
-    """
+    """The agent on one TPU host (a Ray actor); its threads keep the host's records true."""
 
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
@@ -200,32 +165,15 @@ class HostAgent:
             _ray.kv_put(key, standing.to_json(), NAMESPACE)
 
     def owner(self, thorough: bool = False) -> dict[str, Any] | None:
-        """This host's TPU owner now (and recorded for the cluster view).
-
-        Args:
-            thorough: Also search every process's descriptors, not only libtpu's lock.
-
-        Returns:
-            The owner as :meth:`TPUOwner.to_dict` data, or ``None`` if the TPU is free.
-        """
+        """This host's TPU owner now, recorded (None: free); ``thorough`` searches all pids."""
         return self._record(find_owner(self.root, among=None if thorough else ()))
 
     def release(
         self, job_id: str, pids: list[int], grace_s: float, timeout_s: float
     ) -> dict[str, Any] | None:
-        """Stop every process of the handed-back work that still owns this TPU (SIGTERM,
-        then SIGKILL), and wait until none does: one of ``pids``, a worker of ``job_id``,
-        or an idle Ray worker (the TPU was free when claimed, so an idle holder ran it).
-
-        Args:
-            job_id: The Ray job handing the slice back (hex).
-            pids: Processes that ran its work on this host.
-            grace_s: Seconds from SIGTERM to SIGKILL.
-            timeout_s: How long to wait in all.
-
-        Returns:
-            The owner left (recorded): ``None``, someone else's, or one of ours past the time.
-        """
+        """Within ``timeout_s``, stop (SIGKILL ``grace_s`` after SIGTERM) whichever of ``pids``,
+        worker of ``job_id`` or idle Ray worker (the TPU was free when claimed, so an idle
+        holder ran the work) still owns this TPU; the owner left, recorded."""
         deadline = time.monotonic() + timeout_s
         signalled: dict[int, float] = {}
         foreign: set[int] = set()
@@ -253,19 +201,8 @@ class HostAgent:
             time.sleep(0.02)
 
     def kill(self, pid: int, uid: int, timeout_s: float) -> dict[str, Any] | None:
-        """Stop owner ``pid`` if it still owns the TPU and belongs to user ``uid``.
-
-        Args:
-            pid: The owner to stop.
-            uid: The asking user; the process must be theirs.
-            timeout_s: Seconds from SIGTERM to SIGKILL.
-
-        Returns:
-            The owner left afterwards (recorded), ``None`` if the TPU is free.
-
-        Raises:
-            PermissionError: the process belongs to another user.
-        """
+        """Stop owner ``pid`` (SIGKILL ``timeout_s`` after SIGTERM) if it still owns the TPU
+        and is the asking user's (else PermissionError); the owner left, recorded."""
         owner = find_owner(self.root)
         if owner is None or owner.pid != pid:
             return self._record(owner)
@@ -283,9 +220,8 @@ class HostAgent:
         return self._record(now)
 
     def look_at_lock(self) -> None:
-        """Look once at libtpu's lock and keep the free key true (while an owner is recorded
-        :class:`OwnerWatch` looks instead). A holder found is not recorded here: the next
-        reservation asks this host, whose answer records it."""
+        """While no owner is recorded, keep the free key true to libtpu's lock. A holder is
+        not recorded here: the next reservation's question to this host records it."""
         with self._record_lock:
             if self._stored_free:
                 self._free_key.set(lock_holder(self.root) is None)
@@ -304,8 +240,7 @@ class HostAgent:
             return self._write(owner)
 
     def _refresh(self) -> None:
-        """Find and record the owner again (every process searched), unless a record was
-        made meanwhile."""
+        """Find and record the owner again, unless a record was made meanwhile."""
         with self._record_lock:
             made = self._records
         owner = find_owner(self.root)
@@ -328,8 +263,8 @@ class HostAgent:
         return owner.to_dict()
 
     def _watch_recorded(self) -> None:
-        """Watch the owner an earlier agent of this host recorded, so that record goes too
-        once it lets go. Only from ``__init__``, before any call can record."""
+        """Watch the owner an earlier agent recorded, so its record goes once it lets go.
+        Only from ``__init__``, before any call can record."""
         stored = _ray.kv_get(OWNER_KEY_PREFIX + self.node_id, NAMESPACE)
         self._stored_free = stored is None
         if stored is not None:
@@ -343,20 +278,12 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 
 
 def forget_free_keys(node_ids: Sequence[str]) -> None:
-    """Delete the ``tpu-free/`` keys of dead nodes: their agents died with them.
-
-    Args:
-        node_ids: The dead nodes.
-    """
+    """Delete the ``tpu-free/`` keys of dead nodes: their agents died with them."""
     for node in node_ids:
         _ray.kv_delete(FREE_KEY_PREFIX + node, NAMESPACE)
 
 
 def forget_stale_notices(keys: Iterable[str]) -> None:
-    """Delete notice records a reader found stale: their host and its agent are gone.
-
-    Args:
-        keys: Their KV keys (``tpu-notice/``, or the queue's ``tpu-preempt/``).
-    """
+    """Delete notice records a reader found stale: their host and its agent are gone."""
     for key in keys:
         _ray.kv_delete(key, NAMESPACE)

@@ -1,7 +1,6 @@
-"""The per-host call context: a rank's place in the gang (:class:`HostContext`), set in
-``os.environ`` around each call (:func:`with_context`) and read back (:func:`current_host`).
-A host's worker may load this module, so it stays small: no Ray, no reservation code.
-"""
+"""A rank's place in the gang (:class:`HostContext`), set in ``os.environ`` around each
+call (:func:`with_context`) and read back (:func:`current_host`). A host's worker may load
+this module, so it stays small: no Ray, no reservation code."""
 
 from __future__ import annotations
 
@@ -16,12 +15,7 @@ from tpuslice._tpu.labels import CallEnv
 from tpuslice.errors import NotConnectedError
 
 ENV_PREFIX = "TPUSLICE_"
-MEGASCALE_VARS = (
-    "MEGASCALE_COORDINATOR_ADDRESS",
-    "MEGASCALE_PORT",
-    "MEGASCALE_NUM_SLICES",
-    "MEGASCALE_SLICE_ID",
-)
+MEGASCALE_VARS = tuple(get_tpu_coordinator_env_vars("", 0, 0))
 
 
 @dataclass(frozen=True)
@@ -86,16 +80,11 @@ def current_host() -> HostContext:
     return HostContext(**values)
 
 
-TPU_IN_USE = "The TPU is already in use"
-"""What libtpu says when another process owns the host's TPU."""
+TPU_IN_USE = "The TPU is already in use"  # libtpu's words when another process owns it
 
 
 def apply_env(values: Mapping[str, str | None]) -> None:
-    """Set each variable in ``os.environ``, or unset it where its value is ``None``.
-
-    Args:
-        values: Variable -> value, or ``None`` to unset.
-    """
+    """Set each variable in ``os.environ``, or unset it where its value is ``None``."""
     for key, value in values.items():
         if value is None:
             os.environ.pop(key, None)
@@ -104,20 +93,10 @@ def apply_env(values: Mapping[str, str | None]) -> None:
 
 
 def with_context(function: Callable[..., Any], returns: int | None = None) -> Callable[..., Any]:
-    """The user's function, called with the slice context in ``os.environ`` (stale
-    ``MEGASCALE_*`` dropped; all restored after).
-
-    With ``returns``, the pid rides along as one more value, so the hand-back can stop
-    exactly the processes that ran the work. The wrapper refers to no tpuslice module, so
-    Ray ships it by value and a host's worker need not import tpuslice on the first call.
-
-    Args:
-        function: The user's Python function.
-        returns: The function's ``num_returns`` when the pid should ride along, else ``None``.
-
-    Returns:
-        ``run_in_context(env, *args, **kwargs)``: the call, with ``env`` set around it.
-    """
+    """``run_in_context(env, *args, **kwargs)``: ``function`` run with ``env`` set (stale
+    ``MEGASCALE_*`` dropped; all restored after). With ``returns`` (its ``num_returns``) the
+    pid rides along, so the hand-back can stop exactly the processes that ran the work. It
+    refers to no tpuslice module: Ray ships it by value, and workers need not import tpuslice."""
 
     # A copy with only ``os`` as globals is pickled by value, not by reference; it keeps a
     # module name, else pickling searches every loaded module for it.

@@ -1,10 +1,6 @@
-"""``tpuslice.heartbeat()`` and ``tpuslice.checkpointed()``: the user's code says "still
-making progress" and "a checkpoint is saved", cheaply.
-
-Each rank's call has a key in ``TPUSLICE_HEARTBEAT_KEY``; a beat is a dict write, and a
-daemon thread publishes the current key's :class:`Progress` to Ray's KV store for the
-driver's watchdog and goodput account. Outside such a call both do nothing.
-"""
+"""``heartbeat()`` and ``checkpointed()``: the user's code says "still making progress" and
+"a checkpoint is saved", cheaply; a daemon thread publishes each call's beats to Ray's KV
+store for the driver's watchdog and goodput account."""
 
 from __future__ import annotations
 
@@ -21,44 +17,26 @@ from tpuslice.errors import InvalidArgumentError
 logger = logging.getLogger(__name__)
 
 BEAT_ENV = "TPUSLICE_HEARTBEAT_KEY"
-PUBLISH_S = 0.5
-"""How often this process publishes its beats (a beat reaches the driver this late)."""
-SLICE_MARK = "@"
-"""Separates a heartbeat key's rank from its slice: ``beat/<attempt>/<rank>@<slice>``."""
+PUBLISH_S = 0.5  # how often this process publishes: a beat reaches the driver this late
+SLICE_MARK = "@"  # beat/<attempt>/<rank>@<slice>
 
 
 def beat_key(prefix: str, rank: int, slice_name: str = "") -> str:
-    """A rank's heartbeat key: ``<prefix><rank>@<slice>`` (the slice-second count reads
-    which slices do productive work).
-
-    Args:
-        prefix: The attempt's, one-shot's or group's prefix (``beat/<id>/``).
-        rank: The rank.
-        slice_name: Its slice (empty: not named).
-
-    Returns:
-        The key.
-    """
+    """``beat/<id>/<rank>@<slice>``: the slice tells the slice-second count who works."""
     return f"{prefix}{rank}{SLICE_MARK}{slice_name}" if slice_name else f"{prefix}{rank}"
 
 
 def heartbeat() -> None:
-    """Say this host is making progress (call it once per step).
-
-    Cheap: it notes the time in memory; a background thread publishes it. Outside a
-    tpuslice run's call it does nothing.
-    """
-    key = os.environ.get(BEAT_ENV)
-    if key is not None:
-        BEATS.note(key)
+    """Say this host is making progress (call it once per step): a dict write, published
+    by a background thread. Outside a tpuslice call it does nothing."""
+    BEATS.note()
 
 
 def checkpointed(step: int | None = None) -> None:
     """Say this host has just finished saving a checkpoint.
 
-    The goodput account counts the time since the previous beat as checkpointing and the
-    work before as saved. A beat too; it wakes the publisher so the mark reaches the driver
-    at once (a mark made as the call returns can be lost).
+    The goodput account counts the time since the previous beat as checkpointing and the work
+    before as saved. A beat too, published at once (a mark made as the call returns is lost).
 
     Args:
         step: The training step saved, shown in the account (optional).
@@ -70,33 +48,24 @@ def checkpointed(step: int | None = None) -> None:
         raise InvalidArgumentError(
             f"checkpointed(step={step!r}): step must be a whole number >= 0, or None"
         )
-    key = os.environ.get(BEAT_ENV)
-    if key is not None:
-        BEATS.note(key, checkpoint=True, step=step)
+    BEATS.note(checkpoint=True, step=step)
 
 
 @dataclass(frozen=True)
 class Progress:
-    """What one rank's call has published: its beats and its checkpoints (wall clock).
-
-    Attributes:
-        checkpoint_s: Seconds spent checkpointing, over all its checkpoints.
-        step: The step its newest checkpoint saved, if given.
-    """
+    """What one rank's call has published: its beats and its checkpoints (wall clock)."""
 
     last: float
     first: float
     checkpoint_at: float | None = None
     checkpoint_s: float = 0.0
+    """Seconds spent checkpointing, over all its checkpoints."""
     checkpoints: int = 0
     step: int | None = None
+    """The step its newest checkpoint saved, if given."""
 
     def encode(self) -> bytes:
-        """The record as published, newest beat first (a reader of beats reads one number).
-
-        Returns:
-            ``last first checkpoint_at checkpoint_s checkpoints step``, with ``-`` for none.
-        """
+        """Space-separated fields (``-`` for none), the newest beat first for its readers."""
         at = "-" if self.checkpoint_at is None else repr(self.checkpoint_at)
         step = "-" if self.step is None else str(self.step)
         fields = (repr(self.last), repr(self.first), at, repr(self.checkpoint_s))
@@ -104,14 +73,7 @@ class Progress:
 
     @classmethod
     def decode(cls, raw: bytes | None) -> Progress | None:
-        """Read a published record (or a bare beat time).
-
-        Args:
-            raw: As published, or ``None``.
-
-        Returns:
-            The record; ``None`` for nothing or something unreadable.
-        """
+        """Read a published record (or a bare beat time); None if absent or unreadable."""
         if raw is None:
             return None
         try:
@@ -142,14 +104,11 @@ class Beats:
         self._publisher: threading.Thread | None = None
         self._wake = threading.Event()
 
-    def note(self, key: str, *, checkpoint: bool = False, step: int | None = None) -> None:
-        """Note a beat (or a checkpoint) of ``key`` now, and have the publisher running.
-
-        Args:
-            key: The current call's heartbeat key.
-            checkpoint: The beat closes a checkpoint (the publisher is woken at once).
-            step: The step a checkpoint saved.
-        """
+    def note(self, *, checkpoint: bool = False, step: int | None = None) -> None:
+        """Note a beat (or checkpoint) of the current call, if any; start the publisher."""
+        key = os.environ.get(BEAT_ENV)
+        if key is None:
+            return
         now = time.time()
         with self._noting:  # a threaded actor's calls may beat at once
             before = self.latest.get(key)
@@ -185,11 +144,7 @@ class Beats:
 
     def publish_due(self, sent: dict[str, Progress]) -> None:
         """Publish the current call's progress if it changed since ``sent``; forget ended
-        calls' (a beat published after would outlive the keys the driver deletes).
-
-        Args:
-            sent: Key -> the progress last published (updated).
-        """
+        calls' (a beat published after would outlive the keys the driver deletes)."""
         current = os.environ.get(BEAT_ENV)
         for key, progress in list(self.latest.items()):
             if key != current:
@@ -204,4 +159,3 @@ class Beats:
 
 
 BEATS = Beats()
-"""This process's beats."""

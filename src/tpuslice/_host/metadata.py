@@ -1,9 +1,5 @@
 """The GCE metadata server, asked within one short time budget so it never hangs off GCP.
-
-Requests bypass any proxy (the server is link-local); a reply without ``Metadata-Flavor:
-Google`` (a captive portal) is not believed. ``GCE_METADATA_HOST`` moves the server, as in
-Google's libraries. :func:`watch` long-polls one value.
-"""
+A reply without ``Metadata-Flavor: Google`` (a captive portal's) is not believed."""
 
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ from tpuslice.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
-METADATA_HOST_ENV = "GCE_METADATA_HOST"
-"""Where Google's client libraries look for the metadata server's ``host[:port]``."""
+METADATA_HOST_ENV = "GCE_METADATA_HOST"  # the server's host[:port], as Google's libraries
 METADATA_HOST = "metadata.google.internal"
 METADATA_URL = f"http://{METADATA_HOST}/computeMetadata/v1/instance/attributes/"
 METADATA_FLAVOR = ("Metadata-Flavor", "Google")
@@ -36,30 +31,15 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def metadata_root() -> str:
-    """The metadata server's ``computeMetadata/v1/`` URL.
-
-    Returns:
-        ``http://<host>/computeMetadata/v1/``.
-    """
+    """The metadata server's ``http://<host>/computeMetadata/v1/`` URL."""
     host = os.environ.get(METADATA_HOST_ENV, "").strip() or METADATA_HOST
     return f"http://{host}/computeMetadata/v1/"
 
 
 class MetadataClient:
-    """Reads GCE instance attributes within one total time budget of ``timeout_s``.
-
-    After the first unreachable answer, or the budget, every ``get`` is None at once. Each
-    request runs in a daemon thread, since urllib's timeout does not bound slow DNS.
-    Answers are cached; ``timeout_s=0`` never touches the network.
-
-    Args:
-        base_url: URL the attribute keys are appended to (default: the instance's attributes).
-        timeout_s: The total time budget, in seconds, for every request together.
-        clock: Monotonic seconds, for measuring the budget.
-
-    Raises:
-        InvalidArgumentError: ``base_url`` is not an http(s) URL, or ``timeout_s`` is bad.
-    """
+    """Cached GCE instance attributes, all within one budget of ``timeout_s``; after it, or
+    once unreachable, every ``get`` is None at once. Each request runs in a daemon thread,
+    since urllib's timeout does not bound slow DNS."""
 
     def __init__(
         self,
@@ -68,7 +48,6 @@ class MetadataClient:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """Check the arguments; nothing is fetched until the first :meth:`get`."""
         if base_url is None:
             base_url = metadata_root() + "instance/attributes/"
         if not str(base_url).startswith(("http://", "https://")):
@@ -86,14 +65,7 @@ class MetadataClient:
         self._answers: dict[str, str | None] = {}
 
     def get(self, key: str) -> str | None:
-        """The attribute's text, stripped; None if missing, empty, unreadable or out of time.
-
-        Args:
-            key: The attribute's path under :attr:`base_url` (``"accelerator-type"``).
-
-        Returns:
-            The text, or None.
-        """
+        """Attribute ``key``'s text, stripped; None if missing, unreadable or out of time."""
         if key not in self._answers:
             self._answers[key] = self._fetch(key)
         return self._answers[key]
@@ -123,8 +95,7 @@ class MetadataClient:
 
 @dataclass(frozen=True)
 class Watched:
-    """One answer of :func:`watch`: the value's text (``None`` if missing or unreadable),
-    its version, and whether a metadata server answered at all."""
+    """One answer of :func:`watch`; ``value`` is None if missing or unreadable."""
 
     value: str | None
     etag: str
@@ -134,18 +105,8 @@ class Watched:
 def watch(
     path: str, etag: str = "", timeout_s: float = 60.0, *, root: str | None = None
 ) -> Watched:
-    """Long-poll one metadata value: answer when it differs from version ``etag`` (at
-    once if ``etag`` is empty), or after ``timeout_s`` as it is.
-
-    Args:
-        path: The value's path under ``computeMetadata/v1/`` (``instance/preempted``).
-        etag: The version last seen (``""``: answer at once).
-        timeout_s: How long the server may hold the request (whole seconds, >= 1).
-        root: The server's ``computeMetadata/v1/`` URL (default: :func:`metadata_root`).
-
-    Returns:
-        The value, its version, and whether a server answered.
-    """
+    """Long-poll the value at ``path`` under ``computeMetadata/v1/``: answer when it differs
+    from version ``etag`` (at once if empty), or after ``timeout_s`` (whole seconds) as is."""
     url = (root or metadata_root()) + path
     wait = 0.0
     if etag:
@@ -157,8 +118,7 @@ def watch(
 
 
 def _http_get(url: str, timeout: float) -> tuple[str | None, str, bool]:
-    """GET one metadata URL: (its text or None, its ETag, whether a metadata server
-    answered). A reply without ``Metadata-Flavor: Google`` is not the metadata server."""
+    """GET one metadata URL: (text or None, ETag, whether a metadata server answered)."""
     request = urllib.request.Request(url, headers=dict([METADATA_FLAVOR]))
     try:
         with _OPENER.open(request, timeout=timeout) as response:

@@ -1,9 +1,6 @@
-"""This host: which TPU the current machine has, found without Ray.
-
-Each fact comes from the first source that has it: the ``TPU_*`` environment (GKE,
-KubeRay), then the GCE metadata server, and chips from ``/dev``. Sources are injectable,
-except in Ray 2.60's public functions, which keep Ray's signatures.
-"""
+"""Which TPU this machine has, found without Ray: each fact from the ``TPU_*`` environment
+(GKE, KubeRay), else the GCE metadata server; chips from ``/dev``. Sources are injectable,
+except in Ray 2.60's public functions, which keep Ray's signatures."""
 
 from __future__ import annotations
 
@@ -35,9 +32,6 @@ _POD_TYPE = (ray_names.ENV_TPU_ACCELERATOR_TYPE, "accelerator-type")
 _TOPOLOGY = (ray_names.ENV_TPU_TOPOLOGY, "tpu-env")
 
 _TPU_ENV_TOPOLOGY_RE = re.compile(r"^\s*TOPOLOGY:\s*['\"]?([^'\"\s]+)['\"]?", re.MULTILINE)
-
-
-# --- parsing one fact --------------------------------------------------------------------
 
 
 def _parse_worker_id(text: str) -> int:
@@ -121,42 +115,26 @@ def _topology(env: Environ, md: MetadataClient, pod_type: str | None) -> tuple[s
         return None
 
 
-# --- devices -----------------------------------------------------------------------------
-
-
 def count_tpu_chips(root: StrPath = "/") -> tuple[int, str]:
-    """Chips on this host and where they were seen (``/dev/accel*``, ``/dev/vfio``, ``none``).
-
-    Args:
-        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
-
-    Returns:
-        The chip count and its source; ``(0, "none")`` when no chip is seen.
-    """
+    """Chips under ``root`` and where seen: ``/dev/accel*``, ``/dev/vfio``, or ``none``."""
     devices = tpu_devices(Path(root))
     if not devices:
         return 0, "none"
     return len(devices), "/dev/accel*" if devices[0].name.startswith("accel") else "/dev/vfio"
 
 
-# --- what this host is -------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class HostTPUInfo:
-    """The TPU facts of this host; None (chips 0) where a fact was not found.
-
-    Attributes:
-        pod_type: Canonical spelling, as in Ray's labels: ``v7x-16`` (GKE's ``tpu7x-16``).
-        sources: Where each found fact came from (``env:TPU_NAME``); not compared.
-    """
+    """The TPU facts of this host; None (chips 0) where a fact was not found."""
 
     slice_name: str | None = None
     worker_id: int | None = None
     pod_type: str | None = None
+    """Canonical spelling, as in Ray's labels: ``v7x-16`` (GKE's ``tpu7x-16``)."""
     topology: str | None = None
     chips: int = 0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """Where each found fact came from (``env:TPU_NAME``)."""
 
     @property
     def generation(self) -> topo.Generation | None:
@@ -171,8 +149,7 @@ class HostTPUInfo:
 
     @property
     def worker_count(self) -> int | None:
-        """Hosts in the slice as Ray counts them (pod cores over this host's, rounded up);
-        None without a pod type or chips."""
+        """Hosts in the slice as Ray counts them: pod cores over this host's, rounded up."""
         gen = self.generation
         if gen is None or self.pod_type is None or self.chips <= 0:
             return None
@@ -190,19 +167,7 @@ def _resolve(
 def detect(
     *, env: Environ | None = None, metadata: MetadataClient | None = None, root: StrPath = "/"
 ) -> HostTPUInfo:
-    """Everything this host knows about its TPU, each fact from its first source.
-
-    Args:
-        env: Environment to read (default: ``os.environ``).
-        metadata: GCE metadata client (default: a fresh :class:`MetadataClient`).
-        root: Filesystem root under which ``/dev`` and ``/sys`` are read.
-
-    Returns:
-        The facts found; missing or malformed-metadata ones are None (chips 0).
-
-    Raises:
-        InvalidArgumentError: a ``TPU_*`` environment variable is set but malformed.
-    """
+    """This host's TPU facts; a malformed ``TPU_*`` variable raises, bad metadata is unused."""
     env, metadata = _resolve(env, metadata)
     name = _lookup(env, metadata, _SLICE_NAME, str.strip)
     worker = _lookup(env, metadata, _WORKER_ID, _parse_worker_id)
@@ -221,9 +186,6 @@ def detect(
         chips=chips,
         sources=MappingProxyType(sources),
     )
-
-
-# --- Ray 2.60's public functions (ray.util.tpu); the private ones behind take the sources ---
 
 
 def get_current_pod_name() -> str | None:

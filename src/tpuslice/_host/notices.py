@@ -1,10 +1,6 @@
-"""Preemption and maintenance notices: what a TPU host's metadata server warns of.
-
-``instance/preempted`` turns ``TRUE`` before a Spot VM is stopped, and
-``instance/maintenance-event`` leaves ``NONE`` before host maintenance. Each host's agent
-long-polls both (:func:`watch_value`) and records the :class:`Notice` standing in Ray's KV
-store, so everyone sees it without asking the host.
-"""
+"""Preemption and maintenance notices a TPU host's metadata server gives. Each host's agent
+long-polls them and records the standing :class:`Notice` in Ray's KV store, so everyone
+sees it without asking the host."""
 
 from __future__ import annotations
 
@@ -19,42 +15,34 @@ from tpuslice._host.metadata import Watched, watch
 
 logger = logging.getLogger(__name__)
 
-
 PREEMPTED_PATH = "instance/preempted"
 MAINTENANCE_PATH = "instance/maintenance-event"
-PREEMPTION_NOTICE_S = 30.0
-"""How long before a preemption GCE warns (Spot: "about 30 seconds")."""
-MAINTENANCE_NOTICE_S = 60.0
-"""How long before host maintenance ``maintenance-event`` changes."""
-WATCH_TIMEOUT_S = 60.0
-"""How long one long-poll may be held before it is asked again."""
+PREEMPTION_NOTICE_S = 30.0  # GCE warns a Spot VM "about 30 seconds" ahead
+MAINTENANCE_NOTICE_S = 60.0  # maintenance-event changes this long before maintenance
+WATCH_TIMEOUT_S = 60.0  # how long the server may hold one long-poll
 STALE_S = 300.0
 """A notice this long past its deadline is left over from a host that is gone."""
-RETRY_S = 5.0
-"""Pause after a failed watch before asking again."""
+RETRY_S = 5.0  # pause after a failed watch
 
 
 @dataclass(frozen=True)
 class Notice:
-    """A warning a host's metadata server (or the queue, preempting its work) gave.
-
-    Attributes:
-        kind: ``preemption`` or ``maintenance``.
-        event: The metadata value (``TRUE``, ``TERMINATE_ON_HOST_MAINTENANCE``).
-        since: When it was seen; ``deadline``: when the host is expected to go (wall clock).
-        source: Who gave it: ``""`` for the metadata server, else the giver (the queue).
-        holder: With the queue's notice, the reservation whose hand-back clears it.
-    """
+    """A warning a host's metadata server (or the queue, preempting its work) gave."""
 
     kind: str
+    """``preemption`` or ``maintenance``."""
     event: str
+    """The metadata value (``TRUE``, ``TERMINATE_ON_HOST_MAINTENANCE``)."""
     since: float
     deadline: float
+    """When the host is expected to go."""
     node_id: str = ""
     slice_name: str = ""
     worker_id: int = -1
     source: str = ""
+    """Who gave it: ``""`` for the metadata server, else the giver (the queue)."""
     holder: str = ""
+    """With the queue's notice, the reservation whose hand-back clears it."""
 
     @property
     def state(self) -> str:
@@ -138,62 +126,32 @@ class Notice:
             raise ValueError(f"not a notice: {exc}") from exc
 
 
-def notice_of(path: str, value: str | None) -> tuple[str, float] | None:
-    """What a metadata value warns of.
-
-    Args:
-        path: :data:`PREEMPTED_PATH` or :data:`MAINTENANCE_PATH`.
-        value: Its value (``None``: unknown).
-
-    Returns:
-        ``(kind, GCE's notice seconds)``, or ``None``.
-    """
+def notice_kind(path: str, value: str | None) -> str | None:
+    """What the value at ``path`` warns of: ``preemption``, ``maintenance`` or None."""
     if value is None:
         return None
     if path == PREEMPTED_PATH:
-        return ("preemption", PREEMPTION_NOTICE_S) if value.upper() == "TRUE" else None
-    if value.upper() != "NONE":
-        return "maintenance", MAINTENANCE_NOTICE_S
-    return None
+        return "preemption" if value.upper() == "TRUE" else None
+    return "maintenance" if value.upper() != "NONE" else None
 
 
 def notice_period(kind: str) -> float:
-    """How long before the host goes GCE warns, for a kind of notice.
-
-    Args:
-        kind: ``preemption`` or ``maintenance``.
-
-    Returns:
-        Seconds.
-    """
+    """How many seconds before the host goes GCE warns, for a kind of notice."""
     return PREEMPTION_NOTICE_S if kind == "preemption" else MAINTENANCE_NOTICE_S
-
-
-Record = Callable[[str, "Notice | None"], None]
-"""Called with a watched path and the notice it now gives (``None``: none stands)."""
 
 
 def watch_value(
     path: str,
-    record: Record,
+    record: Callable[[str, Notice | None], None],
     stop: threading.Event,
     *,
     describe: Callable[[str, str, float], Notice],
     poll: Callable[[str, str, float], Watched] = lambda p, etag, timeout: watch(p, etag, timeout),
     clock: Callable[[], float] = time.time,
 ) -> None:
-    """Follow one metadata value until ``stop``, recording its first state (``None``
-    clears a previous watcher's notice) and each change. A server that never answered
-    (not on GCE) ends the watch; one that stops answering is asked every :data:`RETRY_S`.
-
-    Args:
-        path: :data:`PREEMPTED_PATH` or :data:`MAINTENANCE_PATH`.
-        record: Receives the path and the notice (or ``None``) whenever it changes.
-        stop: Set to end the watch.
-        describe: Builds the notice from ``(kind, event, since)``.
-        poll: The long-poll (``(path, etag, timeout_s) -> Watched``).
-        clock: Wall-clock seconds.
-    """
+    """Follow one metadata value until ``stop``, recording the notice it gives first (None
+    clears a previous watcher's) and at each change. A server that never answered (not on GCE)
+    ends the watch; one that stops answering is asked every :data:`RETRY_S`."""
     etag = ""
     answered = recorded = False
     current: tuple[str, str] | None = None
@@ -210,11 +168,11 @@ def watch_value(
         if got.etag and got.etag == etag:
             continue  # held until the timeout: unchanged
         etag = got.etag
-        found = notice_of(path, got.value)
-        state = (found[0], got.value or "") if found else None
+        kind = notice_kind(path, got.value)
+        state = (kind, got.value or "") if kind else None
         if not recorded or state != current:
             recorded, current = True, state
-            notice = None if found is None else describe(found[0], got.value or "", clock())
+            notice = None if kind is None else describe(kind, got.value or "", clock())
             record(path, notice)
         if not etag:  # a server without ETags (or a 404) cannot hold requests: no spinning
             stop.wait(RETRY_S)

@@ -1,10 +1,6 @@
 """Suspect hosts: a TPU host that just failed someone's run, avoided for a cool-down.
-
-Whoever sees a hang, a lost host or a crashed worker writes a :class:`Suspect` record
-(``tpu-suspect/<node id>``: a replaced VM is not suspect); the cluster view reads it with
-the other host records, and placement takes a suspect slice only as a last resort. A
-reader that sees an ended record deletes it.
-"""
+Whoever sees the failure writes a record under the node id (a replaced VM is not suspect);
+placement takes a suspect slice only as a last resort; a reader deletes ended records."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, SUSPECT_COOLDOWN_KEY, SUSPECT_KEY_PREFIX
@@ -25,13 +21,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_COOLDOWN_S = 600.0
 """Long enough that a run's retries go elsewhere, short enough that a passing fault is
 forgiven within the hour."""
-MAX_EVIDENCE_CHARS = 400
-"""A record keeps this much of its evidence: every snapshot reads every record."""
+MAX_EVIDENCE_CHARS = 400  # kept short: every snapshot reads every record
 
 
 class SuspectReason(str, enum.Enum):
-    """Why a host is suspect: a rank hung, it was lost without notice, a worker crashed
-    there, or it failed a health check."""
+    """Why a host is suspect."""
 
     HANG = "hang"
     HOST_FAILURE = "host_failure"
@@ -41,108 +35,53 @@ class SuspectReason(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Blame:
-    """A host the evidence pins a failure on: what marking it suspect needs.
-
-    Attributes:
-        worker_id: Its TPU worker id (-1 if not known).
-        evidence: What was seen, in one line.
-    """
+    """A host the evidence pins a failure on: what marking it suspect needs."""
 
     node_id: str
     slice_name: str
     worker_id: int
+    """-1 if not known."""
     reason: SuspectReason
     evidence: str
+    """What was seen, in one line."""
 
 
 @dataclass(frozen=True)
 class Suspect(Blame):
-    """One host's suspect record: a :class:`Blame` with its cool-down, wall-clock
-    ``since`` to ``until``."""
+    """One host's suspect record: a :class:`Blame` and its cool-down (wall clock)."""
 
     since: float
     until: float
 
     @classmethod
     def of(cls, blame: Blame, since: float, cooldown_s: float) -> Suspect:
-        """The record that marks a blamed host for a cool-down.
-
-        Args:
-            blame: The host and why.
-            since: Now (wall-clock seconds).
-            cooldown_s: How long it stays suspect.
-
-        Returns:
-            The record, its evidence cut to :data:`MAX_EVIDENCE_CHARS`.
-        """
+        """The record marking a blamed host for ``cooldown_s`` from ``since``."""
         evidence = blame.evidence
         if len(evidence) > MAX_EVIDENCE_CHARS:
             evidence = evidence[: MAX_EVIDENCE_CHARS - 1].rstrip() + "…"
-        return cls(
-            blame.node_id,
-            blame.slice_name,
-            blame.worker_id,
-            blame.reason,
-            evidence,
-            since,
-            since + cooldown_s,
-        )
+        named = {f.name: getattr(blame, f.name) for f in fields(Blame)}
+        return cls(**{**named, "evidence": evidence}, since=since, until=since + cooldown_s)
 
     def live(self, now: float) -> bool:
-        """Whether the cool-down still runs.
-
-        Args:
-            now: Wall-clock seconds.
-
-        Returns:
-            True until :attr:`until`.
-        """
+        """Whether the cool-down still runs."""
         return now < self.until
 
     def left(self, now: float) -> float:
-        """Seconds of cool-down left (never below 0).
-
-        Args:
-            now: Wall-clock seconds.
-
-        Returns:
-            The time left.
-        """
+        """Seconds of cool-down left (never below 0)."""
         return max(0.0, self.until - now)
 
     def describe(self, now: float | None = None) -> str:
-        """``host 1 suspect (hang), 9 min left``, as a slice's reason shows it.
-
-        Args:
-            now: Wall-clock seconds (default: now).
-
-        Returns:
-            One phrase.
-        """
+        """``host 1 suspect (hang), 9 min left``, as a slice's reason shows it."""
         left = self.left(time.time() if now is None else now)
         return f"host {self.worker_id} suspect ({self.reason.value}), {duration(left)} left"
 
     def to_json(self) -> bytes:
-        """Encode for the KV store.
-
-        Returns:
-            UTF-8 JSON.
-        """
+        """UTF-8 JSON for the KV store."""
         return json.dumps({**asdict(self), "reason": self.reason.value}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> Suspect:
-        """Decode what :meth:`to_json` wrote.
-
-        Args:
-            raw: The stored bytes.
-
-        Returns:
-            The record.
-
-        Raises:
-            ValueError: it is not a suspect record (an unknown reason is one).
-        """
+        """Decode what :meth:`to_json` wrote; ValueError if it is not a suspect record."""
         try:
             data = json.loads(raw)
             return cls(
@@ -159,29 +98,12 @@ class Suspect(Blame):
 
 
 def duration(seconds: float) -> str:
-    """``45 s``, ``9 min``: a cool-down's length or what is left of it.
-
-    Args:
-        seconds: The length.
-
-    Returns:
-        Seconds under 90 s, else whole minutes.
-    """
+    """``45 s`` under 90 s, else ``9 min``: a cool-down's length or what is left of it."""
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def check_cooldown(seconds: float) -> float:
-    """Refuse a cool-down that is not finite seconds > 0.
-
-    Args:
-        seconds: The cool-down.
-
-    Returns:
-        It, as a float.
-
-    Raises:
-        InvalidArgumentError: it is not finite seconds > 0.
-    """
+    """The cool-down as a float; InvalidArgumentError unless finite seconds > 0."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise InvalidArgumentError(f"a suspect cool-down must be seconds > 0, got {seconds!r}")
     if not 0 < seconds < math.inf:
@@ -193,24 +115,12 @@ def check_cooldown(seconds: float) -> float:
 
 
 def set_cooldown(seconds: float) -> None:
-    """Set the cluster's cool-down of hosts marked from now on.
-
-    Args:
-        seconds: Finite seconds > 0.
-
-    Raises:
-        InvalidArgumentError: it is not finite seconds > 0.
-        ConnectionError: Ray is not connected.
-    """
+    """Set the cluster's cool-down (checked) of hosts marked from now on."""
     _ray.kv_put(SUSPECT_COOLDOWN_KEY, str(check_cooldown(seconds)).encode(), NAMESPACE)
 
 
 def cooldown() -> float:
-    """The cluster's cool-down of a suspect host.
-
-    Returns:
-        Seconds: the cluster's valid setting, else :data:`DEFAULT_COOLDOWN_S`.
-    """
+    """The cluster's valid cool-down setting, else :data:`DEFAULT_COOLDOWN_S`."""
     raw = _ray.kv_get(SUSPECT_COOLDOWN_KEY, NAMESPACE)
     if raw is None:
         return DEFAULT_COOLDOWN_S
@@ -222,18 +132,7 @@ def cooldown() -> float:
 
 
 def mark(blames: Sequence[Blame], *, now: float | None = None) -> list[Suspect]:
-    """Mark hosts suspect for the cluster's cool-down, counted from now.
-
-    Args:
-        blames: The hosts and why.
-        now: Wall-clock seconds (default: now).
-
-    Returns:
-        The records written.
-
-    Raises:
-        ConnectionError: Ray is not connected.
-    """
+    """Mark hosts suspect for the cluster's cool-down from now; the records written."""
     if not blames:
         return []
     since = time.time() if now is None else now
@@ -245,15 +144,7 @@ def mark(blames: Sequence[Blame], *, now: float | None = None) -> list[Suspect]:
 
 
 def live_suspects(stored: Mapping[str, bytes], now: float) -> tuple[dict[str, Suspect], list[str]]:
-    """The live records among stored ones, and the keys of ended or unreadable ones. Pure.
-
-    Args:
-        stored: KV key (``tpu-suspect/<node id>``) -> the stored bytes.
-        now: Wall-clock seconds.
-
-    Returns:
-        ``(records by node id, keys to delete)``.
-    """
+    """Of stored records by KV key: the live ones by node id, and the keys to delete."""
     found: dict[str, Suspect] = {}
     ended: list[str] = []
     for key, raw in stored.items():
@@ -271,11 +162,7 @@ def live_suspects(stored: Mapping[str, bytes], now: float) -> tuple[dict[str, Su
 
 
 def forget(keys: Iterable[str]) -> None:
-    """Delete records, best effort: the next reader tries again.
-
-    Args:
-        keys: Their KV keys.
-    """
+    """Delete records by KV key, best effort: the next reader tries again."""
     for key in keys:
         try:
             _ray.kv_delete(key, NAMESPACE)
@@ -284,15 +171,7 @@ def forget(keys: Iterable[str]) -> None:
 
 
 def clear_slice(slice_name: str, now: float | None = None) -> list[Suspect]:
-    """Trust every host of a slice again (ended records anywhere go too).
-
-    Args:
-        slice_name: The slice.
-        now: Wall-clock seconds (default: now).
-
-    Returns:
-        The live records deleted, by worker id; empty if none of its hosts was suspect.
-    """
+    """Trust every host of a slice again (ended records anywhere go too); those deleted."""
     when = time.time() if now is None else now
     keys = _ray.kv_list(SUSPECT_KEY_PREFIX, NAMESPACE)
     found, ended = live_suspects(_ray.kv_get_many(keys, NAMESPACE), when)
@@ -304,11 +183,7 @@ def clear_slice(slice_name: str, now: float | None = None) -> list[Suspect]:
 
 
 def clear_all() -> list[Suspect]:
-    """Trust every host of the cluster again: delete every suspect record.
-
-    Returns:
-        The live records deleted; empty when Ray is not connected.
-    """
+    """Trust every host of the cluster again; the live records deleted."""
     keys = _ray.kv_list(SUSPECT_KEY_PREFIX, NAMESPACE)
     found, _ = live_suspects(_ray.kv_get_many(keys, NAMESPACE), time.time())
     forget(keys)

@@ -1,10 +1,6 @@
-"""Who owns this host's TPU, found the way libtpu finds it. Linux; no Ray.
-
-libtpu lets one process at a time use the TPU: it holds ``lockf`` on
-``/tmp/libtpu_lockfile`` for life (the lock dies with it; the file is never deleted here).
-The owner is the lock's holder (``/proc/locks``), else a process with a TPU device open.
-Paths are under a *host root*, :data:`HOST_ROOT` (``/`` on a TPU VM).
-"""
+"""Who owns this host's TPU, found as libtpu finds it (Linux; no Ray). libtpu lets one
+process use the TPU, holding ``lockf`` on ``/tmp/libtpu_lockfile`` for life (never deleted
+here); the owner is that lock's holder, else a process with a TPU device open."""
 
 from __future__ import annotations
 
@@ -22,44 +18,24 @@ GOOGLE_PCI_VENDOR_ID = "0x1ae0"
 JOB_ENV = "RAY_JOB_ID"  # in a Ray worker's environment
 PROC = Path("/proc")
 COMMAND_LIMIT = 120
-
-
 HOST_ROOT = Path("/")
 """Where this host's ``tmp/libtpu_lockfile`` and ``dev/accel*`` live; a process that sees
 them elsewhere sets it once at start-up."""
 
 
 def host_root() -> Path:
-    """This host's root for TPU purposes, read when called (a process may set it).
-
-    Returns:
-        :data:`HOST_ROOT`.
-    """
+    """:data:`HOST_ROOT`, read when called (a process may set it)."""
     return HOST_ROOT
 
 
 def lockfile(root: Path) -> Path:
-    """The path of libtpu's lockfile under ``root``.
-
-    Args:
-        root: The host root.
-
-    Returns:
-        ``<root>/tmp/libtpu_lockfile``.
-    """
+    """``<root>/tmp/libtpu_lockfile``."""
     return root / LOCKFILE
 
 
 def tpu_devices(root: Path) -> list[Path]:
-    """The TPU chips' device files: ``dev/accel<N>`` that are not directories (a
-    directory is NVIDIA's; plain files let tests fake chips), else Google's VFIO groups.
-
-    Args:
-        root: The host root.
-
-    Returns:
-        One path per chip, sorted.
-    """
+    """One device file per TPU chip, sorted: ``dev/accel<N>`` that are not directories (a
+    directory is NVIDIA's; plain files let tests fake chips), else Google's VFIO groups."""
     dev = root / "dev"
     with contextlib.suppress(OSError):
         accel = sorted(p for p in dev.glob("accel*") if not p.is_dir())
@@ -87,52 +63,31 @@ def _google_device_in(devices: Path) -> bool:
 
 @dataclass(frozen=True)
 class TPUOwner:
-    """A process that owns a host's TPU.
-
-    Attributes:
-        command: Its command line, cut short.
-        job_id: Its Ray job (``RAY_JOB_ID`` in its environment), if any.
-        holds_lock: It holds libtpu's lock; else it only has a TPU device open.
-    """
+    """A process that owns a host's TPU."""
 
     pid: int
     command: str
+    """Its command line, cut short."""
     job_id: str | None
+    """Its Ray job (``RAY_JOB_ID`` in its environment), if any."""
     uid: int | None
     holds_lock: bool
+    """It holds libtpu's lock; else it only has a TPU device open."""
 
     def describe(self) -> str:
-        """For messages and status.
-
-        Returns:
-            ``pid 4242 (ray::train, Ray job 01000000)``.
-        """
+        """``pid 4242 (ray::train, Ray job 01000000)``, for messages and status."""
         parts = [self.command or "?"]
         if self.job_id:
             parts.append(f"Ray job {self.job_id}")
         return f"pid {self.pid} ({', '.join(parts)})"
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form.
-
-        Returns:
-            Every field by name.
-        """
+        """Every field by name, JSON-able."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TPUOwner:
-        """The inverse of :meth:`to_dict`.
-
-        Args:
-            data: A mapping with every field.
-
-        Returns:
-            The owner it describes.
-
-        Raises:
-            KeyError: a field is missing.
-        """
+        """The inverse of :meth:`to_dict`; KeyError if a field is missing."""
         return cls(
             pid=int(data["pid"]),
             command=str(data["command"]),
@@ -143,14 +98,7 @@ class TPUOwner:
 
 
 def lock_holder(root: Path) -> int | None:
-    """The pid holding a POSIX lock on ``root``'s libtpu lockfile, from ``/proc/locks``.
-
-    Args:
-        root: The host root.
-
-    Returns:
-        The pid, or ``None`` if the file is missing or nobody holds it.
-    """
+    """The pid holding a POSIX lock on ``root``'s libtpu lockfile, from ``/proc/locks``."""
     key = _lock_key(root)
     return None if key is None else _posix_lock_holders().get(key)
 
@@ -181,15 +129,7 @@ def _posix_lock_holders() -> dict[str, int]:
 
 
 def device_holders(root: Path, only: Sequence[Path] | None = None) -> list[int]:
-    """Pids holding any of ``root``'s TPU devices open; unreadable processes are skipped.
-
-    Args:
-        root: The host root.
-        only: Look for these devices only (libtpu itself looks at chip 0's).
-
-    Returns:
-        The pids, ascending.
-    """
+    """Pids holding any of ``root``'s TPU devices (or ``only`` these) open, ascending."""
     devices = {str(path) for path in (tpu_devices(root) if only is None else only)}
     if not devices:
         return []
@@ -234,37 +174,17 @@ def _describe_process(pid: int, holds_lock: bool) -> TPUOwner:
 
 
 def find_owner(root: Path, *, among: Iterable[int] | None = None) -> TPUOwner | None:
-    """Who owns ``root``'s TPU: the lock's holder, else a process with a TPU device open.
-    The lock alone decides whether a new process may start; scanning descriptors is dear.
-
-    Args:
-        root: The host root (:func:`host_root`).
-        among: Only these processes are searched for open devices (``None``: all).
-
-    Returns:
-        The owner, or ``None`` if the TPU is free.
-    """
-    holder = lock_holder(root)
-    if holder is not None:
-        return _describe_process(holder, True)
-    devices = {str(path) for path in tpu_devices(root)}
-    if not devices:
-        return None
-    pids = _pids() if among is None else sorted(set(among))
-    found = next((pid for pid in pids if _holds(pid, devices)), None)
-    return None if found is None else _describe_process(found, False)
+    """Who owns ``root``'s TPU (None: free): the lock's holder, else a process with a TPU
+    device open, searched only ``among`` these pids if given. The lock alone decides whether
+    a new process may start; scanning descriptors is dear."""
+    return find_owners([root], among=among).get(root)
 
 
-def find_owners(roots: Sequence[Path]) -> dict[Path, TPUOwner]:
+def find_owners(
+    roots: Sequence[Path], *, among: Iterable[int] | None = None
+) -> dict[Path, TPUOwner]:
     """:func:`find_owner` for many host roots on one machine (the simulator's), reading
-    ``/proc/locks`` and every process's descriptors once for all of them.
-
-    Args:
-        roots: The host roots.
-
-    Returns:
-        The owner of each root whose TPU is owned.
-    """
+    ``/proc/locks`` and each process's descriptors once; owned roots only."""
     locks = _posix_lock_holders()
     owners: dict[Path, TPUOwner] = {}
     device_root: dict[str, Path] = {}
@@ -272,31 +192,22 @@ def find_owners(roots: Sequence[Path]) -> dict[Path, TPUOwner]:
         key = _lock_key(root)
         if key is not None and key in locks:
             owners[root] = _describe_process(locks[key], True)
-            continue
-        device_root.update({str(path): root for path in tpu_devices(root)})
-    if not device_root:
-        return owners
-    holders: dict[Path, int] = {}
-    for pid in sorted(_pids()):
+        else:
+            device_root.update({str(path): root for path in tpu_devices(root)})
+    unowned = set(device_root.values())
+    for pid in sorted(_pids() if among is None else set(among)):
+        if not unowned:
+            break
         for path in _open_files(pid):
             held = device_root.get(path)
-            if held is not None:
-                holders.setdefault(held, pid)
-    for root, pid in holders.items():
-        owners[root] = _describe_process(pid, False)
+            if held is not None and held in unowned:
+                owners[held] = _describe_process(pid, False)
+                unowned.discard(held)
     return owners
 
 
 def holds_tpu(pid: int, root: Path) -> bool:
-    """Whether ``pid`` holds ``root``'s TPU: libtpu's lock, or any TPU device open.
-
-    Args:
-        pid: The process.
-        root: The host root (:func:`host_root`).
-
-    Returns:
-        ``True`` if it holds either.
-    """
+    """Whether ``pid`` holds ``root``'s TPU: libtpu's lock, or any TPU device open."""
     return lock_holder(root) == pid or _holds(pid, {str(path) for path in tpu_devices(root)})
 
 
@@ -313,17 +224,9 @@ def _env_bool(value: str | None) -> bool:
 
 
 def lock_wanted(environ: Mapping[str, str]) -> bool:
-    """Whether libtpu would take its lock in a process with this environment, as XLA's
-    ``TryAcquireTpuLock`` decides: not with ``TPU_LOAD_LIBRARY`` 0 or 1, nor with
-    ``ALLOW_MULTIPLE_LIBTPU_LOAD`` true, nor with chips-per-process bounds set to anything
-    but exactly ``2,2,1`` (a string test, as Ray's 1- and 2-chip tasks rely on).
-
-    Args:
-        environ: The process's environment.
-
-    Returns:
-        ``True`` if the process takes (or is refused) the lock.
-    """
+    """Whether libtpu takes (or is refused) its lock in this environment, as XLA's
+    ``TryAcquireTpuLock``: not with ``TPU_LOAD_LIBRARY`` 0/1, ``ALLOW_MULTIPLE_LIBTPU_LOAD``
+    true, or chip bounds other than the string ``2,2,1`` (Ray's 1- and 2-chip tasks rely on it)."""
     if environ.get("TPU_LOAD_LIBRARY") in ("0", "1"):
         return False
     if _env_bool(environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD")):
@@ -341,14 +244,7 @@ def _host_label() -> str:
 
 
 def in_use_error(cause: BaseException) -> TPUInUseError:
-    """tpuslice's error for libtpu's refusal ``cause``, naming the host and the owner.
-
-    Args:
-        cause: The error libtpu (through JAX) raised.
-
-    Returns:
-        The error to raise in its place (chain ``cause`` to it).
-    """
+    """The error for libtpu's refusal ``cause``, naming the host and the owner."""
     host = _host_label()
     owner = find_owner(host_root())
     if owner is not None and owner.pid == os.getpid():

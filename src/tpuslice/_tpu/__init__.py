@@ -1,7 +1,6 @@
-"""The ground floor. Pure facts modules (no Ray, no I/O): generations and topologies,
-sub-slices, Ray's TPU names, Ray 2.60's helpers and differences, the clock. Beside them the
-seams to Ray and the OS: ``_ray`` (Ray's private names), ``_auth``, ``_process`` and
-``_connection``. This ``__init__`` imports nothing, so a facts module imports no Ray.
+"""The ground floor: pure facts modules (no Ray, no I/O: topologies, sub-slices, Ray's TPU
+names, Ray 2.60's helpers, the clock), and the seams to Ray and the OS (``_ray``, ``_auth``,
+``_process``, ``_connection``). This ``__init__`` imports nothing, so facts import no Ray.
 
 May import: :mod:`tpuslice.errors` only; the facts modules never import the seams.
 """

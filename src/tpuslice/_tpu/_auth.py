@@ -1,8 +1,6 @@
-"""Token authentication (Ray's ``RAY_AUTH_MODE=token``) as a driver meets it: which token
-this process presents (in Ray's order), a check before ``ray.init`` that fails at once with
-:class:`~tpuslice.errors.TokenAuthError` naming what to set (``ray.init`` retries, then fails
-without saying why), :func:`connect`, and the token file a simulated cluster makes.
-"""
+"""Ray's token authentication as a driver meets it: which token this process presents, a
+check before ``ray.init`` that fails at once naming what to set (``ray.init`` retries, then
+fails without saying why), :func:`connect`, and a simulated cluster's token file."""
 
 from __future__ import annotations
 
@@ -28,10 +26,8 @@ MODE_ENV = "RAY_AUTH_MODE"
 TOKEN_ENV = "RAY_AUTH_TOKEN"
 TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 AUTH_ENV = (MODE_ENV, TOKEN_ENV, TOKEN_PATH_ENV)
-DEFAULT_TOKEN_FILE = Path(".ray") / "auth_token"
-"""Where Ray looks for a token last, under the home directory."""
-CHECK_TIMEOUT_S = 5.0
-"""How long the check waits for the cluster's answer; a GCS that runs answers at once."""
+DEFAULT_TOKEN_FILE = Path(".ray") / "auth_token"  # under the home directory; Ray looks last
+CHECK_TIMEOUT_S = 5.0  # a GCS that runs answers the check at once
 WHAT_TO_SET = (
     f"set {MODE_ENV}=token and the cluster's token in {TOKEN_ENV} (the token itself) or "
     f"{TOKEN_PATH_ENV} (a file holding it), then connect again"
@@ -40,17 +36,14 @@ WHAT_TO_SET = (
 
 @dataclass(frozen=True)
 class TokenSetting:
-    """What this process presents to a cluster that requires a token.
-
-    Attributes:
-        mode: ``RAY_AUTH_MODE`` as set, lower-cased; ``""`` when unset.
-        source: Where the token comes from (a variable or a file); ``""`` for none.
-        problem: Why that token cannot be used; ``""`` when it can.
-    """
+    """What this process presents to a cluster that requires a token; ``""`` for none."""
 
     mode: str
+    """``RAY_AUTH_MODE``, lower-cased."""
     source: str
+    """Where the token comes from: a variable or a file."""
     problem: str = ""
+    """Why that token cannot be used."""
 
     @property
     def unusable(self) -> bool:
@@ -59,7 +52,7 @@ class TokenSetting:
 
 
 def token_setting(environ: Mapping[str, str], home: Path) -> TokenSetting:
-    """Which token a process with ``environ`` and ``home`` presents, found as Ray finds it."""
+    """Which token a process with ``environ`` and ``home`` presents, in Ray's order."""
     mode = environ.get(MODE_ENV, "").strip().lower()
     if environ.get(TOKEN_ENV, "").strip():
         return TokenSetting(mode, TOKEN_ENV)
@@ -84,8 +77,7 @@ def _unreadable(path: Path) -> str:
 
 
 def refused_message(address: str, setting: TokenSetting, reason: str = "") -> str:
-    """The message of :class:`~tpuslice.errors.TokenAuthError`: what was found (and Ray's
-    ``reason``, if asked) and what to set."""
+    """A TokenAuthError's message: what was found (and Ray's ``reason``), and what to set."""
     if setting.mode != "token":
         found = (
             f"it requires a token, and this process sends none ({MODE_ENV} is "
@@ -108,13 +100,11 @@ def refused(address: str, reason: str = "") -> TokenAuthError:
 def check_token(
     address: str, *, found_on_its_own: bool = False, timeout_s: float = CHECK_TIMEOUT_S
 ) -> None:
-    """Before ``ray.init``: raise :class:`~tpuslice.errors.TokenAuthError` if the GCS at
-    ``address`` will refuse this process's token. One silent past ``timeout_s`` is left to
-    ``ray.init``; ``ray://`` is not checked (its server checks). ``found_on_its_own``: the
-    address was found, not given, so a token found turns token mode on, as in ``ray.init``.
-    """
+    """Raise TokenAuthError if the GCS at ``address`` will refuse our token (one silent past
+    ``timeout_s`` is left to ``ray.init``). For an address not given, a token found turns
+    token mode on, as in ``ray.init``."""
     if address.startswith("ray://"):
-        return
+        return  # the Ray Client server checks the token itself
     if not ray.is_initialized():
         _ray.reload_auth_settings()
         if found_on_its_own:
@@ -148,9 +138,8 @@ def _refusal_within(address: str, timeout_s: float) -> str | None:
 
 
 def connect(address: str | None = None, **init_kwargs: Any) -> None:
-    """Connect to a running Ray cluster as ``ray.init(address)`` does, after checking that
-    it accepts this process's token, so a refusal fails at once naming what to set. Never
-    starts a cluster.
+    """``ray.init(address)`` to a running cluster (never starts one), after checking that it
+    accepts this process's token, so a refusal fails at once naming what to set.
 
     Args:
         address: ``HOST:PORT`` or ``ray://HOST:PORT``; default ``RAY_ADDRESS``, else ``"auto"``.
@@ -158,8 +147,6 @@ def connect(address: str | None = None, **init_kwargs: Any) -> None:
 
     Raises:
         TokenAuthError: the cluster requires a token and this one is missing or wrong.
-        ConnectionError: no cluster answers (Ray's own error).
-        RuntimeError: this process is connected already (Ray's own error).
     """
     given = address or os.environ.get("RAY_ADDRESS")
     target = given or _ray.recorded_cluster_address()
@@ -172,8 +159,7 @@ def connect(address: str | None = None, **init_kwargs: Any) -> None:
 
 
 def write_token(path: Path) -> str:
-    """A random token, kept in the new file ``path`` only its owner may read
-    (``FileExistsError`` if it exists)."""
+    """A random token, kept in the new file ``path`` only its owner may read."""
     token = secrets.token_hex(32)
     handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(handle, "w", encoding="utf-8") as f:
@@ -182,9 +168,9 @@ def write_token(path: Path) -> str:
 
 
 def present_token_file(path: Path) -> dict[str, str | None]:
-    """This process and its children present the token in ``path`` from now on
-    (``RAY_AUTH_TOKEN``, which would win, unset); the values replaced, for
-    :func:`restore_auth_env`. Only while not connected."""
+    """This process and its children present the token in ``path`` (``RAY_AUTH_TOKEN``,
+    which would win, unset); what :func:`restore_auth_env` puts back. Only when not connected.
+    """
     saved = {name: os.environ.get(name) for name in AUTH_ENV}
     _set_env({MODE_ENV: "token", TOKEN_PATH_ENV: str(path), TOKEN_ENV: None})
     return saved
@@ -196,7 +182,7 @@ def restore_auth_env(saved: Mapping[str, str | None]) -> None:
 
 
 def _set_env(values: Mapping[str, str | None]) -> None:
-    """Set (or, for ``None``, unset) these variables, and have Ray here read them."""
+    """Set (None: unset) these variables, and have Ray here read them."""
     for name, value in values.items():
         if value is None:
             os.environ.pop(name, None)

@@ -1,8 +1,6 @@
-"""What one process keeps while connected to a cluster (threads, actor handles, caches,
-writers), owned in one place and closed in one order. A reconnection or a fork starts a
-new one and drops the old; :func:`close_connection` closes it at exit (an exit hook added
-after ``import ray``, so before Ray's ``shutdown``) and before this process disconnects.
-"""
+"""What one process keeps while connected (threads, actor handles, caches, writers), owned
+in one place and closed in one order: at exit (a hook added after ``import ray``, so before
+Ray's ``shutdown``) and before a disconnect. A reconnection or fork drops the old one."""
 
 from __future__ import annotations
 
@@ -33,13 +31,8 @@ class Tier(enum.IntEnum):
 
 
 class Connection:
-    """One part of each kind (a class made with no arguments), made on first use. A part
-    may have a ``tier``, a ``close()`` (finish its work) and a ``drop()`` (stop at once).
-
-    Args:
-        identity: Which connection (:func:`tpuslice._tpu._ray.connection_identity`);
-            ``None`` when not connected.
-    """
+    """One part of each kind (a class made with no arguments), made on first use; a part
+    may have a ``tier``, a ``close()`` (finish its work) and a ``drop()`` (stop at once)."""
 
     def __init__(self, identity: bytes | None = None) -> None:
         self.identity = identity
@@ -57,8 +50,7 @@ class Connection:
             return cast(P, found)
 
     def close(self) -> None:
-        """Close every part that has a ``close()``, by tier; a part made meanwhile is
-        closed in its tier's turn. Idempotent."""
+        """Close every part that has a ``close()``, by tier (a part made meanwhile too)."""
         with self._lock:
             if self._ended:
                 return
@@ -72,8 +64,7 @@ class Connection:
                 logger.exception("closing %s failed", type(part).__name__)
 
     def drop(self) -> None:
-        """Let every part go without finishing its work: this process no longer talks to
-        that cluster."""
+        """Let every part go unfinished: this process no longer talks to that cluster."""
         with self._lock:
             self._ended = True
             parts = list(self._parts.values())
@@ -90,9 +81,8 @@ class Connection:
 
 
 class Pool:
-    """Up to ``workers`` background threads for a part. Once Python has stopped its
-    executors (at exit, before the exit hooks) or the pool closed, work runs on the
-    caller's thread, so a hand-back at exit still completes."""
+    """Up to ``workers`` threads for a part; once Python stopped its executors (at exit, before
+    the hooks) or the pool closed, work runs here, so a hand-back at exit still completes."""
 
     def __init__(self, workers: int, name: str) -> None:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
@@ -123,9 +113,8 @@ _lock = threading.Lock()
 
 
 def connection() -> Connection:
-    """This process's connection to its cluster now (a detached one when not connected).
-    An older one is dropped first, unless it is a forked parent's (its threads are not
-    ours). Never starts Ray."""
+    """This process's connection now (a detached one when not connected); an older one is
+    dropped, unless a forked parent's (its threads are not ours). Never starts Ray."""
     global _current
     identity, pid = _ray.connection_identity(), os.getpid()
     current = _current
@@ -143,9 +132,8 @@ def connection() -> Connection:
 
 
 def close_connection() -> None:
-    """Close and forget this process's connection while it can still call Ray: at exit,
-    and just before a disconnect. One Ray no longer talks through is dropped instead, and
-    a forked parent's is left alone."""
+    """Close and forget this process's connection while Ray still works (at exit, before a
+    disconnect); one Ray no longer talks through is dropped, a forked parent's left alone."""
     global _current
     current = _current
     if current is not None and current.pid == os.getpid():

@@ -1,6 +1,5 @@
-"""What tpuslice keeps for a process's life, with no Ray or tpuslice imports: a package's
-public names loaded on first use (PEP 562, so importing the package imports no Ray), and
-the exit hooks (:data:`EXIT_HOOKS`)."""
+"""Process-wide helpers with no Ray or tpuslice imports: a package's public names loaded on
+first use (PEP 562, so importing the package imports no Ray), and :data:`EXIT_HOOKS`."""
 
 from __future__ import annotations
 
@@ -35,11 +34,8 @@ def listing(namespace: Iterable[str], public: Iterable[str]) -> list[str]:
 
 
 class ExitHooks:
-    """What tpuslice runs at interpreter exit: each hook once, the last added first.
-
-    ``atexit`` runs the last registered first, and Ray registers ``ray.shutdown`` on import:
-    a hook that calls Ray is added only after Ray is imported, so it runs while Ray works.
-    """
+    """Hooks run once each at exit, the last added first. Ray registers ``ray.shutdown`` on
+    import, so a hook that calls Ray is added after Ray is imported and runs before it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -55,4 +51,3 @@ class ExitHooks:
 
 
 EXIT_HOOKS = ExitHooks()
-"""This process's exit hooks."""

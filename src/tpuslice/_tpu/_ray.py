@@ -1,5 +1,5 @@
 """The only module that touches Ray's private names (``ray._private``, ``ray._raylet``).
-Each function names the public API we would use if Ray had one."""
+Ray has no public API for any of these but where a function names one."""
 
 from __future__ import annotations
 
@@ -10,40 +10,34 @@ from contextlib import contextmanager
 from typing import Any
 
 import ray
+from ray._private import ray_constants, utils, worker
+from ray._private import state as gcs_state
+from ray.experimental import internal_kv
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
-    """Available resources of every alive node, in one GCS read; a resource fully in
-    use is *absent*, not zero. Public alternative: none (only cluster totals)."""
-    from ray._private.state import available_resources_per_node as read
-
-    result: dict[str, dict[str, float]] = read()
+    """Available resources of every alive node, in one GCS read (Ray's public API has only
+    cluster totals); a resource fully in use is *absent*, not zero."""
+    result: dict[str, dict[str, float]] = gcs_state.available_resources_per_node()
     return result
 
 
 def cluster_can_grow() -> bool:
-    """Whether an autoscaler has published a cluster config; ``TPUSLICE_CLUSTER_CAN_GROW``
-    overrides. Public alternative: none."""
+    """Whether an autoscaler has published a cluster config (or the env says so)."""
     override = os.environ.get("TPUSLICE_CLUSTER_CAN_GROW")
     if override is not None:
         return override.strip().lower() in ("1", "true", "yes")
-    from ray._private.state import state
-
-    return state.get_cluster_config() is not None
+    return gcs_state.state.get_cluster_config() is not None
 
 
 def recorded_cluster_address() -> str | None:
-    """The address ``address="auto"`` joins (the last cluster started on this machine),
-    or ``None``. Public alternative: none."""
-    from ray._private.utils import read_ray_address
-
-    address: str | None = read_ray_address(None)
+    """The address ``address="auto"`` joins (the last cluster started on this machine)."""
+    address: str | None = utils.read_ray_address(None)
     return address or None
 
 
 def node_process_pids(node: Any) -> list[int]:
-    """Pids of the Ray processes a ``ray.cluster_utils`` node started. Public
-    alternative: none (``Node.all_processes`` is private)."""
+    """Pids of the Ray processes a ``ray.cluster_utils`` node started."""
     pids: list[int] = []
     for infos in getattr(node, "all_processes", {}).values():
         pids.extend(info.process.pid for info in infos if info.process is not None)
@@ -52,9 +46,7 @@ def node_process_pids(node: Any) -> list[int]:
 
 @contextmanager
 def minimal_node_agents() -> Iterator[None]:
-    """Ray nodes started here during the block run Ray's *minimal* dashboard agent (far
-    less CPU while idle), by making Ray's dependency check fail. Public alternative: none."""
-    utils = ray._private.utils
+    """Nodes started here during the block run Ray's *minimal* dashboard agent (less CPU)."""
     real = getattr(utils, "get_dashboard_dependency_error", None)
     if real is None:  # another Ray: its agents as they come
         yield
@@ -72,16 +64,11 @@ _NODE_START_PATCH = threading.Lock()
 
 @contextmanager
 def node_processes_started_by(run: Callable[[Callable[[], None]], None]) -> Iterator[None]:
-    """A Ray node this thread starts during the block resolves and spawns its processes
-    through ``run``, then waits for its raylet here.
-
-    Ray reads a node's TPU facts from the environment and ties its processes to the
-    spawning *thread* (each dies with it), so ``run`` hands that short step to one
-    long-lived thread with the environment set there, and threads can wait for several
-    nodes at once. Off the main thread no ``SIGTERM`` handler is set (Python forbids it);
-    the head's stays. Public alternative: none (``Cluster.add_node`` does all in one call).
+    """A Ray node this thread starts during the block spawns its processes through ``run``.
+    Ray ties them to the spawning *thread* and reads TPU facts from the environment, so
+    ``run`` hands that step to one long-lived thread with the environment set, and several
+    nodes start at once. Off the main thread no ``SIGTERM`` handler is set (Python forbids it).
     """
-    from ray._private import utils
     from ray._private.node import Node as node_class
 
     with _NODE_START_PATCH:
@@ -118,16 +105,11 @@ def node_logs_dir(node: Any) -> str | None:
 
 def kv_errors() -> tuple[type[BaseException], ...]:
     """What a KV call raises when the GCS cannot be reached or Ray is shutting down."""
-    import ray
-
     return (ray.exceptions.RayError, ConnectionError, OSError, RuntimeError)
 
 
 def kv_put(key: str, value: bytes, namespace: str | None) -> bool:
-    """Write Ray's internal KV store; whether the key existed. ``ConnectionError`` when not
-    connected. Public alternative: none."""
-    from ray.experimental import internal_kv
-
+    """Write Ray's internal KV store; whether the key existed. Not connected: ConnectionError."""
     if not internal_kv._internal_kv_initialized():
         raise ConnectionError(f"cannot write {key!r}: Ray is not connected")
     existed = internal_kv._internal_kv_put(key, value, namespace=namespace)
@@ -135,10 +117,7 @@ def kv_put(key: str, value: bytes, namespace: str | None) -> bool:
 
 
 def kv_list(prefix: str, namespace: str | None) -> list[str]:
-    """Keys of Ray's internal KV store starting with ``prefix``; ``[]`` when not connected.
-    Public alternative: none."""
-    from ray.experimental import internal_kv
-
+    """Keys of Ray's internal KV store starting with ``prefix``; ``[]`` when not connected."""
     if not internal_kv._internal_kv_initialized():
         return []
     keys = internal_kv._internal_kv_list(prefix, namespace=namespace)
@@ -146,10 +125,7 @@ def kv_list(prefix: str, namespace: str | None) -> list[str]:
 
 
 def kv_get(key: str, namespace: str | None) -> bytes | None:
-    """Read Ray's internal KV store; ``None`` when absent or not connected. Public
-    alternative: none."""
-    from ray.experimental import internal_kv
-
+    """Read Ray's internal KV store; ``None`` when absent or not connected."""
     if not internal_kv._internal_kv_initialized():
         return None
     value: bytes | None = internal_kv._internal_kv_get(key, namespace=namespace)
@@ -157,20 +133,13 @@ def kv_get(key: str, namespace: str | None) -> bytes | None:
 
 
 def kv_delete(key: str, namespace: str | None, *, prefix: bool = False) -> None:
-    """Delete a key (every key starting with it if ``prefix``) of Ray's internal KV store;
-    nothing when not connected. Public alternative: none."""
-    from ray.experimental import internal_kv
-
+    """Delete a key of Ray's internal KV store (or every key it starts, with ``prefix``)."""
     if internal_kv._internal_kv_initialized():
         internal_kv._internal_kv_del(key, del_by_prefix=prefix, namespace=namespace)
 
 
 def kv_get_many(keys: list[str], namespace: str | None) -> dict[str, bytes]:
-    """Several keys of Ray's internal KV store in one GCS call, absent ones left out
-    (empty when not connected). Public alternative: none."""
-    from ray._private import worker
-    from ray.experimental import internal_kv
-
+    """Several keys of Ray's internal KV store in one GCS call, absent ones left out."""
     if not keys or not internal_kv._internal_kv_initialized():
         return {}
     client = worker.global_worker.gcs_client
@@ -185,8 +154,6 @@ def kv_get_many(keys: list[str], namespace: str | None) -> dict[str, bytes]:
 
 def dashboard_kv_namespace() -> str:
     """Namespace the Ray dashboard reads (JAX profiler ports live there)."""
-    from ray._private import ray_constants
-
     return str(ray_constants.KV_NAMESPACE_DASHBOARD)
 
 
@@ -196,8 +163,7 @@ def current_node_id() -> str:
 
 
 def remote_function_parts(fn: Any) -> tuple[Any, dict[str, Any]]:
-    """The Python function behind a ``@ray.remote`` function, and its options. Public
-    alternative: none."""
+    """The Python function behind a ``@ray.remote`` function, and its options."""
     function = getattr(fn, "_function", None)
     if function is None:
         raise TypeError(
@@ -207,19 +173,14 @@ def remote_function_parts(fn: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def dead_jobs(job_ids: Collection[str]) -> set[str]:
-    """Of these Ray job ids (hex), those whose drivers have exited. Public alternative:
-    ``ray.util.state.list_jobs``, which needs the dashboard."""
-    from ray._private.state import state
-
+    """Of these Ray job ids (hex), those whose drivers have exited (public:
+    ``ray.util.state.list_jobs``, which needs the dashboard)."""
     wanted = set(job_ids)
-    return {j["JobID"] for j in state.job_table() if j["JobID"] in wanted and j["IsDead"]}
+    return {j["JobID"] for j in gcs_state.state.job_table() if j["JobID"] in wanted and j["IsDead"]}
 
 
 def connection_identity() -> bytes | None:
-    """This process's connection to Ray: its worker id, new at every ``ray.init``;
-    ``None`` when not connected. Never connects. Public alternative: none."""
-    from ray._private import worker
-
+    """This process's worker id, new at every ``ray.init``; None when not connected."""
     driver = worker.global_worker
     if not driver.connected:
         return None
@@ -232,22 +193,19 @@ def current_job_id() -> str:
 
 
 def alive_actors_on(node_ids: Collection[str]) -> list[tuple[str, str, int]]:
-    """``(class name, node id, pid)`` of the live actors on these nodes. Public
-    alternative: ``ray.util.state.list_actors``, which needs Ray's dashboard."""
-    from ray._private import state
-
+    """``(class name, node id, pid)`` of the live actors on these nodes (public:
+    ``ray.util.state.list_actors``, which needs Ray's dashboard)."""
     wanted = set(node_ids)
     return [
         (info["ActorClassName"], info["Address"]["NodeID"], int(info["Pid"]))
-        for info in state.actors(actor_state_name="ALIVE").values()
+        for info in gcs_state.actors(actor_state_name="ALIVE").values()
         if info["Address"]["NodeID"] in wanted
     ]
 
 
 def gcs_token_refusal(address: str) -> str | None:
-    """Ray's reason when the GCS at ``address`` refuses this process's token, else
-    ``None``. A GCS that does not answer is waited for long: bound the call yourself.
-    Public alternative: none (``ray.init`` retries, then fails without saying why)."""
+    """Ray's reason if the GCS at ``address`` refuses our token, else None. A silent GCS is
+    waited for long: bound the call."""
     raylet: Any = ray._raylet  # its type stubs leave out the GCS client
 
     try:
@@ -258,8 +216,7 @@ def gcs_token_refusal(address: str) -> str | None:
 
 
 def reload_auth_settings() -> None:
-    """Make Ray here re-read ``RAY_AUTH_MODE`` and its token (only while not connected).
-    Public alternative: none."""
+    """Make Ray here re-read ``RAY_AUTH_MODE`` and its token (only while not connected)."""
     raylet: Any = ray._raylet  # its type stubs leave out both classes
 
     # The mode before the token: a token dropped while the mode still said "token"
@@ -269,8 +226,7 @@ def reload_auth_settings() -> None:
 
 
 def enable_token_auth_if_token_found() -> None:
-    """As ``ray.init`` does for an address it finds: with ``RAY_AUTH_MODE`` unset and a
-    token found, use token mode. Public alternative: none."""
+    """As ``ray.init`` does for an address it finds: token mode if unset and a token is found."""
     from ray._private.authentication.authentication_token_setup import (
         maybe_enable_token_auth_if_token_available,
     )

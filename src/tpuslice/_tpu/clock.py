@@ -10,11 +10,8 @@ from dataclasses import dataclass
 
 @dataclass
 class Clock:
-    """Monotonic seconds, a sleep, and wall-clock stamps (the real ones by default).
-
-    Attributes:
-        stamp: Wall-clock nanoseconds: a reservation's arrival order, comparable across drivers.
-    """
+    """Monotonic seconds, a sleep, and wall-clock nanosecond stamps (a reservation's arrival
+    order, comparable across drivers); the real ones by default."""
 
     now: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep

@@ -1,5 +1,5 @@
-"""Ray 2.60 ``ray.util.tpu`` pure helpers, with the same names, signatures and results,
-except that where Ray accepts nonsense or crashes these raise a clear ``ValueError``."""
+"""Ray 2.60 ``ray.util.tpu`` pure helpers, with the same names, signatures and results
+(but a clear ``ValueError`` where Ray accepts nonsense or crashes); and our differences."""
 
 from __future__ import annotations
 
@@ -39,35 +39,14 @@ def get_tpu_resource_per_chip() -> int:
 
 
 def check_positive_int(name: str, value: object) -> int:
-    """Raise :class:`InvalidArgumentError` unless ``value`` is an int >= 1.
-
-    Args:
-        name: The argument's name, for the message.
-        value: The value to check.
-
-    Returns:
-        ``value``, unchanged.
-
-    Raises:
-        InvalidArgumentError: ``value`` is not an int (a bool is not) >= 1.
-    """
+    """``value`` if it is an int >= 1 (a bool is not), else InvalidArgumentError."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
     return value
 
 
 def resolve_resource_per_chip(tpu_resource_per_chip: int | None) -> int:
-    """Ray ``TPU`` units per chip: the argument if given, else the environment's.
-
-    Args:
-        tpu_resource_per_chip: The caller's value; ``None`` reads the environment.
-
-    Returns:
-        The TPU resource units per physical chip.
-
-    Raises:
-        InvalidArgumentError: the value is not a positive integer.
-    """
+    """Ray ``TPU`` units per chip: the argument, checked, else the environment's."""
     if tpu_resource_per_chip is None:
         return get_tpu_resource_per_chip()
     return check_positive_int("tpu_resource_per_chip", tpu_resource_per_chip)
@@ -262,21 +241,15 @@ def get_tpu_coordinator_env_vars(
     }
 
 
-# --- sub-slices: where tpuslice behaves differently from Ray 2.60 on purpose ---------------
-
-
 @dataclass(frozen=True)
 class Difference:
-    """One deliberate difference from Ray 2.60, and the test that shows it.
-
-    Attributes:
-        shown_by: ``tests/<file>.py::<test>`` that exercises it (checked to exist).
-    """
+    """One deliberate difference from Ray 2.60, and the test that shows it."""
 
     what: str
     ray: str
     ours: str
     shown_by: str
+    """``tests/<file>.py::<test>`` that exercises it (checked to exist)."""
 
 
 SUBSLICE_DIFFERENCES: tuple[Difference, ...] = (
@@ -327,7 +300,6 @@ SUBSLICE_DIFFERENCES: tuple[Difference, ...] = (
         "tests/test_subslices_pure.py::test_a_layout_that_does_not_fit_is_not_used",
     ),
 )
-"""Checked by tests/test_subslice_pure.py: each ``shown_by`` test exists."""
 
 
 QUEUE_DIFFERENCES: tuple[Difference, ...] = (
@@ -362,4 +334,3 @@ QUEUE_DIFFERENCES: tuple[Difference, ...] = (
         "tests/test_request.py::test_every_run_takes_each_option_of_a_runs_request_with_the_requests_default",
     ),
 )
-"""Checked by tests/test_subslice_pure.py: each ``shown_by`` test exists."""

@@ -1,7 +1,5 @@
-"""What Ray gives a TPU VM: node labels, resources and environment. Pure.
-
-Ray's conventions, spelled once so the simulator, host detection and the cluster view agree.
-"""
+"""What Ray gives a TPU VM: node labels, resources and environment. Pure; spelled once so
+the simulator, host detection and the cluster view agree."""
 
 from __future__ import annotations
 
@@ -28,16 +26,7 @@ HOST_ENV_VARS = (ENV_TPU_NAME, ENV_TPU_WORKER_ID, ENV_TPU_ACCELERATOR_TYPE, ENV_
 
 
 def host_labels(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str, str]:
-    """The node labels Ray sets on TPU worker ``worker_id`` of slice ``slice_name``.
-
-    Args:
-        shape: The slice's shape.
-        slice_name: The slice's name.
-        worker_id: The host's TPU worker id.
-
-    Returns:
-        Slice name, worker id, pod type, topology and accelerator type labels.
-    """
+    """The node labels Ray sets on TPU worker ``worker_id`` of slice ``slice_name``."""
     return {
         SLICE_NAME_LABEL: slice_name,
         WORKER_ID_LABEL: str(worker_id),
@@ -50,17 +39,7 @@ def host_labels(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str,
 def host_resources(
     shape: SliceShape, slice_name: str, worker_id: int, tpu_resource_per_chip: int = 1
 ) -> dict[str, float]:
-    """The resources Ray gives a TPU host; ``TPU-<podtype>-head`` on worker 0 only.
-
-    Args:
-        shape: The slice's shape.
-        slice_name: The slice's name.
-        worker_id: The host's TPU worker id.
-        tpu_resource_per_chip: ``TPU`` units per chip.
-
-    Returns:
-        Resource name to amount.
-    """
+    """The resources Ray gives a TPU host; ``TPU-<podtype>-head`` on worker 0 only."""
     resources: dict[str, float] = {
         TPU_RESOURCE: float(shape.chips_per_host * tpu_resource_per_chip),
         slice_name: 1.0,
@@ -72,16 +51,7 @@ def host_resources(
 
 
 def host_env(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str, str]:
-    """The environment a TPU VM's processes see (GKE sets these; GCE has them in metadata).
-
-    Args:
-        shape: The slice's shape.
-        slice_name: The slice's name.
-        worker_id: The host's TPU worker id.
-
-    Returns:
-        ``TPU_NAME``, ``TPU_WORKER_ID``, ``TPU_ACCELERATOR_TYPE`` and ``TPU_TOPOLOGY``.
-    """
+    """The ``TPU_*`` environment a TPU VM's processes see (GKE sets it)."""
     return {
         ENV_TPU_NAME: slice_name,
         ENV_TPU_WORKER_ID: str(worker_id),
@@ -92,15 +62,7 @@ def host_env(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str, st
 
 def selector_matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
     """Whether a node's labels satisfy a selector as Ray judges it (``v``, ``!v``,
-    ``in(a,b)``, ``!in(a,b)``; a missing label matches only the negative forms).
-
-    Args:
-        labels: The node's labels.
-        selector: Label -> wanted value.
-
-    Returns:
-        True if every label's condition holds.
-    """
+    ``in(a,b)``, ``!in(a,b)``; a missing label matches only the negative forms)."""
     for key, wanted in selector.items():
         have = labels.get(key)
         negative = wanted.startswith("!")

@@ -1,10 +1,9 @@
 """Sub-slices of a TPU slice: which hosts form each smaller slice. Pure: no Ray.
 
-4-chip hosts tile the chip grid in a *worker grid*; a host's smallest chip coordinate,
-divided by its block, is its *physical position* (not its worker id). A sub-slice is a box
-of the worker grid, numbered row-major. Ray 2.60's conventions, so each side reads what the
-other learned: topology ``AxB`` is ``(y, x)`` and chip coordinates are ``[x, y(, z)]``.
-"""
+4-chip hosts tile the chip grid in a *worker grid*; a host's smallest chip coordinate over
+its block is its *physical position* (not its worker id). A sub-slice is a box of the
+worker grid, numbered row-major. As Ray 2.60, so each reads what the other learned:
+topology ``AxB`` is ``(y, x)``, chip coordinates ``[x, y(, z)]``."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from tpuslice._tpu.labels import CallEnv
-from tpuslice._tpu.topology import GENERATIONS, SliceShape, parse_dims
+from tpuslice._tpu.topology import GENERATIONS, SliceShape, grid_position, parse_dims
 from tpuslice.errors import InvalidTopologyError, listing
 
 SUBSLICE_LABEL_PREFIX = "ray.io/tpu-subslice-"
@@ -23,42 +22,19 @@ HOST_BLOCK = {2: (2, 2), 3: (2, 2, 1)}
 
 
 def kv_key(slice_name: str) -> bytes:
-    """Ray's KV key for a slice's sub-slice labels: ``tpu_subslice/<slice name>``.
-
-    Args:
-        slice_name: The parent slice.
-
-    Returns:
-        The key, as bytes.
-    """
+    """Ray's KV key for a slice's sub-slice labels: ``tpu_subslice/<slice name>``."""
     return f"tpu_subslice/{slice_name}".encode()
 
 
 def label_key(subslice_topology: str) -> str:
-    """``ray.io/tpu-subslice-<topology>``.
-
-    Args:
-        subslice_topology: The sub-slice's topology.
-
-    Returns:
-        The label key.
-    """
+    """``ray.io/tpu-subslice-<topology>``."""
     return f"{SUBSLICE_LABEL_PREFIX}{subslice_topology}"
 
 
 @functools.lru_cache(maxsize=512)
 def worker_dims(topology: str) -> tuple[int, ...]:
-    """Hosts along each side of ``topology`` made of 4-chip hosts: ``4x8`` -> ``(2, 4)``.
-
-    Args:
-        topology: A 2D or 3D topology.
-
-    Returns:
-        The worker grid.
-
-    Raises:
-        InvalidTopologyError: malformed, or a side the host block does not divide.
-    """
+    """Hosts along each side of ``topology`` made of 4-chip hosts: ``4x8`` -> ``(2, 4)``;
+    InvalidTopologyError if a side is not a whole number of hosts."""
     dims = parse_dims(topology)
     block = HOST_BLOCK[len(dims)]
     if any(d % b for d, b in zip(dims, block, strict=True)):
@@ -83,17 +59,7 @@ def _known_topologies(ndim: int) -> tuple[str, ...]:
 
 
 def subslice_topologies(parent_topology: str) -> list[str]:
-    """The smaller topologies whose worker grid fits inside the parent's.
-
-    Args:
-        parent_topology: The parent slice's topology.
-
-    Returns:
-        The sub-topologies, by host count (ascending).
-
-    Raises:
-        InvalidTopologyError: the parent has no worker grid.
-    """
+    """Smaller topologies whose worker grid fits in the parent's, fewest hosts first."""
     return list(_subslice_topologies(parent_topology))
 
 
@@ -110,18 +76,8 @@ def _subslice_topologies(parent_topology: str) -> tuple[str, ...]:
 
 
 def physical_position(coordinates: Sequence[Sequence[int]], parent_topology: str) -> int:
-    """A host's row-major place in the parent's worker grid, from its chips' coordinates.
-
-    Args:
-        coordinates: Each chip's ``[x, y(, z)]``, as libtpu reports them.
-        parent_topology: The slice's topology.
-
-    Returns:
-        The host's physical position (0-based).
-
-    Raises:
-        InvalidTopologyError: no coordinates, or a position outside the grid.
-    """
+    """A host's physical position (row-major in the parent's worker grid) from its chips'
+    ``[x, y(, z)]`` as libtpu reports them; InvalidTopologyError if none or outside."""
     if not coordinates:
         raise InvalidTopologyError("a host reported no chip coordinates")
     grid = worker_dims(parent_topology)
@@ -144,21 +100,12 @@ def physical_position(coordinates: Sequence[Sequence[int]], parent_topology: str
 def chip_coordinates(
     physical: int, parent_topology: str, grid: Sequence[int] | None = None
 ) -> list[list[int]]:
-    """The chip coordinates of the host at ``physical`` (the simulator's source; the
-    inverse of :func:`physical_position`).
-
-    Args:
-        physical: The host's physical position.
-        parent_topology: The slice's topology.
-        grid: Its worker grid (default: 4-chip hosts, :func:`worker_dims`).
-
-    Returns:
-        One ``[x, y(, z)]`` per chip of the host.
-    """
+    """The ``[x, y(, z)]`` of each chip of the host at ``physical``: the inverse of
+    :func:`physical_position`, for the simulator. ``grid`` defaults to 4-chip hosts."""
     grid = tuple(grid) if grid is not None else worker_dims(parent_topology)
     chips = parse_dims(parent_topology)
     block = [c // g for c, g in zip(chips, grid, strict=True)]
-    corner = [p * b for p, b in zip(_position(physical, grid), block, strict=True)]
+    corner = [p * b for p, b in zip(grid_position(physical, grid), block, strict=True)]
     sides = [range(c, c + b) for c, b in zip(corner, block, strict=True)]
     return [list(reversed(chip)) for chip in itertools.product(*sides)]
 
@@ -170,42 +117,17 @@ def _row_major(position: Sequence[int], grid: Sequence[int]) -> int:
     return index
 
 
-def _position(index: int, grid: Sequence[int]) -> list[int]:
-    position = []
-    for g in reversed(grid):
-        position.append(index % g)
-        index //= g
-    return list(reversed(position))
-
-
 def subslice_index(physical: int, parent_topology: str, subslice_topology: str) -> int:
-    """Which sub-slice of ``subslice_topology`` holds the host at ``physical``.
-
-    Args:
-        physical: The host's physical position.
-        parent_topology: The slice's topology.
-        subslice_topology: The sub-slice's topology.
-
-    Returns:
-        The index.
-    """
+    """Which sub-slice of ``subslice_topology`` holds the host at ``physical``."""
     grid = worker_dims(parent_topology)
     sub = worker_dims(subslice_topology)
-    position = _position(physical, grid)
+    position = grid_position(physical, grid)
     boxes = [g // s for g, s in zip(grid, sub, strict=True)]
     return _row_major([p // s for p, s in zip(position, sub, strict=True)], boxes)
 
 
 def host_labels(physical: int, parent_topology: str) -> dict[str, str]:
-    """Every sub-slice label of the host at ``physical``: ``{label key: index}``.
-
-    Args:
-        physical: The host's physical position.
-        parent_topology: The slice's topology.
-
-    Returns:
-        One label per sub-topology of the parent.
-    """
+    """The host's sub-slice labels, one per sub-topology: ``{label key: index}``."""
     return {
         label_key(sub): str(subslice_index(physical, parent_topology, sub))
         for sub in subslice_topologies(parent_topology)
@@ -213,16 +135,7 @@ def host_labels(physical: int, parent_topology: str) -> dict[str, str]:
 
 
 def physical_from_labels(labels: Mapping[str, str], parent_topology: str) -> int | None:
-    """A host's physical position read back from its labels (its one-host sub-slice's
-    index), for labels Ray discovered.
-
-    Args:
-        labels: The host's sub-slice labels.
-        parent_topology: The slice's topology.
-
-    Returns:
-        The position, or ``None`` if the labels do not say.
-    """
+    """A host's physical position from labels Ray discovered (its one-host sub-slice's index)."""
     smallest = subslice_topologies(parent_topology)
     if not smallest or math.prod(worker_dims(smallest[0])) != 1:
         return None
@@ -235,22 +148,13 @@ def members(
     parent_topology: str,
     subslice_topology: str,
 ) -> dict[int, list[int]]:
-    """Each whole sub-slice's hosts: ``{index: [TPU worker ids, ascending]}``.
-
-    Args:
-        physical_by_worker: Each TPU worker id's physical position.
-        parent_topology: The slice's topology.
-        subslice_topology: The sub-slice's topology.
-
-    Returns:
-        The whole sub-slices, by index.
-    """
+    """Each whole sub-slice's hosts by index, from each worker id's physical position."""
     size = math.prod(worker_dims(subslice_topology))
     grid, sub = worker_dims(parent_topology), worker_dims(subslice_topology)
     boxes = [g // s for g, s in zip(grid, sub, strict=True)]
     found: dict[int, list[int]] = {}
     for worker, physical in physical_by_worker.items():
-        box = [p // s for p, s in zip(_position(physical, grid), sub, strict=True)]
+        box = [p // s for p, s in zip(grid_position(physical, grid), sub, strict=True)]
         if any(b >= n for b, n in zip(box, boxes, strict=True)):
             continue  # in the ragged rest of a side (Ray gives it a whole box's index)
         found.setdefault(_row_major(box, boxes), []).append(worker)
@@ -258,18 +162,8 @@ def members(
 
 
 def valid_parents(subslice_topology: str, topologies: Sequence[str]) -> list[str]:
-    """Which of ``topologies`` can hold a ``subslice_topology``, smallest first.
-
-    Args:
-        subslice_topology: The sub-slice wanted.
-        topologies: The topologies the cluster has.
-
-    Returns:
-        Those whose worker grid holds the sub-slice's (not itself), by host count.
-
-    Raises:
-        InvalidTopologyError: the sub-slice has no worker grid.
-    """
+    """Which of ``topologies`` (not the sub-slice's own) can hold a ``subslice_topology``,
+    fewest hosts first; InvalidTopologyError if it is no grid of 4-chip hosts."""
     try:
         sub = worker_dims(subslice_topology)
     except InvalidTopologyError as exc:
@@ -292,19 +186,9 @@ def valid_parents(subslice_topology: str, topologies: Sequence[str]) -> list[str
 
 
 def subslice_env(shape: SliceShape, hosts: list[str], worker: int) -> CallEnv:
-    """What a sub-slice's host needs set so libtpu and JAX treat the sub-slice as the
-    slice (Ray 2.60 sets none). ``TPU_SKIP_MDS_QUERY``: the metadata server describes the
-    parent. ``TPU_PROCESS_ADDRESSES`` unset: it would list the parent's processes, and JAX
-    takes it, even empty, before the host names.
-
-    Args:
-        shape: The sub-slice's shape.
-        hosts: Its hosts' addresses, in rank order.
-        worker: This host's index among them.
-
-    Returns:
-        The variables.
-    """
+    """What host ``worker`` of a sub-slice (``hosts`` in rank order) needs set so libtpu and
+    JAX treat it as the slice (Ray 2.60 sets none). The metadata server describes the parent
+    (so skip it), and JAX takes ``TPU_PROCESS_ADDRESSES``, even empty, before host names."""
     grid = list(worker_dims(shape.topology))
     bounds = ",".join(map(str, [*grid, 1][:3] if len(grid) == 2 else grid))
     chips = ",".join(map(str, HOST_BLOCK[3]))

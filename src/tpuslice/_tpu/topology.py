@@ -1,14 +1,12 @@
 """TPU generations, slice topologies and the shape of a slice. Pure: no Ray, no I/O.
-
 A *topology* is a slice's chip grid (``4x4``); a *pod type* names generation and size
-(``v6e-16``: 16 chips; ``v4-16``: 16 TensorCores = 8 chips); a *host* is one TPU VM (one
-Ray node). :func:`slice_shape` turns a request into a :class:`SliceShape`.
-"""
+(``v6e-16``: 16 chips; ``v4-16``: 16 TensorCores = 8 chips); a *host* is one TPU VM."""
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tpuslice.errors import (
@@ -22,7 +20,6 @@ from tpuslice.errors import (
 
 VALID_CHIPS_PER_VM = (1, 2, 4, 8)
 """Chips one TPU VM may hold (and the chip counts one task may ask for)."""
-
 DEFAULT_CHIPS_PER_MULTI_HOST_VM = 4
 
 
@@ -57,18 +54,15 @@ _TOPOLOGIES: dict[str, frozenset[str]] = {
 
 @dataclass(frozen=True)
 class Generation:
-    """One TPU generation and the facts that shape its slices (as in Ray 2.60).
-
-    Attributes:
-        aliases: Other accepted spellings (``v5e``, ``trillium``, ``tpu7x``).
-        dims: Sides of its topologies: 2 (``4x4``) or 3 (``2x2x2``).
-    """
+    """One TPU generation and the facts that shape its slices (as in Ray 2.60)."""
 
     name: str
     """Canonical spelling, as in pod types and Ray labels (``v5litepod``)."""
     aliases: tuple[str, ...]
+    """Other accepted spellings (``v5e``, ``trillium``, ``tpu7x``)."""
     cores_per_chip: int
     dims: int
+    """Sides of its topologies: 2 (``4x4``) or 3 (``2x2x2``)."""
     max_chips_single_vm: int
     """Largest slice Google offers as one VM."""
     topologies: frozenset[str]
@@ -113,14 +107,7 @@ _TOPOLOGY_RE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*){1,2}$")
 
 
 def normalize_generation_name(accelerator: str) -> str:
-    """``" TPU-V6E"`` -> ``"v6e"``: lower-case, stripped, no ``TPU-``/``TPU`` prefix.
-
-    Args:
-        accelerator: A generation or accelerator type as a user or Ray spells it.
-
-    Returns:
-        The spelling, not checked.
-    """
+    """``" TPU-V6E"`` -> ``"v6e"``: lower-case, no ``TPU-``/``TPU`` prefix; not checked."""
     name = accelerator.strip().lower().replace(" ", "")
     if name.startswith("tpu-"):
         name = name[4:]
@@ -130,17 +117,8 @@ def normalize_generation_name(accelerator: str) -> str:
 
 
 def generation(accelerator: str) -> Generation:
-    """Resolve any accepted spelling (``TPU-V6E``, ``v5e``, ``tpu7x``, ``Trillium``).
-
-    Args:
-        accelerator: The generation's name, an alias, or Ray's accelerator type.
-
-    Returns:
-        The generation it names.
-
-    Raises:
-        InvalidAcceleratorError: ``accelerator`` is not a string or names no generation.
-    """
+    """The generation any accepted spelling names (``TPU-V6E``, ``v5e``, ``tpu7x``,
+    ``Trillium``); InvalidAcceleratorError naming the valid ones if none."""
     if not isinstance(accelerator, str):
         raise InvalidAcceleratorError(
             f"accelerator version must be a string such as 'v6e', got {accelerator!r}"
@@ -163,17 +141,7 @@ def generation(accelerator: str) -> Generation:
 
 
 def parse_dims(topology: str) -> tuple[int, ...]:
-    """``" 4X4"`` -> ``(4, 4)``; not checked against any generation.
-
-    Args:
-        topology: Sides joined by ``x``, any case and spacing.
-
-    Returns:
-        The sides, in order.
-
-    Raises:
-        InvalidTopologyError: ``topology`` is not a string, or not 2 or 3 positive sides.
-    """
+    """``" 4X4"`` -> ``(4, 4)``: 2 or 3 positive sides, else InvalidTopologyError."""
     if not isinstance(topology, str):
         raise InvalidTopologyError(f"topology must be a string such as '4x4', got {topology!r}")
     text = topology.strip().lower().replace(" ", "")
@@ -186,17 +154,7 @@ def parse_dims(topology: str) -> tuple[int, ...]:
 
 
 def chips_in(topology: str) -> int:
-    """Chips in a topology: the product of its sides.
-
-    Args:
-        topology: Sides joined by ``x``.
-
-    Returns:
-        The chip count.
-
-    Raises:
-        InvalidTopologyError: ``topology`` is malformed.
-    """
+    """Chips in a topology: the product of its sides."""
     return math.prod(parse_dims(topology))
 
 
@@ -235,18 +193,7 @@ def _validate_topology(gen: Generation, topology: str) -> str:
 
 
 def default_chips_per_vm(gen: Generation, topology: str) -> int:
-    """Chips per VM by default (as Ray 2.60): the whole slice if it fits one VM, else 4.
-
-    Args:
-        gen: The slice's generation.
-        topology: The slice's topology.
-
-    Returns:
-        Chips per VM.
-
-    Raises:
-        InvalidTopologyError: ``topology`` is malformed.
-    """
+    """Chips per VM by default (as Ray 2.60): the whole slice if it fits one VM, else 4."""
     chips = chips_in(topology)
     return chips if chips <= gen.max_chips_single_vm else DEFAULT_CHIPS_PER_MULTI_HOST_VM
 
@@ -287,9 +234,7 @@ def _worker_grid(dims: tuple[int, ...], chips_per_vm: int) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class SliceShape:
     """A slice of one generation and topology, split into VMs of ``chips_per_host`` chips.
-
-    Build one with :func:`slice_shape`, which validates; the constructor does not.
-    """
+    Build one with :func:`slice_shape`, which validates; the constructor does not."""
 
     generation: Generation
     topology: str
@@ -357,11 +302,16 @@ class SliceShape:
                 f"worker id {worker_id} is outside slice {self.pod_type} "
                 f"({self.num_hosts} hosts: 0..{self.num_hosts - 1})"
             )
-        coords: list[int] = []
-        for side in reversed(self.worker_grid):
-            coords.append(worker_id % side)
-            worker_id //= side
-        return tuple(reversed(coords))
+        return grid_position(worker_id, self.worker_grid)
+
+
+def grid_position(index: int, grid: Sequence[int]) -> tuple[int, ...]:
+    """The coordinates in ``grid`` of row-major ``index``."""
+    position: list[int] = []
+    for side in reversed(grid):
+        position.append(index % side)
+        index //= side
+    return tuple(reversed(position))
 
 
 def slice_shape(

@@ -355,4 +355,4 @@ def test_a_held_slices_calls_run_in_the_process_that_owns_the_tpu_until_the_hand
         assert spg.slice_names == [name]
         again = ray.get(tpuslice.run_on_slice(open_tpu_and_pid, tpu_slice=spg))
     assert not set(again) & set(first)
-    assert not tpu_cluster.tpu_owners()
+    assert not (owned := tpu_cluster.tpu_owners()), f"the call's pids: {again}; owners: {owned}"

@@ -3,8 +3,8 @@
 The hand-back saw Ray's view show the slice free, so the queue grants it from its last
 read with only that slice changed, and the full decision still follows. Anything besides
 its work that kept the slice from being ready (a dead host, a TPU owner, a host's own
-notice, a suspect host) keeps it from being granted that way, as does a read too old to
-trust and a hand-back that did not see the slice free.
+notice, a suspect host) keeps it from being granted that way, as does a read made before a
+lull (no one waited, so no one read) and a hand-back that did not see the slice free.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from test_queue_runner import BOUND_S, Slices, run, ticket
 from tpuslice._host.notices import Notice
 from tpuslice._reserve.queue.book import Granted, Waiting
-from tpuslice._reserve.queue.service import QUICK_WITHIN_S, QueueService, SliceKind, Ticket
+from tpuslice._reserve.queue.service import QueueService, SliceKind, Ticket
 from tpuslice._tpu import _ray
 from tpuslice._tpu.topology import slice_shape
 from tpuslice._view.cluster import ClusterSnapshot, SliceInfo, SliceState, as_freed, wait_freed
@@ -164,10 +164,10 @@ def test_a_quick_decision_grants_only_the_slices_just_handed_back() -> None:
     first, second = world.names
     world.cluster.remove_group(world.groups.pop(first))
     world.service.enqueue(wait_ticket("gone"))
+    world.service.enqueue(wait_ticket("w"))
     assert world.service.apply(world.service.read()) == {"gone": (first,)}
     world.service.leave("gone")
     world.groups[first] = world.cluster.take(first, 0, {"TPU": 4})
-    world.service.enqueue(wait_ticket("w"))
     world.hand_back(second)
     assert world.quick() == {"w": (second,)}
 
@@ -196,14 +196,27 @@ def test_a_hand_back_that_did_not_see_the_slice_free_waits_for_the_read() -> Non
     assert world.service.apply(world.service.read()) == {"w": (world.names[0],)}
 
 
-def test_no_quick_grant_from_a_read_older_than_the_bound() -> None:
+def test_no_quick_grant_from_a_read_made_before_a_lull() -> None:
     world = Held()
     world.service.enqueue(wait_ticket("w"))
     world.service.apply(world.service.read())
-    world.cluster.clock.t += QUICK_WITHIN_S + 0.5
-    world.service.book.touch(["w"])
+    world.service.leave("w")  # no one waits: no one reads
+    world.service.enqueue(wait_ticket("w2"))
     world.hand_back(world.names[0])
     assert world.service.quick_reading() is None
+    assert world.service.apply(world.service.read()) == {"w2": (world.names[0],)}
+
+
+def test_a_read_slowed_by_load_still_grants_the_freed_slice_at_once() -> None:
+    """While someone waits the reads follow one another, however long each takes."""
+    world = Held()
+    world.service.enqueue(wait_ticket("w"))
+    world.service.apply(world.service.read())
+    world.cluster.clock.t += 10.0  # the next read is slow to come back
+    world.service.book.touch(["w"])
+    world.hand_back(world.names[0])
+    assert world.quick() == {"w": (world.names[0],)}
+    assert world.reads == 1
 
 
 def test_no_quick_reading_before_any_read() -> None:

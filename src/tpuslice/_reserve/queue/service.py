@@ -29,8 +29,6 @@ DEAD_CHECK_S = 1.0
 """While anyone waits, how often the waiters' drivers are looked up in Ray's job table."""
 REPROBE_S = 2.0
 """How often hosts busy only by a TPU-owner record are asked again (the owner may be gone)."""
-QUICK_WITHIN_S = 2.0
-"""How old the last read may be to grant freed slices from it (not one from before a lull)."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +197,10 @@ class QueueService:
             preemptible=ticket.preemptible,
             only=None if ticket.only is None else frozenset(ticket.only),
         )
+        if not self.book.tickets():
+            # A lull ends: with no one waiting no one read, so the last read is too old to
+            # grant freed slices from. While anyone waits the reads follow one another.
+            self._last = None
         number = self.book.enqueue(waiter, ticket.who, arrival=arrival)
         self._tickets[ticket.ticket] = ticket
         self._kinds.setdefault(ticket.kind.key, ticket.kind)
@@ -319,9 +321,10 @@ class QueueService:
         """The last read with the slices handed back free since then made ready, to grant
         them with no I/O, even during a read. They only go from held to ready, so this grants
         nothing the next read would not (news missed costs a failed claim and a requeue).
-        ``None`` if nothing was freed, the last read is too old, or no freed slice is ready."""
+        ``None`` if nothing was freed, no read was made since the last lull, or no freed slice
+        is ready. A read slowed by a loaded machine still serves: its age is no bound."""
         freed, self._freed = self._freed, set()
-        if not freed or self._last is None or self._clock() - self._last[0] > QUICK_WITHIN_S:
+        if not freed or self._last is None:
             return None
         read_at, last = self._last
         reading, patched = self._with_freed(last, freed)

@@ -195,7 +195,8 @@ def find_owners(
         else:
             device_root.update({str(path): root for path in tpu_devices(root)})
     unowned = set(device_root.values())
-    for pid in sorted(_pids() if among is None else set(among)):
+    pids = (_pids() if among is None else set(among)) if unowned else ()
+    for pid in sorted(pids):
         if not unowned:
             break
         for path in _open_files(pid):

@@ -175,8 +175,7 @@ class QueueService:
         self._changed = True
         self._freed: set[str] = set()  # handed back free since the last quick reading
         self._freed_in_read: set[str] = set()  # ... since the read under way began
-        self._read_began = -float("inf")
-        self._last: tuple[float, Reading] | None = None  # (when it began, the last read applied)
+        self._last: Reading | None = None  # the last read applied
         self._decided = -float("inf")
         self._dead_checked = -float("inf")
         self._reprobed = -float("inf")
@@ -197,7 +196,7 @@ class QueueService:
             preemptible=ticket.preemptible,
             only=None if ticket.only is None else frozenset(ticket.only),
         )
-        if not self.book.tickets():
+        if not self._tickets:
             # A lull ends: with no one waiting no one read, so the last read is too old to
             # grant freed slices from. While anyone waits the reads follow one another.
             self._last = None
@@ -302,7 +301,6 @@ class QueueService:
         # The read covers every change so far; one reported during it makes the next due.
         self._changed = False
         self._freed_in_read = set()
-        self._read_began = now
 
         def read() -> Reading:
             per_chip = sorted({kind.tpu_resource_per_chip for kind in kinds})
@@ -326,13 +324,13 @@ class QueueService:
         freed, self._freed = self._freed, set()
         if not freed or self._last is None:
             return None
-        read_at, last = self._last
+        last = self._last
         reading, patched = self._with_freed(last, freed)
         if not patched:
             return None
         # Kept as the last read: a later quick decision must see these slices as this
         # one left them, or it would take their grants for work that is still there.
-        self._last = (read_at, reading)
+        self._last = reading
         return replace(reading, dead=frozenset(), quick=frozenset(patched))
 
     def _with_freed(self, reading: Reading, freed: Collection[str]) -> tuple[Reading, set[str]]:
@@ -415,7 +413,7 @@ class QueueService:
             self._views[ticket] = tuple(infos[n] for n in names if n in infos)
         if quick:
             return grants
-        self._last = (self._read_began, reading)
+        self._last = reading
         self.orders = _orders(self.book.preemptions, reading, wall)
         # Decide again at once if a notice is cleared or a kind a driver waits for went unread.
         waited = unread & {t.kind.key for t in self._tickets.values()}

@@ -1,6 +1,7 @@
 """The CLI commands that start their own simulated cluster, run as a user would (a child
 process). This file sorts before the cluster tests, so it normally runs before the
-session's shared cluster starts. (`tpuslice simulate` is shown by test_auth, whose
+session's shared cluster starts; the demo starts with the run, while the tests that need
+no cluster run (``tests/tiering.py``). (`tpuslice simulate` is shown by test_auth, whose
 cluster it starts.)"""
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def test_demo_runs_end_to_end_and_gives_everything_back() -> None:
-    out = subprocess.run(
-        [*TPUSLICE, "demo"], capture_output=True, text=True, timeout=180, env=clean_env()
-    )
+@pytest.mark.early_process([*TPUSLICE, "demo"])
+def test_demo_runs_end_to_end_and_gives_everything_back(
+    early_process: subprocess.CompletedProcess[str],
+) -> None:
+    out = early_process
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout
     assert "2 TPU slice(s): 2 ready, 0 busy, 0 broken" in text

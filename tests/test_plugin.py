@@ -55,3 +55,39 @@ def test_a_failing_pure_test_stops_the_run_before_any_cluster_test(
     assert "PASSED" not in "".join(line for line in result.outlines if "test_own_cluster" in line)
     result.stdout.fnmatch_lines(["*a test that needs no cluster failed*test_logic*"])
     assert pytester.runpytest("-q", "-k", "own_cluster").ret == 0  # no pure failure: runs
+
+
+def test_an_early_process_runs_while_the_pure_tier_does_and_ends_before_the_cluster_tier(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest('pytest_plugins = ["tiering"]')
+    started = pytester.path / "started"
+    pytester.makepyfile(
+        f"""
+        import sys, time
+        from pathlib import Path
+        import pytest
+
+        STARTED = Path({str(started)!r})
+        WRITE = "from pathlib import Path; Path({str(started)!r}).write_text('up'); print('out')"
+
+        @pytest.mark.cluster
+        @pytest.mark.early_process([sys.executable, "-c", WRITE])
+        def test_early(early_process):
+            assert early_process.returncode == 0
+            assert early_process.stdout == "out\\n"
+
+        def test_pure():
+            deadline = time.monotonic() + 60
+            while not STARTED.exists():
+                assert time.monotonic() < deadline, "the early process never started"
+                time.sleep(0.05)
+        """
+    )
+    result = pytester.runpytest("-v")
+    result.assert_outcomes(passed=2)
+    ran = [line.split("::")[1].split()[0] for line in result.outlines if "::" in line]
+    assert ran == ["test_pure", "test_early"]
+    started.unlink()
+    alone = pytester.runpytest("-q", "-k", "test_early")  # no pure tier: the fixture starts it
+    alone.assert_outcomes(passed=1, deselected=1)

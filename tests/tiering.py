@@ -2,14 +2,126 @@
 the tests that need no cluster run first, then those that start clusters of their own,
 then those on the session's shared cluster. When a test of the first tier fails, the
 run stops before any cluster starts, so a whole run reports a logic error within its
-first minute and still reports every failure of the cluster tier otherwise."""
+first minute and still reports every failure of the cluster tier otherwise.
+
+A test whose whole work is one child process that starts a cluster of its own (marked
+``early_process(command)``, and given the finished process by the ``early_process``
+fixture) has that process started when the run starts, so that its cluster runs while
+the first tier does, on the core that tier leaves idle. Every such process has ended
+before the first cluster test starts, so no two clusters run at once."""
 
 from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO
 
 import pytest
 
 SESSION_CLUSTER_FIXTURES = frozenset({"simulated_cluster", "tpu_cluster"})
 PURE_FAILED = pytest.StashKey[str]()
+EARLY_MARK = "early_process"
+EARLY_TIMEOUT_S = 180.0
+"""How long an early process may run, as the tests that start one bound it."""
+
+
+@dataclass
+class Early:
+    """A test's child process, started when the run started; its output goes to files."""
+
+    proc: subprocess.Popen[bytes]
+    out: IO[bytes]
+    err: IO[bytes]
+
+    @classmethod
+    def start(cls, command: Sequence[str], env: dict[str, str]) -> Early:
+        # Closed by result() or stop(): the process outlives this call.
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
+        proc = subprocess.Popen(list(command), stdout=out, stderr=err, env=env)
+        return cls(proc, out, err)
+
+    def result(self) -> subprocess.CompletedProcess[str]:
+        """Wait (bounded) for the process; its exit code and output."""
+        try:
+            code = self.proc.wait(timeout=EARLY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        done = subprocess.CompletedProcess(self.proc.args, code, _read(self.out), _read(self.err))
+        self.out.close()
+        self.err.close()
+        return done
+
+    def stop(self) -> None:
+        """Interrupt it as Ctrl-C would (so it stops its cluster), then kill it if it lingers."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.out.close()
+        self.err.close()
+
+
+def _read(file: IO[bytes]) -> str:
+    file.seek(0)
+    return file.read().decode("utf-8", "replace")
+
+
+EARLY = pytest.StashKey[dict[str, Early]]()
+
+
+def early_env() -> dict[str, str]:
+    """The environment an early process gets: this one's, without a cluster's address."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["COLUMNS"] = "80"
+    return env
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{EARLY_MARK}(command): the test's one child process, started when the run starts "
+        "(while the tests that need no cluster run) and handed over by the "
+        f"{EARLY_MARK} fixture",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """Start the early processes, if tests of the first tier run meanwhile."""
+    session.stash[EARLY] = {}
+    if session.config.option.collectonly or not any(tier(i) == 0 for i in session.items):
+        return
+    for item in session.items:
+        mark = item.get_closest_marker(EARLY_MARK)
+        if mark is not None:
+            session.stash[EARLY][item.nodeid] = Early.start(mark.args[0], early_env())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An early process whose test did not run (the run stopped) is stopped."""
+    for early in session.stash.get(EARLY, {}).values():
+        early.stop()
+
+
+@pytest.fixture
+def early_process(request: pytest.FixtureRequest) -> subprocess.CompletedProcess[str]:
+    """The test's ``early_process`` command, finished: started early if the run did so,
+    else now."""
+    mark = request.node.get_closest_marker(EARLY_MARK)
+    assert mark is not None, f"{request.node.nodeid} has no {EARLY_MARK} mark"
+    early = request.session.stash.get(EARLY, {}).pop(request.node.nodeid, None)
+    if early is None:
+        early = Early.start(mark.args[0], early_env())
+    return early.result()
 
 
 def tier(item: pytest.Item) -> int:
@@ -37,11 +149,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Stop before the first cluster test if the pure tier failed: a logic error is
-    reported at once, not after minutes of cluster tests that it may fail too."""
+    reported at once, not after minutes of cluster tests that it may fail too. Otherwise
+    let the early processes finish first, so that no two clusters run at once."""
+    if tier(item) == 0:
+        return
     failed = item.session.stash.get(PURE_FAILED, None)
-    if failed is not None and tier(item) > 0:
+    if failed is not None:
         item.session.shouldstop = (
             f"a test that needs no cluster failed ({failed}); fix it, then run the cluster "
             "tier (python -m pytest -m cluster) or the whole suite again"
         )
         pytest.skip("the run stops: a test that needs no cluster failed")
+    for early in item.session.stash.get(EARLY, {}).values():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            early.proc.wait(timeout=EARLY_TIMEOUT_S)

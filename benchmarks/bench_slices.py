@@ -203,12 +203,15 @@ def raw_group(setup: Setup, num_slices: int) -> PlacementGroup:
     return placement_group(bundles, strategy="SPREAD", bundle_label_selector=selectors)
 
 
-def raw_group_on(setup: Setup, name: str) -> PlacementGroup:
-    """One bundle per host of slice ``name``, pinned by label."""
+def raw_group_on(setup: Setup, name: str, *, head: bool = False) -> PlacementGroup:
+    """One bundle per host of slice ``name``, pinned by label; ``head``: bundle 0 also
+    takes the slice's head resource, so no other reservation picks the slice."""
     selectors = [
         {SLICE_NAME_LABEL: name, WORKER_ID_LABEL: str(w)} for w in range(setup.shape.num_hosts)
     ]
     bundles = [{"CPU": 1.0, "TPU": float(setup.shape.chips_per_host)} for _ in selectors]
+    if head:
+        bundles[0][setup.shape.head_resource] = 1.0
     return placement_group(bundles, strategy="SPREAD", bundle_label_selector=selectors)
 
 
@@ -392,30 +395,38 @@ def reserve_after_shutdown(hold: Hold, setup: Setup, num_slices: int) -> Sample:
 class HeldSlices:
     """One slice reserved by each path for a round (ours, Ray's, and a raw group for the
     floor, each on a slice of its own), each called once untimed: the first tasks into a
-    fresh group wait on Ray's resource report."""
+    fresh group wait on Ray's resource report. The paths reserve in an order rotated each
+    round, so each takes each slice in turn and no path keeps the least loaded hosts."""
 
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
         self._stack = ExitStack()
         self.handles: dict[str, Any] = {}
+        self._rounds = 0
 
     def __enter__(self) -> HeldSlices:
+        turn = self._rounds % len(PATHS)
+        self._rounds += 1
         with ExitStack() as stack:
-            for path in ("ours", "ray"):
-                handle = HOLDS[path].reserve(self.setup, 1)
-                stack.callback(HOLDS[path].release, handle)
-                self.handles[path] = handle
-            free = [s.name for s in read_snapshot().ready(self.setup.shape)]
-            if not free:
-                raise BenchError("the held-slice operation needs three idle slices")
-            raw = raw_group_on(self.setup, free[0])
-            stack.callback(remove_placement_group, raw)
-            ray.get(raw.ready())
-            self.handles["floor"] = raw
+            for path in [*PATHS[turn:], *PATHS[:turn]]:
+                self.handles[path] = self._reserve(path, stack)
             for path in PATHS:
                 self.call(path)
             self._stack = stack.pop_all()
         return self
+
+    def _reserve(self, path: str, stack: ExitStack) -> Any:
+        if path != "floor":
+            handle = HOLDS[path].reserve(self.setup, 1)
+            stack.callback(HOLDS[path].release, handle)
+            return handle
+        free = [s.name for s in read_snapshot().ready(self.setup.shape)]
+        if not free:
+            raise BenchError("the held-slice operation needs three idle slices")
+        raw = raw_group_on(self.setup, free[0], head=True)
+        stack.callback(remove_placement_group, raw)
+        ray.get(raw.ready())
+        return raw
 
     def __exit__(self, *exc: object) -> None:
         self.handles = {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import types
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from tpuslice._tpu.compat import DEFAULT_MEGASCALE_PORT, get_tpu_coordinator_env_vars
@@ -46,7 +46,8 @@ class HostContext:
         Returns:
             ``TPUSLICE_*`` variables, plus all four ``MEGASCALE_*`` for two or more slices.
         """
-        env = {f"{ENV_PREFIX}{k.upper()}": str(v) for k, v in asdict(self).items()}
+        # vars(), not asdict(): every field is a str or an int, nothing to copy deeply.
+        env = {f"{ENV_PREFIX}{k.upper()}": str(v) for k, v in vars(self).items()}
         if self.num_slices > 1:
             env.update(
                 get_tpu_coordinator_env_vars(

@@ -101,7 +101,7 @@ from typing import Any
 
 import ray
 import ray.util.tpu as ray_tpu
-from bench_contention import cpu_hog
+from bench_contention import compile_tpuslice, cpu_hog
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
@@ -1354,6 +1354,7 @@ def main() -> None:
     if args.child:
         child_main(args)
         return
+    compile_tpuslice()
     err = Console(stderr=True)
     host = machine()  # before the cluster starts: its load average is the machine's own
     started = now()

@@ -4,7 +4,7 @@ processes signalled for real."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -87,3 +87,27 @@ def test_an_idle_worker_of_no_named_job_that_owns_the_tpu_is_stopped(
     assert found.release("01000000", [], grace_s=1.0, timeout_s=10.0) is None
     assert seen[0] == ("signal", 4545, agent.signal.SIGTERM)
     assert seen[-1] == ("delete", "tpu-owner/n1")
+
+
+def test_a_signalled_owner_is_waited_for_after_its_exit_unlinks_the_lockfile(
+    host: tuple[agent.HostAgent, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a normal exit libtpu unlinks its lockfile before the process has closed the
+    devices; a worker whose pid was not reported is then found only by its devices, so
+    the agent looks for it among the processes it signalled until it has exited."""
+    worker = TPUOwner(4646, "ray::IDLE", "01000000", 0, True)
+    exiting = TPUOwner(4646, "ray::IDLE", "01000000", 0, False)
+    looks: list[set[int]] = []
+
+    def find_owner(root: Path, among: Iterable[int] | None = None) -> TPUOwner | None:
+        looks.append(set(among or ()))
+        if len(looks) == 1:
+            return worker  # the lock's holder: found without any pid
+        return exiting if 4646 in looks[-1] and len(looks) < 4 else None
+
+    monkeypatch.setattr(agent, "find_owner", find_owner)
+    found, seen = host
+    assert found.release("01000000", [], grace_s=10.0, timeout_s=10.0) is None
+    assert [s for s in seen if s[0] == "signal"] == [("signal", 4646, agent.signal.SIGTERM)] * 3
+    assert looks[0] == set() and all(4646 in among for among in looks[1:])
+    assert len(looks) == 4  # the lock gone, it was looked for until its devices closed

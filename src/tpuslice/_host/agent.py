@@ -198,6 +198,9 @@ class HostAgent:
             first = signalled.setdefault(owner.pid, time.monotonic())
             late = time.monotonic() - first > grace_s
             _signal(owner.pid, signal.SIGKILL if late else signal.SIGTERM)
+            # Watched until it has exited: at a normal exit libtpu unlinks its lockfile
+            # first, and the devices it still holds are looked for only among ``ours``.
+            ours.add(owner.pid)
             time.sleep(0.02)
 
     def kill(self, pid: int, uid: int, timeout_s: float) -> dict[str, Any] | None:

@@ -157,8 +157,7 @@ class Job:
     back_end: float | None = None
     """tpuslice paths: when the hand-back ended (every group removed)."""
     confirm_s: float | None = None
-    """tpuslice paths: of the hand-back, the agents' confirmation that the TPUs are free
-    (from its start to its answers; it runs while the groups go and Ray's view catches up)."""
+    """tpuslice paths: of the hand-back, the agents' confirmation that the TPUs are free."""
     view_s: float | None = None
     """tpuslice paths: of the hand-back, the wait for Ray's view to show the hosts free."""
     slices_held: list[str] = field(default_factory=list)
@@ -230,7 +229,7 @@ def phases(done: list[Job]) -> dict[str, float]:
       start (the releaser noticed);
     - ``back``: the hand-back itself (owners stopped, TPUs confirmed free, groups removed),
       and of it ``back_confirm`` (the agents' confirmation) and ``back_view`` (the wait
-      for Ray's view to show the hosts free), which overlap;
+      for Ray's view to show the hosts free);
     - ``slice_gap``: per slice, from one job's hand-back end to the next job's grant of it
       (how long a freed slice waited for the queue to hand it on).
     """
@@ -726,21 +725,15 @@ def trace_phases(jobs: list[Job]) -> None:
     wait_for_grant = claim.Reserver._wait_for_grant
     reserve_slices = run.reserve_slices  # what a one-shot reserves through
     shutdown = reserve.SliceHandle.shutdown
-    start_release = reserve.start_release
+    confirm_released = reserve.confirm_released
     wait_freed = reserve.wait_freed
     owner: dict[int, Job] = {}
 
-    def traced_release(*args: Any, **kwargs: Any) -> Any:
+    def traced_confirm(*args: Any, **kwargs: Any) -> None:
         begun = time.time()
-        confirmed = start_release(*args, **kwargs)
-
-        def traced_confirmed() -> Any:
-            found = confirmed()
-            if jobs:
-                jobs[-1].confirm_s = time.time() - begun
-            return found
-
-        return traced_confirmed
+        confirm_released(*args, **kwargs)
+        if jobs:
+            jobs[-1].confirm_s = time.time() - begun
 
     def traced_wait_freed(*args: Any, **kwargs: Any) -> bool:
         begun = time.time()
@@ -774,7 +767,7 @@ def trace_phases(jobs: list[Job]) -> None:
     claim.Reserver._wait_for_grant = traced_wait  # type: ignore[method-assign]
     run.reserve_slices = traced_reserve  # type: ignore[assignment]
     reserve.SliceHandle.shutdown = traced_shutdown  # type: ignore[method-assign]
-    reserve.start_release = traced_release
+    reserve.confirm_released = traced_confirm
     reserve.wait_freed = traced_wait_freed
 
 

@@ -29,7 +29,7 @@ from tpuslice._reserve.claim import Reserver
 from tpuslice._reserve.groups import RankPlacement, remove_group, wait_all
 from tpuslice._reserve.plan import ReservationPlan
 from tpuslice._reserve.queue.actor import notify_released
-from tpuslice._reserve.queue.agents import confirm_released, start_release
+from tpuslice._reserve.queue.agents import confirm_released
 from tpuslice._reserve.queue.holders import HolderRecords, forget_held, record_held
 from tpuslice._reserve.queue.place import this_driver
 from tpuslice._reserve.request import SliceRequest
@@ -427,10 +427,8 @@ def hand_back(held: Reserved) -> None:
         return
     pids = _reported_pids(held, hold)
     _cancel_launched(hold)
-    # The agents stop the work's processes while the groups go and Ray's view catches up:
-    # the queue grants the hosts only once told, below, and a sub-slice's claim finds the
-    # TPU owned (the agents' free keys went when the work opened it), as at a take-back.
-    confirmed = start_release(_nodes(held), pids) if held.slices else dict
+    if held.slices:
+        confirm_released(_nodes(held), pids)
     hosts = [h for piece in held.slices for h in piece.info.hosts.values()]
     names = [piece.info.name for piece in held.slices]
     forgotten = (
@@ -450,10 +448,7 @@ def hand_back(held: Reserved) -> None:
         plan = held.plan
         head = plan.shape.head_resource if plan.needs_head_claim else None
         freed = wait_freed(hosts, head) and (forgotten is None or _settled(forgotten))
-        confirmed()
         notify_released(names, freed=freed)
-    else:
-        confirmed()
     if held.slices:
         what = observe.describe_request(held.request)[0]
         observe.released(names, time.time() - held.held_at, what)

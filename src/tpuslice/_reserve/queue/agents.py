@@ -112,24 +112,12 @@ def _round(
     node_ids: Sequence[str], call: Callable[[str, Any], Any], timeout_s: float
 ) -> dict[str, TPUOwner | Exception | None]:
     """Call every node's agent at once; each node's owner, or the error its call met."""
-    return _start_round(node_ids, call, timeout_s)()
-
-
-def _start_round(
-    node_ids: Sequence[str], call: Callable[[str, Any], Any], timeout_s: float
-) -> Callable[[], dict[str, TPUOwner | Exception | None]]:
-    """Call every node's agent at once, without waiting; the call returned waits (from
-    when it is called, at most ``timeout_s``) for each node's owner, or the error met."""
     agents = connection().part(Agents)
     refs = {node: call(node, handle) for node, handle in agents.handles(node_ids).items()}
-
-    def answers() -> dict[str, TPUOwner | Exception | None]:
-        if not refs:
-            return {}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-        return _collect(agents, refs, set(ready))
-
-    return answers
+    if not refs:
+        return {}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    return _collect(agents, refs, set(ready))
 
 
 def _collect(
@@ -235,19 +223,11 @@ def confirm_released(
     host that cannot answer is logged, since there is nothing left to free on it. ``pids``
     are, per node, the processes that ran the work. Returns per node ``None`` (free), someone
     else's owner (left alone), or the error met; empty if Ray is not connected."""
-    return start_release(node_ids, pids)()
-
-
-def start_release(
-    node_ids: Sequence[str], pids: Mapping[str, set[int]]
-) -> Callable[[], dict[str, TPUOwner | Exception | None]]:
-    """:func:`confirm_released`, started without waiting: the call returned waits for the
-    agents' answers, logs them and returns them."""
     if not node_ids or not ray.is_initialized():
-        return dict
+        return {}
     try:
         job = ray.get_runtime_context().get_job_id()
-        answers = _start_round(
+        results = _round(
             node_ids,
             lambda node, a: a.release.remote(
                 job, sorted(pids.get(node, ())), GRACE_S, RELEASE_TIMEOUT_S
@@ -255,29 +235,9 @@ def start_release(
             RELEASE_TIMEOUT_S + PROBE_TIMEOUT_S,
         )
     except (ray.exceptions.RayError, ConnectionError) as exc:
-        _not_confirmed(len(node_ids), exc)
-        return dict
+        logger.warning("could not confirm the TPUs of %d host(s) are free: %s", len(node_ids), exc)
+        return {}
     ours = {pid for node_pids in pids.values() for pid in node_pids}
-
-    def confirmed() -> dict[str, TPUOwner | Exception | None]:
-        try:
-            results = answers()
-        except (ray.exceptions.RayError, ConnectionError) as exc:
-            return _not_confirmed(len(node_ids), exc)
-        _log_release(results, ours, job)
-        return results
-
-    return confirmed
-
-
-def _not_confirmed(hosts: int, exc: Exception) -> dict[str, TPUOwner | Exception | None]:
-    logger.warning("could not confirm the TPUs of %d host(s) are free: %s", hosts, exc)
-    return {}
-
-
-def _log_release(
-    results: Mapping[str, TPUOwner | Exception | None], ours: set[int], job: str
-) -> None:
     for node, found in results.items():
         if isinstance(found, Exception):
             logger.warning("TPU of node %s not confirmed free: %s", node[:12], found)
@@ -291,3 +251,4 @@ def _log_release(
                 node[:12],
                 found.describe(),
             )
+    return results

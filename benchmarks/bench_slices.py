@@ -396,7 +396,7 @@ class HeldSlices:
     """One slice reserved by each path for a round (ours, Ray's, and a raw group for the
     floor, each on a slice of its own), each called once untimed: the first tasks into a
     fresh group wait on Ray's resource report. The paths reserve in an order rotated each
-    round, so each takes each slice in turn and no path keeps the least loaded hosts."""
+    round, so no path always picks its slice first."""
 
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
@@ -425,7 +425,8 @@ class HeldSlices:
             raise BenchError("the held-slice operation needs three idle slices")
         raw = raw_group_on(self.setup, free[0], head=True)
         stack.callback(remove_placement_group, raw)
-        ray.get(raw.ready())
+        if not ray.wait([raw.ready()], timeout=IDLE_BOUND_S)[0]:
+            raise BenchError(f"the floor's group on {free[0]} did not place")
         return raw
 
     def __exit__(self, *exc: object) -> None:

@@ -61,15 +61,22 @@ def test_an_early_process_runs_while_the_pure_tier_does_and_ends_before_the_clus
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makeconftest('pytest_plugins = ["tiering"]')
-    started = pytester.path / "started"
+    started, ended = pytester.path / "started", pytester.path / "ended"
     pytester.makepyfile(
         f"""
         import sys, time
         from pathlib import Path
         import pytest
 
-        STARTED = Path({str(started)!r})
-        WRITE = "from pathlib import Path; Path({str(started)!r}).write_text('up'); print('out')"
+        STARTED, ENDED = Path({str(started)!r}), Path({str(ended)!r})
+        WRITE = (
+            "import time; from pathlib import Path; Path({str(started)!r}).write_text('up'); "
+            "time.sleep(1); Path({str(ended)!r}).write_text('done'); print('out')"
+        )
+
+        @pytest.mark.cluster
+        def test_first_cluster_test():
+            assert ENDED.exists(), "a cluster test started while the early process ran"
 
         @pytest.mark.cluster
         @pytest.mark.early_process([sys.executable, "-c", WRITE])
@@ -85,9 +92,9 @@ def test_an_early_process_runs_while_the_pure_tier_does_and_ends_before_the_clus
         """
     )
     result = pytester.runpytest("-v")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     ran = [line.split("::")[1].split()[0] for line in result.outlines if "::" in line]
-    assert ran == ["test_pure", "test_early"]
+    assert ran == ["test_pure", "test_first_cluster_test", "test_early"]
     started.unlink()
     alone = pytester.runpytest("-q", "-k", "test_early")  # no pure tier: the fixture starts it
-    alone.assert_outcomes(passed=1, deselected=1)
+    alone.assert_outcomes(passed=1, deselected=2)

@@ -17,8 +17,10 @@ import os
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 import pytest
@@ -27,47 +29,64 @@ SESSION_CLUSTER_FIXTURES = frozenset({"simulated_cluster", "tpu_cluster"})
 PURE_FAILED = pytest.StashKey[str]()
 EARLY_MARK = "early_process"
 EARLY_TIMEOUT_S = 180.0
-"""How long an early process may run, as the tests that start one bound it."""
+"""How long an early process may run from its start, as the tests that start one bound it."""
 
 
 @dataclass
 class Early:
-    """A test's child process, started when the run started; its output goes to files."""
+    """A test's child process, started when the run started, in a session of its own (a
+    Ctrl-C reaches it once, from :meth:`finish`); its output goes to files."""
 
     proc: subprocess.Popen[bytes]
     out: IO[bytes]
     err: IO[bytes]
+    guard_log: Path
+    deadline: float
+    result: subprocess.CompletedProcess[str] | None = None
+    timed_out: bool = False
+    refused: str = ""
+    """What the network guard refused the process (and its children)."""
 
     @classmethod
-    def start(cls, command: Sequence[str], env: dict[str, str]) -> Early:
-        # Closed by result() or stop(): the process outlives this call.
+    def start(cls, command: Sequence[str]) -> Early:
+        # Closed by finish(): the process outlives this call.
         out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
-        proc = subprocess.Popen(list(command), stdout=out, stderr=err, env=env)
-        return cls(proc, out, err)
+        handle, guard_log = tempfile.mkstemp(prefix="tpuslice-netguard-early-", suffix=".log")
+        os.close(handle)
+        proc = subprocess.Popen(
+            list(command),
+            stdout=out,
+            stderr=err,
+            env=early_env(guard_log),
+            start_new_session=True,
+        )
+        return cls(proc, out, err, Path(guard_log), time.monotonic() + EARLY_TIMEOUT_S)
 
-    def result(self) -> subprocess.CompletedProcess[str]:
-        """Wait (bounded) for the process; its exit code and output."""
+    def finish(self, *, stop: bool = False) -> subprocess.CompletedProcess[str]:
+        """Wait for the process until its deadline (``stop``: not at all), interrupt it
+        as Ctrl-C would if it still runs (so it stops its cluster), and kill its whole
+        session if that does not end it; its exit code and output. Idempotent."""
+        if self.result is not None:
+            return self.result
         try:
-            code = self.proc.wait(timeout=EARLY_TIMEOUT_S)
+            self.proc.wait(timeout=0 if stop else max(0.0, self.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            self.stop()
-            raise
-        done = subprocess.CompletedProcess(self.proc.args, code, _read(self.out), _read(self.err))
-        self.out.close()
-        self.err.close()
-        return done
-
-    def stop(self) -> None:
-        """Interrupt it as Ctrl-C would (so it stops its cluster), then kill it if it lingers."""
-        if self.proc.poll() is None:
+            self.timed_out = not stop
             self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        self.result = subprocess.CompletedProcess(
+            self.proc.args, self.proc.returncode, _read(self.out), _read(self.err)
+        )
         self.out.close()
         self.err.close()
+        self.refused = self.guard_log.read_text(errors="replace")
+        self.guard_log.unlink(missing_ok=True)
+        return self.result
 
 
 def _read(file: IO[bytes]) -> str:
@@ -78,10 +97,17 @@ def _read(file: IO[bytes]) -> str:
 EARLY = pytest.StashKey[dict[str, Early]]()
 
 
-def early_env() -> dict[str, str]:
-    """The environment an early process gets: this one's, without a cluster's address."""
+NETGUARD_LOG_ENV = "TPUSLICE_NETGUARD_LOG"
+"""Where the tests' network guard (``tests/netguard``) logs refused connections."""
+
+
+def early_env(guard_log: str) -> dict[str, str]:
+    """The environment an early process gets: this one's, without a cluster's address, and
+    with a network guard log of its own (a refusal is then its test's, not that of the
+    test running meanwhile)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["COLUMNS"] = "80"
+    env[NETGUARD_LOG_ENV] = guard_log
     return env
 
 
@@ -103,13 +129,13 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     for item in session.items:
         mark = item.get_closest_marker(EARLY_MARK)
         if mark is not None:
-            session.stash[EARLY][item.nodeid] = Early.start(mark.args[0], early_env())
+            session.stash[EARLY][item.nodeid] = Early.start(mark.args[0])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """An early process whose test did not run (the run stopped) is stopped."""
     for early in session.stash.get(EARLY, {}).values():
-        early.stop()
+        early.finish(stop=True)
 
 
 @pytest.fixture
@@ -120,8 +146,11 @@ def early_process(request: pytest.FixtureRequest) -> subprocess.CompletedProcess
     assert mark is not None, f"{request.node.nodeid} has no {EARLY_MARK} mark"
     early = request.session.stash.get(EARLY, {}).pop(request.node.nodeid, None)
     if early is None:
-        early = Early.start(mark.args[0], early_env())
-    return early.result()
+        early = Early.start(mark.args[0])
+    done = early.finish()
+    assert not early.timed_out, f"{mark.args[0]} still ran after {EARLY_TIMEOUT_S:.0f} s"
+    assert not early.refused, f"a connection off this machine was attempted:\n{early.refused}"
+    return done
 
 
 def tier(item: pytest.Item) -> int:
@@ -161,5 +190,4 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
         pytest.skip("the run stops: a test that needs no cluster failed")
     for early in item.session.stash.get(EARLY, {}).values():
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            early.proc.wait(timeout=EARLY_TIMEOUT_S)
+        early.finish()  # its test reads the outcome; stopped at its deadline at the latest

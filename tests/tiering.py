@@ -25,6 +25,9 @@ from typing import IO
 
 import pytest
 
+# The network guard conftest.py put on the path and imported (tests/netguard).
+import sitecustomize as netguard
+
 SESSION_CLUSTER_FIXTURES = frozenset({"simulated_cluster", "tpu_cluster"})
 PURE_FAILED = pytest.StashKey[str]()
 EARLY_MARK = "early_process"
@@ -97,17 +100,13 @@ def _read(file: IO[bytes]) -> str:
 EARLY = pytest.StashKey[dict[str, Early]]()
 
 
-NETGUARD_LOG_ENV = "TPUSLICE_NETGUARD_LOG"
-"""Where the tests' network guard (``tests/netguard``) logs refused connections."""
-
-
 def early_env(guard_log: str) -> dict[str, str]:
     """The environment an early process gets: this one's, without a cluster's address, and
     with a network guard log of its own (a refusal is then its test's, not that of the
     test running meanwhile)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["COLUMNS"] = "80"
-    env[NETGUARD_LOG_ENV] = guard_log
+    env[netguard.LOG_ENV] = guard_log
     return env
 
 

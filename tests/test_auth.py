@@ -347,9 +347,13 @@ def run_driver(cluster: AuthCluster, env: dict[str, str]) -> dict[str, Any]:
     return result
 
 
-def run_status(cluster: AuthCluster, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_status(
+    cluster: AuthCluster, env: dict[str, str], *command: str
+) -> subprocess.CompletedProcess[str]:
+    """``tpuslice status --json`` (or ``command``) against the cluster, in a new process."""
+    args = command or ("status", "--json")
     return subprocess.run(
-        [sys.executable, "-m", "tpuslice.cli", "status", "--address", cluster.address, "--json"],
+        [sys.executable, "-m", "tpuslice.cli", *args, "--address", cluster.address],
         capture_output=True,
         text=True,
         timeout=120,
@@ -386,7 +390,8 @@ def test_without_the_token_a_driver_and_the_cli_are_refused_at_once_naming_what_
     auth_cluster: AuthCluster,
 ) -> None:
     """A driver sends no token and the CLI a wrong one: Ray's two refusals, each checked
-    before ray.init by the same function, so each entry point is shown once."""
+    before ray.init by the same function, so each entry point is shown once; the web view,
+    a driver too, is refused with no token before it serves anything."""
     what_to_set = "set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN"
     refused = run_driver(auth_cluster, driver_env())
     assert "this process sends none (RAY_AUTH_MODE is unset, not 'token')" in refused.get(
@@ -401,3 +406,6 @@ def test_without_the_token_a_driver_and_the_cli_are_refused_at_once_naming_what_
     assert "refused the token from RAY_AUTH_TOKEN" in status.stderr, status.stderr[-3000:]
     assert what_to_set in status.stderr and "Traceback" not in status.stderr
     assert time.monotonic() - started < 15  # its own start included
+    web = run_status(auth_cluster, driver_env(), "dashboard", "--port", "0")
+    assert web.returncode == 1 and "http://" not in web.stdout  # never started serving
+    assert what_to_set in web.stderr and "Traceback" not in web.stderr, web.stderr[-3000:]

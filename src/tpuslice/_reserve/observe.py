@@ -56,16 +56,23 @@ def reservation_ended(
     if len(detail) > DETAIL_CHARS:  # the error itself has it all
         detail = detail[: DETAIL_CHARS - 1].rstrip() + "…"
     events.record(
-        kind, slices=tuple(slices), what=what, seconds=wait_s, outcome=outcome, detail=detail
+        kind,
+        slices=tuple(slices),
+        what=what,
+        seconds=wait_s,
+        outcome=outcome,
+        detail=detail,
+        tenant=request.tenant or "",
     )
     metrics.reservation_ended(shape, outcome, wait_s, request.tenant or "")
 
 
 @never_raises
-def released(slices: Sequence[str], held_s: float, what: str = "") -> None:
-    """Slices were handed back after ``held_s`` seconds (``what``: the request, as
-    :func:`describe_request` names it)."""
-    events.record("released", slices=tuple(slices), what=what, seconds=held_s)
+def released(slices: Sequence[str], held_s: float, request: SliceRequest) -> None:
+    """Slices of ``request`` were handed back after ``held_s`` seconds."""
+    what = describe_request(request)[0]
+    tenant = request.tenant or ""
+    events.record("released", slices=tuple(slices), what=what, seconds=held_s, tenant=tenant)
 
 
 @never_raises

@@ -450,8 +450,7 @@ def hand_back(held: Reserved) -> None:
         freed = wait_freed(hosts, head) and (forgotten is None or _settled(forgotten))
         notify_released(names, freed=freed)
     if held.slices:
-        what = observe.describe_request(held.request)[0]
-        observe.released(names, time.time() - held.held_at, what)
+        observe.released(names, time.time() - held.held_at, held.request)
 
 
 def _remove_groups(held: Reserved) -> None:

@@ -17,7 +17,7 @@ from tpuslice._tpu import _ray, subslice
 from tpuslice._tpu._connection import connection
 from tpuslice._tpu.keys import LAYOUT_KEY_PREFIX as KEY_PREFIX
 from tpuslice._tpu.keys import NAMESPACE, RAY_SUBSLICE_NAMESPACE
-from tpuslice._view.cluster import SliceInfo
+from tpuslice._view.cluster import ClusterSnapshot, SliceInfo
 from tpuslice.errors import DiscoveryFailedError
 
 logger = logging.getLogger(__name__)
@@ -105,6 +105,19 @@ def load(info: SliceInfo) -> Layout | None:
     found = _read(info)
     if found is not None and found.nodes is not None:
         known.keep(found)
+    return found
+
+
+def load_all(snapshot: ClusterSnapshot) -> dict[str, dict[int, int]]:
+    """Each slice's ``{worker id: physical position}`` where learned, for the slices that
+    can have sub-slices (4 chips per host, several hosts); read only."""
+    found = {}
+    for info in snapshot.slices.values():
+        if info.shape is None or info.shape.chips_per_host != 4 or info.shape.is_single_host:
+            continue
+        layout = load(info)
+        if layout is not None:
+            found[info.name] = dict(layout.physical)
     return found
 
 

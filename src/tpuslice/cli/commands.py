@@ -18,7 +18,8 @@ import tpuslice
 from tpuslice._reserve.queue import actor as queue_actor
 from tpuslice._reserve.queue.agents import describe_errors, probe_owners
 from tpuslice._tpu import topology as topo
-from tpuslice._view import cluster
+from tpuslice._view import cluster, layouts
+from tpuslice.cli import dashboard as cli_dashboard
 from tpuslice.cli import goodput as cli_goodput
 from tpuslice.cli import health as cli_health
 from tpuslice.cli import jobs as cli_jobs
@@ -189,27 +190,12 @@ def _ask_owners(snapshot: cluster.ClusterSnapshot) -> None:
         console.print(f"[yellow]no answer from {line}[/yellow]")
 
 
-def _known_layouts(snapshot: cluster.ClusterSnapshot) -> dict[str, dict[int, int]]:
-    """Each slice's ``{worker id: physical position}`` where learned, for slices that can
-    have sub-slices; read only."""
-    from tpuslice._view import layouts
-
-    found = {}
-    for info in snapshot.slices.values():
-        if info.shape is None or info.shape.chips_per_host != 4 or info.shape.is_single_host:
-            continue
-        layout = layouts.load(info)
-        if layout is not None:
-            found[info.name] = dict(layout.physical)
-    return found
-
-
 def _status_json(snapshot: cluster.ClusterSnapshot) -> dict[str, object]:
-    return status.status_dict(snapshot, _known_layouts(snapshot))
+    return status.status_dict(snapshot, layouts.load_all(snapshot))
 
 
 def _render(snapshot: cluster.ClusterSnapshot) -> RenderableType:
-    return status.render_status(snapshot, console.width, _known_layouts(snapshot))
+    return status.render_status(snapshot, console.width, layouts.load_all(snapshot))
 
 
 # --- queue -----------------------------------------------------------------------------------
@@ -251,5 +237,6 @@ for _command in (
     cli_health.health_command,
     cli_goodput.goodput_command,
     cli_quota.quota_group,
+    cli_dashboard.dashboard_command,
 ):
     main.add_command(_command)

@@ -121,6 +121,7 @@ def simulate(slice_texts: tuple[str, ...], auth: bool) -> None:
                 console.print(f"token:   [bold]export {escape(settings)}[/bold]", soft_wrap=True)
             console.print(f'connect: [bold]ray.init(address="{sim.address}")[/bold]')
             console.print(f"status:  [bold]tpuslice status --address {sim.address}[/bold]")
+            console.print(f"web:     [bold]tpuslice dashboard --address {sim.address}[/bold]")
             sim.connect()
             _status_line_until_interrupted()
         except KeyboardInterrupt:

@@ -12,6 +12,8 @@ import json
 import socket
 import time
 from collections import Counter
+from collections.abc import Mapping
+from typing import Any
 
 import click
 from rich.console import Console
@@ -34,7 +36,7 @@ from tpuslice.cli.connect import UsageError, address_option, connected
 from tpuslice.errors import AmbiguousPodTypeError, InvalidArgumentError
 from tpuslice.record import events
 
-__all__ = ["quota_group"]
+__all__ = ["quota_group", "team_rows"]
 
 console = Console()
 
@@ -88,18 +90,13 @@ def quota_group(ctx: click.Context, as_json: bool, address: str | None) -> None:
         quotas = read_quotas()
         holders = read_holders()
         usage = read_usage().all(time.time())
-    held = Counter(holder.tenant for holder in holders.values())
-    tenants = sorted(set(quotas.tenants) | set(held))
+    rows = team_rows(quotas, Counter(holder.tenant for holder in holders.values()), usage)
     if as_json:
         data = {
             "half_life_s": quotas.half_life_s,
             "tenants": {
-                t: {
-                    "quota": quotas.tenants[t].to_dict() if t in quotas.tenants else None,
-                    "held": held.get(t, 0),
-                    "usage": usage.get(t, 0.0),
-                }
-                for t in tenants
+                row["tenant"]: {"quota": row["quota"], "held": row["held"], "usage": row["usage"]}
+                for row in rows
             },
         }
         click.echo(json.dumps(data, indent=2))
@@ -112,20 +109,51 @@ def quota_group(ctx: click.Context, as_json: bool, address: str | None) -> None:
     table = Table(title=f"quotas (use halves every {quotas.half_life_s:.0f} s)")
     for column in ("tenant", "quota", "borrow limit", "weight", "grace", "holds", "use (slice-s)"):
         table.add_column(column, justify="left" if column in ("tenant", "quota") else "right")
-    for tenant in tenants:
-        quota = quotas.tenants.get(tenant)
-        slices = ", ".join(f"{k}={v}" for k, v in quota.slices.items()) if quota else "none"
-        limit = "-" if quota is None or quota.borrow_limit is None else str(quota.borrow_limit)
+    for row in rows:
         table.add_row(
-            tenant,
-            slices or "none",
-            limit,
-            f"{quota.weight:g}" if quota else f"{DEFAULT_WEIGHT:g}",
-            f"{quota.grace_s:.0f} s" if quota else f"{DEFAULT_GRACE_S:.0f} s",
-            str(held.get(tenant, 0)),
-            f"{usage.get(tenant, 0.0):.0f}",
+            row["tenant"],
+            row["slices"],
+            row["borrow"],
+            f"{row['weight']:g}",
+            f"{row['grace_s']:.0f} s",
+            str(row["held"]),
+            f"{row['usage']:.0f}",
         )
     console.print(table)
+
+
+def team_rows(
+    quotas: Quotas, held: Mapping[str, int], usage: Mapping[str, float]
+) -> list[dict[str, Any]]:
+    """One row per tenant with a quota or holding slices, in name order: its quota (as
+    stored and as text), borrow limit, weight, grace, the slices it holds and its use.
+
+    Args:
+        quotas: The cluster's quotas.
+        held: Tenant -> slices it holds now.
+        usage: Tenant -> decayed slice-seconds.
+
+    Returns:
+        The rows, JSON-ready.
+    """
+    rows = []
+    for tenant in sorted(set(quotas.tenants) | set(held)):
+        quota = quotas.tenants.get(tenant)
+        slices = ", ".join(f"{k}={v}" for k, v in quota.slices.items()) if quota else ""
+        limit = None if quota is None else quota.borrow_limit
+        rows.append(
+            {
+                "tenant": tenant,
+                "quota": quota.to_dict() if quota else None,
+                "slices": slices or "none",
+                "borrow": "-" if limit is None else str(limit),
+                "weight": quota.weight if quota else DEFAULT_WEIGHT,
+                "grace_s": quota.grace_s if quota else DEFAULT_GRACE_S,
+                "held": held.get(tenant, 0),
+                "usage": usage.get(tenant, 0.0),
+            }
+        )
+    return rows
 
 
 @quota_group.command(name="set")

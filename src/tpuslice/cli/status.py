@@ -23,13 +23,17 @@ from tpuslice._host.notices import Notice
 from tpuslice._host.suspects import Suspect, duration
 from tpuslice._tpu import subslice
 from tpuslice._view.cluster import ClusterSnapshot, HostInfo, HostState, SliceInfo, SliceState
+from tpuslice._view.queue_record import QueuedRequest
 from tpuslice.record.events import SliceEvent
 
 __all__ = [
     "new_table",
     "owners_table",
     "render_status",
+    "request_reason",
+    "shape_label",
     "status_dict",
+    "subslice_dict",
     "summary_line",
     "timeline_table",
 ]
@@ -128,8 +132,15 @@ def state_label(info: SliceInfo) -> str:
     return info.state.value
 
 
-def _shape_label(info: SliceInfo) -> str:
-    """``v6e 4x4``; the raw labels (or ``?``) when they name no valid shape."""
+def shape_label(info: SliceInfo) -> str:
+    """How a slice's shape is shown.
+
+    Args:
+        info: One slice.
+
+    Returns:
+        ``v6e 4x4``; the raw labels (or ``?``) when they name no valid shape.
+    """
     if info.shape is not None:
         return f"{info.shape.generation.name} {info.topology}"
     return f"{info.pod_type or '?'} {info.topology or '?'}"
@@ -149,7 +160,7 @@ def slice_table(snapshot: ClusterSnapshot) -> Table:
     for info in _sorted_slices(snapshot):
         table.add_row(
             info.name,
-            _shape_label(info),
+            shape_label(info),
             Text(state_label(info), style=STATE_STYLES[info.state]),
             info.reason,
             f"{info.alive_hosts}/{info.expected_hosts}",
@@ -221,7 +232,7 @@ def subslice_summary(info: SliceInfo, physical: Mapping[int, int]) -> str:
     Returns:
         One line, empty if the slice has no sub-slices.
     """
-    topologies = _subslice_dict(info, physical)["topologies"]
+    topologies = subslice_dict(info, physical)["topologies"]
     parts = [f"{sub} {len(t['free'])}/{len(t['members'])} free" for sub, t in topologies.items()]
     return f"sub-slices: {', '.join(parts)}" if parts else ""
 
@@ -271,7 +282,7 @@ def _slice_heading(info: SliceInfo) -> Text:
     grid = ""
     if info.shape is not None and info.shape.num_hosts > 1:
         grid = f" ({'x'.join(map(str, info.shape.worker_grid))})"
-    heading.append(f"  {_shape_label(info)}, {info.expected_hosts} host(s){grid}  ")
+    heading.append(f"  {shape_label(info)}, {info.expected_hosts} host(s){grid}  ")
     heading.append(state_label(info), style=STATE_STYLES[info.state])
     return heading
 
@@ -342,7 +353,6 @@ def _queue_table(snapshot: ClusterSnapshot) -> Table | None:
     title = f"queue: {len(waiting)} request(s) waiting"
     table = new_table(title, (*columns, "why"), right=("#", "priority", "waited"))
     for request in waiting:
-        why = f"granted {', '.join(request.granted)}" if request.granted else request.reason
         table.add_row(
             str(request.position),
             str(request.priority),
@@ -350,9 +360,21 @@ def _queue_table(snapshot: ClusterSnapshot) -> Table | None:
             f"{request.wanted} x {request.kind}",
             f"{max(0.0, snapshot.taken_at - request.since):.0f} s",
             request.who,
-            why,
+            request_reason(request),
         )
     return table
+
+
+def request_reason(request: QueuedRequest) -> str:
+    """Why a request waits, or the slices granted to it and not yet claimed.
+
+    Args:
+        request: One request in the queue.
+
+    Returns:
+        The text status shows.
+    """
+    return f"granted {', '.join(request.granted)}" if request.granted else request.reason
 
 
 # --- JSON --------------------------------------------------------------------------------
@@ -433,7 +455,7 @@ def status_dict(
         entry = _slice_dict(info, snapshot.taken_at)
         physical = (layouts or {}).get(info.name)
         if physical is not None:
-            entry["subslices"] = _subslice_dict(info, physical)
+            entry["subslices"] = subslice_dict(info, physical)
         slices.append(entry)
     queue = [
         {**r.to_dict(), "waited_s": max(0.0, snapshot.taken_at - r.since)}
@@ -447,8 +469,16 @@ def status_dict(
     }
 
 
-def _subslice_dict(info: SliceInfo, physical: Mapping[int, int]) -> dict[str, Any]:
-    """Where each worker sits; per sub-topology, Ray's index -> workers and the free indices."""
+def subslice_dict(info: SliceInfo, physical: Mapping[int, int]) -> dict[str, Any]:
+    """Where each worker sits, and its sub-slices.
+
+    Args:
+        info: One slice.
+        physical: Its worker id -> physical position.
+
+    Returns:
+        ``physical`` and, per sub-topology, Ray's index -> workers and the free indices.
+    """
     topologies = {}
     for sub in subslice.subslice_topologies(info.topology):
         found = subslice.members(physical, info.topology, sub)

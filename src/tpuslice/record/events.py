@@ -61,6 +61,8 @@ class SliceEvent:
     seconds: float | None = None
     outcome: str = ""
     detail: str = ""
+    tenant: str = ""
+    """The tenant whose request it was, where the event knows it."""
 
     def to_dict(self) -> dict[str, Any]:
         """The event as JSON-ready data.
@@ -97,6 +99,7 @@ class SliceEvent:
             seconds=None if seconds is None else float(seconds),
             outcome=str(data.get("outcome", "")),
             detail=str(data.get("detail", "")),
+            tenant=str(data.get("tenant", "")),
         )
 
     def describe(self) -> str:

@@ -40,6 +40,7 @@ def carry_out(orders: Orders) -> None:
             seconds=preemption.grace_s,
             outcome=preemption.cause,
             detail=preemption.reason,
+            tenant=records[0].tenant if records else "",
         )
     for holder_id in dict.fromkeys(h.holder for h in orders.take_back):
         _take_back([h for h in orders.take_back if h.holder == holder_id])

@@ -674,3 +674,24 @@ def test_routes_answer_only_get(web: Path, path: str) -> None:
     read = CountingRead()
     assert with_client(Picture(read, clock=FakeClock()), ask) == 405
     assert read.calls == 0
+
+
+def test_shutting_down_ends_open_streams_at_once(web: Path) -> None:
+    """Ctrl-C with a page open: the server's shutdown ends its streams rather than waiting
+    for them (they never end on their own)."""
+
+    async def go() -> tuple[bytes, bytes]:
+        server = TestServer(make_app(Picture(CountingRead(), clock=FakeClock())))
+        client = TestClient(server)
+        await client.start_server()
+        resp = await client.get("/api/stream")
+        first = await resp.content.readline()
+        await asyncio.wait_for(server.close(), 5.0)  # the stream alone would hold it forever
+        rest = await asyncio.wait_for(resp.content.read(), 5.0)
+        resp.close()
+        await client.close()
+        return first, rest
+
+    first, rest = asyncio.run(go())
+    assert first.startswith(b"data: ")
+    assert rest == b"\n"  # the event's end, then the stream closed

@@ -312,6 +312,8 @@ def make_app(picture: Picture) -> web.Application:
     """
     from aiohttp import web
 
+    stopping = asyncio.Event()
+
     def page(name: str) -> Callable[[web.Request], Any]:
         async def handler(request: web.Request) -> web.StreamResponse:
             problem = check_filters(request.query) if name == "index.html" else None
@@ -335,13 +337,17 @@ def make_app(picture: Picture) -> web.Application:
         await response.prepare(request)
         sent = b""
         with contextlib.suppress(ConnectionResetError):  # the page closed: nothing to send
-            while True:
+            while not stopping.is_set():
                 data = await picture.current()
                 if data != sent:
                     await response.write(b"data: " + data + b"\n\n")
                     sent = data
-                await asyncio.sleep(picture.due_in() or picture.every_s)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), picture.due_in() or picture.every_s)
         return response
+
+    async def stop_streams(app: web.Application) -> None:
+        stopping.set()  # the server is shutting down: open pages reconnect to the next one
 
     async def run(request: web.Request) -> web.StreamResponse:
         run_id = request.match_info["run_id"]
@@ -359,6 +365,7 @@ def make_app(picture: Picture) -> web.Application:
         return web.FileResponse(WEB / "run.html")
 
     app = web.Application()
+    app.on_shutdown.append(stop_streams)
     app.router.add_get("/", page("index.html"))
     app.router.add_get("/runs/{run_id}", run_page)
     app.router.add_get("/api/state", state)

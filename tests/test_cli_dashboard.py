@@ -7,6 +7,7 @@ and every route through aiohttp's test client with a fake read."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import threading
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -23,7 +25,7 @@ from tpuslice._view.holders import Holder
 from tpuslice._view.queue_record import QueuedRequest, QueueRecord
 from tpuslice._view.quotas import Quotas, TenantQuota
 from tpuslice.cli import dashboard
-from tpuslice.cli.dashboard import Picture, check_filters, make_app, state_dict
+from tpuslice.cli.dashboard import Picture, check_filters, make_app, serve, state_dict
 from tpuslice.record import goodput
 from tpuslice.record.events import SliceEvent
 from tpuslice.record.goodput import CATEGORIES, LOST_CAUSES, Account
@@ -339,6 +341,19 @@ def test_teams_list_quota_tenants_and_holders_with_their_preemptions() -> None:
     assert rows["team-b"]["quota"] is None and rows["team-b"]["slices"] == "none"
     assert (rows["team-b"]["held"], rows["team-b"]["preemptions"]) == (2, 2)
     assert rows["team-b"]["usage"] == 3600.0
+
+
+def test_a_team_borrows_what_it_holds_beyond_its_quota_of_a_kind() -> None:
+    quotas = Quotas({"team-a": TenantQuota({"v6e-16": 1})})
+    holders = {
+        "v6e-16-0": holder("v6e-16-0", "team-a"),
+        "v6e-16-1": holder("v6e-16-1", "team-a"),
+        "v6e-16-2": holder("v6e-16-2", "team-b"),  # no quota: all it holds is borrowed
+    }
+    state = state_of(memory_cluster(3).snapshot(1), holders=holders, quotas=quotas)
+    rows = {row["tenant"]: row for row in state["teams"]["tenants"]}
+    assert (rows["team-a"]["held"], rows["team-a"]["borrowed"]) == (2, 1)
+    assert (rows["team-b"]["held"], rows["team-b"]["borrowed"]) == (1, 1)
 
 
 def test_without_quotas_or_holders_teams_are_unconfigured_and_empty() -> None:
@@ -676,22 +691,50 @@ def test_routes_answer_only_get(web: Path, path: str) -> None:
     assert read.calls == 0
 
 
-def test_shutting_down_ends_open_streams_at_once(web: Path) -> None:
-    """Ctrl-C with a page open: the server's shutdown ends its streams rather than waiting
-    for them (they never end on their own)."""
+def test_serve_ends_at_once_with_a_page_open_and_a_read_that_hangs(web: Path) -> None:
+    """Ctrl-C (serve cancelled) while a page holds its stream open and a cluster read
+    hangs: the streams end and serve returns, and no thread of the read holds the exit
+    (a read runs in a daemon thread, not the loop's executor, which asyncio.run joins)."""
+    release = threading.Event()
+    clock = FakeClock()
 
-    async def go() -> tuple[bytes, bytes]:
-        server = TestServer(make_app(Picture(CountingRead(), clock=FakeClock())))
-        client = TestClient(server)
-        await client.start_server()
-        resp = await client.get("/api/stream")
-        first = await resp.content.readline()
-        await asyncio.wait_for(server.close(), 5.0)  # the stream alone would hold it forever
-        rest = await asyncio.wait_for(resp.content.read(), 5.0)
-        resp.close()
-        await client.close()
-        return first, rest
+    hung: list[threading.Thread] = []
 
-    first, rest = asyncio.run(go())
+    def read() -> dict[str, Any]:
+        if clock.t > 0:  # every read after the first hangs until the test ends
+            hung.append(threading.current_thread())
+            release.wait(30)
+        return {"connected": True, "t": clock.t}
+
+    picture = Picture(read, clock=clock, bound_s=0.05)
+
+    async def go() -> tuple[bytes, dict[str, Any], bytes]:
+        urls: list[str] = []
+        task = asyncio.create_task(serve(make_app(picture), "127.0.0.1", 0, urls.append))
+        for _ in range(500):  # bounded: it listens within a few milliseconds
+            if urls or task.done():
+                break
+            await asyncio.sleep(0.01)
+        async with aiohttp.ClientSession() as session:
+            resp = await session.get(urls[0] + "api/stream")
+            first = await resp.content.readline()
+            clock.t = 5.0  # due again: this read hangs, and is served late
+            late = json.loads(await picture.current())
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, 5.0)
+            rest = await asyncio.wait_for(resp.content.read(), 5.0)
+        return first, late, rest
+
+    try:
+        first, late, rest = asyncio.run(asyncio.wait_for(go(), 20.0))
+        assert hung and hung[0].is_alive()  # the run ended with the read still hanging
+    finally:
+        release.set()
     assert first.startswith(b"data: ")
-    assert rest == b"\n"  # the event's end, then the stream closed
+    assert late == {
+        "connected": False,
+        "error": "the cluster did not answer in 0.05 s",
+        "read_at": late["read_at"],
+    }
+    assert rest == b"\n"  # the first event's end, then the stream closed

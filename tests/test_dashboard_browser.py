@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,19 +51,39 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def first_line(proc: subprocess.Popen[str], timeout: float = 120.0) -> str:
+    """The process's first line of output, waited for at most ``timeout`` seconds."""
+    assert proc.stdout is not None
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            return pool.submit(proc.stdout.readline).result(timeout=timeout)
+        except futures.TimeoutError:
+            proc.kill()  # ends the read too
+            raise
+
+
 @contextmanager
-def dashboard(address: str) -> Iterator[str]:
+def dashboard(address: str, log: Path) -> Iterator[str]:
     """`tpuslice dashboard` in a process of its own, as a user runs it; yields its URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tpuslice.cli", "dashboard", "--address", address, "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with log.open("w") as errors:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tpuslice.cli",
+                "dashboard",
+                "--address",
+                address,
+                "--port",
+                "0",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # its first line names the URL
-        assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.stderr else "")
+        line = first_line(proc)  # it names the URL
+        assert "http://127.0.0.1:" in line, (line, log.read_text()[-3000:])
         yield line.split()[2]
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C, how a user stops it
@@ -83,9 +104,9 @@ def held_by_another_driver(address: str) -> Iterator[tuple[str, subprocess.Popen
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdin is not None
     try:
-        line = proc.stdout.readline()
+        line = first_line(proc)
         assert line.startswith("held "), line
         yield line.split()[1], proc
     finally:
@@ -112,7 +133,7 @@ def test_the_dashboard_shows_the_cluster_live_in_a_browser(
     quota = runner.invoke(main, ["quota", "set", "research", "--slices", "v6e-16=1"])
     assert quota.exit_code == 0, quota.output
     try:
-        with dashboard(address) as url, sync_playwright() as playwright:
+        with dashboard(address, tmp_path / "dashboard.log") as url, sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.on(
@@ -137,15 +158,17 @@ def test_the_dashboard_shows_the_cluster_live_in_a_browser(
                 wait_for(lambda: "v6e-16=1" in team.inner_text(), 10, "research's quota row")
                 with ThreadPoolExecutor(1) as pool:
                     waiting: Future[list[str]] = pool.submit(wait_and_hand_back)
-                    request = page.locator('#queue tr.request[data-tenant="research"]')
-                    request.wait_for(timeout=10_000)
-                    assert "research" in request.inner_text()
-                    assert request.locator("td").last.inner_text().strip()  # its reason
-                    if os.environ.get(SCREENSHOT_ENV):  # busy, and someone waiting
-                        page.screenshot(path=os.environ[SCREENSHOT_ENV], full_page=True)
-                    assert holder.stdin is not None
-                    holder.stdin.write("\n")
-                    holder.stdin.flush()
+                    try:
+                        request = page.locator('#queue tr.request[data-tenant="research"]')
+                        request.wait_for(timeout=10_000)
+                        assert "research" in request.inner_text()
+                        assert request.locator("td").last.inner_text().strip()  # its reason
+                        if os.environ.get(SCREENSHOT_ENV):  # busy, and someone waiting
+                            page.screenshot(path=os.environ[SCREENSHOT_ENV], full_page=True)
+                    finally:  # the waiting reservation gets the slice only once it goes
+                        assert holder.stdin is not None
+                        holder.stdin.write("\n")
+                        holder.stdin.flush()
                     assert waiting.result(timeout=60) == [name]
             page.wait_for_selector(
                 f'section.slice[data-slice="{name}"][data-state="READY"]', timeout=2_000
@@ -168,12 +191,16 @@ def test_the_dashboard_shows_the_cluster_live_in_a_browser(
                 monkeypatch.undo()
 
             # A run's goodput bar, and its page.
+            before = {a.run_id for a in goodput.read_accounts()}
             ray.get(tpuslice.run_on_slice(one, topology="2x2x2", accelerator_version="v4"))
-            assert goodput.flush()
-            run = page.locator("div.run").first
+            new = wait_for(
+                lambda: [a.run_id for a in goodput.read_accounts() if a.run_id not in before],
+                30,
+                "the run's goodput account (kept once its hand-back ends)",
+            )
+            run_id = new[0]
+            run = page.locator(f'div.run[data-run="{run_id}"]')
             run.locator("canvas.goodput-bar").wait_for(timeout=10_000)
-            run_id = run.get_attribute("data-run")
-            assert run_id
             with page.expect_navigation():
                 run.locator(f'a[href="/runs/{run_id}"]').click()
             page.wait_for_selector("canvas", timeout=10_000)

@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +26,7 @@ from tpuslice._reserve.queue.orders import read_usage
 from tpuslice._view import cluster, layouts
 from tpuslice._view.cluster import ClusterSnapshot, HostState, SliceInfo
 from tpuslice._view.holders import Holder, read_holders
-from tpuslice._view.quotas import Quotas, read_quotas
+from tpuslice._view.quotas import Quotas
 from tpuslice.cli import status
 from tpuslice.cli.connect import UsageError, address_option, connected
 from tpuslice.cli.quota import team_rows
@@ -52,6 +53,7 @@ RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
 FILTERS = ("slice", "tenant")
 """The query parameters the cluster page takes (they preset the timeline's filters)."""
 MAX_FILTER_CHARS = 200
+PROMPT = "tpuslice dashboard:"
 EXTRA_HINT = "the dashboard needs aiohttp: pip install 'tpuslice[dashboard]'"
 
 
@@ -172,12 +174,24 @@ def state_dict(
         for r in snapshot.queued()
     ]
     held = Counter(h.tenant for h in holders.values())
+    by_kind: Counter[tuple[str, str]] = Counter()
+    for name, holder in holders.items():
+        if (info := snapshot.slices.get(name)) is not None:
+            by_kind[holder.tenant, f"{info.pod_type} {info.topology}"] += 1
+    borrowed: Counter[str] = Counter()
+    for (tenant, kind), count in by_kind.items():  # beyond its quota of that kind (none: 0)
+        quota = quotas.tenants.get(tenant)
+        borrowed[tenant] += max(0, count - (quota.nominal(kind) if quota else 0))
     preemptions = Counter(e.tenant for e in history if e.kind == "preempted")
     teams = [
-        {**row, "preemptions": preemptions.get(row["tenant"], 0)}
+        {
+            **row,
+            "borrowed": borrowed.get(row["tenant"], 0),
+            "preemptions": preemptions.get(row["tenant"], 0),
+        }
         for row in team_rows(quotas, held, usage)
     ]
-    tenants = {t["tenant"] for t in teams} | {r["tenant"] for r in queue} | set(preemptions)
+    tenants = {t["tenant"] for t in teams} | {r["tenant"] for r in queue}
     tenants |= {e.tenant for e in history}
     return {
         "connected": True,
@@ -205,17 +219,58 @@ def read_state() -> dict[str, Any]:
         snapshot,
         layouts.load_all(snapshot),
         read_holders(),
-        read_quotas(),
+        snapshot.quotas,
         read_usage().all(time.time()),
         goodput.read_accounts(RUNS_SHOWN),
         events.read_events(EVENTS_SHOWN),
     )
 
 
+def in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
+    """Run ``fn`` in a daemon thread, not the loop's executor: a read that never returns
+    would hold up the exit (Ctrl-C) there.
+
+    Args:
+        fn: What to run.
+
+    Returns:
+        A future of the running loop with its result or its error.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    def run() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (fn(), None)
+        except Exception as exc:  # noqa: BLE001 - handed to the future
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=run, name="tpuslice-dashboard-read", daemon=True).start()
+    return future
+
+
 class Picture:
-    """The one cache every open page reads: the last state, encoded, read again (in a
-    thread) once it is :data:`READ_EVERY_S` old and someone asks. A read that fails, or
-    takes longer than ``bound_s``, is served as disconnected; the next ask retries."""
+    """The one cache every open page reads: the last state, encoded, read again once it
+    is ``every_s`` old and someone asks. A read that fails, or takes longer than
+    ``bound_s``, is served as disconnected; the next due ask retries (or, for a late read,
+    waits for it again).
+
+    Args:
+        read: Reads the state (blocking; run in a thread of its own).
+        every_s: How long a picture stays fresh.
+        bound_s: How long an ask waits for a read.
+        clock: Monotonic seconds.
+    """
 
     def __init__(
         self,
@@ -227,7 +282,7 @@ class Picture:
     ) -> None:
         self._read = read
         self.every_s = every_s
-        self._bound = bound_s
+        self.bound_s = bound_s
         self._clock = clock
         self._lock = asyncio.Lock()
         self._taken = -math.inf
@@ -251,19 +306,19 @@ class Picture:
         """
         async with self._lock:
             if self.due_in() <= 0:
+                self._taken = self._clock()  # from the read's start: a change shows in a period
                 self.data = json.dumps(await self._read_bounded()).encode()
-                self._taken = self._clock()
         return self.data
 
     async def _read_bounded(self) -> dict[str, Any]:
         if self._pending is None:  # a read that outlived its bound is waited for again
             self.reads += 1
-            self._pending = asyncio.ensure_future(asyncio.to_thread(self._read))
+            self._pending = in_daemon_thread(self._read)
         pending = self._pending
         # Waited for apart from its result: the read's own errors may be TimeoutErrors too.
-        await asyncio.wait([pending], timeout=self._bound)
+        await asyncio.wait([pending], timeout=self.bound_s)
         if not pending.done():
-            return _disconnected(f"the cluster did not answer in {self._bound:g} s")
+            return _disconnected(f"the cluster did not answer in {self.bound_s:g} s")
         self._pending = None
         error = pending.exception()
         if error is not None:  # any failed read is a lost connection here
@@ -314,14 +369,11 @@ def make_app(picture: Picture) -> web.Application:
 
     stopping = asyncio.Event()
 
-    def page(name: str) -> Callable[[web.Request], Any]:
-        async def handler(request: web.Request) -> web.StreamResponse:
-            problem = check_filters(request.query) if name == "index.html" else None
-            if problem is not None:
-                return web.Response(text=problem + "\n", status=400)
-            return web.FileResponse(WEB / name)
-
-        return handler
+    async def index(request: web.Request) -> web.StreamResponse:
+        problem = check_filters(request.query)
+        if problem is not None:
+            return web.Response(text=problem + "\n", status=400)
+        return web.FileResponse(WEB / "index.html")
 
     async def state(request: web.Request) -> web.StreamResponse:
         if request.query:
@@ -353,8 +405,16 @@ def make_app(picture: Picture) -> web.Application:
         run_id = request.match_info["run_id"]
         if not RUN_ID.match(run_id):
             return _bad_request(f"run id {run_id[:80]!r} is not one: letters, digits, . _ -")
-        accounts = await asyncio.to_thread(goodput.read_accounts)
-        for account in reversed(accounts):
+        for shown in json.loads(picture.data or b"{}").get("runs", []):
+            if shown["run_id"] == run_id:
+                return web.json_response({"run": shown})
+        read = in_daemon_thread(goodput.read_accounts)  # an older run than the picture's
+        await asyncio.wait([read], timeout=picture.bound_s)
+        error = read.exception() if read.done() else TimeoutError("no answer")
+        if error is not None:
+            message = f"could not read the run's account: {first_line(error)}"
+            return web.json_response({"error": message}, status=503)
+        for account in reversed(read.result()):
             if account.run_id == run_id:
                 return web.json_response({"run": account.to_dict()})
         return web.json_response({"error": f"no run {run_id!r} has an account"}, status=404)
@@ -366,7 +426,7 @@ def make_app(picture: Picture) -> web.Application:
 
     app = web.Application()
     app.on_shutdown.append(stop_streams)
-    app.router.add_get("/", page("index.html"))
+    app.router.add_get("/", index)
     app.router.add_get("/runs/{run_id}", run_page)
     app.router.add_get("/api/state", state)
     app.router.add_get("/api/stream", stream)
@@ -418,12 +478,10 @@ def dashboard_command(address: str | None, host: str, port: int) -> None:
     with connected(address):
         app = make_app(Picture(read_state))
         try:
-            asyncio.run(serve(app, host, port, _announce))
+            asyncio.run(
+                serve(app, host, port, lambda url: click.echo(f"{PROMPT} {url}  (Ctrl-C stops it)"))
+            )
         except OSError as exc:
             raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
         except KeyboardInterrupt:
             pass  # Ctrl-C is how it ends
-
-
-def _announce(url: str) -> None:
-    click.echo(f"tpuslice dashboard: {url}  (Ctrl-C stops it)", err=False)

@@ -2,15 +2,11 @@
 // Plain DOM code: every text from the cluster goes in through textContent, never as HTML.
 "use strict";
 
-const LABELS = ["READY", "BUSY", "SUSPECT", "PREEMPTING", "NOTICE", "MAINTENANCE", "BROKEN"];
+const LABELS = ["READY", "BUSY", "SUSPECT", "PREEMPTING", "MAINTENANCE", "BROKEN"];
 const SHORT = {
   READY: "ready", BUSY: "busy", SUSPECT: "suspect", PREEMPTING: "preempt",
-  NOTICE: "notice", MAINTENANCE: "maint", BROKEN: "broken",
+  MAINTENANCE: "maint", BROKEN: "broken",
 };
-const CATEGORIES = [
-  "queued", "reserving", "starting", "productive",
-  "checkpointing", "lost", "recovering", "handing_back",
-];
 const FILTERS = ["slice", "tenant"]; // the page's query parameters, preset the timeline filters
 
 const charts = new Map(); // run id -> {node, chart}: reused while the run stays listed
@@ -20,30 +16,8 @@ let streamed = false; // the stream has delivered a state (the first /api/state 
 
 // --- helpers -----------------------------------------------------------------------------
 
-const $ = (id) => document.getElementById(id);
-
-/** An element with attributes (null ones left out) and children (strings become text). */
-function el(tag, attrs, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(attrs || {})) {
-    if (value !== null && value !== undefined) node.setAttribute(name, String(value));
-  }
-  for (const child of children) {
-    if (child !== null && child !== undefined && child !== false) {
-      node.append(child instanceof Node ? child : String(child));
-    }
-  }
-  return node;
-}
-
 function td(text, cls) {
   return el("td", { class: cls }, text === null || text === undefined ? "" : text);
-}
-
-/** A table with a header row; `columns` are [heading, class] pairs. */
-function table(id, columns, rows) {
-  const head = el("tr", {}, ...columns.map(([name, cls]) => el("th", { class: cls }, name)));
-  return el("table", { id }, el("thead", {}, head), el("tbody", {}, ...rows));
 }
 
 function duration(s) {
@@ -60,11 +34,6 @@ function clock(at) {
   return [d.getHours(), d.getMinutes(), d.getSeconds()]
     .map((n) => String(n).padStart(2, "0"))
     .join(":");
-}
-
-function categoryColour(category) {
-  const value = getComputedStyle(document.documentElement).getPropertyValue(`--cat-${category}`);
-  return value.trim() || "#999";
 }
 
 // --- header ------------------------------------------------------------------------------
@@ -112,7 +81,7 @@ function sliceCard(s) {
     ...row.map((h) => hostCell(s.name, h, inSubslice.get(h.worker_id)))));
   const h = s.holder;
   const holder = h
-    ? `held by ${[h.tenant, h.who, duration(h.held_s)].filter(Boolean).join(" · ")}`
+    ? `held by ${[h.tenant, h.who, h.job && `Ray job ${h.job}`, duration(h.held_s)].filter(Boolean).join(" · ")}`
     : "free";
   const used = subslices.map((sub) =>
     el("li", {}, `${sub.topology} #${sub.index} in use: hosts ${sub.workers.join(",")}`));
@@ -157,11 +126,11 @@ function drawTeams(teams) {
   if (tenants.length) {
     const rows = tenants.map((t) => el("tr", { class: "team", "data-tenant": t.tenant },
       td(t.tenant),
-      td(typeof t.quota === "string" ? t.quota : t.slices), // text, or the server's "slices"
-      td(t.borrow), td(t.weight, "num"), td(t.held, "num"),
+      td(t.slices),
+      td(t.borrow), td(t.weight, "num"), td(t.held, "num"), td(t.borrowed, "num"),
       td(Number(t.usage || 0).toFixed(0), "num"), td(t.preemptions || 0, "num")));
-    const columns = [["tenant"], ["quota"], ["borrow"], ["weight", "num"], ["held", "num"],
-      ["usage (slice-s)", "num"], ["preemptions", "num"]];
+    const columns = [["tenant"], ["quota"], ["borrow limit"], ["weight", "num"], ["held", "num"], ["borrowed", "num"],
+      ["usage (slice-s)", "num"], ["preempted (recent)", "num"]];
     const tbl = table("teams", columns, rows);
     if (teams.half_life_s) {
       tbl.prepend(el("caption", {}, `usage decays with a half-life of ${duration(teams.half_life_s)}`));
@@ -172,36 +141,6 @@ function drawTeams(teams) {
 }
 
 // --- runs --------------------------------------------------------------------------------
-
-function barConfig(run) {
-  return {
-    type: "bar",
-    data: {
-      labels: [""],
-      datasets: CATEGORIES.map((c) => ({
-        label: c.replace("_", " "),
-        data: [run.seconds[c] || 0],
-        backgroundColor: categoryColour(c),
-        barPercentage: 1,
-        categoryPercentage: 1,
-      })),
-    },
-    options: {
-      indexAxis: "y",
-      animation: false,
-      responsive: true,
-      maintainAspectRatio: false,
-      scales: {
-        x: { stacked: true, display: false, min: 0, max: run.wall_s > 0 ? run.wall_s : undefined },
-        y: { stacked: true, display: false },
-      },
-      plugins: {
-        legend: { display: false },
-        tooltip: { callbacks: { label: (c) => `${c.dataset.label}: ${c.parsed.x.toFixed(1)} s` } },
-      },
-    },
-  };
-}
 
 function runFacts(run) {
   const goodput = run.goodput === null || run.goodput === undefined

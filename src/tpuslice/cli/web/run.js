@@ -2,43 +2,12 @@
 // Plain DOM code: every text from the cluster goes in through textContent, never as HTML.
 "use strict";
 
-const CATEGORIES = [
-  "queued", "reserving", "starting", "productive",
-  "checkpointing", "lost", "recovering", "handing_back",
-];
-
-const $ = (id) => document.getElementById(id);
-
-/** An element with attributes (null ones left out) and children (strings become text). */
-function el(tag, attrs, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(attrs || {})) {
-    if (value !== null && value !== undefined) node.setAttribute(name, String(value));
-  }
-  for (const child of children) {
-    if (child !== null && child !== undefined && child !== false) {
-      node.append(child instanceof Node ? child : String(child));
-    }
-  }
-  return node;
-}
-
-function table(id, headings, rows) {
-  const head = el("tr", {}, ...headings.map(([name, cls]) => el("th", { class: cls }, name)));
-  return el("table", { id }, el("thead", {}, head), el("tbody", {}, ...rows));
-}
-
 function seconds(s) {
   return `${Number(s || 0).toFixed(1)} s`;
 }
 
 function share(s, wall) {
   return wall > 0 ? `${((100 * (s || 0)) / wall).toFixed(1)}%` : "";
-}
-
-function categoryColour(category) {
-  const value = getComputedStyle(document.documentElement).getPropertyValue(`--cat-${category}`);
-  return value.trim() || "#999";
 }
 
 function showError(text) {
@@ -64,36 +33,10 @@ function drawFacts(run) {
 }
 
 function drawChart(run) {
-  return new Chart($("run-bar"), {
-    type: "bar",
-    data: {
-      labels: [""],
-      datasets: CATEGORIES.map((c) => ({
-        label: c.replace("_", " "),
-        data: [run.seconds[c] || 0],
-        backgroundColor: categoryColour(c),
-        barPercentage: 1,
-        categoryPercentage: 1,
-      })),
-    },
-    options: {
-      indexAxis: "y",
-      animation: false,
-      responsive: true,
-      maintainAspectRatio: false,
-      scales: {
-        x: {
-          stacked: true, min: 0, max: run.wall_s > 0 ? run.wall_s : undefined,
-          title: { display: true, text: "seconds" },
-        },
-        y: { stacked: true, display: false },
-      },
-      plugins: {
-        legend: { position: "bottom", labels: { boxWidth: 12 } },
-        tooltip: { callbacks: { label: (c) => `${c.dataset.label}: ${c.parsed.x.toFixed(1)} s` } },
-      },
-    },
-  });
+  const config = barConfig(run);
+  config.options.scales.x = { ...config.options.scales.x, display: true, title: { display: true, text: "seconds" } };
+  config.options.plugins.legend = { display: true, position: "bottom", labels: { boxWidth: 12 } };
+  return new Chart($("run-bar"), config);
 }
 
 function drawTables(run) {

@@ -10,12 +10,14 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import socket
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import psutil
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -25,7 +27,14 @@ from tpuslice._view.holders import Holder
 from tpuslice._view.queue_record import QueuedRequest, QueueRecord
 from tpuslice._view.quotas import Quotas, TenantQuota
 from tpuslice.cli import dashboard
-from tpuslice.cli.dashboard import Picture, check_filters, make_app, serve, state_dict
+from tpuslice.cli.dashboard import (
+    Picture,
+    check_filters,
+    dashboard_command,
+    make_app,
+    serve,
+    state_dict,
+)
 from tpuslice.record import goodput
 from tpuslice.record.events import SliceEvent
 from tpuslice.record.goodput import CATEGORIES, LOST_CAUSES, Account
@@ -738,3 +747,42 @@ def test_serve_ends_at_once_with_a_page_open_and_a_read_that_hangs(web: Path) ->
         "read_at": late["read_at"],
     }
     assert rest == b"\n"  # the first event's end, then the stream closed
+
+
+def test_by_default_it_listens_on_loopback_only_so_other_addresses_are_refused(web: Path) -> None:
+    """With no ``--host``, the page answers on 127.0.0.1 and every other address of this
+    machine refuses the connection."""
+    default = next(p for p in dashboard_command.params if p.name == "host").default
+    others = [
+        a.address
+        for found in psutil.net_if_addrs().values()
+        for a in found
+        if a.family == socket.AF_INET and not a.address.startswith("127.")
+    ]
+    assert others, "this machine has no address but loopback to try"
+
+    async def go() -> tuple[int, list[str]]:
+        urls: list[str] = []
+        picture = Picture(CountingRead(), clock=FakeClock())
+        task = asyncio.create_task(serve(make_app(picture), default, 0, urls.append))
+        for _ in range(500):  # bounded: it listens within a few milliseconds
+            if urls or task.done():
+                break
+            await asyncio.sleep(0.01)
+        port = urls[0].rstrip("/").rsplit(":", 1)[1]
+        refused = []
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            status = (await session.get(urls[0] + "api/state")).status
+            for address in others:
+                try:
+                    await session.get(f"http://{address}:{port}/api/state")
+                except aiohttp.ClientConnectorError:
+                    refused.append(address)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return status, refused
+
+    status, refused = asyncio.run(go())
+    assert default == "127.0.0.1"
+    assert status == 200 and refused == others

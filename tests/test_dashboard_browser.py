@@ -156,6 +156,8 @@ def test_the_dashboard_shows_the_cluster_live_in_a_browser(
                 )
                 team = page.locator('#teams tr.team[data-tenant="research"]')
                 wait_for(lambda: "v6e-16=1" in team.inner_text(), 10, "research's quota row")
+                held = team.locator("td").nth(4)  # tenant, quota, borrow limit, weight, held
+                wait_for(lambda: held.inner_text() == "1", 10, "research's slice held")
                 with ThreadPoolExecutor(1) as pool:
                     waiting: Future[list[str]] = pool.submit(wait_and_hand_back)
                     try:

@@ -220,7 +220,7 @@ def read_state() -> dict[str, Any]:
         layouts.load_all(snapshot),
         read_holders(),
         snapshot.quotas,
-        read_usage().all(time.time()),
+        read_usage(snapshot.quotas).all(time.time()),
         goodput.read_accounts(RUNS_SHOWN),
         events.read_events(EVENTS_SHOWN),
     )

@@ -89,7 +89,7 @@ def quota_group(ctx: click.Context, as_json: bool, address: str | None) -> None:
     with connected(address):
         quotas = read_quotas()
         holders = read_holders()
-        usage = read_usage().all(time.time())
+        usage = read_usage(quotas).all(time.time())
     rows = team_rows(quotas, Counter(holder.tenant for holder in holders.values()), usage)
     if as_json:
         data = {

@@ -15,7 +15,7 @@ from tpuslice._reserve.queue.share import Usage
 from tpuslice._tpu import _ray
 from tpuslice._tpu.keys import NAMESPACE, USAGE_KEY
 from tpuslice._view.holders import Holder
-from tpuslice._view.quotas import DEFAULT_HALF_LIFE_S, read_quotas
+from tpuslice._view.quotas import DEFAULT_HALF_LIFE_S, Quotas, read_quotas
 from tpuslice.record import events, metrics
 
 logger = logging.getLogger(__name__)
@@ -82,9 +82,10 @@ def _take_back(records: list[Holder]) -> None:
     )
 
 
-def read_usage() -> Usage:
-    """The tenants' use as last stored (none if missing or unreadable)."""
-    half_life = read_quotas().half_life_s or DEFAULT_HALF_LIFE_S
+def read_usage(quotas: Quotas | None = None) -> Usage:
+    """The tenants' use as last stored (none if missing or unreadable), decaying with the
+    half-life of ``quotas`` (default: read now)."""
+    half_life = (quotas or read_quotas()).half_life_s or DEFAULT_HALF_LIFE_S
     raw = _ray.kv_get(USAGE_KEY, NAMESPACE)
     if raw is not None:
         try:

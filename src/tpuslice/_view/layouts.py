@@ -5,10 +5,11 @@ which also names the nodes it was learned on, so replaced hosts are discovered a
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import ray
@@ -110,13 +111,27 @@ def load(info: SliceInfo) -> Layout | None:
 
 def load_all(snapshot: ClusterSnapshot) -> dict[str, dict[int, int]]:
     """Each slice's ``{worker id: physical position}`` where learned, for the slices that
-    can have sub-slices (4 chips per host, several hosts); read only."""
-    found = {}
+    can have sub-slices (4 chips per host, several hosts); read only, in one read of each
+    namespace for the slices this process has no current copy of."""
+    known = connection().part(KnownLayouts)
+    found, missing = {}, []
     for info in snapshot.slices.values():
         if info.shape is None or info.shape.chips_per_host != 4 or info.shape.is_single_host:
             continue
-        layout = load(info)
+        cached = known.get(info.name)
+        if cached is not None and cached.current_for(info):
+            found[info.name] = dict(cached.physical)
+        else:
+            missing.append(info)
+    ours = _ray.kv_get_many([KEY_PREFIX + i.name for i in missing], NAMESPACE)
+    rays = [subslice.kv_key(i.name).decode() for i in missing]
+    theirs = _ray.kv_get_many(rays, RAY_SUBSLICE_NAMESPACE)
+    for info, ray_key in zip(missing, rays, strict=True):
+        raw = ours.get(KEY_PREFIX + info.name)
+        layout = _parse(info, raw, functools.partial(theirs.get, ray_key))
         if layout is not None:
+            if layout.nodes is not None:
+                known.keep(layout)
             found[info.name] = dict(layout.physical)
     return found
 
@@ -124,6 +139,14 @@ def load_all(snapshot: ClusterSnapshot) -> dict[str, dict[int, int]]:
 def _read(info: SliceInfo) -> Layout | None:
     """tpuslice's record of the slice if current, else Ray's."""
     raw = _ray.kv_get(KEY_PREFIX + info.name, NAMESPACE)
+    key = subslice.kv_key(info.name).decode()
+    return _parse(info, raw, functools.partial(_ray.kv_get, key, RAY_SUBSLICE_NAMESPACE))
+
+
+def _parse(
+    info: SliceInfo, raw: bytes | None, ray_raw: Callable[[], bytes | None]
+) -> Layout | None:
+    """tpuslice's record ``raw`` of the slice if current, else Ray's (``ray_raw()``)."""
     if raw is not None:
         try:
             data = json.loads(raw)
@@ -137,11 +160,10 @@ def _read(info: SliceInfo) -> Layout | None:
             logger.warning("ignoring the unreadable layout record of %s: %s", info.name, exc)
         else:
             return layout if layout.current_for(info) else None
-    return _from_ray_record(info)
+    return _from_ray_record(info, ray_raw())
 
 
-def _from_ray_record(info: SliceInfo) -> Layout | None:
-    raw = _ray.kv_get(subslice.kv_key(info.name).decode(), RAY_SUBSLICE_NAMESPACE)
+def _from_ray_record(info: SliceInfo, raw: bytes | None) -> Layout | None:
     if raw is None:
         return None
     try:

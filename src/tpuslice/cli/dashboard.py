@@ -60,17 +60,9 @@ EXTRA_HINT = "the dashboard needs aiohttp: pip install 'tpuslice[dashboard]'"
 # --- the picture (pure) ------------------------------------------------------------------
 
 
-def host_cell(info: SliceInfo, worker: int) -> dict[str, Any]:
-    """One host as the page draws it: its label and why.
-
-    Args:
-        info: Its slice.
-        worker: Its worker id.
-
-    Returns:
-        ``worker_id``, ``label`` (READY, BUSY, SUSPECT, PREEMPTING, MAINTENANCE or BROKEN),
-        ``reason`` and ``node`` (short id, empty if no node has it).
-    """
+def _host_cell(info: SliceInfo, worker: int) -> dict[str, Any]:
+    """One host as the page draws it: its label (READY, BUSY, SUSPECT, PREEMPTING,
+    MAINTENANCE or BROKEN), why, and its node's short id."""
     host = info.hosts.get(worker)
     if host is None:
         return {"worker_id": worker, "label": "BROKEN", "reason": "missing", "node": ""}
@@ -85,19 +77,6 @@ def host_cell(info: SliceInfo, worker: int) -> dict[str, Any]:
     else:
         label, reason = "READY", ""
     return {"worker_id": worker, "label": label, "reason": reason, "node": host.node_id[:12]}
-
-
-def _holder_dict(holder: Holder | None, now: float) -> dict[str, Any] | None:
-    if holder is None:
-        return None
-    return {
-        "tenant": holder.tenant,
-        "who": holder.who,
-        "job": holder.job,
-        "priority": holder.priority,
-        "preemptible": holder.preemptible,
-        "held_s": max(0.0, now - holder.since),
-    }
 
 
 def _subslices_in_use(info: SliceInfo, physical: Mapping[int, int] | None) -> list[dict[str, Any]]:
@@ -127,8 +106,13 @@ def _slice_entry(
         "shape": status.shape_label(info),
         "hosts_text": f"{info.alive_hosts}/{info.expected_hosts}",
         "tpu_text": f"{info.chips_free:g}/{info.chips_total:g}",
-        "grid": [[host_cell(info, w) for w in row] for row in rows],
-        "holder": _holder_dict(holder, now),
+        "grid": [[_host_cell(info, w) for w in row] for row in rows],
+        "holder": None
+        if holder is None
+        else {
+            **{k: getattr(holder, k) for k in ("tenant", "who", "job", "priority", "preemptible")},
+            "held_s": max(0.0, now - holder.since),
+        },
         "subslices": [] if holder is not None else _subslices_in_use(info, physical),
     }
 

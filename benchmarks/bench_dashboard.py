@@ -6,7 +6,8 @@ Starts a simulated cluster (4 x v6e 4x4: 16 hosts of ``--host-cpus`` CPUs), serv
 the pages in Chromium (Playwright, the OS's browser) and counts, over ``--seconds`` with
 each number of pages, every call the server makes to each source: the snapshot, the queue
 record and the quotas (read within it), the holder records, the tenants' use, the goodput
-accounts, the timeline and the physical layouts. One slice is held meanwhile, so the
+accounts, the timeline and the physical layouts (one read of tpuslice's records and one
+of Ray's sub-slice records for every slice). One slice is held meanwhile, so the
 picture changes. The goal: at most one read per second of each source, whatever the
 number of pages.
 
@@ -46,7 +47,7 @@ SOURCES = (
     "usage",
     "accounts",
     "events",
-    "layouts (per slice)",
+    "layouts",
 )
 
 
@@ -71,7 +72,7 @@ def count_reads() -> None:
     counted(dashboard, "read_usage", "usage")
     counted(goodput, "read_accounts", "accounts")
     counted(events, "read_events", "events")
-    counted(layouts, "load", "layouts (per slice)")
+    counted(layouts, "load_all", "layouts")
 
 
 def serve_in_thread() -> str:

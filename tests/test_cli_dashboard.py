@@ -759,7 +759,8 @@ def test_by_default_it_listens_on_loopback_only_so_other_addresses_are_refused(w
         for a in found
         if a.family == socket.AF_INET and not a.address.startswith("127.")
     ]
-    assert others, "this machine has no address but loopback to try"
+    if not others:
+        pytest.skip("this machine has no address but loopback to try")
 
     async def go() -> tuple[int, list[str]]:
         urls: list[str] = []
@@ -769,13 +770,17 @@ def test_by_default_it_listens_on_loopback_only_so_other_addresses_are_refused(w
             if urls or task.done():
                 break
             await asyncio.sleep(0.01)
+        if task.done():
+            task.result()  # serve failed: its error, not an IndexError
         port = urls[0].rstrip("/").rsplit(":", 1)[1]
         refused = []
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            status = (await session.get(urls[0] + "api/state")).status
+            async with session.get(urls[0] + "api/state") as response:
+                status = response.status
             for address in others:
                 try:
-                    await session.get(f"http://{address}:{port}/api/state")
+                    async with session.get(f"http://{address}:{port}/api/state"):
+                        pass
                 except aiohttp.ClientConnectorError:
                     refused.append(address)
         task.cancel()

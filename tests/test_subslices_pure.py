@@ -73,8 +73,14 @@ class Store:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.data: dict[tuple[str, str | None], bytes] = {}
+        self.asked: list[tuple[list[str], str | None]] = []  # each kv_get_many: keys, namespace
         monkeypatch.setattr(layouts._ray, "kv_get", lambda k, ns: self.data.get((k, ns)))
+        monkeypatch.setattr(layouts._ray, "kv_get_many", self.get_many)
         monkeypatch.setattr(layouts._ray, "kv_put", self.put)
+
+    def get_many(self, wanted: list[str], namespace: str | None) -> dict[str, bytes]:
+        self.asked.append((list(wanted), namespace))
+        return {k: self.data[k, namespace] for k in wanted if (k, namespace) in self.data}
 
     def put(self, key: str, value: bytes, namespace: str | None) -> None:
         self.data[key, namespace] = value
@@ -368,3 +374,29 @@ def test_several_bundles_per_host_say_how_to_ask_for_a_sub_slice() -> None:
             strategy="STRICT_SPREAD",
             resources_per_bundle={"TPU": 2},
         )
+
+
+def test_every_slices_layout_is_read_at_once_ours_first_then_rays_and_kept_when_learned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``load_all`` (status, the web view): one read per namespace for the slices this
+    process has no copy of; our record first, Ray's where ours is missing or unreadable;
+    a learned layout (it names nodes) is kept and not read again."""
+    store = Store(monkeypatch)
+    cluster = InMemoryCluster([("v6e", "4x4", 3)])
+    snapshot = cluster.snapshot(1)
+    a, b = snapshot.slices["v6e-16-0"], snapshot.slices["v6e-16-1"]
+    learned = Layout(a.name, "4x4", scrambled(4, 1), {w: h.node_id for w, h in a.hosts.items()})
+    layout_records.save(learned)  # by another driver: our record and Ray's
+    layouts.forget(a.name)
+    from_ray = Layout(b.name, "4x4", scrambled(4, 2), None)
+    ray_key = subslice.kv_key(b.name).decode()
+    store.put(ray_key, json.dumps(from_ray.ray_labels()).encode(), keys.RAY_SUBSLICE_NAMESPACE)
+    store.put(keys.LAYOUT_KEY_PREFIX + b.name, b"not json", keys.NAMESPACE)  # Ray's is used
+    expected = {a.name: dict(learned.physical), b.name: dict(from_ray.physical)}
+    assert layouts.load_all(snapshot) == expected  # v6e-16-2: never learned
+    assert [ns for _, ns in store.asked] == [keys.NAMESPACE, keys.RAY_SUBSLICE_NAMESPACE]
+    assert layouts.load_all(snapshot) == expected
+    again = [k for wanted, _ in store.asked[2:] for k in wanted]
+    assert len(store.asked) == 4 and not any(a.name in k for k in again)  # a was kept
+    assert any(b.name in k for k in again)  # a layout from Ray's record names no nodes

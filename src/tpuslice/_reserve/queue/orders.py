@@ -85,7 +85,7 @@ def _take_back(records: list[Holder]) -> None:
 def read_usage(quotas: Quotas | None = None) -> Usage:
     """The tenants' use as last stored (none if missing or unreadable), decaying with the
     half-life of ``quotas`` (default: read now)."""
-    half_life = (quotas or read_quotas()).half_life_s or DEFAULT_HALF_LIFE_S
+    half_life = (read_quotas() if quotas is None else quotas).half_life_s or DEFAULT_HALF_LIFE_S
     raw = _ray.kv_get(USAGE_KEY, NAMESPACE)
     if raw is not None:
         try:

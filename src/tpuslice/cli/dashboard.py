@@ -272,7 +272,6 @@ class Picture:
         self._taken = -math.inf
         self._pending: asyncio.Future[dict[str, Any]] | None = None
         self.data = b""
-        self.reads = 0
 
     def due_in(self) -> float:
         """How long the picture stays fresh.
@@ -296,7 +295,6 @@ class Picture:
 
     async def _read_bounded(self) -> dict[str, Any]:
         if self._pending is None:  # a read that outlived its bound is waited for again
-            self.reads += 1
             self._pending = in_daemon_thread(self._read)
         pending = self._pending
         # Waited for apart from its result: the read's own errors may be TimeoutErrors too.

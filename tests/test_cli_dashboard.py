@@ -68,10 +68,9 @@ def state_of(
     history: list[SliceEvent] | None = None,
 ) -> dict[str, Any]:
     return state_dict(
-        snapshot,
+        dataclasses.replace(snapshot, quotas=quotas or Quotas()),
         physical or {},
         holders or {},
-        quotas or Quotas(),
         usage or {},
         accounts or [],
         history or [],

@@ -26,7 +26,6 @@ from tpuslice._reserve.queue.orders import read_usage
 from tpuslice._view import cluster, layouts
 from tpuslice._view.cluster import ClusterSnapshot, HostState, SliceInfo
 from tpuslice._view.holders import Holder, read_holders
-from tpuslice._view.quotas import Quotas
 from tpuslice.cli import status
 from tpuslice.cli.connect import UsageError, address_option, connected
 from tpuslice.cli.quota import team_rows
@@ -121,7 +120,6 @@ def state_dict(
     snapshot: ClusterSnapshot,
     physical: Mapping[str, Mapping[int, int]],
     holders: Mapping[str, Holder],
-    quotas: Quotas,
     usage: Mapping[str, float],
     accounts: Sequence[Account],
     history: Sequence[SliceEvent],
@@ -132,7 +130,6 @@ def state_dict(
         snapshot: The cluster as read.
         physical: Each slice's physical layout, where known.
         holders: Slice -> its holder record.
-        quotas: The tenants' quotas.
         usage: Tenant -> decayed slice-seconds.
         accounts: Goodput accounts, oldest first.
         history: Timeline events, oldest first.
@@ -141,7 +138,7 @@ def state_dict(
         ``connected`` (true), ``read_at``, ``slices``, ``counts``, ``queue``, ``teams``,
         ``runs`` (newest first), ``events``, ``tenants`` and ``slice_names``.
     """
-    now = snapshot.taken_at
+    now, quotas = snapshot.taken_at, snapshot.quotas
     infos = sorted(snapshot.slices.values(), key=lambda s: s.name)
     slices = [_slice_entry(s, physical.get(s.name), holders.get(s.name), now) for s in infos]
     queue = [
@@ -203,7 +200,6 @@ def read_state() -> dict[str, Any]:
         snapshot,
         layouts.load_all(snapshot),
         read_holders(),
-        snapshot.quotas,
         read_usage(snapshot.quotas).all(time.time()),
         goodput.read_accounts(RUNS_SHOWN),
         events.read_events(EVENTS_SHOWN),
